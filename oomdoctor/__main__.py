@@ -1,0 +1,3 @@
+from oomdoctor.cli import entry
+
+entry()

@@ -1,0 +1,80 @@
+"""The `oomdoctor` key of a dump: the contract between capture (writer) and load/analysis (readers).
+
+A dump is torch's snapshot dict, untouched, plus one extra top-level key, METADATA_KEY, holding a
+dict of builtins only (str, int, float, bool, None, list, dict) so that the restricted unpickler
+and memory_viz both read it. Every field is optional for readers: old or partial dumps omit some.
+
+    schema_version      int, SCHEMA_VERSION
+    versions            {"oomdoctor", "torch", "cuda", "python"}: str | None
+    host, pid, argv     str, int, list[str]
+    rank, local_rank, world_size   int | None (RANK, LOCAL_RANK, WORLD_SIZE and friends)
+    device              {"index", "name", "capability": [major, minor], "total_memory_bytes"}
+    mem_get_info        {"free_bytes", "total_bytes"} at dump time
+    memory_stats        {"num_alloc_retries", "num_ooms", "inactive_split_bytes",
+                         "allocated_bytes", "reserved_bytes", ...} at dump time
+    alloc_conf          {"PYTORCH_CUDA_ALLOC_CONF": str, "PYTORCH_ALLOC_CONF": str, ...} (only set ones)
+    oom                 the observer call that triggered this dump, or None for dump():
+                        {"device", "alloc_bytes", "device_total_bytes", "device_free_bytes", "time_us"}
+    ooms_observed       list of such dicts: every observer call seen in this process, including
+                        OOMs torch caught and retried internally
+    exception           {"type", "message", "traceback"} once the OOM surfaced, else None
+    markers             list of {"phase", "edge", "step", "time_us"}: phase is one of PHASES,
+                        edge "start" | "end", step the optimizer step index (0-based count of
+                        completed optimizer steps when the phase began), time_us epoch
+                        microseconds on the same clock as trace events' time_us
+    tensors             list of {"address", "device", "component", "name", "shape", "dtype",
+                        "size_bytes"}: the storage data_ptr of every named tensor of the models
+                        and optimizers the process used; component is one of REGISTRY_COMPONENTS
+    reason              "oom" | "manual" | "peak": why the dump was written
+    rehearsal           present only for dumps written under `oomdoctor rehearse`:
+                        {"device_memory_bytes", "outside_bytes", "alloc_conf"}
+"""
+
+from __future__ import annotations
+
+METADATA_KEY = "oomdoctor"
+SCHEMA_VERSION = 1
+
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASE_OPTIMIZER = "optimizer_step"
+PHASE_ZERO_GRAD = "zero_grad"
+PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
+
+COMPONENT_PARAMETER = "parameter"
+COMPONENT_GRADIENT = "gradient"
+COMPONENT_OPTIMIZER_STATE = "optimizer_state"
+COMPONENT_BUFFER = "buffer"
+REGISTRY_COMPONENTS = (
+    COMPONENT_PARAMETER,
+    COMPONENT_GRADIENT,
+    COMPONENT_OPTIMIZER_STATE,
+    COMPONENT_BUFFER,
+)
+
+# Components of live bytes that analysis reports and fixtures/manifest.json records, in this order.
+COMPONENTS = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "inputs",
+    "buffers",
+    "other",
+    "unknown",
+)
+
+VERDICTS = (
+    "optimizer-state-buildup",
+    "activation-spike",
+    "gradients-kept",
+    "creeping-leak",
+    "fragmentation",
+    "model-states-too-large",
+    "oversized-request",
+    "outside-pytorch",
+    "inference-with-grad",
+    "no-oom",
+    "unknown",
+)
