@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def _corpus_dir() -> Path | None:
+    env = os.environ.get("OOMDOCTOR_CORPUS")
+    candidate = Path(env) if env else ROOT.parent / "shared" / "corpus"
+    return candidate if candidate.is_dir() else None
+
+
+CORPUS = _corpus_dir()
+CORPUS_SNAPSHOTS = sorted((CORPUS / "snapshots").iterdir()) if CORPUS else []
+
+
+@pytest.fixture
+def corpus_dir() -> Path:
+    if CORPUS is None:
+        pytest.skip("real-snapshot corpus not found (../shared/corpus or OOMDOCTOR_CORPUS)")
+    return CORPUS
+
+
+def corpus_params():
+    """pytest.mark.parametrize values over every corpus snapshot, or one skipped case without it."""
+    if not CORPUS_SNAPSHOTS:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="corpus not found"))]
+    return [pytest.param(p, id=p.name) for p in CORPUS_SNAPSHOTS]
