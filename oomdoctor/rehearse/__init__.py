@@ -1,0 +1,9 @@
+"""Rehearsal: run a training script on CPU against a simulated CUDA caching allocator.
+
+This package's own modules import no torch; the simulator lives in `allocator`.
+"""
+
+from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
+from oomdoctor.rehearse.allocator_config import AllocatorConfigError
+
+__all__ = ["CachingAllocatorSimulator", "SimulatedOutOfMemory", "AllocatorConfigError"]
