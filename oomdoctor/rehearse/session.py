@@ -1,0 +1,280 @@
+"""Rehearsal sessions: run real PyTorch code on CPU against a simulated CUDA caching allocator.
+
+    with RehearsalSession(RehearsalConfig(device_memory_bytes=24 * 2**30)) as session:
+        train()                      # may raise torch.OutOfMemoryError, as on a 24 GiB card
+        session.live_allocations()   # what the simulated device holds now
+
+While a session runs, every CPU tensor storage created on the starting thread is a simulated device
+allocation, capture's backend seam answers from the simulator, torch.cuda's memory functions do too,
+and OOMDOCTOR_REHEARSAL=1 is set. `rehearse_script()` runs a script file inside a session the way
+`python script.py ARGS` would and says whether and where it ran out.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import platform
+import runpy
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from oomdoctor import __version__
+from oomdoctor.metadata import METADATA_KEY, SCHEMA_VERSION
+
+REHEARSAL_ENV = "OOMDOCTOR_REHEARSAL"
+DUMP_SUFFIXES = (".pickle", ".pkl")
+
+_current: RehearsalSession | None = None
+
+
+def current_session() -> RehearsalSession | None:
+    """The running rehearsal session, or None outside one."""
+    return _current
+
+
+@dataclass(frozen=True)
+class RehearsalConfig:
+    """The simulated device: its memory, allocator settings and memory held outside PyTorch."""
+
+    device_memory_bytes: int
+    alloc_conf: str = ""
+    outside_bytes: int = 0  # held by other processes
+    cuda_context_bytes: int = 0  # this process's CUDA context, also outside PyTorch
+    device: int = 0
+
+    def metadata(self) -> dict[str, Any]:
+        """The dump's `rehearsal` metadata entry."""
+        return {
+            "device_memory_bytes": self.device_memory_bytes,
+            "outside_bytes": self.outside_bytes + self.cuda_context_bytes,
+            "alloc_conf": self.alloc_conf,
+        }
+
+
+class RehearsalSession:
+    """Simulator, storage recorder and backend seam, installed between start() and stop()."""
+
+    def __init__(self, config: RehearsalConfig) -> None:
+        self.config = config
+        self.simulator: Any = None
+        self.recorder: Any = None
+        self.backend: Any = None
+        self._undo: list[Callable[[], None]] = []
+
+    def start(self) -> RehearsalSession:
+        global _current
+        if _current is not None:
+            raise RuntimeError("a rehearsal session is already running")
+        from oomdoctor.capture.backend import set_backend
+        from oomdoctor.rehearse.allocator import CachingAllocatorSimulator
+        from oomdoctor.rehearse.backend import SimulatedBackend
+        from oomdoctor.rehearse.recorder import StorageRecorder
+
+        config = self.config
+        self.simulator = CachingAllocatorSimulator(
+            config.device_memory_bytes,
+            alloc_conf=config.alloc_conf,
+            context_bytes=config.cuda_context_bytes,
+            other_process_bytes=config.outside_bytes,
+            device=config.device,
+        )
+        self.recorder = StorageRecorder(self.simulator)
+        self.backend = SimulatedBackend(self.simulator, self.recorder, rehearsal=config.metadata())
+        self._set_env(REHEARSAL_ENV, "1")
+        self._set_env("PYTORCH_CUDA_ALLOC_CONF", config.alloc_conf or None)
+        self._set_env("PYTORCH_ALLOC_CONF", None)
+        set_backend(self.backend)
+        self._undo.append(lambda: set_backend(None))
+        self._undo.append(self.backend.patch_torch_cuda())
+        self.recorder.start()
+        self._undo.append(self.recorder.stop)
+        _current = self
+        return self
+
+    def stop(self) -> None:
+        global _current
+        if _current is self:
+            _current = None
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self) -> RehearsalSession:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def live_allocations(self) -> list[Any]:
+        """Every simulated allocation alive now: address, block_bytes, requested_bytes, storage (weakref)."""
+        return self.recorder.live_allocations()
+
+    @property
+    def ooms(self) -> list[Any]:
+        """Every time the simulator ran out, as OomRecords, including OOMs the script caught."""
+        return list(self.recorder.ooms)
+
+    def _set_env(self, name: str, value: str | None) -> None:
+        previous = os.environ.get(name)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+        def restore() -> None:
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
+
+        self._undo.append(restore)
+
+
+@dataclass
+class RehearsalResult:
+    """How a rehearsed script ended."""
+
+    exit_code: int  # 0 it fit (or ended normally), 1 it ran out or failed, else its own exit code
+    oom: Any = None  # the OomRecord of the OOM that ended the script, if one did
+    ooms_seen: list[Any] = field(default_factory=list)  # including OOMs the script caught
+    error_text: str | None = None  # traceback of an exception other than an OOM
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    dump_paths: list[Path] = field(default_factory=list)
+    dump_writer: str = ""  # "capture" or "rehearsal" (capture was not available)
+
+
+def rehearse_script(
+    script: Path,
+    script_args: Sequence[str],
+    config: RehearsalConfig,
+    *,
+    dump_dir: Path,
+) -> RehearsalResult:
+    """Run `script` as __main__ inside a rehearsal session; a dump is written at an OOM."""
+    import torch
+
+    script = Path(script)
+    dump_dir = Path(dump_dir)
+    before = _dump_files(dump_dir)
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [str(script), *script_args]
+    script_dir = str(script.resolve().parent)
+    if sys.path:
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    result = RehearsalResult(exit_code=0)
+    session = RehearsalSession(config)
+    try:
+        with session:
+            result.dump_writer = _install_dump_writer(session, dump_dir)
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as exit_:
+                result.exit_code = _exit_code(exit_.code)
+            except torch.OutOfMemoryError:
+                result.exit_code = 1
+                result.oom = session.ooms[-1] if session.ooms else None
+                if result.oom is None:
+                    result.error_text = traceback.format_exc()
+            except Exception:
+                result.exit_code = 1
+                result.error_text = traceback.format_exc()
+            finally:
+                _uninstall_capture(result.dump_writer)
+            stats = session.backend.memory_stats(config.device)
+            result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
+            result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
+            result.ooms_seen = session.ooms
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+    result.dump_paths = sorted(_dump_files(dump_dir) - before)
+    return result
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _dump_files(folder: Path) -> set[Path]:
+    if not folder.is_dir():
+        return set()
+    return {path for path in folder.iterdir() if path.suffix in DUMP_SUFFIXES and path.is_file()}
+
+
+def _install_dump_writer(session: RehearsalSession, dump_dir: Path) -> str:
+    """Install capture so the OOM leaves a dump; without capture, write the simulator's snapshot."""
+    install = _capture_install()
+    if install is not None:
+        install(dump_dir=str(dump_dir))
+        return "capture"
+    session.backend.record_history(max_entries=100_000, stacks="python", context="all")
+    session.backend.attach_oom_observer(_SnapshotWriter(session, dump_dir))
+    return "rehearsal"
+
+
+def _capture_install() -> Callable[..., None] | None:
+    try:
+        from oomdoctor.capture import install
+    except ImportError:
+        return None
+    return install
+
+
+def _uninstall_capture(dump_writer: str) -> None:
+    if dump_writer != "capture":
+        return
+    from oomdoctor.capture import uninstall
+
+    uninstall()
+
+
+class _SnapshotWriter:
+    """OOM observer used when capture is unavailable: the simulator's snapshot plus minimal metadata."""
+
+    def __init__(self, session: RehearsalSession, dump_dir: Path) -> None:
+        self.session = session
+        self.dump_dir = dump_dir
+
+    def __call__(self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
+        now_us = int(time.time() * 1_000_000)
+        snapshot = self.session.backend.snapshot()
+        snapshot[METADATA_KEY] = {
+            "schema_version": SCHEMA_VERSION,
+            "versions": {"oomdoctor": __version__, "torch": _torch_version(), "cuda": None,
+                         "python": platform.python_version()},
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "argv": list(sys.argv),
+            "device": {"index": device, **self.session.backend.device_properties(device)},
+            "oom": {"device": device, "alloc_bytes": alloc_bytes, "device_total_bytes": device_total_bytes,
+                    "device_free_bytes": device_free_bytes, "time_us": now_us},
+            "reason": "oom",
+            "rehearsal": self.session.config.metadata(),
+        }
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us / 1e6)) + f"{now_us % 1_000_000:06d}Z"
+        name = f"oom-rank0-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
+        target = self.dump_dir / name
+        temporary = target.with_suffix(".tmp")
+        with open(temporary, "wb") as file:
+            pickle.dump(snapshot, file, protocol=4)
+        os.replace(temporary, target)
+
+
+def _torch_version() -> str | None:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", None) if torch is not None else None
