@@ -193,8 +193,13 @@ class _Pool:
         return [self.free_blocks[address] for stream in sorted(self.free) for _, address in self.free[stream]]
 
 
-class _AddressSpace:
-    """First-fit virtual addresses, 2 MiB aligned, freed ranges reused lowest address first."""
+class AddressSpace:
+    """Where cudaMalloc places segments: first fit, 2 MiB aligned, freed ranges reused lowest first.
+
+    The CUDA driver's real placement is its own business (it may even hand out descending
+    addresses); it only matters to the allocator through best fit's tie-break on the lowest
+    address. Replays of real traces pass a subclass that returns torch's recorded addresses.
+    """
 
     def __init__(self, base: int) -> None:
         self._holes: list[tuple[int, int]] = []  # sorted (address, size)
@@ -255,6 +260,7 @@ class CachingAllocatorSimulator:
         device: int = 0,
         clock_us: Callable[[], int] | None = None,
         other_process_pid: int | None = None,
+        address_space: AddressSpace | None = None,
     ) -> None:
         if capacity_bytes <= 0:
             raise ValueError("device capacity must be positive")
@@ -273,7 +279,7 @@ class CachingAllocatorSimulator:
         self._segments: set[int] = set()  # base addresses of cudaMalloc'd segments
         self._expandable: list[_ExpandableSegment] = []
         self._pending_frees: list[_Block] = []  # record_stream'ed blocks waiting for their events
-        self._addresses = _AddressSpace(SEGMENT_BASE_ADDRESS)
+        self._addresses = address_space if address_space is not None else AddressSpace(SEGMENT_BASE_ADDRESS)
         self._next_reservation_address = EXPANDABLE_BASE_ADDRESS
         self._reserved_total_bytes = 0  # total_allocated_memory: cudaMalloc'd plus mapped
         self._allowed_bytes: int | None = None

@@ -1,0 +1,353 @@
+"""Replay a real allocator trace through the simulator and measure how closely it agrees with torch.
+
+A device trace qualifies for replay when its history starts from an empty allocator:
+
+* it holds at least one `alloc`;
+* the first event that touches an address is a `segment_alloc` or `segment_map` (so the ring buffer
+  did not wrap and recording started before the first cudaMalloc);
+* every `alloc`/`free_*` address lies inside a segment (or mapped range) created earlier in the
+  trace and not yet released;
+* every segment left at the end (the snapshot's `segments` for that device) lies inside ranges the
+  trace created.
+
+Replay feeds the simulator the same request sizes (an `alloc`'s `size` is the un-rounded request),
+in the same order, on the same streams, with the allocator settings the snapshot records. A run of
+`segment_free`/`segment_unmap` that ends in an `oom` is the allocator's own flush-and-retry, so it
+is left to the simulator; any other run is an explicit `torch.cuda.empty_cache()` and is replayed
+as one. Real traces do not show the GPU's size: the capacity is effectively unlimited, except for
+a trace with an `oom`, where it is the reserved bytes after the flush plus the `device_free` the
+event reports, and the failing request (the event's rounded size) is replayed as a malloc that must
+fail.
+
+Agreement is measured on the sequence of segment sizes created (`segment_alloc`/`segment_map`,
+compared in order with difflib, so one extra segment costs one event, not the rest of the trace) and
+on the final layout: per segment, the sequence of (size, state) of its blocks, with addresses
+relabelled (segments are matched as a multiset; unmatched ones are paired in address order and
+compared block by block).
+
+This module is pure: it takes plain snapshot dicts (or the project's model objects) and returns
+result objects.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from typing import Any, Iterable
+
+from oomdoctor.rehearse.allocator import AddressSpace, CachingAllocatorSimulator, SimulatedOutOfMemory
+
+UNLIMITED_CAPACITY_BYTES = 1 << 40  # 1 TiB: larger than any device in the corpus
+SEGMENT_CREATE_ACTIONS = ("segment_alloc", "segment_map")
+SEGMENT_RELEASE_ACTIONS = ("segment_free", "segment_unmap")
+ADDRESS_ACTIONS = ("alloc", "free_requested", "free_completed") + SEGMENT_CREATE_ACTIONS + SEGMENT_RELEASE_ACTIONS
+
+
+@dataclass(frozen=True)
+class Event:
+    action: str
+    addr: int
+    size: int
+    stream: int
+    device_free: int | None = None
+
+
+@dataclass(frozen=True)
+class FinalSegment:
+    address: int
+    total_size: int
+    stream: int
+    segment_type: str
+    is_expandable: bool
+    blocks: tuple[tuple[int, str], ...]  # (size, state) in address order
+
+
+@dataclass
+class DeviceReplay:
+    device: int
+    qualifies: bool
+    reason: str  # why it does not qualify, or "" when it does
+    segment_events_matched: int = 0
+    segment_events_total: int = 0
+    release_events_matched: int = 0
+    release_events_total: int = 0
+    blocks_matched: int = 0
+    blocks_total: int = 0
+    real_segment_sizes: list[tuple[str, int]] = field(default_factory=list)
+    simulated_segment_sizes: list[tuple[str, int]] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def _get(item: Any, key: str, default: Any = None) -> Any:
+    if isinstance(item, dict):
+        return item.get(key, default)
+    return getattr(item, key, default)
+
+
+def events_of(raw_trace: Iterable[Any]) -> list[Event]:
+    events = []
+    for entry in raw_trace:
+        events.append(
+            Event(
+                action=_get(entry, "action"),
+                addr=_get(entry, "addr", 0) or 0,
+                size=_get(entry, "size", 0) or 0,
+                stream=_get(entry, "stream", 0) or 0,
+                device_free=_get(entry, "device_free"),
+            )
+        )
+    return events
+
+
+def final_segments_of(raw_segments: Iterable[Any], device: int) -> list[FinalSegment]:
+    result = []
+    for segment in raw_segments:
+        if (_get(segment, "device", 0) or 0) != device:
+            continue
+        blocks = tuple(
+            (_get(block, "size"), "active_pending_free" if _get(block, "state") == "active_awaiting_free" else _get(block, "state"))
+            for block in _get(segment, "blocks", ())
+        )
+        result.append(
+            FinalSegment(
+                address=_get(segment, "address"),
+                total_size=_get(segment, "total_size"),
+                stream=_get(segment, "stream", 0) or 0,
+                segment_type=_get(segment, "segment_type"),
+                is_expandable=bool(_get(segment, "is_expandable", False)),
+                blocks=blocks,
+            )
+        )
+    return sorted(result, key=lambda segment: segment.address)
+
+
+class _Ranges:
+    """Live address ranges; enough for membership tests over a few thousand segments."""
+
+    def __init__(self) -> None:
+        self.ranges: dict[int, int] = {}
+
+    def add(self, address: int, size: int) -> None:
+        # adjacent mapped ranges of an expandable segment form one segment in the snapshot
+        following = self.ranges.pop(address + size, None)
+        if following is not None:
+            size += following
+        for start, length in self.ranges.items():
+            if start + length == address:
+                self.ranges[start] = length + size
+                return
+        self.ranges[address] = size
+
+    def remove(self, address: int, size: int) -> None:
+        # an unmap may cut the middle out of a mapped range: split it around the hole
+        for start, length in list(self.ranges.items()):
+            end = start + length
+            if start <= address and address + size <= end:
+                del self.ranges[start]
+                if address > start:
+                    self.ranges[start] = address - start
+                if address + size < end:
+                    self.ranges[address + size] = end - address - size
+                return
+
+    def contains(self, address: int, size: int = 1) -> bool:
+        return any(start <= address and address + size <= start + length for start, length in self.ranges.items())
+
+
+def qualification(events: list[Event], final: list[FinalSegment]) -> str:
+    """"" when the trace starts from an empty allocator; otherwise the reason it does not."""
+    if not any(event.action == "alloc" for event in events):
+        return "no alloc events"
+    first = next((event for event in events if event.action in ADDRESS_ACTIONS), None)
+    if first is None or first.action not in SEGMENT_CREATE_ACTIONS:
+        return f"history starts mid-run (first event touching memory is {first.action if first else 'none'})"
+    live = _Ranges()
+    for index, event in enumerate(events):
+        if event.action in SEGMENT_CREATE_ACTIONS:
+            live.add(event.addr, event.size)
+        elif event.action in SEGMENT_RELEASE_ACTIONS:
+            live.remove(event.addr, event.size)
+        elif event.action in ("alloc", "free_requested", "free_completed"):
+            if not live.contains(event.addr):
+                return f"event {index} ({event.action}) touches memory no traced segment holds"
+    for segment in final:
+        if not live.contains(segment.address, segment.total_size):
+            return f"final segment {segment.address:#x} was not created in the trace"
+    return ""
+
+
+class TracedAddressSpace(AddressSpace):
+    """Hands the simulator the address torch's driver gave the same segment, in trace order.
+
+    When the simulator asks for a segment of the size the trace's next `segment_alloc` has, it gets
+    that segment's real address (unless a live segment holds it); otherwise it falls back to first
+    fit in a range far from the traced addresses.
+    """
+
+    def __init__(self, events: list[Event]) -> None:
+        super().__init__(1 << 52)
+        self._traced = [(e.addr, e.size) for e in events if e.action == "segment_alloc"]
+        self._position = 0
+        self._live: dict[int, int] = {}
+
+    def take(self, size: int) -> int:
+        address = None
+        if self._position < len(self._traced) and self._traced[self._position][1] == size:
+            candidate = self._traced[self._position][0]
+            if not any(start < candidate + size and candidate < start + length for start, length in self._live.items()):
+                address = candidate
+            self._position += 1
+        if address is None:
+            address = super().take(size)
+        self._live[address] = size
+        return address
+
+    def give_back(self, address: int, size: int) -> None:
+        self._live.pop(address, None)
+        if address >= 1 << 52:
+            super().give_back(address, size)
+
+
+def _oom_capacity(events: list[Event]) -> int:
+    reserved = 0
+    for event in events:
+        if event.action in SEGMENT_CREATE_ACTIONS:
+            reserved += event.size
+        elif event.action in SEGMENT_RELEASE_ACTIONS:
+            reserved -= event.size
+        elif event.action == "oom":
+            return reserved + (event.device_free or 0)
+    return UNLIMITED_CAPACITY_BYTES
+
+
+def _flush_before_oom(events: list[Event]) -> set[int]:
+    """Indices of segment releases that belong to an allocator flush ending in an `oom`."""
+    indices: set[int] = set()
+    run: list[int] = []
+    for index, event in enumerate(events):
+        if event.action in SEGMENT_RELEASE_ACTIONS:
+            run.append(index)
+            continue
+        if event.action == "oom":
+            indices.update(run)
+        if event.action != "snapshot":
+            run = []
+    return indices
+
+
+def _simulated_final(snapshot: dict[str, Any], device: int) -> list[FinalSegment]:
+    return final_segments_of(snapshot["segments"], device)
+
+
+def _sequence_agreement(real: list, simulated: list) -> int:
+    matcher = SequenceMatcher(None, real, simulated, autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks())
+
+
+def _layout_agreement(real: list[FinalSegment], simulated: list[FinalSegment], mismatches: list[str]) -> tuple[int, int]:
+    def key(segment: FinalSegment) -> tuple:
+        return (segment.segment_type, segment.is_expandable, segment.blocks)
+
+    exact = Counter(key(segment) for segment in real) & Counter(key(segment) for segment in simulated)
+    matched = sum(len(segment_key[2]) * count for segment_key, count in exact.items())
+    unclaimed = exact.copy()
+    real_rest = [segment for segment in real if not _consume(unclaimed, key(segment))]
+    unclaimed = exact.copy()
+    simulated_rest = [segment for segment in simulated if not _consume(unclaimed, key(segment))]
+    for real_segment, simulated_segment in zip(real_rest, simulated_rest):
+        matched += _sequence_agreement(list(real_segment.blocks), list(simulated_segment.blocks))
+    if real_rest or simulated_rest:
+        mismatches.append(
+            f"final layout: {len(real_rest)} real and {len(simulated_rest)} simulated segments without an exact twin"
+        )
+    total = max(sum(len(s.blocks) for s in real), sum(len(s.blocks) for s in simulated))
+    return matched, total
+
+
+def _consume(counter: Counter, key: tuple) -> bool:
+    if counter.get(key, 0) > 0:
+        counter[key] -= 1
+        return True
+    return False
+
+
+def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> DeviceReplay:
+    traces = _get(snapshot, "device_traces", None)
+    if traces is None:
+        traces = _get(snapshot, "traces", ())
+    if device >= len(traces):
+        return DeviceReplay(device, False, "no trace for this device")
+    events = events_of(traces[device])
+    final = final_segments_of(_get(snapshot, "segments", ()), device)
+    reason = qualification(events, final)
+    if reason:
+        return DeviceReplay(device, False, reason)
+
+    settings = _get(snapshot, "allocator_settings", None) or {}
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if isinstance(settings, dict) else _get(settings, "raw_conf", "")
+    simulator = CachingAllocatorSimulator(
+        _oom_capacity(events),
+        alloc_conf=conf or "",
+        device=device,
+        address_space=TracedAddressSpace(events) if traced_addresses else None,
+    )
+    simulator.record_history(True, max_entries=len(events) * 4 + 100, context=None)
+    result = DeviceReplay(device, True, "")
+    flush_indices = _flush_before_oom(events)
+    address_map: dict[int, int] = {}
+    in_release_run = False
+    for index, event in enumerate(events):
+        if event.action in SEGMENT_RELEASE_ACTIONS:
+            if index not in flush_indices and not in_release_run:
+                simulator.empty_cache()
+            in_release_run = True
+            continue
+        if event.action != "snapshot":
+            in_release_run = False
+        if event.action == "alloc":
+            try:
+                address_map[event.addr] = simulator.malloc(event.size, event.stream)
+            except SimulatedOutOfMemory:
+                result.mismatches.append(f"event {index}: simulator ran out of memory where torch did not")
+        elif event.action == "free_requested":
+            simulated_address = address_map.pop(event.addr, None)
+            if simulated_address is not None:
+                simulator.free(simulated_address)
+        elif event.action == "oom":
+            try:
+                surplus = simulator.malloc(event.size, event.stream)
+            except SimulatedOutOfMemory as error:
+                if error.device_free_bytes != event.device_free:
+                    result.mismatches.append(
+                        f"event {index}: oom device_free {error.device_free_bytes} (torch: {event.device_free})"
+                    )
+            else:
+                result.mismatches.append(f"event {index}: torch ran out of memory, the simulator did not")
+                simulator.free(surplus)
+
+    simulated_snapshot = simulator.snapshot()
+    simulated_events = events_of(simulated_snapshot["device_traces"][device])
+    result.real_segment_sizes = [(e.action, e.size) for e in events if e.action in SEGMENT_CREATE_ACTIONS]
+    result.simulated_segment_sizes = [(e.action, e.size) for e in simulated_events if e.action in SEGMENT_CREATE_ACTIONS]
+    result.segment_events_matched = _sequence_agreement(result.real_segment_sizes, result.simulated_segment_sizes)
+    result.segment_events_total = max(len(result.real_segment_sizes), len(result.simulated_segment_sizes))
+    real_releases = [(e.action, e.size) for e in events if e.action in SEGMENT_RELEASE_ACTIONS]
+    simulated_releases = [(e.action, e.size) for e in simulated_events if e.action in SEGMENT_RELEASE_ACTIONS]
+    result.release_events_matched = _sequence_agreement(real_releases, simulated_releases)
+    result.release_events_total = max(len(real_releases), len(simulated_releases))
+    result.blocks_matched, result.blocks_total = _layout_agreement(
+        final, _simulated_final(simulated_snapshot, device), result.mismatches
+    )
+    if result.segment_events_matched < result.segment_events_total:
+        result.mismatches.append(
+            f"segment sizes: {result.segment_events_matched}/{result.segment_events_total} in order"
+        )
+    return result
+
+
+def replay_snapshot(snapshot: Any, traced_addresses: bool = True) -> list[DeviceReplay]:
+    traces = _get(snapshot, "device_traces", None)
+    if traces is None:
+        traces = _get(snapshot, "traces", ())
+    return [replay_device(snapshot, device, traced_addresses) for device in range(len(traces))]
