@@ -3,13 +3,28 @@
 Only `oomdoctor.load` builds these objects and only it knows torch's raw key names and legacy
 shapes; everything downstream (analysis, views) reads attributes of the classes below. Sizes are
 int bytes. Frames are shared objects, as in torch's own snapshots: a million events that share a
-stack hold a million references to one tuple of `Frame`s, not a million copies.
+stack hold references to one tuple of `Frame`s, not a million copies.
+
+A device's trace (`Snapshot.traces[d]`, a `DeviceTrace`) is stored as columns, one tuple per field,
+because a real trace has up to millions of events and one object per event would cost more than
+reading the file. It is still a `Sequence[TraceEvent]`: indexing or iterating builds `TraceEvent`
+objects on the fly (about a microsecond each). The fastest way over a whole trace is the columns:
+
+    trace = snapshot.traces[device]
+    for index, (action, addr, size) in enumerate(zip(trace.actions, trace.addrs, trace.sizes)):
+        if action == ALLOC:  # actions are interned, so this compares identical objects
+            ...
+    stack = trace.frames_at(index)  # only where a stack is needed; converted once, then shared
+
+`actions`, `addrs`, `sizes`, `streams` always have one entry per event; `times_us`,
+`compile_contexts`, `user_metadata` and `pool_ids` are None when the file has no such field
+(older torch), and `device_free` maps the index of each `oom` event to its free bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, overload
 
 # Block states as torch emits them; the loader maps the documented alias
 # `active_awaiting_free` onto ACTIVE_PENDING_FREE.
@@ -103,6 +118,147 @@ class TraceEvent:
     pool_id: tuple[int, int] | None = None
 
 
+class DeviceTrace(Sequence[TraceEvent]):
+    """One device's trace events, oldest first, held as columns (see the module docstring).
+
+    Built by the loader; treat every attribute as read-only. `frames_at(i)` converts the raw stack
+    of event i on first use and shares the result with every other event that has the same frames.
+    """
+
+    __slots__ = (
+        "device",
+        "actions",
+        "addrs",
+        "sizes",
+        "streams",
+        "times_us",
+        "compile_contexts",
+        "user_metadata",
+        "pool_ids",
+        "device_free",
+        "forward_frames",
+        "_raw_stacks",
+        "_stack_of",
+    )
+
+    def __init__(
+        self,
+        device: int,
+        actions: tuple[str, ...],
+        addrs: tuple[int, ...],
+        sizes: tuple[int, ...],
+        streams: tuple[int, ...],
+        times_us: tuple[int | None, ...] | None = None,
+        compile_contexts: tuple[str | None, ...] | None = None,
+        user_metadata: tuple[str | None, ...] | None = None,
+        pool_ids: tuple[tuple[int, int] | None, ...] | None = None,
+        device_free: Mapping[int, int] | None = None,
+        forward_frames: Mapping[int, tuple[str, ...]] | None = None,
+        raw_stacks: Sequence[Any] | None = None,
+        stack_of: Callable[[Any], Stack] | None = None,
+    ) -> None:
+        self.device = device
+        self.actions = actions
+        self.addrs = addrs
+        self.sizes = sizes
+        self.streams = streams
+        self.times_us = times_us
+        self.compile_contexts = compile_contexts
+        self.user_metadata = user_metadata
+        self.pool_ids = pool_ids
+        self.device_free = device_free if device_free is not None else {}
+        self.forward_frames = forward_frames if forward_frames is not None else {}
+        self._raw_stacks = raw_stacks
+        self._stack_of = stack_of
+
+    @classmethod
+    def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
+        """A trace from ready-made events (tests, synthetic data); the loader builds columns directly."""
+        events = tuple(events)
+        stacks = tuple(e.frames for e in events)
+
+        def optional(values: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            return values if any(v is not None for v in values) else None
+
+        return cls(
+            device=device,
+            actions=tuple(e.action for e in events),
+            addrs=tuple(e.addr for e in events),
+            sizes=tuple(e.size for e in events),
+            streams=tuple(e.stream for e in events),
+            times_us=optional(tuple(e.time_us for e in events)),
+            compile_contexts=optional(tuple(e.compile_context for e in events)),
+            user_metadata=optional(tuple(e.user_metadata for e in events)),
+            pool_ids=optional(tuple(e.pool_id for e in events)),
+            device_free={i: e.device_free for i, e in enumerate(events) if e.device_free is not None},
+            raw_stacks=stacks,
+            stack_of=_identity_stack,
+        )
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def frames_at(self, index: int) -> Stack:
+        """The stack of event `index` (innermost frame first), or NO_STACK when none was recorded."""
+        if self._raw_stacks is None:
+            return NO_STACK
+        raw = self._raw_stacks[index]
+        if not raw:
+            return NO_STACK
+        return self._stack_of(raw)  # type: ignore[misc]
+
+    def has_frames_at(self, index: int) -> bool:
+        return self._raw_stacks is not None and bool(self._raw_stacks[index])
+
+    @property
+    def events_with_frames(self) -> int:
+        """How many events carry a non-empty stack (cheap: nothing is converted)."""
+        if self._raw_stacks is None:
+            return 0
+        return sum(map(bool, self._raw_stacks))
+
+    def _event(self, i: int) -> TraceEvent:
+        return TraceEvent(
+            self.actions[i],
+            self.addrs[i],
+            self.sizes[i],
+            self.streams[i],
+            self.frames_at(i),
+            None if self.times_us is None else self.times_us[i],
+            self.device_free.get(i),
+            None if self.compile_contexts is None else self.compile_contexts[i],
+            None if self.user_metadata is None else self.user_metadata[i],
+            None if self.pool_ids is None else self.pool_ids[i],
+        )
+
+    @overload
+    def __getitem__(self, index: int) -> TraceEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[TraceEvent, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> TraceEvent | tuple[TraceEvent, ...]:
+        if isinstance(index, slice):
+            return tuple(self._event(i) for i in range(*index.indices(len(self))))
+        count = len(self.actions)
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError("trace event index out of range")
+        return self._event(index)
+
+    def __iter__(self) -> Iterator[TraceEvent]:
+        event = self._event
+        return (event(i) for i in range(len(self.actions)))
+
+    def __repr__(self) -> str:
+        return f"DeviceTrace(device={self.device}, events={len(self)})"
+
+
+def _identity_stack(stack: Stack) -> Stack:
+    return stack
+
+
 @dataclass(frozen=True, slots=True)
 class Annotation:
     """A `record_function` START/END from `external_annotations` (torch 2.5+)."""
@@ -126,12 +282,14 @@ class AllocatorSettings:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     segments: tuple[Segment, ...]
-    traces: tuple[Sequence[TraceEvent], ...]  # index = device ordinal, oldest event first
+    traces: tuple[DeviceTrace, ...]  # index = device ordinal, oldest event first
     allocator_settings: AllocatorSettings | None = None  # None: not recorded (torch < 2.3)
     annotations: tuple[Annotation, ...] = ()
     oomdoctor: Mapping[str, Any] | None = None  # oomdoctor's own metadata key (DESIGN §4)
-    source_format: str = "dict"  # dict | segment-list | legacy-history | json | html | ...
-    era_hints: tuple[str, ...] = ()  # e.g. "torch>=2.2 (time_us)", from the keys present
+    source_format: str = "dict"  # shape: dict | segment-list | legacy-history (torch 2.0 blocks)
+    era_hints: tuple[str, ...] = ()  # e.g. "time_us on trace events: torch >= 2.2", from the keys
+    container: str = "pickle"  # how the bytes held it: pickle-protocol-N, gzip, json, html (memory_viz)
+    torch_version_hint: str = ""  # e.g. "2.8 to 2.9", ">= 2.10", from the keys present; "" unknown
 
     @property
     def devices(self) -> tuple[int, ...]:

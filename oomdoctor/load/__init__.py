@@ -1,0 +1,55 @@
+"""Read any CUDA memory snapshot torch writes, safely, into the typed model.
+
+    from oomdoctor.load import load
+    snapshot = load("oom-dumps/oom-rank0-....pickle")          # or bytes, or a binary file
+
+The container is recognised by content (pickle protocol 0–5, gzip, JSON, memory_viz HTML export),
+the shape by its keys (snapshot dict, bare segment list, torch 2.0 per-block history). Pickles are
+read only through an unpickler that refuses every global, and no more than `max_bytes` (default
+4 GiB, or OOMDOCTOR_MAX_BYTES; gzip counts decompressed bytes) is read. Every problem is a
+`LoadError` whose message is one line naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from oomdoctor.load.containers import (
+    DEFAULT_MAX_BYTES,
+    MAX_BYTES_ENV,
+    parse_size,
+    read_source,
+)
+from oomdoctor.load.convert import build_snapshot, freeze_builtins
+from oomdoctor.model import Snapshot
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_BYTES_ENV",
+    "freeze_builtins",
+    "load",
+    "load_raw",
+    "parse_size",
+]
+
+
+def load(source: Any, *, max_bytes: int | None = None) -> Snapshot:
+    """The Snapshot in `source` (a path, bytes, or a binary file object)."""
+    raw, container = read_source(source, max_bytes)
+    return build_snapshot(raw, container, _describe(source))
+
+
+def load_raw(source: Any, *, max_bytes: int | None = None) -> Any:
+    """The plain data in `source` (dicts, lists, str, numbers), read as safely as `load` reads it."""
+    return read_source(source, max_bytes)[0]
+
+
+def _describe(source: Any) -> str:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return "input"
+    name = getattr(source, "name", None) if hasattr(source, "read") else source
+    try:
+        return os.fsdecode(name) if name is not None else "input"
+    except TypeError:
+        return "input"

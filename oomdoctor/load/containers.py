@@ -1,0 +1,194 @@
+"""Bytes to plain data: recognise the container by content, never by the file's name.
+
+Recognised: pickles (protocol 2–5, and 0–1 for good measure), gzip around any of these, JSON
+snapshots, and memory_viz HTML exports (a base64 pickle inside a script). Everything is read under
+a size cap, and pickles only through the restricted unpickler.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import io
+import os
+import re
+from typing import Any, BinaryIO
+
+import orjson
+
+from oomdoctor.errors import LoadError
+from oomdoctor.load.safe_pickle import CappedReader, SizeLimitExceeded, unpickle_stream
+
+DEFAULT_MAX_BYTES = 4 * 1024**3
+MAX_BYTES_ENV = "OOMDOCTOR_MAX_BYTES"
+
+_PICKLE_0_1_FIRST_BYTES = b"(}]"
+_WHITESPACE = b" \t\r\n\xef\xbb\xbf"  # and the UTF-8 byte order mark
+_BASE64_FIELD = re.compile(rb'"base64"\s*:\s*"([A-Za-z0-9+/=\s\\]*)"')
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '500MB', '123' -> bytes; ValueError when it is not a size."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try 4GiB, 500MB or a number of bytes)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def resolve_max_bytes(max_bytes: int | None) -> int:
+    if max_bytes is not None:
+        return max_bytes
+    configured = os.environ.get(MAX_BYTES_ENV)
+    if not configured:
+        return DEFAULT_MAX_BYTES
+    try:
+        return parse_size(configured)
+    except ValueError as error:
+        raise LoadError(f"{MAX_BYTES_ENV}: {error}") from None
+
+
+def format_limit(limit_bytes: int) -> str:
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if limit_bytes >= factor:
+            return f"{limit_bytes / factor:.4g} {unit}"
+    return f"{limit_bytes} bytes"
+
+
+def _too_large(describe: str, what: str, limit_bytes: int) -> LoadError:
+    return LoadError(
+        f"{describe}: {what} is larger than the {format_limit(limit_bytes)} limit "
+        f"(raise it with --max-bytes, {MAX_BYTES_ENV}, or load(..., max_bytes=N))"
+    )
+
+
+def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
+    """Plain data from a path, bytes or binary file, and the container it came in."""
+    limit_bytes = resolve_max_bytes(max_bytes)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        if len(data) > limit_bytes:
+            raise _too_large("input", "the input", limit_bytes)
+        return _from_stream(io.BufferedReader(io.BytesIO(data)), "input", limit_bytes, len(data))
+    if hasattr(source, "read"):
+        describe = str(getattr(source, "name", "input"))
+        stream = source if hasattr(source, "peek") else io.BufferedReader(source)
+        return _guarded(stream, describe, limit_bytes, None)
+    try:
+        path = os.fspath(source)
+    except TypeError:
+        raise LoadError(f"cannot read {source!r}: expected a path or bytes") from None
+    describe = os.fsdecode(path)
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise LoadError(f"{describe}: no such file") from None
+    except IsADirectoryError:
+        raise LoadError(f"{describe}: is a directory, not a snapshot file") from None
+    except PermissionError:
+        raise LoadError(f"{describe}: permission denied") from None
+    except OSError as error:
+        raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
+    with handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            regular = os.path.isfile(path)
+        except OSError as error:
+            raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
+        if regular and size > limit_bytes:
+            raise _too_large(describe, f"the file ({size} bytes)", limit_bytes)
+        return _guarded(handle, describe, limit_bytes, size if regular else None)
+
+
+def _guarded(stream: BinaryIO, describe: str, limit_bytes: int, size: int | None) -> tuple[Any, str]:
+    try:
+        return _from_stream(stream, describe, limit_bytes, size)
+    except OSError as error:
+        raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
+
+
+def _from_stream(stream: Any, describe: str, limit_bytes: int, size: int | None, depth: int = 0) -> tuple[Any, str]:
+    if size is None:
+        # a pipe or a stream of unknown length: read it under the cap
+        return _from_stream_of_bytes(_read_capped(stream, describe, limit_bytes, "the input"), describe, limit_bytes, depth)
+    head = stream.peek(64)[:64]
+    if not head:
+        raise LoadError(f"{describe}: empty file")
+    if head[:2] == b"\x1f\x8b":
+        return _from_gzip(stream, describe, limit_bytes, depth)
+    if head[0] == 0x80:
+        protocol = head[1] if len(head) > 1 else -1
+        data = unpickle_stream(stream, describe)
+        return data, f"pickle-protocol-{protocol}"
+    stripped = head.lstrip(_WHITESPACE)
+    if stripped[:1] in (b"{", b"[") or (not stripped and head):
+        return _from_json(_read_capped(stream, describe, limit_bytes, "the file"), describe)
+    if stripped[:1] == b"<":
+        return _from_html(_read_capped(stream, describe, limit_bytes, "the file"), describe, limit_bytes, depth)
+    if head[:1] in _PICKLE_0_1_FIRST_BYTES:
+        return unpickle_stream(stream, describe), "pickle-protocol-0-1"
+    raise LoadError(
+        f"{describe}: not a snapshot: the content is not a pickle, gzip, JSON or memory_viz HTML "
+        f"file (it starts with {head[:8]!r})"
+    )
+
+
+def _from_stream_of_bytes(data: bytes, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
+    return _from_stream(io.BufferedReader(io.BytesIO(data)), describe, limit_bytes, len(data), depth)
+
+
+def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> bytes:
+    data = stream.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise _too_large(describe, what, limit_bytes)
+    return data
+
+
+def _from_gzip(stream: Any, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
+    if depth > 1:
+        raise LoadError(f"{describe}: not a snapshot: compressed more than twice")
+    capped = CappedReader(gzip.GzipFile(fileobj=stream, mode="rb"), limit_bytes, "the decompressed data")
+    try:
+        inner = io.BufferedReader(capped, buffer_size=1024 * 1024)
+        head = inner.peek(64)
+        if not head:
+            raise LoadError(f"{describe}: empty file (gzip of nothing)")
+        data, container = _from_stream(inner, describe, limit_bytes, limit_bytes, depth + 1)
+    except SizeLimitExceeded as exceeded:
+        raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
+    except (EOFError, gzip.BadGzipFile, OSError, ValueError) as error:
+        reason = " ".join(str(error).split())[:160] or type(error).__name__
+        raise LoadError(f"{describe}: corrupt or truncated gzip data ({reason})") from None
+    return data, f"gzip+{container}"
+
+
+def _from_json(data: bytes, describe: str) -> tuple[Any, str]:
+    try:
+        return orjson.loads(data), "json"
+    except orjson.JSONDecodeError as error:
+        reason = str(error).split(":")[0][:160]
+        if "end of" in str(error).lower() or "EOF" in str(error):
+            raise LoadError(f"{describe}: truncated file: the JSON ends before it is complete") from None
+        raise LoadError(f"{describe}: not valid JSON ({reason})") from None
+    except RecursionError:
+        raise LoadError(f"{describe}: not a readable snapshot: the JSON is nested too deeply") from None
+
+
+def _from_html(data: bytes, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
+    if depth > 1:
+        raise LoadError(f"{describe}: not a snapshot: HTML nested inside another container")
+    match = _BASE64_FIELD.search(data)
+    if match is None:
+        raise LoadError(f"{describe}: an HTML file without an embedded snapshot (not a memory_viz export)")
+    encoded = match.group(1).replace(b"\\n", b"").replace(b"\\", b"")
+    try:
+        payload = base64.b64decode(b"".join(encoded.split()))
+    except (binascii.Error, ValueError):
+        raise LoadError(f"{describe}: the snapshot embedded in this HTML file is not valid base64") from None
+    if not payload.strip(b"\x00"):
+        raise LoadError(f"{describe}: the snapshot embedded in this HTML file is empty")
+    inner, container = _from_stream_of_bytes(payload, describe, limit_bytes, depth + 1)
+    return inner, f"html+{container}"

@@ -1,0 +1,489 @@
+"""Plain snapshot data (dicts and lists as torch writes them) to the typed model.
+
+This module is the only place that knows torch's raw key names and legacy shapes (spec §1, §7.7):
+the torch 2.0 per-block `history`, the bare list of segments, `active_awaiting_free`, trace events
+without `frames` or `time_us`, `oom` events without `addr`, pool ids as tuples or lists.
+
+Traces are converted column by column with C-level passes (`map(dict.get, ...)`, `set(map(type,
+...))`) rather than an object per event, and each device's raw events are released as soon as its
+columns exist, so that loading costs little more than unpickling.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from itertools import repeat
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from oomdoctor.errors import LoadError
+from oomdoctor.load.stacks import StackTable
+from oomdoctor.metadata import METADATA_KEY
+from oomdoctor.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ANNOTATE,
+    DEFAULT_POOL,
+    INACTIVE,
+    NO_STACK,
+    OOM,
+    AllocatorSettings,
+    Annotation,
+    Block,
+    DeviceTrace,
+    Segment,
+    Snapshot,
+)
+
+_NONE_TYPE = type(None)
+_STATE_ALIASES = {
+    ACTIVE_ALLOCATED: ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE: ACTIVE_PENDING_FREE,
+    "active_awaiting_free": ACTIVE_PENDING_FREE,
+    INACTIVE: INACTIVE,
+}
+_NAMED_SETTINGS = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "max_split_size",
+    "expandable_segments",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+)
+_FREEZE_MAX_DEPTH = 32
+# Newest torch minor release whose snapshot keys the spec describes (2.14).
+_NEWEST_KNOWN_MINOR = 14
+
+
+def _shape_error(describe: str, what: str) -> LoadError:
+    return LoadError(f"{describe}: wrong structure: {what}; not a torch memory snapshot")
+
+
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+class _Era:
+    """Which torch releases could have written this file, from the keys it has (spec §1.9)."""
+
+    def __init__(self) -> None:
+        self.lowest_minor = 0
+        self.highest_minor: int | None = None
+        self.hints: list[str] = []
+
+    def at_least(self, minor: int, evidence: str) -> None:
+        self.hints.append(f"{evidence}: torch >= 2.{minor}")
+        self.lowest_minor = max(self.lowest_minor, minor)
+
+    def at_most(self, minor: int, evidence: str) -> None:
+        self.hints.append(f"{evidence}: torch <= 2.{minor}")
+        if self.highest_minor is None or minor < self.highest_minor:
+            self.highest_minor = minor
+
+    def describe(self) -> str:
+        low, high = self.lowest_minor, self.highest_minor
+        if high is not None and high < low:
+            return "inconsistent keys"
+        if high is None:
+            return f">= 2.{low}"
+        if high == low:
+            return f"2.{low}"
+        return f"2.{low} to 2.{high}"
+
+
+def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapshot:
+    """The typed Snapshot of `raw`. Consumes `raw`: its trace lists are emptied as they convert."""
+    era = _Era()
+    if type(raw) is list:
+        source_format = "segment-list"
+        raw_segments, raw_traces, top = raw, [], {}
+    elif type(raw) is dict:
+        top = raw
+        raw_segments = raw.get("segments")
+        if raw_segments is None:
+            keys = ", ".join(repr(k) for k in list(raw)[:6])
+            raise _shape_error(describe, f"a dict without 'segments' (keys: {keys or 'none'})")
+        raw_traces = raw.get("device_traces")
+        if raw_traces is None:
+            raw_traces = raw.get("traces", [])  # `_memory_viz._read` wraps bare lists this way
+        source_format = "dict"
+    else:
+        raise _shape_error(describe, f"the file holds a {_type_name(raw)}, not a dict or a list of segments")
+    if type(raw_segments) is not list:
+        raise _shape_error(describe, f"'segments' is a {_type_name(raw_segments)}, not a list")
+    if type(raw_traces) is not list:
+        raise _shape_error(describe, f"'device_traces' is a {_type_name(raw_traces)}, not a list")
+
+    stacks = StackTable()
+    segments, legacy = _build_segments(raw_segments, stacks, describe)
+    if legacy:
+        source_format = "legacy-history"
+        era.at_most(0, "per-block 'history'")
+    elif any("segment_pool_id" in s or "is_expandable" in s for s in raw_segments):
+        era.at_least(1, "segment_pool_id on segments")
+    elif raw_segments and "device_traces" in top:
+        era.at_most(0, "no segment_pool_id on segments")
+
+    traces = []
+    for device, events in enumerate(raw_traces):
+        if type(events) is not list:
+            raise _shape_error(describe, f"the trace of device {device} is a {_type_name(events)}, not a list")
+        traces.append(_build_trace(device, events, stacks, describe, era))
+        raw_traces[device] = None  # release the raw events of this device now
+    full_dict = "device_traces" in top
+    if full_dict:
+        _era_from_top_level(top, era)
+
+    return Snapshot(
+        segments=segments,
+        traces=tuple(traces),
+        allocator_settings=_build_allocator_settings(top.get("allocator_settings"), describe, era),
+        annotations=_build_annotations(top.get("external_annotations"), describe),
+        oomdoctor=_build_metadata(top.get(METADATA_KEY)),
+        source_format=source_format,
+        era_hints=tuple(era.hints),
+        container=container,
+        torch_version_hint=era.describe() if (era.hints or full_dict) else "",
+    )
+
+
+def _int(value: Any, describe: str, what: str) -> int:
+    if type(value) is not int:
+        raise _shape_error(describe, f"{what} is a {_type_name(value)}, not an int")
+    return value
+
+
+def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) -> tuple[tuple[Segment, ...], bool]:
+    segments = []
+    legacy = False
+    for index, seg in enumerate(raw_segments):
+        where = f"segment {index}"
+        if type(seg) is not dict:
+            raise _shape_error(describe, f"{where} is a {_type_name(seg)}, not a dict")
+        address = _int(seg.get("address"), describe, f"{where} 'address'")
+        total_size = _int(seg.get("total_size"), describe, f"{where} 'total_size'")
+        device = _int(seg.get("device", 0), describe, f"{where} 'device'")
+        stream = _int(seg.get("stream", 0), describe, f"{where} 'stream'")
+        segment_type = seg.get("segment_type", "large")
+        if type(segment_type) is not str:
+            raise _shape_error(describe, f"{where} 'segment_type' is a {_type_name(segment_type)}")
+        raw_blocks = seg.get("blocks")
+        if type(raw_blocks) is not list:
+            raise _shape_error(describe, f"{where} 'blocks' is a {_type_name(raw_blocks)}, not a list")
+        blocks = []
+        offset = 0
+        for block_index, raw_block in enumerate(raw_blocks):
+            block, is_legacy = _build_block(raw_block, address + offset, stacks, describe, f"{where} block {block_index}")
+            legacy = legacy or is_legacy
+            offset += block.size
+            blocks.append(block)
+        is_expandable = seg.get("is_expandable", False)
+        if type(is_expandable) not in (bool, int):
+            raise _shape_error(describe, f"{where} 'is_expandable' is a {_type_name(is_expandable)}")
+        segments.append(
+            Segment(
+                device=device,
+                address=address,
+                total_size=total_size,
+                stream=stream,
+                segment_type=sys.intern(segment_type),
+                blocks=tuple(blocks),
+                pool_id=_pool_id(seg.get("segment_pool_id"), describe, f"{where} 'segment_pool_id'"),
+                is_expandable=bool(is_expandable),
+                frames=stacks.stack_of(seg.get("frames")),
+            )
+        )
+    return tuple(segments), legacy
+
+
+def _build_block(raw: Any, default_address: int, stacks: StackTable, describe: str, where: str) -> tuple[Block, bool]:
+    if type(raw) is not dict:
+        raise _shape_error(describe, f"{where} is a {_type_name(raw)}, not a dict")
+    size = _int(raw.get("size"), describe, f"{where} 'size'")
+    state = raw.get("state")
+    if type(state) is not str:
+        raise _shape_error(describe, f"{where} 'state' is a {_type_name(state)}, not a str")
+    state = _STATE_ALIASES.get(state) or sys.intern(state)
+    address = raw.get("address", default_address)
+    _int(address, describe, f"{where} 'address'")
+    history = raw.get("history") if "frames" not in raw else None
+    if history:
+        # torch 2.0: the newest allocation of the block is history[0] (as _memory_viz reads it)
+        latest = history[0]
+        if type(latest) is not dict:
+            raise _shape_error(describe, f"{where} 'history' entry is a {_type_name(latest)}, not a dict")
+        requested_size = _int(latest.get("real_size", size), describe, f"{where} 'real_size'")
+        return Block(address, size, requested_size, state, stacks.stack_of(latest.get("frames"))), True
+    requested_size = _int(raw.get("requested_size", size), describe, f"{where} 'requested_size'")
+    return Block(address, size, requested_size, state, stacks.stack_of(raw.get("frames"))), "history" in raw
+
+
+def _pool_id(value: Any, describe: str, what: str) -> tuple[int, int]:
+    if value is None:
+        return DEFAULT_POOL
+    if type(value) not in (tuple, list) or len(value) != 2 or any(type(v) is not int for v in value):
+        raise _shape_error(describe, f"{what} is not a pair of ints")
+    return DEFAULT_POOL if tuple(value) == DEFAULT_POOL else (value[0], value[1])
+
+
+def _check_column(values: list[Any], allowed: Iterable[type], describe: str, device: int, key: str) -> set[type]:
+    kinds = set(map(type, values))
+    unexpected = kinds.difference(allowed)
+    if unexpected:
+        index = next(i for i, v in enumerate(values) if type(v) in unexpected)
+        found = "missing" if values[index] is None else f"a {_type_name(values[index])}"
+        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' is {found}")
+    return kinds
+
+
+def _interned(values: list[Any]) -> tuple[Any, ...]:
+    """The same values, equal strings made one object (a million 'N/A's become one)."""
+    table: dict[Any, Any] = {}
+    return tuple(map(table.setdefault, values, values))
+
+
+def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: str, era: _Era) -> DeviceTrace:
+    if not events:
+        return DeviceTrace(device, (), (), (), ())
+    kinds = set(map(type, events))
+    if kinds != {dict}:
+        bad = next(e for e in events if type(e) is not dict)
+        raise _shape_error(describe, f"a trace event of device {device} is a {_type_name(bad)}, not a dict")
+    get = dict.get
+
+    def column(key: str) -> list[Any]:
+        return list(map(get, events, repeat(key)))
+
+    actions = column("action")
+    _check_column(actions, (str,), describe, device, "action")
+    action_table = {action: sys.intern(action) for action in set(actions)}
+    actions_interned = tuple(map(action_table.__getitem__, actions))
+    del actions
+
+    sizes = column("size")
+    _check_column(sizes, (int,), describe, device, "size")
+
+    addrs = column("addr")
+    if _NONE_TYPE in _check_column(addrs, (int, _NONE_TYPE), describe, device, "addr"):
+        addrs = [0 if a is None else a for a in addrs]  # `oom` events carry device_free instead
+
+    streams = column("stream")
+    if _NONE_TYPE in _check_column(streams, (int, _NONE_TYPE), describe, device, "stream"):
+        streams = [0 if s is None else s for s in streams]
+
+    times_us = column("time_us")
+    times_kinds = _check_column(times_us, (int, _NONE_TYPE), describe, device, "time_us")
+    if int in times_kinds:
+        _note_once(era, "time_us on trace events", 2)
+    else:
+        _note_once(era, "no time_us on trace events", 1, upper=True)
+
+    compile_contexts = _optional_text_column(events, "compile_context", describe, device, era, 8, 7)
+    user_metadata = _optional_text_column(events, "user_metadata", describe, device, era, 10, 9)
+    pool_ids = _optional_pool_column(events, describe, device, era)
+
+    raw_stacks = column("frames")
+    _check_column(raw_stacks, (list, tuple, _NONE_TYPE), describe, device, "frames")
+
+    device_free: dict[int, int] = {}
+    if OOM in action_table:
+        for index, action in enumerate(actions_interned):
+            if action is OOM:
+                free = events[index].get("device_free")
+                if free is not None:
+                    device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
+    if ANNOTATE in action_table:
+        _note_once(era, "'annotate' trace events", 14)
+
+    forward_frames: dict[int, tuple[str, ...]] = {}
+    if any(map(operator.contains, events, repeat("forward_frames"))):
+        _note_once(era, "forward_frames on trace events", 11)
+        for index, event in enumerate(events):
+            lines = event.get("forward_frames")
+            if lines:
+                forward_frames[index] = tuple(str(line) for line in lines) if type(lines) in (list, tuple) else ()
+
+    return DeviceTrace(
+        device=device,
+        actions=actions_interned,
+        addrs=tuple(addrs),
+        sizes=tuple(sizes),
+        streams=tuple(streams),
+        times_us=tuple(times_us) if int in times_kinds else None,
+        compile_contexts=compile_contexts,
+        user_metadata=user_metadata,
+        pool_ids=pool_ids,
+        device_free=MappingProxyType(device_free),
+        forward_frames=MappingProxyType(forward_frames),
+        raw_stacks=tuple(raw_stacks),
+        stack_of=stacks.stack_of,
+    )
+
+
+def _note_once(era: _Era, evidence: str, minor: int, upper: bool = False) -> None:
+    if any(h.startswith(evidence + ":") for h in era.hints):
+        return
+    if upper:
+        era.at_most(minor, evidence)
+    else:
+        era.at_least(minor, evidence)
+
+
+def _optional_text_column(
+    events: list[Any], key: str, describe: str, device: int, era: _Era, since_minor: int, before_minor: int
+) -> tuple[str | None, ...] | None:
+    values = list(map(dict.get, events, repeat(key)))
+    kinds = _check_column(values, (str, _NONE_TYPE), describe, device, key)
+    if str not in kinds:
+        _note_once(era, f"no {key} on trace events", before_minor, upper=True)
+        return None
+    _note_once(era, f"{key} on trace events", since_minor)
+    return _interned(values)
+
+
+def _optional_pool_column(events: list[Any], describe: str, device: int, era: _Era) -> tuple[Any, ...] | None:
+    values = list(map(dict.get, events, repeat("pool_id")))
+    kinds = _check_column(values, (tuple, list, _NONE_TYPE), describe, device, "pool_id")
+    if kinds == {_NONE_TYPE}:
+        _note_once(era, "no pool_id on trace events", 11, upper=True)
+        return None
+    _note_once(era, "pool_id on trace events", 12)
+    table: dict[Any, tuple[int, int]] = {}
+    column: list[Any] = []
+    for index, value in enumerate(values):
+        if value is None:
+            column.append(None)
+            continue
+        key = tuple(value) if type(value) is list else value
+        pool = table.get(key)
+        if pool is None:
+            pool = table[key] = _pool_id(value, describe, f"device {device} trace event {index} 'pool_id'")
+        column.append(pool)
+    return tuple(column)
+
+
+def _era_from_top_level(top: Mapping[str, Any], era: _Era) -> None:
+    if "allocator_settings" in top:
+        era.at_least(3, "allocator_settings")
+    else:
+        era.at_most(2, "no allocator_settings")
+    if "external_annotations" in top:
+        era.at_least(5, "external_annotations")
+    elif "allocator_settings" in top:
+        era.at_most(4, "no external_annotations")
+    if "host_segments" in top or "host_traces" in top:
+        era.at_least(14, "host_segments")
+
+
+def _build_annotations(raw: Any, describe: str) -> tuple[Annotation, ...]:
+    if raw is None:
+        return ()
+    if type(raw) is not list:
+        raise _shape_error(describe, f"'external_annotations' is a {_type_name(raw)}, not a list")
+    annotations = []
+    for index, entry in enumerate(raw):
+        if type(entry) is not dict:
+            raise _shape_error(describe, f"annotation {index} is a {_type_name(entry)}, not a dict")
+        name, stage = entry.get("name", ""), entry.get("stage", "")
+        device, time_us = entry.get("device", 0), entry.get("time_us", 0)
+        if type(name) is not str or type(stage) is not str:
+            raise _shape_error(describe, f"annotation {index} has a name or stage that is not a str")
+        if type(device) is not int or type(time_us) is not int:
+            raise _shape_error(describe, f"annotation {index} has a device or time_us that is not an int")
+        annotations.append(Annotation(name, sys.intern(stage), device, time_us))
+    return tuple(annotations)
+
+
+def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSettings | None:
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        raise _shape_error(describe, f"'allocator_settings' is a {_type_name(raw)}, not a dict")
+    if "graph_capture_record_stream_reuse" in raw:
+        era.at_least(9, "graph_capture_record_stream_reuse in allocator_settings")
+    else:
+        era.at_most(8, "no graph_capture_record_stream_reuse in allocator_settings")
+    if "max_round_threshold" in raw or "max_cached_size" in raw:
+        era.at_least(13, "max_round_threshold in allocator_settings")
+    else:
+        era.at_most(12, "no max_round_threshold in allocator_settings")
+    raw_conf = raw.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    max_split_size = raw.get("max_split_size", -1)
+    expandable = raw.get("expandable_segments", False)
+    gc_threshold = raw.get("garbage_collection_threshold", 0.0)
+    if type(raw_conf) is not str:
+        raw_conf = ""
+    if type(max_split_size) is not int:
+        raise _shape_error(describe, "allocator_settings 'max_split_size' is not an int")
+    if type(gc_threshold) not in (int, float):
+        raise _shape_error(describe, "allocator_settings 'garbage_collection_threshold' is not a number")
+    divisions = []
+    raw_divisions = raw.get("roundup_power2_divisions")
+    if type(raw_divisions) is dict:
+        for key, value in raw_divisions.items():
+            if type(key) is str and key.isdigit() and type(value) is int:
+                divisions.append((int(key), value))
+    extra = {k: v for k, v in raw.items() if k not in _NAMED_SETTINGS and type(k) is str}
+    frozen_extra = freeze_builtins(extra)
+    return AllocatorSettings(
+        raw_conf=raw_conf,
+        max_split_size=max_split_size,
+        expandable_segments=bool(expandable),
+        garbage_collection_threshold=float(gc_threshold),
+        roundup_power2_divisions=tuple(sorted(divisions)),
+        extra=frozen_extra if isinstance(frozen_extra, Mapping) else MappingProxyType({}),
+    )
+
+
+class _Malformed(Exception):
+    pass
+
+
+def freeze_builtins(value: Any) -> Any:
+    """A read-only copy of plain data: dicts become read-only mappings, lists tuples.
+
+    Raises nothing: returns None when `value` holds anything but str-keyed dicts, lists, tuples,
+    str, int, float, bool and None, is nested deeper than 32 levels, or contains itself. Shared
+    sub-objects are frozen once (a pickle can share one list a million times).
+    """
+    try:
+        return _freeze(value, 0, {})
+    except _Malformed:
+        return None
+
+
+def _freeze(value: Any, depth: int, done: dict[int, Any]) -> Any:
+    kind = type(value)
+    if kind in (str, int, float, bool, _NONE_TYPE):
+        return value
+    if depth >= _FREEZE_MAX_DEPTH:
+        raise _Malformed
+    known = done.get(id(value), done)
+    if known is not done:
+        if known is None:  # still being frozen: the value contains itself
+            raise _Malformed
+        return known
+    done[id(value)] = None
+    if kind is dict:
+        frozen_items = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Malformed
+            frozen_items[key] = _freeze(item, depth + 1, done)
+        frozen: Any = MappingProxyType(frozen_items)
+    elif kind in (list, tuple):
+        frozen = tuple(_freeze(item, depth + 1, done) for item in value)
+    else:
+        raise _Malformed
+    done[id(value)] = frozen
+    return frozen
+
+
+def _build_metadata(raw: Any) -> Mapping[str, Any] | None:
+    if type(raw) is not dict:
+        return None
+    frozen = freeze_builtins(raw)
+    return frozen if isinstance(frozen, Mapping) else None
+
+
+__all__ = ["build_snapshot", "freeze_builtins", "NO_STACK"]

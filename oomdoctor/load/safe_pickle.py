@@ -1,0 +1,109 @@
+"""Unpickling that runs no code from the file and reads no more than a cap.
+
+torch's snapshots hold only dicts, lists, tuples, strings, numbers, bools and None, so a pickle
+that names any global (a class, a function such as `os.system`) is not a snapshot torch wrote.
+`RestrictedUnpickler.find_class` refuses every global, which also refuses the opcodes that could
+call one (REDUCE, INST, OBJ, NEWOBJ, BUILD on an object, the copyreg extension registry), since
+none of them has anything to call without a global. Persistent ids and out-of-band buffers are
+refused by the C unpickler itself, because neither `persistent_load` nor `buffers` is given.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, BinaryIO
+
+from oomdoctor.errors import LoadError
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    """The pickle asked for a global; nothing was looked up or called."""
+
+    def __init__(self, module: str, name: str) -> None:
+        super().__init__(f"{module}.{name}")
+        self.qualified_name = f"{module}.{name}"
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise RefusedGlobal(str(module)[:200], str(name)[:200])
+
+
+class SizeLimitExceeded(Exception):
+    def __init__(self, limit_bytes: int, what: str) -> None:
+        super().__init__(what)
+        self.limit_bytes = limit_bytes
+        self.what = what
+
+
+class CappedReader(io.RawIOBase):
+    """A read-only stream over `inner` that fails once more than `limit_bytes` were read.
+
+    Reads are clamped to what is left under the limit, so that a length field in a hostile pickle
+    cannot make the unpickler ask the underlying file for gigabytes in one call. `peek` is kept,
+    because the C unpickler prefetches through it when the data is not framed (protocol 2–3).
+    """
+
+    def __init__(self, inner: BinaryIO, limit_bytes: int, what: str) -> None:
+        super().__init__()
+        self._inner = inner
+        self._left = limit_bytes
+        self._limit_bytes = limit_bytes
+        self._what = what
+        self._peek = getattr(inner, "peek", None)
+
+    def readable(self) -> bool:
+        return True
+
+    def _take(self, data: bytes) -> bytes:
+        self._left -= len(data)
+        if self._left < 0:
+            raise SizeLimitExceeded(self._limit_bytes, self._what)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self._left:
+            # one byte past the limit tells "exactly at the limit" from "over it"
+            size = self._left + 1
+        return self._take(self._inner.read(size))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0 or size > self._left:
+            size = self._left + 1
+        return self._take(self._inner.readline(size))
+
+    def peek(self, size: int = 0) -> bytes:
+        if self._peek is None:
+            return b""
+        return self._peek(min(max(size, 1), self._left + 1))
+
+
+def unpickle_stream(stream: BinaryIO, describe: str) -> Any:
+    """Restricted-unpickle one object from `stream`; every failure becomes a one-line LoadError."""
+    try:
+        return RestrictedUnpickler(stream).load()
+    except RefusedGlobal as refused:
+        raise LoadError(
+            f"{describe}: refused to load: the pickle asks for the global "
+            f"'{refused.qualified_name}', and memory snapshots never contain globals "
+            "(nothing from the file was run)"
+        ) from None
+    except SizeLimitExceeded:
+        raise
+    except EOFError:
+        raise LoadError(f"{describe}: truncated file: the pickle ends before it is complete") from None
+    except MemoryError:
+        raise LoadError(f"{describe}: not a readable snapshot: the pickle asks for more memory than is available") from None
+    except RecursionError:
+        raise LoadError(f"{describe}: not a readable snapshot: the pickle is nested too deeply") from None
+    except Exception as error:  # the C unpickler raises many types on corrupt input
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        if "truncated" in reason or "ran out of input" in reason.lower():
+            raise LoadError(f"{describe}: truncated file: the pickle ends before it is complete") from None
+        raise LoadError(f"{describe}: not a valid pickle ({reason})") from None

@@ -1,0 +1,71 @@
+"""Raw frame lists to shared `Frame` tuples, converted once and never copied.
+
+torch writes one dict per distinct frame and reuses it in every stack that contains it; a stack is
+a list of such dicts. `StackTable` keeps that sharing: each raw frame dict becomes one `Frame`
+(found again by the dict's identity, or by value for files such as JSON where nothing is shared),
+and each distinct sequence of frames becomes one tuple, whichever event or block asks for it.
+Conversion is tolerant: a malformed frame becomes `Frame("??", 0, "??")` instead of an error,
+because it happens lazily, long after the file was accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oomdoctor.model import NO_STACK, Frame, Stack
+
+UNKNOWN_FRAME = Frame("??", 0, "??")
+
+
+class StackTable:
+    __slots__ = ("_frame_by_id", "_frame_by_value", "_stack_by_ids", "_stack_by_frames")
+
+    def __init__(self) -> None:
+        # id(raw dict) -> (raw dict, Frame); the raw dict is kept so that its id stays unique
+        self._frame_by_id: dict[int, tuple[Any, Frame]] = {}
+        self._frame_by_value: dict[tuple[Any, ...], Frame] = {}
+        self._stack_by_ids: dict[tuple[int, ...], tuple[list[Any], Stack]] = {}
+        self._stack_by_frames: dict[Stack, Stack] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # identities mean nothing in another process: start empty there
+        return (StackTable, ())
+
+    def frame_of(self, raw: Any) -> Frame:
+        known = self._frame_by_id.get(id(raw))
+        if known is not None:
+            return known[1]
+        frame = self._convert_frame(raw)
+        self._frame_by_id[id(raw)] = (raw, frame)
+        return frame
+
+    def _convert_frame(self, raw: Any) -> Frame:
+        if type(raw) is not dict:
+            return UNKNOWN_FRAME
+        filename = raw.get("filename", "??")
+        line = raw.get("line", 0)
+        name = raw.get("name", "??")
+        if type(filename) is not str:
+            filename = "??"
+        if type(line) is not int or not -(2**63) <= line < 2**63:
+            line = 0
+        if type(name) is not str:
+            name = "??"
+        key = (filename, line, name)
+        frame = self._frame_by_value.get(key)
+        if frame is None:
+            frame = self._frame_by_value[key] = Frame(filename, line, name)
+        return frame
+
+    def stack_of(self, raw: Any) -> Stack:
+        """The shared Stack for a raw list of frame dicts (innermost first); NO_STACK when empty."""
+        if not raw or type(raw) not in (list, tuple):
+            return NO_STACK
+        ids = tuple(map(id, raw))
+        known = self._stack_by_ids.get(ids)
+        if known is not None:
+            return known[1]
+        frames = tuple(map(self.frame_of, raw))
+        stack = self._stack_by_frames.setdefault(frames, frames)
+        self._stack_by_ids[ids] = (raw, stack)
+        return stack
