@@ -103,6 +103,11 @@ class Segment:
     def free_bytes(self) -> int:
         return sum(b.size for b in self.blocks if b.state == INACTIVE)
 
+    @property
+    def pending_free_bytes(self) -> int:
+        """Freed by their tensor but waiting for other streams' work (active_pending_free)."""
+        return sum(b.size for b in self.blocks if b.state == ACTIVE_PENDING_FREE)
+
 
 @dataclass(frozen=True, slots=True)
 class TraceEvent:

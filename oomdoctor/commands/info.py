@@ -1,0 +1,50 @@
+"""Say what a snapshot file holds: format, devices, segments, bytes, trace events, OOMs, settings.
+
+    oomdoctor info FILE [--format text|json] [--max-bytes SIZE]
+
+Reads any snapshot torch writes (pickle, gzip, JSON, memory_viz HTML export, the bare segment list
+of memory_snapshot(), torch 2.0's per-block history) without running anything from the file.
+
+Byte totals, over all devices and per device:
+  reserved_bytes    sum of segment sizes
+  allocated_bytes   sum of `size` of allocated blocks (what torch calls allocated)
+  requested_bytes   sum of their `requested_size` (what the tensors asked for)
+  rounding_bytes    allocated - requested: rounding inside allocated blocks
+  active_bytes      allocated plus blocks freed but waiting on other streams
+  free_bytes        reserved - allocated: cached, not allocated
+(torch.cuda._memory_viz's "total_free" is free_bytes + rounding_bytes.)
+
+Files larger than --max-bytes (default 4GiB, or OOMDOCTOR_MAX_BYTES; decompressed size for gzip)
+are refused. Sizes: 4GiB, 512MiB, 1.5GB (GB, MB: powers of 1000; GiB, G: powers of 1024), or bytes.
+
+Exit status: 0 read, 2 not a readable snapshot (one line on stderr says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from oomdoctor.load import load, parse_size
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="snapshot file")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    parser.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE", help="refuse larger files (default 4GiB)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from oomdoctor.views.info import build_info, to_json, to_text
+
+    snapshot = load(args.file, max_bytes=args.max_bytes)
+    info = build_info(snapshot, args.file)
+    sys.stdout.write(to_json(info) + "\n" if args.format == "json" else to_text(info))
+    return 0
