@@ -36,6 +36,10 @@ class SimulatedBackend:
     def stop_history(self) -> None:
         self.simulator.record_history(False)
 
+    def history_enabled(self) -> bool:
+        """Whether history is being recorded (the script may have started it itself)."""
+        return bool(getattr(self.simulator, "_history_enabled", False))
+
     def snapshot(self) -> dict[str, Any]:
         self.recorder.drain()
         return self.simulator.snapshot()

@@ -174,7 +174,7 @@ class StorageRecorder:
         self.ooms: list[OomRecord] = []
         self.capture_frames = True
         self._live: dict[int, _Tracked] = {}
-        self._released: collections.deque[_StorageRef] = collections.deque()
+        self._released: collections.deque[tuple[_StorageRef, list[Frame] | None]] = collections.deque()
         self._lock = threading.Lock()
         self._scope_names: list[str] = []
         self._mode: _RecordingMode | None = None
@@ -206,7 +206,6 @@ class StorageRecorder:
     def live_allocations(self) -> list[LiveAllocation]:
         """Every storage allocated in the simulator now, in address order."""
         self.drain()
-        block_bytes = self._block_sizes()
         found = []
         for tracked in list(self._live.values()):
             if tracked.address is None:
@@ -214,7 +213,7 @@ class StorageRecorder:
             found.append(
                 LiveAllocation(
                     address=tracked.address,
-                    block_bytes=block_bytes.get(tracked.address, tracked.nbytes),
+                    block_bytes=self._block_bytes(tracked.address, tracked.nbytes),
                     requested_bytes=tracked.nbytes,
                     storage=tracked.ref,
                     frames=tracked.frames,
@@ -251,20 +250,17 @@ class StorageRecorder:
                 return PHASE_FORWARD
         return None
 
-    def _block_sizes(self) -> dict[int, int]:
-        sizes = {}
-        for segment in self.simulator.snapshot().get("segments", []):
-            for block in segment.get("blocks", []):
-                if block.get("state") == "active_allocated":
-                    sizes[block["address"]] = block["size"]
-        return sizes
+    def _block_bytes(self, address: int, default_bytes: int) -> int:
+        # Read the block table directly: snapshot() would add a `snapshot` event to the trace.
+        block = getattr(self.simulator, "_blocks", {}).get(address)
+        return int(block.size) if block is not None else default_bytes
 
     # -- releases ------------------------------------------------------------------------------
 
     def _storage_released(self, ref: _StorageRef) -> None:
         # Runs wherever the last reference died: maybe inside a simulator call on this thread
         # (a GC pass), maybe on another thread. Queue it; whoever holds the lock drains the queue.
-        self._released.append(ref)
+        self._released.append((ref, self._release_frames()))
         if self._lock.acquire(blocking=False):
             try:
                 self._drain_locked()
@@ -278,13 +274,21 @@ class StorageRecorder:
 
     def _drain_locked(self) -> None:
         while self._released:
-            ref = self._released.popleft()
+            ref, frames = self._released.popleft()
             tracked = self._live.get(ref.key)
             if tracked is None or tracked.ref is not ref:
                 continue
             del self._live[ref.key]
             if tracked.address is not None:
-                self.simulator.free(tracked.address)
+                self.simulator.free(tracked.address, frames=frames)
+
+    def _release_frames(self) -> list[Frame] | None:
+        """The free-site stack (kept by the simulator only under context="all")."""
+        if in_backward():
+            return []
+        if not self.capture_frames:
+            return None
+        return python_frames(sys._getframe(2))
 
     # -- allocations ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from oomdoctor import __version__
 from oomdoctor.metadata import METADATA_KEY, SCHEMA_VERSION
 
 REHEARSAL_ENV = "OOMDOCTOR_REHEARSAL"
+DUMP_DIR_ENV = "OOMDOCTOR_DIR"  # capture's dump folder variable
 DUMP_SUFFIXES = (".pickle", ".pkl")
 
 _current: RehearsalSession | None = None
@@ -217,21 +218,26 @@ def _dump_files(folder: Path) -> set[Path]:
 
 def _install_dump_writer(session: RehearsalSession, dump_dir: Path) -> str:
     """Install capture so the OOM leaves a dump; without capture, write the simulator's snapshot."""
-    install = _capture_install()
-    if install is not None:
-        install(dump_dir=str(dump_dir))
-        return "capture"
+    capture = _capture()
+    if capture is not None:
+        # Through the environment, so that the script's own install() call writes there too.
+        session._set_env(DUMP_DIR_ENV, str(dump_dir))
+        capture.install()
+        if capture.is_installed():
+            return "capture"
     session.backend.record_history(max_entries=100_000, stacks="python", context="all")
     session.backend.attach_oom_observer(_SnapshotWriter(session, dump_dir))
     return "rehearsal"
 
 
-def _capture_install() -> Callable[..., None] | None:
+def _capture() -> Any:
+    """oomdoctor.capture when it provides install/is_installed/uninstall, else None."""
     try:
-        from oomdoctor.capture import install
+        import oomdoctor.capture as capture
     except ImportError:
         return None
-    return install
+    needed = ("install", "is_installed", "uninstall")
+    return capture if all(hasattr(capture, name) for name in needed) else None
 
 
 def _uninstall_capture(dump_writer: str) -> None:

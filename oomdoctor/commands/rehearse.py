@@ -1,0 +1,216 @@
+"""Run a script on CPU against a simulated CUDA caching allocator: would it fit, and where would it fail? (experimental)
+
+    oomdoctor rehearse train.py --device-memory 24GiB [--alloc-conf STR] [--out DIR] [-- ARGS]
+
+The script runs in this process as `python train.py ARGS` would, on the CPU, while every tensor
+storage it creates is also allocated in a simulator of torch's CUDA caching allocator (rounding,
+pools, segments, splitting, caching, expandable segments) on a device of the given size. When the
+simulated device cannot satisfy a request, the script gets torch.OutOfMemoryError with torch's
+message at that operation, oomdoctor's capture writes a dump there (open it with `oomdoctor open`),
+and this command says where it happened.
+
+The script must choose its device as a parameter: under rehearsal torch.cuda.is_available() is
+False, OOMDOCTOR_REHEARSAL=1 is set, and the script should run on "cpu".
+torch.cuda.memory_allocated(), max_memory_allocated(), memory_reserved(), mem_get_info(),
+memory_stats() and empty_cache() answer from the simulator.
+
+Sizes: 24GiB, 512MiB, 1.5GB (GB, MB = powers of 1000; GiB, MiB, G, M = powers of 1024), or bytes.
+Options given after SCRIPT belong to rehearse up to `--` or the first argument rehearse does not
+know; everything after that goes to the script.
+
+Limitations (experimental): every CPU tensor the script creates while it runs counts as device
+memory, including ones a GPU run would keep on the host (DataLoader batches before .to(device),
+Adam's step counters); memory that kernels use internally (cuBLAS/cuDNN workspaces) and tensors
+created on other threads are not seen; storages made outside torch's dispatcher (torch.from_numpy,
+torch.load) are not counted; the script runs at CPU speed.
+
+Exit status: 0 the script ran to completion (it fit), 1 it ran out of simulated memory or failed,
+the script's own status when it calls sys.exit, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from oomdoctor.errors import EXIT_FINDINGS, OomdoctorError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+_OPTIONS = {
+    "--device-memory": "device_memory",
+    "--alloc-conf": "alloc_conf",
+    "--outside-memory": "outside_memory",
+    "--cuda-context": "cuda_context",
+    "--out": "out",
+}
+
+
+def parse_size_bytes(text: str) -> int:
+    """'24GiB' -> 25769803776; GB/MB/KB are decimal, GiB/G and friends binary; a bare number is bytes."""
+    match = _SIZE.match(text or "")
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise OomdoctorError(f"not a size: {text!r} (try 24GiB, 512MiB or 1.5GB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device-memory", metavar="SIZE", help="memory of the simulated GPU (required)")
+    parser.add_argument(
+        "--alloc-conf",
+        metavar="STR",
+        help="PYTORCH_CUDA_ALLOC_CONF for the simulated allocator (default: the environment's)",
+    )
+    parser.add_argument(
+        "--outside-memory", metavar="SIZE", default="0", help="memory held on the device by other processes"
+    )
+    parser.add_argument(
+        "--cuda-context", metavar="SIZE", default="0", help="this process's CUDA context and other non-PyTorch memory"
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="folder for the dump written at an OOM (default: $OOMDOCTOR_DIR or ./oom-dumps)"
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments")
+
+
+def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
+    """Take SCRIPT, rehearse's own options after it, and the script's arguments apart."""
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise OomdoctorError("rehearse needs a script to run: oomdoctor rehearse SCRIPT --device-memory SIZE")
+    script, rest = command[0], command[1:]
+    index = 0
+    while index < len(rest):
+        token = rest[index]
+        if token == "--":
+            index += 1
+            break
+        name, equals, value = token.partition("=")
+        if name not in _OPTIONS:
+            break
+        if not equals:
+            if index + 1 >= len(rest):
+                raise OomdoctorError(f"{name} needs a value")
+            value = rest[index + 1]
+            index += 1
+        setattr(args, _OPTIONS[name], value)
+        index += 1
+    return Path(script), rest[index:]
+
+
+def run(args: argparse.Namespace) -> int:
+    script, script_args = split_command(args)
+    if args.device_memory is None:
+        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
+    if not script.is_file():
+        raise OomdoctorError(f"no such script: {script}")
+    if importlib.util.find_spec("torch") is None:
+        raise OomdoctorError("rehearse runs the script with PyTorch, which is not installed here")
+    device_memory_bytes = parse_size_bytes(args.device_memory)
+    outside_bytes = parse_size_bytes(args.outside_memory)
+    cuda_context_bytes = parse_size_bytes(args.cuda_context)
+    if device_memory_bytes <= 0:
+        raise OomdoctorError("--device-memory must be more than 0 bytes")
+    if outside_bytes + cuda_context_bytes >= device_memory_bytes:
+        raise OomdoctorError("--outside-memory and --cuda-context leave no device memory for PyTorch")
+    alloc_conf = args.alloc_conf
+    if alloc_conf is None:
+        alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    _check_alloc_conf(alloc_conf)
+    dump_dir = Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+
+    from oomdoctor.rehearse.session import RehearsalConfig, rehearse_script
+
+    config = RehearsalConfig(
+        device_memory_bytes=device_memory_bytes,
+        alloc_conf=alloc_conf,
+        outside_bytes=outside_bytes,
+        cuda_context_bytes=cuda_context_bytes,
+    )
+    result = rehearse_script(script, script_args, config, dump_dir=dump_dir)
+    sys.stdout.flush()
+    print(format_result(script, config, result))
+    if result.error_text:
+        print(result.error_text, file=sys.stderr, end="")
+    return result.exit_code
+
+
+def _check_alloc_conf(alloc_conf: str) -> None:
+    from oomdoctor.rehearse.allocator_config import AllocatorConfigError, parse_alloc_conf
+
+    try:
+        parse_alloc_conf(alloc_conf)
+    except AllocatorConfigError as error:
+        raise OomdoctorError(f"bad --alloc-conf {alloc_conf!r}: {error}") from None
+
+
+def format_result(script: Path, config: Any, result: Any) -> str:
+    """The report: one line saying whether it ran out, then where, torch's message and the dump."""
+    from oomdoctor.rehearse.allocator_config import format_size
+
+    device = f"a simulated {format_size(config.device_memory_bytes)} GPU"
+    peaks = (
+        f"  peak: {format_size(result.peak_allocated_bytes)} allocated, "
+        f"{format_size(result.peak_reserved_bytes)} reserved by PyTorch"
+    )
+    lines = []
+    if result.oom is not None:
+        oom = result.oom
+        lines.append(f"Out of memory: {script.name} ran out of memory on {device} (rehearsal, experimental).")
+        lines.append(f"  where: {_where(oom)}")
+        innermost = oom.frames[0] if oom.frames else None
+        if innermost is not None and innermost is not oom.user_frame:
+            lines.append(f"  inside: {_frame_text(innermost)}")
+        lines.append(f"  request: {format_size(oom.request_bytes)} (rounded) for {oom.op}")
+        lines.append(f"  torch: {oom.message}")
+        lines.append(peaks)
+    elif result.exit_code == 0:
+        lines.append(f"Fits: {script.name} ran to completion on {device} (rehearsal, experimental).")
+        lines.append(peaks)
+    else:
+        lines.append(f"Failed: {script.name} stopped with exit status {result.exit_code} before running out of memory.")
+        lines.append(peaks)
+    caught = [oom for oom in result.ooms_seen if oom is not result.oom]
+    if caught:
+        lines.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {_where(caught[0])}")
+    for path in result.dump_paths:
+        lines.append(f"  dump: {_display(path)}  (oomdoctor open {_display(path)})")
+    if result.oom is not None and not result.dump_paths:
+        lines.append("  dump: none was written (see the messages above)")
+    return "\n".join(lines)
+
+
+def _where(oom: Any) -> str:
+    frame = oom.user_frame
+    place = _frame_text(frame) if frame else "unknown line"
+    return f"{place} (phase: {oom.phase})" if oom.phase else place
+
+
+def _frame_text(frame: dict) -> str:
+    filename = frame["filename"]
+    marker = f"{os.sep}torch{os.sep}"
+    if marker in filename:  # library frames read better from the package down
+        shown = "torch" + os.sep + filename.rsplit(marker, 1)[1]
+    else:
+        shown = _display(Path(filename))
+    return f"{shown}:{frame['line']} in {frame['name']}"
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
