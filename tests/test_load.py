@@ -1,0 +1,286 @@
+"""The loader: every container and shape torch writes, the normalisations of spec §7.7, the model."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import pickle
+
+import orjson
+import pytest
+
+from oomdoctor.errors import LoadError
+from oomdoctor.load import load, load_raw
+from oomdoctor.model import (
+    ACTIVE_PENDING_FREE,
+    DEFAULT_POOL,
+    NO_STACK,
+    DeviceTrace,
+    Frame,
+    Snapshot,
+    TraceEvent,
+)
+
+MiB = 1024**2
+
+
+def make_snapshot() -> dict:
+    """A small snapshot in torch 2.13's shape, frames shared the way torch shares them."""
+    inner = {"filename": "train.py", "line": 10, "name": "forward"}
+    outer = {"filename": "train.py", "line": 50, "name": "<module>"}
+    stack = [inner, outer]
+    base = 0x7F0000000000
+    return {
+        "segments": [
+            {
+                "device": 0, "address": base, "total_size": 2 * MiB, "allocated_size": 1024,
+                "active_size": 1024, "requested_size": 1000, "stream": 0, "segment_type": "small",
+                "segment_pool_id": (0, 0), "is_expandable": False, "frames": stack,
+                "blocks": [
+                    {"address": base, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": stack},
+                    {"address": base + 1024, "size": 2 * MiB - 1024, "requested_size": 0, "state": "inactive", "frames": []},
+                ],
+            }
+        ],
+        "device_traces": [
+            [
+                {"action": "segment_alloc", "addr": base, "size": 2 * MiB, "stream": 0, "time_us": 100, "frames": stack},
+                {"action": "alloc", "addr": base, "size": 1000, "stream": 0, "time_us": 101, "frames": stack},
+                {"action": "alloc", "addr": base + 1024, "size": 512, "stream": 0, "time_us": 102, "frames": [inner]},
+                {"action": "free_requested", "addr": base + 1024, "size": 512, "stream": 0, "time_us": 103, "frames": [inner]},
+                {"action": "free_completed", "addr": base + 1024, "size": 512, "stream": 0, "time_us": 104, "frames": [inner]},
+                {"action": "oom", "device_free": 5 * MiB, "size": 40 * MiB, "stream": 0, "time_us": 105, "frames": stack},
+            ]
+        ],
+        "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "max_split_size": -1,
+            "garbage_collection_threshold": 0.0, "expandable_segments": False,
+            "roundup_power2_divisions": {"1": 0, "2": 4}, "release_lock_on_cudamalloc": False,
+        },
+        "external_annotations": [
+            {"name": "Optimizer.step#Adam.step", "stage": "START", "device": 0, "time_us": 101},
+            {"name": "Optimizer.step#Adam.step", "stage": "END", "device": 0, "time_us": 104},
+        ],
+    }  # fmt: skip
+
+
+def _check_contents(snapshot: Snapshot) -> None:
+    (segment,) = snapshot.segments
+    assert segment.total_size == 2 * MiB and segment.segment_type == "small"
+    assert segment.allocated_bytes == 1024 and segment.requested_bytes == 1000
+    assert segment.pool_id == DEFAULT_POOL
+    trace = snapshot.traces[0]
+    assert list(trace.actions) == ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "oom"]
+    oom = trace[-1]
+    assert (oom.action, oom.addr, oom.size, oom.device_free, oom.time_us) == ("oom", 0, 40 * MiB, 5 * MiB, 105)
+    assert trace[1].frames == (Frame("train.py", 10, "forward"), Frame("train.py", 50, "<module>"))
+    assert snapshot.allocator_settings.raw_conf == "expandable_segments:False"
+    assert snapshot.allocator_settings.roundup_power2_divisions == ((1, 0), (2, 4))
+    assert snapshot.allocator_settings.extra["release_lock_on_cudamalloc"] is False
+    assert [a.stage for a in snapshot.annotations] == ["START", "END"]
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_pickle_protocols(tmp_path, protocol: int) -> None:
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(make_snapshot(), protocol=protocol))
+    snapshot = load(path)
+    _check_contents(snapshot)
+    assert snapshot.container == f"pickle-protocol-{protocol}"
+
+
+def test_old_pickle_protocols_and_bytes_and_file_objects(tmp_path) -> None:
+    for protocol in (0, 1):
+        _check_contents(load(pickle.dumps(make_snapshot(), protocol=protocol)))
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(make_snapshot(), protocol=4))
+    with open(path, "rb") as handle:
+        _check_contents(load(handle))
+    _check_contents(load(str(path)))
+
+
+def test_gzip_and_pickle_named_json(tmp_path) -> None:
+    gz = tmp_path / "snapshot.pickle.gz"
+    gz.write_bytes(gzip.compress(pickle.dumps(make_snapshot(), protocol=4)))
+    snapshot = load(gz)
+    _check_contents(snapshot)
+    assert snapshot.container == "gzip+pickle-protocol-4"
+    named_json = tmp_path / "memory_snapshot.json"
+    named_json.write_bytes(pickle.dumps(make_snapshot(), protocol=4))
+    assert load(named_json).container == "pickle-protocol-4"
+
+
+def test_real_json_snapshot_pool_ids_as_lists(tmp_path) -> None:
+    data = make_snapshot()
+    private = dict(data["segments"][0], address=0x7E0000000000, segment_pool_id=(1, 2), blocks=[])
+    private["blocks"] = [dict(b, address=b["address"] - 0x10000000000) for b in data["segments"][0]["blocks"]]
+    data["segments"].append(private)
+    for event in data["device_traces"][0]:
+        event["pool_id"] = (0, 0)
+    path = tmp_path / "snapshot.json"
+    path.write_bytes(b"\n  " + orjson.dumps(data))  # tuples become lists, frames are no longer shared
+    snapshot = load(path)
+    assert snapshot.container == "json"
+    assert snapshot.segments[0].pool_id == (0, 0) and snapshot.segments[1].pool_id == (1, 2)
+    assert snapshot.traces[0][0].pool_id == (0, 0) and isinstance(snapshot.traces[0][0].pool_id, tuple)
+    # frames are deduplicated by value when the file shares nothing
+    trace = snapshot.traces[0]
+    assert trace.frames_at(1)[0] is trace.frames_at(2)[0]
+    gz = tmp_path / "snapshot.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert load(gz).container == "gzip+json"
+
+
+def test_memory_viz_html_export_written_by_torch(tmp_path) -> None:
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    path = tmp_path / "export.html"
+    path.write_text(memory_viz._format_viz(make_snapshot(), "Active Memory Timeline", None))
+    snapshot = load(path)
+    _check_contents(snapshot)
+    assert snapshot.container.startswith("html+pickle-protocol-")
+
+
+def test_html_without_a_snapshot_is_refused(tmp_path) -> None:
+    path = tmp_path / "page.html"
+    path.write_text("<!DOCTYPE html><html><body>hello</body></html>")
+    with pytest.raises(LoadError, match="without an embedded snapshot"):
+        load(path)
+    path.write_text('<html><script>const f = [{"name": "x", "base64": "%s"}]</script>'
+                    % base64.b64encode(b"\x80\x04K\x05.").decode())  # fmt: skip
+    with pytest.raises(LoadError, match="wrong structure"):
+        load(path)
+
+
+def test_bare_segment_list() -> None:
+    data = make_snapshot()
+    snapshot = load(pickle.dumps(data["segments"], protocol=4))
+    assert snapshot.source_format == "segment-list"
+    assert snapshot.traces == () and len(snapshot.segments) == 1
+    assert snapshot.allocator_settings is None
+
+
+def test_torch20_history_blocks_without_addresses() -> None:
+    base = 0x7F0000000000
+    frames = [{"filename": "model.py", "line": 3, "name": "allocate"}]
+    data = {
+        "segments": [
+            {
+                "device": 0, "address": base, "total_size": 4096, "allocated_size": 3072, "active_size": 3072,
+                "requested_size": 3000, "stream": 0, "segment_type": "small",
+                "blocks": [
+                    {"size": 3072, "requested_size": 3072, "state": "active_allocated",
+                     "history": [{"addr": base, "real_size": 3000, "frames": frames}]},
+                    {"size": 1024, "requested_size": 0, "state": "inactive"},
+                ],
+            }
+        ],
+        "device_traces": [[{"action": "snapshot", "addr": 0, "size": 3072, "stream": 0}]],
+    }  # fmt: skip
+    snapshot = load(pickle.dumps(data, protocol=4))
+    assert snapshot.source_format == "legacy-history"
+    first, second = snapshot.segments[0].blocks
+    assert (first.address, first.requested_size, first.frames[0].name) == (base, 3000, "allocate")
+    assert (second.address, second.frames) == (base + 3072, NO_STACK)
+    assert snapshot.traces[0][0].time_us is None and snapshot.traces[0].times_us is None
+
+
+def test_variants_of_spec_7_7_are_normalised() -> None:
+    data = make_snapshot()
+    data["segments"][0]["blocks"][1]["state"] = "active_awaiting_free"
+    data["segments"][0]["segment_pool_id"] = [0, 0]
+    events = data["device_traces"][0]
+    del events[1]["frames"]
+    del events[2]["time_us"]
+    snapshot = load(pickle.dumps(data, protocol=4))
+    assert snapshot.segments[0].blocks[1].state == ACTIVE_PENDING_FREE
+    assert snapshot.segments[0].pending_free_bytes == 2 * MiB - 1024
+    assert snapshot.segments[0].pool_id == (0, 0)
+    trace = snapshot.traces[0]
+    assert trace[1].frames == NO_STACK and not trace.has_frames_at(1)
+    assert trace[2].time_us is None and trace[3].time_us == 103
+    assert trace[5].addr == 0  # oom events have no addr
+
+
+def test_missing_optional_keys_are_absent_not_invented() -> None:
+    snapshot = load(pickle.dumps({"segments": [], "device_traces": [[], []]}, protocol=4))
+    assert snapshot.traces[0] == () or len(snapshot.traces[0]) == 0
+    assert snapshot.allocator_settings is None and snapshot.annotations == () and snapshot.oomdoctor is None
+    assert snapshot.devices == ()
+
+
+def test_device_trace_is_a_sequence_of_events() -> None:
+    trace = load(pickle.dumps(make_snapshot(), protocol=4)).traces[0]
+    events = list(trace)
+    assert len(events) == len(trace) == 6
+    assert events[-1] == trace[-1] == trace[5]
+    assert trace[1:3] == (events[1], events[2])
+    assert all(isinstance(e, TraceEvent) for e in events)
+    with pytest.raises(IndexError):
+        trace[6]
+    rebuilt = DeviceTrace.from_events(0, events)
+    assert list(rebuilt) == events and rebuilt.device_free == {5: 5 * MiB}
+
+
+def test_frames_are_shared_not_copied() -> None:
+    trace = load(pickle.dumps(make_snapshot(), protocol=4)).traces[0]
+    assert trace.frames_at(0) is trace.frames_at(1)  # same raw frames list content: one tuple
+    assert trace.frames_at(2)[0] is trace.frames_at(1)[0]  # the shared frame dict: one Frame
+    assert trace.events_with_frames == 6
+
+
+def test_actions_are_interned() -> None:
+    trace = load(orjson.dumps(make_snapshot())).traces[0]
+    assert trace.actions[1] is trace.actions[2] is "alloc"  # noqa: F632
+
+
+def test_oomdoctor_metadata_passes_through_read_only() -> None:
+    data = make_snapshot()
+    data["oomdoctor"] = {"schema_version": 1, "versions": {"torch": "2.13.0"}, "markers": [{"phase": "forward"}]}
+    snapshot = load(pickle.dumps(data, protocol=4))
+    assert snapshot.oomdoctor["versions"]["torch"] == "2.13.0"
+    assert snapshot.oomdoctor["markers"][0]["phase"] == "forward"
+    with pytest.raises(TypeError):
+        snapshot.oomdoctor["schema_version"] = 2  # type: ignore[index]
+
+
+@pytest.mark.parametrize("bad", ["not a dict", [1, 2], {"a": {1, 2}}, {1: "int key"}])
+def test_malformed_oomdoctor_metadata_is_ignored(bad) -> None:
+    data = make_snapshot()
+    data["oomdoctor"] = bad
+    assert load(pickle.dumps(data, protocol=4)).oomdoctor is None
+
+
+def test_self_containing_metadata_is_ignored() -> None:
+    data = make_snapshot()
+    loop: dict = {"schema_version": 1}
+    loop["self"] = loop
+    data["oomdoctor"] = loop
+    assert load(pickle.dumps(data, protocol=4)).oomdoctor is None
+
+
+def test_size_cap_names_the_limit_and_how_to_raise_it(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(make_snapshot(), protocol=4))
+    with pytest.raises(LoadError, match=r"larger than the 100 bytes limit.*--max-bytes.*OOMDOCTOR_MAX_BYTES"):
+        load(path, max_bytes=100)
+    monkeypatch.setenv("OOMDOCTOR_MAX_BYTES", "1KiB")
+    with pytest.raises(LoadError, match="1 KiB limit"):
+        load(path)
+    _check_contents(load(path, max_bytes=10**6))
+
+
+def test_size_cap_counts_decompressed_bytes(tmp_path) -> None:
+    data = make_snapshot()
+    data["padding"] = "x" * 10**6
+    path = tmp_path / "bomb.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(data, protocol=4)))
+    assert path.stat().st_size < 100_000
+    with pytest.raises(LoadError, match="decompressed data is larger than"):
+        load(path, max_bytes=100_000)
+    assert load(path, max_bytes=2 * 10**6).segments
+
+
+def test_load_raw_returns_plain_data() -> None:
+    raw = load_raw(gzip.compress(pickle.dumps(make_snapshot(), protocol=4)))
+    assert raw["segments"][0]["segment_pool_id"] == (0, 0)
+    assert raw["device_traces"][0][1]["action"] == "alloc"
