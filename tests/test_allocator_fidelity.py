@@ -1,0 +1,113 @@
+"""Replaying traces through the simulator: the corpus agreement, and the rules that pick the traces."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
+from oomdoctor.rehearse.allocator_fidelity import replay_snapshot
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import simulator_fidelity  # noqa: E402
+
+MiB = 1024 * 1024
+
+# device traces of the corpus whose history starts from an empty allocator
+QUALIFYING = {
+    ("compile_context__decomfl__memory.pickle", 0),
+    ("cs336_mixed_precision__niuhuangxiaozi__fwd_bwd_200_mixed_precision.pickle", 0),
+    ("cs336_small__silmont2000__mem_snapshot.pickle", 0),
+    ("multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle", 0),
+    ("multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle", 1),
+    ("multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle", 2),
+    ("oom_action__nesta_discrete_diffusion__memory_snapshot.json", 0),
+}
+
+
+def test_corpus_agreement_is_total(corpus_dir):
+    out = io.StringIO()
+    agreement = simulator_fidelity.run(corpus_dir, out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[-1] == "agreement: 1.0000"
+    assert agreement == 1.0
+    replayed = set()
+    for path in simulator_fidelity.snapshot_files(corpus_dir):
+        outcome = simulator_fidelity.replay_file(path)
+        if not isinstance(outcome, str):
+            replayed.update((path.name, replay.device) for replay in outcome if replay.qualifies)
+    assert QUALIFYING <= replayed
+
+
+def test_benchmark_refuses_a_missing_folder(tmp_path, capsys):
+    assert simulator_fidelity.main([str(tmp_path / "absent")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+
+
+def _workload(simulator: CachingAllocatorSimulator) -> None:
+    live = []
+    sizes = [100, 3000, 700_000, 3 * MiB, 7 * MiB + 5, 13 * MiB, 40 * MiB + 1, 2 * MiB]
+    for step, size in zip(range(120), itertools.cycle(sizes)):
+        stream = 0 if step % 7 else 3
+        try:
+            live.append(simulator.malloc(size * (1 + step % 3), stream))
+        except SimulatedOutOfMemory:
+            pass
+        if step % 3 == 2:
+            simulator.free(live.pop(step % len(live)))
+        if step == 60:
+            simulator.empty_cache()
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "roundup_power2_divisions:4"])
+@pytest.mark.parametrize("capacity_bytes", [1 << 40, 300 * MiB])
+def test_the_simulator_agrees_with_its_own_trace(conf, capacity_bytes):
+    simulator = CachingAllocatorSimulator(capacity_bytes, alloc_conf=conf)
+    simulator.record_history(True, max_entries=100_000)
+    _workload(simulator)
+    snapshot = simulator.snapshot()
+    if capacity_bytes < 1 << 40:
+        assert any(event["action"] == "oom" for event in snapshot["device_traces"][0])
+    (replay,) = replay_snapshot(snapshot)
+    assert replay.qualifies, replay.reason
+    assert replay.mismatches == []
+    assert replay.segment_events_matched == replay.segment_events_total > 0
+    assert replay.blocks_matched == replay.blocks_total > 0
+
+
+def test_a_trace_that_starts_mid_run_does_not_qualify():
+    simulator = CachingAllocatorSimulator(1 << 40)
+    kept = simulator.malloc(3 * MiB)
+    simulator.record_history(True)
+    simulator.free(kept)
+    simulator.malloc(MiB)
+    (replay,) = replay_snapshot(simulator.snapshot())
+    assert not replay.qualifies
+    assert "starts mid-run" in replay.reason
+
+
+def test_a_segment_from_before_the_trace_disqualifies():
+    simulator = CachingAllocatorSimulator(1 << 40)
+    simulator.malloc(100)  # small segment, never seen by the trace
+    simulator.record_history(True)
+    simulator.malloc(30 * MiB)
+    (replay,) = replay_snapshot(simulator.snapshot())
+    assert not replay.qualifies
+    assert "was not created in the trace" in replay.reason
+
+
+def test_a_diverging_replay_is_scored_below_one():
+    simulator = CachingAllocatorSimulator(1 << 40)
+    simulator.record_history(True)
+    simulator.malloc(3 * MiB)
+    simulator.malloc(5 * MiB)
+    snapshot = simulator.snapshot()
+    snapshot["device_traces"][0][1]["size"] = 30 * MiB  # as if torch had asked for more
+    (replay,) = replay_snapshot(snapshot)
+    assert replay.segment_events_matched < replay.segment_events_total
+    assert replay.blocks_matched < replay.blocks_total
+    assert replay.mismatches
