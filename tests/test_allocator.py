@@ -565,3 +565,15 @@ def test_invalid_free_is_refused():
     simulator.free(address)
     with pytest.raises(ValueError, match=re.escape(f"{address:#x}")):
         simulator.free(address)
+
+
+def test_the_simulator_is_pure_python():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, oomdoctor.rehearse, oomdoctor.rehearse.allocator_fidelity; "
+        "print(sorted(m for m in ('torch', 'numpy', 'rich', 'textual') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
