@@ -96,6 +96,16 @@ class CudaBackend:
 
         torch.cuda.memory._record_memory_history(None)
 
+    def history_enabled(self) -> bool:
+        """Whether the script already records history (install() then keeps its settings).
+
+        Optional for other backends: capture treats a backend without it as "not recording yet".
+        """
+        import torch
+
+        is_enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+        return bool(is_enabled()) if is_enabled is not None else False
+
     def snapshot(self) -> dict[str, Any]:
         import torch
 

@@ -1,0 +1,132 @@
+"""The registry of named tensors: which storage is which parameter, gradient, optimizer state or buffer.
+
+Walked at dump time only, over the root modules and optimizers the phase recorder saw (held weakly,
+so a dump never keeps a model alive). Names are `named_parameters()` / `named_buffers()` names; when
+the process used more than one root module with tensors, each name is prefixed with the root's class
+name (`Generator.net.0.weight`). A gradient is named `<parameter>.grad`, an optimizer state tensor
+`<parameter>.<state key>` (`fc.weight.exp_avg`); a parameter an optimizer holds that no module
+names is `<Optimizer class>.param_groups.<g>.params.<i>`. Nothing here touches device memory: only
+storage addresses, shapes and dtypes are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from oomdoctor.metadata import (
+    COMPONENT_BUFFER,
+    COMPONENT_GRADIENT,
+    COMPONENT_OPTIMIZER_STATE,
+    COMPONENT_PARAMETER,
+)
+
+StorageAddress = Callable[[Any], "int | None"]
+
+
+def _count_tensors(module: Any) -> int:
+    try:
+        return sum(1 for _ in module.parameters()) + sum(1 for _ in module.buffers())
+    except Exception:
+        return 0
+
+
+def _prefixes(modules: list[Any]) -> list[str]:
+    """'' for a lone root; otherwise the class name, numbered when two roots share it."""
+    if len(modules) <= 1:
+        return [""] * len(modules)
+    names = [type(module).__name__ for module in modules]
+    prefixes = []
+    for index, name in enumerate(names):
+        if names.count(name) > 1:
+            name = f"{name}[{names[:index].count(name)}]"
+        prefixes.append(name + ".")
+    return prefixes
+
+
+class _Collector:
+    def __init__(self, storage_address: StorageAddress, default_device: int | None) -> None:
+        self.storage_address = storage_address
+        self.default_device = default_device
+        self.entries: list[dict[str, Any]] = []
+        self.seen: set[tuple[int, str]] = set()  # (id(tensor), component)
+
+    def add(self, tensor: Any, component: str, name: str) -> None:
+        key = (id(tensor), component)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        try:
+            address = self.storage_address(tensor)
+            if address is None:
+                return
+            device = getattr(tensor.device, "index", None)
+            self.entries.append(
+                {
+                    "address": int(address),
+                    "device": self.default_device if device is None else int(device),
+                    "component": component,
+                    "name": name,
+                    "shape": [int(size) for size in tensor.shape],
+                    "dtype": str(tensor.dtype).removeprefix("torch."),
+                    "size_bytes": int(tensor.numel()) * int(tensor.element_size()),
+                }
+            )
+        except Exception:  # sparse, meta or otherwise unusual tensors: skip, never fail the dump
+            return
+
+
+def collect_tensors(
+    modules: Iterable[Any],
+    optimizers: Iterable[Any],
+    storage_address: StorageAddress,
+    default_device: int | None = None,
+) -> list[dict[str, Any]]:
+    """Registry entries as the metadata contract's `tensors` list describes them."""
+    import torch
+
+    roots = [module for module in modules if _count_tensors(module) > 0]
+    # the largest root first, so that a submodule also called on its own keeps its full name
+    roots.sort(key=_count_tensors, reverse=True)
+    collector = _Collector(storage_address, default_device)
+    parameter_names: dict[int, str] = {}
+    for prefix, module in zip(_prefixes(roots), roots):
+        for name, parameter in module.named_parameters():
+            parameter_names.setdefault(id(parameter), prefix + name)
+        for name, buffer in module.named_buffers():
+            if isinstance(buffer, torch.Tensor):
+                collector.add(buffer, COMPONENT_BUFFER, prefix + name)
+
+    optimizer_list = list(optimizers)
+    for optimizer in optimizer_list:
+        for group_index, group in enumerate(getattr(optimizer, "param_groups", [])):
+            for index, parameter in enumerate(group.get("params", [])):
+                parameter_names.setdefault(
+                    id(parameter), f"{type(optimizer).__name__}.param_groups.{group_index}.params.{index}"
+                )
+
+    parameters: dict[int, Any] = {}
+    for module in roots:
+        for parameter in module.parameters():
+            parameters.setdefault(id(parameter), parameter)
+    for optimizer in optimizer_list:
+        for group in getattr(optimizer, "param_groups", []):
+            for parameter in group.get("params", []):
+                parameters.setdefault(id(parameter), parameter)
+
+    for key, parameter in parameters.items():
+        name = parameter_names[key]
+        collector.add(parameter, COMPONENT_PARAMETER, name)
+        grad = getattr(parameter, "grad", None)
+        if isinstance(grad, torch.Tensor):
+            collector.add(grad, COMPONENT_GRADIENT, name + ".grad")
+
+    for optimizer in optimizer_list:
+        state = getattr(optimizer, "state", {})
+        for parameter, values in list(state.items()):
+            owner = parameter_names.get(id(parameter), f"{type(optimizer).__name__}.state")
+            if not isinstance(values, dict):
+                continue
+            for state_key, value in values.items():
+                if isinstance(value, torch.Tensor):
+                    collector.add(value, COMPONENT_OPTIMIZER_STATE, f"{owner}.{state_key}")
+    return collector.entries

@@ -1,0 +1,519 @@
+"""One installed capture: the OOM observer, the exception hooks, and the dumps they write.
+
+The life of an OOM:
+
+1. torch's allocator gives up and calls the observer, before the exception unwinds anything. The
+   observer takes the snapshot at once (the state at the OOM) and writes a dump.
+2. torch raises `OutOfMemoryError`. Creating the exception is the sign that the OOM *surfaced*: the
+   class's `__init__` is wrapped to notice it (a cheap, exact signal; an OOM that cuDNN's workspace
+   search catches and retries inside C++ never creates one).
+3. Either nobody catches it, and `sys.excepthook` / `threading.excepthook` add type, message and
+   traceback to the dump (one atomic rewrite); or the script catches it and carries on, and the next
+   phase that starts (or interpreter exit) adds type and message.
+
+An observer call whose OOM never surfaced was retried by torch internally: the next OOM on the same
+thread overwrites that dump in place instead of adding a file, and every observer call is listed in
+`ooms_observed` with `surfaced` true, false or null (not known yet). So internal retries never spam
+dumps, an OOM a script catches and retries with a smaller batch gets a dump of its own, and
+`max_dumps` caps the files one process writes.
+
+Nothing here may raise into the training loop: every entry point reports a failure on stderr and
+swallows it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import pickle
+import sys
+import threading
+import traceback
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import time_ns
+from typing import Any, Callable
+
+from oomdoctor.capture import environment, writer
+from oomdoctor.capture.markers import PhaseRecorder
+from oomdoctor.capture.options import CaptureOptions
+from oomdoctor.capture.registry import collect_tensors
+from oomdoctor.metadata import METADATA_KEY, SCHEMA_VERSION
+
+LOCK_TIMEOUT_S = 120.0
+MAX_OBSERVED = 1000
+MAX_CHAIN = 16
+
+
+@dataclass(eq=False)
+class OomRecord:
+    observed: dict[str, Any]  # one `ooms_observed` entry
+    thread_id: int
+    path: Path | None = None
+    payload: dict[str, Any] | None = None  # kept until the exception is added, then released
+    exception: dict[str, Any] | None = None
+    exception_ref: Any = None  # weakref to the exception object, or None
+    rewrite_pending: bool = False
+    observed_at_dump: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _exception_name(error: BaseException) -> str:
+    kind = type(error)
+    module = kind.__module__
+    return kind.__qualname__ if module in ("builtins", "__main__") else f"{module}.{kind.__qualname__}"
+
+
+def _chain(error: BaseException | None) -> list[BaseException]:
+    found: list[BaseException] = []
+    while error is not None and len(found) < MAX_CHAIN and error not in found:
+        found.append(error)
+        error = error.__cause__ or error.__context__
+    return found
+
+
+class CaptureSession:
+    def __init__(self, options: CaptureOptions, backend: Any) -> None:
+        self.options = options
+        self.backend = backend
+        self.recorder = PhaseRecorder(max_markers=max(options.max_entries, 10_000))
+        self.process = environment.process_facts()
+        self.observed: deque[dict[str, Any]] = deque(maxlen=MAX_OBSERVED)
+        self.records: list[OomRecord] = []
+        self.unconfirmed: dict[int, OomRecord] = {}  # observer thread -> its latest unsurfaced OOM
+        self.dumps_written = 0
+        self.cap_reported = False
+        self.history_started_by: str | None = None
+        self.active = False
+        self.lock = threading.RLock()
+        self.local = threading.local()
+        self.oom_types: tuple[type, ...] = ()
+        self._undo: list[Callable[[], None]] = []
+
+    # -- install / uninstall --------------------------------------------------------------------
+
+    def start(self) -> None:
+        options = self.options
+        self.active = True
+        already = getattr(self.backend, "history_enabled", None)
+        if callable(already) and already():
+            self.history_started_by = "user"
+        else:
+            self.backend.record_history(
+                max_entries=options.max_entries, stacks=options.stacks, context=options.context
+            )
+            self.history_started_by = "oomdoctor"
+            self._undo.append(self.backend.stop_history)
+        self.recorder.on_exception = self._guarded(self.exception_seen)
+        self.recorder.install()
+        self._undo.append(self.recorder.uninstall)
+        self._wrap_oom_exception_init()
+        self._install_excepthooks()
+        atexit.register(self.at_exit)
+        self._undo.append(lambda: atexit.unregister(self.at_exit))
+
+    def stop(self) -> None:
+        self.active = False
+        with self._locked() as held:
+            if held:
+                self._flush_pending()
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as error:
+                writer.say(f"uninstall could not undo a change cleanly: {error!r}")
+
+    def _wrap_oom_exception_init(self) -> None:
+        import torch
+
+        kinds = []
+        for holder, name in ((torch.cuda, "OutOfMemoryError"), (torch, "OutOfMemoryError")):
+            kind = getattr(holder, name, None)
+            if isinstance(kind, type) and kind not in kinds:
+                kinds.append(kind)
+        self.oom_types = tuple(kinds)
+        session = self
+        for kind in kinds:
+            had_own = "__init__" in kind.__dict__
+            own_init = kind.__dict__.get("__init__")
+            previous_init = kind.__init__
+
+            def __init__(error: Any, *args: Any, _previous: Any = previous_init, **kwargs: Any) -> None:
+                _previous(error, *args, **kwargs)
+                if session.active:
+                    session._guarded(session.exception_created)(error)
+
+            kind.__init__ = __init__  # type: ignore[misc]
+
+            def restore(kind: Any = kind, wrapper: Any = __init__, had_own: bool = had_own, own: Any = own_init) -> None:
+                if kind.__dict__.get("__init__") is not wrapper:
+                    return
+                if had_own:
+                    kind.__init__ = own
+                else:
+                    del kind.__init__
+
+            self._undo.append(restore)
+
+    def _install_excepthooks(self) -> None:
+        session = self
+        previous_sys_hook = sys.excepthook
+
+        def oomdoctor_excepthook(kind: Any, value: Any, trace: Any) -> None:
+            record = session._guarded(session.uncaught)(value) if session.active else None
+            previous_sys_hook(kind, value, trace)
+            if record is not None:
+                session._say_dump_of_exception(record)
+
+        sys.excepthook = oomdoctor_excepthook
+
+        previous_thread_hook = threading.excepthook
+
+        def oomdoctor_thread_excepthook(args: Any) -> None:
+            record = session._guarded(session.uncaught)(args.exc_value) if session.active else None
+            previous_thread_hook(args)
+            if record is not None:
+                session._say_dump_of_exception(record)
+
+        threading.excepthook = oomdoctor_thread_excepthook
+
+        def restore() -> None:
+            if sys.excepthook is oomdoctor_excepthook:
+                sys.excepthook = previous_sys_hook
+            if threading.excepthook is oomdoctor_thread_excepthook:
+                threading.excepthook = previous_thread_hook
+
+        self._undo.append(restore)
+
+    # -- guards ---------------------------------------------------------------------------------
+
+    def _guarded(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Run `function` at most once per thread at a time, reporting and swallowing any failure."""
+
+        def guarded(*args: Any) -> Any:
+            if getattr(self.local, "busy", False):
+                return None
+            self.local.busy = True
+            try:
+                return function(*args)
+            except Exception as error:
+                writer.say(f"capture failed and was skipped ({type(error).__name__}: {error})")
+                return None
+            finally:
+                self.local.busy = False
+
+        return guarded
+
+    class _Held:
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+            self.held = False
+
+        def __enter__(self) -> bool:
+            self.held = self.lock.acquire(timeout=LOCK_TIMEOUT_S)
+            return self.held
+
+        def __exit__(self, *exc: Any) -> None:
+            if self.held:
+                self.lock.release()
+
+    def _locked(self) -> "CaptureSession._Held":
+        return CaptureSession._Held(self.lock)
+
+    # -- the OOM observer -----------------------------------------------------------------------
+
+    def observer(self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
+        if self.active:
+            self._guarded(self.observe)(device, alloc_bytes, device_total_bytes, device_free_bytes)
+
+    def observe(self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
+        observed = {
+            "device": int(device),
+            "alloc_bytes": int(alloc_bytes),
+            "device_total_bytes": int(device_total_bytes),
+            "device_free_bytes": int(device_free_bytes),
+            "time_us": time_ns() // 1000,
+            "surfaced": None,
+        }
+        self.observed.append(observed)
+        thread_id = threading.get_ident()
+        record = OomRecord(observed=observed, thread_id=thread_id)
+        with self._locked() as held:
+            if not held:
+                writer.say("another dump is still being written; this OOM is recorded without its own dump")
+                return
+            self._flush_pending()
+            previous = self.unconfirmed.pop(thread_id, None)
+            if previous is not None and previous.path is not None:
+                # its exception never came: torch caught that OOM and retried; reuse its file
+                previous.observed["surfaced"] = False
+                previous.payload = None
+                record.path = previous.path
+            elif self.dumps_written >= self.options.max_dumps:
+                if not self.cap_reported:
+                    self.cap_reported = True
+                    writer.say(
+                        f"not writing more dumps: {self.dumps_written} written, the most this process "
+                        f"writes (max_dumps / OOMDOCTOR_MAX_DUMPS)"
+                    )
+                self.unconfirmed[thread_id] = record
+                self.records.append(record)
+                return
+            self.unconfirmed[thread_id] = record
+            self.records.append(record)
+            payload = self.build_payload(reason="oom", oom=observed, device=int(device))
+            record.observed_at_dump = list(self.observed)
+            if record.path is not None:
+                size_bytes = writer.write_atomically(payload, record.path)
+            else:
+                name = self._file_name("oom")
+                record.path, size_bytes = writer.write_new_dump(payload, self.options.dump_dir, name, writer.say)
+                self.dumps_written += 1
+                writer.say(writer.dump_note(record.path, size_bytes))
+            record.payload = payload
+
+    # -- exceptions -----------------------------------------------------------------------------
+
+    def _record_for_new_exception(self) -> OomRecord | None:
+        thread_id = threading.get_ident()
+        record = self.unconfirmed.pop(thread_id, None)
+        if record is None and self.unconfirmed:
+            # backward OOMs are observed on an autograd thread and raised on the caller's
+            latest = max(self.unconfirmed.values(), key=lambda candidate: candidate.observed["time_us"])
+            record = self.unconfirmed.pop(latest.thread_id)
+        return record
+
+    def exception_created(self, error: BaseException) -> None:
+        """An OutOfMemoryError was just created: the latest unsurfaced OOM has surfaced."""
+        with self._locked() as held:
+            if not held:
+                return
+            record = self._record_for_new_exception()
+            if record is None:
+                self._oom_without_observer(error)
+                return
+            self._link(record, error)
+
+    def exception_seen(self, error: BaseException) -> None:
+        """An exception left a forward or backward: if it is an OOM nobody linked yet, link it."""
+        if not self.unconfirmed or not self._is_oom(error) or self._find_record(error) is not None:
+            return
+        with self._locked() as held:
+            if held:
+                record = self._record_for_new_exception()
+                if record is not None:
+                    self._link(record, error)
+
+    def _link(self, record: OomRecord, error: BaseException) -> None:
+        record.observed["surfaced"] = True
+        record.exception = {"type": _exception_name(error), "message": str(error), "traceback": None}
+        try:
+            record.exception_ref = weakref.ref(error)
+        except TypeError:
+            record.exception_ref = None
+        if record.path is not None:
+            record.rewrite_pending = True
+            self.recorder.on_phase_start = self._guarded(self.phase_started)
+
+    def _oom_without_observer(self, error: BaseException) -> None:
+        """torch 2.12+ rejects some requests before the allocator's OOM path, with no observer call."""
+        message = str(error)
+        handled = sys.exc_info()[1]
+        if "out of memory" not in message.lower() or (handled is not None and self._is_oom(handled)):
+            return  # a script building or re-raising its own OutOfMemoryError
+        if self.dumps_written >= self.options.max_dumps:
+            return
+        record = OomRecord(observed={}, thread_id=threading.get_ident())
+        device = environment.attempt(self.backend.current_device, 0) or 0
+        payload = self.build_payload(reason="oom", oom=None, device=device)
+        record.path, size_bytes = writer.write_new_dump(payload, self.options.dump_dir, self._file_name("oom"), writer.say)
+        self.dumps_written += 1
+        self.records.append(record)
+        record.payload = payload
+        self._link(record, error)
+        writer.say(writer.dump_note(record.path, size_bytes))
+
+    def _is_oom(self, error: BaseException) -> bool:
+        return isinstance(error, self.oom_types) or (
+            isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+        )
+
+    def _find_record(self, error: BaseException) -> OomRecord | None:
+        for link in _chain(error):
+            for record in reversed(self.records):
+                if record.exception_ref is not None and record.exception_ref() is link:
+                    return record
+        return None
+
+    def uncaught(self, error: BaseException) -> OomRecord | None:
+        """An exception reached sys.excepthook or threading.excepthook: complete its OOM's dump."""
+        with self._locked() as held:
+            if not held:
+                return None
+            record = self._find_record(error)
+            oom = next((link for link in _chain(error) if self._is_oom(link)), None)
+            if record is None and oom is not None:
+                # its creation went unnoticed: it belongs to the latest OOM still waiting for one
+                record = next(
+                    (
+                        candidate
+                        for candidate in reversed(self.records)
+                        if candidate.path is not None
+                        and (candidate.exception is None or candidate.exception.get("traceback") is None)
+                    ),
+                    None,
+                )
+                if record is not None:
+                    for thread_id, candidate in list(self.unconfirmed.items()):
+                        if candidate is record:
+                            del self.unconfirmed[thread_id]
+                    self._link(record, oom)
+            if record is None or record.path is None:
+                return None
+            described = oom if oom is not None else error
+            record.observed["surfaced"] = True
+            record.exception = {
+                "type": _exception_name(described),
+                "message": str(described),
+                "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            }
+            self._rewrite(record)
+            return record
+
+    def _say_dump_of_exception(self, record: OomRecord) -> None:
+        if record.path is not None:
+            shown = writer.display_path(record.path)
+            writer.say(
+                f"the dump of this OOM is {shown} — open it with: oomdoctor open {shown}"
+                f"  (or a text report: oomdoctor report {shown})"
+            )
+
+    # -- completing dumps -----------------------------------------------------------------------
+
+    def phase_started(self) -> None:
+        """The training loop went on after an OOM surfaced: the script caught it; record that now."""
+        self.recorder.on_phase_start = None
+        with self._locked() as held:
+            if held:
+                self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        for record in self.records:
+            if record.rewrite_pending:
+                self._rewrite(record)
+
+    def _rewrite(self, record: OomRecord) -> None:
+        record.rewrite_pending = False
+        if record.path is None:
+            return
+        payload = record.payload
+        if payload is None:
+            with open(record.path, "rb") as file:  # our own file, written by this process
+                payload = pickle.load(file)
+        metadata = payload[METADATA_KEY]
+        metadata["exception"] = record.exception
+        if metadata.get("oom") is not None:
+            metadata["oom"]["surfaced"] = record.observed.get("surfaced")
+        if record.observed_at_dump:
+            metadata["ooms_observed"] = [dict(entry) for entry in record.observed_at_dump]
+        writer.write_atomically(payload, record.path)
+        record.payload = None
+
+    def at_exit(self) -> None:
+        if not self.active:
+            return
+        with self._locked() as held:
+            if not held:
+                return
+            try:
+                last = getattr(sys, "last_value", None)
+                if last is not None and self._find_record(last) is None and self._is_oom(last):
+                    self.local.busy = True
+                    self.uncaught(last)
+                self._flush_pending()
+                for record in self.unconfirmed.values():
+                    if record.path is not None:
+                        writer.say(
+                            f"{writer.display_path(record.path)} holds an OOM that torch handled internally "
+                            "(no exception reached the script, e.g. cuDNN's workspace search)"
+                        )
+            except Exception as error:
+                writer.say(f"capture failed at exit ({type(error).__name__}: {error})")
+            finally:
+                self.local.busy = False
+
+    # -- dumps ----------------------------------------------------------------------------------
+
+    def _file_name(self, kind: str) -> str:
+        return writer.dump_file_name(kind, self.process["rank"], self.process["host"], self.process["pid"])
+
+    def build_payload(self, *, reason: str, oom: dict[str, Any] | None, device: int) -> dict[str, Any]:
+        snapshot = self.backend.snapshot()  # first: the state at the OOM
+        return {**snapshot, METADATA_KEY: self.build_metadata(reason=reason, oom=oom, device=device, snapshot=snapshot)}
+
+    def build_metadata(
+        self, *, reason: str, oom: dict[str, Any] | None, device: int, snapshot: dict[str, Any]
+    ) -> dict[str, Any]:
+        existing = snapshot.get(METADATA_KEY)
+        metadata: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
+        metadata.update(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "versions": environment.versions(self.backend),
+                "host": self.process["host"],
+                "pid": self.process["pid"],
+                "argv": self.process["argv"],
+                "rank": self.process["rank"],
+                "local_rank": self.process["local_rank"],
+                "world_size": self.process["world_size"],
+                **environment.device_facts(self.backend, device),
+                "alloc_conf": self.process["alloc_conf"],
+                "oom": dict(oom) if oom is not None else None,
+                "ooms_observed": [dict(entry) for entry in self.observed],
+                "exception": None,
+                "markers": self.recorder.marker_dicts(),
+                "tensors": environment.attempt(
+                    lambda: collect_tensors(
+                        list(self.recorder.root_modules),
+                        list(self.recorder.optimizers),
+                        self.backend.storage_address,
+                        device,
+                    ),
+                    [],
+                ),
+                "reason": reason,
+                "recording": {
+                    "max_entries": self.options.max_entries,
+                    "stacks": self.options.stacks,
+                    "context": self.options.context,
+                    "started_by": self.history_started_by,
+                },
+            }
+        )
+        rehearsal = getattr(self.backend, "rehearsal", None)
+        if isinstance(rehearsal, dict) and rehearsal:
+            metadata["rehearsal"] = dict(rehearsal)
+        return metadata
+
+    def write_manual(self, path: Path | None) -> Path | None:
+        """`oomdoctor.dump()`: the state now, with the markers and registry so far."""
+        with self._locked() as held:
+            if not held:
+                writer.say("another dump is still being written; dump() skipped")
+                return None
+            self.local.busy = True
+            try:
+                device = environment.attempt(self.backend.current_device, 0) or 0
+                payload = self.build_payload(reason="manual", oom=None, device=device)
+                if path is not None:
+                    path = Path(path)
+                    size_bytes = writer.write_atomically(payload, path)
+                else:
+                    path, size_bytes = writer.write_new_dump(
+                        payload, self.options.dump_dir, self._file_name("manual"), writer.say
+                    )
+                writer.say(writer.dump_note(path, size_bytes))
+                return path
+            finally:
+                self.local.busy = False

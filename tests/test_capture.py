@@ -1,0 +1,522 @@
+"""oomdoctor.install() on CPU, against a small fake backend (pure Python, synthetic snapshots).
+
+The fake plays torch's part: it records `alloc` events when the test says, answers `snapshot()`
+with a memory_viz-shaped dict, and on `oom()` runs the observers and raises `torch.OutOfMemoryError`
+as torch's allocator does (observer first, exception after). End-to-end runs through the rehearsal
+simulator live in test_capture_rehearsal.py.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from time import time_ns
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import oomdoctor  # noqa: E402
+from oomdoctor import capture  # noqa: E402
+from oomdoctor.capture import backend as backend_module  # noqa: E402
+from oomdoctor.capture import options as options_module  # noqa: E402
+from oomdoctor.capture import writer  # noqa: E402
+from oomdoctor.metadata import METADATA_KEY, PHASES, REGISTRY_COMPONENTS  # noqa: E402
+
+MiB = 1 << 20
+BASE_ADDRESS = 0x7F0000000000
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, total_bytes: int = 1024 * MiB, reason: str | None = None) -> None:
+        self.total_bytes = total_bytes
+        self.reason = reason
+        self.observers: list = []
+        self.history: dict | None = None
+        self.history_calls: list = []
+        self.events: list[dict] = []
+        self.blocks: list[tuple[int, int]] = []  # (address, size) of live blocks, one segment each
+        self.snapshots_taken = 0
+
+    # the Backend protocol
+    def unavailable_reason(self):
+        return self.reason
+
+    def record_history(self, *, max_entries, stacks, context):
+        self.history = {"max_entries": max_entries, "stacks": stacks, "context": context}
+        self.history_calls.append(("start", dict(self.history)))
+
+    def stop_history(self):
+        self.history = None
+        self.history_calls.append(("stop", None))
+
+    def snapshot(self):
+        self.snapshots_taken += 1
+        segments = []
+        for address, size in self.blocks:
+            segment_bytes = -(-size // (2 * MiB)) * 2 * MiB
+            blocks = [{"address": address, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}]
+            if segment_bytes > size:
+                blocks.append(
+                    {"address": address + size, "size": segment_bytes - size, "requested_size": 0, "state": "inactive", "frames": []}
+                )
+            segments.append(
+                {
+                    "device": 0, "address": address, "total_size": segment_bytes, "allocated_size": size,
+                    "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
+                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks,
+                }
+            )
+        return {
+            "segments": segments,
+            "device_traces": [[dict(event) for event in self.events]],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False, "max_split_size": -1},
+            "external_annotations": [],
+        }
+
+    def attach_oom_observer(self, observer):
+        self.observers.append(observer)
+
+    def current_device(self):
+        return 0
+
+    def reserved_bytes(self):
+        return sum(-(-size // (2 * MiB)) * 2 * MiB for _, size in self.blocks)
+
+    def mem_get_info(self, device):
+        return self.total_bytes - self.reserved_bytes(), self.total_bytes
+
+    def memory_stats(self, device):
+        allocated = sum(size for _, size in self.blocks)
+        return {
+            "num_alloc_retries": 0, "num_ooms": sum(1 for e in self.events if e["action"] == "oom"),
+            "allocated_bytes.all.current": allocated, "reserved_bytes.all.current": self.reserved_bytes(),
+            "inactive_split_bytes.all.current": 0,
+        }
+
+    def device_properties(self, device):
+        return {"name": "Fake GPU", "capability": [9, 0], "total_memory_bytes": self.total_bytes}
+
+    def storage_address(self, tensor):
+        if tensor.device.type != "cpu":
+            return None
+        return int(tensor.untyped_storage().data_ptr())
+
+    def cuda_version(self):
+        return "12.4"
+
+    # what the test drives
+    def alloc(self, size: int) -> int:
+        address = BASE_ADDRESS + 64 * MiB * len(self.blocks)
+        self.blocks.append((address, size))
+        self.events.append({"action": "segment_alloc", "addr": address, "size": -(-size // (2 * MiB)) * 2 * MiB, "stream": 0, "time_us": time_ns() // 1000})
+        self.events.append({"action": "alloc", "addr": address, "size": size, "stream": 0, "time_us": time_ns() // 1000})
+        return address
+
+    def observe_oom(self, size: int) -> None:
+        free = self.total_bytes - self.reserved_bytes()
+        self.events.append({"action": "oom", "size": size, "device_free": free, "stream": 0, "time_us": time_ns() // 1000})
+        for observer in list(self.observers):
+            observer(0, -(-size // (2 * MiB)) * 2 * MiB, self.total_bytes, free)
+
+    def oom(self, size: int) -> None:
+        self.observe_oom(size)
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {size / MiB:.2f} MiB. GPU 0 has a total capacity of 1.00 GiB"
+        )
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A fake backend made active, a clean environment, and install() undone afterwards."""
+    for name in list(options_module.OPTIONS.values()):
+        monkeypatch.delenv(name[0], raising=False)
+    monkeypatch.delenv(options_module.DISABLE_VARIABLE, raising=False)
+    monkeypatch.chdir(tmp_path)
+    backend = FakeBackend()
+    backend_module.set_backend(backend)
+    yield backend
+    oomdoctor.uninstall()
+    backend_module.set_backend(None)
+
+
+def dumps_in(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.pickle")) if directory.is_dir() else []
+
+
+def load(path: Path) -> dict:
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+class SmallModel(nn.Module):
+    """An MLP with a BatchNorm (for a buffer); `fail` makes its forward run out of (fake) memory."""
+
+    def __init__(self, backend: FakeBackend) -> None:
+        super().__init__()
+        self.backend = backend
+        self.fail = False
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.BatchNorm1d(16), nn.Linear(16, 2))
+
+    def forward(self, batch):
+        hidden = self.net(batch)
+        if self.fail:
+            self.backend.oom(64 * MiB)
+        return hidden
+
+
+def small_training(steps: int, oom_at: tuple[int, str] | None, backend: FakeBackend):
+    """A tiny model + Adam loop; `oom_at=(step, phase)` makes the fake device fail in that phase."""
+    torch.manual_seed(0)
+    model = SmallModel(backend)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = torch.randn(4, 8)
+    for step in range(steps):
+        optimizer.zero_grad()
+        model.fail = oom_at == (step, "forward")
+        loss = model(batch).square().mean()
+        if oom_at == (step, "backward"):
+            loss.register_hook(lambda grad: backend.oom(64 * MiB))
+        loss.backward()
+        optimizer.step()
+    return model, optimizer
+
+
+# -- options ------------------------------------------------------------------------------------
+
+
+def test_options_defaults_environment_and_arguments(tmp_path):
+    warnings: list[str] = []
+    defaults = options_module.resolve_options({}, environ={}, warn=warnings.append)
+    assert defaults.max_entries == 100_000 and defaults.stacks == "python" and defaults.context == "all"
+    assert defaults.max_dumps == 5 and defaults.dump_dir.name == "oom-dumps" and defaults.dump_dir.is_absolute()
+
+    environ = {"OOMDOCTOR_DIR": str(tmp_path / "d"), "OOMDOCTOR_MAX_ENTRIES": "500", "OOMDOCTOR_STACKS": "all",
+               "OOMDOCTOR_MAX_DUMPS": "zero"}
+    merged = options_module.resolve_options({"max_entries": 7, "colour": "red"}, environ=environ, warn=warnings.append)
+    assert merged.dump_dir == tmp_path / "d" and merged.stacks == "all"
+    assert merged.max_entries == 7  # the argument beats the environment
+    assert merged.max_dumps == 5  # a bad value is reported and the default kept
+    assert any("OOMDOCTOR_MAX_DUMPS" in warning for warning in warnings)
+    assert any("colour" in warning for warning in warnings)
+
+
+def test_dump_file_names_sort_by_rank_and_are_distinct(tmp_path):
+    name = writer.dump_file_name("oom", 3, "node-7.cluster", 4242)
+    assert name.startswith("oom-rank3-node-7.cluster-4242-") and name.endswith("Z.pickle")
+    first = writer.unique_path(tmp_path, name)
+    first.write_bytes(b"x")
+    assert writer.unique_path(tmp_path, name) != first
+
+
+# -- installing ---------------------------------------------------------------------------------
+
+
+def test_install_is_idempotent_and_uninstall_restores_everything(fake):
+    from torch.optim import optimizer as optimizer_module
+
+    before = {
+        "call": nn.Module.__call__,
+        "backward": torch.autograd.backward,
+        "opt_zero_grad": torch.optim.Optimizer.zero_grad,
+        "mod_zero_grad": nn.Module.zero_grad,
+        "excepthook": sys.excepthook,
+        "thread_hook": threading.excepthook,
+        "pre_hooks": len(optimizer_module._global_optimizer_pre_hooks),
+        "post_hooks": len(optimizer_module._global_optimizer_post_hooks),
+    }
+    oomdoctor.install()
+    oomdoctor.install()
+    assert capture.is_installed()
+    assert len(fake.observers) == 1 and fake.history_calls == [
+        ("start", {"max_entries": 100_000, "stacks": "python", "context": "all"})
+    ]
+    assert nn.Module.__call__ is not before["call"] and sys.excepthook is not before["excepthook"]
+    assert "__init__" in torch.OutOfMemoryError.__dict__
+    assert len(optimizer_module._global_optimizer_pre_hooks) == before["pre_hooks"] + 1
+
+    oomdoctor.uninstall()
+    assert not capture.is_installed()
+    assert fake.history is None and fake.history_calls[-1] == ("stop", None)
+    assert nn.Module.__call__ is before["call"]
+    assert torch.autograd.backward is before["backward"]
+    assert torch.optim.Optimizer.zero_grad is before["opt_zero_grad"]
+    assert nn.Module.zero_grad is before["mod_zero_grad"]
+    assert sys.excepthook is before["excepthook"] and threading.excepthook is before["thread_hook"]
+    assert "__init__" not in torch.OutOfMemoryError.__dict__
+    assert len(optimizer_module._global_optimizer_pre_hooks) == before["pre_hooks"]
+    assert len(optimizer_module._global_optimizer_post_hooks) == before["post_hooks"]
+
+    oomdoctor.install()  # again: the observer torch keeps forever is not attached twice
+    assert len(fake.observers) == 1 and capture.is_installed()
+
+
+def test_without_cuda_install_says_why_once_and_does_nothing(fake, capsys, monkeypatch):
+    fake.reason = "torch reports no CUDA device"
+    monkeypatch.setattr(capture, "_unavailable_reported", False)
+    call = nn.Module.__call__
+    oomdoctor.install()
+    oomdoctor.install()
+    err = capsys.readouterr().err
+    assert err.count("not recording CUDA memory: torch reports no CUDA device") == 1
+    assert not capture.is_installed() and fake.observers == [] and fake.history is None
+    assert nn.Module.__call__ is call
+
+
+def test_disabled_by_environment(fake, monkeypatch):
+    monkeypatch.setenv("OOMDOCTOR_DISABLE", "1")
+    oomdoctor.install()
+    assert not capture.is_installed() and fake.history is None
+
+
+def test_history_already_on_is_kept(fake):
+    fake.history_enabled = lambda: True
+    oomdoctor.install()
+    oomdoctor.uninstall()
+    assert fake.history_calls == []
+
+
+# -- markers and registry -----------------------------------------------------------------------
+
+
+def test_markers_bracket_phases_with_step_numbers(fake):
+    oomdoctor.install()
+    small_training(2, None, fake)
+    markers = capture.current_markers()
+    assert all(set(marker) == {"phase", "edge", "step", "time_us"} for marker in markers)
+    assert {marker["phase"] for marker in markers} <= set(PHASES)
+    sequence = [(marker["phase"], marker["edge"], marker["step"]) for marker in markers]
+    one_step = ["zero_grad", "forward", "backward", "optimizer_step"]
+    expected = [(phase, edge, step) for step in range(2) for phase in one_step for edge in ("start", "end")]
+    assert sequence == expected  # only the outermost module call makes a forward marker
+    times = [marker["time_us"] for marker in markers]
+    assert times == sorted(times) and abs(times[-1] - time_ns() // 1000) < 60_000_000
+
+
+def test_oom_in_forward_leaves_one_dump_with_registry_and_markers(fake, capsys):
+    oomdoctor.install()
+    with pytest.raises(torch.OutOfMemoryError):
+        small_training(3, (2, "forward"), fake)
+    files = dumps_in(Path("oom-dumps"))
+    assert len(files) == 1
+    assert files[0].name.startswith("oom-rank0-")
+    err = capsys.readouterr().err
+    assert f"wrote {Path('oom-dumps') / files[0].name}" in err and "oomdoctor open" in err
+
+    data = load(files[0])
+    assert set(data) == {"segments", "device_traces", "allocator_settings", "external_annotations", METADATA_KEY}
+    meta = data[METADATA_KEY]
+    assert meta["reason"] == "oom" and meta["oom"]["alloc_bytes"] == 64 * MiB
+    assert meta["device"]["name"] == "Fake GPU" and meta["mem_get_info"]["total_bytes"] == 1024 * MiB
+    assert meta["versions"]["torch"] == torch.__version__ and meta["pid"] > 0
+    assert meta["recording"]["stacks"] == "python"
+    # the OOM is in step 2's forward: the last marker before it is that forward's start
+    last = meta["markers"][-1]
+    assert (last["phase"], last["edge"], last["step"]) == ("forward", "start", 2)
+    assert last["time_us"] <= meta["oom"]["time_us"]
+    # zero_grad(set_to_none=True) began step 2, so no gradient is alive in its forward
+    components = {entry["component"] for entry in meta["tensors"]}
+    assert components == set(REGISTRY_COMPONENTS) - {"gradient"}
+    names = {(entry["component"], entry["name"]) for entry in meta["tensors"]}
+    assert ("parameter", "net.0.weight") in names
+    assert ("optimizer_state", "net.3.bias.exp_avg_sq") in names and ("buffer", "net.2.running_mean") in names
+    weight = next(e for e in meta["tensors"] if e["name"] == "net.0.weight")
+    assert weight["shape"] == [16, 8] and weight["dtype"] == "float32" and weight["size_bytes"] == 16 * 8 * 4
+
+
+def test_memory_viz_reads_the_dump_unchanged(fake):
+    from torch.cuda import _memory_viz
+
+    oomdoctor.install()
+    fake.alloc(3 * MiB)
+    fake.alloc(40 * MiB)
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(900 * MiB)
+    (path,) = dumps_in(Path("oom-dumps"))
+    raw = path.read_bytes()
+    assert raw[:2] == b"\x80\x04"  # pickle protocol 4, the highest memory_viz reads
+    data = pickle.loads(raw)
+    assert "raise OutOfMemoryError" in _memory_viz.trace(data)
+    assert "Summary of segments" in _memory_viz.segsum(data)
+
+
+def test_uncaught_oom_adds_exception_through_chained_excepthook(fake, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            import torch, oomdoctor
+            from oomdoctor.capture import backend
+            from test_capture import FakeBackend
+            seen = []
+            def earlier_hook(kind, value, trace):
+                seen.append(kind.__name__)
+                print("earlier hook ran:", kind.__name__, file=sys.stderr)
+            sys.excepthook = earlier_hook
+            fake = FakeBackend()
+            backend.set_backend(fake)
+            oomdoctor.install()
+            model = torch.nn.Linear(4, 4)
+            def train():
+                model(torch.randn(2, 4))
+                fake.oom(300 * 2**20)
+            train()
+            """
+        )
+    )
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "earlier hook ran: OutOfMemoryError" in result.stderr  # the script's own hook still runs
+    (path,) = dumps_in(tmp_path / "oom-dumps")
+    lines = [line for line in result.stderr.splitlines() if f"oom-dumps/{path.name}" in line]
+    assert len(lines) == 2  # when written, and again after the traceback
+    assert lines[1].startswith("oomdoctor: the dump of this OOM is")
+    assert result.stderr.index("earlier hook ran") < result.stderr.index(lines[1])
+    meta = load(path)[METADATA_KEY]
+    exception = meta["exception"]
+    assert exception["type"] == "torch.OutOfMemoryError" and "Tried to allocate 300.00 MiB" in exception["message"]
+    assert "in train" in exception["traceback"] and "fake.oom(300" in exception["traceback"]
+    assert meta["oom"]["surfaced"] is True and meta["ooms_observed"][-1]["surfaced"] is True
+
+
+def test_oom_on_worker_thread(fake):
+    oomdoctor.install()
+    errors: list[BaseException] = []
+
+    def work():
+        nn.Linear(2, 2)(torch.randn(1, 2))
+        fake.oom(128 * MiB)
+
+    hook_calls: list = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: hook_calls.append(args.exc_type)
+    try:
+        oomdoctor.uninstall()
+        oomdoctor.install()  # chains the test's hook
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+    finally:
+        oomdoctor.uninstall()
+        threading.excepthook = previous
+    assert hook_calls == [torch.OutOfMemoryError] and not errors
+    (path,) = dumps_in(Path("oom-dumps"))
+    meta = load(path)[METADATA_KEY]
+    assert meta["exception"]["type"] == "torch.OutOfMemoryError"
+    assert "in work" in meta["exception"]["traceback"]
+
+
+def test_caught_oom_retried_with_smaller_batch_gets_two_dumps(fake):
+    oomdoctor.install()
+    model = nn.Linear(8, 8)
+    batch_size = 64
+    attempts = 0
+    while True:
+        try:
+            attempts += 1
+            model(torch.randn(batch_size, 8))
+            if batch_size > 16:
+                fake.oom(batch_size * MiB)
+            break
+        except torch.OutOfMemoryError:
+            batch_size //= 2
+    assert attempts == 3
+    files = dumps_in(Path("oom-dumps"))
+    assert len(files) == 2
+    metas = [load(path)[METADATA_KEY] for path in files]
+    metas.sort(key=lambda meta: meta["oom"]["time_us"])
+    assert [meta["oom"]["alloc_bytes"] for meta in metas] == [64 * MiB, 32 * MiB]
+    for meta in metas:  # both were caught: type and message recorded when the loop went on
+        assert meta["exception"]["type"] == "torch.OutOfMemoryError" and meta["exception"]["traceback"] is None
+        assert meta["oom"]["surfaced"] is True
+    assert len(metas[1]["ooms_observed"]) == 2
+
+
+def test_internally_retried_oom_never_surfaces_and_makes_no_extra_dump(fake, capsys):
+    oomdoctor.install()
+    model = nn.Linear(8, 8)
+    model(torch.randn(2, 8))
+    fake.observe_oom(500 * MiB)  # cuDNN's workspace search: caught inside torch, no exception
+    fake.observe_oom(250 * MiB)
+    model(torch.randn(2, 8))
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(700 * MiB)
+    files = dumps_in(Path("oom-dumps"))
+    assert len(files) == 1
+    meta = load(files[0])[METADATA_KEY]
+    assert meta["oom"]["alloc_bytes"] == 700 * MiB
+    assert [entry["surfaced"] for entry in meta["ooms_observed"]] == [False, False, None]
+    assert capsys.readouterr().err.count("wrote ") == 1
+
+
+def test_dump_cap(fake, capsys):
+    oomdoctor.install(max_dumps=2)
+    for size in (10, 20, 30):
+        with pytest.raises(torch.OutOfMemoryError):
+            fake.oom(size * MiB)
+    assert len(dumps_in(Path("oom-dumps"))) == 2
+    assert "not writing more dumps: 2 written" in capsys.readouterr().err
+
+
+def test_unwritable_dump_directory_falls_back_to_temp(fake, tmp_path, monkeypatch, capsys):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the directory should be")
+    fallback = tmp_path / "fallback"
+    monkeypatch.setattr(writer, "fallback_directory", lambda: fallback)
+    oomdoctor.install(dir=str(blocked / "dumps"))
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(10 * MiB)
+    err = capsys.readouterr().err
+    assert "cannot write to" in err and str(fallback) in err
+    (path,) = dumps_in(fallback)
+    assert load(path)[METADATA_KEY]["reason"] == "oom"
+
+
+def test_failures_inside_capture_are_reported_and_swallowed(fake, capsys):
+    def broken_snapshot():
+        raise RuntimeError("driver went away")
+
+    fake.snapshot = broken_snapshot
+    oomdoctor.install()
+    with pytest.raises(torch.OutOfMemoryError):  # torch's error, not ours
+        fake.oom(10 * MiB)
+    assert "capture failed and was skipped (RuntimeError: driver went away)" in capsys.readouterr().err
+    assert dumps_in(Path("oom-dumps")) == []
+
+
+def test_manual_dump_and_rank_in_name(fake, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    oomdoctor.install()
+    model, optimizer = small_training(1, None, fake)
+    path = oomdoctor.dump()
+    assert path is not None and path.name.startswith("manual-rank5-")
+    meta = load(path)[METADATA_KEY]
+    assert meta["reason"] == "manual" and meta["oom"] is None and meta["rank"] == 5 and meta["world_size"] == 8
+    names = {(entry["component"], entry["name"]) for entry in meta["tensors"]}
+    assert ("gradient", "net.0.weight.grad") in names and ("optimizer_state", "net.0.weight.exp_avg") in names
+    assert {entry["component"] for entry in meta["tensors"]} == set(REGISTRY_COMPONENTS)
+    explicit = oomdoctor.dump(Path("peak.pickle"))
+    assert explicit == Path("peak.pickle") and load(explicit)[METADATA_KEY]["reason"] == "manual"
+
+
+def test_registry_holds_models_weakly(fake):
+    import gc
+    import weakref
+
+    oomdoctor.install()
+    model = nn.Linear(4, 4)
+    model(torch.randn(1, 4))
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
