@@ -1,0 +1,305 @@
+"""Analysis: pure functions from a `Snapshot` to an `Analysis` result (DESIGN §5).
+
+`analyse(snapshot)` judges one device (the failing one unless `device` is given): it replays the
+trace back to the fatal OOM (or the peak), accounts for every byte there, measures fragmentation,
+assigns each event a step and phase and each live byte a component, and picks a verdict with its
+evidence, recommendations and a what-if for the batch size. No I/O, no printing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
+from oomdoctor.metadata import COMPONENTS, SCHEMA_VERSION
+from oomdoctor.analysis import accounting as _accounting
+from oomdoctor.analysis import attribution as _attribution
+from oomdoctor.analysis.diagnosis import Context, diagnose, recommend
+from oomdoctor.analysis.phases import PhaseIndex, build_spans
+from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
+from oomdoctor.analysis.results import (
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_UNKNOWN,
+    SOURCE_NONE,
+    Analysis,
+    ReplaySummary,
+    StepSummary,
+)
+from oomdoctor.analysis.whatif import what_if
+
+__all__ = ["analyse", "Analysis", "RESULT_SCHEMA_VERSION"]
+
+RESULT_SCHEMA_VERSION = 1
+
+
+def _pick_device(snapshot: Snapshot, metadata: Mapping[str, Any] | None) -> int:
+    oom = (metadata or {}).get("oom")
+    if isinstance(oom, Mapping) and isinstance(oom.get("device"), int):
+        return oom["device"]
+    latest: tuple[int, int] | None = None
+    for device, trace in enumerate(snapshot.traces):
+        trace = columns(trace)
+        if OOM not in trace.actions:
+            continue
+        index = len(trace.actions) - 1 - trace.actions[::-1].index(OOM)
+        moment = trace.times_us[index] or 0 if trace.times_us is not None else 0
+        if latest is None or moment > latest[0]:
+            latest = (moment, device)
+    if latest is not None:
+        return latest[1]
+    reserved: dict[int, int] = {}
+    for segment in snapshot.segments:
+        reserved[segment.device] = reserved.get(segment.device, 0) + segment.total_size
+    if reserved:
+        return max(reserved, key=reserved.get)
+    devices = snapshot.devices
+    return devices[0] if devices else 0
+
+
+def _fatal_oom(trace: DeviceTrace, oom_indices: list[int], metadata: Mapping[str, Any] | None) -> int | None:
+    if not oom_indices:
+        return None
+    oom = (metadata or {}).get("oom")
+    times = trace.times_us
+    if isinstance(oom, Mapping) and isinstance(oom.get("time_us"), int) and times is not None:
+        wanted = oom["time_us"]
+        return min(oom_indices, key=lambda i: (abs((times[i] or 0) - wanted), -i))
+    return oom_indices[-1]
+
+
+def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
+    for _, name, _ in registry.by_address.values():
+        if name.endswith("exp_avg") or name.endswith("exp_avg_sq"):
+            return "adam"
+        if name.endswith("momentum_buffer"):
+            return "sgd"
+    for block in blocks:
+        for frame in block.frames:
+            filename = frame.filename.replace("\\", "/")
+            if "torch/optim/" in filename:
+                if "adam" in filename:
+                    return "adam"
+                if "sgd" in filename:
+                    return "sgd"
+    return None
+
+
+def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int = 480) -> Analysis:
+    metadata = snapshot.oomdoctor if isinstance(snapshot.oomdoctor, Mapping) else None
+    if device is None:
+        device = _pick_device(snapshot, metadata)
+    trace = columns(snapshot.traces[device] if device < len(snapshot.traces) else ())
+    segments = snapshot.segments_on(device)
+    settings = snapshot.allocator_settings
+    divisions = settings.roundup_power2_divisions if settings is not None else ()
+    unknowns: list[str] = []
+
+    registry = _attribution.Registry(metadata, device)
+    markers = (metadata or {}).get("markers") or ()
+    spans, phase_source = build_spans(trace, markers=markers, annotations=snapshot.annotations, device=device)
+    phase_index = PhaseIndex(spans)
+    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(registry)
+    state = walk(
+        trace,
+        segments,
+        spans,
+        component_of_alloc,
+        component_of_pre_existing,
+        len(COMPONENTS),
+        _attribution.ACTIVATIONS,
+        divisions,
+        series_points,
+    )
+
+    fatal_index = _fatal_oom(trace, state.oom_indices, metadata)
+    final_blocks = {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
+    reason = (metadata or {}).get("reason")
+    if fatal_index is not None:
+        target_index, target_kind = fatal_index, "oom"
+    elif state.peak_index is not None and reason not in ("peak", "manual") and state.peak_allocated_bytes > sum(b.size for b in final_blocks.values()):
+        target_index, target_kind = state.peak_index, "peak"
+    else:
+        target_index, target_kind = None, "dump"
+
+    # The live set at the target: exact from the dump when nothing allocated or freed after it.
+    after = len(trace) - 1 - target_index if target_index is not None else 0
+    frames_of = {a: b.frames for a, b in final_blocks.items()}
+    if target_index is None or not _touches_blocks(trace, target_index):
+        live = _live_from_final(final_blocks, state.live_at_end)
+        layout, exact_layout = list(segments), True
+        if target_index is not None:
+            layout, exact_layout = segments_at(trace, segments, target_index)
+            if not exact_layout:
+                layout = lay_out(layout, live, {})
+    else:
+        if target_index in state.oom_live:
+            live_entries, pending_entries = state.oom_live[target_index]
+        else:
+            live_entries, pending_entries = live_until(trace, target_index, divisions)
+        live = {}
+        for address, (alloc_index, _, size, requested) in live_entries.items():
+            end_entry = state.live_at_end.get(address)
+            if end_entry is not None and end_entry[0] == alloc_index and address in final_blocks:
+                block = final_blocks[address]
+                live[address] = (alloc_index, block.size, block.requested_size)
+            else:
+                live[address] = (alloc_index, size, requested)
+        for address, block in final_blocks.items():  # allocated before the trace and never freed
+            if address not in state.live_at_end and address not in live:
+                live[address] = (None, block.size, block.requested_size)
+        for index, address, size in state.pre_existing_frees:  # allocated before the trace, freed after the target
+            if index > target_index and address not in live:
+                live[address] = (None, size, size)
+        pending = {a: e[2] for a, e in pending_entries.items()}
+        seg_list, _ = segments_at(trace, segments, target_index)
+        layout, exact_layout = lay_out(seg_list, live, pending), False
+        unknowns.append(
+            f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"
+        )
+
+    oom_events = ooms_of(trace, state.oom_indices, fatal_index)
+    fatal = next((o for o in oom_events if o.fatal), None)
+    device_total = _accounting.device_total(metadata)
+    device_free = fatal.device_free_bytes if fatal is not None else None
+    if device_free is None and fatal is not None:
+        meta_oom = (metadata or {}).get("oom")
+        if isinstance(meta_oom, Mapping) and isinstance(meta_oom.get("device_free_bytes"), int):
+            device_free = meta_oom["device_free_bytes"]
+    if device_free is None and target_index is None:
+        info = (metadata or {}).get("mem_get_info")
+        if isinstance(info, Mapping) and isinstance(info.get("free_bytes"), int):
+            device_free = info["free_bytes"]
+    request = fatal.request_bytes if fatal is not None else None
+    request_stream = trace.streams[fatal.event_index] if fatal is not None else None
+    fragmentation = _accounting.fragmentation_of(
+        layout, request_bytes=request, request_stream=request_stream, settings=settings, device_free_bytes=device_free
+    )
+    accounting = _accounting.account(
+        layout,
+        request_bytes=request,
+        device_free_bytes=device_free,
+        device_total_bytes=device_total,
+        request_stream=request_stream,
+        fragmentation=fragmentation,
+    )
+
+    blocks = _attribution.attribute(
+        live, trace=trace, frames_of=frames_of, phases=phase_index, registry=registry, target_index=target_index
+    )
+    shares = _attribution.shares(blocks)
+    components = {s.name: s.bytes for s in shares}
+
+    if target_index is not None:
+        target_span = phase_index.span_of(target_index)
+    else:
+        target_span = spans[-1] if spans else None
+    target_phase = target_span.phase if target_span is not None else PHASE_UNKNOWN
+    target_step = target_span.step if target_span is not None and phase_source != SOURCE_NONE else None
+
+    steps = tuple(
+        StepSummary(step, s.first_index, s.last_index, s.peak_allocated_bytes, s.end_allocated_bytes, s.peak_activation_bytes)
+        for step, s in sorted(state.steps.items())
+    ) if phase_source != SOURCE_NONE else ()
+
+    capacity = None
+    if device_free is not None:
+        capacity = accounting.reserved_bytes + device_free
+    elif device_total is not None:
+        capacity = device_total
+
+    ctx = Context(
+        oom=fatal,
+        accounting=accounting,
+        fragmentation=fragmentation,
+        components=components,
+        live_blocks=blocks,
+        phases=spans,
+        phase_source=phase_source,
+        target_phase=target_phase,
+        target_step=target_step,
+        target_index=target_index,
+        steps=steps,
+        optimizer_kind=_optimizer_kind(registry, blocks),
+        exact=bool(registry),
+        expandable_on=fragmentation.expandable_segments,
+        capacity_bytes=capacity,
+    )
+    primary, secondary = diagnose(ctx)
+    verdicts = {primary.verdict, *(f.verdict for f in secondary)}
+    recommendations = recommend(ctx, verdicts)
+    scalable = sum(
+        b.size_bytes
+        for b in blocks
+        if b.component in ("activations", "inputs") or (b.component == "temporaries" and b.phase in (PHASE_FORWARD, PHASE_BACKWARD))
+    )
+    whatif = what_if(components, scalable_bytes=scalable, request_bytes=request or 0, target_phase=target_phase, capacity_bytes=capacity)
+
+    if not trace:
+        unknowns.append("no allocation history was recorded: phases, steps, the OOM event and the series are unknown")
+    elif not state.has_frames:
+        unknowns.append("no stack frames were recorded: phases come from markers or annotations only")
+    if phase_source == SOURCE_NONE and trace:
+        unknowns.append("no markers, annotations or frames mark the phases, so steps and phases are unknown")
+    if not registry:
+        unknowns.append("no oomdoctor registry of named tensors: components are inferred, not exact")
+    if state.ring_buffer_wrapped:
+        unknowns.append(f"the trace holds exactly {len(trace)} events, so the ring buffer probably wrapped and older events are lost")
+    if state.pre_existing_frees or any(b.alloc_index is None for b in blocks):
+        pre_count = len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
+        unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
+    unknowns.extend(accounting.unknowns)
+
+    replay = ReplaySummary(
+        device=device,
+        event_count=len(trace),
+        target_index=target_index,
+        target_kind=target_kind,
+        peak_index=state.peak_index,
+        peak_allocated_bytes=state.peak_allocated_bytes,
+        ooms=oom_events,
+        series=tuple(state.series),
+        events_after_target=after,
+        pre_existing_allocations=len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None),
+        pre_existing_bytes=sum(s for _, _, s in state.pre_existing_frees) + sum(b.size_bytes for b in blocks if b.alloc_index is None),
+        ring_buffer_wrapped=state.ring_buffer_wrapped,
+        has_frames=state.has_frames,
+        has_time=state.has_time,
+    )
+    return Analysis(
+        schema_version=RESULT_SCHEMA_VERSION,
+        device=device,
+        devices=snapshot.devices,
+        source_format=snapshot.source_format,
+        replay=replay,
+        accounting=accounting,
+        fragmentation=fragmentation,
+        phase_source=phase_source,
+        phases=tuple(spans),
+        target_phase=target_phase,
+        target_step=target_step,
+        steps=steps,
+        components=tuple(shares),
+        live_blocks=tuple(blocks),
+        verdict=primary.verdict,
+        confidence=primary.confidence,
+        summary=primary.summary,
+        evidence=primary.evidence,
+        secondary=secondary,
+        recommendations=recommendations,
+        what_if=whatif,
+        unknowns=tuple(unknowns),
+    )
+
+
+def _touches_blocks(trace: DeviceTrace, target_index: int) -> bool:
+    later = trace.actions[target_index + 1 :]
+    return "alloc" in later or "free_requested" in later or "free_completed" in later
+
+
+def _live_from_final(final_blocks, live_at_end) -> dict[int, tuple[int | None, int, int]]:
+    live = {}
+    for address, block in final_blocks.items():
+        entry = live_at_end.get(address)
+        live[address] = (entry[0] if entry is not None else None, block.size, block.requested_size)
+    return live

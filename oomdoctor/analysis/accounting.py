@@ -1,0 +1,186 @@
+"""Accounting of device memory at the target event, and the fragmentation tests (spec §7.5).
+
+    device total = non-PyTorch + device free + reserved
+    reserved     = allocated + pending free + free cached (releasable + non-releasable)
+    allocated    = requested + rounding
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, AllocatorSettings, Segment
+from oomdoctor.analysis.results import Accounting, Fragmentation, PoolFree, SegmentDetail
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, pool_of, segment_size
+
+
+def pool_label(segment: Segment) -> str:
+    if segment.pool_id and tuple(segment.pool_id) != (0, 0):
+        return f"private {tuple(segment.pool_id)} {segment.segment_type}"
+    return segment.segment_type
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def device_total(metadata: Mapping[str, Any] | None) -> int | None:
+    if not metadata:
+        return None
+    for key, field in (("oom", "device_total_bytes"), ("device", "total_memory_bytes"), ("mem_get_info", "total_bytes"), ("rehearsal", "device_memory_bytes")):
+        section = metadata.get(key)
+        if isinstance(section, Mapping) and _int(section.get(field)):
+            return section[field]
+    return None
+
+
+def _releasable_bytes(segment: Segment) -> int:
+    if not segment.is_expandable:
+        return segment.total_size if all(b.state == INACTIVE for b in segment.blocks) else 0
+    page = SMALL_SEGMENT_BYTES if segment.segment_type == "small" else LARGE_SEGMENT_BYTES
+    releasable = 0
+    for block in segment.blocks:
+        if block.state != INACTIVE:
+            continue
+        first_page = -(-(block.address - segment.address) // page)
+        end_page = (block.address + block.size - segment.address) // page
+        releasable += max(0, end_page - first_page) * page
+    return releasable
+
+
+def account(
+    segments: Sequence[Segment],
+    *,
+    request_bytes: int | None,
+    device_free_bytes: int | None,
+    device_total_bytes: int | None,
+    request_stream: int | None,
+    fragmentation: Fragmentation | None = None,
+) -> Accounting:
+    reserved = allocated = pending = requested = releasable = 0
+    for segment in segments:
+        reserved += segment.total_size
+        releasable += _releasable_bytes(segment)
+        for block in segment.blocks:
+            if block.state == ACTIVE_ALLOCATED:
+                allocated += block.size
+                requested += min(block.requested_size, block.size)
+            elif block.state == ACTIVE_PENDING_FREE:
+                pending += block.size
+    free_cached = reserved - allocated - pending
+    unknowns = []
+    non_pytorch = None
+    if device_total_bytes is None:
+        unknowns.append("device total memory (not in a plain snapshot), so memory outside PyTorch is unknown")
+    elif device_free_bytes is None:
+        unknowns.append("free device memory at the target event, so memory outside PyTorch is unknown")
+    else:
+        non_pytorch = device_total_bytes - device_free_bytes - reserved
+    headroom = missing = None
+    if request_bytes is not None and device_free_bytes is not None:
+        usable = fragmentation.usable_free_bytes if fragmentation is not None else free_cached
+        headroom = device_free_bytes + usable
+        missing = max(0, request_bytes - headroom)
+    return Accounting(
+        device_total_bytes=device_total_bytes,
+        device_free_bytes=device_free_bytes,
+        non_pytorch_bytes=non_pytorch,
+        reserved_bytes=reserved,
+        allocated_bytes=allocated,
+        pending_free_bytes=pending,
+        free_cached_bytes=free_cached,
+        releasable_bytes=releasable,
+        non_releasable_bytes=free_cached - releasable,
+        requested_bytes=requested,
+        rounding_bytes=allocated - requested,
+        request_bytes=request_bytes,
+        message_bytes=segment_size(request_bytes) if request_bytes is not None else None,
+        headroom_bytes=headroom,
+        missing_bytes=missing,
+        unknowns=tuple(unknowns),
+    )
+
+
+def fragmentation_of(
+    segments: Sequence[Segment],
+    *,
+    request_bytes: int | None,
+    request_stream: int | None,
+    settings: AllocatorSettings | None,
+    device_free_bytes: int | None,
+) -> Fragmentation:
+    pools: dict[tuple[str, int], list[int]] = {}
+    details = []
+    internal = external = 0
+    for segment in segments:
+        label = pool_label(segment)
+        entry = pools.setdefault((label, segment.stream), [0, 0, 0])
+        seg_allocated = seg_pending = seg_free = seg_largest = 0
+        for block in segment.blocks:
+            if block.state == INACTIVE:
+                seg_free += block.size
+                seg_largest = max(seg_largest, block.size)
+                entry[0] += block.size
+                entry[1] += 1
+                entry[2] = max(entry[2], block.size)
+            elif block.state == ACTIVE_ALLOCATED:
+                seg_allocated += block.size
+                internal += max(0, block.size - block.requested_size)
+            else:
+                seg_pending += block.size
+        external += seg_free
+        details.append(
+            SegmentDetail(
+                address=segment.address,
+                total_bytes=segment.total_size,
+                allocated_bytes=seg_allocated,
+                pending_free_bytes=seg_pending,
+                free_bytes=seg_free,
+                largest_free_block_bytes=seg_largest,
+                block_count=len(segment.blocks),
+                stream=segment.stream,
+                pool=label,
+                is_expandable=segment.is_expandable,
+            )
+        )
+    request_pool = pool_of(request_bytes) if request_bytes is not None else None
+    usable = pools.get((request_pool, request_stream), [0, 0, 0]) if request_pool else [0, 0, 0]
+    if request_pool and request_stream is None:
+        matching = [v for (label, _), v in pools.items() if label == request_pool]
+        usable = [sum(v[0] for v in matching), sum(v[1] for v in matching), max((v[2] for v in matching), default=0)]
+    would_fit = None
+    if request_bytes is not None:
+        contiguous_free = usable[0] + (device_free_bytes or 0)
+        would_fit = usable[2] < request_bytes <= contiguous_free and usable[0] > 0
+    pool_rows = tuple(
+        PoolFree(
+            pool=label,
+            stream=stream,
+            free_bytes=v[0],
+            free_block_count=v[1],
+            largest_free_block_bytes=v[2],
+            request_fits_largest=(v[2] >= request_bytes) if request_bytes is not None else None,
+        )
+        for (label, stream), v in sorted(pools.items(), key=lambda item: (-item[1][0], item[0][0], item[0][1]))
+    )
+    max_split = None
+    if settings is not None and settings.max_split_size not in (-1, None) and settings.max_split_size < (1 << 62):
+        max_split = settings.max_split_size
+    return Fragmentation(
+        internal_bytes=internal,
+        external_bytes=external,
+        request_pool=request_pool,
+        request_stream=request_stream,
+        usable_free_bytes=usable[0],
+        largest_usable_free_block_bytes=usable[2],
+        would_fit_if_contiguous=would_fit,
+        pools=pool_rows,
+        segments=tuple(details),
+        expandable_segments=settings.expandable_segments if settings is not None else _expandable_seen(segments),
+        max_split_size_bytes=max_split,
+        alloc_conf=settings.raw_conf if settings is not None else None,
+    )
+
+
+def _expandable_seen(segments: Sequence[Segment]) -> bool | None:
+    return True if any(s.is_expandable for s in segments) else None

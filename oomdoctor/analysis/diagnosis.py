@@ -1,0 +1,446 @@
+"""Diagnosis: one primary verdict from the fixed set, secondary findings, and ranked recommendations.
+
+Each verdict is a test on the evidence (DESIGN §5). The tests run in a fixed order of precedence and
+the first that holds is the primary verdict; every other test that holds becomes a secondary finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from oomdoctor.analysis.results import (
+    PHASE_BACKWARD,
+    PHASE_BETWEEN,
+    PHASE_FORWARD,
+    PHASE_OPTIMIZER,
+    PHASE_ZERO_GRAD,
+    Accounting,
+    Evidence,
+    Finding,
+    Fragmentation,
+    LiveBlock,
+    OomEvent,
+    PhaseSpan,
+    Recommendation,
+    StepSummary,
+)
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def human(size_bytes: int | None) -> str:
+    if size_bytes is None:
+        return "unknown"
+    value = float(size_bytes)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{int(value)} bytes" if unit == "bytes" else f"{sign}{value:.2f} {unit}"
+        value /= 1024
+    return f"{size_bytes} bytes"
+
+
+@dataclass
+class Context:
+    """Everything the verdict tests read, computed once by `analyse`."""
+
+    oom: OomEvent | None
+    accounting: Accounting
+    fragmentation: Fragmentation
+    components: dict[str, int]
+    live_blocks: Sequence[LiveBlock]
+    phases: Sequence[PhaseSpan]
+    phase_source: str
+    target_phase: str
+    target_step: int | None
+    target_index: int | None
+    steps: Sequence[StepSummary]
+    optimizer_kind: str | None  # "adam" | "sgd" | None, from frames or registry names
+    exact: bool  # the registry placed the model states
+    expandable_on: bool | None
+    capacity_bytes: int | None = field(default=None)  # what PyTorch could have had on this device
+
+    @property
+    def request(self) -> int:
+        return self.oom.request_bytes if self.oom else 0
+
+    @property
+    def missing(self) -> int:
+        return self.accounting.missing_bytes or 0
+
+    def phases_seen(self) -> set[str]:
+        return {s.phase for s in self.phases}
+
+    def old_bytes(self, components: tuple[str, ...], phases: tuple[str, ...] | None = None) -> tuple[int, set[int], LiveBlock | None]:
+        """Live bytes of `components` allocated in a step before the target's."""
+        if self.target_step is None:
+            return 0, set(), None
+        total = 0
+        steps: set[int] = set()
+        largest = None
+        for block in self.live_blocks:
+            if block.component not in components or block.step is None or block.step >= self.target_step:
+                continue
+            if phases is not None and block.phase not in phases:
+                continue
+            total += block.size_bytes
+            steps.add(block.step)
+            if largest is None or block.size_bytes > largest.size_bytes:
+                largest = block
+        return total, steps, largest
+
+    def fits_without(self, saved_bytes: int) -> bool | None:
+        if self.oom is None:
+            return None
+        return saved_bytes >= self.missing
+
+
+def _frame_text(block: LiveBlock | None) -> str | None:
+    if block is None or not block.frames:
+        return None
+    frame = block.frames[0]
+    return f"{frame.filename}:{frame.line} in {frame.name}"
+
+
+def _states(ctx: Context) -> tuple[int, int, int, int]:
+    c = ctx.components
+    return c.get("parameters", 0), c.get("gradients", 0), c.get("optimizer_state", 0), c.get("buffers", 0)
+
+
+def _projected_states(ctx: Context) -> tuple[int, str]:
+    parameters, gradients, optimizer_state, buffers = _states(ctx)
+    seen = ctx.phases_seen()
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
+    note = ""
+    projected_gradients = max(gradients, parameters) if training else gradients
+    projected_state = optimizer_state
+    in_first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
+    if in_first_step or (optimizer_state and optimizer_state < parameters):
+        moments = 1 if ctx.optimizer_kind == "sgd" else 2
+        projected_state = max(optimizer_state, moments * parameters)
+        note = f" (optimizer state projected at {moments}x the parameters{'' if ctx.optimizer_kind else ', assuming Adam-style moments'})"
+    return parameters + projected_gradients + projected_state + buffers, note
+
+
+# Each test returns a Finding when it holds.
+
+def _test_outside(ctx: Context) -> Finding | None:
+    outside = ctx.accounting.non_pytorch_bytes
+    total = ctx.accounting.device_total_bytes
+    if ctx.oom is None or outside is None or not total:
+        return None
+    context_allowance = min(GIB // 2, total // 10)
+    if outside < total // 4 or outside - context_allowance < ctx.missing:
+        return None
+    return Finding(
+        "outside-pytorch",
+        0.85 if outside >= total // 3 else 0.7,
+        f"{human(outside)} of the device's {human(total)} was held outside PyTorch (other processes, NCCL or the CUDA context); without it the {human(ctx.request)} request fits.",
+        (
+            Evidence("memory outside PyTorch = total − free − reserved", "non_pytorch_bytes", outside),
+            Evidence("device total memory", "device_total_bytes", total),
+            Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
+        ),
+    )
+
+
+def _test_model_states(ctx: Context) -> Finding | None:
+    capacity = ctx.capacity_bytes
+    if ctx.oom is None or not capacity:
+        return None
+    needed, note = _projected_states(ctx)
+    if needed < 0.95 * capacity:
+        return None
+    parameters, gradients, optimizer_state, _ = _states(ctx)
+    return Finding(
+        "model-states-too-large",
+        0.85 if ctx.exact else 0.65,
+        f"Parameters, gradients and optimizer state alone need {human(needed)}{note}, but PyTorch could have at most {human(capacity)} on this device.",
+        (
+            Evidence("parameters", "parameters", parameters),
+            Evidence("gradients", "gradients", gradients),
+            Evidence("optimizer state", "optimizer_state", optimizer_state),
+            Evidence("model states needed" + note, "model_states_needed_bytes", needed),
+            Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
+        ),
+    )
+
+
+def _test_fragmentation(ctx: Context) -> Finding | None:
+    frag = ctx.fragmentation
+    if ctx.oom is None or not frag.would_fit_if_contiguous:
+        return None
+    if frag.usable_free_bytes < ctx.request // 2:
+        return None
+    return Finding(
+        "fragmentation",
+        0.85 if frag.usable_free_bytes >= ctx.request else 0.65,
+        f"{human(frag.usable_free_bytes)} sat free in the cache for this pool and stream, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}, smaller than the {human(ctx.request)} request.",
+        (
+            Evidence("free cached bytes usable for the request (same pool and stream)", "usable_free_bytes", frag.usable_free_bytes),
+            Evidence("largest usable free block", "largest_usable_free_block_bytes", frag.largest_usable_free_block_bytes),
+            Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),
+            Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes),
+        ),
+    )
+
+
+def _test_oversized(ctx: Context) -> Finding | None:
+    capacity = ctx.capacity_bytes
+    if ctx.oom is None or not capacity:
+        return None
+    c = ctx.components
+    transient = c.get("activations", 0) + c.get("temporaries", 0) + c.get("inputs", 0)
+    request = ctx.request
+    if not (request >= capacity // 2 or (request >= capacity // 4 and request > transient)):
+        return None
+    return Finding(
+        "oversized-request",
+        0.8 if request > transient else 0.6,
+        f"One allocation of {human(request)} failed: {request / capacity:.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(transient)}).",
+        (
+            Evidence("failed request (rounded)", "request_bytes", request, ctx.target_index),
+            Evidence("what the OOM message calls Tried to allocate", "message_bytes", ctx.accounting.message_bytes, ctx.target_index),
+            Evidence("live activations + temporaries + inputs", "transient_bytes", transient),
+            Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
+        ),
+    )
+
+
+def _test_gradients_kept(ctx: Context) -> Finding | None:
+    if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN):
+        return None
+    old, steps, largest = ctx.old_bytes(("gradients",))
+    parameters = ctx.components.get("parameters", 0)
+    if old <= 0 or (parameters and old < parameters // 4) or old < ctx.missing:
+        return None
+    no_zero_grad = PHASE_ZERO_GRAD not in ctx.phases_seen()
+    return Finding(
+        "gradients-kept",
+        0.8 if no_zero_grad else 0.65,
+        f"{human(old)} of gradients from earlier steps were still alive during step {ctx.target_step}'s {ctx.target_phase}; they are not needed before the next backward.",
+        (
+            Evidence("gradients allocated in earlier steps, still alive", "old_gradient_bytes", old, largest.alloc_index if largest else None, largest.address if largest else None, _frame_text(largest)),
+            Evidence("parameters", "parameters", parameters),
+            Evidence("no zero_grad phase recorded" if no_zero_grad else "zero_grad ran but kept the tensors (set_to_none=False)", "zero_grad_seen", int(not no_zero_grad)),
+        ),
+    )
+
+
+def _test_leak(ctx: Context) -> Finding | None:
+    if ctx.oom is None:
+        return None
+    old, steps, largest = ctx.old_bytes(("activations", "temporaries", "inputs"))
+    capacity = ctx.capacity_bytes or 0
+    growth = _end_of_step_growth(ctx.steps)
+    strong = old > 0 and len(steps) >= 2 and (old >= capacity // 10 or old >= ctx.missing)
+    growing = growth is not None and growth[0] >= 2 and growth[1] > 0 and old > 0 and old >= ctx.missing
+    if not (strong or growing):
+        return None
+    evidence = [
+        Evidence(
+            f"activations, temporaries and inputs from {len(steps)} earlier step(s) still alive",
+            "kept_bytes",
+            old,
+            largest.alloc_index if largest else None,
+            largest.address if largest else None,
+            _frame_text(largest),
+        )
+    ]
+    if growth is not None:
+        evidence.append(Evidence(f"end-of-step allocated memory grew over {growth[0]} consecutive steps", "growth_per_step_bytes", growth[1]))
+    return Finding(
+        "creeping-leak",
+        0.8 if strong and growing else 0.65,
+        f"{human(old)} allocated in earlier steps' forward or backward was still alive at the OOM in step {ctx.target_step}: something keeps each step's tensors (a loss kept with its graph, a list of outputs).",
+        tuple(evidence),
+    )
+
+
+def _end_of_step_growth(steps: Sequence[StepSummary]) -> tuple[int, int] | None:
+    completed = [s for s in steps][:-1]  # the last step is the one that failed
+    if len(completed) < 2:
+        return None
+    run = 0
+    deltas = []
+    for before, after in zip(completed, completed[1:]):
+        delta = after.end_allocated_bytes - before.end_allocated_bytes
+        if delta > MIB:
+            run += 1
+            deltas.append(delta)
+        else:
+            run = 0
+            deltas = []
+    if run == 0:
+        return None
+    return run, sum(deltas) // len(deltas)
+
+
+def _test_inference_with_grad(ctx: Context) -> Finding | None:
+    seen = ctx.phases_seen()
+    if ctx.oom is None or PHASE_FORWARD not in seen or seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}:
+        return None
+    if ctx.target_phase != PHASE_FORWARD:
+        return None
+    activations = ctx.components.get("activations", 0)
+    allocated = ctx.accounting.allocated_bytes
+    if not allocated or activations < allocated * 0.3:
+        return None
+    return Finding(
+        "inference-with-grad",
+        0.7,
+        f"The run only ever went forward, yet {human(activations)} of forward tensors were alive: with autograd on, every intermediate is kept for a backward that never comes.",
+        (
+            Evidence("live activations at the OOM", "activations", activations),
+            Evidence("phases seen in the trace: " + ", ".join(sorted(seen)), "backward_seen", 0),
+        ),
+    )
+
+
+def _test_optimizer_buildup(ctx: Context) -> Finding | None:
+    if ctx.oom is None:
+        return None
+    parameters, gradients, optimizer_state, _ = _states(ctx)
+    step = ctx.target_step or 0
+    first_step_optimizer = ctx.target_phase == PHASE_OPTIMIZER and step == 0
+    if first_step_optimizer:
+        return Finding(
+            "optimizer-state-buildup",
+            0.8,
+            f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(optimizer_state)} of state so far on top of {human(parameters)} of parameters and {human(gradients)} of gradients.",
+            (
+                Evidence("optimizer state alive at the OOM", "optimizer_state", optimizer_state),
+                Evidence("OOM during step 0's optimizer step", "target_step", step, ctx.target_index),
+                Evidence("temporaries (foreach buffers)", "temporaries", ctx.components.get("temporaries", 0)),
+            ),
+        )
+    if step < 1 or optimizer_state <= 0:
+        return None
+    earlier = [s for s in ctx.steps if s.step < step]
+    activations_now = ctx.components.get("activations", 0)
+    earlier_peak = max((s.peak_activation_bytes for s in earlier), default=0)
+    if earlier_peak and activations_now > 1.3 * earlier_peak and ctx.target_phase != PHASE_OPTIMIZER:
+        return None  # this step's activations are larger than before: a spike, not the new state
+    if optimizer_state < ctx.missing:
+        return None
+    return Finding(
+        "optimizer-state-buildup",
+        0.7,
+        f"Step {step} failed with {human(optimizer_state)} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline.",
+        (
+            Evidence("optimizer state alive at the OOM", "optimizer_state", optimizer_state),
+            Evidence("peak activations of earlier steps", "earlier_peak_activation_bytes", earlier_peak),
+            Evidence("activations at the OOM", "activations", activations_now),
+            Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
+        ),
+    )
+
+
+def _test_activation_spike(ctx: Context) -> Finding | None:
+    if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD):
+        return None
+    c = ctx.components
+    activations = c.get("activations", 0)
+    temporaries = c.get("temporaries", 0)
+    allocated = ctx.accounting.allocated_bytes or 1
+    others = max(v for k, v in c.items() if k not in ("activations",))
+    if activations + temporaries < 0.3 * allocated and activations < others:
+        return None
+    step = ctx.target_step or 0
+    earlier_peak = max((s.peak_activation_bytes for s in ctx.steps if s.step < step), default=0)
+    ratio = activations / earlier_peak if earlier_peak else None
+    evidence = [Evidence("live activations at the OOM", "activations", activations), Evidence("live temporaries at the OOM", "temporaries", temporaries)]
+    if ratio is not None:
+        evidence.append(Evidence(f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak))
+    spike = ratio is not None and ratio > 1.2
+    text = (
+        f"Activations of step {step}'s {ctx.target_phase} reached {human(activations)}, {ratio:.1f}x the peak of earlier steps (a longer sequence or a bigger batch)."
+        if spike
+        else f"Activations of the {ctx.target_phase} pass ({human(activations)}) dominate live memory: the batch or sequence is too large for this device."
+    )
+    return Finding("activation-spike", 0.8 if spike else 0.6, text, tuple(evidence))
+
+
+TESTS: tuple[Callable[[Context], Finding | None], ...] = (
+    _test_outside,
+    _test_model_states,
+    _test_fragmentation,
+    _test_oversized,
+    _test_gradients_kept,
+    _test_leak,
+    _test_inference_with_grad,
+    _test_optimizer_buildup,
+    _test_activation_spike,
+)
+
+
+def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
+    findings = [f for f in (test(ctx) for test in TESTS) if f is not None]
+    if ctx.oom is None:
+        peak = ctx.accounting.allocated_bytes
+        primary = Finding(
+            "no-oom",
+            0.9,
+            f"No out-of-memory event was recorded on this device; the figures describe the {'peak' if ctx.target_index is not None else 'dump'} ({human(peak)} allocated).",
+            (Evidence("allocated bytes at the peak", "allocated_bytes", peak, ctx.target_index),),
+        )
+        return primary, tuple(findings)
+    if not findings:
+        return (
+            Finding(
+                "unknown",
+                0.2,
+                "The OOM does not match any known pattern with the data this dump holds.",
+                (Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),),
+            ),
+            (),
+        )
+    return findings[0], tuple(findings[1:])
+
+
+def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
+    c = ctx.components
+    activations = c.get("activations", 0)
+    temporaries = c.get("temporaries", 0)
+    inputs = c.get("inputs", 0)
+    parameters, gradients, optimizer_state, _ = _states(ctx)
+    seen = ctx.phases_seen()
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
+    found: list[Recommendation] = []
+
+    def add(rec_id: str, text: str, saved: int) -> None:
+        if saved > 0:
+            found.append(Recommendation(rec_id, text, int(saved), ctx.fits_without(int(saved))))
+
+    if activations and training and verdicts & {"activation-spike", "optimizer-state-buildup", "creeping-leak", "oversized-request", "unknown", "no-oom", "gradients-kept"}:
+        add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", activations * 0.7)
+    if activations or inputs:
+        add("smaller-micro-batch", "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations.", (activations + temporaries + inputs) // 2)
+    if "optimizer-state-buildup" in verdicts or "model-states-too-large" in verdicts:
+        projected = max(optimizer_state, 2 * parameters if ctx.optimizer_kind != "sgd" else parameters)
+        add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes Adam8bit) to keep optimizer state at a quarter of the size.", projected * 3 // 4)
+        if ctx.target_phase == PHASE_OPTIMIZER and temporaries:
+            add("foreach-false", "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.", temporaries)
+    if "gradients-kept" in verdicts:
+        old, _, _ = ctx.old_bytes(("gradients",))
+        add("zero-grad-set-to-none", "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.", old)
+    if "creeping-leak" in verdicts:
+        old, _, _ = ctx.old_bytes(("activations", "temporaries", "inputs"))
+        add("free-kept-tensors", "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.", old)
+    if "fragmentation" in verdicts or ctx.fragmentation.would_fit_if_contiguous:
+        if ctx.expandable_on is not True:
+            add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped together.", ctx.fragmentation.usable_free_bytes)
+    if "inference-with-grad" in verdicts:
+        add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no tensors for backward.", activations * 0.9)
+    if "model-states-too-large" in verdicts:
+        states = parameters + gradients + optimizer_state
+        add("shard-model-states", "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.", states // 2)
+    if "oversized-request" in verdicts:
+        add("chunk-large-op", "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.", ctx.request * 3 // 4)
+    if "outside-pytorch" in verdicts and ctx.accounting.non_pytorch_bytes:
+        add("free-other-processes", "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.", ctx.accounting.non_pytorch_bytes - min(GIB // 2, (ctx.accounting.device_total_bytes or 0) // 10))
+    found.sort(key=lambda r: -r.estimated_saved_bytes)
+    return tuple(found)

@@ -1,0 +1,370 @@
+"""Replay of one device's trace: the memory series, the peak, the OOMs and the live set at any event.
+
+One forward pass over the events keeps the live allocations (address -> allocation event) and
+running totals; absolute values come from the final state, walking back from the end as memory_viz
+does, so bytes allocated before the trace began are still counted. Per event the pass does a dict
+operation and a few integer additions; it creates no per-event objects.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from oomdoctor.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    INACTIVE,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    Block,
+    DeviceTrace,
+    Segment,
+    TraceEvent,
+)
+from oomdoctor.analysis.results import OomEvent, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.sizing import SMALL_SEGMENT_BYTES, SMALL_REQUEST_BYTES, round_size, segment_size
+
+# (alloc event index, component index, block bytes, requested bytes)
+LiveEntry = tuple[int, int, int, int]
+
+_ROUND_RING_SIZES = frozenset([10**k for k in range(3, 9)] + [2**k for k in range(10, 27)])
+
+
+@dataclass
+class StepStats:
+    first_index: int
+    last_index: int
+    peak_allocated_bytes: int  # relative to the pass start until made absolute
+    end_allocated_bytes: int
+    peak_activation_bytes: int
+
+
+@dataclass
+class ReplayState:
+    """What the pass learned; `analysis` turns it into result objects."""
+
+    event_count: int
+    series: list[SeriesPoint]
+    peak_index: int | None
+    peak_allocated_bytes: int
+    oom_indices: list[int]
+    oom_live: dict[int, tuple[dict[int, LiveEntry], dict[int, LiveEntry]]]
+    live_at_end: dict[int, LiveEntry]
+    pre_existing_frees: list[tuple[int, int, int]]  # (event index, address, block bytes)
+    steps: dict[int, StepStats]
+    allocated_offset_bytes: int
+    ring_buffer_wrapped: bool
+    has_frames: bool
+    has_time: bool
+
+
+def final_live_blocks(segments: Sequence[Segment]) -> dict[int, Block]:
+    return {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
+
+
+def columns(trace: Sequence[TraceEvent]) -> DeviceTrace:
+    """The columnar form of a trace (what the loader builds; tests may pass plain events)."""
+    if isinstance(trace, DeviceTrace):
+        return trace
+    return DeviceTrace.from_events(0, tuple(trace))
+
+
+def walk(
+    trace: DeviceTrace,
+    segments: Sequence[Segment],
+    spans: Sequence[PhaseSpan],
+    component_of_alloc: Callable[[int, int, int, str], int],
+    component_of_pre_existing: Callable[[int, int], int],
+    component_count: int,
+    activation_component: int,
+    divisions: tuple[tuple[int, int], ...] = (),
+    max_points: int = 480,
+) -> ReplayState:
+    count = len(trace)
+    times = trace.times_us
+    live: dict[int, LiveEntry] = {}
+    pending: dict[int, LiveEntry] = {}
+    totals = [0] * component_count
+    allocated = 0
+    reserved = 0
+    peak_value = -1
+    peak_index: int | None = None
+    samples: list[tuple[int, int | None, int, int, tuple[int, ...]]] = []
+    stride = max(1, -(-count // max_points)) if count else 1
+    next_sample = 0
+    oom_indices: list[int] = []
+    oom_live: dict[int, tuple[dict[int, LiveEntry], dict[int, LiveEntry]]] = {}
+    pre_existing_frees: list[tuple[int, int, int]] = []
+    rounded_cache: dict[int, int] = {}
+    steps: dict[int, StepStats] = {}
+
+    span_position = 0
+    next_boundary = spans[1].first_index if len(spans) > 1 else count
+    phase = spans[0].phase if spans else "unknown"
+    step = spans[0].step if spans else 0
+    stats = steps.setdefault(step, StepStats(0, 0, 0, 0, 0))
+    stats_peak = stats_activation_peak = 0
+
+    for index, action, addr, size in zip(range(count), trace.actions, trace.addrs, trace.sizes):
+        if index == next_boundary:
+            span_position += 1
+            span = spans[span_position]
+            phase = span.phase
+            next_boundary = spans[span_position + 1].first_index if span_position + 1 < len(spans) else count
+            if span.step != step:
+                stats.last_index = index - 1
+                stats.end_allocated_bytes = allocated
+                stats.peak_allocated_bytes = stats_peak
+                stats.peak_activation_bytes = stats_activation_peak
+                step = span.step
+                stats = steps.get(step) or steps.setdefault(step, StepStats(index, index, allocated, allocated, 0))
+                stats_peak = stats.peak_allocated_bytes
+                stats_activation_peak = stats.peak_activation_bytes
+        if action is ALLOC or action == ALLOC:
+            block_size = rounded_cache.get(size)
+            if block_size is None:
+                block_size = rounded_cache[size] = round_size(size, divisions)
+            component = component_of_alloc(index, addr, size, phase)
+            live[addr] = (index, component, block_size, size)
+            allocated += block_size
+            totals[component] += block_size
+            if allocated > peak_value:
+                peak_value = allocated
+                peak_index = index
+            if allocated > stats_peak:
+                stats_peak = allocated
+            if component == activation_component and totals[component] > stats_activation_peak:
+                stats_activation_peak = totals[component]
+        elif action == FREE_REQUESTED:
+            entry = live.pop(addr, None)
+            if entry is None:
+                block_size = round_size(size, divisions)
+                entry = (-1, component_of_pre_existing(addr, block_size), block_size, size)
+                pre_existing_frees.append((index, addr, block_size))
+            allocated -= entry[2]
+            totals[entry[1]] -= entry[2]
+            pending[addr] = entry
+        elif action == FREE_COMPLETED:
+            pending.pop(addr, None)
+        elif action == SEGMENT_ALLOC or action == SEGMENT_MAP:
+            reserved += size
+        elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
+            reserved -= size
+        elif action == OOM:
+            oom_indices.append(index)
+            oom_live[index] = (dict(live), dict(pending))
+        if index == next_sample:
+            samples.append((index, times[index] if times is not None else None, allocated, reserved, tuple(totals)))
+            next_sample += stride
+    if count and samples[-1][0] != count - 1:
+        samples.append((count - 1, times[count - 1] if times is not None else None, allocated, reserved, tuple(totals)))
+    stats.last_index = max(count - 1, 0)
+    stats.end_allocated_bytes = allocated
+    stats.peak_allocated_bytes = stats_peak
+    stats.peak_activation_bytes = stats_activation_peak
+
+    final_blocks = final_live_blocks(segments)
+    final_allocated = sum(b.size for b in final_blocks.values())
+    final_reserved = sum(s.total_size for s in segments)
+    allocated_offset = final_allocated - allocated
+    reserved_offset = final_reserved - reserved
+
+    # Per-component offsets: what each component held before the trace began.
+    final_totals = [0] * component_count
+    for address, block in final_blocks.items():
+        entry = live.get(address)
+        component = entry[1] if entry is not None else component_of_pre_existing(address, block.size)
+        final_totals[component] += block.size
+    component_offsets = [final_totals[c] - totals[c] for c in range(component_count)]
+
+    series = [
+        SeriesPoint(
+            event_index=i,
+            time_us=t,
+            allocated_bytes=a + allocated_offset,
+            reserved_bytes=r + reserved_offset,
+            components=tuple(max(0, v + component_offsets[c]) for c, v in enumerate(comps)),
+        )
+        for i, t, a, r, comps in samples
+    ]
+    for one in steps.values():
+        one.peak_allocated_bytes += allocated_offset
+        one.end_allocated_bytes += allocated_offset
+        one.peak_activation_bytes += max(0, component_offsets[activation_component])
+    return ReplayState(
+        event_count=count,
+        series=series,
+        peak_index=peak_index,
+        peak_allocated_bytes=(peak_value + allocated_offset) if peak_index is not None else final_allocated,
+        oom_indices=oom_indices,
+        oom_live=oom_live,
+        live_at_end=live,
+        pre_existing_frees=pre_existing_frees,
+        steps=steps,
+        allocated_offset_bytes=allocated_offset,
+        ring_buffer_wrapped=count in _ROUND_RING_SIZES,
+        has_frames=trace.events_with_frames > 0,
+        has_time=times is not None,
+    )
+
+
+def live_until(trace: DeviceTrace, target_index: int, divisions: tuple[tuple[int, int], ...] = ()) -> tuple[dict[int, LiveEntry], dict[int, LiveEntry]]:
+    """Live and pending allocations just after `target_index` (component indices left at 0)."""
+    live: dict[int, LiveEntry] = {}
+    pending: dict[int, LiveEntry] = {}
+    for index, action, addr, size in zip(range(target_index + 1), trace.actions, trace.addrs, trace.sizes):
+        if action == ALLOC:
+            live[addr] = (index, 0, round_size(size, divisions), size)
+        elif action == FREE_REQUESTED:
+            entry = live.pop(addr, None)
+            if entry is not None:
+                pending[addr] = entry
+        elif action == FREE_COMPLETED:
+            pending.pop(addr, None)
+    return live, pending
+
+
+def ooms_of(trace: DeviceTrace, oom_indices: Sequence[int], fatal_index: int | None) -> tuple[OomEvent, ...]:
+    found = []
+    for index in oom_indices:
+        size = trace.sizes[index]
+        found.append(
+            OomEvent(
+                event_index=index,
+                request_bytes=size,
+                message_bytes=segment_size(size),
+                device_free_bytes=trace.device_free.get(index),
+                time_us=trace.times_us[index] if trace.times_us is not None else None,
+                fatal=index == fatal_index,
+            )
+        )
+    return tuple(found)
+
+
+def segments_at(trace: DeviceTrace, segments: Sequence[Segment], target_index: int) -> tuple[list[Segment], bool]:
+    """The segments just after `target_index`, walking the segment events after it backwards."""
+    kinds = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
+    actions = trace.actions
+    later = [trace[i] for i in range(target_index + 1, len(trace)) if actions[i] in kinds]
+    if not later:
+        return list(segments), True
+    by_address = {s.address: s for s in segments}
+    # Expandable memory is a set of mapped byte ranges; keep it as intervals and rebuild segments.
+    mapped: list[list[int]] = [[s.address, s.address + s.total_size] for s in segments if s.is_expandable]
+    template = next((s for s in segments if s.is_expandable), None)
+    for event in reversed(later):
+        if event.action == SEGMENT_ALLOC:
+            by_address.pop(event.addr, None)
+        elif event.action == SEGMENT_FREE:
+            by_address[event.addr] = Segment(
+                device=segments[0].device if segments else 0,
+                address=event.addr,
+                total_size=event.size,
+                stream=event.stream,
+                segment_type="small" if event.size == SMALL_SEGMENT_BYTES else "large",
+                blocks=(Block(event.addr, event.size, 0, INACTIVE),),
+                pool_id=event.pool_id or (0, 0),
+            )
+        elif event.action == SEGMENT_MAP:
+            mapped = _subtract_range(mapped, event.addr, event.addr + event.size)
+        elif event.action == SEGMENT_UNMAP:
+            mapped.append([event.addr, event.addr + event.size])
+    fixed = [s for s in by_address.values() if not s.is_expandable]
+    for start, end in _merge_ranges(mapped):
+        fixed.append(
+            Segment(
+                device=template.device if template else (segments[0].device if segments else 0),
+                address=start,
+                total_size=end - start,
+                stream=template.stream if template else 0,
+                segment_type=template.segment_type if template else "large",
+                blocks=(Block(start, end - start, 0, INACTIVE),),
+                pool_id=template.pool_id if template else (0, 0),
+                is_expandable=True,
+            )
+        )
+    fixed.sort(key=lambda s: s.address)
+    return fixed, False
+
+
+def _subtract_range(ranges: list[list[int]], start: int, end: int) -> list[list[int]]:
+    result = []
+    for r_start, r_end in ranges:
+        if r_end <= start or r_start >= end:
+            result.append([r_start, r_end])
+            continue
+        if r_start < start:
+            result.append([r_start, start])
+        if r_end > end:
+            result.append([end, r_end])
+    return result
+
+
+def _merge_ranges(ranges: list[list[int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def lay_out(segments: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], pending: dict[int, int]) -> list[Segment]:
+    """Rebuild each segment's blocks from the live and pending allocations; gaps are free blocks.
+
+    A free gap of at most 1 MiB right after a block in a large, non-expandable segment is that
+    block's unsplit remainder: the allocator splits large blocks only when more than 1 MiB is left
+    (spec §4.3), so no free block there can be that small.
+    """
+    starts = [s.address for s in segments]
+    contents: dict[int, list[tuple[int, int, int, str]]] = {s.address: [] for s in segments}
+    for address, (_, size, requested) in live.items():
+        position = bisect.bisect_right(starts, address) - 1
+        if position >= 0 and address < starts[position] + segments[position].total_size:
+            contents[starts[position]].append((address, size, requested, ACTIVE_ALLOCATED))
+    for address, size in pending.items():
+        position = bisect.bisect_right(starts, address) - 1
+        if position >= 0 and address < starts[position] + segments[position].total_size:
+            contents[starts[position]].append((address, size, 0, ACTIVE_PENDING_FREE))
+    result = []
+    for segment in segments:
+        end = segment.address + segment.total_size
+        items = sorted(contents[segment.address])
+        blocks: list[Block] = []
+        cursor = segment.address
+        for position, (address, size, requested, state) in enumerate(items):
+            if address > cursor:
+                blocks.append(Block(cursor, address - cursor, 0, INACTIVE))
+            next_start = items[position + 1][0] if position + 1 < len(items) else end
+            size = min(size, next_start - address)
+            gap = next_start - address - size
+            absorbs = segment.segment_type == "large" and not segment.is_expandable and size > SMALL_REQUEST_BYTES
+            if 0 < gap <= SMALL_REQUEST_BYTES and absorbs:
+                size += gap
+            blocks.append(Block(address, size, requested, state))
+            cursor = address + size
+        if cursor < end:
+            blocks.append(Block(cursor, end - cursor, 0, INACTIVE))
+        result.append(
+            Segment(
+                device=segment.device,
+                address=segment.address,
+                total_size=segment.total_size,
+                stream=segment.stream,
+                segment_type=segment.segment_type,
+                blocks=tuple(blocks),
+                pool_id=segment.pool_id,
+                is_expandable=segment.is_expandable,
+                frames=segment.frames,
+            )
+        )
+    return result

@@ -1,0 +1,254 @@
+"""Result objects of the analysis: plain frozen dataclasses that views render and never recompute.
+
+Every size is an int in bytes. Indices (`event_index`) point into the failing device's trace, oldest
+event first, so that a view or a reader can find the exact event a number rests on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oomdoctor.model import Stack
+
+# Where a phase or a component assignment came from, most trusted first.
+SOURCE_MARKERS = "markers"
+SOURCE_ANNOTATIONS = "annotations"
+SOURCE_USER_METADATA = "user_metadata"
+SOURCE_FRAMES = "frames"
+SOURCE_NONE = "none"
+
+METHOD_REGISTRY = "registry"  # exact: oomdoctor's registry of named tensors
+METHOD_PHASE = "phase"  # the phase in which the block was allocated
+METHOD_FRAMES = "frames"  # the allocation's stack
+METHOD_LIFETIME = "lifetime"  # when it was allocated and that it is still alive
+METHOD_SIZE_MATCH = "size-match"  # its size equals a parameter's
+METHOD_NONE = "none"
+
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASE_OPTIMIZER = "optimizer_step"
+PHASE_ZERO_GRAD = "zero_grad"
+PHASE_BETWEEN = "between_steps"
+PHASE_BEFORE = "before_first_step"  # before the first phase of the run was seen
+PHASE_UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpan:
+    """Events first_index..last_index (inclusive) belong to `phase` of `step`, decided by `source`."""
+
+    first_index: int
+    last_index: int
+    phase: str
+    step: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class OomEvent:
+    event_index: int
+    request_bytes: int  # the oom event's size: the rounded request
+    message_bytes: int  # the segment-sized "Tried to allocate" figure (spec §3.4)
+    device_free_bytes: int | None
+    time_us: int | None
+    fatal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    event_index: int
+    time_us: int | None
+    allocated_bytes: int
+    reserved_bytes: int
+    components: tuple[int, ...]  # bytes per name in COMPONENTS, allocated-at-that-event estimates
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySummary:
+    device: int
+    event_count: int
+    target_index: int | None  # the event the live set and accounting describe; None: dump state
+    target_kind: str  # "oom" | "peak" | "dump"
+    peak_index: int | None
+    peak_allocated_bytes: int
+    ooms: tuple[OomEvent, ...]
+    series: tuple[SeriesPoint, ...]
+    events_after_target: int
+    pre_existing_allocations: int  # blocks freed or live whose allocation predates the trace
+    pre_existing_bytes: int
+    ring_buffer_wrapped: bool
+    has_frames: bool
+    has_time: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LiveBlock:
+    address: int
+    size_bytes: int
+    requested_bytes: int
+    alloc_index: int | None  # None: allocated before the trace began
+    phase: str
+    step: int | None
+    component: str
+    method: str
+    confidence: float
+    name: str | None  # registry name when known
+    frames: Stack
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """Device memory at the target event; each equation holds to the byte where the input allows."""
+
+    device_total_bytes: int | None  # None: the dump does not say
+    device_free_bytes: int | None
+    non_pytorch_bytes: int | None  # total - free - reserved
+    reserved_bytes: int
+    allocated_bytes: int
+    pending_free_bytes: int  # active_pending_free: freed by the tensor, awaiting stream events
+    free_cached_bytes: int  # reserved - allocated - pending_free
+    releasable_bytes: int  # free bytes in segments that hold nothing active
+    non_releasable_bytes: int  # free fragments pinned by active blocks in the same segment
+    requested_bytes: int  # un-rounded bytes of allocated blocks
+    rounding_bytes: int  # allocated - requested
+    request_bytes: int | None  # the failed request, rounded (the oom event's size)
+    message_bytes: int | None  # what the OOM message called "Tried to allocate"
+    headroom_bytes: int | None  # what a request could have had: device free + usable cache
+    missing_bytes: int | None  # request - headroom when positive
+    unknowns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFree:
+    pool: str  # "small" | "large" | "private (a, b) small" ...
+    stream: int
+    free_bytes: int
+    free_block_count: int
+    largest_free_block_bytes: int
+    request_fits_largest: bool | None  # None when no request
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentDetail:
+    address: int
+    total_bytes: int
+    allocated_bytes: int
+    pending_free_bytes: int
+    free_bytes: int
+    largest_free_block_bytes: int
+    block_count: int
+    stream: int
+    pool: str
+    is_expandable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fragmentation:
+    internal_bytes: int  # rounding inside allocated blocks
+    external_bytes: int  # free cached blocks
+    request_pool: str | None
+    request_stream: int | None
+    usable_free_bytes: int  # free bytes on the request's pool and stream
+    largest_usable_free_block_bytes: int
+    would_fit_if_contiguous: bool | None  # None when no request
+    pools: tuple[PoolFree, ...]
+    segments: tuple[SegmentDetail, ...]
+    expandable_segments: bool | None  # None: settings not recorded
+    max_split_size_bytes: int | None  # None: unlimited or unknown
+    alloc_conf: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    key: str  # a module path or a source line
+    bytes: int
+    block_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentShare:
+    name: str
+    bytes: int
+    block_count: int
+    method: str  # the method that placed most of its bytes
+    confidence: float
+    by_module: tuple[Group, ...]
+    by_source_line: tuple[Group, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    step: int
+    first_index: int
+    last_index: int
+    peak_allocated_bytes: int
+    end_allocated_bytes: int
+    peak_activation_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    text: str
+    metric: str | None = None
+    bytes: int | None = None
+    event_index: int | None = None
+    address: int | None = None
+    frame: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    id: str
+    text: str
+    estimated_saved_bytes: int
+    would_fit_alone: bool | None  # None when there is no failed request to fit
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    verdict: str
+    confidence: float
+    summary: str
+    evidence: tuple[Evidence, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    scalable_bytes: int  # activation budget at the target: activations + temporaries + inputs (+ request)
+    fixed_bytes: int
+    capacity_bytes: int | None  # what the device could give PyTorch
+    largest_fitting_scale: float | None
+    predicted_peaks: tuple[tuple[float, int], ...]  # (scale, predicted peak bytes)
+    note: str
+
+    def predicted_peak_bytes(self, scale: float) -> int:
+        return self.fixed_bytes + int(round(self.scalable_bytes * scale))
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    schema_version: int
+    device: int
+    devices: tuple[int, ...]
+    source_format: str
+    replay: ReplaySummary
+    accounting: Accounting
+    fragmentation: Fragmentation
+    phase_source: str
+    phases: tuple[PhaseSpan, ...]
+    target_phase: str
+    target_step: int | None
+    steps: tuple[StepSummary, ...]
+    components: tuple[ComponentShare, ...]
+    live_blocks: tuple[LiveBlock, ...]
+    verdict: str
+    confidence: float
+    summary: str
+    evidence: tuple[Evidence, ...]
+    secondary: tuple[Finding, ...]
+    recommendations: tuple[Recommendation, ...]
+    what_if: WhatIf
+    unknowns: tuple[str, ...] = field(default=())
+
+    def component_bytes(self) -> dict[str, int]:
+        return {c.name: c.bytes for c in self.components}

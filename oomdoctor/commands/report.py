@@ -1,0 +1,51 @@
+"""Explain an OOM dump: the verdict, the evidence that proves it, and what to change.
+
+    oomdoctor report oom-dumps/oom-rank0-host-123-20250101T000000Z.pickle
+    oomdoctor report dump.pickle --format json > report.json
+
+FILE is an oomdoctor dump or any torch memory snapshot (pickle, gzip, JSON, memory_viz HTML).
+Text leads with the verdict; JSON holds the full result (`verdict`, `confidence`, `components`
+in bytes, `evidence`, `recommendations`, `what_if`, `schema_version`, ...). With several devices
+the one that ran out of memory is judged, unless --device says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from oomdoctor.errors import OomdoctorError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the dump or snapshot to explain")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--device", type=int, default=None, help="judge this device instead of the failing one")
+    parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load import load, parse_size
+
+    max_bytes = None
+    if args.max_bytes is not None:
+        try:
+            max_bytes = parse_size(args.max_bytes)
+        except (ValueError, TypeError) as error:
+            raise OomdoctorError(f"--max-bytes: {error}") from None
+    snapshot = load(args.file, max_bytes=max_bytes)
+    if args.device is not None and args.device not in snapshot.devices:
+        known = ", ".join(str(d) for d in snapshot.devices) or "none"
+        raise OomdoctorError(f"{args.file}: no device {args.device} in this snapshot (devices: {known})")
+    analysis = analyse(snapshot, device=args.device)
+    if args.format == "json":
+        from oomdoctor.views.json_report import render as render_json
+
+        sys.stdout.buffer.write(render_json(analysis))
+        sys.stdout.flush()
+    else:
+        from oomdoctor.views.text_report import render as render_text
+
+        sys.stdout.write(render_text(analysis, source=args.file))
+    return 0

@@ -1,0 +1,77 @@
+"""The analysis as JSON: every field of the result, sizes in bytes, with a versioned schema.
+
+Top-level keys a script can rely on: `schema_version`, `verdict` (one of
+`oomdoctor.metadata.VERDICTS`), `confidence`, `summary`, `components` (bytes per component at the
+OOM, or at the peak when there was none), `evidence`, `recommendations`, `what_if`, `accounting`,
+`fragmentation`, `replay`, `phases`, `steps`, `secondary`, `unknowns`. `live_blocks` lists the
+largest live blocks only (`live_block_count` says how many there were).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+
+from oomdoctor.analysis.results import Analysis, LiveBlock
+from oomdoctor.model import Stack
+
+JSON_SCHEMA_VERSION = 1
+LIVE_BLOCK_LIMIT = 200
+FRAME_LIMIT = 8
+
+
+def _frames(stack: Stack) -> list[str]:
+    return [f"{f.filename}:{f.line} in {f.name}" for f in stack[:FRAME_LIMIT]]
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _block(block: LiveBlock) -> dict[str, Any]:
+    row = _plain(dataclasses.replace(block, frames=()))
+    row["frames"] = _frames(block.frames)
+    return row
+
+
+def to_dict(analysis: Analysis) -> dict[str, Any]:
+    result = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "analysis_schema_version": analysis.schema_version,
+        "verdict": analysis.verdict,
+        "confidence": analysis.confidence,
+        "summary": analysis.summary,
+        "device": analysis.device,
+        "devices": list(analysis.devices),
+        "source_format": analysis.source_format,
+        "components": analysis.component_bytes(),
+        "component_detail": _plain(analysis.components),
+        "evidence": _plain(analysis.evidence),
+        "recommendations": _plain(analysis.recommendations),
+        "what_if": _plain(analysis.what_if),
+        "secondary": _plain(analysis.secondary),
+        "accounting": _plain(analysis.accounting),
+        "fragmentation": _plain(analysis.fragmentation),
+        "replay": _plain(analysis.replay),
+        "phase_source": analysis.phase_source,
+        "target_phase": analysis.target_phase,
+        "target_step": analysis.target_step,
+        "phases": _plain(analysis.phases),
+        "steps": _plain(analysis.steps),
+        "live_block_count": len(analysis.live_blocks),
+        "live_blocks": [_block(b) for b in analysis.live_blocks[:LIVE_BLOCK_LIMIT]],
+        "unknowns": list(analysis.unknowns),
+    }
+    return result
+
+
+def render(analysis: Analysis) -> bytes:
+    return orjson.dumps(to_dict(analysis), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)

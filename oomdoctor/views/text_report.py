@@ -1,0 +1,116 @@
+"""The analysis as plain text: the verdict first, then the numbers that prove it and what to change."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis.diagnosis import human
+from oomdoctor.analysis.results import Analysis
+
+_COMPONENT_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations",
+    "temporaries": "temporaries",
+    "inputs": "inputs",
+    "buffers": "buffers",
+    "other": "other",
+    "unknown": "unknown",
+}
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{part / whole:6.1%}" if whole else "     -"
+
+
+def render(analysis: Analysis, *, source: str | None = None) -> str:
+    lines: list[str] = []
+    add = lines.append
+    add(f"Verdict: {analysis.verdict}  (confidence {analysis.confidence:.0%})")
+    add(analysis.summary)
+    if source:
+        add(f"File: {source}")
+    replay = analysis.replay
+    where = {"oom": "at the OOM", "peak": "at the peak", "dump": "when the dump was written"}[replay.target_kind]
+    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
+    event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
+    add(f"Device {analysis.device} {where} ({step}{analysis.target_phase.replace('_', ' ')}{event}; phases from {analysis.phase_source})")
+    add("")
+
+    add("Evidence")
+    for item in analysis.evidence:
+        value = f": {human(item.bytes)}" if item.bytes is not None and item.metric and not item.metric.endswith("_seen") and item.metric != "target_step" else ""
+        where_bits = []
+        if item.event_index is not None:
+            where_bits.append(f"event {item.event_index}")
+        if item.address is not None:
+            where_bits.append(f"block {item.address:#x}")
+        if item.frame:
+            where_bits.append(item.frame)
+        suffix = f"  [{'; '.join(where_bits)}]" if where_bits else ""
+        add(f"  - {item.text}{value}{suffix}")
+    add("")
+
+    if analysis.recommendations:
+        add("What to change (largest saving first)")
+        for position, rec in enumerate(analysis.recommendations, 1):
+            fits = {True: "would fit on its own", False: "not enough on its own", None: ""}[rec.would_fit_alone]
+            add(f"  {position}. {rec.text}")
+            add(f"     saves about {human(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''}")
+        add("")
+
+    acc = analysis.accounting
+    add("Memory " + where)
+    if acc.device_total_bytes is not None:
+        add(f"  device total          {human(acc.device_total_bytes):>12}")
+    if acc.non_pytorch_bytes is not None:
+        add(f"  outside PyTorch       {human(acc.non_pytorch_bytes):>12}")
+    if acc.device_free_bytes is not None:
+        add(f"  free on the device    {human(acc.device_free_bytes):>12}")
+    add(f"  reserved by PyTorch   {human(acc.reserved_bytes):>12}")
+    add(f"    allocated           {human(acc.allocated_bytes):>12}  (of which rounding {human(acc.rounding_bytes)})")
+    add(f"    cached, free        {human(acc.free_cached_bytes):>12}  (releasable {human(acc.releasable_bytes)}, fragments {human(acc.non_releasable_bytes)})")
+    if acc.pending_free_bytes:
+        add(f"    pending free        {human(acc.pending_free_bytes):>12}")
+    if acc.request_bytes is not None:
+        add(f"  failed request        {human(acc.request_bytes):>12}  (the message said \"Tried to allocate {human(acc.message_bytes)}\")")
+    add("")
+
+    add("Live memory by component")
+    total = sum(c.bytes for c in analysis.components) or 0
+    for share in analysis.components:
+        if not share.bytes:
+            continue
+        add(f"  {_COMPONENT_LABELS[share.name]:<16} {human(share.bytes):>12} {_percent(share.bytes, total)}  ({share.block_count} blocks, {share.method}, confidence {share.confidence:.0%})")
+        for group in (share.by_module or share.by_source_line)[:3]:
+            add(f"      {human(group.bytes):>12}  {group.key}")
+    add("")
+
+    frag = analysis.fragmentation
+    if frag.request_pool is not None:
+        add("Fragmentation")
+        add(f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}")
+        add(f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}; expandable segments: {_flag(frag.expandable_segments)}")
+        add("")
+
+    wi = analysis.what_if
+    add("What if the batch (or sequence) were scaled")
+    if wi.largest_fitting_scale is not None:
+        add(f"  largest scale that fits: {wi.largest_fitting_scale:.2f}x  ({wi.note})")
+    else:
+        add(f"  {wi.note}")
+    add("")
+
+    if analysis.secondary:
+        add("Also found")
+        for finding in analysis.secondary:
+            add(f"  - {finding.verdict}: {finding.summary}")
+        add("")
+    if analysis.unknowns:
+        add("Not determined from this file")
+        for item in analysis.unknowns:
+            add(f"  - {item}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _flag(value: bool | None) -> str:
+    return {True: "on", False: "off", None: "unknown"}[value]

@@ -1,0 +1,268 @@
+"""The analysis engine on model objects with a known story (tests/analysis_builder.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.sizing import round_size, segment_size
+from oomdoctor.model import (
+    ACTIVE_ALLOCATED,
+    INACTIVE,
+    AllocatorSettings,
+    Annotation,
+    Block,
+    DeviceTrace,
+    Segment,
+    Snapshot,
+    TraceEvent,
+)
+from tests.analysis_builder import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
+
+
+def _train_until_optimizer_oom(sim: Sim, *, frames: bool = False) -> list[int]:
+    params = [sim.alloc(64 * MiB, SETUP_STACK if frames else (), "parameter", f"model.layers.{i}.weight") for i in range(4)]
+    sim.marker("forward", "start")
+    batch_acts = [sim.alloc(32 * MiB, FORWARD_STACK if frames else ()) for _ in range(3)]
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for address in batch_acts:
+        sim.free(address)
+    for i in range(4):
+        sim.alloc(64 * MiB, (), "gradient", f"model.layers.{i}.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    for i in range(4):
+        sim.alloc(64 * MiB, ADAM_INIT_STACK if frames else (), "optimizer_state", f"model.layers.{i}.weight.exp_avg")
+        sim.alloc(64 * MiB, ADAM_INIT_STACK if frames else (), "optimizer_state", f"model.layers.{i}.weight.exp_avg_sq")
+    for _ in range(3):  # foreach temporaries
+        sim.alloc(64 * MiB, FOREACH_STACK if frames else ())
+    sim.oom(64 * MiB)
+    return params
+
+
+def test_sizing_rules_match_the_allocator():
+    assert round_size(1) == 512
+    assert round_size(1200) == 1536
+    assert round_size(1200, ((0, 4),)) == 1536  # below 512 * divisions: plain rounding
+    assert round_size(5 * MiB + 1, ((0, 4),)) == 6 * MiB
+    assert segment_size(512) == 2 * MiB
+    assert segment_size(3 * MiB) == 20 * MiB
+    assert segment_size(21 * MiB + 1) == 22 * MiB
+
+
+def test_optimizer_state_buildup_with_registry_is_exact():
+    sim = Sim(total_bytes=1230 * MiB)
+    _train_until_optimizer_oom(sim)
+    result = analyse(sim.snapshot())
+    assert result.verdict == "optimizer-state-buildup"
+    assert result.target_phase == "optimizer_step" and result.target_step == 0
+    components = result.component_bytes()
+    assert components["parameters"] == 256 * MiB
+    assert components["gradients"] == 256 * MiB
+    assert components["optimizer_state"] == 512 * MiB
+    assert components["temporaries"] == 192 * MiB
+    assert components["activations"] == 0
+    assert {b.method for b in result.live_blocks if b.component != "temporaries"} == {"registry"}
+    assert result.recommendations and result.recommendations == tuple(
+        sorted(result.recommendations, key=lambda r: -r.estimated_saved_bytes)
+    )
+    assert result.what_if.largest_fitting_scale == 0.0  # batch size cannot help in the optimizer step
+
+
+def test_optimizer_state_buildup_inferred_from_frames_without_metadata():
+    sim = Sim(total_bytes=1230 * MiB)
+    _train_until_optimizer_oom(sim, frames=True)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.phase_source == "frames"
+    assert result.verdict == "optimizer-state-buildup"
+    components = result.component_bytes()
+    assert components["parameters"] == 256 * MiB
+    assert components["optimizer_state"] == 512 * MiB
+    assert components["temporaries"] == 192 * MiB
+    assert components["gradients"] == 256 * MiB  # sizes match the parameters'
+    assert any("registry" in line for line in result.unknowns)
+
+
+def test_accounting_adds_up_to_the_byte():
+    sim = Sim(total_bytes=1270 * MiB, outside_bytes=40 * MiB)
+    _train_until_optimizer_oom(sim)
+    acc = analyse(sim.snapshot()).accounting
+    assert acc.device_total_bytes == 1270 * MiB
+    assert acc.non_pytorch_bytes == 40 * MiB
+    assert acc.non_pytorch_bytes + acc.device_free_bytes + acc.reserved_bytes == acc.device_total_bytes
+    assert acc.allocated_bytes + acc.pending_free_bytes + acc.free_cached_bytes == acc.reserved_bytes
+    assert acc.releasable_bytes + acc.non_releasable_bytes == acc.free_cached_bytes
+    assert acc.requested_bytes + acc.rounding_bytes == acc.allocated_bytes
+    assert acc.request_bytes == 64 * MiB and acc.message_bytes == 64 * MiB
+
+
+def test_replay_goes_back_to_the_oom_when_the_trace_continues():
+    sim = Sim(total_bytes=512 * MiB)
+    a = sim.alloc(200 * MiB, USER_STACK)
+    b = sim.alloc(200 * MiB, USER_STACK)
+    oom_index = sim.oom(200 * MiB)
+    sim.free(a)
+    sim.free(b)
+    sim.release_cache()
+    sim.alloc(10 * MiB, USER_STACK)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.replay.target_index == oom_index
+    assert result.replay.events_after_target > 0
+    assert result.accounting.allocated_bytes == 400 * MiB
+    assert result.accounting.reserved_bytes == 400 * MiB
+    assert {blk.address for blk in result.live_blocks} == {a, b}
+    assert [o.fatal for o in result.replay.ooms] == [True]
+
+
+def test_creeping_leak_across_steps():
+    sim = Sim(total_bytes=1 * GiB)
+    sim.alloc(64 * MiB, (), "parameter", "model.weight")
+    for step in range(4):
+        sim.marker("forward", "start")
+        kept = sim.alloc(60 * MiB)  # the loss's graph keeps this one
+        scratch = sim.alloc(40 * MiB)
+        if step == 3:
+            sim.alloc(300 * MiB)
+            sim.oom(400 * MiB)
+            break
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        sim.free(scratch)
+        grad = sim.alloc(64 * MiB, (), "gradient", "model.weight.grad")
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+        sim.marker("zero_grad", "start")
+        sim.free(grad)
+        sim.marker("zero_grad", "end")
+    result = analyse(sim.snapshot())
+    assert result.target_step == 3
+    assert result.verdict == "creeping-leak", (result.verdict, result.summary)
+    assert any(r.id == "free-kept-tensors" for r in result.recommendations)
+    ends = [s.end_allocated_bytes for s in result.steps[:3]]
+    assert ends == sorted(ends) and ends[0] < ends[-1]
+
+
+def test_gradients_kept_without_zero_grad():
+    sim = Sim(total_bytes=700 * MiB)
+    sim.alloc(128 * MiB, (), "parameter", "model.weight")
+    for step in range(2):
+        sim.marker("forward", "start")
+        acts = [sim.alloc(80 * MiB) for _ in range(6 if step == 0 else 5)]
+        if step == 1:
+            sim.oom(80 * MiB)
+            break
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        for address in acts:
+            sim.free(address)
+        sim.alloc(128 * MiB, (), "gradient", "model.weight.grad")
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+    result = analyse(sim.snapshot())
+    assert result.verdict == "gradients-kept", (result.verdict, result.summary)
+    assert result.recommendations[0].id in {"zero-grad-set-to-none", "activation-checkpointing", "smaller-micro-batch"}
+    assert any(r.id == "zero-grad-set-to-none" and r.would_fit_alone for r in result.recommendations)
+
+
+def test_outside_pytorch():
+    sim = Sim(total_bytes=1 * GiB, outside_bytes=700 * MiB)
+    sim.alloc(150 * MiB, USER_STACK)
+    sim.oom(200 * MiB)
+    result = analyse(sim.snapshot())
+    assert result.verdict == "outside-pytorch"
+    assert result.accounting.non_pytorch_bytes == 700 * MiB
+
+
+def test_no_oom_reports_the_peak():
+    sim = Sim()
+    a = sim.alloc(100 * MiB, USER_STACK)
+    sim.alloc(50 * MiB, USER_STACK)
+    sim.free(a)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.verdict == "no-oom"
+    assert result.replay.target_kind == "peak"
+    assert result.accounting.allocated_bytes == 150 * MiB
+    assert result.replay.peak_allocated_bytes == 150 * MiB
+
+
+def _fragmented_snapshot(expandable: bool) -> Snapshot:
+    base = 0x7F0000000000
+    segments = []
+    for i in range(4):
+        address = base + i * 64 * MiB
+        segments.append(
+            Segment(
+                device=0,
+                address=address,
+                total_size=20 * MiB,
+                stream=0,
+                segment_type="large",
+                blocks=(
+                    Block(address, 4 * MiB, 4 * MiB, ACTIVE_ALLOCATED),
+                    Block(address + 4 * MiB, 16 * MiB, 0, INACTIVE),
+                ),
+            )
+        )
+    trace = DeviceTrace.from_events(0, [TraceEvent("oom", 0, 30 * MiB, 0, (), 1, device_free=8 * MiB)])
+    settings = AllocatorSettings(raw_conf="expandable_segments:True" if expandable else "", expandable_segments=expandable)
+    return Snapshot(segments=tuple(segments), traces=(trace,), allocator_settings=settings)
+
+
+def test_fragmentation_and_the_expandable_recommendation():
+    result = analyse(_fragmented_snapshot(expandable=False))
+    assert result.verdict == "fragmentation"
+    frag = result.fragmentation
+    assert frag.usable_free_bytes == 64 * MiB
+    assert frag.largest_usable_free_block_bytes == 16 * MiB
+    assert frag.would_fit_if_contiguous is True
+    assert any(r.id == "expandable-segments" and r.would_fit_alone for r in result.recommendations)
+    assert result.accounting.message_bytes == 30 * MiB
+
+
+def test_never_recommends_a_setting_already_in_force():
+    result = analyse(_fragmented_snapshot(expandable=True))
+    assert all(r.id != "expandable-segments" for r in result.recommendations)
+
+
+def test_phases_from_annotations_and_frames():
+    events = []
+    time_us = 100
+    for stack in (USER_STACK, FORWARD_STACK, FORWARD_STACK, (), (), ADAM_INIT_STACK, USER_STACK, FORWARD_STACK):
+        time_us += 10
+        events.append(TraceEvent("alloc", 0x1000 + time_us * 4096, 4096, 0, stack, time_us))
+    annotations = (Annotation("Optimizer.step#Adam.step", "START", 0, 155), Annotation("Optimizer.step#Adam.step", "END", 0, 165))
+    snapshot = Snapshot(segments=(), traces=(DeviceTrace.from_events(0, events),), annotations=annotations)
+    result = analyse(snapshot)
+    phases = [(s.first_index, s.phase, s.step) for s in result.phases]
+    assert phases == [
+        (0, "before_first_step", 0),
+        (1, "forward", 0),
+        (3, "backward", 0),
+        (5, "optimizer_step", 0),
+        (6, "between_steps", 1),
+        (7, "forward", 1),
+    ]
+    assert result.phase_source == "annotations"
+    assert {s.source for s in result.phases} == {"frames", "annotations"}
+
+
+def test_empty_snapshot_is_analysed():
+    result = analyse(Snapshot(segments=(), traces=()))
+    assert result.verdict == "no-oom"
+    assert result.accounting.reserved_bytes == 0
+    assert any("history" in line for line in result.unknowns)
+
+
+def test_analysis_imports_no_torch_rich_or_textual():
+    code = (
+        "import sys, oomdoctor.analysis, oomdoctor.views.json_report, oomdoctor.views.text_report;"
+        "bad = [m for m in ('torch', 'rich', 'textual') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
