@@ -11,20 +11,30 @@ and memory_viz both read it. Every field is optional for readers: old or partial
     device              {"index", "name", "capability": [major, minor], "total_memory_bytes"}
     mem_get_info        {"free_bytes", "total_bytes"} at dump time
     memory_stats        {"num_alloc_retries", "num_ooms", "inactive_split_bytes",
-                         "allocated_bytes", "reserved_bytes", ...} at dump time
+                         "allocated_bytes", "reserved_bytes", "active_bytes",
+                         "peak_allocated_bytes", "peak_reserved_bytes", ...} at dump time
     alloc_conf          {"PYTORCH_CUDA_ALLOC_CONF": str, "PYTORCH_ALLOC_CONF": str, ...} (only set ones)
     oom                 the observer call that triggered this dump, or None for dump():
-                        {"device", "alloc_bytes", "device_total_bytes", "device_free_bytes", "time_us"}
+                        {"device", "alloc_bytes", "device_total_bytes", "device_free_bytes", "time_us",
+                         "surfaced"}; surfaced: True once the OutOfMemoryError reached Python, False
+                        when torch caught and retried it internally, None when not known (yet)
     ooms_observed       list of such dicts: every observer call seen in this process, including
                         OOMs torch caught and retried internally
-    exception           {"type", "message", "traceback"} once the OOM surfaced, else None
+    exception           {"type", "message", "traceback"} once the OOM surfaced, else None;
+                        traceback is None when the script caught the exception and went on
     markers             list of {"phase", "edge", "step", "time_us"}: phase is one of PHASES,
                         edge "start" | "end", step the optimizer step index (0-based count of
                         completed optimizer steps when the phase began), time_us epoch
                         microseconds on the same clock as trace events' time_us
     tensors             list of {"address", "device", "component", "name", "shape", "dtype",
                         "size_bytes"}: the storage data_ptr of every named tensor of the models
-                        and optimizers the process used; component is one of REGISTRY_COMPONENTS
+                        and optimizers the process used; component is one of REGISTRY_COMPONENTS;
+                        size_bytes is the tensor's own numel x element size (views and tied
+                        tensors can share an address); names are named_parameters() names,
+                        gradients "<param>.grad", optimizer state "<param>.<key>" (exp_avg)
+    recording           {"max_entries", "stacks", "context", "started_by": "oomdoctor" | "user"}:
+                        how torch's history was recorded (started_by "user": the script had
+                        already turned it on, with settings oomdoctor did not choose)
     reason              "oom" | "manual" | "peak": why the dump was written
     rehearsal           present only for dumps written under `oomdoctor rehearse`:
                         {"device_memory_bytes", "outside_bytes", "alloc_conf"}
