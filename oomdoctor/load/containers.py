@@ -13,6 +13,7 @@ import gzip
 import io
 import os
 import re
+import zlib
 from typing import Any, BinaryIO
 
 import orjson
@@ -23,7 +24,7 @@ from oomdoctor.load.safe_pickle import CappedReader, SizeLimitExceeded, unpickle
 DEFAULT_MAX_BYTES = 4 * 1024**3
 MAX_BYTES_ENV = "OOMDOCTOR_MAX_BYTES"
 
-_PICKLE_0_1_FIRST_BYTES = b"(}]"
+_PICKLE_0_1_FIRST_BYTES = b"(}]c"  # MARK, EMPTY_DICT, EMPTY_LIST, GLOBAL (hostile, refused)
 _WHITESPACE = b" \t\r\n\xef\xbb\xbf"  # and the UTF-8 byte order mark
 _BASE64_FIELD = re.compile(rb'"base64"\s*:\s*"([A-Za-z0-9+/=\s\\]*)"')
 _UNITS = {
@@ -162,7 +163,7 @@ def _from_gzip(stream: Any, describe: str, limit_bytes: int, depth: int) -> tupl
         data, container = _from_stream(inner, describe, limit_bytes, limit_bytes, depth + 1)
     except SizeLimitExceeded as exceeded:
         raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
-    except (EOFError, gzip.BadGzipFile, OSError, ValueError) as error:
+    except (EOFError, OSError, ValueError, zlib.error) as error:  # BadGzipFile is an OSError
         reason = " ".join(str(error).split())[:160] or type(error).__name__
         raise LoadError(f"{describe}: corrupt or truncated gzip data ({reason})") from None
     return data, f"gzip+{container}"

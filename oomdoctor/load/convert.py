@@ -147,10 +147,22 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     )
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int(value: Any, describe: str, what: str) -> int:
     if type(value) is not int:
         raise _shape_error(describe, f"{what} is a {_type_name(value)}, not an int")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise _shape_error(describe, f"{what} does not fit in 64 bits")
     return value
+
+
+def _check_int64(values: list[Any], describe: str, device: int, key: str) -> None:
+    """torch writes int64s; a bigger int is a damaged or forged file (and would break arithmetic)."""
+    if values and (min(values) < _INT64_MIN or max(values) > _INT64_MAX):
+        index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
+        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits")
 
 
 def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) -> tuple[tuple[Segment, ...], bool]:
@@ -223,6 +235,8 @@ def _pool_id(value: Any, describe: str, what: str) -> tuple[int, int]:
         return DEFAULT_POOL
     if type(value) not in (tuple, list) or len(value) != 2 or any(type(v) is not int for v in value):
         raise _shape_error(describe, f"{what} is not a pair of ints")
+    _int(value[0], describe, what)
+    _int(value[1], describe, what)
     return DEFAULT_POOL if tuple(value) == DEFAULT_POOL else (value[0], value[1])
 
 
@@ -262,10 +276,12 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
 
     sizes = column("size")
     _check_column(sizes, (int,), describe, device, "size")
+    _check_int64(sizes, describe, device, "size")
 
     addrs = column("addr")
     if _NONE_TYPE in _check_column(addrs, (int, _NONE_TYPE), describe, device, "addr"):
         addrs = [0 if a is None else a for a in addrs]  # `oom` events carry device_free instead
+    _check_int64(addrs, describe, device, "addr")
 
     streams = column("stream")
     if _NONE_TYPE in _check_column(streams, (int, _NONE_TYPE), describe, device, "stream"):
@@ -274,6 +290,7 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     times_us = column("time_us")
     times_kinds = _check_column(times_us, (int, _NONE_TYPE), describe, device, "time_us")
     if int in times_kinds:
+        _check_int64([t for t in times_us if t is not None] if _NONE_TYPE in times_kinds else times_us, describe, device, "time_us")
         _note_once(era, "time_us on trace events", 2)
     else:
         _note_once(era, "no time_us on trace events", 1, upper=True)
@@ -388,8 +405,8 @@ def _build_annotations(raw: Any, describe: str) -> tuple[Annotation, ...]:
         device, time_us = entry.get("device", 0), entry.get("time_us", 0)
         if type(name) is not str or type(stage) is not str:
             raise _shape_error(describe, f"annotation {index} has a name or stage that is not a str")
-        if type(device) is not int or type(time_us) is not int:
-            raise _shape_error(describe, f"annotation {index} has a device or time_us that is not an int")
+        _int(device, describe, f"annotation {index} 'device'")
+        _int(time_us, describe, f"annotation {index} 'time_us'")
         annotations.append(Annotation(name, sys.intern(stage), device, time_us))
     return tuple(annotations)
 
@@ -413,9 +430,10 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
     gc_threshold = raw.get("garbage_collection_threshold", 0.0)
     if type(raw_conf) is not str:
         raw_conf = ""
-    if type(max_split_size) is not int:
-        raise _shape_error(describe, "allocator_settings 'max_split_size' is not an int")
-    if type(gc_threshold) not in (int, float):
+    _int(max_split_size, describe, "allocator_settings 'max_split_size'")
+    if type(gc_threshold) is int:
+        _int(gc_threshold, describe, "allocator_settings 'garbage_collection_threshold'")
+    elif type(gc_threshold) is not float:
         raise _shape_error(describe, "allocator_settings 'garbage_collection_threshold' is not a number")
     divisions = []
     raw_divisions = raw.get("roundup_power2_divisions")
