@@ -99,6 +99,12 @@ def run(corpus_dir: Path, verbose: bool = False, out=sys.stdout) -> float:
                 f"segment releases {_share(replay.release_events_matched, replay.release_events_total)}",
                 file=out,
             )
+            if replay.simulated_retries or replay.simulated_ooms:
+                print(
+                    f"    the simulator flushed and retried {replay.simulated_retries} time(s) on its own "
+                    f"and ran out of memory {replay.simulated_ooms} time(s), as torch did",
+                    file=out,
+                )
             for note in replay.mismatches:
                 print(f"    {note}", file=out)
     print(f"segment events: {_share(segment_matched, segment_total)}", file=out)

@@ -74,6 +74,8 @@ class DeviceReplay:
     release_events_total: int = 0
     blocks_matched: int = 0
     blocks_total: int = 0
+    simulated_retries: int = 0  # flush-and-retry the simulator performed on its own
+    simulated_ooms: int = 0
     real_segment_sizes: list[tuple[str, int]] = field(default_factory=list)
     simulated_segment_sizes: list[tuple[str, int]] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
@@ -221,18 +223,31 @@ def _oom_capacity(events: list[Event]) -> int:
     return UNLIMITED_CAPACITY_BYTES
 
 
-def _flush_before_oom(events: list[Event]) -> set[int]:
-    """Indices of segment releases that belong to an allocator flush ending in an `oom`."""
+def _allocator_flushes(events: list[Event], capacity_known: bool) -> set[int]:
+    """Indices of segment releases the allocator made itself, inside a malloc that then went on.
+
+    A run of releases directly followed by an `oom` is the flush-and-retry that failed. When the
+    capacity is known (the trace has an `oom`), a run followed by new segments and then the `alloc`
+    is a flush-and-retry that succeeded; without a known capacity it cannot be told apart from an
+    `empty_cache()` before a malloc, and is replayed as one (the two release the same blocks).
+    """
     indices: set[int] = set()
     run: list[int] = []
+    after_run: list[str] = []
     for index, event in enumerate(events):
-        if event.action in SEGMENT_RELEASE_ACTIONS:
+        if event.action in SEGMENT_RELEASE_ACTIONS and not after_run:
             run.append(index)
             continue
-        if event.action == "oom":
+        if event.action == "snapshot":
+            continue
+        if run and event.action in SEGMENT_CREATE_ACTIONS:
+            after_run.append(event.action)
+            continue
+        if run and (event.action == "oom" or (capacity_known and event.action == "alloc")):
             indices.update(run)
-        if event.action != "snapshot":
-            run = []
+        run, after_run = [], []
+        if event.action in SEGMENT_RELEASE_ACTIONS:
+            run.append(index)
     return indices
 
 
@@ -286,15 +301,16 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
 
     settings = _get(snapshot, "allocator_settings", None) or {}
     conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if isinstance(settings, dict) else _get(settings, "raw_conf", "")
+    capacity_bytes = _oom_capacity(events)
     simulator = CachingAllocatorSimulator(
-        _oom_capacity(events),
+        capacity_bytes,
         alloc_conf=conf or "",
         device=device,
         address_space=TracedAddressSpace(events) if traced_addresses else None,
     )
     simulator.record_history(True, max_entries=len(events) * 4 + 100, context=None)
     result = DeviceReplay(device, True, "")
-    flush_indices = _flush_before_oom(events)
+    flush_indices = _allocator_flushes(events, capacity_bytes != UNLIMITED_CAPACITY_BYTES)
     address_map: dict[int, int] = {}
     in_release_run = False
     for index, event in enumerate(events):
@@ -326,6 +342,9 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
                 result.mismatches.append(f"event {index}: torch ran out of memory, the simulator did not")
                 simulator.free(surplus)
 
+    stats = simulator.memory_stats()
+    result.simulated_retries = stats["num_alloc_retries"]
+    result.simulated_ooms = stats["num_ooms"]
     simulated_snapshot = simulator.snapshot()
     simulated_events = events_of(simulated_snapshot["device_traces"][device])
     result.real_segment_sizes = [(e.action, e.size) for e in events if e.action in SEGMENT_CREATE_ACTIONS]
