@@ -107,15 +107,22 @@ def series_classifier(registry: Registry):
 
 
 def source_line(stack: Stack) -> str | None:
-    """The innermost frame of the user's own code, as `file:line in function`."""
+    """The innermost frame of the user's own Python code, as `file:line in function`.
+
+    C++ frames (with `stacks="all"`) and frames inside torch or installed packages are skipped; when
+    nothing else is left, the innermost Python frame stands in.
+    """
+    fallback = None
     for frame in stack:
         filename = frame.filename.replace("\\", "/")
-        if any(marker in filename for marker in _TORCH_MARKERS) or filename.startswith("??"):
+        if not filename.endswith(".py"):
+            continue
+        if any(marker in filename for marker in _TORCH_MARKERS):
+            fallback = fallback or frame
             continue
         return f"{filename}:{frame.line} in {frame.name}"
-    if stack:
-        frame = stack[0]
-        return f"{frame.filename}:{frame.line} in {frame.name}"
+    if fallback is not None:
+        return f"{fallback.filename}:{fallback.line} in {fallback.name}"
     return None
 
 

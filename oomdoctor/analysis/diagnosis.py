@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
@@ -99,10 +100,7 @@ class Context:
 
 
 def _frame_text(block: LiveBlock | None) -> str | None:
-    if block is None or not block.frames:
-        return None
-    frame = block.frames[0]
-    return f"{frame.filename}:{frame.line} in {frame.name}"
+    return source_line(block.frames) if block is not None else None
 
 
 def _states(ctx: Context) -> tuple[int, int, int, int]:
@@ -175,9 +173,11 @@ def _test_fragmentation(ctx: Context) -> Finding | None:
         return None
     if frag.usable_free_bytes < ctx.request // 2:
         return None
+    # Pieces that are a small share of the cache are a detail, not the story: a secondary finding.
+    major = frag.usable_free_bytes >= ctx.request and frag.usable_free_bytes >= 0.15 * ctx.accounting.reserved_bytes
     return Finding(
         "fragmentation",
-        0.85 if frag.usable_free_bytes >= ctx.request else 0.65,
+        0.85 if major else 0.4,
         f"{human(frag.usable_free_bytes)} sat free in the cache for this pool and stream, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}, smaller than the {human(ctx.request)} request.",
         (
             Evidence("free cached bytes usable for the request (same pool and stream)", "usable_free_bytes", frag.usable_free_bytes),
@@ -225,7 +225,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
         (
             Evidence("gradients allocated in earlier steps, still alive", "old_gradient_bytes", old, largest.alloc_index if largest else None, largest.address if largest else None, _frame_text(largest)),
             Evidence("parameters", "parameters", parameters),
-            Evidence("no zero_grad phase recorded" if no_zero_grad else "zero_grad ran but kept the tensors (set_to_none=False)", "zero_grad_seen", int(not no_zero_grad)),
+            Evidence("no zero_grad phase recorded" if no_zero_grad else "zero_grad ran but kept the tensors (set_to_none=False)", "zero_grad_seen", value=int(not no_zero_grad)),
         ),
     )
 
@@ -251,7 +251,7 @@ def _test_leak(ctx: Context) -> Finding | None:
         )
     ]
     if growth is not None:
-        evidence.append(Evidence(f"end-of-step allocated memory grew over {growth[0]} consecutive steps", "growth_per_step_bytes", growth[1]))
+        evidence.append(Evidence(f"end-of-step allocated memory grew over {growth[0]} consecutive steps, per step", "growth_per_step_bytes", growth[1]))
     return Finding(
         "creeping-leak",
         0.8 if strong and growing else 0.65,
@@ -280,24 +280,42 @@ def _end_of_step_growth(steps: Sequence[StepSummary]) -> tuple[int, int] | None:
 
 
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
-    seen = ctx.phases_seen()
-    if ctx.oom is None or PHASE_FORWARD not in seen or seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}:
+    """Repeated forward passes with no backward between them, each leaving its activations alive."""
+    if ctx.oom is None or ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
         return None
-    if ctx.target_phase != PHASE_FORWARD:
+    training = {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}
+    last_training = max((s.last_index for s in ctx.phases if s.phase in training and s.first_index <= ctx.target_index), default=-1)
+    forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= ctx.target_index]
+    if len(forwards) < 2:
         return None
-    activations = ctx.components.get("activations", 0)
-    allocated = ctx.accounting.allocated_bytes
-    if not allocated or activations < allocated * 0.3:
+    current = forwards[-1]
+    kept = [
+        b
+        for b in ctx.live_blocks
+        if b.alloc_index is not None and last_training < b.alloc_index < current.first_index and b.component in ("activations", "temporaries")
+    ]
+    kept_bytes = sum(b.size_bytes for b in kept)
+    capacity = ctx.capacity_bytes or 0
+    if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // 10):
         return None
+    largest = max(kept, key=lambda b: b.size_bytes)
+    after = "the last backward" if last_training >= 0 else "the start of the trace"
     return Finding(
         "inference-with-grad",
-        0.7,
-        f"The run only ever went forward, yet {human(activations)} of forward tensors were alive: with autograd on, every intermediate is kept for a backward that never comes.",
+        0.75,
+        f"{len(forwards)} forward passes ran since {after} with no backward, and {human(kept_bytes)} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph.",
         (
-            Evidence("live activations at the OOM", "activations", activations),
-            Evidence("phases seen in the trace: " + ", ".join(sorted(seen)), "backward_seen", 0),
+            Evidence("forward passes without a backward", "forward_passes", None, current.first_index, value=len(forwards)),
+            Evidence("activations of earlier forward passes still alive", "kept_activation_bytes", kept_bytes, largest.alloc_index, largest.address, _frame_text(largest)),
+            Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
         ),
     )
+
+
+def _earlier_activation_peak(ctx: Context) -> int:
+    step = ctx.target_step or 0
+    with_forward = {s.step for s in ctx.phases if s.phase == PHASE_FORWARD and s.step < step}
+    return max((s.peak_activation_bytes for s in ctx.steps if s.step in with_forward), default=0)
 
 
 def _test_optimizer_buildup(ctx: Context) -> Finding | None:
@@ -313,15 +331,14 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
             f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(optimizer_state)} of state so far on top of {human(parameters)} of parameters and {human(gradients)} of gradients.",
             (
                 Evidence("optimizer state alive at the OOM", "optimizer_state", optimizer_state),
-                Evidence("OOM during step 0's optimizer step", "target_step", step, ctx.target_index),
+                Evidence("OOM during step 0's optimizer step", "target_step", None, ctx.target_index, value=step),
                 Evidence("temporaries (foreach buffers)", "temporaries", ctx.components.get("temporaries", 0)),
             ),
         )
     if step < 1 or optimizer_state <= 0:
         return None
-    earlier = [s for s in ctx.steps if s.step < step]
     activations_now = ctx.components.get("activations", 0)
-    earlier_peak = max((s.peak_activation_bytes for s in earlier), default=0)
+    earlier_peak = _earlier_activation_peak(ctx)
     if earlier_peak and activations_now > 1.3 * earlier_peak and ctx.target_phase != PHASE_OPTIMIZER:
         return None  # this step's activations are larger than before: a spike, not the new state
     if optimizer_state < ctx.missing:
@@ -350,7 +367,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     if activations + temporaries < 0.3 * allocated and activations < others:
         return None
     step = ctx.target_step or 0
-    earlier_peak = max((s.peak_activation_bytes for s in ctx.steps if s.step < step), default=0)
+    earlier_peak = _earlier_activation_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
     evidence = [Evidence("live activations at the OOM", "activations", activations), Evidence("live temporaries at the OOM", "temporaries", temporaries)]
     if ratio is not None:
@@ -398,7 +415,8 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             ),
             (),
         )
-    return findings[0], tuple(findings[1:])
+    primary = next((f for f in findings if f.confidence >= 0.5), findings[0])
+    return primary, tuple(f for f in findings if f is not primary)
 
 
 def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
@@ -434,7 +452,8 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
         if ctx.expandable_on is not True:
             add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped together.", ctx.fragmentation.usable_free_bytes)
     if "inference-with-grad" in verdicts:
-        add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no tensors for backward.", activations * 0.9)
+        kept = sum(b.size_bytes for b in ctx.live_blocks if b.component in ("activations", "temporaries") and b.alloc_index is not None and b.step == ctx.target_step)
+        add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.", kept * 0.9)
     if "model-states-too-large" in verdicts:
         states = parameters + gradients + optimizer_state
         add("shard-model-states", "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.", states // 2)

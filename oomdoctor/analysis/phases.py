@@ -49,9 +49,15 @@ def classify_stack(stack: Stack) -> str:
     if not stack:
         return _CLASS_NO_FRAMES
     setup = False
+    python = False
     for frame in stack:
         filename = _norm(frame.filename)
         name = frame.name
+        if not filename.endswith(".py"):
+            if "autograd::Engine" in name or "AccumulateGrad" in name or "Backward" in name:
+                return _CLASS_BACKWARD
+            continue
+        python = True
         if "torch/optim/" in filename:
             return _CLASS_ZERO_GRAD if name == "zero_grad" else _CLASS_OPTIMIZER
         if filename.endswith("torch/nn/modules/module.py"):
@@ -65,6 +71,8 @@ def classify_stack(stack: Stack) -> str:
             return _CLASS_BACKWARD
         elif "torch/nn/modules/" in filename or "torch/nn/parameter.py" in filename:
             setup = True
+    if not python:
+        return _CLASS_NO_FRAMES
     return _CLASS_MODULE_SETUP if setup else _CLASS_USER
 
 

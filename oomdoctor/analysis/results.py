@@ -188,12 +188,15 @@ class StepSummary:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
+    """One fact a verdict rests on: a byte count or another number, and where it was read."""
+
     text: str
     metric: str | None = None
     bytes: int | None = None
     event_index: int | None = None
     address: int | None = None
     frame: str | None = None
+    value: float | int | None = None  # a number that is not a size (a count, a step, a ratio)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,12 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
 
     add("Evidence")
     for item in analysis.evidence:
-        value = f": {human(item.bytes)}" if item.bytes is not None and item.metric and not item.metric.endswith("_seen") and item.metric != "target_step" else ""
+        if item.bytes is not None:
+            value = f": {human(item.bytes)}"
+        elif item.value is not None and not (item.metric or "").endswith("_seen"):
+            value = f": {item.value}"
+        else:
+            value = ""
         where_bits = []
         if item.event_index is not None:
             where_bits.append(f"event {item.event_index}")
