@@ -27,7 +27,6 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from oomdoctor.metadata import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD
 
@@ -298,8 +297,8 @@ class StorageRecorder:
         resized: list[tuple[Any, _Tracked]] = []
         input_keys: set[int] | None = None
         seen: set[int] = set()
-        for tensor in tree_leaves(out):
-            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        for tensor in _tensors(out):
+            if tensor.device.type != "cpu":
                 continue
             try:
                 storage = tensor.untyped_storage()
@@ -407,14 +406,33 @@ class StorageRecorder:
             self.simulator.annotate(name, "END")
 
 
+def _tensors(value: Any) -> list[Any]:
+    """The tensors in an op's output or arguments (tensors, nested tuples, lists and dicts), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    found: list[Any] = []
+    _collect_tensors(value, found)
+    return found
+
+
+def _collect_tensors(value: Any, found: list[Any]) -> None:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _collect_tensors(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect_tensors(item, found)
+
+
 def _storage_keys(args: tuple, kwargs: dict) -> set[int]:
     keys = set()
-    for value in tree_leaves((args, kwargs)):
-        if isinstance(value, torch.Tensor):
-            try:
-                keys.add(value.untyped_storage()._cdata)
-            except (NotImplementedError, RuntimeError):
-                continue
+    for value in _tensors((args, kwargs)):
+        try:
+            keys.add(value.untyped_storage()._cdata)
+        except (NotImplementedError, RuntimeError):
+            continue
     return keys
 
 
