@@ -247,3 +247,11 @@ def test_an_oom_caught_by_the_script_leaves_the_accounting_consistent():
         assert allocated_bytes(running) == baseline
         assert len(running.ooms) == 3
         assert running.backend.memory_stats(0)["num_ooms"] == 3
+
+
+def test_current_session_is_reachable_from_the_package_without_torch_machinery():
+    import oomdoctor.rehearse
+
+    assert oomdoctor.rehearse.current_session() is None
+    with RehearsalSession(RehearsalConfig(device_memory_bytes=8 * MiB)) as running:
+        assert oomdoctor.rehearse.current_session() is running
