@@ -101,8 +101,8 @@ def run(corpus_dir: Path, verbose: bool = False, out=sys.stdout) -> float:
             )
             if replay.simulated_retries or replay.simulated_ooms:
                 print(
-                    f"    the simulator flushed and retried {replay.simulated_retries} time(s) on its own "
-                    f"and ran out of memory {replay.simulated_ooms} time(s), as torch did",
+                    f"    on its own the simulator flushed and retried {replay.simulated_retries} time(s) and ran "
+                    f"out of memory {replay.simulated_ooms} time(s) (torch's trace: {replay.real_ooms} oom)",
                     file=out,
                 )
             for note in replay.mismatches:

@@ -111,3 +111,30 @@ def test_a_diverging_replay_is_scored_below_one():
     assert replay.segment_events_matched < replay.segment_events_total
     assert replay.blocks_matched < replay.blocks_total
     assert replay.mismatches
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_empty_cache_before_an_oom_is_not_mistaken_for_the_flush(conf):
+    simulator = CachingAllocatorSimulator(60 * MiB, alloc_conf=conf)
+    simulator.record_history(True)
+    simulator.free(simulator.malloc(20 * MiB + 1))
+    simulator.empty_cache()
+    simulator.malloc(20 * MiB + 1)
+    with pytest.raises(SimulatedOutOfMemory):
+        simulator.malloc(40 * MiB + 513)
+    (replay,) = replay_snapshot(simulator.snapshot())
+    assert replay.mismatches == []
+    assert replay.release_events_matched == replay.release_events_total == 1
+
+
+def test_would_flush_leaves_the_allocator_untouched():
+    simulator = CachingAllocatorSimulator(100 * MiB)
+    simulator.record_history(True)
+    simulator.free(simulator.malloc(60 * MiB))
+    before = (simulator.snapshot(), simulator.memory_stats())
+    assert not simulator.would_flush(50 * MiB)  # the 60 MiB cached block serves it
+    assert simulator.would_flush(70 * MiB)  # needs the 60 MiB segment released first
+    assert simulator.would_flush(200 * MiB)  # cannot be served at all
+    after = (simulator.snapshot(), simulator.memory_stats())
+    assert before[0]["segments"] == after[0]["segments"] and before[1] == after[1]
+    assert len(after[0]["device_traces"][0]) == len(before[0]["device_traces"][0]) + 1  # the snapshot marker

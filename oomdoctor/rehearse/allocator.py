@@ -16,6 +16,7 @@ come from a first-fit virtual address space, so freed ranges are reused as the d
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from bisect import bisect_left, insort
@@ -391,6 +392,26 @@ class CachingAllocatorSimulator:
             raise ValueError(f"invalid device pointer: {address:#x}")
         if stream != block.stream:
             block.stream_uses.add(stream)
+
+    def would_flush(self, nbytes: int, stream: int = 0) -> bool:
+        """Whether malloc(nbytes) now would have to release cached memory (a retry, or an OOM).
+
+        Answered on a copy; this allocator, its trace and its statistics are left untouched.
+        """
+        trace, annotations, clock = self._trace, self._annotations, self._clock
+        self._trace, self._annotations = deque(maxlen=1), deque(maxlen=1)
+        try:
+            trial = copy.deepcopy(self)
+        finally:
+            self._trace, self._annotations, self._clock = trace, annotations, clock
+        trial.record_history(False)
+        retries = trial._counters["num_alloc_retries"]
+        released = trial._counters["num_device_free"]
+        try:
+            trial.malloc(nbytes, stream)
+        except SimulatedOutOfMemory:
+            return True
+        return trial._counters["num_alloc_retries"] > retries or trial._counters["num_device_free"] > released
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): release every unsplit cached block and free expandable pages."""

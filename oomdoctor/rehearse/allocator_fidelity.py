@@ -11,13 +11,17 @@ A device trace qualifies for replay when its history starts from an empty alloca
   trace created.
 
 Replay feeds the simulator the same request sizes (an `alloc`'s `size` is the un-rounded request),
-in the same order, on the same streams, with the allocator settings the snapshot records. A run of
-`segment_free`/`segment_unmap` that ends in an `oom` is the allocator's own flush-and-retry, so it
-is left to the simulator; any other run is an explicit `torch.cuda.empty_cache()` and is replayed
-as one. Real traces do not show the GPU's size: the capacity is effectively unlimited, except for
-a trace with an `oom`, where it is the reserved bytes after the flush plus the `device_free` the
-event reports, and the failing request (the event's rounded size) is replayed as a malloc that must
-fail.
+in the same order, on the same streams, with the allocator settings the snapshot records. Real
+traces do not show the GPU's size: the capacity is effectively unlimited, except for a trace with an
+`oom`, where it is the reserved bytes after that flush plus the `device_free` the event reports,
+and the failing request (the event's rounded size) is replayed as a malloc that must fail.
+
+A run of `segment_free`/`segment_unmap` is either the allocator's own flush inside a malloc (the
+run is then followed only by new segments and that `alloc`, or by the `oom`) or an explicit
+`torch.cuda.empty_cache()`. The trace does not say which; the simulator does: when the malloc
+that follows could not be served without releasing memory (`would_flush`), the run is left for
+the simulator to reproduce, otherwise it is replayed as an empty_cache() call. With unlimited
+capacity that is always the latter, which releases exactly the same blocks in the same order.
 
 Agreement is measured on the sequence of segment sizes created (`segment_alloc`/`segment_map`,
 compared in order with difflib, so one extra segment costs one event, not the rest of the trace) and
@@ -76,6 +80,7 @@ class DeviceReplay:
     blocks_total: int = 0
     simulated_retries: int = 0  # flush-and-retry the simulator performed on its own
     simulated_ooms: int = 0
+    real_ooms: int = 0
     real_segment_sizes: list[tuple[str, int]] = field(default_factory=list)
     simulated_segment_sizes: list[tuple[str, int]] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
@@ -223,32 +228,33 @@ def _oom_capacity(events: list[Event]) -> int:
     return UNLIMITED_CAPACITY_BYTES
 
 
-def _allocator_flushes(events: list[Event], capacity_known: bool) -> set[int]:
-    """Indices of segment releases the allocator made itself, inside a malloc that then went on.
+def _release_runs(events: list[Event]) -> dict[int, tuple[list[int], Event | None]]:
+    """Runs of segment releases: first index -> (indices, the alloc or oom that ends the run).
 
-    A run of releases directly followed by an `oom` is the flush-and-retry that failed. When the
-    capacity is known (the trace has an `oom`), a run followed by new segments and then the `alloc`
-    is a flush-and-retry that succeeded; without a known capacity it cannot be told apart from an
-    `empty_cache()` before a malloc, and is replayed as one (the two release the same blocks).
+    The run ends in an event when only new segments come between the releases and that `alloc` or
+    `oom`, which is what a flush-and-retry inside that malloc looks like.
     """
-    indices: set[int] = set()
-    run: list[int] = []
-    after_run: list[str] = []
-    for index, event in enumerate(events):
-        if event.action in SEGMENT_RELEASE_ACTIONS and not after_run:
-            run.append(index)
+    runs: dict[int, tuple[list[int], Event | None]] = {}
+    index = 0
+    while index < len(events):
+        if events[index].action not in SEGMENT_RELEASE_ACTIONS:
+            index += 1
             continue
-        if event.action == "snapshot":
-            continue
-        if run and event.action in SEGMENT_CREATE_ACTIONS:
-            after_run.append(event.action)
-            continue
-        if run and (event.action == "oom" or (capacity_known and event.action == "alloc")):
-            indices.update(run)
-        run, after_run = [], []
-        if event.action in SEGMENT_RELEASE_ACTIONS:
-            run.append(index)
-    return indices
+        members = []
+        while index < len(events) and events[index].action in SEGMENT_RELEASE_ACTIONS + ("snapshot",):
+            if events[index].action != "snapshot":
+                members.append(index)
+            index += 1
+        following = index
+        while following < len(events) and events[following].action in SEGMENT_CREATE_ACTIONS + ("snapshot",):
+            following += 1
+        ending = events[following] if following < len(events) else None
+        if ending is not None and ending.action not in ("alloc", "oom"):
+            ending = None
+        if ending is not None and ending.action == "alloc" and following == index:
+            ending = None  # releases right before an alloc that needed no new segment: empty_cache
+        runs[members[0]] = (members, ending)
+    return runs
 
 
 def _simulated_final(snapshot: dict[str, Any], device: int) -> list[FinalSegment]:
@@ -310,17 +316,19 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
     )
     simulator.record_history(True, max_entries=len(events) * 4 + 100, context=None)
     result = DeviceReplay(device, True, "")
-    flush_indices = _allocator_flushes(events, capacity_bytes != UNLIMITED_CAPACITY_BYTES)
+    runs = _release_runs(events)
     address_map: dict[int, int] = {}
-    in_release_run = False
     for index, event in enumerate(events):
-        if event.action in SEGMENT_RELEASE_ACTIONS:
-            if index not in flush_indices and not in_release_run:
+        if index in runs:
+            _, ending = runs[index]
+            # A flush the allocator makes inside a malloc is left to the simulator; any other run of
+            # releases is an explicit empty_cache(). Which one it was, the simulator itself tells:
+            # only a malloc that cannot be served without releasing memory flushes.
+            if ending is None or not simulator.would_flush(ending.size, ending.stream):
                 simulator.empty_cache()
-            in_release_run = True
             continue
-        if event.action != "snapshot":
-            in_release_run = False
+        if event.action in SEGMENT_RELEASE_ACTIONS:
+            continue
         if event.action == "alloc":
             try:
                 address_map[event.addr] = simulator.malloc(event.size, event.stream)
@@ -345,6 +353,7 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
     stats = simulator.memory_stats()
     result.simulated_retries = stats["num_alloc_retries"]
     result.simulated_ooms = stats["num_ooms"]
+    result.real_ooms = sum(1 for event in events if event.action == "oom")
     simulated_snapshot = simulator.snapshot()
     simulated_events = events_of(simulated_snapshot["device_traces"][device])
     result.real_segment_sizes = [(e.action, e.size) for e in events if e.action in SEGMENT_CREATE_ACTIONS]
