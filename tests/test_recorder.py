@@ -255,3 +255,22 @@ def test_current_session_is_reachable_from_the_package_without_torch_machinery()
     assert oomdoctor.rehearse.current_session() is None
     with RehearsalSession(RehearsalConfig(device_memory_bytes=8 * MiB)) as running:
         assert oomdoctor.rehearse.current_session() is running
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_such_as_a_dataloader_worker_allocates_nothing():
+    import os
+
+    with RehearsalSession(RehearsalConfig(device_memory_bytes=8 * MiB)) as running:
+        kept = torch.empty(1024)
+        pid = os.fork()
+        if pid == 0:  # child: host memory, bigger than the simulated device
+            try:
+                del kept
+                torch.empty(64 * MiB // 4)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert allocated_bytes(running) == 4096

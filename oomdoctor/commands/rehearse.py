@@ -21,8 +21,9 @@ know; everything after that goes to the script.
 Limitations (experimental): every CPU tensor the script creates while it runs counts as device
 memory, including ones a GPU run would keep on the host (DataLoader batches before .to(device),
 Adam's step counters); memory that kernels use internally (cuBLAS/cuDNN workspaces) and tensors
-created on other threads are not seen; storages made outside torch's dispatcher (torch.from_numpy,
-torch.load) are not counted; the script runs at CPU speed.
+created on other threads or in other processes (DataLoader workers) are not seen; storages made
+outside torch's dispatcher (torch.from_numpy, torch.load) are not counted; the script runs at CPU
+speed, a little slower for the bookkeeping.
 
 Exit status: 0 the script ran to completion (it fit), 1 it ran out of simulated memory or failed,
 the script's own status when it calls sys.exit, 2 bad input.
@@ -179,7 +180,9 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         lines.append(peaks)
     elif result.exit_code == 0:
         lines.append(f"Fits: {script.name} ran to completion on {device} (rehearsal, experimental).")
-        lines.append(peaks)
+        usable_bytes = config.device_memory_bytes - config.outside_bytes - config.cuda_context_bytes
+        headroom_bytes = max(0, usable_bytes - result.peak_reserved_bytes)
+        lines.append(f"{peaks}; {format_size(headroom_bytes)} to spare at the peak")
     else:
         lines.append(f"Failed: {script.name} stopped with exit status {result.exit_code} before running out of memory.")
         lines.append(peaks)

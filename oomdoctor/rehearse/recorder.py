@@ -61,6 +61,17 @@ _RECORD_FUNCTION_EXIT = torch.ops.profiler._record_function_exit
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 _interned_frames: dict[tuple[Any, int], Frame] = {}
+_in_forked_child = False
+
+
+def _forget_in_forked_child() -> None:
+    # A forked child (a DataLoader worker) inherits the dispatch mode on its main thread, but its
+    # tensors are host memory: they must neither allocate in nor raise from the simulator.
+    global _in_forked_child
+    _in_forked_child = True
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def _is_own_file(filename: str) -> bool:
@@ -259,6 +270,8 @@ class StorageRecorder:
     def _storage_released(self, ref: _StorageRef) -> None:
         # Runs wherever the last reference died: maybe inside a simulator call on this thread
         # (a GC pass), maybe on another thread. Queue it; whoever holds the lock drains the queue.
+        if _in_forked_child:
+            return
         self._released.append((ref, self._release_frames()))
         if self._lock.acquire(blocking=False):
             try:
@@ -443,6 +456,8 @@ class _RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _in_forked_child:
+            return func(*args, **kwargs)
         packet = func.overloadpacket
         if packet in _RECORD_FUNCTION_ENTER:
             self.recorder.scope_entered(str(args[0]))
