@@ -93,6 +93,8 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     segments = snapshot.segments_on(device)
     settings = snapshot.allocator_settings
     divisions = settings.roundup_power2_divisions if settings is not None else ()
+    if all(count <= 1 for _, count in divisions):
+        divisions = ()
     unknowns: list[str] = []
 
     registry = _attribution.Registry(metadata, device)
@@ -136,7 +138,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         if target_index in state.oom_live:
             live_entries, pending_entries = state.oom_live[target_index]
         else:
-            live_entries, pending_entries = live_until(trace, target_index, divisions)
+            live_entries, pending_entries = live_until(trace, target_index, state, divisions)
         live = {}
         for address, (alloc_index, _, size, requested) in live_entries.items():
             end_entry = state.live_at_end.get(address)

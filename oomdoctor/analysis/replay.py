@@ -35,6 +35,7 @@ from oomdoctor.analysis.sizing import SMALL_SEGMENT_BYTES, SMALL_REQUEST_BYTES, 
 # (alloc event index, component index, block bytes, requested bytes)
 LiveEntry = tuple[int, int, int, int]
 
+_CHECKPOINT_EVERY = 60  # samples between copies of the live set (about eight per trace)
 _ROUND_RING_SIZES = frozenset([10**k for k in range(3, 9)] + [2**k for k in range(10, 27)])
 
 
@@ -61,6 +62,8 @@ class ReplayState:
     pre_existing_frees: list[tuple[int, int, int]]  # (event index, address, block bytes)
     steps: dict[int, StepStats]
     allocated_offset_bytes: int
+    checkpoints: list[tuple[int, dict[int, LiveEntry], dict[int, LiveEntry]]]  # live sets along the way
+    rounded_sizes: dict[int, int]  # request -> block bytes, as the pass estimated them
     ring_buffer_wrapped: bool
     has_frames: bool
     has_time: bool
@@ -105,6 +108,7 @@ def walk(
     pre_existing_frees: list[tuple[int, int, int]] = []
     rounded_cache: dict[int, int] = {}
     steps: dict[int, StepStats] = {}
+    checkpoints: list[tuple[int, dict[int, LiveEntry], dict[int, LiveEntry]]] = []
 
     span_position = 0
     next_boundary = spans[1].first_index if len(spans) > 1 else count
@@ -128,7 +132,7 @@ def walk(
                 stats = steps.get(step) or steps.setdefault(step, StepStats(index, index, allocated, allocated, 0))
                 stats_peak = stats.peak_allocated_bytes
                 stats_activation_peak = stats.peak_activation_bytes
-        if action is ALLOC or action == ALLOC:
+        if action == ALLOC:
             block_size = rounded_cache.get(size)
             if block_size is None:
                 block_size = rounded_cache[size] = round_size(size, divisions)
@@ -164,6 +168,8 @@ def walk(
         if index == next_sample:
             samples.append((index, times[index] if times is not None else None, allocated, reserved, tuple(totals)))
             next_sample += stride
+            if len(samples) % _CHECKPOINT_EVERY == 0:
+                checkpoints.append((index, dict(live), dict(pending)))
     if count and samples[-1][0] != count - 1:
         samples.append((count - 1, times[count - 1] if times is not None else None, allocated, reserved, tuple(totals)))
     stats.last_index = max(count - 1, 0)
@@ -210,19 +216,34 @@ def walk(
         pre_existing_frees=pre_existing_frees,
         steps=steps,
         allocated_offset_bytes=allocated_offset,
+        checkpoints=checkpoints,
+        rounded_sizes=rounded_cache,
         ring_buffer_wrapped=count in _ROUND_RING_SIZES,
         has_frames=trace.events_with_frames > 0,
         has_time=times is not None,
     )
 
 
-def live_until(trace: DeviceTrace, target_index: int, divisions: tuple[tuple[int, int], ...] = ()) -> tuple[dict[int, LiveEntry], dict[int, LiveEntry]]:
-    """Live and pending allocations just after `target_index` (component indices left at 0)."""
+def live_until(
+    trace: DeviceTrace,
+    target_index: int,
+    state: ReplayState,
+    divisions: tuple[tuple[int, int], ...] = (),
+) -> tuple[dict[int, LiveEntry], dict[int, LiveEntry]]:
+    """Live and pending allocations just after `target_index`, replayed from the nearest checkpoint."""
+    start = 0
     live: dict[int, LiveEntry] = {}
     pending: dict[int, LiveEntry] = {}
-    for index, action, addr, size in zip(range(target_index + 1), trace.actions, trace.addrs, trace.sizes):
+    for index, saved_live, saved_pending in state.checkpoints:
+        if index > target_index:
+            break
+        start, live, pending = index + 1, dict(saved_live), dict(saved_pending)
+    rounded = state.rounded_sizes
+    end = target_index + 1
+    for index, action, addr, size in zip(range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]):
         if action == ALLOC:
-            live[addr] = (index, 0, round_size(size, divisions), size)
+            block_size = rounded.get(size) or round_size(size, divisions)
+            live[addr] = (index, 0, block_size, size)
         elif action == FREE_REQUESTED:
             entry = live.pop(addr, None)
             if entry is not None:
