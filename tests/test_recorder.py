@@ -194,6 +194,10 @@ def test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_obser
         def observer(device, alloc_bytes, device_total_bytes, device_free_bytes):
             oom_entries = [entry for entry in trace(running) if entry["action"] == "oom"]
             events.append(("observer", device, alloc_bytes, device_total_bytes, device_free_bytes, len(oom_entries)))
+            live = running.live_allocations()  # what fixtures read for ground truth at the OOM
+            assert sum(allocation.block_bytes for allocation in live) == allocated_bytes(running)
+            exp_avg = optimizer.state[model.weight]["exp_avg"].untyped_storage()
+            assert any(allocation.storage() is exp_avg for allocation in live)
 
         running.backend.attach_oom_observer(observer)
         model, optimizer = mlp_and_adam()
