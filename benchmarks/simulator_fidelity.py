@@ -6,8 +6,8 @@ For every snapshot under CORPUS_DIR/snapshots (or CORPUS_DIR itself when it hold
 each device trace whose history starts from an empty allocator is replayed through
 oomdoctor.rehearse's simulator (see oomdoctor/rehearse/allocator_fidelity.py for the rules). Per
 file it prints the share of segment events (segment_alloc / segment_map sizes, in order) and of
-final blocks ((size, state) per segment, addresses relabelled) that match, and why the other traces
-do not qualify. The last line is `agreement: X`: matched segment events plus matched final blocks,
+final blocks ((size, state, requested_size) per segment, addresses relabelled) that match, and why
+the other traces do not qualify. The last line is `agreement: X`: matched segment events plus matched final blocks,
 over their totals, across all qualifying traces.
 
 cudaMalloc's choice of address belongs to the CUDA driver, not to the caching allocator, yet best

@@ -25,9 +25,9 @@ capacity that is always the latter, which releases exactly the same blocks in th
 
 Agreement is measured on the sequence of segment sizes created (`segment_alloc`/`segment_map`,
 compared in order with difflib, so one extra segment costs one event, not the rest of the trace) and
-on the final layout: per segment, the sequence of (size, state) of its blocks, with addresses
-relabelled (segments are matched as a multiset; unmatched ones are paired in address order and
-compared block by block).
+on the final layout: per segment, the sequence of (size, state, requested_size) of its blocks
+(requested_size even where it is stale, on inactive blocks), with addresses relabelled: segments
+are matched as a multiset; unmatched ones are paired in address order and compared block by block.
 
 This module is pure: it takes plain snapshot dicts (or the project's model objects) and returns
 result objects.
@@ -64,7 +64,7 @@ class FinalSegment:
     stream: int
     segment_type: str
     is_expandable: bool
-    blocks: tuple[tuple[int, str], ...]  # (size, state) in address order
+    blocks: tuple[tuple[int, str, int], ...]  # (size, state, requested_size) in address order
 
 
 @dataclass
@@ -113,7 +113,11 @@ def final_segments_of(raw_segments: Iterable[Any], device: int) -> list[FinalSeg
         if (_get(segment, "device", 0) or 0) != device:
             continue
         blocks = tuple(
-            (_get(block, "size"), "active_pending_free" if _get(block, "state") == "active_awaiting_free" else _get(block, "state"))
+            (
+                _get(block, "size"),
+                "active_pending_free" if _get(block, "state") == "active_awaiting_free" else _get(block, "state"),
+                _get(block, "requested_size", 0),
+            )
             for block in _get(segment, "blocks", ())
         )
         result.append(
