@@ -438,7 +438,8 @@ class CachingAllocatorSimulator:
             for pool_name, stat in (("all", all_pools), ("small_pool", small), ("large_pool", large)):
                 for field, value in stat.as_dict().items():
                     flat.append((f"{name}.{pool_name}.{field}", value))
-        for name, stat in (("oversize_allocations", self._oversize_allocations), ("oversize_segments", self._oversize_segments)):
+        oversize = (("oversize_allocations", self._oversize_allocations), ("oversize_segments", self._oversize_segments))
+        for name, stat in oversize:
             for field, value in stat.as_dict().items():
                 flat.append((f"{name}.{field}", value))
         flat.extend(self._counters.items())
@@ -927,7 +928,9 @@ class CachingAllocatorSimulator:
         for stat in self._selected("reserved_bytes", pool):
             stat.decrease(unmapped_bytes)
         self._counters["num_device_free"] += 1
-        self._record("segment_unmap", unmapped_address, unmapped_bytes, block.stream, context, block.segment_frames)
+        self._record(
+            "segment_unmap", unmapped_address, unmapped_bytes, block.stream, context, block.segment_frames
+        )
 
     def _release_expandable_segment(self, block: _Block) -> None:
         segment = block.expandable
@@ -964,7 +967,8 @@ class CachingAllocatorSimulator:
             f"{format_size(self.context_bytes + self._reserved_total_bytes)} memory in use. "
         )
         if self.other_process_bytes > 0:
-            processes += f"Process {self.other_process_pid} has {format_size(self.other_process_bytes)} memory in use. "
+            other = format_size(self.other_process_bytes)
+            processes += f"Process {self.other_process_pid} has {other} memory in use. "
         allowed = f"{format_size(self._allowed_bytes)} allowed; " if self._allowed_bytes is not None else ""
         message = (
             f"CUDA out of memory. Tried to allocate {format_size(alloc_bytes)}. GPU {self.device} has a total "

@@ -206,7 +206,8 @@ class TracedAddressSpace(AddressSpace):
         address = None
         if self._position < len(self._traced) and self._traced[self._position][1] == size:
             candidate = self._traced[self._position][0]
-            if not any(start < candidate + size and candidate < start + length for start, length in self._live.items()):
+            overlaps = any(start < candidate + size and candidate < start + n for start, n in self._live.items())
+            if not overlaps:
                 address = candidate
             self._position += 1
         if address is None:
@@ -270,7 +271,9 @@ def _sequence_agreement(real: list, simulated: list) -> int:
     return sum(block.size for block in matcher.get_matching_blocks())
 
 
-def _layout_agreement(real: list[FinalSegment], simulated: list[FinalSegment], mismatches: list[str]) -> tuple[int, int]:
+def _layout_agreement(
+    real: list[FinalSegment], simulated: list[FinalSegment], mismatches: list[str]
+) -> tuple[int, int]:
     def key(segment: FinalSegment) -> tuple:
         return (segment.segment_type, segment.is_expandable, segment.blocks)
 
@@ -284,7 +287,8 @@ def _layout_agreement(real: list[FinalSegment], simulated: list[FinalSegment], m
         matched += _sequence_agreement(list(real_segment.blocks), list(simulated_segment.blocks))
     if real_rest or simulated_rest:
         mismatches.append(
-            f"final layout: {len(real_rest)} real and {len(simulated_rest)} simulated segments without an exact twin"
+            f"final layout: {len(real_rest)} real and {len(simulated_rest)} simulated segments "
+            "without an exact twin"
         )
     total = max(sum(len(s.blocks) for s in real), sum(len(s.blocks) for s in simulated))
     return matched, total
@@ -310,7 +314,10 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
         return DeviceReplay(device, False, reason)
 
     settings = _get(snapshot, "allocator_settings", None) or {}
-    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if isinstance(settings, dict) else _get(settings, "raw_conf", "")
+    if isinstance(settings, dict):
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    else:
+        conf = _get(settings, "raw_conf", "")
     capacity_bytes = _oom_capacity(events)
     simulator = CachingAllocatorSimulator(
         capacity_bytes,
@@ -361,7 +368,9 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
     simulated_snapshot = simulator.snapshot()
     simulated_events = events_of(simulated_snapshot["device_traces"][device])
     result.real_segment_sizes = [(e.action, e.size) for e in events if e.action in SEGMENT_CREATE_ACTIONS]
-    result.simulated_segment_sizes = [(e.action, e.size) for e in simulated_events if e.action in SEGMENT_CREATE_ACTIONS]
+    result.simulated_segment_sizes = [
+        (e.action, e.size) for e in simulated_events if e.action in SEGMENT_CREATE_ACTIONS
+    ]
     result.segment_events_matched = _sequence_agreement(result.real_segment_sizes, result.simulated_segment_sizes)
     result.segment_events_total = max(len(result.real_segment_sizes), len(result.simulated_segment_sizes))
     real_releases = [(e.action, e.size) for e in events if e.action in SEGMENT_RELEASE_ACTIONS]
