@@ -63,7 +63,13 @@ _OOM_HINT = (
 
 
 class SimulatedOutOfMemory(Exception):
-    """The simulated allocator gave up; str() is torch 2.13's OutOfMemoryError message."""
+    """The simulated allocator gave up; str() is torch 2.13's OutOfMemoryError message.
+
+    request_bytes is the rounded request (what the `oom` trace event records); alloc_bytes the
+    segment-sized "Tried to allocate" figure; device_total_bytes and device_free_bytes are the
+    third and fourth arguments torch passes to OOM observers (the total is the memory-fraction
+    limit when one is set, as in torch).
+    """
 
     def __init__(
         self,
@@ -413,9 +419,13 @@ class CachingAllocatorSimulator:
             return True
         return trial._counters["num_alloc_retries"] > retries or trial._counters["num_device_free"] > released
 
-    def empty_cache(self) -> None:
-        """torch.cuda.empty_cache(): release every unsplit cached block and free expandable pages."""
-        self._release_cached_blocks(self._gather(3, None))
+    def empty_cache(self, frames: Frames | None = None) -> None:
+        """torch.cuda.empty_cache(): release every unsplit cached block and free expandable pages.
+
+        With context "all", the segment_free / segment_unmap events carry `frames` (the caller's
+        stack) when given, else the stack of the malloc that created the segment.
+        """
+        self._release_cached_blocks(self._gather(3, frames))
 
     def snapshot(self) -> dict[str, Any]:
         """torch 2.13's `torch.cuda.memory._snapshot()` dict for this device."""
