@@ -391,8 +391,8 @@ class StorageRecorder:
             self.ooms.append(record)
             raise _SimulatedOom(error, record) from None
 
-    def raise_out_of_memory(self, oom: _SimulatedOom) -> None:
-        """Run the OOM observers, then raise torch's error, in that order (as torch's malloc does)."""
+    def notify_observers(self, oom: _SimulatedOom) -> None:
+        """Run the OOM observers, as torch's malloc does before it throws."""
         error = oom.error
         for observer in list(self.observers):
             observer(
@@ -401,7 +401,6 @@ class StorageRecorder:
                 int(error.device_total_bytes),
                 int(error.device_free_bytes),
             )
-        raise torch.OutOfMemoryError(str(error))
 
     # -- record_function scopes ----------------------------------------------------------------
 
@@ -473,4 +472,5 @@ class _RecordingMode(TorchDispatchMode):
         else:
             return out
         del out  # the outputs that did not fit are released unaccounted, as on a GPU
-        self.recorder.raise_out_of_memory(failed)
+        self.recorder.notify_observers(failed)
+        raise torch.OutOfMemoryError(failed.record.message)
