@@ -116,7 +116,9 @@ def _fill(windows: list[tuple[int, int, str, int, str]], event_count: int) -> li
     for first, last, phase, window_step, source in sorted(windows, key=lambda w: (w[0], w[1])):
         first = max(first, cursor)
         last = min(last, event_count - 1)
-        if last < first:
+        if last < first:  # no event inside (an optimizer step that allocated nothing): still counts
+            seen_phase = True
+            step = window_step + 1 if phase == PHASE_OPTIMIZER else max(step, window_step)
             continue
         if first > cursor:
             gap_phase = PHASE_BETWEEN if seen_phase else PHASE_BEFORE
@@ -172,12 +174,15 @@ def _annotation_phase(name: str) -> str | None:
 
 def annotation_windows(
     trace: DeviceTrace, annotations: Sequence[Annotation], device: int
-) -> list[tuple[int, int, str]]:
+) -> tuple[list[tuple[int, int, str]], list[int]]:
+    """Phase windows as event-index ranges, and the index where each optimizer step's successor
+    begins (windows of optimizer steps that allocated nothing are empty but still end a step)."""
     if not annotations or not _times_usable(trace):
-        return []
+        return [], []
     on_device = [a for a in annotations if a.device == device] or list(annotations)
     open_starts: dict[str, list[int]] = {}
     windows: list[tuple[int, int, str]] = []
+    step_starts: list[int] = []
     for annotation in sorted(on_device, key=lambda a: a.time_us):
         phase = _annotation_phase(annotation.name)
         if phase is None:
@@ -189,13 +194,15 @@ def annotation_windows(
             first, last = _index_window(trace, start_us, annotation.time_us)
             if last >= first:
                 windows.append((first, last, phase))
+            if phase == PHASE_OPTIMIZER:
+                step_starts.append(last + 1)
     for name, starts in open_starts.items():
         phase = _annotation_phase(name)
         for start_us in starts:
             first, _ = _index_window(trace, start_us, start_us)
             if first < len(trace) and phase is not None:
                 windows.append((first, len(trace) - 1, phase))
-    return windows
+    return windows, sorted(step_starts)
 
 
 def _frame_phases(trace: DeviceTrace) -> tuple[list[tuple[int, str, str]], bool]:
@@ -256,7 +263,7 @@ def build_spans(
         return from_markers, SOURCE_MARKERS
 
     changes, any_frames = _frame_phases(trace)
-    windows = annotation_windows(trace, annotations, device)
+    windows, step_starts = annotation_windows(trace, annotations, device)
     if not windows and not changes:
         return [PhaseSpan(0, count - 1, PHASE_UNKNOWN, 0, SOURCE_NONE)], SOURCE_NONE
 
@@ -271,7 +278,7 @@ def build_spans(
         pieces.append((index, end, phase, source))
     for first, last, phase in sorted(windows):
         pieces = _overlay(pieces, first, last, phase)
-    spans = _number_steps(pieces)
+    spans = _number_steps(pieces, step_starts if step_starts else None)
     source = SOURCE_ANNOTATIONS if windows else (SOURCE_FRAMES if any_frames else SOURCE_USER_METADATA)
     return spans, source
 
@@ -291,17 +298,47 @@ def _overlay(pieces: list[tuple[int, int, str, str]], first: int, last: int, pha
     return result
 
 
-def _number_steps(pieces: list[tuple[int, int, str, str]]) -> list[PhaseSpan]:
-    """Merge equal neighbours and count completed optimizer steps before each span."""
+def _number_steps(pieces: list[tuple[int, int, str, str]], step_starts: list[int] | None) -> list[PhaseSpan]:
+    """Merge equal neighbours and count completed optimizer steps before each span.
+
+    With `step_starts` (from annotations) a new step begins at each of those indices, splitting a
+    span if need be; without, a step ends wherever an optimizer span does.
+    """
+    if step_starts is not None:
+        cut: list[tuple[int, int, str, str]] = []
+        for first, last, phase, source in pieces:
+            for boundary in step_starts:
+                if first < boundary <= last:
+                    cut.append((first, boundary - 1, phase, source))
+                    first = boundary
+            cut.append((first, last, phase, source))
+        pieces = cut
     spans: list[PhaseSpan] = []
     step = 0
+    position = 0
+    backward_open = False  # a backward ran and no optimizer span followed it yet
     for first, last, phase, source in pieces:
-        if spans and spans[-1].phase == phase and spans[-1].source == source and spans[-1].last_index + 1 == first:
+        if step_starts is not None:
+            while position < len(step_starts) and step_starts[position] <= first:
+                position += 1
+            new_step = position
+        else:
+            new_step = step
+            if spans and spans[-1].phase == PHASE_OPTIMIZER and phase != PHASE_OPTIMIZER:
+                new_step = step + 1
+            elif phase == PHASE_FORWARD and backward_open:
+                # forward again after a backward with no optimizer allocation between: an optimizer
+                # that updates in place (SGD, foreach) allocates nothing, yet a step was taken
+                new_step = step + 1
+            if phase == PHASE_BACKWARD:
+                backward_open = True
+            elif phase in (PHASE_OPTIMIZER, PHASE_FORWARD):
+                backward_open = False
+        if spans and new_step == step and spans[-1].phase == phase and spans[-1].source == source and spans[-1].last_index + 1 == first:
             previous = spans[-1]
             spans[-1] = PhaseSpan(previous.first_index, last, phase, previous.step, source)
             continue
-        if spans and spans[-1].phase == PHASE_OPTIMIZER and phase != PHASE_OPTIMIZER:
-            step += 1
+        step = new_step
         spans.append(PhaseSpan(first, last, phase, step, source))
     return spans
 
