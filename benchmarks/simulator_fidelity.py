@@ -84,7 +84,8 @@ def run(corpus_dir: Path, verbose: bool = False, out=sys.stdout) -> float:
             print(f"{path.name}: skipped, {outcome}", file=out)
             continue
         for replay in outcome:
-            label = f"{path.name} [device {replay.device}]"
+            scope = "" if replay.scope == "all pools" else f", {replay.scope} only"
+            label = f"{path.name} [device {replay.device}{scope}]"
             if not replay.qualifies:
                 if verbose or replay.reason != "no alloc events":
                     print(f"{label}: skipped, {replay.reason}", file=out)

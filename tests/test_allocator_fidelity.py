@@ -27,6 +27,11 @@ QUALIFYING = {
     ("multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle", 2),
     ("oom_action__nesta_discrete_diffusion__memory_snapshot.json", 0),
 }
+# traces that began after a small segment existed, but whose large pool history is whole
+LARGE_POOL_ONLY = {
+    ("segment_free__octree_nca__inference2_peso_oct.pickle", 0),
+    ("tiny_5_events__octree_nca__cuda_single_step.pickle", 0),
+}
 
 
 def test_corpus_agreement_is_total(corpus_dir):
@@ -39,8 +44,9 @@ def test_corpus_agreement_is_total(corpus_dir):
     for path in simulator_fidelity.snapshot_files(corpus_dir):
         outcome = simulator_fidelity.replay_file(path)
         if not isinstance(outcome, str):
-            replayed.update((path.name, replay.device) for replay in outcome if replay.qualifies)
-    assert QUALIFYING <= replayed
+            replayed.update((path.name, replay.device, replay.scope) for replay in outcome if replay.qualifies)
+    assert {(name, device, "all pools") for name, device in QUALIFYING} <= replayed
+    assert {(name, device, "large pool") for name, device in LARGE_POOL_ONLY} <= replayed
 
 
 def test_benchmark_refuses_a_missing_folder(tmp_path, capsys):
@@ -81,23 +87,41 @@ def test_the_simulator_agrees_with_its_own_trace(conf, capacity_bytes):
 
 def test_a_trace_that_starts_mid_run_does_not_qualify():
     simulator = CachingAllocatorSimulator(1 << 40)
-    kept = simulator.malloc(3 * MiB)
+    kept_large = simulator.malloc(3 * MiB)
+    kept_small = simulator.malloc(100)
     simulator.record_history(True)
-    simulator.free(kept)
+    simulator.free(kept_large)
+    simulator.free(kept_small)
     simulator.malloc(MiB)
+    simulator.malloc(5 * MiB)
     (replay,) = replay_snapshot(simulator.snapshot())
     assert not replay.qualifies
     assert "starts mid-run" in replay.reason
 
 
-def test_a_segment_from_before_the_trace_disqualifies():
+def test_a_segment_from_before_the_trace_leaves_the_other_pool_to_replay():
     simulator = CachingAllocatorSimulator(1 << 40)
     simulator.malloc(100)  # small segment, never seen by the trace
     simulator.record_history(True)
     simulator.malloc(30 * MiB)
+    simulator.free(simulator.malloc(3 * MiB))
+    simulator.malloc(200)
+    (replay,) = replay_snapshot(simulator.snapshot())
+    assert replay.qualifies and replay.scope == "large pool"
+    assert replay.segment_events_matched == replay.segment_events_total == 2
+    assert replay.blocks_matched == replay.blocks_total == 2
+
+
+def test_segments_from_before_the_trace_in_both_pools_disqualify():
+    simulator = CachingAllocatorSimulator(1 << 40)
+    simulator.malloc(100)
+    simulator.malloc(30 * MiB)
+    simulator.record_history(True)
+    simulator.malloc(200)
+    simulator.malloc(40 * MiB)
     (replay,) = replay_snapshot(simulator.snapshot())
     assert not replay.qualifies
-    assert "was not created in the trace" in replay.reason
+    assert "starts mid-run" in replay.reason
 
 
 def test_a_diverging_replay_is_scored_below_one():

@@ -23,6 +23,10 @@ that follows could not be served without releasing memory (`would_flush`), the r
 the simulator to reproduce, otherwise it is replayed as an empty_cache() call. With unlimited
 capacity that is always the latter, which releases exactly the same blocks in the same order.
 
+A trace that is not whole can still have a whole history for one pool (say, it began after the
+first small segment existed): with unlimited capacity the small and large pools never interact, so
+that pool's events are replayed on their own (`scope` says which).
+
 Agreement is measured on the sequence of segment sizes created (`segment_alloc`/`segment_map`,
 compared in order with difflib, so one extra segment costs one event, not the rest of the trace) and
 on the final layout: per segment, the sequence of (size, state, requested_size) of its blocks
@@ -41,6 +45,13 @@ from difflib import SequenceMatcher
 from typing import Any, Iterable
 
 from oomdoctor.rehearse.allocator import AddressSpace, CachingAllocatorSimulator, SimulatedOutOfMemory
+from oomdoctor.rehearse.allocator_config import (
+    SMALL_REQUEST_BYTES,
+    SMALL_SEGMENT_BYTES,
+    AllocatorConfig,
+    parse_alloc_conf,
+    round_size,
+)
 
 UNLIMITED_CAPACITY_BYTES = 1 << 40  # 1 TiB: larger than any device in the corpus
 SEGMENT_CREATE_ACTIONS = ("segment_alloc", "segment_map")
@@ -72,6 +83,7 @@ class DeviceReplay:
     device: int
     qualifies: bool
     reason: str  # why it does not qualify, or "" when it does
+    scope: str = "all pools"  # or "large pool" / "small pool" when only that pool's history is whole
     segment_events_matched: int = 0
     segment_events_total: int = 0
     release_events_matched: int = 0
@@ -301,23 +313,61 @@ def _consume(counter: Counter, key: tuple) -> bool:
     return False
 
 
-def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> DeviceReplay:
+def _pool_events(events: list[Event], pool: str, config: AllocatorConfig) -> list[Event]:
+    """The events of one pool: small segments are exactly 2 MiB, and an alloc or free belongs to
+    the small pool when its size (the request; a free carries the block's request) rounds to at
+    most 1 MiB."""
+    small = pool == "small"
+    kept = []
+    for event in events:
+        if event.action in ("segment_alloc", "segment_free"):
+            if (event.size == SMALL_SEGMENT_BYTES) == small:
+                kept.append(event)
+        elif event.action in ("alloc", "free_requested", "free_completed"):
+            if (round_size(event.size, config) <= SMALL_REQUEST_BYTES) == small:
+                kept.append(event)
+        elif event.action == "snapshot":
+            kept.append(event)
+    return kept
+
+
+def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> list[DeviceReplay]:
+    """Replay one device's trace; when it is not whole, each pool whose own history is whole.
+
+    Pools are independent as long as the capacity is unlimited (no flush, no garbage collection):
+    a trace that began after a small segment existed still replays its large pool exactly.
+    """
     traces = _get(snapshot, "device_traces", None)
     if traces is None:
         traces = _get(snapshot, "traces", ())
     if device >= len(traces):
-        return DeviceReplay(device, False, "no trace for this device")
+        return [DeviceReplay(device, False, "no trace for this device")]
     events = events_of(traces[device])
     final = final_segments_of(_get(snapshot, "segments", ()), device)
-    reason = qualification(events, final)
-    if reason:
-        return DeviceReplay(device, False, reason)
-
     settings = _get(snapshot, "allocator_settings", None) or {}
     if isinstance(settings, dict):
-        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or ""
     else:
-        conf = _get(settings, "raw_conf", "")
+        conf = _get(settings, "raw_conf", "") or ""
+    reason = qualification(events, final)
+    if not reason:
+        return [_replay(events, final, conf, device, traced_addresses, "all pools")]
+    config = parse_alloc_conf(conf)
+    pool_replays = []
+    splittable = not config.expandable_segments and not any(
+        event.action in ("oom", "segment_map", "segment_unmap") for event in events
+    )
+    for pool in ("large", "small") if splittable else ():
+        pool_events = _pool_events(events, pool, config)
+        pool_final = [segment for segment in final if segment.segment_type == pool]
+        if not qualification(pool_events, pool_final):
+            pool_replays.append(_replay(pool_events, pool_final, conf, device, traced_addresses, f"{pool} pool"))
+    return pool_replays or [DeviceReplay(device, False, reason)]
+
+
+def _replay(
+    events: list[Event], final: list[FinalSegment], conf: str, device: int, traced_addresses: bool, scope: str
+) -> DeviceReplay:
     capacity_bytes = _oom_capacity(events)
     simulator = CachingAllocatorSimulator(
         capacity_bytes,
@@ -326,7 +376,7 @@ def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> 
         address_space=TracedAddressSpace(events) if traced_addresses else None,
     )
     simulator.record_history(True, max_entries=len(events) * 4 + 100, context=None)
-    result = DeviceReplay(device, True, "")
+    result = DeviceReplay(device, True, "", scope)
     runs = _release_runs(events)
     address_map: dict[int, int] = {}
     for index, event in enumerate(events):
@@ -391,4 +441,6 @@ def replay_snapshot(snapshot: Any, traced_addresses: bool = True) -> list[Device
     traces = _get(snapshot, "device_traces", None)
     if traces is None:
         traces = _get(snapshot, "traces", ())
-    return [replay_device(snapshot, device, traced_addresses) for device in range(len(traces))]
+    return [
+        replay for device in range(len(traces)) for replay in replay_device(snapshot, device, traced_addresses)
+    ]
