@@ -175,6 +175,9 @@ def test_torch_cuda_memory_functions_answer_from_the_simulator():
         free_bytes, total_bytes = torch.cuda.mem_get_info()
         assert total_bytes == 8 * MiB and free_bytes < total_bytes
     assert torch.cuda.memory_allocated is original
+    import sys
+
+    assert "cpu" not in sys.modules["torch.optim.optimizer"]._get_foreach_kernels_supported_devices()
 
 
 def mlp_and_adam():
@@ -185,8 +188,8 @@ def mlp_and_adam():
 
 
 def test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_observers():
-    # weight + grad + exp_avg = 48 MiB plus one 2 MiB small-pool segment (batch, output, step
-    # counters): 6 MiB are free and exp_avg_sq's 16 MiB do not fit.
+    # weight + grad + exp_avg = 48 MiB (the small batch's segment is flushed before the OOM):
+    # 8 MiB are free and exp_avg_sq's 16 MiB do not fit.
     events = []
     with RehearsalSession(RehearsalConfig(device_memory_bytes=56 * MiB)) as running:
         running.backend.record_history(max_entries=10_000, stacks="python", context="all")
@@ -206,7 +209,7 @@ def test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_obser
         with pytest.raises(torch.OutOfMemoryError) as raised:
             optimizer.step()
         events.append(("raised",))
-        assert events[0] == ("observer", 0, 16 * MiB, 56 * MiB, 6 * MiB, 1)
+        assert events[0] == ("observer", 0, 16 * MiB, 56 * MiB, 8 * MiB, 1)
         assert events[1] == ("raised",)
         message = str(raised.value)
         assert TORCH_OOM_MESSAGE.match(message), message
@@ -220,10 +223,11 @@ def test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_obser
         del raised
         gc.collect()
         # Adam keeps what it made before the failure (step counter, exp_avg) in its state, as on a
-        # GPU; the storage that did not fit was never counted.
+        # GPU; the step counter lives on the host; the storage that did not fit was never counted.
         state = optimizer.state[model.weight]
         assert set(state) == {"step", "exp_avg"}
-        assert allocated_bytes(running) == before_step + 512 + 16 * MiB
+        assert running.backend.storage_address(state["step"]) is None
+        assert allocated_bytes(running) == before_step + 16 * MiB
 
 
 def test_out_of_memory_in_backward_calls_observers_and_reports_the_phase():
@@ -278,3 +282,20 @@ def test_a_forked_child_such_as_a_dataloader_worker_allocates_nothing():
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert allocated_bytes(running) == 4096
+
+
+def test_optimizers_take_the_foreach_path_they_take_on_cuda(session):
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    step_allocations = [
+        entry for entry in trace(session) if entry["action"] == "alloc" and entry.get("frames")
+        and any(frame["name"] == "_multi_tensor_adam" for frame in entry["frames"])
+    ]
+    assert len(step_allocations) >= 2  # e.g. the _foreach_sqrt list, one per parameter
+    assert all(session.backend.storage_address(state["step"]) is None for state in optimizer.state.values())
+    import sys
+
+    optimizer_module = sys.modules["torch.optim.optimizer"]
+    assert optimizer_module._get_foreach_kernels_supported_devices().count("cpu") == 1

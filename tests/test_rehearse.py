@@ -70,7 +70,7 @@ def test_a_script_that_fits_exits_0_and_says_so(workdir, capsys):
 
 
 def test_a_script_that_runs_out_says_where_and_leaves_a_dump(workdir, capsys):
-    # weight + grad + exp_avg + small segment = 50 MiB: exp_avg_sq does not fit in 56 MiB
+    # weight + grad + exp_avg = 48 MiB: exp_avg_sq's 16 MiB do not fit in 56 MiB
     code, out, _ = rehearse(capsys, "train.py", "--device-memory", "56MiB", "--out", "dumps")
     assert code == 1
     lines = out.splitlines()

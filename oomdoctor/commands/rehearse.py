@@ -12,18 +12,19 @@ and this command says where it happened.
 The script must choose its device as a parameter: under rehearsal torch.cuda.is_available() is
 False, OOMDOCTOR_REHEARSAL=1 is set, and the script should run on "cpu".
 torch.cuda.memory_allocated(), max_memory_allocated(), memory_reserved(), mem_get_info(),
-memory_stats() and empty_cache() answer from the simulator.
+memory_stats() and empty_cache() answer from the simulator. Optimizers take the foreach path and
+keep their step counters on the host, as they do on CUDA.
 
 Sizes: 24GiB, 512MiB, 1.5GB (GB, MB = powers of 1000; GiB, MiB, G, M = powers of 1024), or bytes.
 Options given after SCRIPT belong to rehearse up to `--` or the first argument rehearse does not
 know; everything after that goes to the script.
 
 Limitations (experimental): every CPU tensor the script creates while it runs counts as device
-memory, including ones a GPU run would keep on the host (DataLoader batches before .to(device),
-Adam's step counters); memory that kernels use internally (cuBLAS/cuDNN workspaces) and tensors
-created on other threads or in other processes (DataLoader workers) are not seen; storages made
-outside torch's dispatcher (torch.from_numpy, torch.load) are not counted; the script runs at CPU
-speed, a little slower for the bookkeeping.
+memory, including ones a GPU run would keep on the host (DataLoader batches before .to(device));
+memory that kernels use internally (cuBLAS/cuDNN workspaces) and tensors created on other threads
+or in other processes (DataLoader workers) are not seen; storages made outside torch's dispatcher
+(torch.from_numpy, torch.load) are not counted; the script runs at CPU speed, a little slower for
+the bookkeeping.
 
 Exit status: 0 the script ran to completion (it fit), 1 it ran out of simulated memory or failed,
 the script's own status when it calls sys.exit, 2 bad input.

@@ -5,6 +5,7 @@ unchanged: history, snapshots, OOM observers, memory figures and storage address
 simulated caching allocator and the storage recorder. `patch_torch_cuda()` makes the script's own
 calls to `torch.cuda.memory_allocated()` and friends answer from the simulator too, while
 `torch.cuda.is_available()` stays False so the script keeps choosing the CPU.
+`patch_optimizer_defaults()` sends optimizers down the foreach path they take on CUDA.
 """
 
 from __future__ import annotations
@@ -136,3 +137,25 @@ class SimulatedBackend:
                 setattr(module, attribute, original)
 
         return restore
+
+
+def patch_optimizer_defaults() -> Callable[[], None]:
+    """Make optimizers default to their foreach implementations on CPU, as they do on CUDA.
+
+    The foreach path allocates differently (whole lists of temporaries in `step()`), so a
+    rehearsal on the single-tensor CPU default would underestimate the step's peak. Returns the
+    function that undoes it.
+    """
+    import torch.optim.optimizer as optimizer_module
+
+    original = optimizer_module._get_foreach_kernels_supported_devices
+
+    def with_cpu() -> list[str]:
+        return [*original(), "cpu"]
+
+    optimizer_module._get_foreach_kernels_supported_devices = with_cpu
+
+    def restore() -> None:
+        optimizer_module._get_foreach_kernels_supported_devices = original
+
+    return restore

@@ -51,6 +51,7 @@ _DISPATCH_FILES = frozenset(
     for path in ("utils/_python_dispatch.py", "_dynamo/eval_frame.py", "_compile.py", "_ops.py")
 )
 _MODULE_FILE = _TORCH_DIR + "nn/modules/module.py"
+_OPTIM_DIR = _TORCH_DIR + "optim" + os.sep
 _MODULE_CALL_NAMES = frozenset({"_wrapped_call_impl", "_call_impl"})
 
 _RECORD_FUNCTION_ENTER = (
@@ -326,7 +327,10 @@ class StorageRecorder:
                 if storage.nbytes() != tracked.nbytes:
                     resized.append((storage, tracked))
                 continue
-            if func is not _LIFT_FRESH:  # torch.tensor(data) builds the storage before lift_fresh
+            if func is _LIFT_FRESH:  # torch.tensor(data) builds the storage before lift_fresh
+                if _made_by_optimizer(sys._getframe(1)):
+                    continue  # step counters and scalars that optimizers keep on the host on CUDA too
+            else:
                 if input_keys is None:
                     input_keys = _storage_keys(args, kwargs)
                 if key in input_keys:  # an alias of an input that predates the session
@@ -416,6 +420,16 @@ class StorageRecorder:
         name = self._scope_names.pop()
         with self._lock:
             self.simulator.annotate(name, "END")
+
+
+def _made_by_optimizer(frame: Any) -> bool:
+    """Whether the innermost frame outside the dispatch machinery and oomdoctor is in torch/optim."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename not in _DISPATCH_FILES and not _is_own_file(filename):
+            return filename.startswith(_OPTIM_DIR)
+        frame = frame.f_back
+    return False
 
 
 def _tensors(value: Any) -> list[Any]:

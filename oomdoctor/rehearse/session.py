@@ -74,7 +74,7 @@ class RehearsalSession:
             raise RuntimeError("a rehearsal session is already running")
         from oomdoctor.capture.backend import set_backend
         from oomdoctor.rehearse.allocator import CachingAllocatorSimulator
-        from oomdoctor.rehearse.backend import SimulatedBackend
+        from oomdoctor.rehearse.backend import SimulatedBackend, patch_optimizer_defaults
         from oomdoctor.rehearse.recorder import StorageRecorder
 
         config = self.config
@@ -93,6 +93,7 @@ class RehearsalSession:
         set_backend(self.backend)
         self._undo.append(lambda: set_backend(None))
         self._undo.append(self.backend.patch_torch_cuda())
+        self._undo.append(patch_optimizer_defaults())
         self.recorder.start()
         self._undo.append(self.recorder.stop)
         _current = self
