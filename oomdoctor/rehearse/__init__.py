@@ -1,6 +1,7 @@
 """Rehearsal: run a training script on CPU against a simulated CUDA caching allocator.
 
-This package's own modules import no torch; the simulator lives in `allocator`.
+Importing this package imports no torch. The simulator (`allocator`, `allocator_config`,
+`allocator_fidelity`) is pure Python; only the recorder and the session import torch.
 """
 
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
