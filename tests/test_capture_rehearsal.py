@@ -1,0 +1,201 @@
+"""oomdoctor.install() end to end: real training scripts run on CPU under rehearsal into an OOM.
+
+The rehearsal simulator plays the GPU (capture's backend seam answers from it), so these dumps are
+written by exactly the code that runs on a real device: the OOM observer, the exception hooks,
+the markers and the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from oomdoctor.metadata import METADATA_KEY  # noqa: E402
+from oomdoctor.rehearse.session import RehearsalConfig, rehearse_script  # noqa: E402
+
+MiB = 1 << 20
+
+# Adam on a 4 x 1024-wide MLP: 16 MiB of parameters, 16 MiB of gradients, then 32 MiB of state
+# created lazily in the first step(). Model states (64 MiB) fit in 74 MiB; with the step's foreach
+# temporaries on top they do not: the optimizer-state buildup of DESIGN §5.
+TRAIN_SCRIPT = textwrap.dedent(
+    """
+    import oomdoctor
+    oomdoctor.install()
+
+    import argparse
+    import torch
+    import torch.nn as nn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--big-batch-at", type=int, default=-1)
+    args = parser.parse_args()
+
+
+    class MLP(nn.Module):
+        def __init__(self, width=1024, depth=4):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+            self.norm = nn.BatchNorm1d(width)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return self.norm(x)
+
+
+    def main():
+        torch.manual_seed(0)
+        model = MLP()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for step in range(args.steps):
+            batch = 4096 if step == args.big_batch_at else 8
+            optimizer.zero_grad()
+            loss = model(torch.randn(batch, 1024)).square().mean()
+            loss.backward()
+            optimizer.step()
+
+
+    main()
+    """
+)
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("OOMDOCTOR_DIR", "OOMDOCTOR_MAX_DUMPS", "OOMDOCTOR_DISABLE", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN_SCRIPT)
+    return path
+
+
+def rehearse(script: Path, args: list[str], device_memory_bytes: int):
+    dump_dir = script.parent / "oom-dumps"
+    result = rehearse_script(script, args, RehearsalConfig(device_memory_bytes=device_memory_bytes), dump_dir=dump_dir)
+    return result, sorted(dump_dir.glob("*.pickle"))
+
+
+def load(path: Path) -> dict:
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+def phase_at(markers: list[dict], time_us: int) -> tuple[str, int] | None:
+    """The phase open at `time_us`: the latest start marker at or before it without its end."""
+    open_phase = None
+    for marker in markers:
+        if marker["time_us"] > time_us:
+            break
+        if marker["edge"] == "start":
+            open_phase = (marker["phase"], marker["step"])
+        elif open_phase is not None and open_phase[0] == marker["phase"]:
+            open_phase = None
+    return open_phase
+
+
+def active_blocks(data: dict) -> dict[int, int]:
+    return {
+        block["address"]: block["size"]
+        for segment in data["segments"]
+        for block in segment["blocks"]
+        if block["state"] == "active_allocated"
+    }
+
+
+def test_optimizer_state_buildup_leaves_one_dump_that_everything_reads(script, capsys):
+    from torch.cuda import _memory_viz
+
+    from oomdoctor.cli import main
+
+    result, dumps = rehearse(script, [], 74 * MiB)
+    assert result.exit_code == 1 and result.dump_writer == "capture"
+    assert len(dumps) == 1
+    err = capsys.readouterr().err
+    assert f"wrote oom-dumps/{dumps[0].name}" in err
+
+    data = load(dumps[0])
+    meta = data[METADATA_KEY]
+    # memory_viz reads it unchanged, including the OOM event
+    assert "raise OutOfMemoryError" in _memory_viz.trace(data)
+    assert "Summary of segments" in _memory_viz.segsum(data)
+    assert meta["reason"] == "oom" and meta["rehearsal"]["device_memory_bytes"] == 74 * MiB
+
+    # the OOM happened in the first step's optimizer step, and the markers say so
+    assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("optimizer_step", 0)
+    oom_events = [event for event in data["device_traces"][0] if event["action"] == "oom"]
+    assert len(oom_events) == 1 and phase_at(meta["markers"], oom_events[0]["time_us"]) == ("optimizer_step", 0)
+
+    # the registry names every parameter, gradient and the optimizer state created so far
+    by_component: dict[str, set[str]] = {}
+    for entry in meta["tensors"]:
+        by_component.setdefault(entry["component"], set()).add(entry["name"])
+    parameters = {f"layers.{i}.{kind}" for i in range(4) for kind in ("weight", "bias")} | {"norm.weight", "norm.bias"}
+    assert by_component["parameter"] == parameters
+    assert by_component["gradient"] == {name + ".grad" for name in parameters}
+    assert "layers.0.weight.exp_avg" in by_component["optimizer_state"]
+    assert by_component["buffer"] >= {"norm.running_mean", "norm.running_var"}
+    # and its addresses are the live blocks of the snapshot
+    live = active_blocks(data)
+    for entry in meta["tensors"]:
+        if entry["component"] in ("parameter", "gradient"):
+            assert entry["address"] in live and live[entry["address"]] >= entry["size_bytes"]
+
+    # the exception reached the script's runner, which caught it: type and message are recorded
+    assert meta["exception"]["type"] == "torch.OutOfMemoryError"
+    assert "CUDA out of memory" in meta["exception"]["message"]
+
+    # oomdoctor report diagnoses it
+    code = main(["report", str(dumps[0]), "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["verdict"] == "optimizer-state-buildup"
+
+
+def test_activation_spike_in_a_later_forward(script):
+    result, dumps = rehearse(script, ["--big-batch-at", "2"], 160 * MiB)
+    assert result.exit_code == 1 and len(dumps) == 1
+    meta = load(dumps[0])[METADATA_KEY]
+    assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("forward", 2)
+    # two completed steps: gradients were set to None by zero_grad, Adam's state is all there
+    components = {entry["component"] for entry in meta["tensors"]}
+    assert "gradient" not in components and "optimizer_state" in components
+
+
+def test_a_script_that_fits_leaves_no_dump(script):
+    result, dumps = rehearse(script, ["--steps", "2"], 512 * MiB)
+    assert result.exit_code == 0 and dumps == []
+
+
+def test_uncaught_oom_in_a_plain_process_gets_its_traceback(script, tmp_path):
+    runner = tmp_path / "run_rehearsed.py"
+    runner.write_text(
+        textwrap.dedent(
+            f"""
+            import runpy, sys
+            from oomdoctor.rehearse.session import RehearsalConfig, RehearsalSession
+            session = RehearsalSession(RehearsalConfig(device_memory_bytes={74 * MiB})).start()
+            sys.argv = [{str(script)!r}]
+            runpy.run_path({str(script)!r}, run_name="__main__")
+            """
+        )
+    )
+    result = subprocess.run([sys.executable, str(runner)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    dumps = sorted((tmp_path / "oom-dumps").glob("*.pickle"))
+    assert len(dumps) == 1
+    assert "Traceback" in result.stderr and "oomdoctor: the dump of this OOM is oom-dumps/" in result.stderr
+    meta = load(dumps[0])[METADATA_KEY]
+    traceback_text = meta["exception"]["traceback"]
+    assert "optimizer.step()" in traceback_text and "OutOfMemoryError" in traceback_text
+    assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("optimizer_step", 0)
