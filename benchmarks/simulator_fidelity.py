@@ -1,6 +1,6 @@
 """How faithfully the allocator simulator reproduces real torch traces.
 
-    python benchmarks/simulator_fidelity.py CORPUS_DIR [--verbose]
+    python benchmarks/simulator_fidelity.py CORPUS_DIR
 
 For every snapshot under CORPUS_DIR/snapshots (or CORPUS_DIR itself when it holds the snapshots),
 each device trace whose history starts from an empty allocator is replayed through
@@ -19,29 +19,14 @@ shows the agreement when the simulator places segments itself.
 from __future__ import annotations
 
 import argparse
-import gzip
-import io
-import pickle
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from oomdoctor.errors import OomdoctorError  # noqa: E402
+from oomdoctor.load import load  # noqa: E402
 from oomdoctor.rehearse.allocator_fidelity import DeviceReplay, replay_snapshot  # noqa: E402
-
-
-class _RefusingUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
-
-
-def load_snapshot(path: Path) -> Any:
-    """The raw snapshot dict, read without running code from the file."""
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    return _RefusingUnpickler(io.BytesIO(data)).load()
 
 
 def snapshot_files(corpus_dir: Path) -> list[Path]:
@@ -51,13 +36,11 @@ def snapshot_files(corpus_dir: Path) -> list[Path]:
 
 def replay_file(path: Path, traced_addresses: bool = True) -> list[DeviceReplay] | str:
     try:
-        snapshot = load_snapshot(path)
-    except Exception as error:  # a stranger's file: report, never crash the whole run
-        return f"unreadable ({type(error).__name__})"
-    if not isinstance(snapshot, dict):
-        return "bare segment list: no trace"
-    if not snapshot.get("device_traces"):
-        return "no device traces"
+        snapshot = load(path)  # the project's safe loader: no globals, size-capped
+    except OomdoctorError as error:
+        return f"unreadable ({error})"
+    if not any(len(trace) for trace in snapshot.traces):
+        return f"no trace events ({snapshot.source_format})"
     return replay_snapshot(snapshot, traced_addresses)
 
 
@@ -76,7 +59,7 @@ def _first_fit_agreement(corpus_dir: Path) -> float:
     return matched / total if total else 0.0
 
 
-def run(corpus_dir: Path, verbose: bool = False, out=sys.stdout) -> float:
+def run(corpus_dir: Path, out=sys.stdout) -> float:
     segment_matched = segment_total = block_matched = block_total = 0
     for path in snapshot_files(corpus_dir):
         outcome = replay_file(path)
@@ -87,8 +70,7 @@ def run(corpus_dir: Path, verbose: bool = False, out=sys.stdout) -> float:
             scope = "" if replay.scope == "all pools" else f", {replay.scope} only"
             label = f"{path.name} [device {replay.device}{scope}]"
             if not replay.qualifies:
-                if verbose or replay.reason != "no alloc events":
-                    print(f"{label}: skipped, {replay.reason}", file=out)
+                print(f"{label}: skipped, {replay.reason}", file=out)
                 continue
             segment_matched += replay.segment_events_matched
             segment_total += replay.segment_events_total
@@ -124,12 +106,11 @@ def run(corpus_dir: Path, verbose: bool = False, out=sys.stdout) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus_dir", type=Path)
-    parser.add_argument("--verbose", action="store_true", help="also list traces with no alloc events")
     args = parser.parse_args(argv)
     if not args.corpus_dir.is_dir():
         print(f"not a folder: {args.corpus_dir}", file=sys.stderr)
         return 2
-    run(args.corpus_dir, args.verbose)
+    run(args.corpus_dir)
     return 0
 
 
