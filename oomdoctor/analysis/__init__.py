@@ -160,6 +160,11 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
             f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"
         )
 
+    if not exact_layout:
+        live, unplaced = _sizes_from_layout(live, layout)
+        if unplaced:
+            unknowns.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")
+
     oom_events = ooms_of(trace, state.oom_indices, fatal_index)
     fatal = next((o for o in oom_events if o.fatal), None)
     device_total = _accounting.device_total(metadata)
@@ -305,3 +310,14 @@ def _live_from_final(final_blocks, live_at_end) -> dict[int, tuple[int | None, i
         entry = live_at_end.get(address)
         live[address] = (entry[0] if entry is not None else None, block.size, block.requested_size)
     return live
+
+
+def _sizes_from_layout(live, layout):
+    """Block sizes as the rebuilt layout settled them (unsplit remainders included)."""
+    placed = {b.address: b for seg in layout for b in seg.blocks if b.state == ACTIVE_ALLOCATED}
+    result = {}
+    for address, (alloc_index, _, requested) in live.items():
+        block = placed.get(address)
+        if block is not None:
+            result[address] = (alloc_index, block.size, requested)
+    return result, len(live) - len(result)

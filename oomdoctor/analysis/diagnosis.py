@@ -402,7 +402,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             "no-oom",
             0.9,
             f"No out-of-memory event was recorded on this device; the figures describe the {'peak' if ctx.target_index is not None else 'dump'} ({human(peak)} allocated).",
-            (Evidence("allocated bytes at the peak", "allocated_bytes", peak, ctx.target_index),),
+            (Evidence(f"allocated bytes at the {'peak' if ctx.target_index is not None else 'dump'}", "allocated_bytes", peak, ctx.target_index),),
         )
         return primary, tuple(findings)
     if not findings:
@@ -428,6 +428,8 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
     seen = ctx.phases_seen()
     training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
     found: list[Recommendation] = []
+    if verdicts == {"no-oom"}:
+        return ()
 
     def add(rec_id: str, text: str, saved: int) -> None:
         if saved > 0:
