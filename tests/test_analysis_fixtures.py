@@ -1,0 +1,71 @@
+"""Analysis against the labelled fixtures (fixtures/manifest.json): verdicts and component bytes.
+
+With oomdoctor's metadata every fixture must get the manifest's verdict and each component within 5%
+(or 1 MiB, whichever is larger). As a plain torch snapshot (metadata stripped) at least 9 in 10
+fixtures must still get the right verdict; the misses are listed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from oomdoctor.analysis import analyse
+from oomdoctor.load import load
+from tests.conftest import FIXTURES
+
+MANIFEST = FIXTURES / "manifest.json"
+MiB = 1 << 20
+
+
+def _entries() -> list[dict]:
+    if not MANIFEST.is_file():
+        return []
+    return [e for e in json.loads(MANIFEST.read_text())["fixtures"] if (FIXTURES / e["file"]).is_file()]
+
+
+ENTRIES = _entries()
+
+
+def _params():
+    if not ENTRIES:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="no fixture dumps yet (python fixtures/generate.py)"))]
+    return [pytest.param(e, id=e["name"]) for e in ENTRIES]
+
+
+def _stripped(entry: dict):
+    spec = importlib.util.spec_from_file_location("fixture_strip", FIXTURES / "strip.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return load(module.stripped_bytes(FIXTURES / entry["file"]))
+
+
+@pytest.mark.parametrize("entry", _params())
+def test_fixture_verdict_and_components(entry):
+    analysis = analyse(load(FIXTURES / entry["file"]))
+    assert analysis.verdict == entry["verdict"], analysis.summary
+    got = analysis.component_bytes()
+    for name, expected in entry["components"].items():
+        tolerance = max(expected * 0.05, MiB)
+        assert abs(got.get(name, 0) - expected) <= tolerance, f"{name}: {got.get(name, 0)} vs {expected}"
+    if entry["oom"]:
+        assert analysis.accounting.request_bytes == entry["request_bytes"]
+        assert analysis.accounting.message_bytes == entry["message_bytes"]
+        assert (analysis.target_phase, analysis.target_step) == (entry["phase"], entry["step"])
+        assert analysis.evidence and analysis.recommendations
+        assert any(r.would_fit_alone for r in analysis.recommendations)
+
+
+def test_stripped_fixtures_keep_their_verdict():
+    if not ENTRIES:
+        pytest.skip("no fixture dumps yet")
+    misses = []
+    for entry in ENTRIES:
+        verdict = analyse(_stripped(entry)).verdict
+        if verdict != entry["verdict"]:
+            misses.append(f"{entry['name']}: {verdict} (expected {entry['verdict']})")
+    matched = len(ENTRIES) - len(misses)
+    print(f"stripped: {matched}/{len(ENTRIES)} verdicts match; misses: {misses}")
+    assert matched >= 0.9 * len(ENTRIES), misses
