@@ -266,3 +266,25 @@ def test_analysis_imports_no_torch_rich_or_textual():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_state_at_any_event_walks_back_from_the_dump():
+    from oomdoctor.analysis import replayer
+
+    sim = Sim(total_bytes=512 * MiB)
+    a = sim.alloc(100 * MiB, USER_STACK)
+    b = sim.alloc(50 * MiB, USER_STACK)
+    sim.free(a)
+    sim.release_cache()
+    c = sim.alloc(30 * MiB, USER_STACK)
+    snapshot = sim.snapshot(metadata=False)
+    replay = replayer(snapshot, 0)
+    alloc_b = 3  # segment_alloc a, alloc a, segment_alloc b, alloc b
+    state = replay.state_at(alloc_b)
+    assert state.allocated_bytes == 150 * MiB and state.reserved_bytes == 150 * MiB
+    assert {row[0] for row in state.live} == {a, b}
+    after_free = replay.state_at(alloc_b + 2)
+    assert after_free.allocated_bytes == 50 * MiB and after_free.reserved_bytes == 150 * MiB
+    final = replay.state_at(len(snapshot.traces[0]) - 1)
+    assert final.exact and {row[0] for row in final.live} == {b, c}
+    assert final.allocated_bytes == 80 * MiB

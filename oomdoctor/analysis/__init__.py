@@ -16,7 +16,7 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.diagnosis import Context, diagnose, recommend
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
-from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
+from oomdoctor.analysis.replay import Replayer, columns, lay_out, live_until, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_FORWARD,
@@ -28,7 +28,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.analysis.whatif import what_if
 
-__all__ = ["analyse", "Analysis", "RESULT_SCHEMA_VERSION"]
+__all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -83,6 +83,16 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
                 if "sgd" in filename:
                     return "sgd"
     return None
+
+
+def replayer(snapshot: Snapshot, device: int) -> Replayer:
+    """A `Replayer` for one device: `replayer(s, d).state_at(i)` is the state right after event i."""
+    settings = snapshot.allocator_settings
+    divisions = settings.roundup_power2_divisions if settings is not None else ()
+    if all(count <= 1 for _, count in divisions):
+        divisions = ()
+    trace = snapshot.traces[device] if device < len(snapshot.traces) else ()
+    return Replayer(trace, snapshot.segments_on(device), divisions)
 
 
 def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int = 480) -> Analysis:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from oomdoctor.model import Stack
+from oomdoctor.model import Segment, Stack
 
 # Where a phase or a component assignment came from, most trusted first.
 SOURCE_MARKERS = "markers"
@@ -79,6 +79,19 @@ class ReplaySummary:
     ring_buffer_wrapped: bool
     has_frames: bool
     has_time: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EventState:
+    """The allocator's state right after one event, rebuilt by `Replayer.state_at`."""
+
+    event_index: int
+    allocated_bytes: int
+    active_bytes: int  # allocated + pending free
+    reserved_bytes: int
+    live: tuple[tuple[int, int, int | None], ...]  # (address, block bytes, alloc event index or None)
+    segments: tuple[Segment, ...]  # the layout, with free gaps as inactive blocks
+    exact: bool  # True when this is the dump's own state
 
 
 @dataclass(frozen=True, slots=True)
