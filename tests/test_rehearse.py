@@ -71,8 +71,13 @@ def test_a_script_that_fits_exits_0_and_says_so(workdir, capsys):
 
 def test_a_script_that_runs_out_says_where_and_leaves_a_dump(workdir, capsys):
     # weight + grad + exp_avg = 48 MiB: exp_avg_sq's 16 MiB do not fit in 56 MiB
-    code, out, _ = rehearse(capsys, "train.py", "--device-memory", "56MiB", "--out", "dumps")
+    code, out, err = rehearse(capsys, "train.py", "--device-memory", "56MiB", "--out", "dumps")
     assert code == 1
+    # the traceback a GPU run would print: from the script to torch's frame, no rehearsal machinery
+    traceback_lines = err[err.index("Traceback (most recent call last):"):].splitlines()
+    assert traceback_lines[1].strip() == 'File "train.py", line 22, in <module>'
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 16.00 MiB" in err
+    assert "oomdoctor" + os.sep + "rehearse" not in err and "_dynamo" not in err
     lines = out.splitlines()
     headline = next(line for line in lines if line.startswith("Out of memory:"))
     assert "simulated 56.00 MiB GPU" in headline

@@ -144,9 +144,8 @@ def run(args: argparse.Namespace) -> int:
     )
     result = rehearse_script(script, script_args, config, dump_dir=dump_dir)
     sys.stdout.flush()
+    sys.stderr.flush()
     print(format_result(script, config, result))
-    if result.error_text:
-        print(result.error_text, file=sys.stderr, end="")
     return result.exit_code
 
 

@@ -79,6 +79,11 @@ def _is_own_file(filename: str) -> bool:
     return filename in _OWN_FILES or filename.startswith(_OWN_PREFIXES) or filename in _RUNNER_FILES
 
 
+def is_machinery_file(filename: str) -> bool:
+    """Frames of oomdoctor's rehearsal and capture, runpy, or torch's dispatch-mode plumbing."""
+    return filename in _DISPATCH_FILES or _is_own_file(filename)
+
+
 def python_frames(frame: Any, limit: int = MAX_FRAMES) -> list[Frame]:
     """The Python stack from `frame` outwards, innermost first, as a CUDA allocation trace shows it.
 

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -144,7 +145,7 @@ class RehearsalResult:
     exit_code: int  # 0 it fit (or ended normally), 1 it ran out or failed, else its own exit code
     oom: Any = None  # the OomRecord of the OOM that ended the script, if one did
     ooms_seen: list[Any] = field(default_factory=list)  # including OOMs the script caught
-    error_text: str | None = None  # traceback of an exception other than an OOM
+    error_text: str | None = None  # traceback of an exception other than an OOM (also on stderr)
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
     dump_paths: list[Path] = field(default_factory=list)
@@ -180,14 +181,15 @@ def rehearse_script(
                 runpy.run_path(str(script), run_name="__main__")
             except SystemExit as exit_:
                 result.exit_code = _exit_code(exit_.code)
-            except torch.OutOfMemoryError:
+            except Exception as error:
                 result.exit_code = 1
-                result.oom = session.ooms[-1] if session.ooms else None
-                if result.oom is None:
-                    result.error_text = traceback.format_exc()
-            except Exception:
-                result.exit_code = 1
-                result.error_text = traceback.format_exc()
+                if isinstance(error, torch.OutOfMemoryError) and session.ooms:
+                    result.oom = session.ooms[-1]
+                else:
+                    result.error_text = "".join(traceback.format_exception(error))
+                # As if uncaught: the traceback on stderr, and capture's hook adds it to the dump.
+                error.with_traceback(_script_traceback(error.__traceback__, str(script)))
+                sys.excepthook(type(error), error, error.__traceback__)
             finally:
                 _uninstall_capture(result.dump_writer)
             stats = session.backend.memory_stats(config.device)
@@ -200,6 +202,24 @@ def rehearse_script(
             sys.path[0] = saved_path0
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
     return result
+
+
+def _script_traceback(trace: Any, script_filename: str) -> Any:
+    """The traceback a plain run would show: from the script's frame in, rehearsal machinery cut off."""
+    from oomdoctor.rehearse.recorder import is_machinery_file
+
+    entries = []
+    while trace is not None:
+        entries.append(trace)
+        trace = trace.tb_next
+    start = next((i for i, entry in enumerate(entries) if entry.tb_frame.f_code.co_filename == script_filename), 0)
+    end = len(entries)
+    while end > start + 1 and is_machinery_file(entries[end - 1].tb_frame.f_code.co_filename):
+        end -= 1
+    rebuilt = None
+    for entry in reversed(entries[start:end]):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
 
 
 def _exit_code(code: Any) -> int:
