@@ -124,6 +124,9 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         series_points,
     )
 
+    recording = (metadata or {}).get("recording")
+    if isinstance(recording, Mapping) and isinstance(recording.get("max_entries"), int):
+        state.ring_buffer_wrapped = len(trace) >= recording["max_entries"] > 0
     fatal_index = _fatal_oom(trace, state.oom_indices, metadata)
     final_blocks = {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
     reason = (metadata or {}).get("reason")
@@ -261,7 +264,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     if not registry:
         unknowns.append("no oomdoctor registry of named tensors: components are inferred, not exact")
     if state.ring_buffer_wrapped:
-        unknowns.append(f"the trace holds exactly {len(trace)} events, so the ring buffer probably wrapped and older events are lost")
+        unknowns.append(f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost")
     if state.pre_existing_frees or any(b.alloc_index is None for b in blocks):
         pre_count = len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
         unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
