@@ -299,3 +299,13 @@ def test_optimizers_take_the_foreach_path_they_take_on_cuda(session):
 
     optimizer_module = sys.modules["torch.optim.optimizer"]
     assert optimizer_module._get_foreach_kernels_supported_devices().count("cpu") == 1
+
+
+def test_a_fixed_clock_makes_event_times_reproducible():
+    import itertools
+
+    ticks = itertools.count(1_000_000)
+    with RehearsalSession(RehearsalConfig(device_memory_bytes=8 * MiB, clock_us=lambda: next(ticks))) as running:
+        running.backend.record_history(max_entries=100, stacks="python", context="all")
+        kept = torch.empty(10)  # noqa: F841
+        assert [entry["time_us"] for entry in trace(running)] == [1_000_000, 1_000_001]

@@ -49,6 +49,8 @@ class RehearsalConfig:
     outside_bytes: int = 0  # held by other processes
     cuda_context_bytes: int = 0  # this process's CUDA context, also outside PyTorch
     device: int = 0
+    # the simulator's time_us source (epoch microseconds); a fixed clock makes dumps reproducible
+    clock_us: Callable[[], int] | None = field(default=None, compare=False, repr=False)
 
     def metadata(self) -> dict[str, Any]:
         """The dump's `rehearsal` metadata entry."""
@@ -85,6 +87,7 @@ class RehearsalSession:
             context_bytes=config.cuda_context_bytes,
             other_process_bytes=config.outside_bytes,
             device=config.device,
+            clock_us=config.clock_us,
         )
         self.recorder = StorageRecorder(self.simulator)
         self.backend = SimulatedBackend(self.simulator, self.recorder, rehearsal=config.metadata())
