@@ -520,3 +520,58 @@ def test_registry_holds_models_weakly(fake):
     del model
     gc.collect()
     assert alive() is None
+
+
+def test_oom_in_backward_is_placed_in_backward(fake):
+    oomdoctor.install()
+    with pytest.raises(torch.OutOfMemoryError):
+        small_training(2, (1, "backward"), fake)
+    oomdoctor.uninstall()  # the exception was caught (by the test): uninstall, like exit, records it
+    (path,) = dumps_in(Path("oom-dumps"))
+    meta = load(path)[METADATA_KEY]
+    starts = [m for m in meta["markers"] if m["edge"] == "start" and m["time_us"] <= meta["oom"]["time_us"]]
+    assert (starts[-1]["phase"], starts[-1]["step"]) == ("backward", 1)
+    assert meta["oom"]["surfaced"] is True and meta["exception"]["type"] == "torch.OutOfMemoryError"
+    # markers are as they were at the OOM: that backward's start is the last one
+    assert (meta["markers"][-1]["phase"], meta["markers"][-1]["edge"]) == ("backward", "start")
+
+
+def test_compiled_models_keep_working(fake):
+    from torch._dynamo.utils import counters
+
+    oomdoctor.install()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    counters.clear()
+    for _ in range(3):
+        optimizer.zero_grad()
+        compiled(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
+    phases = [(m["phase"], m["edge"], m["step"]) for m in capture.current_markers()]
+    assert ("forward", "start", 2) in phases and ("optimizer_step", "end", 2) in phases
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", "PYTORCH_NO_CUDA_MEMORY_CACHING is set"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", "cudaMallocAsync"),
+    ],
+)
+def test_cuda_setups_that_cannot_record_are_said_once(monkeypatch, capsys, variable, value, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "native", raising=False)
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(capture, "_unavailable_reported", False)
+    backend_module.set_backend(backend_module.CudaBackend())
+    try:
+        call = nn.Module.__call__
+        oomdoctor.install()
+        oomdoctor.install()
+        assert not capture.is_installed() and nn.Module.__call__ is call
+        err = capsys.readouterr().err
+        assert err.count("oomdoctor: not recording CUDA memory") == 1 and expected in err
+    finally:
+        backend_module.set_backend(None)

@@ -199,3 +199,42 @@ def test_uncaught_oom_in_a_plain_process_gets_its_traceback(script, tmp_path):
     traceback_text = meta["exception"]["traceback"]
     assert "optimizer.step()" in traceback_text and "OutOfMemoryError" in traceback_text
     assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("optimizer_step", 0)
+
+
+RETRY_SCRIPT = textwrap.dedent(
+    """
+    import oomdoctor
+    oomdoctor.install()
+
+    import torch
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch_size = 16384
+    while True:  # what find_executable_batch_size does: halve the batch until a step fits
+        try:
+            optimizer.zero_grad()
+            model(torch.randn(batch_size, 1024)).square().mean().backward()
+            optimizer.step()
+            break
+        except torch.OutOfMemoryError:
+            batch_size //= 2
+    print("fits at batch", batch_size)
+    """
+)
+
+
+def test_caught_and_retried_oom_leaves_two_useful_dumps(script, capsys):
+    retry = script.parent / "retry.py"
+    retry.write_text(RETRY_SCRIPT)
+    result, dumps = rehearse(retry, [], 200 * MiB)
+    assert result.exit_code == 0 and "fits at batch 4096" in capsys.readouterr().out
+    assert len(dumps) == 2
+    metas = sorted((load(path)[METADATA_KEY] for path in dumps), key=lambda meta: meta["oom"]["time_us"])
+    for meta in metas:
+        assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("forward", 0)
+        assert meta["oom"]["surfaced"] is True and meta["exception"]["type"] == "torch.OutOfMemoryError"
+        assert {entry["component"] for entry in meta["tensors"]} == {"parameter"}
+    assert metas[0]["oom"]["alloc_bytes"] > metas[1]["oom"]["alloc_bytes"]
+    assert len(metas[1]["ooms_observed"]) == 2
