@@ -91,15 +91,19 @@ class RehearsalSession:
         )
         self.recorder = StorageRecorder(self.simulator)
         self.backend = SimulatedBackend(self.simulator, self.recorder, rehearsal=config.metadata())
-        self._set_env(REHEARSAL_ENV, "1")
-        self._set_env("PYTORCH_CUDA_ALLOC_CONF", config.alloc_conf or None)
-        self._set_env("PYTORCH_ALLOC_CONF", None)
-        set_backend(self.backend)
-        self._undo.append(lambda: set_backend(None))
-        self._undo.append(self.backend.patch_torch_cuda())
-        self._undo.append(patch_optimizer_defaults())
-        self.recorder.start()
-        self._undo.append(self.recorder.stop)
+        try:
+            self._set_env(REHEARSAL_ENV, "1")
+            self._set_env("PYTORCH_CUDA_ALLOC_CONF", config.alloc_conf or None)
+            self._set_env("PYTORCH_ALLOC_CONF", None)
+            set_backend(self.backend)
+            self._undo.append(lambda: set_backend(None))
+            self._undo.append(self.backend.patch_torch_cuda())
+            self._undo.append(patch_optimizer_defaults())
+            self.recorder.start()
+            self._undo.append(self.recorder.stop)
+        except BaseException:
+            self.stop()
+            raise
         _current = self
         return self
 
