@@ -168,22 +168,25 @@ def _test_model_states(ctx: Context) -> Finding | None:
 
 
 def _test_fragmentation(ctx: Context) -> Finding | None:
+    """The request would have fit had the free memory (cache and device) been one contiguous range."""
     frag = ctx.fragmentation
-    if ctx.oom is None or not frag.would_fit_if_contiguous:
+    acc = ctx.accounting
+    if ctx.oom is None or acc.device_free_bytes is None:
         return None
-    if frag.usable_free_bytes < ctx.request // 2:
+    free_total = acc.device_free_bytes + acc.free_cached_bytes + acc.pending_free_bytes
+    if free_total < ctx.request or frag.largest_usable_free_block_bytes >= ctx.request:
         return None
-    # Pieces that are a small share of the cache are a detail, not the story: a secondary finding.
-    major = frag.usable_free_bytes >= ctx.request and frag.usable_free_bytes >= 0.15 * ctx.accounting.reserved_bytes
+    in_cache = frag.usable_free_bytes >= ctx.request
     return Finding(
         "fragmentation",
-        0.85 if major else 0.4,
-        f"{human(frag.usable_free_bytes)} sat free in the cache for this pool and stream, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}, smaller than the {human(ctx.request)} request.",
+        0.85 if in_cache else 0.7,
+        f"{human(free_total)} was free ({human(acc.free_cached_bytes)} cached by PyTorch in pieces, {human(acc.device_free_bytes)} on the device), more than the {human(ctx.request)} request, but no single free range was large enough: the largest cached piece was {human(frag.largest_usable_free_block_bytes)}.",
         (
+            Evidence("free memory in total: device free + cached free + pending free", "free_total_bytes", free_total),
             Evidence("free cached bytes usable for the request (same pool and stream)", "usable_free_bytes", frag.usable_free_bytes),
             Evidence("largest usable free block", "largest_usable_free_block_bytes", frag.largest_usable_free_block_bytes),
             Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),
-            Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes),
+            Evidence("free device memory at the OOM", "device_free_bytes", acc.device_free_bytes),
         ),
     )
 
@@ -415,8 +418,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             ),
             (),
         )
-    primary = next((f for f in findings if f.confidence >= 0.5), findings[0])
-    return primary, tuple(f for f in findings if f is not primary)
+    return findings[0], tuple(findings[1:])
 
 
 def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
@@ -441,7 +443,7 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
         add("smaller-micro-batch", "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations.", (activations + temporaries + inputs) // 2)
     if "optimizer-state-buildup" in verdicts or "model-states-too-large" in verdicts:
         projected = max(optimizer_state, 2 * parameters if ctx.optimizer_kind != "sgd" else parameters)
-        add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes Adam8bit) to keep optimizer state at a quarter of the size.", projected * 3 // 4)
+        add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.", projected * 3 // 4)
         if ctx.target_phase == PHASE_OPTIMIZER and temporaries:
             add("foreach-false", "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.", temporaries)
     if "gradients-kept" in verdicts:
@@ -450,9 +452,10 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
     if "creeping-leak" in verdicts:
         old, _, _ = ctx.old_bytes(("activations", "temporaries", "inputs"))
         add("free-kept-tensors", "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.", old)
-    if "fragmentation" in verdicts or ctx.fragmentation.would_fit_if_contiguous:
-        if ctx.expandable_on is not True:
-            add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped together.", ctx.fragmentation.usable_free_bytes)
+    if "fragmentation" in verdicts and ctx.expandable_on is not True:
+        acc = ctx.accounting
+        free_total = (acc.device_free_bytes or 0) + acc.free_cached_bytes + acc.pending_free_bytes
+        add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of memory can be mapped into one range.", free_total)
     if "inference-with-grad" in verdicts:
         kept = sum(b.size_bytes for b in ctx.live_blocks if b.component in ("activations", "temporaries") and b.alloc_index is not None and b.step == ctx.target_step)
         add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.", kept * 0.9)
