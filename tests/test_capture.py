@@ -575,3 +575,33 @@ def test_cuda_setups_that_cannot_record_are_said_once(monkeypatch, capsys, varia
         assert err.count("oomdoctor: not recording CUDA memory") == 1 and expected in err
     finally:
         backend_module.set_backend(None)
+
+
+def test_rewrapped_oom_makes_no_second_dump(fake):
+    oomdoctor.install()
+    try:
+        try:
+            fake.oom(10 * MiB)
+        except torch.OutOfMemoryError as error:
+            raise torch.OutOfMemoryError(f"Caught OutOfMemoryError in replica 0 on device 0.\n{error}")
+    except torch.OutOfMemoryError:
+        pass
+    # as torch's ExceptionWrapper.reraise() does, outside any except block
+    wrapped = torch.OutOfMemoryError("Caught OutOfMemoryError in DataLoader worker process 0.")
+    assert len(dumps_in(Path("oom-dumps"))) == 1 and wrapped.args
+
+
+def test_oom_raised_without_an_observer_call_still_dumps(fake):
+    """torch 2.12+ rejects some requests (a memory fraction with throw_on_cudamalloc_oom) before the
+    allocator's OOM path, so no observer runs; the exception itself is the moment of the OOM."""
+    oomdoctor.install()
+    with pytest.raises(torch.OutOfMemoryError):
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Allocation was preemptively rejected because it would exceed "
+            "per_process_memory_fraction limit."
+        )
+    oomdoctor.uninstall()
+    (path,) = dumps_in(Path("oom-dumps"))
+    meta = load(path)[METADATA_KEY]
+    assert meta["reason"] == "oom" and meta["oom"] is None
+    assert "preemptively rejected" in meta["exception"]["message"]

@@ -318,10 +318,11 @@ class CaptureSession:
 
     def _oom_without_observer(self, error: BaseException) -> None:
         """torch 2.12+ rejects some requests before the allocator's OOM path, with no observer call."""
-        message = str(error)
         handled = sys.exc_info()[1]
-        if "out of memory" not in message.lower() or (handled is not None and self._is_oom(handled)):
-            return  # a script building or re-raising its own OutOfMemoryError
+        if not str(error).startswith("CUDA out of memory") or (handled is not None and self._is_oom(handled)):
+            # a script (or torch's ExceptionWrapper, for DataParallel replicas and DataLoader
+            # workers) building or re-raising an OutOfMemoryError after the fact
+            return
         if self.dumps_written >= self.options.max_dumps:
             return
         record = OomRecord(observed={}, thread_id=threading.get_ident())
@@ -427,10 +428,14 @@ class CaptureSession:
             if not held:
                 return
             try:
+                # an uncaught exception whose excepthook was replaced without chaining to ours
                 last = getattr(sys, "last_value", None)
-                if last is not None and self._find_record(last) is None and self._is_oom(last):
-                    self.local.busy = True
-                    self.uncaught(last)
+                if last is not None:
+                    record = self._find_record(last)
+                    has_traceback = record is not None and (record.exception or {}).get("traceback")
+                    if (record is None and self._is_oom(last)) or (record is not None and not has_traceback):
+                        self.local.busy = True
+                        self.uncaught(last)
                 self._flush_pending()
                 for record in self.unconfirmed.values():
                     if record.path is not None:
