@@ -288,3 +288,11 @@ def test_state_at_any_event_walks_back_from_the_dump():
     final = replay.state_at(len(snapshot.traces[0]) - 1)
     assert final.exact and {row[0] for row in final.live} == {b, c}
     assert final.allocated_bytes == 80 * MiB
+
+
+def test_message_figure_follows_large_segment_size():
+    from oomdoctor.analysis.sizing import large_segment_bytes
+
+    assert large_segment_bytes("expandable_segments:True,large_segment_size_mb:64") == 64 * MiB
+    assert large_segment_bytes("") == 20 * MiB
+    assert segment_size(3 * MiB, large_segment_bytes("large_segment_size_mb:64")) == 64 * MiB

@@ -26,6 +26,7 @@ from oomdoctor.analysis.results import (
     ReplaySummary,
     StepSummary,
 )
+from oomdoctor.analysis.sizing import large_segment_bytes
 from oomdoctor.analysis.whatif import what_if
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
@@ -178,7 +179,8 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         if unplaced:
             unknowns.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")
 
-    oom_events = ooms_of(trace, state.oom_indices, fatal_index)
+    large_segment = large_segment_bytes(settings.raw_conf if settings is not None else None)
+    oom_events = ooms_of(trace, state.oom_indices, fatal_index, large_segment)
     fatal = next((o for o in oom_events if o.fatal), None)
     device_total = _accounting.device_total(metadata)
     device_free = fatal.device_free_bytes if fatal is not None else None
@@ -202,6 +204,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         device_total_bytes=device_total,
         request_stream=request_stream,
         fragmentation=fragmentation,
+        large_segment=large_segment,
     )
 
     blocks = _attribution.attribute(

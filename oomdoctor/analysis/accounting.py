@@ -56,6 +56,7 @@ def account(
     device_total_bytes: int | None,
     request_stream: int | None,
     fragmentation: Fragmentation | None = None,
+    large_segment: int = LARGE_SEGMENT_BYTES,
 ) -> Accounting:
     reserved = allocated = pending = requested = releasable = 0
     for segment in segments:
@@ -94,7 +95,7 @@ def account(
         requested_bytes=requested,
         rounding_bytes=allocated - requested,
         request_bytes=request_bytes,
-        message_bytes=segment_size(request_bytes) if request_bytes is not None else None,
+        message_bytes=segment_size(request_bytes, large_segment) if request_bytes is not None else None,
         headroom_bytes=headroom,
         missing_bytes=missing,
         unknowns=tuple(unknowns),

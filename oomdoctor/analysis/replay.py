@@ -30,7 +30,7 @@ from oomdoctor.model import (
     TraceEvent,
 )
 from oomdoctor.analysis.results import EventState, OomEvent, PhaseSpan, SeriesPoint
-from oomdoctor.analysis.sizing import SMALL_SEGMENT_BYTES, SMALL_REQUEST_BYTES, round_size, segment_size
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, SMALL_REQUEST_BYTES, round_size, segment_size
 
 # (alloc event index, component index, block bytes, requested bytes)
 LiveEntry = tuple[int, int, int, int]
@@ -253,7 +253,7 @@ def live_until(
     return live, pending
 
 
-def ooms_of(trace: DeviceTrace, oom_indices: Sequence[int], fatal_index: int | None) -> tuple[OomEvent, ...]:
+def ooms_of(trace: DeviceTrace, oom_indices: Sequence[int], fatal_index: int | None, large_segment: int = LARGE_SEGMENT_BYTES) -> tuple[OomEvent, ...]:
     found = []
     for index in oom_indices:
         size = trace.sizes[index]
@@ -261,7 +261,7 @@ def ooms_of(trace: DeviceTrace, oom_indices: Sequence[int], fatal_index: int | N
             OomEvent(
                 event_index=index,
                 request_bytes=size,
-                message_bytes=segment_size(size),
+                message_bytes=segment_size(size, large_segment),
                 device_free_bytes=trace.device_free.get(index),
                 time_us=trace.times_us[index] if trace.times_us is not None else None,
                 fatal=index == fatal_index,

@@ -47,3 +47,12 @@ def segment_size(rounded_bytes: int, large_segment_bytes: int = LARGE_SEGMENT_BY
 
 def pool_of(rounded_bytes: int) -> str:
     return "small" if rounded_bytes <= SMALL_REQUEST_BYTES else "large"
+
+
+def large_segment_bytes(raw_conf: str | None) -> int:
+    """`large_segment_size_mb` from PYTORCH_CUDA_ALLOC_CONF (torch 2.11+), else the 20 MiB default."""
+    for part in (raw_conf or "").split(","):
+        key, _, value = part.partition(":")
+        if key.strip() == "large_segment_size_mb" and value.strip().isdigit():
+            return int(value.strip()) << 20
+    return LARGE_SEGMENT_BYTES
