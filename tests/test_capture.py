@@ -605,3 +605,17 @@ def test_oom_raised_without_an_observer_call_still_dumps(fake):
     meta = load(path)[METADATA_KEY]
     assert meta["reason"] == "oom" and meta["oom"] is None
     assert "preemptively rejected" in meta["exception"]["message"]
+
+
+def test_snapshot_of_an_internally_retried_oom_is_not_held_once_training_goes_on(fake):
+    oomdoctor.install()
+    model = nn.Linear(4, 4)
+    fake.observe_oom(100 * MiB)
+    record = capture._session.records[-1]
+    assert record.payload is not None
+    model(torch.randn(1, 4))  # the next phase starts: that OOM never surfaced
+    assert record.payload is None and record.observed["surfaced"] is False
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(200 * MiB)
+    (path,) = dumps_in(Path("oom-dumps"))  # the retried OOM's file was reused
+    assert [entry["surfaced"] for entry in load(path)[METADATA_KEY]["ooms_observed"]] == [False, None]

@@ -272,6 +272,7 @@ class CaptureSession:
                 self.dumps_written += 1
                 writer.say(writer.dump_note(record.path, size_bytes))
             record.payload = payload
+            self.recorder.on_phase_start = self._guarded(self.phase_started)
 
     # -- exceptions -----------------------------------------------------------------------------
 
@@ -393,11 +394,16 @@ class CaptureSession:
     # -- completing dumps -----------------------------------------------------------------------
 
     def phase_started(self) -> None:
-        """The training loop went on after an OOM surfaced: the script caught it; record that now."""
+        """The training loop went on after an OOM. If its exception was created, the script caught
+        it: record that now. If not, torch retried it internally: stop holding its snapshot."""
         self.recorder.on_phase_start = None
         with self._locked() as held:
             if held:
                 self._flush_pending()
+                for record in self.unconfirmed.values():
+                    if record.payload is not None:
+                        record.payload = None
+                        record.observed["surfaced"] = False
 
     def _flush_pending(self) -> None:
         for record in self.records:
