@@ -102,7 +102,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--source", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="write the built snapshot here and keep it")
-    parser.add_argument("--repeats", type=int, default=1, help="measure each side this many times, keep the best")
+    parser.add_argument("--repeats", type=int, default=2, help="measure each side this many times, keep the best")
     args = parser.parse_args()
     source = args.source or _corpus_source()
     if source is None:

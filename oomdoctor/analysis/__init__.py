@@ -117,12 +117,13 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         trace,
         segments,
         spans,
-        component_of_alloc,
+        component_of_alloc if registry else None,
         component_of_pre_existing,
         len(COMPONENTS),
         _attribution.ACTIVATIONS,
         divisions,
         series_points,
+        _attribution.PHASE_COMPONENT,
     )
 
     recording = (metadata or {}).get("recording")

@@ -50,7 +50,7 @@ _REGISTRY_COMPONENT = {
     "buffer": BUFFERS,
 }
 
-_PHASE_COMPONENT = {
+PHASE_COMPONENT = {
     PHASE_FORWARD: ACTIVATIONS,
     PHASE_BACKWARD: TEMPORARIES,
     PHASE_OPTIMIZER: TEMPORARIES,
@@ -88,7 +88,7 @@ class Registry:
 def series_classifier(registry: Registry):
     """Component of an allocation as seen when it happens (for the memory-over-time series)."""
     by_address = registry.by_address
-    phase_component = _PHASE_COMPONENT
+    phase_component = PHASE_COMPONENT
 
     def component_of_alloc(index: int, address: int, size: int, phase: str) -> int:
         if by_address:
@@ -163,7 +163,7 @@ def attribute(
         if known is not None:
             component, name, method, confidence = known[0], known[1], METHOD_REGISTRY, 1.0
         elif exact:
-            component, method, confidence = _PHASE_COMPONENT.get(phase, UNKNOWN), METHOD_PHASE, 0.9
+            component, method, confidence = PHASE_COMPONENT.get(phase, UNKNOWN), METHOD_PHASE, 0.9
             if alloc_index is None:
                 component, method = OTHER, METHOD_LIFETIME
         else:

@@ -84,13 +84,16 @@ def walk(
     trace: DeviceTrace,
     segments: Sequence[Segment],
     spans: Sequence[PhaseSpan],
-    component_of_alloc: Callable[[int, int, int, str], int],
+    component_of_alloc: Callable[[int, int, int, str], int] | None,
     component_of_pre_existing: Callable[[int, int], int],
     component_count: int,
     activation_component: int,
     divisions: tuple[tuple[int, int], ...] = (),
     max_points: int = 480,
+    phase_component_map: dict[str, int] | None = None,
 ) -> ReplayState:
+    """One pass over the trace. Without `component_of_alloc`, an allocation's component is the one
+    `phase_component_map` gives its phase (the last component, unknown, when it gives none)."""
     count = len(trace)
     times = trace.times_us
     live: dict[int, LiveEntry] = {}
@@ -114,6 +117,8 @@ def walk(
     next_boundary = spans[1].first_index if len(spans) > 1 else count
     phase = spans[0].phase if spans else "unknown"
     step = spans[0].step if spans else 0
+    phase_components = phase_component_map or {}
+    phase_component = phase_components.get(phase, component_count - 1)
     stats = steps.setdefault(step, StepStats(0, 0, 0, 0, 0))
     stats_peak = stats_activation_peak = 0
 
@@ -122,6 +127,7 @@ def walk(
             span_position += 1
             span = spans[span_position]
             phase = span.phase
+            phase_component = phase_components.get(phase, component_count - 1)
             next_boundary = spans[span_position + 1].first_index if span_position + 1 < len(spans) else count
             if span.step != step:
                 stats.last_index = index - 1
@@ -136,7 +142,7 @@ def walk(
             block_size = rounded_cache.get(size)
             if block_size is None:
                 block_size = rounded_cache[size] = round_size(size, divisions)
-            component = component_of_alloc(index, addr, size, phase)
+            component = phase_component if component_of_alloc is None else component_of_alloc(index, addr, size, phase)
             live[addr] = (index, component, block_size, size)
             allocated += block_size
             totals[component] += block_size
