@@ -1,4 +1,4 @@
-"""Run a script on CPU against a simulated CUDA caching allocator: would it fit, and where would it fail? (experimental)
+"""Run a script on CPU against a simulated GPU: would it fit, where would it fail? (experimental)
 
     oomdoctor rehearse train.py --device-memory 24GiB [--alloc-conf STR] [--out DIR] [-- ARGS]
 
@@ -78,12 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--outside-memory", metavar="SIZE", default="0", help="memory held on the device by other processes"
     )
     parser.add_argument(
-        "--cuda-context", metavar="SIZE", default="0", help="this process's CUDA context and other non-PyTorch memory"
+        "--cuda-context",
+        metavar="SIZE",
+        default="0",
+        help="this process's CUDA context and other non-PyTorch memory",
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="folder for the dump written at an OOM (default: $OOMDOCTOR_DIR or ./oom-dumps)"
+        "--out",
+        metavar="DIR",
+        help="folder for the dump written at an OOM (default: $OOMDOCTOR_DIR or ./oom-dumps)",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments"
+    )
 
 
 def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
@@ -184,11 +191,13 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         headroom_bytes = max(0, usable_bytes - result.peak_reserved_bytes)
         lines.append(f"{peaks}; {format_size(headroom_bytes)} to spare at the peak")
     else:
-        lines.append(f"Failed: {script.name} stopped with exit status {result.exit_code} before running out of memory.")
+        status = result.exit_code
+        lines.append(f"Failed: {script.name} stopped with exit status {status} before running out of memory.")
         lines.append(peaks)
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
-        lines.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {_where(caught[0])}")
+        first = _where(caught[0])
+        lines.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {first}")
     for path in result.dump_paths:
         lines.append(f"  dump: {_display(path)}  (oomdoctor open {_display(path)})")
     if result.oom is not None and not result.dump_paths:

@@ -30,7 +30,9 @@ class SimulatedBackend:
     def unavailable_reason(self) -> str | None:
         return None
 
-    def record_history(self, *, max_entries: int, stacks: str = "python", context: str | None = "all") -> None:
+    def record_history(
+        self, *, max_entries: int, stacks: str = "python", context: str | None = "all"
+    ) -> None:
         self.simulator.record_history(True, max_entries=max_entries, context=context)
         self.recorder.capture_frames = context is not None
 
@@ -126,7 +128,8 @@ class SimulatedBackend:
             "_dump_snapshot": dump_snapshot,
         }
         saved: list[tuple[Any, str, Any]] = []
-        for module, table in ((torch.cuda, replacements), (cuda_memory, replacements), (cuda_memory, memory_only)):
+        tables = ((torch.cuda, replacements), (cuda_memory, replacements), (cuda_memory, memory_only))
+        for module, table in tables:
             for attribute, replacement in table.items():
                 if hasattr(module, attribute):
                     saved.append((module, attribute, getattr(module, attribute)))

@@ -219,9 +219,10 @@ def _script_traceback(trace: Any, script_filename: str) -> Any:
     while trace is not None:
         entries.append(trace)
         trace = trace.tb_next
-    start = next((i for i, entry in enumerate(entries) if entry.tb_frame.f_code.co_filename == script_filename), 0)
+    filenames = [entry.tb_frame.f_code.co_filename for entry in entries]
+    start = filenames.index(script_filename) if script_filename in filenames else 0
     end = len(entries)
-    while end > start + 1 and is_machinery_file(entries[end - 1].tb_frame.f_code.co_filename):
+    while end > start + 1 and is_machinery_file(filenames[end - 1]):
         end -= 1
     rebuilt = None
     for entry in reversed(entries[start:end]):
@@ -283,7 +284,9 @@ class _SnapshotWriter:
         self.session = session
         self.dump_dir = dump_dir
 
-    def __call__(self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
+    def __call__(
+        self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int
+    ) -> None:
         now_us = int(time.time() * 1_000_000)
         snapshot = self.session.backend.snapshot()
         snapshot[METADATA_KEY] = {
