@@ -296,3 +296,72 @@ def test_message_figure_follows_large_segment_size():
     assert large_segment_bytes("expandable_segments:True,large_segment_size_mb:64") == 64 * MiB
     assert large_segment_bytes("") == 20 * MiB
     assert segment_size(3 * MiB, large_segment_bytes("large_segment_size_mb:64")) == 64 * MiB
+
+
+def _forward_pass(sim: Sim, sizes) -> list[int]:
+    sim.marker("forward", "start")
+    blocks = [sim.alloc(size, FORWARD_STACK) for size in sizes]
+    return blocks
+
+
+def test_model_states_too_large():
+    sim = Sim(total_bytes=600 * MiB)
+    for i in range(4):
+        sim.alloc(64 * MiB, SETUP_STACK, "parameter", f"layer{i}.weight")
+    acts = _forward_pass(sim, [8 * MiB] * 2)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for a in acts:
+        sim.free(a)
+    for i in range(4):
+        sim.alloc(64 * MiB, (), "gradient", f"layer{i}.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.alloc(64 * MiB, ADAM_INIT_STACK, "optimizer_state", "layer0.weight.exp_avg")
+    sim.oom(64 * MiB)
+    result = analyse(sim.snapshot())
+    assert result.verdict == "model-states-too-large", result.summary
+    assert any(r.id == "shard-model-states" for r in result.recommendations)
+
+
+def test_activation_spike_against_earlier_steps():
+    sim = Sim(total_bytes=560 * MiB)
+    sim.alloc(64 * MiB, SETUP_STACK, "parameter", "w")
+    for step, count in enumerate((4, 4, 12)):
+        acts = _forward_pass(sim, [40 * MiB] * count)
+        if step == 2:
+            sim.oom(40 * MiB)
+            break
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        for a in acts:
+            sim.free(a)
+        grad = sim.alloc(64 * MiB, (), "gradient", "w.grad")
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+        sim.marker("zero_grad", "start")
+        sim.free(grad)
+        sim.marker("zero_grad", "end")
+    result = analyse(sim.snapshot())
+    assert result.verdict == "activation-spike", result.summary
+    assert result.target_step == 2
+    assert "3.0x" in result.summary
+    assert result.what_if.largest_fitting_scale is not None and 0.5 < result.what_if.largest_fitting_scale < 1.0
+    scale = result.what_if.largest_fitting_scale
+    assert result.what_if.predicted_peak_bytes(scale) <= result.what_if.capacity_bytes
+    assert result.what_if.predicted_peak_bytes(scale + 0.02) > result.what_if.capacity_bytes
+
+
+def test_inference_with_grad_keeps_each_pass():
+    sim = Sim(total_bytes=600 * MiB)
+    sim.alloc(64 * MiB, SETUP_STACK, "parameter", "w")
+    for batch in range(5):
+        _forward_pass(sim, [100 * MiB])  # each pass's graph is kept by the running loss
+        if batch == 4:
+            sim.oom(100 * MiB)
+            break
+        sim.marker("forward", "end")
+    result = analyse(sim.snapshot())
+    assert result.verdict == "inference-with-grad", result.summary
+    assert result.recommendations[0].id == "no-grad"

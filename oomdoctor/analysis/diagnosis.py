@@ -440,7 +440,10 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
     if activations and training and verdicts & {"activation-spike", "optimizer-state-buildup", "creeping-leak", "oversized-request", "unknown", "no-oom", "gradients-kept"}:
         add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", activations * 0.7)
     if activations or inputs:
-        add("smaller-micro-batch", "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations.", (activations + temporaries + inputs) // 2)
+        if training:
+            add("smaller-micro-batch", "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations.", (activations + temporaries + inputs) // 2)
+        else:
+            add("smaller-batch", "Halve the batch (or process the input in chunks): half the activations.", (activations + temporaries + inputs) // 2)
     if "optimizer-state-buildup" in verdicts or "model-states-too-large" in verdicts:
         projected = max(optimizer_state, 2 * parameters if ctx.optimizer_kind != "sgd" else parameters)
         add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.", projected * 3 // 4)
