@@ -309,3 +309,13 @@ def test_a_fixed_clock_makes_event_times_reproducible():
         running.backend.record_history(max_entries=100, stacks="python", context="all")
         kept = torch.empty(10)  # noqa: F841
         assert [entry["time_us"] for entry in trace(running)] == [1_000_000, 1_000_001]
+
+
+def test_empty_cache_from_the_script_releases_the_simulators_cached_segments():
+    with RehearsalSession(RehearsalConfig(device_memory_bytes=64 * MiB)) as running:
+        block = torch.empty(16 * MiB // 4)
+        del block
+        assert torch.cuda.memory_reserved() == 16 * MiB  # cached, as CUDA's allocator keeps it
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 0
+        assert running.backend.mem_get_info(0) == (64 * MiB, 64 * MiB)

@@ -87,9 +87,7 @@ class SimulatedBackend:
             return lambda device=None: int(self.memory_stats(self.device).get(name, 0))
 
         def empty_cache() -> None:
-            with self.recorder._lock:
-                self.recorder._drain_locked()
-                self.simulator.empty_cache()
+            self.recorder.empty_cache()
 
         def reset_peak_memory_stats(device: Any = None) -> None:
             reset = getattr(self.simulator, "reset_peak_memory_stats", None)

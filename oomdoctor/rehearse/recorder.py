@@ -60,6 +60,9 @@ _RECORD_FUNCTION_ENTER = (
 )
 _RECORD_FUNCTION_EXIT = torch.ops.profiler._record_function_exit
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
+# torch.OutOfMemoryError is the newer name of torch.cuda.OutOfMemoryError (the same class)
+OUT_OF_MEMORY_ERROR = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+_current_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 _interned_frames: dict[tuple[Any, int], Frame] = {}
 _in_forked_child = False
@@ -118,7 +121,7 @@ def user_frame(frames: list[Frame]) -> Frame | None:
 
 def in_backward() -> bool:
     """True while autograd's engine runs a backward pass (on CUDA: the autograd device thread)."""
-    return torch._C._current_graph_task_id() != -1
+    return _current_graph_task_id() != -1
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,12 @@ class StorageRecorder:
         """Apply releases queued while the simulator was busy."""
         with self._lock:
             self._drain_locked()
+
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache() on the simulator, after the releases it has not seen yet."""
+        with self._lock:
+            self._drain_locked()
+            self.simulator.empty_cache()
 
     def _drain_locked(self) -> None:
         while self._released:
@@ -492,4 +501,4 @@ class _RecordingMode(TorchDispatchMode):
             return out
         del out  # the outputs that did not fit are released unaccounted, as on a GPU
         self.recorder.notify_observers(failed)
-        raise torch.OutOfMemoryError(failed.record.message)
+        raise OUT_OF_MEMORY_ERROR(failed.record.message)

@@ -167,7 +167,7 @@ def rehearse_script(
     dump_dir: Path,
 ) -> RehearsalResult:
     """Run `script` as __main__ inside a rehearsal session; a dump is written at an OOM."""
-    import torch
+    from oomdoctor.rehearse.recorder import OUT_OF_MEMORY_ERROR
 
     script = Path(script)
     dump_dir = Path(dump_dir)
@@ -190,7 +190,7 @@ def rehearse_script(
                 result.exit_code = _exit_code(exit_.code)
             except Exception as error:
                 result.exit_code = 1
-                if isinstance(error, torch.OutOfMemoryError) and session.ooms:
+                if isinstance(error, OUT_OF_MEMORY_ERROR) and session.ooms:
                     result.oom = session.ooms[-1]
                 else:
                     result.error_text = "".join(traceback.format_exception(error))
