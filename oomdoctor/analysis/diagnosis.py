@@ -342,8 +342,9 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         return None
     activations_now = ctx.components.get("activations", 0)
     earlier_peak = _earlier_activation_peak(ctx)
-    if earlier_peak and activations_now > 1.3 * earlier_peak and ctx.target_phase != PHASE_OPTIMIZER:
-        return None  # this step's activations are larger than before: a spike, not the new state
+    growth = activations_now - earlier_peak
+    if earlier_peak and ctx.target_phase != PHASE_OPTIMIZER and growth > 0.1 * earlier_peak and growth >= ctx.missing:
+        return None  # this step's extra activations alone explain the OOM: a spike, not the new state
     if optimizer_state < ctx.missing:
         return None
     return Finding(
