@@ -117,6 +117,9 @@ def test_the_scripts_exit_status_and_errors_come_through(workdir, capsys):
     assert code == 1
     assert "Failed: fails.py" in out
     assert "ValueError: broken script" in err
+    (workdir / "hardcoded.py").write_text("import torch\ntorch.ones(3).cuda()\n")
+    code, out, err = rehearse(capsys, "hardcoded.py", "--device-memory", "1GiB")
+    assert code == 1 and "hint: the script asked for CUDA" in out
 
 
 def test_an_oom_the_script_catches_is_reported_but_not_fatal(workdir, capsys):

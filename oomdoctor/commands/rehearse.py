@@ -194,6 +194,11 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         status = result.exit_code
         lines.append(f"Failed: {script.name} stopped with exit status {status} before running out of memory.")
         lines.append(peaks)
+        if result.error_text and "not compiled with CUDA enabled" in result.error_text:
+            lines.append(
+                "  hint: the script asked for CUDA; under rehearsal it must run on \"cpu\". Make the device a"
+                " parameter, or pick it with torch.cuda.is_available() (False here) or OOMDOCTOR_REHEARSAL=1."
+            )
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
         first = _where(caught[0])
