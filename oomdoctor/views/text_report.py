@@ -105,6 +105,18 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add(f"  {wi.note}")
     add("")
 
+    if len(replay.ooms) > 1:
+        add(f"OOM events on this device: {len(replay.ooms)}")
+        for oom in replay.ooms:
+            add(f"  event {oom.event_index}: {human(oom.request_bytes)}{'  (fatal: the one judged here)' if oom.fatal else '  (recovered or caught)'}")
+        add("")
+
+    if analysis.steps:
+        add("Steps (allocated bytes)")
+        for step in analysis.steps[-8:]:
+            add(f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   at its end {human(step.end_allocated_bytes):>12}   activations peak {human(step.peak_activation_bytes):>12}")
+        add("")
+
     if analysis.secondary:
         add("Also found")
         for finding in analysis.secondary:
