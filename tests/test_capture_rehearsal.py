@@ -23,9 +23,10 @@ from oomdoctor.rehearse.session import RehearsalConfig, rehearse_script  # noqa:
 
 MiB = 1 << 20
 
-# Adam on a 4 x 1024-wide MLP: 16 MiB of parameters, 16 MiB of gradients, then 32 MiB of state
-# created lazily in the first step(). Model states (64 MiB) fit in 74 MiB; with the step's foreach
-# temporaries on top they do not: the optimizer-state buildup of DESIGN §5.
+# Adam on a 2 x 2048-wide MLP: 32 MiB of parameters, 32 MiB of gradients, then 64 MiB of state
+# created lazily in the first step(). Model states (128 MiB) fit in 148 MiB; with the step's
+# foreach temporaries on top they do not: the optimizer-state buildup of DESIGN §5.
+BUILDUP_DEVICE_BYTES = 148 * (1 << 20)
 TRAIN_SCRIPT = textwrap.dedent(
     """
     import oomdoctor
@@ -42,7 +43,7 @@ TRAIN_SCRIPT = textwrap.dedent(
 
 
     class MLP(nn.Module):
-        def __init__(self, width=1024, depth=4):
+        def __init__(self, width=2048, depth=2):
             super().__init__()
             self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
             self.norm = nn.BatchNorm1d(width)
@@ -60,7 +61,7 @@ TRAIN_SCRIPT = textwrap.dedent(
         for step in range(args.steps):
             batch = 4096 if step == args.big_batch_at else 8
             optimizer.zero_grad()
-            loss = model(torch.randn(batch, 1024)).square().mean()
+            loss = model(torch.randn(batch, 2048)).square().mean()
             loss.backward()
             optimizer.step()
 
@@ -118,7 +119,7 @@ def test_optimizer_state_buildup_leaves_one_dump_that_everything_reads(script, c
 
     from oomdoctor.cli import main
 
-    result, dumps = rehearse(script, [], 74 * MiB)
+    result, dumps = rehearse(script, [], BUILDUP_DEVICE_BYTES)
     assert result.exit_code == 1 and result.dump_writer == "capture"
     assert len(dumps) == 1
     err = capsys.readouterr().err
@@ -129,7 +130,7 @@ def test_optimizer_state_buildup_leaves_one_dump_that_everything_reads(script, c
     # memory_viz reads it unchanged, including the OOM event
     assert "raise OutOfMemoryError" in _memory_viz.trace(data)
     assert "Summary of segments" in _memory_viz.segsum(data)
-    assert meta["reason"] == "oom" and meta["rehearsal"]["device_memory_bytes"] == 74 * MiB
+    assert meta["reason"] == "oom" and meta["rehearsal"]["device_memory_bytes"] == BUILDUP_DEVICE_BYTES
 
     # the OOM happened in the first step's optimizer step, and the markers say so
     assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("optimizer_step", 0)
@@ -140,7 +141,7 @@ def test_optimizer_state_buildup_leaves_one_dump_that_everything_reads(script, c
     by_component: dict[str, set[str]] = {}
     for entry in meta["tensors"]:
         by_component.setdefault(entry["component"], set()).add(entry["name"])
-    parameters = {f"layers.{i}.{kind}" for i in range(4) for kind in ("weight", "bias")} | {"norm.weight", "norm.bias"}
+    parameters = {f"layers.{i}.{kind}" for i in range(2) for kind in ("weight", "bias")} | {"norm.weight", "norm.bias"}
     assert by_component["parameter"] == parameters
     assert by_component["gradient"] == {name + ".grad" for name in parameters}
     assert "layers.0.weight.exp_avg" in by_component["optimizer_state"]
@@ -163,7 +164,7 @@ def test_optimizer_state_buildup_leaves_one_dump_that_everything_reads(script, c
 
 
 def test_activation_spike_in_a_later_forward(script):
-    result, dumps = rehearse(script, ["--big-batch-at", "2"], 160 * MiB)
+    result, dumps = rehearse(script, ["--big-batch-at", "2"], 200 * MiB)
     assert result.exit_code == 1 and len(dumps) == 1
     meta = load(dumps[0])[METADATA_KEY]
     assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("forward", 2)
@@ -184,7 +185,7 @@ def test_uncaught_oom_in_a_plain_process_gets_its_traceback(script, tmp_path):
             f"""
             import runpy, sys
             from oomdoctor.rehearse.session import RehearsalConfig, RehearsalSession
-            session = RehearsalSession(RehearsalConfig(device_memory_bytes={74 * MiB})).start()
+            session = RehearsalSession(RehearsalConfig(device_memory_bytes={BUILDUP_DEVICE_BYTES})).start()
             sys.argv = [{str(script)!r}]
             runpy.run_path({str(script)!r}, run_name="__main__")
             """
