@@ -619,3 +619,17 @@ def test_snapshot_of_an_internally_retried_oom_is_not_held_once_training_goes_on
         fake.oom(200 * MiB)
     (path,) = dumps_in(Path("oom-dumps"))  # the retried OOM's file was reused
     assert [entry["surfaced"] for entry in load(path)[METADATA_KEY]["ooms_observed"]] == [False, None]
+
+
+def test_a_later_oom_exception_is_not_linked_to_an_old_internal_retry(fake):
+    oomdoctor.install()
+    model = nn.Linear(4, 4)
+    fake.observe_oom(100 * MiB)  # retried inside torch
+    model(torch.randn(1, 4))
+    stale = capture._session.records[-1]
+    try:
+        raise torch.OutOfMemoryError("Caught OutOfMemoryError in replica 1 on device 0.")
+    except torch.OutOfMemoryError:
+        pass
+    assert stale.exception is None and stale.observed["surfaced"] is False
+    assert len(dumps_in(Path("oom-dumps"))) == 1

@@ -56,6 +56,7 @@ class OomRecord:
     exception_ref: Any = None  # weakref to the exception object, or None
     rewrite_pending: bool = False
     observed_at_dump: list[dict[str, Any]] = field(default_factory=list)
+    fresh: bool = True  # no phase has started since the observer call
 
 
 def _exception_name(error: BaseException) -> str:
@@ -277,13 +278,15 @@ class CaptureSession:
     # -- exceptions -----------------------------------------------------------------------------
 
     def _record_for_new_exception(self) -> OomRecord | None:
+        """The OOM a new exception belongs to: this thread's, else (backward OOMs are observed on an
+        autograd thread and raised on the caller's) the latest; only OOMs since the last phase start."""
+        fresh = {thread_id: record for thread_id, record in self.unconfirmed.items() if record.fresh}
+        if not fresh:
+            return None
         thread_id = threading.get_ident()
-        record = self.unconfirmed.pop(thread_id, None)
-        if record is None and self.unconfirmed:
-            # backward OOMs are observed on an autograd thread and raised on the caller's
-            latest = max(self.unconfirmed.values(), key=lambda candidate: candidate.observed["time_us"])
-            record = self.unconfirmed.pop(latest.thread_id)
-        return record
+        if thread_id not in fresh:
+            thread_id = max(fresh.values(), key=lambda candidate: candidate.observed["time_us"]).thread_id
+        return self.unconfirmed.pop(thread_id)
 
     def exception_created(self, error: BaseException) -> None:
         """An OutOfMemoryError was just created: the latest unsurfaced OOM has surfaced."""
@@ -401,7 +404,8 @@ class CaptureSession:
             if held:
                 self._flush_pending()
                 for record in self.unconfirmed.values():
-                    if record.payload is not None:
+                    if record.fresh:
+                        record.fresh = False
                         record.payload = None
                         record.observed["surfaced"] = False
 
