@@ -326,7 +326,7 @@ class StorageRecorder:
         input_keys: set[int] | None = None
         seen: set[int] = set()
         for tensor in _tensors(out):
-            if tensor.device.type != "cpu":
+            if not tensor.is_cpu:
                 continue
             try:
                 storage = tensor.untyped_storage()
