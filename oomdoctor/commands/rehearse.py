@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oomdoctor.errors import EXIT_FINDINGS, OomdoctorError
+from oomdoctor.errors import OomdoctorError
 
 _UNITS = {
     "": 1, "b": 1,
