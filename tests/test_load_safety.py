@@ -250,3 +250,11 @@ def test_fuzzed_inputs_load_or_fail_with_one_line(seed: int, mutations) -> None:
         assert "\n" not in str(error)
         return
     _exercise(snapshot)
+
+
+def test_absurd_bytearray_is_refused_quietly(capsys) -> None:
+    # protocol 5 BYTEARRAY8 claiming 2**62 bytes: malloc fails inside the C unpickler
+    for _ in range(20):
+        with pytest.raises(LoadError, match="more memory than is available"):
+            load(b"\x80\x05\x96" + (2**62).to_bytes(8, "little") + b"abc.")
+    assert capsys.readouterr().err == ""

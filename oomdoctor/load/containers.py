@@ -69,25 +69,24 @@ def _too_large(describe: str, what: str, limit_bytes: int) -> LoadError:
     )
 
 
+_BUFFER_BYTES = 1024 * 1024
+
+
 def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
     """Plain data from a path, bytes or binary file, and the container it came in."""
     limit_bytes = resolve_max_bytes(max_bytes)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-        if len(data) > limit_bytes:
-            raise _too_large("input", "the input", limit_bytes)
-        return _from_stream(io.BufferedReader(io.BytesIO(data)), "input", limit_bytes, len(data))
+        return _guarded(bytes(source), "input", limit_bytes)
     if hasattr(source, "read"):
         describe = str(getattr(source, "name", "input"))
-        stream = source if hasattr(source, "peek") else io.BufferedReader(source)
-        return _guarded(stream, describe, limit_bytes, None)
+        return _guarded(_read_capped(source, describe, limit_bytes, "the input"), describe, limit_bytes)
     try:
         path = os.fspath(source)
     except TypeError:
         raise LoadError(f"cannot read {source!r}: expected a path or bytes") from None
     describe = os.fsdecode(path)
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb", buffering=_BUFFER_BYTES)
     except FileNotFoundError:
         raise LoadError(f"{describe}: no such file") from None
     except IsADirectoryError:
@@ -100,24 +99,30 @@ def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
         try:
             size = os.fstat(handle.fileno()).st_size
             regular = os.path.isfile(path)
+            if not regular:  # a pipe or device: its length is unknown until read
+                return _guarded(_read_capped(handle, describe, limit_bytes, "the input"), describe, limit_bytes)
+            if size > limit_bytes:
+                raise _too_large(describe, f"the file ({size} bytes)", limit_bytes)
+            return _guarded(handle, describe, limit_bytes, size)
         except OSError as error:
             raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
-        if regular and size > limit_bytes:
-            raise _too_large(describe, f"the file ({size} bytes)", limit_bytes)
-        return _guarded(handle, describe, limit_bytes, size if regular else None)
 
 
-def _guarded(stream: BinaryIO, describe: str, limit_bytes: int, size: int | None) -> tuple[Any, str]:
+def _guarded(source: Any, describe: str, limit_bytes: int, size: int | None = None) -> tuple[Any, str]:
+    """Read through a CappedReader, so that no read asks for more than is left in the input."""
+    if isinstance(source, bytes):
+        size = len(source)
+        if size > limit_bytes:
+            raise _too_large(describe, "the input", limit_bytes)
+        source = io.BufferedReader(io.BytesIO(source), buffer_size=_BUFFER_BYTES)
+    assert size is not None
     try:
-        return _from_stream(stream, describe, limit_bytes, size)
-    except OSError as error:
-        raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
+        return _from_stream(CappedReader(source, size, "the input"), describe, limit_bytes)
+    except SizeLimitExceeded as exceeded:
+        raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
 
 
-def _from_stream(stream: Any, describe: str, limit_bytes: int, size: int | None, depth: int = 0) -> tuple[Any, str]:
-    if size is None:
-        # a pipe or a stream of unknown length: read it under the cap
-        return _from_stream_of_bytes(_read_capped(stream, describe, limit_bytes, "the input"), describe, limit_bytes, depth)
+def _from_stream(stream: Any, describe: str, limit_bytes: int, depth: int = 0) -> tuple[Any, str]:
     head = stream.peek(64)[:64]
     if not head:
         raise LoadError(f"{describe}: empty file")
@@ -128,7 +133,7 @@ def _from_stream(stream: Any, describe: str, limit_bytes: int, size: int | None,
         data = unpickle_stream(stream, describe)
         return data, f"pickle-protocol-{protocol}"
     stripped = head.lstrip(_WHITESPACE)
-    if stripped[:1] in (b"{", b"[") or (not stripped and head):
+    if stripped[:1] in (b"{", b"[") or not stripped:
         return _from_json(_read_capped(stream, describe, limit_bytes, "the file"), describe)
     if stripped[:1] == b"<":
         return _from_html(_read_capped(stream, describe, limit_bytes, "the file"), describe, limit_bytes, depth)
@@ -141,7 +146,8 @@ def _from_stream(stream: Any, describe: str, limit_bytes: int, size: int | None,
 
 
 def _from_stream_of_bytes(data: bytes, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
-    return _from_stream(io.BufferedReader(io.BytesIO(data)), describe, limit_bytes, len(data), depth)
+    stream = io.BufferedReader(io.BytesIO(data), buffer_size=_BUFFER_BYTES)
+    return _from_stream(CappedReader(stream, len(data), "the embedded data"), describe, limit_bytes, depth)
 
 
 def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> bytes:
@@ -154,13 +160,10 @@ def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> byt
 def _from_gzip(stream: Any, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
     if depth > 1:
         raise LoadError(f"{describe}: not a snapshot: compressed more than twice")
-    capped = CappedReader(gzip.GzipFile(fileobj=stream, mode="rb"), limit_bytes, "the decompressed data")
+    decompressed = CappedReader(gzip.GzipFile(fileobj=stream, mode="rb"), limit_bytes, "the decompressed data")
+    buffered = io.BufferedReader(decompressed, buffer_size=_BUFFER_BYTES)
     try:
-        inner = io.BufferedReader(capped, buffer_size=1024 * 1024)
-        head = inner.peek(64)
-        if not head:
-            raise LoadError(f"{describe}: empty file (gzip of nothing)")
-        data, container = _from_stream(inner, describe, limit_bytes, limit_bytes, depth + 1)
+        data, container = _from_stream(CappedReader(buffered, limit_bytes, "the decompressed data"), describe, limit_bytes, depth + 1)
     except SizeLimitExceeded as exceeded:
         raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
     except (EOFError, OSError, ValueError, zlib.error) as error:  # BadGzipFile is an OSError

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from typing import Any, BinaryIO
 
 from oomdoctor.errors import LoadError
@@ -84,8 +85,47 @@ class CappedReader(io.RawIOBase):
         return self._peek(min(max(size, 1), self._left + 1))
 
 
+# CPython 3.11 prints this when BYTEARRAY8 asks for more memory than malloc gives (the new object's
+# export count is read before it is set); the MemoryError that follows is what we report.
+_CPYTHON_BYTEARRAY_NOISE = "SystemError: deallocated bytearray object has exported buffers\n"
+
+
+class _HeldStderr:
+    """Holds what is written to stderr during unpickling, to pass it on without CPython's noise."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+    def release(self) -> None:
+        text = "".join(self._parts).replace(_CPYTHON_BYTEARRAY_NOISE, "")
+        if text and self._target is not None:
+            self._target.write(text)
+
+
 def unpickle_stream(stream: BinaryIO, describe: str) -> Any:
     """Restricted-unpickle one object from `stream`; every failure becomes a one-line LoadError."""
+    held = _HeldStderr(sys.stderr)
+    sys.stderr = held
+    try:
+        return _unpickle(stream, describe)
+    finally:
+        if sys.stderr is held:
+            sys.stderr = held._target
+        held.release()
+
+
+def _unpickle(stream: BinaryIO, describe: str) -> Any:
     try:
         return RestrictedUnpickler(stream).load()
     except RefusedGlobal as refused:
