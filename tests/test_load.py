@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import pickle
+import sys
 
 import orjson
 import pytest
@@ -230,7 +231,7 @@ def test_frames_are_shared_not_copied() -> None:
 
 def test_actions_are_interned() -> None:
     trace = load(orjson.dumps(make_snapshot())).traces[0]
-    assert trace.actions[1] is trace.actions[2] is "alloc"  # noqa: F632
+    assert trace.actions[1] is trace.actions[2] is sys.intern("alloc")
 
 
 def test_oomdoctor_metadata_passes_through_read_only() -> None:

@@ -255,6 +255,27 @@ def test_fuzzed_inputs_load_or_fail_with_one_line(seed: int, mutations) -> None:
 def test_absurd_bytearray_is_refused_quietly(capsys) -> None:
     # protocol 5 BYTEARRAY8 claiming 2**62 bytes: malloc fails inside the C unpickler
     for _ in range(20):
-        with pytest.raises(LoadError, match="more memory than is available"):
+        with pytest.raises(LoadError, match="ran out of memory"):
             load(b"\x80\x05\x96" + (2**62).to_bytes(8, "little") + b"abc.")
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory cap uses RLIMIT_AS on Linux")
+def test_memo_index_bomb_is_refused_without_taking_the_memory() -> None:
+    # LONG_BINPUT 2**31-1: CPython would fill a 32 GiB memo table for this 9-byte file
+    code = (
+        "import resource\n"
+        "from oomdoctor.load import load\n"
+        "from oomdoctor.errors import LoadError\n"
+        "try:\n"
+        "    load(b'\\x80\\x02]r\\xff\\xff\\xff\\x7f.')\n"
+        "except LoadError as error:\n"
+        "    print(error)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+        "print(resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message, peak_mib, limit_restored = done.stdout.splitlines()
+    assert "ran out of memory" in message
+    assert int(peak_mib) < 1024
+    assert limit_restored == "True"

@@ -117,20 +117,21 @@ def _guarded(source: Any, describe: str, limit_bytes: int, size: int | None = No
         source = io.BufferedReader(io.BytesIO(source), buffer_size=_BUFFER_BYTES)
     assert size is not None
     try:
-        return _from_stream(CappedReader(source, size, "the input"), describe, limit_bytes)
+        return _from_stream(CappedReader(source, size, "the input"), describe, limit_bytes, size)
     except SizeLimitExceeded as exceeded:
         raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
 
 
-def _from_stream(stream: Any, describe: str, limit_bytes: int, depth: int = 0) -> tuple[Any, str]:
+def _from_stream(stream: Any, describe: str, limit_bytes: int, size_bytes: int, depth: int = 0) -> tuple[Any, str]:
+    """`size_bytes`: the length of the stream, or an estimate of it (decompressed gzip)."""
     head = stream.peek(64)[:64]
     if not head:
         raise LoadError(f"{describe}: empty file")
     if head[:2] == b"\x1f\x8b":
-        return _from_gzip(stream, describe, limit_bytes, depth)
+        return _from_gzip(stream, describe, limit_bytes, size_bytes, depth)
     if head[0] == 0x80:
         protocol = head[1] if len(head) > 1 else -1
-        data = unpickle_stream(stream, describe)
+        data = unpickle_stream(stream, describe, size_bytes)
         return data, f"pickle-protocol-{protocol}"
     stripped = head.lstrip(_WHITESPACE)
     if stripped[:1] in (b"{", b"[") or not stripped:
@@ -138,7 +139,7 @@ def _from_stream(stream: Any, describe: str, limit_bytes: int, depth: int = 0) -
     if stripped[:1] == b"<":
         return _from_html(_read_capped(stream, describe, limit_bytes, "the file"), describe, limit_bytes, depth)
     if head[:1] in _PICKLE_0_1_FIRST_BYTES:
-        return unpickle_stream(stream, describe), "pickle-protocol-0-1"
+        return unpickle_stream(stream, describe, size_bytes), "pickle-protocol-0-1"
     raise LoadError(
         f"{describe}: not a snapshot: the content is not a pickle, gzip, JSON or memory_viz HTML "
         f"file (it starts with {head[:8]!r})"
@@ -147,7 +148,7 @@ def _from_stream(stream: Any, describe: str, limit_bytes: int, depth: int = 0) -
 
 def _from_stream_of_bytes(data: bytes, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
     stream = io.BufferedReader(io.BytesIO(data), buffer_size=_BUFFER_BYTES)
-    return _from_stream(CappedReader(stream, len(data), "the embedded data"), describe, limit_bytes, depth)
+    return _from_stream(CappedReader(stream, len(data), "the embedded data"), describe, limit_bytes, len(data), depth)
 
 
 def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> bytes:
@@ -157,13 +158,19 @@ def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> byt
     return data
 
 
-def _from_gzip(stream: Any, describe: str, limit_bytes: int, depth: int) -> tuple[Any, str]:
+# Snapshot pickles compress about 5-15 times; the memory cap while unpickling is relative to this.
+_GZIP_RATIO_ESTIMATE = 25
+
+
+def _from_gzip(stream: Any, describe: str, limit_bytes: int, size_bytes: int, depth: int) -> tuple[Any, str]:
     if depth > 1:
         raise LoadError(f"{describe}: not a snapshot: compressed more than twice")
     decompressed = CappedReader(gzip.GzipFile(fileobj=stream, mode="rb"), limit_bytes, "the decompressed data")
     buffered = io.BufferedReader(decompressed, buffer_size=_BUFFER_BYTES)
     try:
-        data, container = _from_stream(CappedReader(buffered, limit_bytes, "the decompressed data"), describe, limit_bytes, depth + 1)
+        estimate = min(limit_bytes, size_bytes * _GZIP_RATIO_ESTIMATE)
+        capped = CappedReader(buffered, limit_bytes, "the decompressed data")
+        data, container = _from_stream(capped, describe, limit_bytes, estimate, depth + 1)
     except SizeLimitExceeded as exceeded:
         raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
     except (EOFError, OSError, ValueError, zlib.error) as error:  # BadGzipFile is an OSError

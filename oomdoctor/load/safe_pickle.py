@@ -10,10 +10,17 @@ refused by the C unpickler itself, because neither `persistent_load` nor `buffer
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import pickle
 import sys
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
 
 from oomdoctor.errors import LoadError
 
@@ -113,12 +120,57 @@ class _HeldStderr:
             self._target.write(text)
 
 
-def unpickle_stream(stream: BinaryIO, describe: str) -> Any:
-    """Restricted-unpickle one object from `stream`; every failure becomes a one-line LoadError."""
+# Memory the unpickler may take beyond what the process already maps: real snapshots need about
+# 5x their pickled size. The C unpickler can be made to touch 16 bytes per unit of a LONG_BINPUT
+# index (its memo table), up to 64 GiB from a 5-byte opcode, or ~70 bytes per input byte of empty
+# dicts; this keeps such a file to a MemoryError instead of the machine's OOM killer.
+MEMORY_ALLOWANCE_FACTOR = 32
+MIN_MEMORY_ALLOWANCE_BYTES = 2 * 1024**3
+
+
+def _mapped_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def _address_space_cap(size_hint_bytes: int) -> Iterator[None]:
+    """Lower RLIMIT_AS for the duration of one unpickling (Linux; elsewhere a no-op)."""
+    mapped = _mapped_bytes() if resource is not None else None
+    if mapped is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mapped + max(MIN_MEMORY_ALLOWANCE_BYTES, MEMORY_ALLOWANCE_FACTOR * size_hint_bytes)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def unpickle_stream(stream: BinaryIO, describe: str, size_hint_bytes: int) -> Any:
+    """Restricted-unpickle one object from `stream`; every failure becomes a one-line LoadError.
+
+    `size_hint_bytes` is the size of the pickle (decompressed); memory is capped relative to it.
+    """
     held = _HeldStderr(sys.stderr)
     sys.stderr = held
     try:
-        return _unpickle(stream, describe)
+        with _address_space_cap(size_hint_bytes):
+            return _unpickle(stream, describe)
     finally:
         if sys.stderr is held:
             sys.stderr = held._target
@@ -139,7 +191,10 @@ def _unpickle(stream: BinaryIO, describe: str) -> Any:
     except EOFError:
         raise LoadError(f"{describe}: truncated file: the pickle ends before it is complete") from None
     except MemoryError:
-        raise LoadError(f"{describe}: not a readable snapshot: the pickle asks for more memory than is available") from None
+        raise LoadError(
+            f"{describe}: not a readable snapshot: unpickling it ran out of memory (a damaged or hostile "
+            "file can ask for far more than its size; a real snapshot needs about 5 times its size)"
+        ) from None
     except RecursionError:
         raise LoadError(f"{describe}: not a readable snapshot: the pickle is nested too deeply") from None
     except Exception as error:  # the C unpickler raises many types on corrupt input
