@@ -19,6 +19,7 @@ from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.replay import Replayer, columns, lay_out, live_until, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
+    PHASE_BETWEEN,
     PHASE_FORWARD,
     PHASE_UNKNOWN,
     SOURCE_NONE,
@@ -220,6 +221,8 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         target_span = spans[-1] if spans else None
     target_phase = target_span.phase if target_span is not None else PHASE_UNKNOWN
     target_step = target_span.step if target_span is not None and phase_source != SOURCE_NONE else None
+    if target_index is None and markers:
+        target_phase, target_step = _phase_after_markers(markers, target_phase, target_step)
 
     steps = tuple(
         StepSummary(step, s.first_index, s.last_index, s.peak_allocated_bytes, s.end_allocated_bytes, s.peak_activation_bytes)
@@ -338,3 +341,17 @@ def _sizes_from_layout(live, layout):
         if block is not None:
             result[address] = (alloc_index, block.size, requested)
     return result, len(live) - len(result)
+
+
+def _phase_after_markers(markers, phase: str, step: int | None) -> tuple[str, int | None]:
+    """The phase at dump time: the markers may have moved on after the last recorded event."""
+    timed = [m for m in markers if isinstance(m, Mapping) and isinstance(m.get("time_us"), int)]
+    if not timed:
+        return phase, step
+    last = max(timed, key=lambda m: m["time_us"])
+    last_step = last.get("step") if isinstance(last.get("step"), int) else step
+    if last.get("edge") == "start":
+        return str(last.get("phase")), last_step
+    if last.get("phase") == "optimizer_step" and last_step is not None:
+        last_step += 1
+    return PHASE_BETWEEN, last_step
