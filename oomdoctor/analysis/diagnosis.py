@@ -103,6 +103,20 @@ def _frame_text(block: LiveBlock | None) -> str | None:
     return source_line(block.frames) if block is not None else None
 
 
+def _component_evidence(ctx: Context, text: str, component: str) -> Evidence:
+    """Bytes of one component, pointing at its largest live block (event, address, source line)."""
+    blocks = [b for b in ctx.live_blocks if b.component == component]
+    largest = max(blocks, key=lambda b: b.size_bytes) if blocks else None
+    return Evidence(
+        text + (f" (largest: {largest.name})" if largest is not None and largest.name else ""),
+        component,
+        ctx.components.get(component, 0),
+        largest.alloc_index if largest else None,
+        largest.address if largest else None,
+        _frame_text(largest),
+    )
+
+
 def _states(ctx: Context) -> tuple[int, int, int, int]:
     c = ctx.components
     return c.get("parameters", 0), c.get("gradients", 0), c.get("optimizer_state", 0), c.get("buffers", 0)
@@ -158,9 +172,9 @@ def _test_model_states(ctx: Context) -> Finding | None:
         0.85 if ctx.exact else 0.65,
         f"Parameters, gradients and optimizer state alone need {human(needed)}{note}, but PyTorch could have at most {human(capacity)} on this device.",
         (
-            Evidence("parameters", "parameters", parameters),
-            Evidence("gradients", "gradients", gradients),
-            Evidence("optimizer state", "optimizer_state", optimizer_state),
+            _component_evidence(ctx, "parameters", "parameters"),
+            _component_evidence(ctx, "gradients", "gradients"),
+            _component_evidence(ctx, "optimizer state", "optimizer_state"),
             Evidence("model states needed" + note, "model_states_needed_bytes", needed),
             Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
         ),
@@ -227,7 +241,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
         f"{human(old)} of gradients from earlier steps were still alive during step {ctx.target_step}'s {ctx.target_phase}; they are not needed before the next backward.",
         (
             Evidence("gradients allocated in earlier steps, still alive", "old_gradient_bytes", old, largest.alloc_index if largest else None, largest.address if largest else None, _frame_text(largest)),
-            Evidence("parameters", "parameters", parameters),
+            _component_evidence(ctx, "parameters", "parameters"),
             Evidence("no zero_grad phase recorded" if no_zero_grad else "zero_grad ran but kept the tensors (set_to_none=False)", "zero_grad_seen", value=int(not no_zero_grad)),
         ),
     )
@@ -333,9 +347,9 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
             0.8,
             f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(optimizer_state)} of state so far on top of {human(parameters)} of parameters and {human(gradients)} of gradients.",
             (
-                Evidence("optimizer state alive at the OOM", "optimizer_state", optimizer_state),
+                _component_evidence(ctx, "optimizer state alive at the OOM", "optimizer_state"),
                 Evidence("OOM during step 0's optimizer step", "target_step", None, ctx.target_index, value=step),
-                Evidence("temporaries (foreach buffers)", "temporaries", ctx.components.get("temporaries", 0)),
+                _component_evidence(ctx, "temporaries (foreach buffers)", "temporaries"),
             ),
         )
     if step < 1 or optimizer_state <= 0:
@@ -352,9 +366,9 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         0.7,
         f"Step {step} failed with {human(optimizer_state)} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline.",
         (
-            Evidence("optimizer state alive at the OOM", "optimizer_state", optimizer_state),
+            _component_evidence(ctx, "optimizer state alive at the OOM", "optimizer_state"),
             Evidence("peak activations of earlier steps", "earlier_peak_activation_bytes", earlier_peak),
-            Evidence("activations at the OOM", "activations", activations_now),
+            _component_evidence(ctx, "activations at the OOM", "activations"),
             Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
         ),
     )
@@ -373,7 +387,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     step = ctx.target_step or 0
     earlier_peak = _earlier_activation_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
-    evidence = [Evidence("live activations at the OOM", "activations", activations), Evidence("live temporaries at the OOM", "temporaries", temporaries)]
+    evidence = [_component_evidence(ctx, "live activations at the OOM", "activations"), _component_evidence(ctx, "live temporaries at the OOM", "temporaries")]
     if ratio is not None:
         evidence.append(Evidence(f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak))
     spike = ratio is not None and ratio > 1.2
