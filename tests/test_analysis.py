@@ -365,3 +365,33 @@ def test_inference_with_grad_keeps_each_pass():
     result = analyse(sim.snapshot())
     assert result.verdict == "inference-with-grad", result.summary
     assert result.recommendations[0].id == "no-grad"
+
+
+def test_steps_counted_without_optimizer_allocations_or_annotations():
+    from tests.analysis_builder import Frame
+
+    events = []
+    time_us = 0
+    stacks = []
+    for step in range(3):
+        stacks += [USER_STACK, FORWARD_STACK, FORWARD_STACK, (), ()]  # batch, forward, backward (SGD: no allocations)
+    for stack in stacks:
+        time_us += 10
+        events.append(TraceEvent("alloc", 0x100000 + time_us * 4096, 4096, 0, stack, time_us))
+    result = analyse(Snapshot(segments=(), traces=(DeviceTrace.from_events(0, events),)))
+    forwards = [(s.first_index, s.step) for s in result.phases if s.phase == "forward"]
+    assert forwards == [(1, 0), (6, 1), (11, 2)]
+    assert result.phase_source == "frames"
+
+
+def test_dump_phase_follows_the_last_marker():
+    sim = Sim()
+    sim.marker("forward", "start")
+    sim.alloc(10 * MiB, FORWARD_STACK)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.alloc(10 * MiB)
+    sim.marker("backward", "end")
+    result = analyse(sim.snapshot())
+    assert result.replay.target_kind == "dump"
+    assert (result.target_phase, result.target_step) == ("between_steps", 0)

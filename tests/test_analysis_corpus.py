@@ -54,3 +54,16 @@ def test_trace_that_continues_after_the_oom_is_judged_at_the_oom(corpus_dir):
     assert analysis.accounting.allocated_bytes > 10 * final_allocated  # the end state is not the OOM state
     assert analysis.accounting.request_bytes > 4 << 30
     assert any("after the target" in line for line in analysis.unknowns)
+
+
+def test_replayer_agrees_with_the_analysis_at_the_oom(corpus_dir):
+    from oomdoctor.analysis import replayer
+
+    path = corpus_dir / "snapshots" / "oom_action__nesta_discrete_diffusion__memory_snapshot.json"
+    snapshot = load(path)
+    analysis = analyse(snapshot)
+    state = replayer(snapshot, analysis.device).state_at(analysis.replay.target_index)
+    assert state.reserved_bytes == analysis.accounting.reserved_bytes
+    assert abs(state.allocated_bytes - analysis.accounting.allocated_bytes) <= 1 << 20
+    for segment in state.segments:
+        assert sum(b.size for b in segment.blocks) == segment.total_size
