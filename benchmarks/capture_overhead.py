@@ -5,13 +5,15 @@ wrapped `nn.Module.__call__`, `autograd.backward` and `zero_grad`, the optimizer
 registry's weak sets. It trains a small model on CPU against a backend whose history calls do
 nothing, and prints two ratios of step time with / without install() (target: under 1.01):
 
-* accounted: the step's own calls (counted: module calls, backward, zero_grad, optimizer steps)
-  replayed through oomdoctor's wrappers around no-op functions, timed in a tight loop, added to
-  the step time. Stable, because it times only the added work, many times over.
-* end to end: blocks of real steps, alternating without / with install(), lower-quartile block
-  time of each. The direct measurement, but on a loaded machine its noise exceeds the effect.
+* accounted: the step's own calls, counted (module calls, backward, zero_grad, optimizer steps),
+  times what oomdoctor adds to each: per module call measured through a chain of real modules,
+  per marker through oomdoctor's wrappers around no-op functions in a tight loop. Stable, because
+  it times only the added work, many times over.
+* end to end: real steps in rounds alternating without / with install(), each step timed in
+  this thread's CPU time; median step time of each. The direct measurement, but on a loaded
+  machine its noise (a few percent) exceeds the effect.
 
-    python benchmarks/capture_overhead.py [--model mlp|transformer] [--blocks 60] [--steps 5]
+    python benchmarks/capture_overhead.py [--model mlp|transformer] [--rounds 20] [--steps 20]
 """
 
 from __future__ import annotations
@@ -82,11 +84,6 @@ def make_model(kind: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return model, torch.randn(16, 32, 128), torch.randint(0, 10, (16,))
 
 
-def lower_quartile(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 4]
-
-
 def calls_per_step(step: Any) -> int:
     """How many nn.Module calls one training step makes (counted once with a temporary hook)."""
     count = 0
@@ -103,10 +100,36 @@ def calls_per_step(step: Any) -> int:
     return count
 
 
-def added_seconds_per_step(module_calls: int, repeats: int = 7, loops: int = 2000) -> float:
-    """Time one step's worth of oomdoctor's wrappers around no-op functions, minus the bare calls."""
+def best_of(function: Any, repeats: int, loops: int) -> float:
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(loops):
+            function()
+        timings.append((time.perf_counter() - start) / loops)
+    return min(timings)
+
+
+def added_seconds_per_module_call(chain_length: int = 200, repeats: int = 15) -> float:
+    """Through real nn.Module calls: a chain of Identity modules with and without install()."""
+    chain = nn.Sequential(*[nn.Identity() for _ in range(chain_length)])
+    inputs = torch.zeros(1)
+    without, with_capture = [], []
+    for _ in range(repeats):
+        without.append(best_of(lambda: chain(inputs), 1, 50))
+        oomdoctor.install()
+        with_capture.append(best_of(lambda: chain(inputs), 1, 50))
+        oomdoctor.uninstall()
+    return max(min(with_capture) - min(without), 0.0) / chain_length
+
+
+def added_seconds_per_step(module_calls: int, repeats: int = 7, loops: int = 2000) -> tuple[float, float]:
+    """One step's worth of oomdoctor's work: each module call's wrapper (measured through real
+    modules), plus the markers of the outermost calls, backward, zero_grad and the optimizer step
+    (their wrappers around no-op functions, timed in a tight loop, minus the bare calls)."""
     recorder = PhaseRecorder()
     recorder.active = True
+    recorder._refresh()
     module = nn.Identity()
 
     def noop(*args: Any, **kwargs: Any) -> None:
@@ -116,46 +139,31 @@ def added_seconds_per_step(module_calls: int, repeats: int = 7, loops: int = 200
     wrapped_backward = recorder._backward_wrapper(noop)
     wrapped_zero_grad = recorder._zero_grad_wrapper(noop)
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    inner_calls = max(module_calls - 2, 0)  # the model and the loss are outermost calls
-
-    def outermost_call(function: Any) -> None:
-        recorder.in_forward = False
-        function(module)
-        recorder.in_forward = True
-        for _ in range(inner_calls):
-            function(module)
-        recorder.in_forward = False
-        function(module)
 
     def with_oomdoctor() -> None:
         wrapped_zero_grad(optimizer)
-        outermost_call(wrapped_call)
+        wrapped_call(module)  # the model
+        wrapped_call(module)  # the loss
         wrapped_backward()
         recorder._optimizer_pre_hook(optimizer, (), {})
         recorder._optimizer_post_hook(optimizer, (), {})
 
     def without() -> None:
         noop(optimizer)
-        outermost_call(noop)
+        noop(module)
+        noop(module)
         noop()
 
-    def best(function: Any) -> float:
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(loops):
-                function()
-            timings.append((time.perf_counter() - start) / loops)
-        return min(timings)
-
-    return max(best(with_oomdoctor) - best(without), 0.0)
+    markers = max(best_of(with_oomdoctor, repeats, loops) - best_of(without, repeats, loops), 0.0)
+    per_module_call = added_seconds_per_module_call()
+    return markers + module_calls * per_module_call, per_module_call
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
-    parser.add_argument("--blocks", type=int, default=60, help="blocks of steps per variant, alternating")
-    parser.add_argument("--steps", type=int, default=5, help="training steps per block")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds per variant, alternating")
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps per round")
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # steadier timings on a shared machine
@@ -169,39 +177,42 @@ def main() -> None:
         loss.backward()
         optimizer.step()
 
-    def block() -> float:
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        return (time.perf_counter() - start) / args.steps
-
     backend_module.set_backend(NullHistoryBackend())
-    for _ in range(3):  # warm up both paths
-        block()
-        oomdoctor.install()
-        block()
-        oomdoctor.uninstall()
-
-    without, with_capture = [], []
-    for index in range(args.blocks):
-        order = (False, True) if index % 2 == 0 else (True, False)
-        for installed in order:
-            if installed:
-                oomdoctor.install()
-                with_capture.append(block())
-                oomdoctor.uninstall()
-            else:
-                without.append(block())
+    for _ in range(10):
+        step()
+    # rounds alternate without / with install(); each times its steps one by one in CPU time of
+    # this thread (time other processes take from it does not count), after a few settling steps
+    step_times: dict[bool, list[float]] = {False: [], True: []}
+    for round_index in range(2 * args.rounds):
+        installed = round_index % 2 == 1
+        if installed:
+            oomdoctor.install()
+        for _ in range(3):
+            step()
+        for _ in range(args.steps):
+            start = time.thread_time_ns()
+            step()
+            step_times[installed].append((time.thread_time_ns() - start) / 1e9)
+        if installed:
+            oomdoctor.uninstall()
+    without, with_capture = step_times[False], step_times[True]
+    # the same split between two halves of the rounds without: the noise floor of this machine now
+    halves = [
+        [t for index, t in enumerate(without) if (index // args.steps) % 2 == parity] for parity in (0, 1)
+    ]
 
     module_calls = calls_per_step(step)
-    base = min(without)
-    added = added_seconds_per_step(module_calls)
-    measured = lower_quartile(with_capture) / lower_quartile(without)
-    print(f"model: {args.model}, {module_calls} module calls per step; {args.blocks} blocks x {args.steps} steps")
-    print(f"step time without oomdoctor (best block): {base * 1e6:9.1f} us")
-    print(f"oomdoctor's added work per step:          {added * 1e6:9.2f} us")
+    base = min(without)  # the fastest step: the least favourable base for the accounted ratio
+    added, per_module_call = added_seconds_per_step(module_calls)
+    measured = statistics.median(with_capture) / statistics.median(without)
+    print(f"model: {args.model}, {module_calls} module calls per step; {args.rounds} rounds x {args.steps} steps each way")
+    print(f"step time without oomdoctor (fastest):    {base * 1e6:9.1f} us")
+    print(f"oomdoctor's added work per step:          {added * 1e6:9.2f} us"
+          f"  ({per_module_call * 1e9:.0f} ns per module call)")
     print(f"ratio (accounted): {(base + added) / base:.4f}  (target < 1.01)")
-    print(f"ratio (end to end, lower quartile of interleaved blocks): {measured:.4f}")
+    print(f"ratio (end to end, median step time with / without): {measured:.4f}"
+          f"  (same measure between two halves of the runs without: "
+          f"{statistics.median(halves[1]) / statistics.median(halves[0]):.4f})")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ class PhaseRecorder:
         self.in_forward = False
         self.in_backward = False
         self.in_zero_grad = False
+        # in_forward or in_backward or not active: the one flag the per-module-call path reads
+        self.pass_module_calls = True
         self.stepping: list[int] = []  # ids of optimizers inside step(), outermost first
         self.root_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -82,6 +84,7 @@ class PhaseRecorder:
         import torch.nn as nn
 
         self.active = True
+        self._refresh()
         self._wrap_attribute(nn.Module, "__call__", self._module_call_wrapper)
         self._wrap_attribute(torch.autograd, "backward", self._backward_wrapper)
         self._wrap_attribute(torch.optim.Optimizer, "zero_grad", self._zero_grad_wrapper)
@@ -95,10 +98,14 @@ class PhaseRecorder:
 
     def uninstall(self) -> None:
         self.active = False
+        self._refresh()
         self.on_phase_start = None
         self.on_exception = None
         while self._restore:
             self._restore.pop()()
+
+    def _refresh(self) -> None:
+        self.pass_module_calls = self.in_forward or self.in_backward or not self.active
 
     def _wrap_attribute(self, owner: Any, name: str, make_wrapper: Callable[[Any], Any]) -> None:
         original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
@@ -118,9 +125,9 @@ class PhaseRecorder:
 
         @functools.wraps(original)
         def module_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if recorder.in_forward or recorder.in_backward or not recorder.active:
+            if recorder.pass_module_calls:
                 return original(module, *args, **kwargs)
-            recorder.in_forward = True
+            recorder.in_forward = recorder.pass_module_calls = True
             if module not in recorder.root_modules:
                 recorder.root_modules.add(module)
             if recorder.stepping:  # a step() that raised never ran its post hook
@@ -133,6 +140,7 @@ class PhaseRecorder:
                 raise
             finally:
                 recorder.in_forward = False
+                recorder._refresh()
                 recorder._end(PHASE_FORWARD)
 
         return module_call
@@ -144,7 +152,7 @@ class PhaseRecorder:
         def backward(*args: Any, **kwargs: Any) -> Any:
             if recorder.in_backward or not recorder.active:
                 return original(*args, **kwargs)
-            recorder.in_backward = True
+            recorder.in_backward = recorder.pass_module_calls = True
             recorder._start(PHASE_BACKWARD)
             try:
                 return original(*args, **kwargs)
@@ -153,6 +161,7 @@ class PhaseRecorder:
                 raise
             finally:
                 recorder.in_backward = False
+                recorder._refresh()
                 recorder._end(PHASE_BACKWARD)
 
         return backward
