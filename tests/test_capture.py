@@ -633,3 +633,21 @@ def test_a_later_oom_exception_is_not_linked_to_an_old_internal_retry(fake):
         pass
     assert stale.exception is None and stale.observed["surfaced"] is False
     assert len(dumps_in(Path("oom-dumps"))) == 1
+
+
+def test_an_unhashable_optimizer_does_not_break_training(fake):
+    class ComparableSGD(torch.optim.SGD):
+        def __eq__(self, other):
+            return isinstance(other, ComparableSGD)
+
+        __hash__ = None  # type: ignore[assignment]
+
+    oomdoctor.install()
+    model = nn.Linear(4, 4)
+    optimizer = ComparableSGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    steps = [m["step"] for m in capture.current_markers() if m["phase"] == "optimizer_step"]
+    assert steps == [0, 0, 1, 1]

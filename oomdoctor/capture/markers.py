@@ -128,8 +128,7 @@ class PhaseRecorder:
             if recorder.pass_module_calls:
                 return original(module, *args, **kwargs)
             recorder.in_forward = recorder.pass_module_calls = True
-            if module not in recorder.root_modules:
-                recorder.root_modules.add(module)
+            recorder._remember(recorder.root_modules, module)
             if recorder.stepping:  # a step() that raised never ran its post hook
                 recorder.stepping.clear()
             recorder._start(PHASE_FORWARD)
@@ -183,18 +182,23 @@ class PhaseRecorder:
 
         return zero_grad
 
+    @staticmethod
+    def _remember(weak_set: Any, owner: Any) -> None:
+        try:
+            if owner not in weak_set:
+                weak_set.add(owner)
+        except TypeError:  # a class that defines __eq__ without __hash__: not remembered
+            pass
+
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return None
         key = id(optimizer)
         if key in self.stepping:  # the same optimizer cannot be inside its own step: stale state
             self.stepping.clear()
+        self._remember(self.optimizers, optimizer)
         if not self.stepping:
-            if optimizer not in self.optimizers:
-                self.optimizers.add(optimizer)
             self._start(PHASE_OPTIMIZER)
-        elif optimizer not in self.optimizers:
-            self.optimizers.add(optimizer)
         self.stepping.append(key)
         return None
 
@@ -204,8 +208,11 @@ class PhaseRecorder:
         key = id(optimizer)
         if key in self.stepping:
             self.stepping.remove(key)
-        completed = self._steps_by_optimizer.get(optimizer, 0) + 1
-        self._steps_by_optimizer[optimizer] = completed
+        try:
+            completed = self._steps_by_optimizer.get(optimizer, 0) + 1
+            self._steps_by_optimizer[optimizer] = completed
+        except TypeError:  # unhashable: count it with the others
+            completed = self.step + 1
         if not self.stepping:
             self._end(PHASE_OPTIMIZER)
             if completed > self.step:
