@@ -40,7 +40,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     for item in analysis.evidence:
         if item.bytes is not None:
             value = f": {human(item.bytes)}"
-        elif item.value is not None and not (item.metric or "").endswith("_seen"):
+        elif item.value is not None and not (item.metric or "").endswith("_seen") and item.metric != "target_step":
             value = f": {item.value}"
         else:
             value = ""
