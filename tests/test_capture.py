@@ -651,3 +651,32 @@ def test_an_unhashable_optimizer_does_not_break_training(fake):
         optimizer.step()
     steps = [m["step"] for m in capture.current_markers() if m["phase"] == "optimizer_step"]
     assert steps == [0, 0, 1, 1]
+
+
+def test_recording_waits_until_cuda_is_initialized(fake):
+    """install() runs before the script picks its device: starting history or attaching the
+    observer then would initialize CUDA on the default device (and break forked children)."""
+    queued = []
+    fake.when_ready = queued.append
+    oomdoctor.install()
+    assert capture.is_installed() and fake.history is None and fake.observers == []
+    queued.pop()()  # torch initializes CUDA
+    assert fake.history is not None and len(fake.observers) == 1
+    oomdoctor.uninstall()
+    assert fake.history is None
+
+    oomdoctor.install()
+    oomdoctor.uninstall()  # before CUDA ever started: the queued start does nothing
+    queued.pop()()
+    assert fake.history is None
+
+
+def test_cuda_backend_defers_to_torch_lazy_init(monkeypatch):
+    calls, queued = [], []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_lazy_call", queued.append)
+    backend_module.CudaBackend().when_ready(lambda: calls.append("started"))
+    assert calls == [] and len(queued) == 1
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    backend_module.CudaBackend().when_ready(lambda: calls.append("started"))
+    assert calls == ["started"]

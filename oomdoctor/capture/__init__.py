@@ -79,8 +79,7 @@ def install(**options: Any) -> None:
 
             session = CaptureSession(resolve_options(options, warn=say), backend)
             try:
-                _attach_observer(backend)
-                session.start()
+                session.start(_attach_observer)
             except BaseException:
                 session.stop()
                 raise

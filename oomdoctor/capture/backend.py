@@ -7,6 +7,7 @@ calls `set_backend()` before running the user's script.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Protocol
 
@@ -77,8 +78,6 @@ class CudaBackend:
         return None
 
     def record_history(self, *, max_entries: int, stacks: str, context: str) -> None:
-        import inspect
-
         import torch
 
         record = torch.cuda.memory._record_memory_history
@@ -94,7 +93,25 @@ class CudaBackend:
     def stop_history(self) -> None:
         import torch
 
-        torch.cuda.memory._record_memory_history(None)
+        record = torch.cuda.memory._record_memory_history
+        legacy = "stacks" not in inspect.signature(record).parameters  # torch 2.0: a bool
+        record(False if legacy else None)
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once CUDA is initialized: now if it is, else when torch initializes it.
+
+        Optional for other backends (capture calls the callback at once without it). Recording
+        history or attaching the OOM observer would otherwise initialize CUDA inside install(),
+        on the default device before the script picks its own, and forked children could no
+        longer use CUDA.
+        """
+        import torch
+
+        lazy_call = getattr(torch.cuda, "_lazy_call", None)
+        if lazy_call is None or torch.cuda.is_initialized():
+            callback()
+        else:
+            lazy_call(callback)
 
     def history_enabled(self) -> bool:
         """Whether the script already records history (install() then keeps its settings).

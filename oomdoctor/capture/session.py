@@ -93,18 +93,9 @@ class CaptureSession:
 
     # -- install / uninstall --------------------------------------------------------------------
 
-    def start(self) -> None:
-        options = self.options
+    def start(self, attach_observer: Callable[[Any], None]) -> None:
+        """Hooks now; history and the OOM observer once CUDA is initialized (backend.when_ready)."""
         self.active = True
-        already = getattr(self.backend, "history_enabled", None)
-        if callable(already) and already():
-            self.history_started_by = "user"
-        else:
-            self.backend.record_history(
-                max_entries=options.max_entries, stacks=options.stacks, context=options.context
-            )
-            self.history_started_by = "oomdoctor"
-            self._undo.append(self.backend.stop_history)
         self.recorder.on_exception = self._guarded(self.exception_seen)
         self.recorder.install()
         self._undo.append(self.recorder.uninstall)
@@ -112,6 +103,30 @@ class CaptureSession:
         self._install_excepthooks()
         atexit.register(self.at_exit)
         self._undo.append(lambda: atexit.unregister(self.at_exit))
+
+        def start_recording() -> None:
+            if self.active:
+                try:
+                    attach_observer(self.backend)
+                    self._start_history()
+                except Exception as error:
+                    writer.say(f"could not start recording ({type(error).__name__}: {error})")
+
+        when_ready = getattr(self.backend, "when_ready", None)
+        if callable(when_ready):
+            when_ready(start_recording)
+        else:
+            start_recording()
+
+    def _start_history(self) -> None:
+        already = getattr(self.backend, "history_enabled", None)
+        if callable(already) and already():
+            self.history_started_by = "user"
+            return
+        options = self.options
+        self.backend.record_history(max_entries=options.max_entries, stacks=options.stacks, context=options.context)
+        self.history_started_by = "oomdoctor"
+        self._undo.append(self.backend.stop_history)
 
     def stop(self) -> None:
         self.active = False
