@@ -8,15 +8,16 @@ evidence, recommendations and a what-if for the batch size. No I/O, no printing.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
-from oomdoctor.metadata import COMPONENTS, SCHEMA_VERSION
+from oomdoctor.metadata import COMPONENTS
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.diagnosis import Context, diagnose, recommend
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
-from oomdoctor.analysis.replay import Replayer, columns, lay_out, live_until, ooms_of, segments_at, walk
+from oomdoctor.analysis.timeline import Replayer
+from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
@@ -140,46 +141,10 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     else:
         target_index, target_kind = None, "dump"
 
-    # The live set at the target: exact from the dump when nothing allocated or freed after it.
     after = len(trace) - 1 - target_index if target_index is not None else 0
     frames_of = {a: b.frames for a, b in final_blocks.items()}
-    if target_index is None or not _touches_blocks(trace, target_index):
-        live = _live_from_final(final_blocks, state.live_at_end)
-        layout, exact_layout = list(segments), True
-        if target_index is not None:
-            layout, exact_layout = segments_at(trace, segments, target_index)
-            if not exact_layout:
-                layout = lay_out(layout, live, {})
-    else:
-        if target_index in state.oom_live:
-            live_entries, pending_entries = state.oom_live[target_index]
-        else:
-            live_entries, pending_entries = live_until(trace, target_index, state, divisions)
-        live = {}
-        for address, (alloc_index, _, size, requested) in live_entries.items():
-            end_entry = state.live_at_end.get(address)
-            if end_entry is not None and end_entry[0] == alloc_index and address in final_blocks:
-                block = final_blocks[address]
-                live[address] = (alloc_index, block.size, block.requested_size)
-            else:
-                live[address] = (alloc_index, size, requested)
-        for address, block in final_blocks.items():  # allocated before the trace and never freed
-            if address not in state.live_at_end and address not in live:
-                live[address] = (None, block.size, block.requested_size)
-        for index, address, size in state.pre_existing_frees:  # allocated before the trace, freed after the target
-            if index > target_index and address not in live:
-                live[address] = (None, size, size)
-        pending = {a: e[2] for a, e in pending_entries.items()}
-        seg_list, _ = segments_at(trace, segments, target_index)
-        layout, exact_layout = lay_out(seg_list, live, pending), False
-        unknowns.append(
-            f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"
-        )
-
-    if not exact_layout:
-        live, unplaced = _sizes_from_layout(live, layout)
-        if unplaced:
-            unknowns.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")
+    live, layout, note = _live_at_target(trace, segments, state, target_index, final_blocks, divisions)
+    unknowns.extend(note)
 
     large_segment = large_segment_bytes(settings.raw_conf if settings is not None else None)
     oom_events = ooms_of(trace, state.oom_indices, fatal_index, large_segment)
@@ -355,3 +320,46 @@ def _phase_after_markers(markers, phase: str, step: int | None) -> tuple[str, in
     if last.get("phase") == "optimizer_step" and last_step is not None:
         last_step += 1
     return PHASE_BETWEEN, last_step
+
+
+def _live_at_target(trace, segments, state, target_index, final_blocks, divisions):
+    """(live, layout, notes): the live set (address -> (alloc index, bytes, requested)) and the
+    segment layout right after the target; exact from the dump when nothing was allocated or freed
+    after it, otherwise replayed back from the final state."""
+    notes: list[str] = []
+    if target_index is None or not _touches_blocks(trace, target_index):
+        live = _live_from_final(final_blocks, state.live_at_end)
+        if target_index is None:
+            return live, list(segments), notes
+        layout, exact = segments_at(trace, segments, target_index)
+        if exact:
+            return live, layout, notes
+        layout = lay_out(layout, live, {})
+    else:
+        if target_index in state.oom_live:
+            live_entries, pending_entries = state.oom_live[target_index]
+        else:
+            live_entries, pending_entries = live_until(trace, target_index, state, divisions)
+        live = {}
+        for address, (alloc_index, _, size, requested) in live_entries.items():
+            end_entry = state.live_at_end.get(address)
+            if end_entry is not None and end_entry[0] == alloc_index and address in final_blocks:
+                block = final_blocks[address]
+                live[address] = (alloc_index, block.size, block.requested_size)
+            else:
+                live[address] = (alloc_index, size, requested)
+        for address, block in final_blocks.items():  # allocated before the trace and never freed
+            if address not in state.live_at_end and address not in live:
+                live[address] = (None, block.size, block.requested_size)
+        for index, address, size in state.pre_existing_frees:  # allocated before the trace, freed after the target
+            if index > target_index and address not in live:
+                live[address] = (None, size, size)
+        pending = {a: e[2] for a, e in pending_entries.items()}
+        seg_list, _ = segments_at(trace, segments, target_index)
+        layout = lay_out(seg_list, live, pending)
+        after = len(trace) - 1 - target_index
+        notes.append(f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests")
+    live, unplaced = _sizes_from_layout(live, layout)
+    if unplaced:
+        notes.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")
+    return live, layout, notes
