@@ -338,9 +338,15 @@ class CaptureSession:
     def _oom_without_observer(self, error: BaseException) -> None:
         """torch 2.12+ rejects some requests before the allocator's OOM path, with no observer call."""
         handled = sys.exc_info()[1]
-        if not str(error).startswith("CUDA out of memory") or (handled is not None and self._is_oom(handled)):
-            # a script (or torch's ExceptionWrapper, for DataParallel replicas and DataLoader
-            # workers) building or re-raising an OutOfMemoryError after the fact
+        message = str(error)
+        if (
+            not message.startswith("CUDA out of memory")
+            or "preemptively rejected" not in message
+            or (handled is not None and self._is_oom(handled))
+        ):
+            # any other OutOfMemoryError without an observer call is made after the fact: by the
+            # script, by torch's ExceptionWrapper (DataParallel replicas, DataLoader workers), or
+            # unpickled from another process
             return
         if self.dumps_written >= self.options.max_dumps:
             return
