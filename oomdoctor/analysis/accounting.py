@@ -151,8 +151,8 @@ def fragmentation_of(
         usable = [sum(v[0] for v in matching), sum(v[1] for v in matching), max((v[2] for v in matching), default=0)]
     would_fit = None
     if request_bytes is not None:
-        contiguous_free = usable[0] + (device_free_bytes or 0)
-        would_fit = usable[2] < request_bytes <= contiguous_free and usable[0] > 0
+        # spec §7.5: enough free cached bytes on the request's pool and stream, no block that large
+        would_fit = usable[2] < request_bytes <= usable[0]
     pool_rows = tuple(
         PoolFree(
             pool=label,

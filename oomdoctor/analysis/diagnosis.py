@@ -182,25 +182,19 @@ def _test_model_states(ctx: Context) -> Finding | None:
 
 
 def _test_fragmentation(ctx: Context) -> Finding | None:
-    """The request would have fit had the free memory (cache and device) been one contiguous range."""
+    """Enough free cached memory on the request's pool and stream, but no block of it large enough."""
     frag = ctx.fragmentation
-    acc = ctx.accounting
-    if ctx.oom is None or acc.device_free_bytes is None:
+    if ctx.oom is None or not frag.would_fit_if_contiguous:
         return None
-    free_total = acc.device_free_bytes + acc.free_cached_bytes + acc.pending_free_bytes
-    if free_total < ctx.request or frag.largest_usable_free_block_bytes >= ctx.request:
-        return None
-    in_cache = frag.usable_free_bytes >= ctx.request
     return Finding(
         "fragmentation",
-        0.85 if in_cache else 0.7,
-        f"{human(free_total)} was free ({human(acc.free_cached_bytes)} cached by PyTorch in pieces, {human(acc.device_free_bytes)} on the device), more than the {human(ctx.request)} request, but no single free range was large enough: the largest cached piece was {human(frag.largest_usable_free_block_bytes)}.",
+        0.85,
+        f"{human(frag.usable_free_bytes)} sat free in PyTorch's cache for this pool and stream, more than the {human(ctx.request)} request, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}.",
         (
-            Evidence("free memory in total: device free + cached free + pending free", "free_total_bytes", free_total),
-            Evidence("free cached bytes usable for the request (same pool and stream)", "usable_free_bytes", frag.usable_free_bytes),
+            Evidence(f"free cached bytes usable for the request ({frag.request_pool} pool, same stream)", "usable_free_bytes", frag.usable_free_bytes),
             Evidence("largest usable free block", "largest_usable_free_block_bytes", frag.largest_usable_free_block_bytes),
             Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),
-            Evidence("free device memory at the OOM", "device_free_bytes", acc.device_free_bytes),
+            Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes),
         ),
     )
 
@@ -471,9 +465,7 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
         old, _, _ = ctx.old_bytes(("activations", "temporaries", "inputs"))
         add("free-kept-tensors", "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.", old)
     if "fragmentation" in verdicts and ctx.expandable_on is not True:
-        acc = ctx.accounting
-        free_total = (acc.device_free_bytes or 0) + acc.free_cached_bytes + acc.pending_free_bytes
-        add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of memory can be mapped into one range.", free_total)
+        add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range.", ctx.fragmentation.usable_free_bytes)
     if "inference-with-grad" in verdicts:
         kept = sum(b.size_bytes for b in ctx.live_blocks if b.component in ("activations", "temporaries") and b.alloc_index is not None and b.step == ctx.target_step)
         add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.", kept * 0.9)
