@@ -234,6 +234,7 @@ def test_install_is_idempotent_and_uninstall_restores_everything(fake):
     }
     oomdoctor.install()
     oomdoctor.install()
+    oomdoctor.install(max_entries=100_000)  # the same options: nothing to say
     assert capture.is_installed()
     assert len(fake.observers) == 1 and fake.history_calls == [
         ("start", {"max_entries": 100_000, "stacks": "python", "context": "all"})
@@ -256,6 +257,13 @@ def test_install_is_idempotent_and_uninstall_restores_everything(fake):
 
     oomdoctor.install()  # again: the observer torch keeps forever is not attached twice
     assert len(fake.observers) == 1 and capture.is_installed()
+
+
+def test_a_second_install_with_other_options_says_they_are_ignored(fake, capsys):
+    oomdoctor.install()
+    oomdoctor.install(max_dumps=1)
+    assert "already installed; the options of this install() call are ignored" in capsys.readouterr().err
+    assert capture._session.options.max_dumps == 5
 
 
 def test_without_cuda_install_says_why_once_and_does_nothing(fake, capsys, monkeypatch):

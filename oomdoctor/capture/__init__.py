@@ -66,7 +66,11 @@ def install(**options: Any) -> None:
     global _session, _unavailable_reported
     try:
         with _install_lock:
-            if _session is not None or disabled_by_environment():
+            if _session is not None:
+                if options and resolve_options(options) != _session.options:
+                    say("already installed; the options of this install() call are ignored")
+                return
+            if disabled_by_environment():
                 return
             backend = active_backend()
             reason = backend.unavailable_reason()
