@@ -688,3 +688,18 @@ def test_cuda_backend_defers_to_torch_lazy_init(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     backend_module.CudaBackend().when_ready(lambda: calls.append("started"))
     assert calls == ["started"]
+
+
+def test_the_module_call_wrapper_frame_is_not_taken_for_user_code():
+    """On a GPU torch records the wrapper's frame in allocation stacks (one per module nesting
+    level); the analysis must still name the user's line."""
+    from oomdoctor.analysis.attribution import source_line
+    from oomdoctor.capture import markers
+    from oomdoctor.model import Frame
+
+    stack = (
+        Frame(filename="/env/lib/python3.11/site-packages/torch/nn/modules/linear.py", line=125, name="forward"),
+        Frame(filename=markers.__file__, line=130, name="module_call"),
+        Frame(filename="/home/me/project/model.py", line=40, name="forward"),
+    )
+    assert source_line(stack) == "/home/me/project/model.py:40 in forward"

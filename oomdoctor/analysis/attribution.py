@@ -60,7 +60,7 @@ PHASE_COMPONENT = {
     PHASE_UNKNOWN: UNKNOWN,
 }
 
-_TORCH_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/python")
+_TORCH_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/python", "/oomdoctor/capture/")
 
 
 class Registry:
