@@ -15,7 +15,7 @@ import operator
 import sys
 from itertools import repeat
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from oomdoctor.errors import LoadError
 from oomdoctor.load.stacks import StackTable
@@ -158,11 +158,6 @@ def _int(value: Any, describe: str, what: str) -> int:
     return value
 
 
-def _check_int64(values: list[Any], describe: str, device: int, key: str) -> None:
-    """torch writes int64s; a bigger int is a damaged or forged file (and would break arithmetic)."""
-    if values and (min(values) < _INT64_MIN or max(values) > _INT64_MAX):
-        index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
-        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits")
 
 
 def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) -> tuple[tuple[Segment, ...], bool]:
@@ -240,57 +235,86 @@ def _pool_id(value: Any, describe: str, what: str) -> tuple[int, int]:
     return DEFAULT_POOL if tuple(value) == DEFAULT_POOL else (value[0], value[1])
 
 
-def _check_column(values: list[Any], allowed: Iterable[type], describe: str, device: int, key: str) -> set[type]:
+def _bad_value_error(values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str) -> LoadError:
+    index = next(i for i, v in enumerate(values) if type(v) not in allowed)
+    found = "missing" if values[index] is None else f"a {_type_name(values[index])}"
+    return _shape_error(describe, f"device {device} trace event {index}: '{key}' is {found}")
+
+
+def _int_column(
+    values: tuple[Any, ...], describe: str, device: int, key: str, *, missing: int | None = None, ranged: bool = False
+) -> tuple[int, ...]:
+    """`values` checked to be ints (None replaced by `missing` when given), within int64 if `ranged`."""
     kinds = set(map(type, values))
-    unexpected = kinds.difference(allowed)
-    if unexpected:
-        index = next(i for i, v in enumerate(values) if type(v) in unexpected)
-        found = "missing" if values[index] is None else f"a {_type_name(values[index])}"
-        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' is {found}")
-    return kinds
+    if kinds != {int}:
+        allowed = (int, _NONE_TYPE) if missing is not None else (int,)
+        if not kinds.issubset(allowed):
+            raise _bad_value_error(values, allowed, describe, device, key)
+        values = tuple(missing if v is None else v for v in values)
+    if ranged and (min(values) < _INT64_MIN or max(values) > _INT64_MAX):
+        index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
+        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits")
+    return values
 
 
-def _interned(values: list[Any]) -> tuple[Any, ...]:
-    """The same values, equal strings made one object (a million 'N/A's become one)."""
-    table: dict[Any, Any] = {}
-    return tuple(map(table.setdefault, values, values))
+def _distinct(values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str) -> set[Any]:
+    """The distinct values of a column with few of them (actions, streams, contexts), type-checked."""
+    try:
+        distinct = set(values)
+    except TypeError:  # an unhashable value: a list or dict where a str or int belongs
+        raise _bad_value_error(values, allowed, describe, device, key) from None
+    if any(type(v) not in allowed for v in distinct):
+        raise _bad_value_error(values, allowed, describe, device, key)
+    return distinct
+
+
+def _shared_strings(values: tuple[Any, ...], distinct: set[Any]) -> tuple[Any, ...]:
+    """The same values with equal strings made one (interned) object, when they are not already."""
+    sample = values[:4096]
+    if len(set(map(id, sample))) <= len(set(sample)):
+        return values  # already one object per value, as in torch's pickles
+    table = {v: sys.intern(v) if type(v) is str else v for v in distinct}
+    return tuple(map(table.__getitem__, values))
+
+
+def _present(events: list[Any], key: str) -> bool:
+    """torch writes a key on every event of a trace or on none (spec §1.9); look at both ends."""
+    return key in events[0] or key in events[-1]
 
 
 def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: str, era: _Era) -> DeviceTrace:
     if not events:
         return DeviceTrace(device, (), (), (), ())
-    kinds = set(map(type, events))
-    if kinds != {dict}:
-        bad = next(e for e in events if type(e) is not dict)
-        raise _shape_error(describe, f"a trace event of device {device} is a {_type_name(bad)}, not a dict")
     get = dict.get
 
-    def column(key: str) -> list[Any]:
-        return list(map(get, events, repeat(key)))
+    def column(key: str) -> tuple[Any, ...]:
+        return tuple(map(get, events, repeat(key)))
 
-    actions = column("action")
-    _check_column(actions, (str,), describe, device, "action")
-    action_table = {action: sys.intern(action) for action in set(actions)}
-    actions_interned = tuple(map(action_table.__getitem__, actions))
-    del actions
+    try:
+        actions = column("action")
+    except TypeError:  # dict.get refuses anything but a dict
+        bad = next(e for e in events if type(e) is not dict)
+        raise _shape_error(describe, f"a trace event of device {device} is a {_type_name(bad)}, not a dict") from None
+    distinct_actions = _distinct(actions, (str,), describe, device, "action")
+    actions = _shared_strings(actions, distinct_actions)
 
-    sizes = column("size")
-    _check_column(sizes, (int,), describe, device, "size")
-    _check_int64(sizes, describe, device, "size")
-
-    addrs = column("addr")
-    if _NONE_TYPE in _check_column(addrs, (int, _NONE_TYPE), describe, device, "addr"):
-        addrs = [0 if a is None else a for a in addrs]  # `oom` events carry device_free instead
-    _check_int64(addrs, describe, device, "addr")
-
+    sizes = _int_column(column("size"), describe, device, "size", ranged=True)
+    addrs = _int_column(column("addr"), describe, device, "addr", missing=0)  # `oom` has no addr
     streams = column("stream")
-    if _NONE_TYPE in _check_column(streams, (int, _NONE_TYPE), describe, device, "stream"):
-        streams = [0 if s is None else s for s in streams]
+    if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
+        streams = _int_column(streams, describe, device, "stream", missing=0)
 
-    times_us = column("time_us")
-    times_kinds = _check_column(times_us, (int, _NONE_TYPE), describe, device, "time_us")
-    if int in times_kinds:
-        _check_int64([t for t in times_us if t is not None] if _NONE_TYPE in times_kinds else times_us, describe, device, "time_us")
+    times_us = None
+    if _present(events, "time_us"):
+        values = column("time_us")
+        kinds = set(map(type, values))
+        if not kinds.issubset((int, _NONE_TYPE)):
+            raise _bad_value_error(values, (int, _NONE_TYPE), describe, device, "time_us")
+        present = values if _NONE_TYPE not in kinds else tuple(v for v in values if v is not None)
+        if present:
+            _int_column(present, describe, device, "time_us", ranged=True)
+            times_us = values
+    if times_us is not None:
         _note_once(era, "time_us on trace events", 2)
     else:
         _note_once(era, "no time_us on trace events", 1, upper=True)
@@ -298,22 +322,21 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     compile_contexts = _optional_text_column(events, "compile_context", describe, device, era, 8, 7)
     user_metadata = _optional_text_column(events, "user_metadata", describe, device, era, 10, 9)
     pool_ids = _optional_pool_column(events, describe, device, era)
-
-    raw_stacks = column("frames")
-    _check_column(raw_stacks, (list, tuple, _NONE_TYPE), describe, device, "frames")
+    raw_stacks = column("frames")  # checked lazily: StackTable turns anything odd into no stack
 
     device_free: dict[int, int] = {}
-    if OOM in action_table:
-        for index, action in enumerate(actions_interned):
-            if action is OOM:
+    if OOM in distinct_actions:
+        for index, action in enumerate(actions):
+            if action == OOM:
                 free = events[index].get("device_free")
                 if free is not None:
                     device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
-    if ANNOTATE in action_table:
+    if ANNOTATE in distinct_actions:
         _note_once(era, "'annotate' trace events", 14)
 
     forward_frames: dict[int, tuple[str, ...]] = {}
-    if any(map(operator.contains, events, repeat("forward_frames"))):
+    # anomaly-mode forward_frames exist from torch 2.11 on, whose events all carry user_metadata
+    if user_metadata is not None and any(map(operator.contains, events, repeat("forward_frames"))):
         _note_once(era, "forward_frames on trace events", 11)
         for index, event in enumerate(events):
             lines = event.get("forward_frames")
@@ -322,17 +345,17 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
 
     return DeviceTrace(
         device=device,
-        actions=actions_interned,
-        addrs=tuple(addrs),
-        sizes=tuple(sizes),
-        streams=tuple(streams),
-        times_us=tuple(times_us) if int in times_kinds else None,
+        actions=actions,
+        addrs=addrs,
+        sizes=sizes,
+        streams=streams,
+        times_us=times_us,
         compile_contexts=compile_contexts,
         user_metadata=user_metadata,
         pool_ids=pool_ids,
         device_free=MappingProxyType(device_free),
         forward_frames=MappingProxyType(forward_frames),
-        raw_stacks=tuple(raw_stacks),
+        raw_stacks=raw_stacks,
         stack_of=stacks.stack_of,
     )
 
@@ -349,21 +372,20 @@ def _note_once(era: _Era, evidence: str, minor: int, upper: bool = False) -> Non
 def _optional_text_column(
     events: list[Any], key: str, describe: str, device: int, era: _Era, since_minor: int, before_minor: int
 ) -> tuple[str | None, ...] | None:
-    values = list(map(dict.get, events, repeat(key)))
-    kinds = _check_column(values, (str, _NONE_TYPE), describe, device, key)
-    if str not in kinds:
+    if not _present(events, key):
         _note_once(era, f"no {key} on trace events", before_minor, upper=True)
         return None
+    values = tuple(map(dict.get, events, repeat(key)))
+    distinct = _distinct(values, (str, _NONE_TYPE), describe, device, key)
     _note_once(era, f"{key} on trace events", since_minor)
-    return _interned(values)
+    return _shared_strings(values, distinct)
 
 
 def _optional_pool_column(events: list[Any], describe: str, device: int, era: _Era) -> tuple[Any, ...] | None:
-    values = list(map(dict.get, events, repeat("pool_id")))
-    kinds = _check_column(values, (tuple, list, _NONE_TYPE), describe, device, "pool_id")
-    if kinds == {_NONE_TYPE}:
+    if not _present(events, "pool_id"):
         _note_once(era, "no pool_id on trace events", 11, upper=True)
         return None
+    values = tuple(map(dict.get, events, repeat("pool_id")))
     _note_once(era, "pool_id on trace events", 12)
     table: dict[Any, tuple[int, int]] = {}
     column: list[Any] = []
@@ -371,10 +393,16 @@ def _optional_pool_column(events: list[Any], describe: str, device: int, era: _E
         if value is None:
             column.append(None)
             continue
+        if type(value) not in (tuple, list):
+            raise _shape_error(describe, f"device {device} trace event {index}: 'pool_id' is not a pair of ints")
         key = tuple(value) if type(value) is list else value
-        pool = table.get(key)
+        try:
+            pool = table.get(key)
+        except TypeError:  # an unhashable element: not a pair of ints
+            pool = None
         if pool is None:
-            pool = table[key] = _pool_id(value, describe, f"device {device} trace event {index} 'pool_id'")
+            pool = _pool_id(value, describe, f"device {device} trace event {index} 'pool_id'")
+            table[key] = pool
         column.append(pool)
     return tuple(column)
 
