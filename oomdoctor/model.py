@@ -304,3 +304,9 @@ class Snapshot:
 
     def segments_on(self, device: int) -> tuple[Segment, ...]:
         return tuple(s for s in self.segments if s.device == device)
+
+    def trace_of(self, device: int) -> DeviceTrace:
+        """The trace of `device`; an empty one when the file has none for it (segment lists)."""
+        if 0 <= device < len(self.traces):
+            return self.traces[device]
+        return DeviceTrace(device, (), (), (), ())

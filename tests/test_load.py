@@ -285,3 +285,10 @@ def test_load_raw_returns_plain_data() -> None:
     raw = load_raw(gzip.compress(pickle.dumps(make_snapshot(), protocol=4)))
     assert raw["segments"][0]["segment_pool_id"] == (0, 0)
     assert raw["device_traces"][0][1]["action"] == "alloc"
+
+
+def test_trace_of_a_device_without_a_trace_is_empty() -> None:
+    snapshot = load(pickle.dumps(make_snapshot()["segments"], protocol=4))
+    assert len(snapshot.trace_of(0)) == 0 and snapshot.trace_of(0).device == 0
+    snapshot = load(pickle.dumps(make_snapshot(), protocol=4))
+    assert snapshot.trace_of(0) is snapshot.traces[0]
