@@ -47,6 +47,26 @@ ANNOTATE = "annotate"
 DEFAULT_POOL: tuple[int, int] = (0, 0)
 
 
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A dict that refuses changes: read-only plain data (oomdoctor's metadata key, settings).
+
+    Still a dict for isinstance checks, json and orjson, and it pickles; `dict(d)` is a mutable copy.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("this mapping is read-only; dict(it) gives a mutable copy")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     filename: str
@@ -171,8 +191,8 @@ class DeviceTrace(Sequence[TraceEvent]):
         self.compile_contexts = compile_contexts
         self.user_metadata = user_metadata
         self.pool_ids = pool_ids
-        self.device_free = device_free if device_free is not None else {}
-        self.forward_frames = forward_frames if forward_frames is not None else {}
+        self.device_free = device_free if device_free is not None else FrozenDict()
+        self.forward_frames = forward_frames if forward_frames is not None else FrozenDict()
         self._raw_stacks = raw_stacks
         self._stack_of = stack_of
 
@@ -195,7 +215,7 @@ class DeviceTrace(Sequence[TraceEvent]):
             compile_contexts=optional(tuple(e.compile_context for e in events)),
             user_metadata=optional(tuple(e.user_metadata for e in events)),
             pool_ids=optional(tuple(e.pool_id for e in events)),
-            device_free={i: e.device_free for i, e in enumerate(events) if e.device_free is not None},
+            device_free=FrozenDict({i: e.device_free for i, e in enumerate(events) if e.device_free is not None}),
             raw_stacks=stacks,
             stack_of=_identity_stack,
         )
@@ -265,6 +285,31 @@ def _identity_stack(stack: Stack) -> Stack:
 
 
 @dataclass(frozen=True, slots=True)
+class Device:
+    """One device's part of a snapshot (`Snapshot.device(index)`): its segments and its trace."""
+
+    index: int
+    segments: tuple[Segment, ...]  # in address order, as torch lists them
+    trace: DeviceTrace
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(s.total_size for s in self.segments)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(s.allocated_bytes for s in self.segments)
+
+    @property
+    def requested_bytes(self) -> int:
+        return sum(s.requested_bytes for s in self.segments)
+
+    @property
+    def active_bytes(self) -> int:
+        return sum(s.active_bytes for s in self.segments)
+
+
+@dataclass(frozen=True, slots=True)
 class Annotation:
     """A `record_function` START/END from `external_annotations` (torch 2.5+)."""
 
@@ -281,7 +326,7 @@ class AllocatorSettings:
     expandable_segments: bool = False
     garbage_collection_threshold: float = 0.0
     roundup_power2_divisions: tuple[tuple[int, int], ...] = ()  # (MiB lower bound, divisions)
-    extra: Mapping[str, Any] = field(default_factory=dict)  # every other key, untouched
+    extra: Mapping[str, Any] = field(default_factory=FrozenDict)  # every other key, read-only
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +335,9 @@ class Snapshot:
     traces: tuple[DeviceTrace, ...]  # index = device ordinal, oldest event first
     allocator_settings: AllocatorSettings | None = None  # None: not recorded (torch < 2.3)
     annotations: tuple[Annotation, ...] = ()
-    oomdoctor: Mapping[str, Any] | None = None  # oomdoctor's own metadata key (DESIGN §4)
+    # oomdoctor's own metadata key (DESIGN §4, oomdoctor/metadata.py) as read-only plain data:
+    # dicts are FrozenDicts, lists tuples; None for plain torch dumps or when it is malformed
+    oomdoctor: Mapping[str, Any] | None = None
     source_format: str = "dict"  # shape: dict | segment-list | legacy-history (torch 2.0 blocks)
     era_hints: tuple[str, ...] = ()  # e.g. "time_us on trace events: torch >= 2.2", from the keys
     container: str = "pickle"  # how the bytes held it: pickle-protocol-N, gzip, json, html (memory_viz)
@@ -304,6 +351,9 @@ class Snapshot:
 
     def segments_on(self, device: int) -> tuple[Segment, ...]:
         return tuple(s for s in self.segments if s.device == device)
+
+    def device(self, index: int) -> Device:
+        return Device(index, self.segments_on(index), self.trace_of(index))
 
     def trace_of(self, device: int) -> DeviceTrace:
         """The trace of `device`; an empty one when the file has none for it (segment lists)."""

@@ -240,8 +240,12 @@ def test_oomdoctor_metadata_passes_through_read_only() -> None:
     snapshot = load(pickle.dumps(data, protocol=4))
     assert snapshot.oomdoctor["versions"]["torch"] == "2.13.0"
     assert snapshot.oomdoctor["markers"][0]["phase"] == "forward"
+    assert isinstance(snapshot.oomdoctor["markers"], tuple) and isinstance(snapshot.oomdoctor, dict)
     with pytest.raises(TypeError):
         snapshot.oomdoctor["schema_version"] = 2  # type: ignore[index]
+    with pytest.raises(TypeError):
+        snapshot.oomdoctor["versions"].update(torch="2.0")
+    assert orjson.loads(orjson.dumps(snapshot.oomdoctor)) == data["oomdoctor"]
 
 
 @pytest.mark.parametrize("bad", ["not a dict", [1, 2], {"a": {1, 2}}, {1: "int key"}])
@@ -292,3 +296,18 @@ def test_trace_of_a_device_without_a_trace_is_empty() -> None:
     assert len(snapshot.trace_of(0)) == 0 and snapshot.trace_of(0).device == 0
     snapshot = load(pickle.dumps(make_snapshot(), protocol=4))
     assert snapshot.trace_of(0) is snapshot.traces[0]
+
+
+def test_a_snapshot_pickles_for_other_processes() -> None:
+    snapshot = load(pickle.dumps(make_snapshot(), protocol=4))
+    copied = pickle.loads(pickle.dumps(snapshot))
+    assert copied.segments == snapshot.segments
+    assert list(copied.traces[0]) == list(snapshot.traces[0])
+    assert copied.traces[0].device_free == {5: 5 * MiB}
+    assert copied.allocator_settings == snapshot.allocator_settings
+
+
+def test_device_view() -> None:
+    device = load(pickle.dumps(make_snapshot(), protocol=4)).device(0)
+    assert (device.index, len(device.segments), len(device.trace)) == (0, 1, 6)
+    assert (device.reserved_bytes, device.allocated_bytes, device.requested_bytes) == (2 * MiB, 1024, 1000)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import operator
 import sys
 from itertools import repeat
-from types import MappingProxyType
 from typing import Any, Mapping
 
 from oomdoctor.errors import LoadError
@@ -32,6 +31,7 @@ from oomdoctor.model import (
     Annotation,
     Block,
     DeviceTrace,
+    FrozenDict,
     Segment,
     Snapshot,
 )
@@ -353,8 +353,8 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         compile_contexts=compile_contexts,
         user_metadata=user_metadata,
         pool_ids=pool_ids,
-        device_free=MappingProxyType(device_free),
-        forward_frames=MappingProxyType(forward_frames),
+        device_free=FrozenDict(device_free),
+        forward_frames=FrozenDict(forward_frames),
         raw_stacks=raw_stacks,
         stack_of=stacks.stack_of,
     )
@@ -477,7 +477,7 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
         expandable_segments=bool(expandable),
         garbage_collection_threshold=float(gc_threshold),
         roundup_power2_divisions=tuple(sorted(divisions)),
-        extra=frozen_extra if isinstance(frozen_extra, Mapping) else MappingProxyType({}),
+        extra=frozen_extra if isinstance(frozen_extra, Mapping) else FrozenDict({}),
     )
 
 
@@ -486,7 +486,7 @@ class _Malformed(Exception):
 
 
 def freeze_builtins(value: Any) -> Any:
-    """A read-only copy of plain data: dicts become read-only mappings, lists tuples.
+    """A read-only copy of plain data: dicts become FrozenDicts, lists tuples.
 
     Raises nothing: returns None when `value` holds anything but str-keyed dicts, lists, tuples,
     str, int, float, bool and None, is nested deeper than 32 levels, or contains itself. Shared
@@ -516,7 +516,7 @@ def _freeze(value: Any, depth: int, done: dict[int, Any]) -> Any:
             if type(key) is not str:
                 raise _Malformed
             frozen_items[key] = _freeze(item, depth + 1, done)
-        frozen: Any = MappingProxyType(frozen_items)
+        frozen: Any = FrozenDict(frozen_items)
     elif kind in (list, tuple):
         frozen = tuple(_freeze(item, depth + 1, done) for item in value)
     else:

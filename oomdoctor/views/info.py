@@ -74,10 +74,11 @@ def build_info(snapshot: Snapshot, name: str) -> dict[str, Any]:
         for block in segment.blocks:
             _stack_kind(block.frames, stack_kinds)
     for device in snapshot.devices:
-        trace = snapshot.traces[device] if device < len(snapshot.traces) else None
+        part = snapshot.device(device)
+        trace = part.trace
         row: dict[str, Any] = {"device": device}
-        row.update(_byte_totals(snapshot.segments_on(device)))
-        count = len(trace) if trace is not None else 0
+        row.update(_byte_totals(part.segments))
+        count = len(trace)
         row["trace_events"] = count
         row["actions"] = dict(sorted(Counter(trace.actions).items())) if count else {}
         row["events_with_stacks"] = trace.events_with_frames if count else 0
