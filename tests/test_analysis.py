@@ -395,3 +395,15 @@ def test_dump_phase_follows_the_last_marker():
     result = analyse(sim.snapshot())
     assert result.replay.target_kind == "dump"
     assert (result.target_phase, result.target_step) == ("between_steps", 0)
+
+
+def test_plain_snapshot_with_a_tiny_usable_device_points_outside():
+    sim = Sim(total_bytes=120 * MiB, outside_bytes=100 * MiB)
+    sim.alloc(1 * MiB, USER_STACK)
+    sim.oom(4 * MiB)
+    plain = analyse(sim.snapshot(metadata=False))
+    assert plain.verdict == "outside-pytorch" and plain.confidence < 0.5
+    assert plain.accounting.non_pytorch_bytes is None
+    exact = analyse(sim.snapshot())
+    assert exact.verdict == "outside-pytorch" and exact.confidence > 0.5
+    assert exact.accounting.non_pytorch_bytes == 100 * MiB

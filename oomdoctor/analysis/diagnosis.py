@@ -393,6 +393,23 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     return Finding("activation-spike", 0.8 if spike else 0.6, text, tuple(evidence))
 
 
+def _guess_outside_without_total(ctx: Context) -> Finding | None:
+    """Last resort for a plain snapshot, which does not record the device's size: when PyTorch
+    could use less than any CUDA GPU has (reserved + free under 1 GiB), the rest was held outside."""
+    capacity = ctx.capacity_bytes
+    if ctx.oom is None or ctx.accounting.device_total_bytes is not None or capacity is None or capacity >= GIB:
+        return None
+    return Finding(
+        "outside-pytorch",
+        0.3,
+        f"PyTorch could use only {human(capacity)} of this device (reserved + free at the OOM). A plain snapshot does not record the device's size, but no CUDA GPU is that small: most of it was probably held outside PyTorch.",
+        (
+            Evidence("reserved + free device memory at the OOM", "capacity_bytes", capacity, ctx.target_index),
+            Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes, ctx.target_index),
+        ),
+    )
+
+
 TESTS: tuple[Callable[[Context], Finding | None], ...] = (
     _test_outside,
     _test_model_states,
@@ -418,6 +435,9 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
         )
         return primary, tuple(findings)
     if not findings:
+        guess = _guess_outside_without_total(ctx)
+        if guess is not None:
+            return guess, ()
         return (
             Finding(
                 "unknown",
