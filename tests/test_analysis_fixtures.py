@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import orjson
 import pytest
 
 from oomdoctor.analysis import analyse
+from oomdoctor.cli import main
 from oomdoctor.load import load
 from tests.conftest import FIXTURES
 
@@ -43,19 +45,20 @@ def _stripped(entry: dict):
 
 
 @pytest.mark.parametrize("entry", _params())
-def test_fixture_verdict_and_components(entry):
-    analysis = analyse(load(FIXTURES / entry["file"]))
-    assert analysis.verdict == entry["verdict"], analysis.summary
-    got = analysis.component_bytes()
+def test_fixture_report_json_matches_the_manifest(entry, capsys):
+    assert main(["report", str(FIXTURES / entry["file"]), "--format", "json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["verdict"] == entry["verdict"], data["summary"]
+    got = data["components"]
     for name, expected in entry["components"].items():
         tolerance = max(expected * 0.05, MiB)
         assert abs(got.get(name, 0) - expected) <= tolerance, f"{name}: {got.get(name, 0)} vs {expected}"
     if entry["oom"]:
-        assert analysis.accounting.request_bytes == entry["request_bytes"]
-        assert analysis.accounting.message_bytes == entry["message_bytes"]
-        assert (analysis.target_phase, analysis.target_step) == (entry["phase"], entry["step"])
-        assert analysis.evidence and analysis.recommendations
-        assert any(r.would_fit_alone for r in analysis.recommendations)
+        assert data["accounting"]["request_bytes"] == entry["request_bytes"]
+        assert data["accounting"]["message_bytes"] == entry["message_bytes"]
+        assert (data["target_phase"], data["target_step"]) == (entry["phase"], entry["step"])
+        assert data["evidence"] and data["recommendations"]
+        assert any(r["would_fit_alone"] for r in data["recommendations"])
 
 
 def test_stripped_fixtures_keep_their_verdict():
