@@ -311,3 +311,16 @@ def test_device_view() -> None:
     device = load(pickle.dumps(make_snapshot(), protocol=4)).device(0)
     assert (device.index, len(device.segments), len(device.trace)) == (0, 1, 6)
     assert (device.reserved_bytes, device.allocated_bytes, device.requested_bytes) == (2 * MiB, 1024, 1000)
+
+
+def test_forward_frames_and_newer_event_keys() -> None:
+    data = make_snapshot()
+    for event in data["device_traces"][0]:
+        event.update(compile_context="N/A", user_metadata="", pool_id=(0, 0))
+    data["device_traces"][0][2]["forward_frames"] = ["  File \"model.py\", line 3, in forward"]
+    data["allocator_settings"]["graph_capture_record_stream_reuse"] = False
+    snapshot = load(pickle.dumps(data, protocol=4))
+    trace = snapshot.traces[0]
+    assert trace.forward_frames == {2: ('  File "model.py", line 3, in forward',)}
+    assert trace[1].compile_context == "N/A" and trace[1].user_metadata == "" and trace[1].pool_id == (0, 0)
+    assert snapshot.torch_version_hint == "2.12"

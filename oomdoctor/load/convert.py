@@ -335,8 +335,14 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         _note_once(era, "'annotate' trace events", 14)
 
     forward_frames: dict[int, tuple[str, ...]] = {}
-    # anomaly-mode forward_frames exist from torch 2.11 on, whose events all carry user_metadata
-    if user_metadata is not None and any(map(operator.contains, events, repeat("forward_frames"))):
+    # anomaly-mode forward_frames exist from torch 2.11 on, whose events all carry user_metadata;
+    # an event that has them has more keys than the columns above account for
+    known_keys = 6 + sum(c is not None for c in (times_us, compile_contexts, user_metadata, pool_ids))
+    if (
+        user_metadata is not None
+        and max(map(len, events)) >= known_keys
+        and any(map(operator.contains, events, repeat("forward_frames")))
+    ):
         _note_once(era, "forward_frames on trace events", 11)
         for index, event in enumerate(events):
             lines = event.get("forward_frames")
