@@ -109,3 +109,10 @@ def test_real_frames_are_shared(corpus_dir: Path) -> None:
     values = {f for stack in stacks for f in stack}
     assert len(frames) == len(values)  # one Frame object per distinct frame
     assert trace.frames_at(0) is trace.frames_at(0)
+
+
+def test_profiler_memory_timeline_is_not_a_snapshot(corpus_dir: Path, capsys) -> None:
+    path = corpus_dir / "other_formats" / "profiler_memory_timeline_raw__tonghuikang__modal_gpu_adam.raw.json.gz"
+    assert main(["info", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "not a list of segments (export_memory_timeline rows" in error and error.count("\n") == 1

@@ -95,6 +95,9 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     """The typed Snapshot of `raw`. Consumes `raw`: its trace lists are emptied as they convert."""
     era = _Era()
     if type(raw) is list:
+        if raw and type(raw[0]) is not dict:
+            hint = " (export_memory_timeline rows from the profiler?)" if type(raw[0]) is list else ""
+            raise _shape_error(describe, f"the file holds a list of {_type_name(raw[0])}s, not a list of segments{hint}")
         source_format = "segment-list"
         raw_segments, raw_traces, top = raw, [], {}
     elif type(raw) is dict:
