@@ -324,3 +324,9 @@ def test_forward_frames_and_newer_event_keys() -> None:
     assert trace.forward_frames == {2: ('  File "model.py", line 3, in forward',)}
     assert trace[1].compile_context == "N/A" and trace[1].user_metadata == "" and trace[1].pool_id == (0, 0)
     assert snapshot.torch_version_hint == "2.12"
+
+
+def test_bad_max_bytes_setting_is_one_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OOMDOCTOR_MAX_BYTES", "plenty")
+    with pytest.raises(LoadError, match="OOMDOCTOR_MAX_BYTES: not a size"):
+        load(pickle.dumps(make_snapshot(), protocol=4))
