@@ -407,3 +407,25 @@ def test_plain_snapshot_with_a_tiny_usable_device_points_outside():
     exact = analyse(sim.snapshot())
     assert exact.verdict == "outside-pytorch" and exact.confidence > 0.5
     assert exact.accounting.non_pytorch_bytes == 100 * MiB
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"markers": "nope", "tensors": 5, "oom": [], "recording": {"max_entries": "x"}},
+        {"markers": [1, None, {"phase": 3, "edge": "start", "time_us": "t"}], "tensors": [None, {"address": "a"}]},
+        {"markers": [{"phase": "forward", "edge": "start", "time_us": 2**70, "step": "s"}], "device": [], "mem_get_info": 3},
+        {"oom": {"device": 9, "time_us": None}, "reason": 7, "tensors": [{"address": 1, "component": ["x"]}]},
+    ],
+    ids=["wrong-types", "junk-entries", "huge-numbers", "odd-oom"],
+)
+def test_malformed_metadata_never_breaks_the_analysis(metadata):
+    sim = Sim()
+    sim.alloc(10 * MiB, USER_STACK)
+    sim.oom(2000 * MiB)
+    snapshot = sim.snapshot(metadata=False)
+    from dataclasses import replace
+
+    result = analyse(replace(snapshot, oomdoctor=metadata))
+    assert result.device == 0
+    assert result.verdict in {"oversized-request", "outside-pytorch", "unknown"}

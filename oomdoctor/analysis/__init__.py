@@ -38,7 +38,7 @@ RESULT_SCHEMA_VERSION = 1
 
 def _pick_device(snapshot: Snapshot, metadata: Mapping[str, Any] | None) -> int:
     oom = (metadata or {}).get("oom")
-    if isinstance(oom, Mapping) and isinstance(oom.get("device"), int):
+    if isinstance(oom, Mapping) and type(oom.get("device")) is int and oom["device"] in snapshot.devices:
         return oom["device"]
     latest: tuple[int, int] | None = None
     for device, trace in enumerate(snapshot.traces):
@@ -310,7 +310,9 @@ def _sizes_from_layout(live, layout):
 
 def _phase_after_markers(markers, phase: str, step: int | None) -> tuple[str, int | None]:
     """The phase at dump time: the markers may have moved on after the last recorded event."""
-    timed = [m for m in markers if isinstance(m, Mapping) and isinstance(m.get("time_us"), int)]
+    if not isinstance(markers, (list, tuple)):
+        return phase, step
+    timed = [m for m in markers if isinstance(m, Mapping) and type(m.get("time_us")) is int and isinstance(m.get("phase"), str)]
     if not timed:
         return phase, step
     last = max(timed, key=lambda m: m["time_us"])

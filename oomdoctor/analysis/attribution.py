@@ -69,11 +69,13 @@ class Registry:
     def __init__(self, metadata: Mapping[str, Any] | None, device: int):
         self.by_address: dict[int, tuple[int, str, int]] = {}
         tensors = (metadata or {}).get("tensors") or ()
+        if not isinstance(tensors, (list, tuple)):
+            tensors = ()
         for tensor in tensors:
             if not isinstance(tensor, Mapping):
                 continue
             address = tensor.get("address")
-            component = _REGISTRY_COMPONENT.get(tensor.get("component"))
+            component = _REGISTRY_COMPONENT.get(tensor.get("component")) if isinstance(tensor.get("component"), str) else None
             if not isinstance(address, int) or component is None:
                 continue
             if tensor.get("device") not in (None, device):

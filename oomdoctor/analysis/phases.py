@@ -135,16 +135,17 @@ def _fill(windows: list[tuple[int, int, str, int, str]], event_count: int) -> li
 
 
 def spans_from_markers(trace: DeviceTrace, markers: Sequence[Mapping[str, Any]]) -> list[PhaseSpan] | None:
-    if not markers or not _times_usable(trace):
+    if not isinstance(markers, (list, tuple)) or not markers or not _times_usable(trace):
         return None
+    usable = [m for m in markers if isinstance(m, Mapping) and type(m.get("time_us")) is int]
     open_starts: dict[str, tuple[int, int]] = {}
     windows: list[tuple[int, int, str, int, str]] = []
-    for marker in sorted(markers, key=lambda m: (m.get("time_us") or 0)):
+    for marker in sorted(usable, key=lambda m: m["time_us"]):
         phase = marker.get("phase")
         time_us = marker.get("time_us")
         if not isinstance(phase, str) or not isinstance(time_us, int):
             continue
-        step = marker.get("step") if isinstance(marker.get("step"), int) else 0
+        step = marker.get("step") if type(marker.get("step")) is int else 0
         if marker.get("edge") == "start":
             open_starts[phase] = (time_us, step)
         elif marker.get("edge") == "end" and phase in open_starts:
