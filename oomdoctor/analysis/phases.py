@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Mapping, Sequence
 
-from oomdoctor.model import ALLOC, Annotation, DeviceTrace, Stack
+from oomdoctor.model import ALLOC, OOM, Annotation, DeviceTrace, Stack
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BEFORE,
@@ -217,7 +217,8 @@ def _frame_phases(trace: DeviceTrace) -> tuple[list[tuple[int, str, str]], bool]
     metadata = trace.user_metadata
     frames_at = trace.frames_at
     for index, action in enumerate(trace.actions):
-        if action != ALLOC:
+        # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
+        if action != ALLOC and action != OOM:
             continue
         phase_hint = _phase_from_metadata(metadata[index]) if metadata is not None and metadata[index] else None
         if phase_hint is not None:
