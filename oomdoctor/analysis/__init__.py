@@ -4,6 +4,18 @@
 trace back to the fatal OOM (or the peak), accounts for every byte there, measures fragmentation,
 assigns each event a step and phase and each live byte a component, and picks a verdict with its
 evidence, recommendations and a what-if for the batch size. No I/O, no printing.
+
+    analysis = analyse(snapshot)
+    analysis.verdict, analysis.confidence, analysis.summary, analysis.evidence
+    analysis.component_bytes()              # {"parameters": ..., ...} at the OOM (or peak, or dump)
+    analysis.accounting, analysis.fragmentation, analysis.what_if, analysis.recommendations
+    analysis.replay.series                  # downsampled memory over time, by component
+    analysis.phases                         # PhaseSpan runs covering every event, with their source
+    analysis.live_blocks                    # every live block: component, method, confidence, frames
+
+    replayer(snapshot, device).state_at(i)  # EventState after event i: live blocks, segment layout
+
+The verdict set and each verdict's test are documented in docs/verdicts.md.
 """
 
 from __future__ import annotations
