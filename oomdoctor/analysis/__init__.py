@@ -253,6 +253,9 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         pre_count = len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
         unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
     unknowns.extend(accounting.unknowns)
+    meta_oom = (metadata or {}).get("oom")
+    if fatal is not None and isinstance(meta_oom, Mapping) and meta_oom.get("surfaced") is False:
+        unknowns.append("torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run")
 
     replay = ReplaySummary(
         device=device,
