@@ -25,7 +25,6 @@ from oomdoctor.model import (
     ANNOTATE,
     DEFAULT_POOL,
     INACTIVE,
-    NO_STACK,
     OOM,
     AllocatorSettings,
     Annotation,
@@ -159,8 +158,6 @@ def _int(value: Any, describe: str, what: str) -> int:
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise _shape_error(describe, f"{what} does not fit in 64 bits")
     return value
-
-
 
 
 def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) -> tuple[tuple[Segment, ...], bool]:
@@ -541,4 +538,4 @@ def _build_metadata(raw: Any) -> Mapping[str, Any] | None:
     return frozen if isinstance(frozen, Mapping) else None
 
 
-__all__ = ["build_snapshot", "freeze_builtins", "NO_STACK"]
+__all__ = ["build_snapshot", "freeze_builtins"]
