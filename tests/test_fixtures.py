@@ -118,6 +118,25 @@ def test_dump_matches_its_ground_truth(entry):
         assert metadata["oom"]["alloc_bytes"] == entry["message_bytes"]
 
 
+def _strings(value, seen):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (dict, list, tuple)) and id(value) not in seen:
+        seen.add(id(value))
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _strings(item, seen)
+
+
+@pytest.mark.parametrize("entry", entry_params())
+def test_dump_shows_no_trace_of_where_it_was_generated(entry):
+    raw = strip.read_snapshot(FIXTURES / entry["file"])
+    root = str(FIXTURES.parent.resolve())
+    assert not [text for text in _strings(raw, set()) if root in text]
+    filenames = {frame["filename"] for event in raw["device_traces"][0] for frame in event.get("frames", ())}
+    assert f"fixtures/scenarios/{entry['scenario']}" in filenames
+    assert not filenames & {"fixtures/generate.py", "fixtures/ground_truth.py"}
+
+
 @pytest.mark.parametrize("entry", entry_params())
 def test_dump_opens_in_torch_memory_viz(entry):
     memory_viz = pytest.importorskip("torch.cuda._memory_viz")
