@@ -77,7 +77,8 @@ def test_a_script_that_runs_out_says_where_and_leaves_a_dump(workdir, capsys):
     traceback_lines = err[err.index("Traceback (most recent call last):"):].splitlines()
     assert traceback_lines[1].strip() == 'File "train.py", line 22, in <module>'
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 16.00 MiB" in err
-    assert "oomdoctor" + os.sep + "rehearse" not in err and "_dynamo" not in err
+    # torch's own frames stay (torch._dynamo's wrappers too, once any code imported dynamo)
+    assert "oomdoctor" + os.sep + "rehearse" not in err
     lines = out.splitlines()
     headline = next(line for line in lines if line.startswith("Out of memory:"))
     assert "simulated 56.00 MiB GPU" in headline
