@@ -411,7 +411,7 @@ class CaptureSession:
         if record.path is not None:
             shown = writer.display_path(record.path)
             writer.say(
-                f"the dump of this OOM is {shown} — open it with: oomdoctor open {shown}"
+                f"the dump of this OOM is {shown} — explain it with: oomdoctor report {shown}"
                 f"  (or a text report: oomdoctor report {shown})"
             )
 

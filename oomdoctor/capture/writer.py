@@ -98,7 +98,7 @@ def format_size(size_bytes: int) -> str:
 def dump_note(path: Path, size_bytes: int) -> str:
     shown = display_path(path)
     return (
-        f"wrote {shown} ({format_size(size_bytes)}) — open it with: oomdoctor open {shown}"
+        f"wrote {shown} ({format_size(size_bytes)}) — explain it with: oomdoctor report {shown}"
         f"  (or a text report: oomdoctor report {shown})"
     )
 

@@ -6,7 +6,7 @@ The script runs in this process as `python train.py ARGS` would, on the CPU, whi
 storage it creates is also allocated in a simulator of torch's CUDA caching allocator (rounding,
 pools, segments, splitting, caching, expandable segments) on a device of the given size. When the
 simulated device cannot satisfy a request, the script gets torch.OutOfMemoryError with torch's
-message at that operation, oomdoctor's capture writes a dump there (open it with `oomdoctor open`),
+message at that operation, oomdoctor's capture writes a dump there (explain it with `oomdoctor report`),
 and this command says where it happened.
 
 The script must choose its device as a parameter: under rehearsal torch.cuda.is_available() is
@@ -204,7 +204,7 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         first = _where(caught[0])
         lines.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {first}")
     for path in result.dump_paths:
-        lines.append(f"  dump: {_display(path)}  (oomdoctor open {_display(path)})")
+        lines.append(f"  dump: {_display(path)}  (oomdoctor report {_display(path)})")
     if result.oom is not None and not result.dump_paths:
         lines.append("  dump: none was written (see the messages above)")
     return "\n".join(lines)
