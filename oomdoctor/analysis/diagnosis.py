@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from oomdoctor.analysis.attribution import source_line
+from oomdoctor.units import human_size as human
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
@@ -29,19 +30,6 @@ from oomdoctor.analysis.results import (
 
 GIB = 1 << 30
 MIB = 1 << 20
-
-
-def human(size_bytes: int | None) -> str:
-    if size_bytes is None:
-        return "unknown"
-    value = float(size_bytes)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{sign}{int(value)} bytes" if unit == "bytes" else f"{sign}{value:.2f} {unit}"
-        value /= 1024
-    return f"{size_bytes} bytes"
 
 
 @dataclass

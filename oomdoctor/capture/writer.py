@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from oomdoctor.units import human_size
+
 PICKLE_PROTOCOL = 4
 FALLBACK_DIR_NAME = "oom-dumps"
 
@@ -86,19 +88,10 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def format_size(size_bytes: int) -> str:
-    value = float(size_bytes)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
 def dump_note(path: Path, size_bytes: int) -> str:
     shown = display_path(path)
     return (
-        f"wrote {shown} ({format_size(size_bytes)}) — explain it with: oomdoctor report {shown}"
+        f"wrote {shown} ({human_size(size_bytes, decimals=1)}) — explain it with: oomdoctor report {shown}"
         f"  (or a text report: oomdoctor report {shown})"
     )
 

@@ -35,20 +35,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from oomdoctor.errors import OomdoctorError
+from oomdoctor.units import parse_size
 
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}  # fmt: skip
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _OPTIONS = {
     "--device-memory": "device_memory",
     "--alloc-conf": "alloc_conf",
@@ -59,12 +52,11 @@ _OPTIONS = {
 
 
 def parse_size_bytes(text: str) -> int:
-    """'24GiB' -> 25769803776; GB/MB/KB are decimal, GiB/G and friends binary; a bare number is bytes."""
-    match = _SIZE.match(text or "")
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise OomdoctorError(f"not a size: {text!r} (try 24GiB, 512MiB or 1.5GB)")
-    return int(float(match.group(1)) * _UNITS[unit])
+    """'24GiB' -> 25769803776 (oomdoctor.units.parse_size); a bad size is a one-line user error."""
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise OomdoctorError(str(error)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,7 +159,7 @@ def _check_alloc_conf(alloc_conf: str) -> None:
 
 def format_result(script: Path, config: Any, result: Any) -> str:
     """The report: one line saying whether it ran out, then where, torch's message and the dump."""
-    from oomdoctor.rehearse.allocator_config import format_size
+    from oomdoctor.units import format_size
 
     device = f"a simulated {format_size(config.device_memory_bytes)} GPU"
     peaks = (

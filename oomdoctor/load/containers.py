@@ -20,6 +20,7 @@ import orjson
 
 from oomdoctor.errors import LoadError
 from oomdoctor.load.safe_pickle import CappedReader, SizeLimitExceeded, unpickle_stream
+from oomdoctor.units import parse_size
 
 DEFAULT_MAX_BYTES = 4 * 1024**3
 MAX_BYTES_ENV = "OOMDOCTOR_MAX_BYTES"
@@ -27,22 +28,6 @@ MAX_BYTES_ENV = "OOMDOCTOR_MAX_BYTES"
 _PICKLE_0_1_FIRST_BYTES = b"(}]c"  # MARK, EMPTY_DICT, EMPTY_LIST, GLOBAL (hostile, refused)
 _WHITESPACE = b" \t\r\n\xef\xbb\xbf"  # and the UTF-8 byte order mark
 _BASE64_FIELD = re.compile(rb'"base64"\s*:\s*"([A-Za-z0-9+/=\s\\]*)"')
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}  # fmt: skip
-
-
-def parse_size(text: str) -> int:
-    """'4GiB', '500MB', '123' -> bytes (GB, MB: powers of 1000; GiB, G: powers of 1024)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (try 4GiB, 500MB or a number of bytes)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
 def resolve_max_bytes(max_bytes: int | None) -> int:
     if max_bytes is not None:
         return max_bytes

@@ -23,6 +23,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import Any, Callable
 
+from oomdoctor.units import format_size
 from oomdoctor.rehearse.allocator_config import (
     MIN_BLOCK_BYTES,
     ROUND_LARGE_BYTES,
@@ -31,7 +32,6 @@ from oomdoctor.rehearse.allocator_config import (
     UNLIMITED,
     AllocatorConfig,
     allocation_size,
-    format_size,
     parse_alloc_conf,
     round_size,
 )

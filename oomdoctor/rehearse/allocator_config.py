@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from oomdoctor.units import format_size  # noqa: F401  (c10's format_size; importable from here too)
+
 MiB = 1024 * 1024
 GIB = 1024 * MiB
 
@@ -238,14 +240,3 @@ def allocation_size(rounded_bytes: int, config: AllocatorConfig) -> int:
     if rounded_bytes < MIN_LARGE_ALLOC_BYTES:
         return config.large_segment_size_bytes
     return -(-rounded_bytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
-
-
-def format_size(size_bytes: int) -> str:
-    """c10's format_size, as used in the OutOfMemoryError message."""
-    if size_bytes <= 1024:
-        return f"{size_bytes} bytes"
-    if size_bytes <= MiB:
-        return f"{size_bytes / 1024.0:.2f} KiB"
-    if size_bytes <= GIB:
-        return f"{size_bytes / 1048576.0:.2f} MiB"
-    return f"{size_bytes / 1073741824.0:.2f} GiB"

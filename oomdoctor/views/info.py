@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, OOM, Segment, Snapshot, Stack
+from oomdoctor.units import human_size as format_bytes
 
 INFO_SCHEMA_VERSION = 1
 _STACK_SAMPLE_EVENTS = 256
@@ -174,15 +175,6 @@ def to_json(info: dict[str, Any]) -> str:
         return orjson.dumps(info, option=orjson.OPT_INDENT_2).decode()
     except TypeError:  # an int beyond 64 bits in a strange file: the stdlib encoder copes
         return json.dumps(info, indent=2)
-
-
-def format_bytes(count: int) -> str:
-    value = float(count)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{count} bytes" if unit == "bytes" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{count} bytes"
 
 
 _FORMAT_WORDS = {

@@ -1,0 +1,57 @@
+"""Sizes in bytes to and from text: what users type, torch's OOM-message style, and the views' style.
+
+Pure Python, shared by every layer (capture, load, analysis, views, rehearse).
+"""
+
+from __future__ import annotations
+
+import re
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'24GiB' -> 25769803776; GB/MB/KB are decimal, GiB/G and friends binary; a bare number is bytes.
+
+    Raises ValueError, with a message fit to show the user, for anything else.
+    """
+    match = _SIZE.match(text or "")
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try 24GiB, 512MiB, 1.5GB or a number of bytes)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(size_bytes: int) -> str:
+    """c10's format_size, as used in torch's OutOfMemoryError message ('20.00 MiB')."""
+    if size_bytes <= KIB:
+        return f"{size_bytes} bytes"
+    if size_bytes <= MIB:
+        return f"{size_bytes / 1024.0:.2f} KiB"
+    if size_bytes <= GIB:
+        return f"{size_bytes / 1048576.0:.2f} MiB"
+    return f"{size_bytes / 1073741824.0:.2f} GiB"
+
+
+def human_size(size_bytes: int | None, decimals: int = 2) -> str:
+    """'1.50 KiB', '-3.00 GiB', '1023 bytes'; 'unknown' for None. Units step at 1024, up to TiB."""
+    if size_bytes is None:
+        return "unknown"
+    value = float(size_bytes)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{sign}{int(value)} bytes" if unit == "bytes" else f"{sign}{value:.{decimals}f} {unit}"
+        value /= 1024
+    return f"{sign}{value:.{decimals}f} TiB"
