@@ -26,14 +26,12 @@ from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
-from oomdoctor.analysis.diagnosis import Context, diagnose, recommend
+from oomdoctor.analysis.diagnosis import Context, diagnose, recommend, requirement
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
-    PHASE_BACKWARD,
     PHASE_BETWEEN,
-    PHASE_FORWARD,
     PHASE_UNKNOWN,
     SOURCE_NONE,
     Analysis,
@@ -41,7 +39,7 @@ from oomdoctor.analysis.results import (
     StepSummary,
 )
 from oomdoctor.analysis.sizing import large_segment_bytes
-from oomdoctor.analysis.whatif import what_if
+from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
@@ -228,16 +226,23 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         exact=bool(registry),
         expandable_on=fragmentation.expandable_segments,
         capacity_bytes=capacity,
+        scalable_bytes=scalable_bytes(blocks),
+        request_scales=request_scales(target_phase, request or 0, blocks),
     )
     primary, secondary = diagnose(ctx)
     verdicts = {primary.verdict, *(f.verdict for f in secondary)}
-    recommendations = recommend(ctx, verdicts)
-    scalable = sum(
-        b.size_bytes
-        for b in blocks
-        if b.component in ("activations", "inputs") or (b.component == "temporaries" and b.phase in (PHASE_FORWARD, PHASE_BACKWARD))
+    need = requirement(ctx, verdicts)
+    whatif = what_if(
+        components,
+        scalable_bytes=ctx.scalable_bytes,
+        request_bytes=request or 0,
+        target_phase=target_phase,
+        capacity_bytes=capacity,
+        shortfall_bytes=need.shortfall_bytes,
+        projected_need_bytes=need.projected_need_bytes,
+        scales_request=ctx.request_scales,
     )
-    whatif = what_if(components, scalable_bytes=scalable, request_bytes=request or 0, target_phase=target_phase, capacity_bytes=capacity)
+    recommendations = recommend(ctx, verdicts, need, whatif)
 
     if not trace:
         unknowns.append("no allocation history was recorded: phases, steps, the OOM event and the series are unknown")

@@ -26,6 +26,7 @@ from oomdoctor.analysis.results import (
     PhaseSpan,
     Recommendation,
     StepSummary,
+    WhatIf,
 )
 
 GIB = 1 << 30
@@ -51,6 +52,8 @@ class Context:
     exact: bool  # the registry placed the model states
     expandable_on: bool | None
     capacity_bytes: int | None = field(default=None)  # what PyTorch could have had on this device
+    scalable_bytes: int = field(default=0)  # live bytes that grow with the batch (whatif.scalable_bytes)
+    request_scales: bool = field(default=False)  # the failed request grows with the batch (whatif.request_scales)
 
     @property
     def request(self) -> int:
@@ -81,10 +84,24 @@ class Context:
                 largest = block
         return total, steps, largest
 
-    def fits_without(self, saved_bytes: int) -> bool | None:
-        if self.oom is None:
+    def shortfall(self) -> int | None:
+        """What the failed request lacked at the OOM (None: no OOM, or not known).
+
+        The missing bytes when free device memory and usable cache added up to less than the
+        request. When they added up to enough (missing is 0) the request still failed because no
+        single place could take it: then the gap to the nearest place it would have fitted, the
+        largest usable free block or free device memory against what cudaMalloc was asked for.
+        """
+        if self.oom is None or self.accounting.missing_bytes is None:
             return None
-        return saved_bytes >= self.missing
+        if self.missing > 0:
+            return self.missing
+        gaps = [self.request - self.fragmentation.largest_usable_free_block_bytes]
+        free = self.accounting.device_free_bytes
+        if free is not None:
+            gaps.append((self.accounting.message_bytes or self.request) - free)
+        gap = min(gaps)
+        return gap if gap > 0 else None
 
 
 def _frame_text(block: LiveBlock | None) -> str | None:
@@ -111,6 +128,13 @@ def _states(ctx: Context) -> tuple[int, int, int, int]:
 
 
 def _projected_states(ctx: Context) -> tuple[int, str]:
+    """Parameters + gradients + optimizer state + buffers as the run needs them at full size, and a note."""
+    total, _, note = _projected_parts(ctx)
+    return total, note
+
+
+def _projected_parts(ctx: Context) -> tuple[int, int, str]:
+    """(projected model states, of which optimizer state, note)."""
     parameters, gradients, optimizer_state, buffers = _states(ctx)
     seen = ctx.phases_seen()
     training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
@@ -122,7 +146,7 @@ def _projected_states(ctx: Context) -> tuple[int, str]:
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
         projected_state = max(optimizer_state, moments * parameters)
         note = f" (optimizer state projected at {moments}x the parameters{'' if ctx.optimizer_kind else ', assuming Adam-style moments'})"
-    return parameters + projected_gradients + projected_state + buffers, note
+    return parameters + projected_gradients + projected_state + buffers, projected_state, note
 
 
 # Each test returns a Finding when it holds.
@@ -438,34 +462,103 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
     return findings[0], tuple(findings[1:])
 
 
-def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
+@dataclass(frozen=True)
+class Requirement:
+    """What the run lacked, which every "would fit on its own" and the what-if are judged against.
+
+    `shortfall_bytes`: what the failed request lacked at the OOM (`Context.shortfall`).
+    `projected_need_bytes`: when the model states are projected at full size (an OOM inside the first
+    optimizer step, or `model-states-too-large`), what the run needs to get through: the projected
+    model states, everything else live at the OOM, and the request when it grows with the batch.
+    `projected_gap_bytes` is how far that is above the capacity.
+    """
+
+    shortfall_bytes: int | None
+    projected_need_bytes: int | None = None
+    projected_gap_bytes: int = 0
+
+    @property
+    def projecting(self) -> bool:
+        return self.projected_need_bytes is not None
+
+    @property
+    def needed_bytes(self) -> int | None:
+        if self.shortfall_bytes is None:
+            return None
+        return max(self.shortfall_bytes, self.projected_gap_bytes)
+
+    def covered_by(self, saved_now_bytes: int, saved_projected_bytes: int) -> bool | None:
+        """Whether a change saving these bytes at the OOM and of the projected need would have let the run fit."""
+        if self.shortfall_bytes is None:
+            return None
+        return saved_now_bytes >= self.shortfall_bytes and saved_projected_bytes >= self.projected_gap_bytes
+
+
+def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
+    shortfall = ctx.shortfall()
+    first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
+    if ctx.oom is None or not ctx.capacity_bytes or not ("model-states-too-large" in verdicts or first_step):
+        return Requirement(shortfall)
+    states_now = sum(_states(ctx))
+    states_needed, _, _ = _projected_parts(ctx)
+    if states_needed <= states_now:
+        return Requirement(shortfall)
+    others = sum(ctx.components.values()) - states_now
+    need = states_needed + others + (ctx.request if ctx.request_scales else 0)
+    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes))
+
+
+def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None) -> tuple[Recommendation, ...]:
+    """Ranked changes, each with the bytes it saves and whether it alone would have let the run fit.
+
+    "Would fit" means covering `need` (the shortfall at the OOM and, when the model states are
+    projected, the projected need too); a change that only shrinks the batch must also fit in the
+    what-if at the scale it implies, so the two sections of a report never disagree. A change that
+    would save under 1% of what was needed is left out.
+    """
+    if need is None:
+        need = requirement(ctx, verdicts)
     c = ctx.components
     activations = c.get("activations", 0)
-    temporaries = c.get("temporaries", 0)
-    inputs = c.get("inputs", 0)
     parameters, gradients, optimizer_state, _ = _states(ctx)
     seen = ctx.phases_seen()
     training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
     found: list[Recommendation] = []
     if verdicts == {"no-oom"}:
         return ()
+    scalable = what_if.scalable_bytes if what_if is not None else ctx.scalable_bytes
+    needed = need.needed_bytes
 
-    def add(rec_id: str, text: str, saved: int) -> None:
-        if saved > 0:
-            found.append(Recommendation(rec_id, text, int(saved), ctx.fits_without(int(saved))))
+    def add(rec_id: str, text: str, saved: float, saved_projected: float | None = None, scale: float | None = None) -> None:
+        saved_now = int(saved)
+        projected = saved_now if saved_projected is None else int(saved_projected)
+        shown = projected if need.projecting else saved_now
+        if shown <= 0 or (needed is not None and shown * 100 < needed):
+            return
+        fits = need.covered_by(saved_now, projected)
+        if fits and scale is not None:
+            fits = what_if is not None and what_if.fits_at(scale) is True
+        found.append(Recommendation(rec_id, text, shown, fits))
+
+    def scale_after(saved_bytes: float) -> float | None:
+        """The batch scale whose what-if peak is this saving below today's."""
+        return 1 - saved_bytes / scalable if scalable else None
 
     if activations and training and verdicts & {"activation-spike", "optimizer-state-buildup", "creeping-leak", "oversized-request", "unknown", "no-oom", "gradients-kept"}:
-        add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", activations * 0.7)
-    if activations or inputs:
+        saved = int(activations * 0.7)
+        add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", saved, scale=scale_after(saved))
+    if scalable:
         if training:
-            add("smaller-micro-batch", "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations.", (activations + temporaries + inputs) // 2)
+            text = "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
+            add("smaller-micro-batch", text, scalable // 2, scale=0.5)
         else:
-            add("smaller-batch", "Halve the batch (or process the input in chunks): half the activations.", (activations + temporaries + inputs) // 2)
+            add("smaller-batch", "Halve the batch (or process the input in chunks): half the activations, inputs and forward/backward temporaries.", scalable // 2, scale=0.5)
     if "optimizer-state-buildup" in verdicts or "model-states-too-large" in verdicts:
-        projected = max(optimizer_state, 2 * parameters if ctx.optimizer_kind != "sgd" else parameters)
-        add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.", projected * 3 // 4)
-        if ctx.target_phase == PHASE_OPTIMIZER and temporaries:
-            add("foreach-false", "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.", temporaries)
+        _, projected_state, _ = _projected_parts(ctx)
+        add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.", optimizer_state * 3 // 4, projected_state * 3 // 4)
+        step_temporaries = sum(b.size_bytes for b in ctx.live_blocks if b.component == "temporaries" and b.phase == PHASE_OPTIMIZER)
+        if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
+            add("foreach-false", "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.", step_temporaries)
     if "gradients-kept" in verdicts:
         old, _, _ = ctx.old_bytes(("gradients",))
         add("zero-grad-set-to-none", "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.", old)
@@ -479,7 +572,9 @@ def recommend(ctx: Context, verdicts: set[str]) -> tuple[Recommendation, ...]:
         add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.", kept * 0.9)
     if "model-states-too-large" in verdicts:
         states = parameters + gradients + optimizer_state
-        add("shard-model-states", "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.", states // 2)
+        states_needed, _, _ = _projected_parts(ctx)
+        buffers = c.get("buffers", 0)
+        add("shard-model-states", "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.", states // 2, (states_needed - buffers) // 2)
     if "oversized-request" in verdicts:
         add("chunk-large-op", "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.", ctx.request * 3 // 4)
     if "outside-pytorch" in verdicts and ctx.accounting.non_pytorch_bytes:

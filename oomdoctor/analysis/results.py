@@ -6,6 +6,7 @@ event first, so that a view or a reader can find the exact event a number rests 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from oomdoctor.model import Segment, Stack
@@ -236,9 +237,17 @@ class WhatIf:
     largest_fitting_scale: float | None
     predicted_peaks: tuple[tuple[float, int], ...]  # (scale, predicted peak bytes)
     note: str
+    unusable_bytes: int = 0  # cached memory the failed request could not use, counted in fixed_bytes
+    projected_states: bool = False  # fixed_bytes holds the model states projected at full size
 
     def predicted_peak_bytes(self, scale: float) -> int:
-        return self.fixed_bytes + int(round(self.scalable_bytes * scale))
+        return self.fixed_bytes + math.ceil(self.scalable_bytes * scale)
+
+    def fits_at(self, scale: float) -> bool | None:
+        """Whether the predicted peak at `scale` fits the capacity (None: capacity unknown)."""
+        if self.capacity_bytes is None:
+            return None
+        return self.predicted_peak_bytes(scale) <= self.capacity_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,42 +1,99 @@
 """What-if: how the peak scales with the activation budget (batch size or sequence length).
 
 The model is linear: memory needed = fixed (parameters, gradients, optimizer state, buffers, other)
-+ scale x budget (activations, temporaries, inputs and the failed request when forward or backward
-made it). It is the first-order answer a user needs to pick a batch size, not a simulation.
++ scale x budget (activations, inputs, forward/backward temporaries, and the failed request when
+forward or backward made it). It is the first-order answer a user needs to pick a batch size, not a
+simulation. At an OOM it is calibrated on the OOM itself: at 1.00x it falls short by exactly what
+the failed request lacked (cached memory the request could not use counts as fixed), so the model
+never says that the batch which failed would fit. When the verdict projects the model states at
+full size, the fixed part is at least what they need (see `diagnosis.requirement`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
-from oomdoctor.analysis.results import PHASE_BACKWARD, PHASE_BETWEEN, PHASE_FORWARD, WhatIf
+from oomdoctor.analysis.results import PHASE_BACKWARD, PHASE_BETWEEN, PHASE_FORWARD, LiveBlock, WhatIf
 
 SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+SCALED_COMPONENTS = ("activations", "inputs")
+
+
+def request_scales(target_phase: str, request_bytes: int = 0, blocks: Iterable[LiveBlock] = ()) -> bool:
+    """Whether the failed request grows with the batch: it was made in forward, backward or between
+    steps, and is not, in backward, exactly the size of a live parameter (then it is a gradient)."""
+    if target_phase not in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN):
+        return False
+    if target_phase == PHASE_BACKWARD and request_bytes:
+        return not any(b.component == "parameters" and b.size_bytes == request_bytes for b in blocks)
+    return True
+
+
+def scalable_bytes(blocks: Iterable[LiveBlock]) -> int:
+    """Live bytes that grow with the batch: activations, inputs, and temporaries of forward or backward.
+
+    Temporaries of the optimizer step (foreach lists) and every model state do not scale with the
+    batch. The batch-size recommendations and the what-if both count savings with this definition.
+    """
+    return sum(
+        b.size_bytes
+        for b in blocks
+        if b.component in SCALED_COMPONENTS or (b.component == "temporaries" and b.phase in (PHASE_FORWARD, PHASE_BACKWARD))
+    )
 
 
 def what_if(
-    components: dict[str, int], *, scalable_bytes: int, request_bytes: int, target_phase: str, capacity_bytes: int | None
+    components: dict[str, int],
+    *,
+    scalable_bytes: int,
+    request_bytes: int,
+    target_phase: str,
+    capacity_bytes: int | None,
+    shortfall_bytes: int | None = None,
+    projected_need_bytes: int | None = None,
+    scales_request: bool | None = None,
 ) -> WhatIf:
-    """`scalable_bytes`: live bytes that grow with the batch (activations, inputs, backward temporaries)."""
+    """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
+
+    `shortfall_bytes`: what the failed request lacked at the OOM (None: no OOM, or not known);
+    `projected_need_bytes`: what the run needs with the model states at full size (None: no projection),
+    counting the request when it scales; `scales_request`: whether the request grows with the batch
+    (None: `request_scales(target_phase)`).
+    """
     scalable = scalable_bytes
-    request_scales = target_phase in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN)
     fixed = sum(components.values()) - scalable
-    if request_scales:
+    if scales_request is None:
+        scales_request = request_scales(target_phase)
+    if scales_request:
         scalable += request_bytes
     else:
         fixed += request_bytes
+    unusable = 0
+    if capacity_bytes is not None and shortfall_bytes is not None:
+        # at 1.00x the demand (fixed + scalable) must exceed the capacity by the shortfall, as it did
+        unusable = max(0, capacity_bytes + shortfall_bytes - (fixed + scalable))
+        fixed += unusable
+    projected = False
+    if projected_need_bytes is not None and projected_need_bytes - scalable > fixed:
+        fixed = projected_need_bytes - scalable
+        projected = True
     largest = None
+    fixed_text = "model states projected at full size" if projected else "model states"
     if capacity_bytes is None:
         note = "capacity unknown (a plain snapshot without an OOM event does not say how large the device is)"
     elif fixed >= capacity_bytes:
         largest = 0.0
-        note = "the fixed part alone (model states, optimizer temporaries, buffers, other) does not fit: no batch size would"
+        note = f"the fixed part alone ({fixed_text}, optimizer temporaries, buffers, other) does not fit: no batch size would"
     elif scalable == 0:
         note = "no activation budget at the target event: changing the batch would not change this peak"
     else:
-        largest = math.floor((capacity_bytes - fixed) / scalable * 100) / 100
+        largest = ((capacity_bytes - fixed) * 100 // scalable) / 100
         note = f"activations scale linearly with batch size and (at least) with sequence length; at {largest:.2f}x the peak fits"
-    peaks = tuple((scale, fixed + int(round(scalable * scale))) for scale in SCALES)
+        if shortfall_bytes is not None:
+            note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
+            note += f"{', with the model states projected at full size' if projected else ''})"
+    peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
     return WhatIf(
         scalable_bytes=scalable,
         fixed_bytes=fixed,
@@ -44,4 +101,6 @@ def what_if(
         largest_fitting_scale=largest,
         predicted_peaks=peaks,
         note=note,
+        unusable_bytes=unusable,
+        projected_states=projected,
     )
