@@ -11,17 +11,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from oomdoctor.units import format_size  # noqa: F401  (c10's format_size; importable from here too)
+# The sizing rules and their constants are shared with analysis; importable from here too.
+from oomdoctor.allocator_rules import (  # noqa: F401
+    LARGE_SEGMENT_BYTES,
+    MIN_BLOCK_BYTES,
+    MIN_LARGE_ALLOC_BYTES,
+    ROUND_LARGE_BYTES,
+    SMALL_REQUEST_BYTES,
+    SMALL_SEGMENT_BYTES,
+    segment_size,
+)
+from oomdoctor.allocator_rules import round_size as _round_size
+from oomdoctor.allocator_rules import roundup_power2_next_division as _roundup_power2_next_division  # noqa: F401
+from oomdoctor.units import format_size  # noqa: F401  (c10's format_size)
 
 MiB = 1024 * 1024
 GIB = 1024 * MiB
 
-MIN_BLOCK_BYTES = 512  # kMinBlockSize
-SMALL_REQUEST_BYTES = 1 * MiB  # kSmallSize: the largest request served by the small pool
-SMALL_SEGMENT_BYTES = 2 * MiB  # kSmallBuffer
-MIN_LARGE_ALLOC_BYTES = 10 * MiB  # kMinLargeAlloc
-LARGE_SEGMENT_BYTES = 20 * MiB  # kLargeBuffer, default large_segment_size
-ROUND_LARGE_BYTES = 2 * MiB  # kRoundLarge
 ROUNDUP_INTERVALS = 16  # power-of-two intervals from 1 MiB, the last one open-ended
 UNLIMITED = (1 << 64) - 1  # SIZE_MAX, what torch stores for "no max_split_size"
 
@@ -214,29 +220,9 @@ def parse_alloc_conf(text: str) -> AllocatorConfig:
 
 def round_size(nbytes: int, config: AllocatorConfig) -> int:
     """The block size a request of nbytes gets (torch's round_size)."""
-    if nbytes < MIN_BLOCK_BYTES:
-        return MIN_BLOCK_BYTES
-    divisions = config.divisions_for(nbytes)
-    if divisions > 1 and nbytes > MIN_BLOCK_BYTES * divisions:
-        return _roundup_power2_next_division(nbytes, divisions)
-    return -(-nbytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-
-
-def _roundup_power2_next_division(size: int, divisions: int) -> int:
-    if _is_power_of_two(size):
-        return size
-    power2_floor = 1 << (size.bit_length() - 1)
-    step = power2_floor >> (divisions.bit_length() - 1)
-    if step == 0:
-        return power2_floor << 1
-    floor = size & ~(step - 1)
-    return size if floor == size else floor + step
+    return _round_size(nbytes, config.divisions_for(nbytes))
 
 
 def allocation_size(rounded_bytes: int, config: AllocatorConfig) -> int:
     """The segment size cudaMalloc is asked for when no cached block fits (get_allocation_size)."""
-    if rounded_bytes <= SMALL_REQUEST_BYTES:
-        return SMALL_SEGMENT_BYTES
-    if rounded_bytes < MIN_LARGE_ALLOC_BYTES:
-        return config.large_segment_size_bytes
-    return -(-rounded_bytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    return segment_size(rounded_bytes, config.large_segment_size_bytes)

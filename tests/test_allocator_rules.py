@@ -1,0 +1,62 @@
+"""The allocator's sizing rules, shared by analysis and the rehearsal simulator (spec §4.1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from oomdoctor.allocator_rules import pool_of, round_size, roundup_power2_next_division, segment_size
+from oomdoctor.analysis import sizing
+from oomdoctor.rehearse import allocator_config
+
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "size_bytes, divisions, rounded_bytes",
+    [
+        (1, 0, 512),
+        (511, 4, 512),
+        (1200, 0, 1536),
+        (1200, 4, 1536),  # not above 512 * divisions: plain 512 rounding
+        (5 * MiB + 1, 4, 6 * MiB),
+        (4 * MiB, 4, 4 * MiB),
+        (600 * MiB, 4, 640 * MiB),
+        (600 * MiB, 1, 600 * MiB),
+    ],
+)
+def test_round_size(size_bytes, divisions, rounded_bytes):
+    assert round_size(size_bytes, divisions) == rounded_bytes
+
+
+def test_roundup_power2_next_division():
+    assert roundup_power2_next_division(1200, 4) == 1280
+    assert roundup_power2_next_division(2048, 4) == 2048
+    assert roundup_power2_next_division(1025, 4096) == 2048  # more divisions than bytes: next power
+
+
+def test_segment_size_and_pool():
+    assert segment_size(512) == 2 * MiB
+    assert segment_size(MiB) == 2 * MiB
+    assert segment_size(MiB + 512) == 20 * MiB
+    assert segment_size(3 * MiB, 64 * MiB) == 64 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB
+    assert segment_size(21 * MiB + 1) == 22 * MiB
+    assert pool_of(MiB) == "small" and pool_of(MiB + 512) == "large"
+
+
+def test_analysis_and_simulator_agree_where_their_inputs_do():
+    config = allocator_config.parse_alloc_conf("roundup_power2_divisions:[2:2,64:4,>:8],large_segment_size_mb:64")
+    table = tuple(sorted((int(k), v) for k, v in config.settings_dict()["roundup_power2_divisions"].items()))
+    for size_bytes in (MiB + 1, 3 * MiB + 7, 70 * MiB + 1, 900 * MiB + 3, 5000 * MiB + 1):
+        rounded_bytes = sizing.round_size(size_bytes, table)
+        assert rounded_bytes == allocator_config.round_size(size_bytes, config)
+        assert sizing.segment_size(rounded_bytes, 64 * MiB) == allocator_config.allocation_size(rounded_bytes, config)
+
+
+def test_analysis_does_not_import_the_simulator():
+    code = "import sys, oomdoctor.analysis; print(sorted(m for m in sys.modules if m.startswith('oomdoctor.rehearse')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
