@@ -226,6 +226,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         exact=bool(registry),
         expandable_on=fragmentation.expandable_segments,
         capacity_bytes=capacity,
+        large_segment_bytes=large_segment,
         scalable_bytes=scalable_bytes(blocks),
         request_scales=request_scales(target_phase, request or 0, blocks),
     )
@@ -241,6 +242,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         shortfall_bytes=need.shortfall_bytes,
         projected_need_bytes=need.projected_need_bytes,
         scales_request=ctx.request_scales,
+        placement_limit=need.placement_limit,
     )
     recommendations = recommend(ctx, verdicts, need, whatif)
 

@@ -28,6 +28,8 @@ from oomdoctor.analysis.results import (
     StepSummary,
     WhatIf,
 )
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
+from oomdoctor.analysis.whatif import placement_limit
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -52,6 +54,7 @@ class Context:
     exact: bool  # the registry placed the model states
     expandable_on: bool | None
     capacity_bytes: int | None = field(default=None)  # what PyTorch could have had on this device
+    large_segment_bytes: int = field(default=LARGE_SEGMENT_BYTES)  # the allocator's large segment size
     scalable_bytes: int = field(default=0)  # live bytes that grow with the batch (whatif.scalable_bytes)
     request_scales: bool = field(default=False)  # the failed request grows with the batch (whatif.request_scales)
 
@@ -90,7 +93,8 @@ class Context:
         The missing bytes when free device memory and usable cache added up to less than the
         request. When they added up to enough (missing is 0) the request still failed because no
         single place could take it: then the gap to the nearest place it would have fitted, the
-        largest usable free block or free device memory against what cudaMalloc was asked for.
+        largest usable free block, or free device memory against what cudaMalloc was asked for
+        (freed cache goes back to the device when torch releases empty segments and retries).
         """
         if self.oom is None or self.accounting.missing_bytes is None:
             return None
@@ -102,6 +106,25 @@ class Context:
             gaps.append((self.accounting.message_bytes or self.request) - free)
         gap = min(gaps)
         return gap if gap > 0 else None
+
+    def placement_failure(self) -> bool:
+        """The free bytes added up to the request, but no single place could take it."""
+        return self.oom is not None and self.accounting.missing_bytes == 0
+
+
+def _missing_evidence(ctx: Context) -> Evidence:
+    """What the request lacked; when the free bytes added up to enough, say why it still failed."""
+    if ctx.missing > 0 or ctx.oom is None:
+        return Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index)
+    largest = ctx.fragmentation.largest_usable_free_block_bytes
+    free = ctx.accounting.device_free_bytes
+    asked = ctx.accounting.message_bytes or ctx.request
+    text = (
+        f"bytes missing by count (the request failed on placement: the largest usable free block was {human(largest)}"
+        + (f", and cudaMalloc needed {human(asked)} with {human(free)} free" if free is not None else "")
+        + ")"
+    )
+    return Evidence(text, "missing_bytes", ctx.missing, ctx.target_index)
 
 
 def _frame_text(block: LiveBlock | None) -> str | None:
@@ -166,7 +189,7 @@ def _test_outside(ctx: Context) -> Finding | None:
         (
             Evidence("memory outside PyTorch = total − free − reserved", "non_pytorch_bytes", outside),
             Evidence("device total memory", "device_total_bytes", total),
-            Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
+            _missing_evidence(ctx),
         ),
     )
 
@@ -330,7 +353,7 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
         (
             Evidence("forward passes without a backward", "forward_passes", None, current.first_index, value=len(forwards)),
             Evidence("activations of earlier forward passes still alive", "kept_activation_bytes", kept_bytes, largest.alloc_index, largest.address, _frame_text(largest)),
-            Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
+            _missing_evidence(ctx),
         ),
     )
 
@@ -375,7 +398,7 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
             _component_evidence(ctx, "optimizer state alive at the OOM", "optimizer_state"),
             Evidence("peak activations of earlier steps", "earlier_peak_activation_bytes", earlier_peak),
             _component_evidence(ctx, "activations at the OOM", "activations"),
-            Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index),
+            _missing_evidence(ctx),
         ),
     )
 
@@ -470,12 +493,15 @@ class Requirement:
     `projected_need_bytes`: when the model states are projected at full size (an OOM inside the first
     optimizer step, or `model-states-too-large`), what the run needs to get through: the projected
     model states, everything else live at the OOM, and the request when it grows with the batch.
-    `projected_gap_bytes` is how far that is above the capacity.
+    `projected_gap_bytes` is how far that is above the capacity. `placement_limit`, when the free
+    bytes added up to the request but no place could take it: the largest fraction of the request
+    that fits today's largest usable free block or free device memory (`whatif.placement_limit`).
     """
 
     shortfall_bytes: int | None
     projected_need_bytes: int | None = None
     projected_gap_bytes: int = 0
+    placement_limit: float | None = None  # a placement failure: the largest request scale that finds a place
 
     @property
     def projecting(self) -> bool:
@@ -496,16 +522,20 @@ class Requirement:
 
 def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     shortfall = ctx.shortfall()
+    limit = None
+    if ctx.placement_failure() and ctx.request:
+        largest = ctx.fragmentation.largest_usable_free_block_bytes
+        limit = placement_limit(ctx.request, largest, ctx.accounting.device_free_bytes, ctx.large_segment_bytes)
     first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
     if ctx.oom is None or not ctx.capacity_bytes or not ("model-states-too-large" in verdicts or first_step):
-        return Requirement(shortfall)
+        return Requirement(shortfall, placement_limit=limit)
     states_now = sum(_states(ctx))
     states_needed, _, _ = _projected_parts(ctx)
     if states_needed <= states_now:
-        return Requirement(shortfall)
+        return Requirement(shortfall, placement_limit=limit)
     others = sum(ctx.components.values()) - states_now
     need = states_needed + others + (ctx.request if ctx.request_scales else 0)
-    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes))
+    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit)
 
 
 def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None) -> tuple[Recommendation, ...]:
@@ -529,13 +559,20 @@ def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None,
     scalable = what_if.scalable_bytes if what_if is not None else ctx.scalable_bytes
     needed = need.needed_bytes
 
-    def add(rec_id: str, text: str, saved: float, saved_projected: float | None = None, scale: float | None = None) -> None:
+    def add(
+        rec_id: str, text: str, saved: float, saved_projected: float | None = None, scale: float | None = None, request_scale: float | None = None
+    ) -> None:
+        """`scale`: the batch scale the change amounts to (checked against the what-if);
+        `request_scale`: the fraction of the failed request that remains (a placement failure fits
+        when that fraction finds a place)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
         if shown <= 0 or (needed is not None and shown * 100 < needed):
             return
         fits = need.covered_by(saved_now, projected)
+        if fits is False and request_scale is not None and need.placement_limit is not None:
+            fits = request_scale <= need.placement_limit and projected >= need.projected_gap_bytes
         if fits and scale is not None:
             fits = what_if is not None and what_if.fits_at(scale) is True
         found.append(Recommendation(rec_id, text, shown, fits))
@@ -576,7 +613,7 @@ def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None,
         buffers = c.get("buffers", 0)
         add("shard-model-states", "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.", states // 2, (states_needed - buffers) // 2)
     if "oversized-request" in verdicts:
-        add("chunk-large-op", "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.", ctx.request * 3 // 4)
+        add("chunk-large-op", "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.", ctx.request * 3 // 4, request_scale=0.25)
     if "outside-pytorch" in verdicts and ctx.accounting.non_pytorch_bytes:
         add("free-other-processes", "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.", ctx.accounting.non_pytorch_bytes - min(GIB // 2, (ctx.accounting.device_total_bytes or 0) // 10))
     found.sort(key=lambda r: -r.estimated_saved_bytes)

@@ -239,15 +239,18 @@ class WhatIf:
     note: str
     unusable_bytes: int = 0  # cached memory the failed request could not use, counted in fixed_bytes
     projected_states: bool = False  # fixed_bytes holds the model states projected at full size
+    placement_limit_scale: float | None = None  # a placement failure: where the scaled request fits today's free blocks
+
+    def fits_at(self, scale: float) -> bool | None:
+        """Whether the predicted peak at `scale` fits the capacity, and the request a place (None: capacity unknown)."""
+        if self.capacity_bytes is None:
+            return None
+        if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
+            return False
+        return self.predicted_peak_bytes(scale) <= self.capacity_bytes
 
     def predicted_peak_bytes(self, scale: float) -> int:
         return self.fixed_bytes + math.ceil(self.scalable_bytes * scale)
-
-    def fits_at(self, scale: float) -> bool | None:
-        """Whether the predicted peak at `scale` fits the capacity (None: capacity unknown)."""
-        if self.capacity_bytes is None:
-            return None
-        return self.predicted_peak_bytes(scale) <= self.capacity_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import math
 from typing import Iterable
 
 from oomdoctor.analysis.results import PHASE_BACKWARD, PHASE_BETWEEN, PHASE_FORWARD, LiveBlock, WhatIf
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, segment_size
 
 SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SCALED_COMPONENTS = ("activations", "inputs")
@@ -53,13 +54,20 @@ def what_if(
     shortfall_bytes: int | None = None,
     projected_need_bytes: int | None = None,
     scales_request: bool | None = None,
+    placement_limit: float | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
     `shortfall_bytes`: what the failed request lacked at the OOM (None: no OOM, or not known);
     `projected_need_bytes`: what the run needs with the model states at full size (None: no projection),
     counting the request when it scales; `scales_request`: whether the request grows with the batch
-    (None: `request_scales(target_phase)`).
+    (None: `request_scales(target_phase)`); `placement_limit`: when the request failed on placement
+    although the free bytes added up to enough, the largest scale of the request that finds a place
+    today (`placement_limit`).
+
+    A placement failure is not a shortage of bytes, so when the request grows with the batch the
+    largest fitting scale is where the scaled request fits today's largest free block, or its
+    cudaMalloc fits free device memory (and never above what the bytes allow).
     """
     scalable = scalable_bytes
     fixed = sum(components.values()) - scalable
@@ -70,7 +78,10 @@ def what_if(
     else:
         fixed += request_bytes
     unusable = 0
-    if capacity_bytes is not None and shortfall_bytes is not None:
+    if not (scales_request and request_bytes):
+        placement_limit = None
+    calibrated = placement_limit is None and capacity_bytes is not None and shortfall_bytes is not None
+    if calibrated:
         # at 1.00x the demand (fixed + scalable) must exceed the capacity by the shortfall, as it did
         unusable = max(0, capacity_bytes + shortfall_bytes - (fixed + scalable))
         fixed += unusable
@@ -84,13 +95,20 @@ def what_if(
         note = "capacity unknown (a plain snapshot without an OOM event does not say how large the device is)"
     elif fixed >= capacity_bytes:
         largest = 0.0
-        note = f"the fixed part alone ({fixed_text}, optimizer temporaries, buffers, other) does not fit: no batch size would"
+        request_text = ", the failed request" if request_bytes and not scales_request else ""
+        note = f"the fixed part alone ({fixed_text}, optimizer temporaries, buffers, other{request_text}) does not fit: no batch size would"
     elif scalable == 0:
         note = "no activation budget at the target event: changing the batch would not change this peak"
     else:
         largest = ((capacity_bytes - fixed) * 100 // scalable) / 100
         note = f"activations scale linearly with batch size and (at least) with sequence length; at {largest:.2f}x the peak fits"
-        if shortfall_bytes is not None:
+        if placement_limit is not None and placement_limit < largest:
+            largest = placement_limit
+            note = (
+                f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
+                f" fits up to {largest:.2f}x (by bytes alone the peak would fit further)"
+            )
+        elif calibrated:
             note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
             note += f"{', with the model states projected at full size' if projected else ''})"
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
@@ -103,4 +121,19 @@ def what_if(
         note=note,
         unusable_bytes=unusable,
         projected_states=projected,
+        placement_limit_scale=placement_limit,
     )
+
+
+def placement_limit(
+    request_bytes: int, largest_free_block_bytes: int, device_free_bytes: int | None, large_segment_bytes: int = LARGE_SEGMENT_BYTES
+) -> float:
+    """The largest scale of the request (in 0.01 steps, below 1) at which it fits the largest usable
+    free block, or its cudaMalloc fits free device memory."""
+    for hundredths in range(99, -1, -1):
+        scaled = -(-request_bytes * hundredths // 100 // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        if scaled <= largest_free_block_bytes:
+            return hundredths / 100
+        if device_free_bytes is not None and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes) <= device_free_bytes:
+            return hundredths / 100
+    return 0.0
