@@ -40,6 +40,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.analysis.sizing import large_segment_bytes
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
+from oomdoctor.units import human_size
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
@@ -233,17 +234,29 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     primary, secondary = diagnose(ctx)
     verdicts = {primary.verdict, *(f.verdict for f in secondary)}
     need = requirement(ctx, verdicts)
-    whatif = what_if(
-        components,
-        scalable_bytes=ctx.scalable_bytes,
-        request_bytes=request or 0,
-        target_phase=target_phase,
-        capacity_bytes=capacity,
-        shortfall_bytes=need.shortfall_bytes,
-        projected_need_bytes=need.projected_need_bytes,
-        scales_request=ctx.request_scales,
-        placement_limit=need.placement_limit,
-    )
+    peak_step = _peak_step(steps, sum(components.values())) if fatal is None and target_kind == "dump" else None
+    if peak_step is not None:
+        # the dump came after the peak (between steps, say): scale the recorded peak, not the dump
+        whatif = what_if(
+            {"peak": peak_step.peak_allocated_bytes},
+            scalable_bytes=peak_step.peak_activation_bytes,
+            request_bytes=0,
+            target_phase=PHASE_BETWEEN,
+            capacity_bytes=capacity,
+            basis=f"from step {peak_step.step}'s peak ({human_size(peak_step.peak_allocated_bytes)} allocated, activations up to {human_size(peak_step.peak_activation_bytes)})",
+        )
+    else:
+        whatif = what_if(
+            components,
+            scalable_bytes=ctx.scalable_bytes,
+            request_bytes=request or 0,
+            target_phase=target_phase,
+            capacity_bytes=capacity,
+            shortfall_bytes=need.shortfall_bytes,
+            projected_need_bytes=need.projected_need_bytes,
+            scales_request=ctx.request_scales,
+            placement_limit=need.placement_limit,
+        )
     recommendations = recommend(ctx, verdicts, need, whatif)
 
     if not trace:
@@ -304,6 +317,14 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         what_if=whatif,
         unknowns=tuple(unknowns),
     )
+
+
+def _peak_step(steps: tuple[StepSummary, ...], allocated_bytes: int) -> StepSummary | None:
+    """The step with the highest recorded peak, when that peak is above what the dump holds."""
+    peak = max(steps, key=lambda s: s.peak_allocated_bytes, default=None)
+    if peak is None or peak.peak_allocated_bytes <= allocated_bytes or not peak.peak_activation_bytes:
+        return None
+    return peak
 
 
 def _touches_blocks(trace: DeviceTrace, target_index: int) -> bool:

@@ -585,7 +585,7 @@ def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None,
         saved = int(activations * 0.7)
         add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", saved, scale=scale_after(saved))
     if scalable:
-        if training:
+        if training and "inference-with-grad" not in verdicts:  # an evaluation pass has no gradients to accumulate
             text = "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
             add("smaller-micro-batch", text, scalable // 2, scale=0.5)
         else:

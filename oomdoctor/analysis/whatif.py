@@ -55,6 +55,7 @@ def what_if(
     projected_need_bytes: int | None = None,
     scales_request: bool | None = None,
     placement_limit: float | None = None,
+    basis: str | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -63,7 +64,8 @@ def what_if(
     counting the request when it scales; `scales_request`: whether the request grows with the batch
     (None: `request_scales(target_phase)`); `placement_limit`: when the request failed on placement
     although the free bytes added up to enough, the largest scale of the request that finds a place
-    today (`placement_limit`).
+    today (`placement_limit`). `basis`: where the figures come from, when not the target event
+    (it opens the note).
 
     A placement failure is not a shortage of bytes, so when the request grows with the batch the
     largest fitting scale is where the scaled request fits today's largest free block, or its
@@ -111,6 +113,10 @@ def what_if(
         elif calibrated:
             note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
             note += f"{', with the model states projected at full size' if projected else ''})"
+    if largest is not None and largest > SCALES[-1] * 2:
+        note += "; that far from the measured batch the linear model is a rough guide only"
+    if basis:
+        note = f"{basis}: {note}"
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
     return WhatIf(
         scalable_bytes=scalable,
