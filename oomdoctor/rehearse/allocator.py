@@ -165,6 +165,22 @@ class _Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
+    def link_before(self, block: _Block) -> None:
+        """Put this block into block's segment chain, right before it."""
+        self.prev = block.prev
+        self.next = block
+        if block.prev is not None:
+            block.prev.next = self
+        block.prev = self
+
+    def link_after(self, block: _Block) -> None:
+        """Put this block into block's segment chain, right after it."""
+        self.prev = block
+        self.next = block.next
+        if block.next is not None:
+            block.next.prev = self
+        block.next = self
+
 
 class _Pool:
     """Free blocks of one pool, ordered like torch's std::set: by (stream, size, address)."""
@@ -592,11 +608,7 @@ class CachingAllocatorSimulator:
             remaining = block
             block = _Block(remaining.address, size, stream, pool)
             block.expandable = remaining.expandable
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
-            block.next = remaining
-            remaining.prev = block
+            block.link_before(remaining)
             remaining.address += size
             remaining.size -= size
             self._blocks[block.address] = block
@@ -856,11 +868,7 @@ class CachingAllocatorSimulator:
             remaining = _Block(block.address + mapped_bytes, block.size - mapped_bytes, block.stream, pool)
             remaining.mapped = False
             remaining.expandable = segment
-            remaining.prev = block
-            remaining.next = block.next
-            if block.next is not None:
-                block.next.prev = remaining
-            block.next = remaining
+            remaining.link_after(block)
             self._blocks[remaining.address] = remaining
             pool.insert_unmapped(remaining)
             block.size = mapped_bytes
@@ -908,22 +916,14 @@ class CachingAllocatorSimulator:
         if before_bytes > 0:
             before = _Block(block.address, before_bytes, block.stream, pool)
             before.expandable = segment
-            before.prev = block.prev
-            before.next = block
-            if block.prev is not None:
-                block.prev.next = before
-            block.prev = before
+            before.link_before(block)
             self._blocks[before.address] = before
             pool.insert(before)
         after_bytes = block.size - (before_bytes + unmapped_bytes)
         if after_bytes > 0:
             after = _Block(unmapped_address + unmapped_bytes, after_bytes, block.stream, pool)
             after.expandable = segment
-            after.prev = block
-            after.next = block.next
-            if block.next is not None:
-                block.next.prev = after
-            block.next = after
+            after.link_after(block)
             self._blocks[after.address] = after
             pool.insert(after)
         block.address = unmapped_address
