@@ -60,3 +60,12 @@ def test_analysis_does_not_import_the_simulator():
     code = "import sys, oomdoctor.analysis; print(sorted(m for m in sys.modules if m.startswith('oomdoctor.rehearse')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_roundup_divisions_of_a_dump():
+    from oomdoctor.model import AllocatorSettings
+
+    assert sizing.roundup_divisions(None) == ()
+    assert sizing.roundup_divisions(AllocatorSettings(roundup_power2_divisions=((1, 0), (2, 1)))) == ()
+    table = ((1, 0), (2, 4))
+    assert sizing.roundup_divisions(AllocatorSettings(roundup_power2_divisions=table)) == table

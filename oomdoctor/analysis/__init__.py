@@ -38,7 +38,7 @@ from oomdoctor.analysis.results import (
     ReplaySummary,
     StepSummary,
 )
-from oomdoctor.analysis.sizing import large_segment_bytes
+from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.units import human_size
 
@@ -101,10 +101,7 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
 
 def replayer(snapshot: Snapshot, device: int) -> Replayer:
     """A `Replayer` for one device: `replayer(s, d).state_at(i)` is the state right after event i."""
-    settings = snapshot.allocator_settings
-    divisions = settings.roundup_power2_divisions if settings is not None else ()
-    if all(count <= 1 for _, count in divisions):
-        divisions = ()
+    divisions = roundup_divisions(snapshot.allocator_settings)
     trace = snapshot.traces[device] if device < len(snapshot.traces) else ()
     return Replayer(trace, snapshot.segments_on(device), divisions)
 
@@ -116,9 +113,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     trace = columns(snapshot.traces[device] if device < len(snapshot.traces) else ())
     segments = snapshot.segments_on(device)
     settings = snapshot.allocator_settings
-    divisions = settings.roundup_power2_divisions if settings is not None else ()
-    if all(count <= 1 for _, count in divisions):
-        divisions = ()
+    divisions = roundup_divisions(settings)
     unknowns: list[str] = []
 
     registry = _attribution.Registry(metadata, device)

@@ -18,6 +18,7 @@ from oomdoctor.allocator_rules import (
     segment_size,
 )
 from oomdoctor.allocator_rules import round_size as _round_size
+from oomdoctor.model import AllocatorSettings
 
 __all__ = [
     "LARGE_SEGMENT_BYTES",
@@ -29,6 +30,7 @@ __all__ = [
     "large_segment_bytes",
     "pool_of",
     "round_size",
+    "roundup_divisions",
     "segment_size",
 ]
 
@@ -40,6 +42,12 @@ def _divisions_for(size_bytes: int, divisions: tuple[tuple[int, int], ...]) -> i
         if size_mib >= lower_mib:
             found = count
     return found
+
+
+def roundup_divisions(settings: AllocatorSettings | None) -> tuple[tuple[int, int], ...]:
+    """The dump's roundup_power2_divisions for `round_size`; empty when no interval rounds."""
+    divisions = settings.roundup_power2_divisions if settings is not None else ()
+    return () if all(count <= 1 for _, count in divisions) else divisions
 
 
 def round_size(size_bytes: int, divisions: tuple[tuple[int, int], ...] = ()) -> int:
