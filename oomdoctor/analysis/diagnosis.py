@@ -325,21 +325,33 @@ def _end_of_step_growth(steps: Sequence[StepSummary]) -> tuple[int, int] | None:
     return run, sum(deltas) // len(deltas)
 
 
-def _test_inference_with_grad(ctx: Context) -> Finding | None:
-    """Repeated forward passes with no backward between them, each leaving its activations alive."""
-    if ctx.oom is None or ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
-        return None
+def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveBlock], int]:
+    """(forward spans since the last backward, optimizer step or zero_grad; activations and
+    temporaries of all but the latest still alive; the index where the last of those ended, -1 if none)."""
+    if ctx.target_index is None:
+        return [], [], -1
     training = {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}
     last_training = max((s.last_index for s in ctx.phases if s.phase in training and s.first_index <= ctx.target_index), default=-1)
     forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= ctx.target_index]
     if len(forwards) < 2:
-        return None
+        return forwards, [], last_training
     current = forwards[-1]
     kept = [
         b
         for b in ctx.live_blocks
         if b.alloc_index is not None and last_training < b.alloc_index < current.first_index and b.component in ("activations", "temporaries")
     ]
+    return forwards, kept, last_training
+
+
+def _test_inference_with_grad(ctx: Context) -> Finding | None:
+    """Repeated forward passes with no backward between them, each leaving its activations alive."""
+    if ctx.oom is None or ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
+        return None
+    forwards, kept, last_training = _kept_from_earlier_passes(ctx)
+    if len(forwards) < 2:
+        return None
+    current = forwards[-1]
     kept_bytes = sum(b.size_bytes for b in kept)
     capacity = ctx.capacity_bytes or 0
     if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // 10):
@@ -407,19 +419,28 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD):
         return None
     c = ctx.components
-    activations = c.get("activations", 0)
-    temporaries = c.get("temporaries", 0)
+    # this pass's own: what earlier steps or earlier passes left alive is a leak's or a kept graph's
+    kept = {b.address: b for b in ctx.live_blocks if b.component in ("activations", "temporaries") and b.step is not None and ctx.target_step is not None and b.step < ctx.target_step}
+    kept.update((b.address, b) for b in _kept_from_earlier_passes(ctx)[1])
+    kept_activations = sum(b.size_bytes for b in kept.values() if b.component == "activations")
+    activations = c.get("activations", 0) - kept_activations
+    temporaries = c.get("temporaries", 0) - sum(b.size_bytes for b in kept.values() if b.component == "temporaries")
     allocated = ctx.accounting.allocated_bytes or 1
-    others = max(v for k, v in c.items() if k not in ("activations",))
+    others = max([v for k, v in c.items() if k not in ("activations",)] + [kept_activations])
     if activations + temporaries < 0.3 * allocated and activations < others:
         return None
     step = ctx.target_step or 0
     earlier_peak = _earlier_activation_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
     evidence = [_component_evidence(ctx, "live activations at the OOM", "activations"), _component_evidence(ctx, "live temporaries at the OOM", "temporaries")]
+    if kept:
+        evidence.append(Evidence("of them, this pass's own (earlier steps' and earlier passes' left out)", "current_activation_bytes", activations))
     if ratio is not None:
         evidence.append(Evidence(f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak))
     spike = ratio is not None and ratio > 1.2
+    kept_bytes = sum(b.size_bytes for b in kept.values())
+    if not spike and kept_bytes and kept_bytes >= ctx.missing:
+        return None  # what earlier steps or passes left alive explains the OOM, not this batch
     text = (
         f"Activations of step {step}'s {ctx.target_phase} reached {human(activations)}, {ratio:.1f}x the peak of earlier steps (a longer sequence or a bigger batch)."
         if spike
@@ -581,7 +602,7 @@ def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None,
         """The batch scale whose what-if peak is this saving below today's."""
         return 1 - saved_bytes / scalable if scalable else None
 
-    if activations and training and verdicts & {"activation-spike", "optimizer-state-buildup", "creeping-leak", "oversized-request", "unknown", "no-oom", "gradients-kept"}:
+    if activations and training and "inference-with-grad" not in verdicts and verdicts & {"activation-spike", "optimizer-state-buildup", "creeping-leak", "oversized-request", "unknown", "no-oom", "gradients-kept"}:
         saved = int(activations * 0.7)
         add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", saved, scale=scale_after(saved))
     if scalable:
