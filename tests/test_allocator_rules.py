@@ -69,3 +69,15 @@ def test_roundup_divisions_of_a_dump():
     assert sizing.roundup_divisions(AllocatorSettings(roundup_power2_divisions=((1, 0), (2, 1)))) == ()
     table = ((1, 0), (2, 4))
     assert sizing.roundup_divisions(AllocatorSettings(roundup_power2_divisions=table)) == table
+
+
+def test_analysis_rounds_small_requests_with_the_first_interval_like_the_simulator():
+    from oomdoctor.analysis.sizing import round_size as analysis_round_size
+    from oomdoctor.rehearse.allocator_config import parse_alloc_conf
+    from oomdoctor.rehearse.allocator_config import round_size as simulator_round_size
+
+    config = parse_alloc_conf("roundup_power2_divisions:4")
+    divisions = tuple((1 << k, config.roundup_power2_divisions[k]) for k in range(16))
+    for size in (600_000, 1_200, 3_000_000, 70 * 2**20, 2**20 + 1):
+        assert analysis_round_size(size, divisions) == simulator_round_size(size, config)
+    assert analysis_round_size(600_000, divisions) == 655_360

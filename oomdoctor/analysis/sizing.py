@@ -36,10 +36,13 @@ __all__ = [
 
 
 def _divisions_for(size_bytes: int, divisions: tuple[tuple[int, int], ...]) -> int:
+    # torch's interval index is clamp(floor(log2 size) - 20, 0, 15); interval k is keyed 2**k MiB,
+    # so the "1" interval also covers every request below 1 MiB
+    index = min(max(size_bytes.bit_length() - 1 - 20, 0), 15)
+    key_mib = 1 << index
     found = 0
-    size_mib = size_bytes >> 20
     for lower_mib, count in divisions:
-        if size_mib >= lower_mib:
+        if lower_mib <= key_mib:
             found = count
     return found
 
