@@ -83,9 +83,9 @@ def child_environment(mode: str, variant: str, alloc_conf: str = "") -> dict[str
     environment.update(VARIANTS[variant])
     if alloc_conf:
         environment["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+    environment["OMP_NUM_THREADS"] = "2"  # several children share the CPUs
     if mode == "rehearsal":
         environment["CUDA_VISIBLE_DEVICES"] = ""  # rehearsal never touches the GPU
-        environment["OMP_NUM_THREADS"] = "2"
     return environment
 
 
@@ -113,7 +113,7 @@ class Driver:
             "summary_version": SUMMARY_VERSION,
             "mode": args.mode,
             "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": " ".join(["benchmarks/gpu/driver.py", *sys.argv[1:]]),
+            "command": os.environ.get("GPU_VALIDATION_COMMAND") or _command_line(sys.argv[1:]),
             "variants": args.variants,
             "environment": {},
             "probes": {},
@@ -141,7 +141,8 @@ class Driver:
         probe_dir = self.work / "probe"
         probe_dir.mkdir(parents=True, exist_ok=True)
         variants = self.args.variants if self.args.mode == "cuda" else ["default"]
-        for variant in variants:
+
+        def probe_variant(variant: str) -> None:
             out = probe_dir / f"{variant}.json"
             code, _ = run_process(
                 [sys.executable, str(HERE / "scenario_child.py"), "probe", str(out)],
@@ -153,6 +154,9 @@ class Driver:
             found = json.loads(out.read_text()) if out.exists() else {"error": f"probe exited {code}"}
             self.summary["probes"][variant] = found
             self.log(f"probe {variant}: {found}")
+
+        with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
+            list(pool.map(probe_variant, variants))
         default = self.summary["probes"].get("default", {})
         for key in ("torch_version", "cuda_version", "gpu_name", "capability", "total_memory_bytes", "allocator_backend"):
             if key in default:
@@ -200,6 +204,16 @@ class Driver:
         return planned
 
     def run_one(self, planned: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._run_one(planned)
+        except Exception as error:  # one broken run must not stop the others
+            import traceback
+
+            name = run_name(planned["scenario"], planned["variant"]) if planned["arm"] == "real" else planned["scenario"]
+            return {**planned, "run": name, "dir": f"runs/{name}/{planned['arm']}", "status": "error", "why": f"driver: {type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+
+    def _run_one(self, planned: dict[str, Any]) -> dict[str, Any]:
         fixture = self.fixtures[planned["scenario"]]
         name = run_name(planned["scenario"], planned["variant"]) if planned["arm"] == "real" else planned["scenario"]
         run_dir = self.work / "runs" / name / planned["arm"]
@@ -250,10 +264,14 @@ class Driver:
         environment = child_environment("rehearsal", "default")
         for fmt, name in (("json", "report.json"), ("text", "report.txt")):
             with open(run_dir / name, "wb") as out:
-                completed = subprocess.run(
-                    [sys.executable, "-m", "oomdoctor", "report", str(run_dir / "dump.pickle"), "--format", fmt],
-                    stdout=out, stderr=subprocess.PIPE, env=environment, cwd=run_dir, timeout=300,
-                )  # fmt: skip
+                try:
+                    completed = subprocess.run(
+                        [sys.executable, "-m", "oomdoctor", "report", str(run_dir / "dump.pickle"), "--format", fmt],
+                        stdout=out, stderr=subprocess.PIPE, env=environment, cwd=run_dir, timeout=60,
+                    )  # fmt: skip
+                except subprocess.TimeoutExpired:
+                    record.setdefault("report_errors", []).append(f"oomdoctor report --format {fmt} took over 60 s")
+                    continue
             if completed.returncode != 0:
                 record.setdefault("report_errors", []).append(completed.stderr.decode(errors="replace")[-2000:])
         try:
@@ -288,12 +306,12 @@ class Driver:
         planned = self.plan()
         outside = [p for p in planned if p["arm"] == "real" and self.fixtures[p["scenario"]]["outside_bytes"] and self.args.mode == "cuda"]
         parallel = [p for p in planned if p not in outside]
-        self.log(f"scenarios: {len(parallel)} runs in parallel ({self.args.jobs} at a time), then {len(outside)} one by one")
+        self.log(f"scenarios: {len(outside)} one by one, then {len(parallel)} in parallel ({self.args.jobs} at a time)")
+        for planned_run in outside:  # they take the whole GPU's free memory: nothing else may run
+            self._finished(self.run_one(planned_run))
         with concurrent.futures.ThreadPoolExecutor(self.args.jobs) as pool:
             for record in pool.map(self.run_one, parallel):
                 self._finished(record)
-        for planned_run in outside:  # they take the whole GPU's free memory: nothing else may run
-            self._finished(self.run_one(planned_run))
 
     def _finished(self, record: dict[str, Any]) -> None:
         self.runs.append(record)
@@ -402,6 +420,19 @@ def _side(run: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _command_line(argv: list[str]) -> str:
+    """How the driver was started, with its output and work folders as $OUT and $WORK."""
+    shown, hide = [], {"--out": "$OUT", "--work": "$WORK"}
+    for index, part in enumerate(argv):
+        name = part.split("=", 1)[0]
+        if name in hide and "=" in part:
+            part = f"{name}={hide[name]}"
+        elif index and argv[index - 1] in hide:
+            part = hide[argv[index - 1]]
+        shown.append(part)
+    return " ".join(["python3 benchmarks/gpu/driver.py", *shown])
+
+
 def _git_commit() -> str | None:
     try:
         completed = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY_ROOT, capture_output=True, text=True, timeout=10)
@@ -430,13 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("cuda", "rehearsal"), default="cuda")
     parser.add_argument("--scenarios", type=lambda text: [p for p in text.split(",") if p], default=None, help="fixture names, comma-separated (default: all)")
     parser.add_argument("--variants", type=lambda text: [p for p in text.split(",") if p], default=list(VARIANTS), help=f"of {', '.join(VARIANTS)} (default: all)")
-    parser.add_argument("--jobs", type=int, default=6, help="scenario processes at a time")
-    parser.add_argument("--budget-s", type=float, default=420, help="start no run after this; pack by then")
-    parser.add_argument("--run-timeout-s", type=float, default=150)
+    parser.add_argument("--jobs", type=int, default=8, help="scenario processes at a time")
+    parser.add_argument("--budget-s", type=float, default=360, help="start no run after this; pack by then")
+    parser.add_argument("--run-timeout-s", type=float, default=120)
     parser.add_argument("--no-bench", dest="bench", action="store_false", help="skip overhead and dump time")
     parser.add_argument("--bench-rounds", type=int, default=12)
     parser.add_argument("--bench-steps", type=int, default=20)
-    parser.add_argument("--bench-timeout-s", type=float, default=150)
+    parser.add_argument("--bench-timeout-s", type=float, default=120)
     parser.add_argument("--dump-events", type=int, default=100_000)
     parser.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     args = parser.parse_args(argv)

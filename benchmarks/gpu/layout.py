@@ -106,7 +106,8 @@ def clean_dump(snapshot: dict[str, Any], root: str) -> dict[str, Any]:
     """The dump as `python fixtures/scenarios/NAME.py` from the repository root would have left it.
 
     Paths under `root` (the repository on the machine that ran it) become relative, and the frames
-    of the machinery that ran the scenario (MACHINERY_FILES, runpy) leave every stack. Nothing else
+    of the machinery that ran the scenario (MACHINERY_FILES, runpy) leave every stack and the
+    exception's formatted traceback. Nothing else
     changes. Frame dicts stay shared, so the file stays as small as capture wrote it.
     """
     prefix = root.rstrip("/") + "/"
@@ -120,6 +121,8 @@ def clean_dump(snapshot: dict[str, Any], root: str) -> dict[str, Any]:
         return filename in MACHINERY_FILES or filename.endswith("/runpy.py")
 
     def clean(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("Traceback (most recent call last):"):
+            return _drop_machinery_entries(value.replace(prefix, ""))
         if isinstance(value, str):
             return strings.setdefault(value, value.replace(prefix, ""))
         if isinstance(value, (dict, list)):
@@ -138,3 +141,22 @@ def clean_dump(snapshot: dict[str, Any], root: str) -> dict[str, Any]:
         return value
 
     return clean(snapshot)
+
+
+_TRACEBACK_ENTRY = re.compile(r'^  File "(?P<filename>[^"]*)", line \d+')
+
+
+def _drop_machinery_entries(text: str) -> str:
+    """A formatted traceback without the entries (File line and the source lines under it) of
+    MACHINERY_FILES and runpy."""
+    kept, dropping = [], False
+    for line in text.splitlines(keepends=True):
+        entry = _TRACEBACK_ENTRY.match(line)
+        if entry is not None:
+            filename = entry.group("filename")
+            dropping = filename in MACHINERY_FILES or filename.endswith("/runpy.py")
+        elif not line.startswith("    "):
+            dropping = False
+        if not dropping:
+            kept.append(line)
+    return "".join(kept)
