@@ -9,13 +9,16 @@ evidence, recommendations and a what-if for the batch size. No I/O, no printing.
     analysis.verdict, analysis.confidence, analysis.summary, analysis.evidence
     analysis.component_bytes()              # {"parameters": ..., ...} at the OOM (or peak, or dump)
     analysis.accounting, analysis.fragmentation, analysis.what_if, analysis.recommendations
+    analysis.what_if.fits_at(0.5)           # the model every "would fit on its own" agrees with
     analysis.replay.series                  # downsampled memory over time, by component
     analysis.phases                         # PhaseSpan runs covering every event, with their source
     analysis.live_blocks                    # every live block: component, method, confidence, frames
 
     replayer(snapshot, device).state_at(i)  # EventState after event i: live blocks, segment layout
 
-The verdict set and each verdict's test are documented in docs/verdicts.md.
+The verdict set and each verdict's test are documented in docs/verdicts.md, with the requirement
+(`diagnosis.requirement`: shortfall at the OOM, projected model states, placement failures) that the
+recommendations' "would fit on its own" and the what-if are both judged against.
 """
 
 from __future__ import annotations
