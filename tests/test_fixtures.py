@@ -90,6 +90,27 @@ def test_manifest_entry_schema(entry):
         assert entry["request_bytes"] is None and entry["message_bytes"] is None
 
 
+def test_expandable_segments_twins_rerun_a_fragmentation_fixture():
+    """A no-oom run with expandable segments is one fragmentation fixture's run (its arguments, perhaps
+    plus a dump flag) on the same device: the twin shows that the memory was there, only in pieces."""
+    fragmentation = [entry for entry in ENTRIES if entry["verdict"] == "fragmentation"]
+    twins = [entry for entry in ENTRIES if "expandable_segments:True" in entry["alloc_conf"]]
+    assert len(twins) >= 2
+    for twin in twins:
+        originals = [
+            entry
+            for entry in fragmentation
+            if entry["scenario"] == twin["scenario"]
+            and twin["args"][: len(entry["args"])] == entry["args"]
+            and entry["device_memory_bytes"] == twin["device_memory_bytes"]
+            and entry["outside_bytes"] == twin["outside_bytes"]
+        ]
+        assert len(originals) == 1, twin["name"]
+        assert twin["oom"] is False and originals[0]["alloc_conf"] == ""
+        raw = strip.read_snapshot(FIXTURES / twin["file"])
+        assert raw["segments"] and all(segment["is_expandable"] for segment in raw["segments"])
+
+
 @pytest.mark.parametrize("entry", entry_params())
 def test_dump_is_small_and_loads_with_oomdoctor(entry):
     from oomdoctor.load import load
