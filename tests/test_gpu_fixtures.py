@@ -66,6 +66,7 @@ def _params():
 
 
 def report_json(path: Path, capsys: Any) -> dict[str, Any]:
+    capsys.readouterr()  # what was printed before
     assert main(["report", str(path), "--format", "json"]) == 0
     return orjson.loads(capsys.readouterr().out)
 

@@ -289,13 +289,19 @@ def probe(out_path: Path) -> int:
             total_memory_bytes=int(props.total_memory),
             allocator_backend=torch.cuda.get_allocator_backend(),
         )
-        before = torch.cuda.memory_reserved()
+        # cuBLAS keeps a workspace per handle and stream from its first product; cuBLASLt (a
+        # linear layer with bias) another. Both come from the caching allocator.
         a = torch.randn(256, 256, device="cuda")
-        allocated_inputs = torch.cuda.memory_allocated()
+        bias = torch.zeros(256, device="cuda")
+        allocated = torch.cuda.memory_allocated()
         b = a @ a
         torch.cuda.synchronize()
-        found["cublas_workspace_bytes"] = int(torch.cuda.memory_allocated() - allocated_inputs - b.untyped_storage().nbytes())
-        found["reserved_bytes_after_matmul"] = int(torch.cuda.memory_reserved() - before)
+        found["cublas_workspace_bytes"] = int(torch.cuda.memory_allocated() - allocated - b.untyped_storage().nbytes())
+        allocated = torch.cuda.memory_allocated()
+        c = torch.nn.functional.linear(a, a, bias)
+        torch.cuda.synchronize()
+        found["cublaslt_workspace_bytes"] = int(torch.cuda.memory_allocated() - allocated - c.untyped_storage().nbytes())
+        found["reserved_bytes_after_products"] = int(torch.cuda.memory_reserved())
         free_bytes, total_bytes = torch.cuda.mem_get_info()
         found["context_bytes"] = int(total_bytes - free_bytes - torch.cuda.memory_reserved())
     out_path.write_text(json.dumps(found, indent=1))
