@@ -195,13 +195,10 @@ class Driver:
         unknown = [name for name in names if name not in self.fixtures]
         if unknown:
             raise SystemExit(f"unknown scenario(s): {', '.join(unknown)} (see fixtures/manifest.json)")
-        planned = []
-        for name in names:
-            fixture = self.fixtures[name]
-            for variant in self.args.variants:
-                planned.append({"scenario": name, "variant": variant, "arm": "real"})
-            planned.append({"scenario": name, "variant": "default", "arm": "rehearsed"})
-        return planned
+        # Most precious first, should the budget run out: real runs as users run them, then the
+        # other variants, then the rehearsals (which any CPU can redo).
+        planned = [{"scenario": name, "variant": variant, "arm": "real"} for variant in self.args.variants for name in names]
+        return planned + [{"scenario": name, "variant": "default", "arm": "rehearsed"} for name in names]
 
     def run_one(self, planned: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -25,6 +25,7 @@ and the allocator's own counters. driver.py turns the addresses into bytes with 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -151,6 +152,7 @@ def warm_up_cuda() -> dict[str, Any]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     del model, embedding, parameters, optimizer, images, tokens, attention, loss
+    gc.collect()  # optimizers can sit in reference cycles, holding their state on the device
     torch.cuda.synchronize()
     clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear_workspaces is not None:
