@@ -293,11 +293,16 @@ class Driver:
             "device_free_bytes": accounting.get("device_free_bytes"),
             "unknowns": report.get("unknowns"),
         }
+        from oomdoctor.load import load
+
+        snapshot = load(run_dir / "dump.pickle")
         moment = (record.get("result") or {}).get("moment")
         if moment:
-            from oomdoctor.load import load
-
-            record["truth"] = truth_components(load(run_dir / "dump.pickle"), moment)
+            record["truth"] = truth_components(snapshot, moment)
+        log_text = (run_dir / "log.txt").read_text(errors="replace") if (run_dir / "log.txt").exists() else ""
+        record["capture_problems"] = capture_problems(snapshot, record, log_text)
+        for problem in record["capture_problems"]:
+            self.problems.append(f"{record['run']} {record['arm']}: capture: {problem}")
 
     def scenarios(self) -> None:
         planned = self.plan()
@@ -349,6 +354,41 @@ class Driver:
         if dropped:
             self.log(f"left out of results.tar.gz: {', '.join(sorted(set(dropped)))}")
         self.log(f"results.tar.gz: {archive.stat().st_size} bytes")
+
+
+CAPTURE_TROUBLE_WORDS = ("fail", "error", "cannot", "could not", "unwritable", "timed out")
+
+
+def capture_problems(snapshot: Any, record: dict[str, Any], log_text: str) -> list[str]:
+    """How capture misbehaved in this run, from its dump and its output (empty: it did its job)."""
+    meta = snapshot.oomdoctor
+    if meta is None:
+        return ["the dump has no oomdoctor metadata"]
+    problems = []
+    if record["status"] == "oom":
+        oom = meta.get("oom") or {}
+        if oom.get("surfaced") is not True:
+            problems.append(f"oom.surfaced is {oom.get('surfaced')!r}, not True")
+        exception = meta.get("exception") or {}
+        if not str(exception.get("type", "")).endswith("OutOfMemoryError"):
+            problems.append(f"exception recorded as {exception.get('type')!r}")
+        elif not exception.get("traceback"):
+            problems.append("no traceback in the dump")
+        device = oom.get("device", 0) if isinstance(oom.get("device"), int) else 0
+        if not any(event.action == "oom" for event in snapshot.trace_of(device)):
+            problems.append("no oom event in the trace")
+    if (meta.get("recording") or {}).get("started_by") != "oomdoctor":
+        problems.append(f"recording started by {(meta.get('recording') or {}).get('started_by')!r}")
+    if not meta.get("tensors"):
+        problems.append("empty tensor registry")
+    if not meta.get("markers"):
+        problems.append("no phase markers")
+    if record.get("note"):
+        problems.append(record["note"])
+    for line in log_text.splitlines():
+        if line.startswith("oomdoctor:") and any(word in line.lower() for word in CAPTURE_TROUBLE_WORDS):
+            problems.append(line[:300])
+    return problems
 
 
 def compare_table(fixtures: dict[str, dict[str, Any]], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -414,6 +454,7 @@ def _side(run: dict[str, Any] | None) -> dict[str, Any]:
         "oom_message": exception.get("message"),
         "num_alloc_retries": (moment.get("memory") or {}).get("num_alloc_retries"),
         "ooms_observed": len(result.get("ooms_observed") or []),
+        "capture_problems": run.get("capture_problems"),
     }
 
 

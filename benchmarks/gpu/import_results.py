@@ -141,6 +141,7 @@ def _entry(row: dict[str, Any], run: dict[str, Any], name: str, expected: str | 
     measured = (
         "status", "verdict", "phase", "step", "state_components", "allocated_bytes", "reserved_bytes",
         "request_bytes", "message_bytes", "tried_to_allocate", "num_alloc_retries", "ooms_observed",
+        "capture_problems",
     )  # fmt: skip
     return {
         "name": name,
