@@ -427,6 +427,30 @@ def compare_table(fixtures: dict[str, dict[str, Any]], runs: list[dict[str, Any]
     return rows
 
 
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The compare table in plain text: intended / real / rehearsed, sizes in MiB."""
+
+    def mib(value: Any) -> str:
+        return f"{value / 2**20:.1f}" if isinstance(value, int) else "-"
+
+    def where(side: dict[str, Any]) -> str:
+        return f"{side.get('status')}:{side.get('phase')}/{side.get('step')}"
+
+    lines = [
+        "run | intended verdict, where | real verdict, where | rehearsed verdict, where | "
+        "allocated MiB intended/real/rehearsed | Tried to allocate MiB intended/real/rehearsed"
+    ]
+    for row in rows:
+        intended, real, rehearsed = row["intended"], row["real"], row["rehearsed"]
+        lines.append(
+            f"{row['run']} | {intended['verdict']}, {'oom' if intended['oom'] else 'fit'}:{intended['phase']}/{intended['step']}"
+            f" | {real.get('verdict')}, {where(real)} | {rehearsed.get('verdict')}, {where(rehearsed)}"
+            f" | {mib(intended['allocated_bytes'])}/{mib(real.get('allocated_bytes'))}/{mib(rehearsed.get('allocated_bytes'))}"
+            f" | {mib(intended['message_bytes'])}/{mib(real.get('message_bytes'))}/{mib(rehearsed.get('message_bytes'))}"
+        )
+    return lines
+
+
 def _side(run: dict[str, Any] | None) -> dict[str, Any]:
     if run is None:
         return {"status": "missing"}
@@ -540,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         driver.write_summary()
         driver.pack()
         rows = driver.summary["compare"]
+        for line in table_lines(rows):
+            log(line)
         log(
             f"done in {log.elapsed():.0f} s: {sum(r['verdict_matches'] for r in rows)}/{len(rows)} real verdicts as intended, "
             f"{sum(r['real_as_intended'] for r in rows)}/{len(rows)} real runs stopped where intended"
