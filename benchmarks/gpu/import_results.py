@@ -2,6 +2,7 @@
 
     python benchmarks/gpu/import_results.py RESULTS_DIR [--into fixtures/gpu] [--variants default]
                                             [--all] [--skip RUN,...] [--expect RUN=VERDICT,...]
+                                            [--commit SHA]
 
 RESULTS_DIR holds what run_all.sh left in $OUT: summary.json and results.tar.gz. For each real run
 of the chosen variants that left a dump, this writes INTO/RUN/dump.pickle (paths under the
@@ -70,6 +71,7 @@ def import_results(
     skip: list[str] | None = None,
     expect: dict[str, str] | None = None,
     max_dump_bytes: int = 1 << 20,
+    commit: str | None = None,
 ) -> list[dict[str, Any]]:
     """Write INTO from RESULTS_DIR; returns the manifest entries written."""
     summary = json.loads((results_dir / "summary.json").read_text())
@@ -80,6 +82,8 @@ def import_results(
     root = environment.get("repository_root") or ""
     runs = {(run["run"], run["arm"]): run for run in summary["runs"]}
     provenance_common = {key: environment.get(key) for key in PROVENANCE_KEYS}
+    if commit and not provenance_common.get("repository_commit"):
+        provenance_common["repository_commit"] = commit
     provenance_common.update(
         mode=summary["mode"],
         date_utc=summary.get("started_utc"),
@@ -166,13 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=_list, default=[], help="runs to leave out")
     parser.add_argument("--expect", type=_pairs, default={}, help="RUN=VERDICT: the verdict to hold a run's report to")
     parser.add_argument("--max-dump-bytes", type=int, default=1 << 20)
+    parser.add_argument("--commit", help="the commit that was run, when the machine's copy had no .git")
     args = parser.parse_args(argv)
     for name in ("summary.json", "results.tar.gz"):
         if not (args.results_dir / name).is_file():
             parser.error(f"{args.results_dir / name} not found")
     entries = import_results(
         args.results_dir, args.into, variants=args.variants, take_all=args.take_all, skip=args.skip,
-        expect=args.expect, max_dump_bytes=args.max_dump_bytes,
+        expect=args.expect, max_dump_bytes=args.max_dump_bytes, commit=args.commit,
     )  # fmt: skip
     print(f"{len(entries)} dump(s) in {args.into}")
     return 0
