@@ -9,6 +9,10 @@ found by identity in the process. The tests skip cleanly while the folder holds 
 
 The dry run drives the whole pipeline on the CPU, with rehearsal standing in for CUDA: driver,
 output layout (what the device tool brings back), summary schema, import, and the checks above.
+
+Before any GPU run: each rehearsal fixture's metadata rewritten as a memory fraction on a big GPU
+leaves it (the observer's total is then the allowed bytes, its free figure the whole GPU's) must
+keep its verdict; the ones the analysis gets wrong that way are marked xfail until it is fixed.
 """
 
 from __future__ import annotations
@@ -264,3 +268,61 @@ def test_driver_dry_run_then_import(tmp_path, capsys):
     data = (into / entry["file"]).read_bytes()
     assert b"scenario_child.py" not in data and str(ROOT).encode() not in data
     check_gpu_fixture(into, entry, report_json(into / entry["file"], capsys))
+
+
+# --------------------------------------------------------------------------- a fraction, before any GPU run
+
+FIXTURE_MANIFEST = FIXTURES / "manifest.json"
+H200_TOTAL_BYTES = 143771 * MiB  # what nvidia-smi reports for the GPU the validation runs on
+CONTEXT_BYTES = 512 * MiB
+# Verdicts that the accounting gets wrong under a memory fraction (docs/gpu-validation.md): the
+# observer's total is the allowed bytes while its free figure is the whole GPU's.
+WRONG_UNDER_A_FRACTION = {
+    "model-states-too-large-mlp-adamw",
+    "model-states-too-large-mlp-sgd",
+    "oversized-request-gpt-logits",
+    "oversized-request-contrastive",
+}
+
+
+def _fraction_params():
+    if not FIXTURE_MANIFEST.is_file():
+        return [pytest.param(None, marks=pytest.mark.skip(reason="no fixtures"))]
+    entries = json.loads(FIXTURE_MANIFEST.read_text())["fixtures"]
+    chosen = [e for e in entries if e["oom"] and not e["outside_bytes"] and (FIXTURES / e["file"]).is_file()]
+    return [
+        pytest.param(
+            e,
+            id=e["name"],
+            marks=[pytest.mark.xfail(reason="accounting under a memory fraction")] if e["name"] in WRONG_UNDER_A_FRACTION else [],
+        )
+        for e in chosen
+    ]
+
+
+def as_if_under_a_fraction(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A rehearsal dump's metadata as torch and capture write it on a big GPU limited by
+    set_per_process_memory_fraction(capacity / total): the observer's total is the allowed bytes
+    (the fixture's capacity), every free figure is the whole GPU's."""
+    meta = snapshot["oomdoctor"]
+    allowed_bytes = meta["oom"]["device_total_bytes"]
+    reserved_bytes = allowed_bytes - meta["oom"]["device_free_bytes"]
+    free_bytes = H200_TOTAL_BYTES - CONTEXT_BYTES - reserved_bytes
+    meta.pop("rehearsal", None)
+    meta["oom"]["device_free_bytes"] = free_bytes
+    meta["device"]["total_memory_bytes"] = H200_TOTAL_BYTES
+    meta["mem_get_info"] = {"free_bytes": free_bytes, "total_bytes": H200_TOTAL_BYTES}
+    for trace in snapshot["device_traces"]:
+        for event in trace:
+            if event.get("action") == "oom":
+                event["device_free"] = free_bytes
+    return snapshot
+
+
+@pytest.mark.parametrize("entry", _fraction_params())
+def test_verdict_holds_under_a_memory_fraction(entry):
+    from oomdoctor.analysis import analyse
+
+    snapshot = as_if_under_a_fraction(layout.read_dump_dict((FIXTURES / entry["file"]).read_bytes()))
+    analysis = analyse(load(pickle.dumps(snapshot, protocol=4)))
+    assert analysis.verdict == entry["verdict"], analysis.summary
