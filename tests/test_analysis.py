@@ -429,3 +429,29 @@ def test_malformed_metadata_never_breaks_the_analysis(metadata):
     result = analyse(replace(snapshot, oomdoctor=metadata))
     assert result.device == 0
     assert result.verdict in {"oversized-request", "outside-pytorch", "unknown"}
+
+
+def test_free_memory_under_a_memory_fraction_is_what_the_fraction_leaves(tmp_path):
+    """torch passes the allowed bytes as the total but the whole GPU's free memory: the analysis
+    must measure headroom against the allowed bytes, not report negative memory outside PyTorch."""
+    import pickle
+
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load import load, load_raw
+    from tests.conftest import FIXTURES
+
+    raw = load_raw(FIXTURES / "dumps" / "oversized-request-gpt-logits.pickle")
+    meta = raw["oomdoctor"]
+    allowed = meta["oom"]["device_total_bytes"]
+    reserved = allowed - meta["oom"]["device_free_bytes"]
+    whole_gpu_free = 130 * 2**30
+    meta["oom"]["device_free_bytes"] = whole_gpu_free
+    for trace in raw["device_traces"]:
+        for event in trace:
+            if event.get("action") == "oom":
+                event["device_free"] = whole_gpu_free
+    path = tmp_path / "fraction.pickle"
+    path.write_bytes(pickle.dumps(raw, protocol=4))
+    accounting = analyse(load(path)).accounting
+    assert accounting.device_free_bytes == allowed - reserved
+    assert accounting.non_pytorch_bytes == 0

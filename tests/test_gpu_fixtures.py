@@ -12,7 +12,7 @@ output layout (what the device tool brings back), summary schema, import, and th
 
 Before any GPU run: each rehearsal fixture's metadata rewritten as a memory fraction on a big GPU
 leaves it (the observer's total is then the allowed bytes, its free figure the whole GPU's) must
-keep its verdict; the ones the analysis gets wrong that way are marked xfail until it is fixed.
+keep its verdict.
 """
 
 from __future__ import annotations
@@ -277,27 +277,13 @@ H200_TOTAL_BYTES = 143771 * MiB  # what nvidia-smi reports for the GPU the valid
 CONTEXT_BYTES = 512 * MiB
 # Verdicts that the accounting gets wrong under a memory fraction (docs/gpu-validation.md): the
 # observer's total is the allowed bytes while its free figure is the whole GPU's.
-WRONG_UNDER_A_FRACTION = {
-    "model-states-too-large-mlp-adamw",
-    "model-states-too-large-mlp-sgd",
-    "oversized-request-gpt-logits",
-    "oversized-request-contrastive",
-}
-
 
 def _fraction_params():
     if not FIXTURE_MANIFEST.is_file():
         return [pytest.param(None, marks=pytest.mark.skip(reason="no fixtures"))]
     entries = json.loads(FIXTURE_MANIFEST.read_text())["fixtures"]
     chosen = [e for e in entries if e["oom"] and not e["outside_bytes"] and (FIXTURES / e["file"]).is_file()]
-    return [
-        pytest.param(
-            e,
-            id=e["name"],
-            marks=[pytest.mark.xfail(reason="accounting under a memory fraction")] if e["name"] in WRONG_UNDER_A_FRACTION else [],
-        )
-        for e in chosen
-    ]
+    return [pytest.param(e, id=e["name"]) for e in chosen]
 
 
 def as_if_under_a_fraction(snapshot: dict[str, Any]) -> dict[str, Any]:

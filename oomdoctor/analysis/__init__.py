@@ -168,6 +168,10 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         info = (metadata or {}).get("mem_get_info")
         if isinstance(info, Mapping) and isinstance(info.get("free_bytes"), int):
             device_free = info["free_bytes"]
+    if device_free is not None and device_total is not None:
+        # Under set_per_process_memory_fraction torch reports the allowed bytes as the total but the
+        # whole GPU's free memory: what PyTorch could still get is what the fraction leaves.
+        device_free = min(device_free, max(0, device_total - sum(s.total_size for s in layout)))
     request = fatal.request_bytes if fatal is not None else None
     request_stream = trace.streams[fatal.event_index] if fatal is not None else None
     fragmentation = _accounting.fragmentation_of(
