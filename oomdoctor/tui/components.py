@@ -1,0 +1,43 @@
+"""The Components tab: a tree from component to module path or source line to each live block."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static, Tree
+
+from oomdoctor.analysis.results import Analysis, LiveBlock
+from oomdoctor.tui.content import COMPONENT_LABELS, component_nodes, describe_block, stack_lines, where_label
+from oomdoctor.units import human_size
+
+
+class ComponentsPane(Vertical):
+    def __init__(self, analysis: Analysis, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.analysis = analysis
+        self.nodes = component_nodes(analysis)
+
+    def compose(self) -> ComposeResult:
+        total = sum(node.bytes for node in self.nodes)
+        tree: Tree[LiveBlock | None] = Tree(Text(f"live memory {where_label(self.analysis)}: {human_size(total)}"), id="component-tree")
+        tree.root.expand()
+        for node in self.nodes:
+            label = Text(f"{COMPONENT_LABELS[node.name]}  {human_size(node.bytes)}  ({node.method}, confidence {node.confidence:.0%})")
+            branch = tree.root.add(label, expand=node is self.nodes[0])
+            for group in node.groups:
+                twig = branch.add(Text(f"{human_size(group.bytes):>11}  {group.key}  ({len(group.blocks)} blocks)"))
+                for block in group.blocks:
+                    text = describe_block(block.name, block.frames, block.alloc_index)
+                    twig.add_leaf(Text(f"{human_size(block.size_bytes):>11}  {text}  {block.address:#x}"), data=block)
+        yield tree
+        yield Static(Text("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
+
+    @on(Tree.NodeHighlighted)
+    def _node_highlighted(self, message: Tree.NodeHighlighted) -> None:
+        block = message.node.data
+        if isinstance(block, LiveBlock):
+            where = f"event {block.alloc_index}" if block.alloc_index is not None else "before the trace"
+            header = f"{block.address:#x} ({human_size(block.size_bytes)}), allocated at {where} in {block.phase.replace('_', ' ')}; {block.method}, confidence {block.confidence:.0%}"
+            self.query_one("#component-stack", Static).update(Text("\n".join([header, *stack_lines(block.frames)])))

@@ -1,0 +1,437 @@
+"""What the terminal app shows, as plain data built from an analysis (no Textual, no Rich).
+
+Each tab's widgets only lay out what these builders return, so tests check the data first and the
+app second (builder, then presenter).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from oomdoctor.analysis.attribution import source_line
+from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPoint
+from oomdoctor.metadata import COMPONENTS
+from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
+from oomdoctor.units import human_size
+
+COMPONENT_LABELS = {name: name.replace("_", " ") for name in COMPONENTS}
+PHASE_LETTERS = {
+    "forward": "F",
+    "backward": "B",
+    "optimizer_step": "O",
+    "zero_grad": "Z",
+    "between_steps": "·",
+    "before_first_step": "-",
+    "unknown": "?",
+}
+_WHERE = {"oom": "at the OOM", "peak": "at the peak", "dump": "when the dump was written"}
+_FIT_WORDS = {True: "would fit on its own", False: "not enough on its own", None: ""}
+
+
+def where_label(analysis: Analysis) -> str:
+    """'at the OOM', 'at the peak' or 'when the dump was written': the moment the numbers describe."""
+    return _WHERE[analysis.replay.target_kind]
+
+
+def phase_words(phase: str) -> str:
+    return phase.replace("_", " ")
+
+
+# --- Overview -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    lines: tuple[str, ...]
+
+
+def overview_sections(analysis: Analysis, source: str) -> list[Section]:
+    """The verdict and summary, then evidence, recommendations and the memory at the target."""
+    replay = analysis.replay
+    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
+    event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
+    headline = (
+        analysis.summary,
+        f"Device {analysis.device} {where_label(analysis)} ({step}{phase_words(analysis.target_phase)}{event}).",
+        f"File: {source}",
+    )
+    sections = [Section(f"Verdict: {analysis.verdict} (confidence {analysis.confidence:.0%})", headline)]
+    sections.append(Section("Evidence", tuple(evidence_line(item) for item in analysis.evidence)))
+    if analysis.recommendations:
+        lines = []
+        for position, rec in enumerate(analysis.recommendations, 1):
+            fits = _FIT_WORDS[rec.would_fit_alone]
+            lines.append(f"{position}. {rec.text} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})")
+        sections.append(Section("What to change (largest saving first)", tuple(lines)))
+    sections.append(Section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))
+    sections.append(Section("Live memory by component", tuple(component_lines(analysis))))
+    if analysis.what_if.largest_fitting_scale is not None:
+        sections.append(Section("What if the batch were scaled", (f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x ({analysis.what_if.note})",)))
+    if analysis.secondary:
+        sections.append(Section("Also found", tuple(f"{f.verdict}: {f.summary}" for f in analysis.secondary)))
+    if analysis.unknowns:
+        sections.append(Section("Not determined from this file", analysis.unknowns))
+    return sections
+
+
+def evidence_line(item) -> str:
+    value = ""
+    if item.bytes is not None:
+        value = f": {human_size(item.bytes)}"
+    elif item.value is not None and not (item.metric or "").endswith("_seen") and item.metric != "target_step":
+        value = f": {item.value}"
+    where = []
+    if item.event_index is not None:
+        where.append(f"event {item.event_index}")
+    if item.address is not None:
+        where.append(f"block {item.address:#x}")
+    if item.frame:
+        where.append(item.frame)
+    return f"{item.text}{value}" + (f"  [{'; '.join(where)}]" if where else "")
+
+
+def memory_lines(analysis: Analysis) -> list[str]:
+    acc = analysis.accounting
+    rows: list[tuple[str, int | None, str]] = []
+    if acc.device_total_bytes is not None:
+        rows.append(("device total", acc.device_total_bytes, ""))
+    if acc.non_pytorch_bytes is not None:
+        rows.append(("outside PyTorch", acc.non_pytorch_bytes, ""))
+    if acc.device_free_bytes is not None:
+        rows.append(("free on the device", acc.device_free_bytes, ""))
+    rows.append(("reserved by PyTorch", acc.reserved_bytes, ""))
+    rows.append(("  allocated", acc.allocated_bytes, f"rounding {human_size(acc.rounding_bytes)}"))
+    rows.append(("  cached, free", acc.free_cached_bytes, f"releasable {human_size(acc.releasable_bytes)}, fragments {human_size(acc.non_releasable_bytes)}"))
+    if acc.pending_free_bytes:
+        rows.append(("  pending free", acc.pending_free_bytes, ""))
+    if acc.request_bytes is not None:
+        rows.append(("failed request", acc.request_bytes, f'message: "Tried to allocate {human_size(acc.message_bytes)}"'))
+    if acc.missing_bytes is not None:
+        rows.append(("missing", acc.missing_bytes, "request minus what it could have had"))
+    return [f"{label:<20} {human_size(value):>12}" + (f"  ({note})" if note else "") for label, value, note in rows]
+
+
+def component_lines(analysis: Analysis) -> list[str]:
+    total = sum(c.bytes for c in analysis.components)
+    lines = []
+    for share in analysis.components:
+        if share.bytes:
+            percent = f"{share.bytes / total:6.1%}" if total else ""
+            lines.append(f"{COMPONENT_LABELS[share.name]:<16} {human_size(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method})")
+    return lines or ["no live blocks"]
+
+
+# --- Timeline -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChartColumn:
+    """One column of the timeline chart: the busiest sampled point among those it covers."""
+
+    first_point: int  # positions in the series, inclusive
+    last_point: int
+    point: SeriesPoint
+    phase: str
+    step: int | None
+
+
+class Timeline:
+    """The downsampled memory series with its phases, and the cursor arithmetic over it."""
+
+    def __init__(self, analysis: Analysis):
+        self.series: tuple[SeriesPoint, ...] = analysis.replay.series
+        self.event_count = analysis.replay.event_count
+        self.phases: tuple[PhaseSpan, ...] = analysis.phases
+        self._phase_starts = [span.first_index for span in self.phases]
+        self._point_events = [point.event_index for point in self.series]
+        self.has_steps = bool(analysis.steps)
+        self.target_index = analysis.replay.target_index
+        self.peak_index = analysis.replay.peak_index
+        self.max_bytes = max((max(p.allocated_bytes, sum(p.components)) for p in self.series), default=0)
+
+    def __bool__(self) -> bool:
+        return bool(self.series)
+
+    def phase_at(self, event_index: int) -> PhaseSpan | None:
+        position = bisect.bisect_right(self._phase_starts, event_index) - 1
+        if position < 0:
+            return None
+        span = self.phases[position]
+        return span if span.first_index <= event_index <= span.last_index else None
+
+    def start_index(self) -> int:
+        """Where the cursor starts: the target event (the OOM), else the peak, else the last event."""
+        for index in (self.target_index, self.peak_index):
+            if index is not None:
+                return index
+        return max(self.event_count - 1, 0)
+
+    def point_position(self, event_index: int) -> int:
+        """The series position at or before `event_index`."""
+        return max(bisect.bisect_right(self._point_events, event_index) - 1, 0)
+
+    def next_point(self, event_index: int, points: int) -> int:
+        """The event `points` sampled points after (or, negative, before) `event_index`."""
+        if not self.series:
+            return event_index
+        position = bisect.bisect_right(self._point_events, event_index) - 1
+        if points < 0 and position >= 0 and self._point_events[position] < event_index:
+            position += 1  # between two samples: one step back lands on the earlier one
+        position = min(max(position + points, 0), len(self.series) - 1)
+        return self._point_events[position]
+
+    def clamp(self, event_index: int) -> int:
+        return min(max(event_index, 0), max(self.event_count - 1, 0))
+
+    def columns(self, width: int) -> list[ChartColumn]:
+        count = len(self.series)
+        if not count or width <= 0:
+            return []
+        result = []
+        for column in range(width):
+            first = column * count // width
+            last = max(first, (column + 1) * count // width - 1)
+            point = max(self.series[first : last + 1], key=lambda p: p.allocated_bytes)
+            span = self.phase_at(point.event_index)
+            result.append(ChartColumn(first, last, point, span.phase if span else "unknown", span.step if span and self.has_steps else None))
+        return result
+
+    def cursor_column(self, columns: Sequence[ChartColumn], event_index: int) -> int:
+        position = self.point_position(event_index)
+        for number, column in enumerate(columns):
+            if column.first_point <= position <= column.last_point:
+                return number
+        return len(columns) - 1
+
+
+def stacked_cells(point: SeriesPoint, max_bytes: int, height: int) -> list[int | None]:
+    """Component index (into COMPONENTS) filling each cell of one chart column, bottom cell first.
+
+    Each cell takes the component holding most of the bytes in its band; None above the top.
+    """
+    if max_bytes <= 0 or height <= 0:
+        return [None] * max(height, 0)
+    total = sum(point.components)
+    filled_cells = round(height * min(max(point.allocated_bytes, total), max_bytes) / max_bytes)
+    cells: list[int | None] = []
+    bounds = []
+    running = 0
+    for component, value in enumerate(point.components):
+        bounds.append((running, running + value, component))
+        running += value
+    scale = (total or 1) / max(filled_cells, 1)
+    for cell in range(height):
+        if cell >= filled_cells:
+            cells.append(None)
+            continue
+        low, high = cell * scale, (cell + 1) * scale
+        best, best_overlap = len(COMPONENTS) - 1, -1.0
+        for start, end, component in bounds:
+            overlap = min(end, high) - max(start, low)
+            if overlap > best_overlap:
+                best, best_overlap = component, overlap
+        cells.append(best)
+    return cells
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    address: int
+    size_bytes: int
+    alloc_index: int | None
+    component: str  # "" when the analysis did not place this allocation
+    label: str  # registry name, else the user's source line, else why neither is known
+    frames: Stack
+
+
+def describe_block(name: str | None, frames: Stack, alloc_index: int | None) -> str:
+    if name:
+        return name
+    line = source_line(frames)
+    if line:
+        return line
+    return "allocated before the trace began" if alloc_index is None else "no stack recorded"
+
+
+def live_rows_at(state: EventState, trace: DeviceTrace, segments: Sequence[Segment], analysis: Analysis, limit: int | None = None) -> list[BlockRow]:
+    """The blocks live right after an event, largest first, named where the analysis knows them."""
+    known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
+    final_frames = {b.address: b.frames for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
+    rows = []
+    for address, size_bytes, alloc_index in sorted(state.live, key=lambda row: (-row[1], row[0]))[: limit if limit else None]:
+        block = known.get((address, alloc_index))
+        if alloc_index is not None and 0 <= alloc_index < len(trace):
+            frames = trace.frames_at(alloc_index)
+        else:
+            frames = final_frames.get(address, NO_STACK)
+        if block is not None and block.frames:
+            frames = block.frames
+        name = block.name if block is not None else None
+        component = block.component if block is not None else ""
+        rows.append(BlockRow(address, size_bytes, alloc_index, component, describe_block(name, frames, alloc_index), frames))
+    return rows
+
+
+# --- Segments -----------------------------------------------------------------------------------
+
+BAR_ALLOCATED = "█"
+BAR_PENDING = "▒"
+BAR_FREE = "░"
+
+
+def segment_bar(segment: Segment, width: int) -> str:
+    """The segment's blocks in address order, each cell showing the state holding most of its bytes."""
+    if width <= 0 or segment.total_size <= 0:
+        return ""
+    cells = []
+    per_cell = segment.total_size / width
+    blocks = segment.blocks
+    position = 0
+    for cell in range(width):
+        low = segment.address + cell * per_cell
+        high = low + per_cell
+        weights = {BAR_ALLOCATED: 0.0, BAR_PENDING: 0.0, BAR_FREE: 0.0}
+        while position < len(blocks) and blocks[position].address + blocks[position].size <= low:
+            position += 1
+        scan = position
+        while scan < len(blocks) and blocks[scan].address < high:
+            block = blocks[scan]
+            overlap = min(block.address + block.size, high) - max(block.address, low)
+            mark = BAR_ALLOCATED if block.state == ACTIVE_ALLOCATED else BAR_PENDING if block.state == ACTIVE_PENDING_FREE else BAR_FREE
+            weights[mark] += max(overlap, 0.0)
+            scan += 1
+        # a cell touched by any allocated byte shows it: a small live block pins the whole segment
+        cells.append(BAR_ALLOCATED if weights[BAR_ALLOCATED] > 0 else max(weights, key=weights.get))
+    return "".join(cells)
+
+
+def segment_pool(segment: Segment) -> str:
+    pool = segment.segment_type
+    if segment.pool_id != (0, 0):
+        pool = f"private {segment.pool_id} {pool}"
+    return pool + (" expandable" if segment.is_expandable else "")
+
+
+def largest_free_block_bytes(segment: Segment) -> int:
+    return max((b.size for b in segment.blocks if b.state not in (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE)), default=0)
+
+
+def fragmentation_lines(analysis: Analysis) -> list[str]:
+    frag = analysis.fragmentation
+    lines = [f"internal (rounding) {human_size(frag.internal_bytes)}, external (free cached) {human_size(frag.external_bytes)}"]
+    if frag.request_pool is not None:
+        fits = {True: "yes", False: "no", None: "unknown"}[frag.would_fit_if_contiguous]
+        expandable = {True: "on", False: "off", None: "unknown"}[frag.expandable_segments]
+        lines.append(
+            f"{frag.request_pool} pool, stream {frag.request_stream}: free {human_size(frag.usable_free_bytes)}, "
+            f"largest block {human_size(frag.largest_usable_free_block_bytes)}; "
+            f"request fits if contiguous: {fits}; expandable segments: {expandable}"
+        )
+    return lines
+
+
+def block_rows_of(segment: Segment, analysis: Analysis, trace: DeviceTrace) -> list[BlockRow]:
+    """Every block of one segment in address order (free gaps too), with stacks where known."""
+    named = {b.address: b for b in analysis.live_blocks}
+    rows = []
+    for block in segment.blocks:
+        if block.state == ACTIVE_ALLOCATED:
+            live = named.get(block.address)
+            frames = block.frames or (live.frames if live is not None else NO_STACK)
+            alloc_index = live.alloc_index if live is not None else None
+            label = describe_block(live.name if live is not None else None, frames, alloc_index)
+            rows.append(BlockRow(block.address, block.size, alloc_index, live.component if live is not None else "", label, frames))
+        else:
+            label = "pending free (waiting for other streams)" if block.state == ACTIVE_PENDING_FREE else "free"
+            rows.append(BlockRow(block.address, block.size, None, "", label, block.frames))
+    return rows
+
+
+def stack_lines(frames: Stack, limit: int = 40) -> list[str]:
+    """The stack, innermost frame first, one `file:line in function` per line."""
+    if not frames:
+        return ["(no stack recorded for this block)"]
+    lines = [f"{frame.filename}:{frame.line} in {frame.name}" for frame in frames[:limit]]
+    if len(frames) > limit:
+        lines.append(f"... {len(frames) - limit} more frames")
+    return lines
+
+
+# --- Components ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    key: str  # a module path, or a source line when the blocks have no registry names
+    bytes: int
+    blocks: tuple[LiveBlock, ...]
+
+
+@dataclass(frozen=True)
+class ComponentNode:
+    name: str
+    bytes: int
+    method: str
+    confidence: float
+    groups: tuple[BlockGroup, ...]
+
+
+def module_of(name: str) -> str:
+    """The module path a registry name belongs to (`model.fc1` for `model.fc1.weight.exp_avg`)."""
+    for suffix in (".exp_avg_sq", ".exp_avg", ".max_exp_avg_sq", ".momentum_buffer", ".grad"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def component_nodes(analysis: Analysis) -> list[ComponentNode]:
+    """Components with bytes, largest first; in each, blocks grouped by module path or source line."""
+    by_component: dict[str, list[LiveBlock]] = {}
+    for block in analysis.live_blocks:
+        by_component.setdefault(block.component, []).append(block)
+    nodes = []
+    for share in analysis.components:
+        blocks = by_component.get(share.name, [])
+        if not blocks:
+            continue
+        groups: dict[str, list[LiveBlock]] = {}
+        for block in blocks:
+            key = module_of(block.name) if block.name else (source_line(block.frames) or "(no stack recorded)")
+            groups.setdefault(key, []).append(block)
+        ordered = sorted(
+            (BlockGroup(key, sum(b.size_bytes for b in members), tuple(sorted(members, key=lambda b: -b.size_bytes))) for key, members in groups.items()),
+            key=lambda group: (-group.bytes, group.key),
+        )
+        nodes.append(ComponentNode(share.name, share.bytes, share.method, share.confidence, tuple(ordered)))
+    nodes.sort(key=lambda node: -node.bytes)
+    return nodes
+
+
+# --- Allocations --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllocationRow:
+    block: LiveBlock
+    label: str
+    search_text: str  # lower-case: name, component, phase and every frame, for the search box
+
+
+def allocation_rows(analysis: Analysis) -> list[AllocationRow]:
+    """Every block live at the target, largest first."""
+    rows = []
+    for block in sorted(analysis.live_blocks, key=lambda b: (-b.size_bytes, b.address)):
+        label = describe_block(block.name, block.frames, block.alloc_index)
+        frames = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
+        text = " ".join((block.name or "", label, block.component, COMPONENT_LABELS.get(block.component, ""), block.phase, frames, f"{block.address:#x}"))
+        rows.append(AllocationRow(block, label, text.lower()))
+    return rows
+
+
+def filter_rows(rows: Iterable[AllocationRow], query: str) -> list[AllocationRow]:
+    """Rows whose name, component, phase, address or any frame contains every word of `query`."""
+    words = query.lower().split()
+    return [row for row in rows if all(word in row.search_text for word in words)]
