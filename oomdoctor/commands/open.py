@@ -1,0 +1,100 @@
+"""Browse an OOM dump in the terminal: the verdict, a timeline of memory, segments, components, blocks.
+
+    oomdoctor open oom-dumps/oom-rank0-host-123-20250101T000000Z.pickle
+
+FILE is an oomdoctor dump or any torch memory snapshot (pickle, gzip, JSON, memory_viz HTML).
+The file is read and analysed in the background behind a progress bar; then five tabs open:
+
+  1 Overview      the verdict, its evidence, what to change, memory at the OOM
+  2 Timeline      memory by component over the recorded events, steps and phases marked;
+                  left/right move a cursor (shift: ten times as far, [ and ]: one event,
+                  o: the OOM, p: the peak) and show what was live after that event
+  3 Segments      each segment with a bar of its blocks; a block's stack
+  4 Components    parameters, gradients, optimizer state, ... down to module paths,
+                  source lines and single blocks
+  5 Allocations   every block live at the OOM; type to search names, files and functions
+
+Keys 1-5 switch tabs, tab moves between widgets, q quits; the mouse works too. For a report to
+paste or pipe, use `oomdoctor report FILE`. Exit status: 0 closed normally, 2 unreadable input
+(one line on stderr says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from oomdoctor.errors import LoadError, OomdoctorError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="the dump or snapshot to browse")
+    parser.add_argument("--device", type=int, default=None, help="show this device instead of the failing one")
+    parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
+
+
+def check_readable(path: str, max_bytes: int | None) -> None:
+    """The errors a file can be seen to have without reading it, raised before the app starts."""
+    from oomdoctor.load.containers import format_limit, resolve_max_bytes
+
+    try:
+        with open(path, "rb") as handle:
+            size_bytes = os.fstat(handle.fileno()).st_size
+            regular = os.path.isfile(path)
+    except FileNotFoundError:
+        raise LoadError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise LoadError(f"{path}: is a directory, not a snapshot file") from None
+    except PermissionError:
+        raise LoadError(f"{path}: permission denied") from None
+    except OSError as error:
+        raise LoadError(f"{path}: cannot read ({error.strerror or error})") from None
+    if not regular:
+        return
+    if size_bytes == 0:
+        raise LoadError(f"{path}: the file is empty")
+    limit_bytes = resolve_max_bytes(max_bytes)
+    if size_bytes > limit_bytes:
+        raise LoadError(f"{path}: the file ({size_bytes} bytes) is larger than the {format_limit(limit_bytes)} limit (raise it with --max-bytes)")
+
+
+def loader_for(path: str, *, device: int | None, max_bytes: int | None):
+    """The loader the app runs in its worker: read the file, then analyse the chosen device."""
+
+    def load_and_analyse(enter_stage):
+        from oomdoctor.analysis import analyse
+        from oomdoctor.load import load
+
+        snapshot = load(path, max_bytes=max_bytes)
+        if device is not None and device not in snapshot.devices:
+            known = ", ".join(str(d) for d in snapshot.devices) or "none"
+            raise OomdoctorError(f"{path}: no device {device} in this snapshot (devices: {known})")
+        enter_stage("analysing")
+        return snapshot, analyse(snapshot, device=device)
+
+    return load_and_analyse
+
+
+def run(args: argparse.Namespace) -> int:
+    from oomdoctor.load import parse_size
+
+    max_bytes = None
+    if args.max_bytes is not None:
+        try:
+            max_bytes = parse_size(args.max_bytes)
+        except (ValueError, TypeError) as error:
+            raise OomdoctorError(f"--max-bytes: {error}") from None
+    check_readable(args.file, max_bytes)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise OomdoctorError(f"oomdoctor open needs a terminal; for a text report use: oomdoctor report {args.file}")
+    try:
+        from oomdoctor.tui.app import make_loading_app
+    except ImportError as error:
+        raise OomdoctorError(f"the terminal app needs Textual ({error}); install it with: pip install textual") from None
+
+    app = make_loading_app(loader_for(args.file, device=args.device, max_bytes=max_bytes), source=args.file)
+    app.run()
+    if app.error is not None:
+        raise app.error
+    return app.return_code or 0
