@@ -1,25 +1,46 @@
-"""Explain an example OOM dump shipped with oomdoctor: the quickest way to see what it does.
+"""Open an example OOM dump shipped with oomdoctor: the quickest way to see what it does.
 
     oomdoctor demo
+    oomdoctor demo --text
     oomdoctor demo --format json
 
 The example is a real PyTorch training script (an MLP with Adam) rehearsed on a simulated 240 MiB
-GPU: it runs out of memory inside the first optimizer.step(), while Adam creates its state. The
-report is the same one `oomdoctor report` prints for your own dumps.
+GPU: it runs out of memory inside the first optimizer.step(), while Adam creates its state. In a
+terminal it opens in the same app `oomdoctor open` shows for your own dumps; otherwise (or with
+--text) it prints the report `oomdoctor report` would.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from oomdoctor.commands import report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="report format when printing (default: text)")
+    parser.add_argument("--text", action="store_true", help="print the text report even in a terminal")
+
+
+def opens_app(args: argparse.Namespace) -> bool:
+    """The app opens only for the default text output, and only in a terminal."""
+    return args.format == "text" and not args.text and sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def run(args: argparse.Namespace) -> int:
     from oomdoctor.examples import EXAMPLE_DUMP
 
+    if opens_app(args):
+        try:
+            from oomdoctor.tui.app import make_app
+        except ImportError:
+            pass  # no Textual: the report below says the same
+        else:
+            from oomdoctor.analysis import analyse
+            from oomdoctor.load import load
+
+            snapshot = load(EXAMPLE_DUMP)
+            make_app(analyse(snapshot), snapshot, source=EXAMPLE_DUMP.name).run()
+            return 0
     return report.run(argparse.Namespace(file=str(EXAMPLE_DUMP), format=args.format, device=None, max_bytes=None))
