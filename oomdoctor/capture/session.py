@@ -412,7 +412,7 @@ class CaptureSession:
             shown = writer.display_path(record.path)
             writer.say(
                 f"the dump of this OOM is {shown} — explain it with: oomdoctor report {shown}"
-                f"  (or a text report: oomdoctor report {shown})"
+                f"  (or browse it with: oomdoctor open {shown})"
             )
 
     # -- completing dumps -----------------------------------------------------------------------

@@ -92,7 +92,7 @@ def dump_note(path: Path, size_bytes: int) -> str:
     shown = display_path(path)
     return (
         f"wrote {shown} ({human_size(size_bytes, decimals=1)}) — explain it with: oomdoctor report {shown}"
-        f"  (or a text report: oomdoctor report {shown})"
+        f"  (or browse it with: oomdoctor open {shown})"
     )
 
 
