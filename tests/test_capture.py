@@ -316,7 +316,7 @@ def test_oom_in_forward_leaves_one_dump_with_registry_and_markers(fake, capsys):
     assert len(files) == 1
     assert files[0].name.startswith("oom-rank0-")
     err = capsys.readouterr().err
-    assert f"wrote {Path('oom-dumps') / files[0].name}" in err and "oomdoctor report" in err
+    assert f"wrote {Path('oom-dumps') / files[0].name}" in err and "oomdoctor report" in err and "oomdoctor open" in err
 
     data = load(files[0])
     assert set(data) == {"segments", "device_traces", "allocator_settings", "external_annotations", METADATA_KEY}
