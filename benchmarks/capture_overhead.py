@@ -123,13 +123,18 @@ def added_seconds_per_module_call(chain_length: int = 200, repeats: int = 15) ->
     return max(min(with_capture) - min(without), 0.0) / chain_length
 
 
-def added_seconds_per_step(module_calls: int, repeats: int = 7, loops: int = 2000) -> tuple[float, float]:
+def added_seconds_per_step(
+    module_calls: int, inputs: torch.Tensor, targets: torch.Tensor, repeats: int = 7, loops: int = 2000
+) -> tuple[float, float]:
     """One step's worth of oomdoctor's work: each module call's wrapper (measured through real
     modules), plus the markers of the outermost calls, backward, zero_grad and the optimizer step
-    (their wrappers around no-op functions, timed in a tight loop, minus the bare calls)."""
+    (their wrappers around no-op functions, timed in a tight loop, minus the bare calls). The
+    outermost calls get the step's real arguments, so remembering them as inputs is counted."""
     recorder = PhaseRecorder()
     recorder.active = True
+    recorder._tensor_type = torch.Tensor  # what install() sets
     recorder._refresh()
+    output = torch.zeros(inputs.shape[0], 10)
     module = nn.Identity()
 
     def noop(*args: Any, **kwargs: Any) -> None:
@@ -142,16 +147,16 @@ def added_seconds_per_step(module_calls: int, repeats: int = 7, loops: int = 200
 
     def with_oomdoctor() -> None:
         wrapped_zero_grad(optimizer)
-        wrapped_call(module)  # the model
-        wrapped_call(module)  # the loss
+        wrapped_call(module, inputs)  # the model
+        wrapped_call(module, output, targets)  # the loss
         wrapped_backward()
         recorder._optimizer_pre_hook(optimizer, (), {})
         recorder._optimizer_post_hook(optimizer, (), {})
 
     def without() -> None:
         noop(optimizer)
-        noop(module)
-        noop(module)
+        noop(module, inputs)
+        noop(module, output, targets)
         noop()
 
     markers = max(best_of(with_oomdoctor, repeats, loops) - best_of(without, repeats, loops), 0.0)
@@ -203,7 +208,7 @@ def main() -> None:
 
     module_calls = calls_per_step(step)
     base = min(without)  # the fastest step: the least favourable base for the accounted ratio
-    added, per_module_call = added_seconds_per_step(module_calls)
+    added, per_module_call = added_seconds_per_step(module_calls, inputs, targets)
     measured = statistics.median(with_capture) / statistics.median(without)
     print(f"model: {args.model}, {module_calls} module calls per step; {args.rounds} rounds x {args.steps} steps each way")
     print(f"step time without oomdoctor (fastest):    {base * 1e6:9.1f} us")

@@ -31,7 +31,13 @@ and memory_viz both read it. Every field is optional for readers: old or partial
                         and optimizers the process used; component is one of REGISTRY_COMPONENTS;
                         size_bytes is the tensor's own numel x element size (views and tied
                         tensors can share an address); names are named_parameters() names,
-                        gradients "<param>.grad", optimizer state "<param>.<key>" (exp_avg)
+                        gradients "<param>.grad", optimizer state "<param>.<key>" (exp_avg);
+                        component "input": a tensor passed to a model's outermost call (its
+                        latest), still alive, not a parameter, buffer or other registered
+                        tensor and not an autograd result (no grad_fn), named
+                        "<ModelClass>.forward arg 0", "<ModelClass>.forward kwarg attention_mask",
+                        "<ModelClass>.forward arg 1[0]" (inside a list, tuple or dict argument);
+                        input entries come after all others
     recording           {"max_entries", "stacks", "context", "started_by": "oomdoctor" | "user"}:
                         how torch's history was recorded (started_by "user": the script had
                         already turned it on, with settings oomdoctor did not choose)
@@ -55,11 +61,13 @@ COMPONENT_PARAMETER = "parameter"
 COMPONENT_GRADIENT = "gradient"
 COMPONENT_OPTIMIZER_STATE = "optimizer_state"
 COMPONENT_BUFFER = "buffer"
+COMPONENT_INPUT = "input"
 REGISTRY_COMPONENTS = (
     COMPONENT_PARAMETER,
     COMPONENT_GRADIENT,
     COMPONENT_OPTIMIZER_STATE,
     COMPONENT_BUFFER,
+    COMPONENT_INPUT,
 )
 
 # Components of live bytes that analysis reports and fixtures/manifest.json records, in this order.

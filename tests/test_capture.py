@@ -512,7 +512,8 @@ def test_manual_dump_and_rank_in_name(fake, monkeypatch):
     assert meta["reason"] == "manual" and meta["oom"] is None and meta["rank"] == 5 and meta["world_size"] == 8
     names = {(entry["component"], entry["name"]) for entry in meta["tensors"]}
     assert ("gradient", "net.0.weight.grad") in names and ("optimizer_state", "net.0.weight.exp_avg") in names
-    assert {entry["component"] for entry in meta["tensors"]} == set(REGISTRY_COMPONENTS)
+    # the batch went out of scope with small_training(): no input is alive to name
+    assert {entry["component"] for entry in meta["tensors"]} == set(REGISTRY_COMPONENTS) - {"input"}
     explicit = oomdoctor.dump(Path("peak.pickle"))
     assert explicit == Path("peak.pickle") and load(explicit)[METADATA_KEY]["reason"] == "manual"
 
@@ -528,6 +529,74 @@ def test_registry_holds_models_weakly(fake):
     del model
     gc.collect()
     assert alive() is None
+
+
+class Tagger(nn.Module):
+    """A model whose forward takes tokens, a list of extra tensors and a keyword mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, tokens, extras, attention_mask=None, options=None):
+        hidden = self.embed(tokens) * attention_mask.unsqueeze(-1)
+        return self.head(hidden)
+
+
+def test_registry_names_the_tensors_given_to_the_outermost_forward_as_inputs(fake):
+    oomdoctor.install()
+    model = Tagger()
+    loss_function = nn.MSELoss()
+    tokens = torch.randint(32, (4, 6))
+    mask = torch.ones(4, 6)
+    targets = torch.randn(4, 6, 2)
+    old_batch = torch.randint(32, (4, 6))
+    model(old_batch, [], attention_mask=mask)  # an earlier call: only the latest call counts
+    extras = [torch.zeros(3), "not a tensor", torch.ones(2)]
+    options = {"scale": torch.full((5,), 2.0), "weight": model.head.weight}
+    output = model(tokens, extras, attention_mask=mask, options=options)
+    loss = loss_function(output, targets)  # a parameterless root module: its targets are inputs too
+    loss.backward()
+    path = oomdoctor.dump()
+    meta = load(path)[METADATA_KEY]
+    inputs = {entry["name"]: entry for entry in meta["tensors"] if entry["component"] == "input"}
+    assert set(inputs) == {
+        "Tagger.forward arg 0",
+        "Tagger.forward arg 1[0]",
+        "Tagger.forward arg 1[2]",
+        "Tagger.forward kwarg attention_mask",
+        "Tagger.forward kwarg options[scale]",
+        "MSELoss.forward arg 1",
+    }  # not the old batch, not the parameter, not the model's output (an autograd result)
+    assert inputs["Tagger.forward arg 0"]["address"] == tokens.untyped_storage().data_ptr()
+    assert inputs["Tagger.forward arg 0"]["shape"] == [4, 6] and inputs["Tagger.forward arg 0"]["dtype"] == "int64"
+    assert inputs["MSELoss.forward arg 1"]["size_bytes"] == 4 * 6 * 2 * 4
+    # inputs come last, after every parameter, gradient, optimizer state tensor and buffer
+    components = [entry["component"] for entry in meta["tensors"]]
+    assert components[-len(inputs):] == ["input"] * len(inputs)
+    # only what is still alive is named
+    del tokens, extras
+    meta = load(oomdoctor.dump())[METADATA_KEY]
+    names = {entry["name"] for entry in meta["tensors"] if entry["component"] == "input"}
+    assert names == {"Tagger.forward kwarg attention_mask", "Tagger.forward kwarg options[scale]", "MSELoss.forward arg 1"}
+
+
+def test_inputs_are_remembered_for_a_few_dozen_tensors_per_call(fake):
+    from oomdoctor.capture.markers import MAX_INPUT_TENSORS
+
+    class Counter(nn.Module):
+        def forward(self, *args):
+            return len(args)
+
+    oomdoctor.install()
+    many = [torch.zeros(1) for _ in range(3 * MAX_INPUT_TENSORS)]
+    counter = Counter()  # inputs are remembered for as long as their module lives
+    counter(many, *many)
+    meta = load(oomdoctor.dump())[METADATA_KEY]
+    inputs = [entry for entry in meta["tensors"] if entry["component"] == "input"]
+    assert len(inputs) == MAX_INPUT_TENSORS
+    assert inputs[0]["name"] == "Counter.forward arg 0[0]" and inputs[-1]["name"] == f"Counter.forward arg 0[{MAX_INPUT_TENSORS - 1}]"
 
 
 def test_oom_in_backward_is_placed_in_backward(fake):

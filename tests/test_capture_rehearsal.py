@@ -236,6 +236,9 @@ def test_caught_and_retried_oom_leaves_two_useful_dumps(script, capsys):
     for meta in metas:
         assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("forward", 0)
         assert meta["oom"]["surfaced"] is True and meta["exception"]["type"] == "torch.OutOfMemoryError"
-        assert {entry["component"] for entry in meta["tensors"]} == {"parameter"}
+        # the batch being tried is alive in the failing forward: the model's input
+        assert {entry["component"] for entry in meta["tensors"]} == {"parameter", "input"}
+        (batch,) = [entry for entry in meta["tensors"] if entry["component"] == "input"]
+        assert batch["name"] == "Sequential.forward arg 0" and batch["shape"][1] == 1024
     assert metas[0]["oom"]["alloc_bytes"] > metas[1]["oom"]["alloc_bytes"]
     assert len(metas[1]["ooms_observed"]) == 2

@@ -19,6 +19,11 @@ another (Lookahead, ZeroRedundancyOptimizer) is not counted twice.
 
 Every wrapper does O(1) work per call: a flag test, and at the outermost call a tuple appended to a
 bounded deque. Markers become dicts only when a dump is written.
+
+The outermost call also remembers what the model was given: weak references to the tensors among
+its arguments and keyword arguments, one level deep (a tensor argument, or the tensors directly
+inside a list, tuple or mapping argument, among its first MAX_INPUT_TENSORS items), at most MAX_INPUT_TENSORS of them, and only for the latest
+call of each root module. The registry names the ones still alive at dump time as inputs.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import functools
 import importlib
 import weakref
 from collections import deque
+from collections.abc import Mapping
+from itertools import islice
 from time import time_ns
 from typing import Any, Callable
 
@@ -34,6 +41,20 @@ from oomdoctor.metadata import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, P
 
 START = "start"
 END = "end"
+
+# Tensors remembered per outermost module call: a batch, its targets and masks, not a whole dataset.
+MAX_INPUT_TENSORS = 32
+
+# Where a remembered tensor sat in the call: ("arg", position, key) or ("kwarg", name, key); key is
+# None for the argument itself, else the list/tuple index or dict key inside it.
+InputPlace = tuple[str, "int | str", "int | str | None"]
+
+
+def input_label(place: InputPlace) -> str:
+    """`arg 0`, `kwarg attention_mask`, `arg 1[0]`, `kwarg batch[labels]`."""
+    kind, where, key = place
+    label = f"{kind} {where}"
+    return label if key is None else f"{label}[{key}]"
 
 
 class PhaseRecorder:
@@ -52,6 +73,11 @@ class PhaseRecorder:
         self.root_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._steps_by_optimizer: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # root module -> the tensors its latest outermost call was given, as (place, weak reference)
+        self.forward_inputs: weakref.WeakKeyDictionary[Any, list[tuple[InputPlace, Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._tensor_type: type | None = None
         # set by the capture session; each must not raise
         self.on_phase_start: Callable[[], None] | None = None
         self.on_exception: Callable[[BaseException], None] | None = None
@@ -84,6 +110,7 @@ class PhaseRecorder:
         import torch.nn as nn
 
         self.active = True
+        self._tensor_type = torch.Tensor
         self._refresh()
         self._wrap_attribute(nn.Module, "__call__", self._module_call_wrapper)
         self._wrap_attribute(torch.autograd, "backward", self._backward_wrapper)
@@ -129,6 +156,7 @@ class PhaseRecorder:
                 return original(module, *args, **kwargs)
             recorder.in_forward = recorder.pass_module_calls = True
             recorder._remember(recorder.root_modules, module)
+            recorder._remember_inputs(module, args, kwargs)
             if recorder.stepping:  # a step() that raised never ran its post hook
                 recorder.stepping.clear()
             recorder._start(PHASE_FORWARD)
@@ -181,6 +209,41 @@ class PhaseRecorder:
                 recorder._end(PHASE_ZERO_GRAD)
 
         return zero_grad
+
+    def _remember_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Weak references to the tensors this outermost call was given (see the module docstring)."""
+        try:
+            found: list[tuple[InputPlace, Any]] = []
+            for position, value in enumerate(args):
+                self._collect_inputs(value, "arg", position, found)
+            for name, value in kwargs.items():
+                self._collect_inputs(value, "kwarg", name, found)
+            self.forward_inputs[module] = found
+        except Exception:  # unhashable module, an odd container: inputs are not remembered
+            pass
+
+    def _collect_inputs(self, value: Any, kind: str, where: int | str, found: list[tuple[InputPlace, Any]]) -> None:
+        tensor_type = self._tensor_type
+        if tensor_type is None or len(found) >= MAX_INPUT_TENSORS:
+            return
+        if isinstance(value, tensor_type):
+            found.append(((kind, where, None), weakref.ref(value)))
+            return
+        if isinstance(value, (list, tuple)):
+            items: Any = enumerate(value)
+        elif isinstance(value, Mapping):
+            items = value.items()
+        else:
+            return
+        for key, item in islice(items, MAX_INPUT_TENSORS):  # a long list is not walked to its end
+            if isinstance(item, tensor_type):
+                if len(found) >= MAX_INPUT_TENSORS:
+                    return
+                found.append(((kind, where, key), weakref.ref(item)))
+
+    def input_records(self) -> list[tuple[Any, list[tuple[InputPlace, Any]]]]:
+        """(root module, [(place, weak reference)]) for every root module's latest outermost call."""
+        return list(self.forward_inputs.items())
 
     @staticmethod
     def _remember(weak_set: Any, owner: Any) -> None:

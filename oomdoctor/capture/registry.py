@@ -1,4 +1,4 @@
-"""The registry of named tensors: which storage is which parameter, gradient, optimizer state or buffer.
+"""The registry of named tensors: which storage is which parameter, gradient, optimizer state, buffer or input.
 
 Walked at dump time only, over the root modules and optimizers the phase recorder saw (held weakly,
 so a dump never keeps a model alive). Names are `named_parameters()` / `named_buffers()` names; when
@@ -7,20 +7,30 @@ name (`Generator.net.0.weight`). A gradient is named `<parameter>.grad`, an opti
 `<parameter>.<state key>` (`fc.weight.exp_avg`); a parameter an optimizer holds that no module
 names is `<Optimizer class>.param_groups.<g>.params.<i>`. Nothing here touches device memory: only
 storage addresses, shapes and dtypes are read.
+
+Last come the inputs: the tensors each root module's latest outermost call was given (remembered
+weakly by the phase recorder) that are still alive, named `<ModelClass>.forward arg 0` or
+`<ModelClass>.forward kwarg attention_mask`. A tensor that is already registered (a parameter, a
+buffer, ...), shares a registered storage, is an autograd result (has a grad_fn: another model's
+output, say) or is not on the device is left out.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from oomdoctor.capture.markers import input_label
 from oomdoctor.metadata import (
     COMPONENT_BUFFER,
     COMPONENT_GRADIENT,
+    COMPONENT_INPUT,
     COMPONENT_OPTIMIZER_STATE,
     COMPONENT_PARAMETER,
 )
 
 StorageAddress = Callable[[Any], "int | None"]
+# (root module, [(place in the call, weak reference to a tensor)]), as the phase recorder keeps them
+InputRecords = Iterable[tuple[Any, Iterable[tuple[Any, Callable[[], Any]]]]]
 
 
 def _count_tensors(module: Any) -> int:
@@ -49,6 +59,7 @@ class _Collector:
         self.default_device = default_device
         self.entries: list[dict[str, Any]] = []
         self.seen: set[tuple[int, str]] = set()  # (id(tensor), component)
+        self.addresses: set[int] = set()  # storages registered so far
 
     def add(self, tensor: Any, component: str, name: str) -> None:
         key = (id(tensor), component)
@@ -58,6 +69,8 @@ class _Collector:
         try:
             address = self.storage_address(tensor)
             if address is None:
+                return
+            if component == COMPONENT_INPUT and int(address) in self.addresses:
                 return
             device = getattr(tensor.device, "index", None)
             self.entries.append(
@@ -71,6 +84,7 @@ class _Collector:
                     "size_bytes": int(tensor.numel()) * int(tensor.element_size()),
                 }
             )
+            self.addresses.add(int(address))
         except Exception:  # sparse, meta or otherwise unusual tensors: skip, never fail the dump
             return
 
@@ -80,6 +94,7 @@ def collect_tensors(
     optimizers: Iterable[Any],
     storage_address: StorageAddress,
     default_device: int | None = None,
+    forward_inputs: InputRecords = (),
 ) -> list[dict[str, Any]]:
     """Registry entries as the metadata contract's `tensors` list describes them."""
     import torch
@@ -129,4 +144,15 @@ def collect_tensors(
             for state_key, value in values.items():
                 if isinstance(value, torch.Tensor):
                     collector.add(value, COMPONENT_OPTIMIZER_STATE, f"{owner}.{state_key}")
+
+    registered = {key for key, _ in collector.seen}
+    for module, records in forward_inputs:
+        for place, reference in records:
+            tensor = reference()
+            if tensor is None or id(tensor) in registered or isinstance(tensor, torch.nn.Parameter):
+                continue
+            if getattr(tensor, "grad_fn", None) is not None:
+                continue
+            registered.add(id(tensor))
+            collector.add(tensor, COMPONENT_INPUT, f"{type(module).__name__}.forward {input_label(place)}")
     return collector.entries

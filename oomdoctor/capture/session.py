@@ -515,6 +515,7 @@ class CaptureSession:
                         list(self.recorder.optimizers),
                         self.backend.storage_address,
                         device,
+                        self.recorder.input_records(),
                     ),
                     [],
                 ),
