@@ -25,14 +25,18 @@ class ComponentsPane(Vertical):
         tree.root.expand()
         for node in self.nodes:
             label = Text(f"{COMPONENT_LABELS[node.name]}  {human_size(node.bytes)}  ({node.method}, confidence {node.confidence:.0%})")
-            branch = tree.root.add(label, expand=node is self.nodes[0])
+            largest = node is self.nodes[0]  # opened down to its largest group's blocks
+            branch = tree.root.add(label, expand=largest)
             for group in node.groups:
-                twig = branch.add(Text(f"{human_size(group.bytes):>11}  {group.key}  ({len(group.blocks)} blocks)"))
+                twig = branch.add(Text(f"{human_size(group.bytes):>11}  {group.key}  ({len(group.blocks)} blocks)"), expand=largest and group is node.groups[0])
                 for block in group.blocks:
                     text = describe_block(block.name, block.frames, block.alloc_index)
                     twig.add_leaf(Text(f"{human_size(block.size_bytes):>11}  {text}  {block.address:#x}"), data=block)
         yield tree
         yield Static(Text("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
+
+    def on_mount(self) -> None:
+        self.query_one("#component-tree", Tree).cursor_line = 0  # a visible cursor from the first key
 
     @on(Tree.NodeHighlighted)
     def _node_highlighted(self, message: Tree.NodeHighlighted) -> None:

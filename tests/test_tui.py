@@ -1,0 +1,378 @@
+"""The terminal app: what each tab shows (as data first), then the app driven by Textual's pilot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from functools import lru_cache
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable, Input, Static, TabbedContent, Tree  # noqa: E402
+
+from oomdoctor.analysis import analyse, replayer  # noqa: E402
+from oomdoctor.cli import main  # noqa: E402
+from oomdoctor.commands import open as open_command  # noqa: E402
+from oomdoctor.examples import EXAMPLE_DUMP  # noqa: E402
+from oomdoctor.load import load  # noqa: E402
+from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, Block, Segment  # noqa: E402
+from oomdoctor.tui import content  # noqa: E402
+from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  # noqa: E402
+from oomdoctor.tui.timeline import TimelineChart, TimelinePane  # noqa: E402
+from oomdoctor.units import human_size  # noqa: E402
+
+from conftest import FIXTURES  # noqa: E402
+
+DUMPS = FIXTURES / "dumps"
+LEAK = DUMPS / "creeping-leak-gpt-adamw.pickle"  # six steps, a few thousand events
+FRAGMENTED = DUMPS / "fragmentation-retrieval-class-scores.pickle"
+
+
+@lru_cache(maxsize=None)
+def loaded(path):
+    snapshot = load(path)
+    return snapshot, analyse(snapshot)
+
+
+def run_app(app, scenario, size=(80, 24)):
+    """Drive `app` headless through `scenario(app, pilot)` and return what it returns."""
+
+    async def drive():
+        async with app.run_test(size=size) as pilot:
+            await settle(app, pilot)
+            return await scenario(app, pilot)
+
+    return asyncio.run(drive())
+
+
+async def settle(app, pilot):
+    """Let messages, mounts and the replay workers finish (no clock involved)."""
+    await pilot.pause()
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def text_of(widget: Static) -> str:
+    return str(widget.content)
+
+
+# --- the data each tab shows --------------------------------------------------------------------
+
+
+def test_overview_leads_with_the_verdict_then_evidence_and_recommendations():
+    _, analysis = loaded(EXAMPLE_DUMP)
+    sections = content.overview_sections(analysis, "example.pickle")
+    assert sections[0].title.startswith("Verdict: optimizer-state-buildup")
+    assert sections[0].lines[0] == analysis.summary
+    titles = [s.title for s in sections]
+    assert titles[1] == "Evidence" and titles[2].startswith("What to change")
+    assert len(sections[1].lines) == len(analysis.evidence)
+    assert any(human_size(analysis.accounting.request_bytes) in line for line in sections[3].lines)
+
+
+def test_timeline_columns_cover_every_sampled_point_once():
+    _, analysis = loaded(LEAK)
+    timeline = content.Timeline(analysis)
+    for width in (7, 78, len(analysis.replay.series) + 50):
+        columns = timeline.columns(width)
+        assert len(columns) == width
+        covered = set()
+        for column in columns:
+            covered.update(range(column.first_point, column.last_point + 1))
+        assert covered == set(range(len(analysis.replay.series)))
+    assert [c.step for c in timeline.columns(78) if c.step is not None][-1] == analysis.steps[-1].step
+
+
+def test_timeline_cursor_steps_along_the_sampled_points():
+    _, analysis = loaded(LEAK)
+    timeline = content.Timeline(analysis)
+    events = [p.event_index for p in analysis.replay.series]
+    start = timeline.start_index()
+    assert start == analysis.replay.target_index
+    back = timeline.next_point(start, -1)
+    assert back < start and back in events
+    assert timeline.next_point(back, 1) > back
+    assert timeline.next_point(events[3], -100) == events[0]
+    assert timeline.next_point(events[3], 10_000) == events[-1]
+
+
+def test_stacked_cells_fill_in_proportion_and_by_component():
+    point = analyse(load(EXAMPLE_DUMP)).replay.series[-1]
+    full = content.stacked_cells(point, max(point.allocated_bytes, sum(point.components)), 8)
+    assert None not in full
+    half = content.stacked_cells(point, 2 * max(point.allocated_bytes, sum(point.components)), 8)
+    assert half.count(None) == 4
+    biggest = max(range(len(point.components)), key=lambda c: point.components[c])
+    assert biggest in full
+
+
+def test_segment_bar_shows_allocated_and_free_in_address_order():
+    mib = 1 << 20
+    segment = Segment(0, 0, 4 * mib, 0, "large", (Block(0, mib, mib, ACTIVE_ALLOCATED), Block(mib, 3 * mib, 0, INACTIVE)))
+    assert content.segment_bar(segment, 8) == content.BAR_ALLOCATED * 2 + content.BAR_FREE * 6
+    assert content.largest_free_block_bytes(segment) == 3 * mib
+
+
+def test_component_tree_holds_every_live_byte_once():
+    _, analysis = loaded(LEAK)
+    nodes = content.component_nodes(analysis)
+    assert {n.name: n.bytes for n in nodes} == {c.name: c.bytes for c in analysis.components if c.bytes}
+    for node in nodes:
+        assert sum(g.bytes for g in node.groups) == node.bytes
+        assert sum(len(g.blocks) for g in node.groups) == sum(1 for b in analysis.live_blocks if b.component == node.name)
+
+
+def test_search_keeps_rows_that_match_every_word():
+    _, analysis = loaded(EXAMPLE_DUMP)
+    rows = content.allocation_rows(analysis)
+    assert [r.block.size_bytes for r in rows] == sorted((b.size_bytes for b in analysis.live_blocks), reverse=True)
+    found = content.filter_rows(rows, "EXP_AVG_SQ")
+    assert found and len(found) < len(rows)
+    assert all("exp_avg_sq" in (r.block.name or "") for r in found)
+    assert content.filter_rows(rows, "exp_avg_sq body.2") == [r for r in found if "body.2" in r.block.name]
+    assert content.filter_rows(rows, "") == rows
+    assert content.filter_rows(rows, "no-such-thing-anywhere") == []
+
+
+def test_the_content_module_imports_no_textual_or_rich():
+    code = "import sys, oomdoctor.tui.content; print(sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich', 'torch')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# --- the app --------------------------------------------------------------------------------------
+
+
+def test_overview_shows_the_verdict_and_every_tab_fits_80_by_24():
+    snapshot, analysis = loaded(EXAMPLE_DUMP)
+
+    async def scenario(app, pilot):
+        first = app.query(".overview-section").first(Static)
+        assert "Verdict: optimizer-state-buildup" in text_of(first)
+        assert analysis.summary in text_of(first)
+        visited = []
+        for key, tab in zip("12345", ("overview", "timeline", "segments", "components", "allocations")):
+            await pilot.press(key)
+            await settle(app, pilot)
+            assert app.query_one(TabbedContent).active == tab
+            focused = app.focused
+            assert focused is not None and focused.region.height > 0
+            assert focused.region.right <= 80 and focused.region.bottom <= 24
+            visited.append(tab)
+        return visited
+
+    app = make_app(analysis, snapshot, source="example.pickle")
+    assert len(run_app(app, scenario)) == 5
+
+
+@pytest.mark.parametrize("path", [LEAK, DUMPS / "no-oom-expandable-segments.pickle"], ids=lambda p: p.stem)
+def test_other_dumps_open_and_every_tab_renders_at_80_by_24(path):
+    snapshot, analysis = loaded(path)
+
+    async def scenario(app, pilot):
+        for key in "2345":
+            await pilot.press(key)
+            await settle(app, pilot)
+        return app.query_one(TimelinePane).shown_state
+
+    state = run_app(make_app(analysis, snapshot, source=path.name), scenario)
+    assert state is not None
+
+
+def test_timeline_keys_move_the_cursor_and_the_label_shows_the_replayed_state():
+    snapshot, analysis = loaded(LEAK)
+    fresh = replayer(snapshot, analysis.device)
+
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        chart = app.query_one(TimelineChart)
+        pane = app.query_one(TimelinePane)
+        seen = [(chart.cursor_index, pane.shown_state, text_of(app.query_one("#cursor-state", Static)), text_of(app.query_one("#cursor-event", Static)))]
+        for key in ("left", "left", "shift+left", "left_square_bracket", "p", "home", "right"):
+            await pilot.press(key)
+            await settle(app, pilot)
+            seen.append((chart.cursor_index, pane.shown_state, text_of(app.query_one("#cursor-state", Static)), text_of(app.query_one("#cursor-event", Static))))
+        return seen
+
+    seen = run_app(make_app(analysis, snapshot, source=LEAK.name), scenario)
+    indices = [index for index, *_ in seen]
+    assert indices[0] == analysis.replay.target_index
+    assert indices[0] > indices[1] > indices[2] > indices[3] == indices[4] + 1
+    assert indices[5] == analysis.replay.peak_index and indices[6] == 0 and indices[7] > 0
+    for index, state, state_label, event_label in seen:
+        expected = fresh.state_at(index)
+        assert state.event_index == index
+        assert state.allocated_bytes == expected.allocated_bytes
+        assert f"allocated {human_size(expected.allocated_bytes)}" in state_label
+        assert event_label.startswith(f"event {index} of {analysis.replay.event_count}")
+    assert "OOM" in seen[0][3]
+
+
+def test_clicking_the_chart_moves_the_cursor_there():
+    snapshot, analysis = loaded(LEAK)
+
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        await pilot.click("#timeline-chart", offset=(0, 3))
+        await settle(app, pilot)
+        return app.query_one(TimelineChart).cursor_index, app.query_one(TimelinePane).shown_state
+
+    index, state = run_app(make_app(analysis, snapshot, source=LEAK.name), scenario)
+    assert index == content.Timeline(analysis).columns(78)[0].point.event_index
+    assert state.event_index == index
+
+
+def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
+    snapshot, analysis = loaded(EXAMPLE_DUMP)
+    expected = content.filter_rows(content.allocation_rows(analysis), "exp_avg_sq")
+
+    async def scenario(app, pilot):
+        await pilot.press("5")
+        await settle(app, pilot)
+        table = app.query_one("#allocation-table", DataTable)
+        before = table.row_count
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"exp_avg_sq")
+        await settle(app, pilot)
+        after = table.row_count
+        count_label = text_of(app.query_one("#allocation-count", Static))
+        await pilot.press("enter")  # to the table
+        await settle(app, pilot)
+        return before, after, count_label, text_of(app.query_one("#allocation-stack", Static)), app.query_one(TabbedContent).active
+
+    before, after, count_label, stack, active = run_app(make_app(analysis, snapshot, source="example.pickle"), scenario)
+    assert before == len(analysis.live_blocks)
+    assert after == len(expected) < before
+    assert count_label.startswith(f"{len(expected)} of {before} live blocks")
+    first = expected[0].block
+    assert stack.startswith(f"{first.address:#x}")
+    assert f"{first.frames[0].filename}:{first.frames[0].line}" in stack
+    assert active == "allocations"  # typing digits or letters in the search box switches no tab
+
+
+def test_segments_list_the_layout_at_the_oom_and_a_block_shows_its_stack():
+    snapshot, analysis = loaded(FRAGMENTED)
+    state = replayer(snapshot, analysis.device).state_at(analysis.replay.target_index)
+
+    async def scenario(app, pilot):
+        await pilot.press("3")
+        await settle(app, pilot)
+        segments = app.query_one("#segment-table", DataTable)
+        blocks = app.query_one("#segment-blocks", DataTable)
+        await pilot.press("tab")  # to the blocks of the first segment
+        await settle(app, pilot)
+        return segments.row_count, blocks.row_count, text_of(app.query_one("#fragmentation", Static)), text_of(app.query_one("#segment-stack", Static))
+
+    segment_count, block_count, summary, stack = run_app(make_app(analysis, snapshot, source=FRAGMENTED.name), scenario)
+    assert segment_count == len(state.segments)
+    assert block_count == len(state.segments[0].blocks)
+    fragmentation = analysis.fragmentation
+    assert f"largest block {human_size(fragmentation.largest_usable_free_block_bytes)}" in summary
+    assert f"request fits if contiguous: {'yes' if fragmentation.would_fit_if_contiguous else 'no'}" in summary
+    first = state.segments[0].blocks[0]
+    assert stack.startswith(f"{first.address:#x}")
+
+
+def test_component_tree_lists_components_largest_first_down_to_blocks():
+    snapshot, analysis = loaded(EXAMPLE_DUMP)
+    nodes = content.component_nodes(analysis)
+
+    async def scenario(app, pilot):
+        await pilot.press("4")
+        await settle(app, pilot)
+        tree = app.query_one("#component-tree", Tree)
+        labels = [str(child.label) for child in tree.root.children]
+        # down: first component, its first group, that group's first block
+        for _ in range(3):
+            await pilot.press("down")
+        await settle(app, pilot)
+        return labels, tree.cursor_node.data, text_of(app.query_one("#component-stack", Static))
+
+    labels, block, stack = run_app(make_app(analysis, snapshot, source="example.pickle"), scenario)
+    assert [label.split("  ")[0] for label in labels] == [content.COMPONENT_LABELS[n.name] for n in nodes]
+    assert block is nodes[0].groups[0].blocks[0]
+    assert stack.startswith(f"{block.address:#x} ({human_size(block.size_bytes)})")
+
+
+# --- loading in the worker, and the commands --------------------------------------------------------
+
+
+def test_loading_app_shows_progress_then_the_tabs():
+    stages = []
+
+    def loader(enter_stage):
+        snapshot = load(EXAMPLE_DUMP)
+        enter_stage("analysing")
+        stages.append("analysing")
+        return snapshot, analyse(snapshot)
+
+    async def scenario(app, pilot):
+        await settle(app, pilot)
+        return bool(app.query(LoadingView)), bool(app.query(Browser)), app.analysis
+
+    loading, browsing, analysis = run_app(make_loading_app(loader, source="example.pickle"), scenario)
+    assert stages == ["analysing"]
+    assert not loading and browsing
+    assert analysis.verdict == "optimizer-state-buildup"
+
+
+def test_a_load_error_in_the_worker_ends_the_app_with_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "not-a-snapshot.pickle"
+    bad.write_bytes(b"this is not a pickle at all")
+    app = make_loading_app(open_command.loader_for(str(bad), device=None, max_bytes=None), source=str(bad))
+
+    async def scenario(app, pilot):
+        await settle(app, pilot)
+        return app.return_code
+
+    assert run_app(app, scenario) == 2
+    assert app.error is not None and app.error.exit_code == 2
+    message = str(app.error)
+    assert message.startswith(str(bad)) and "\n" not in message
+
+
+def test_asking_for_a_missing_device_ends_the_app_with_exit_2():
+    app = make_loading_app(open_command.loader_for(str(EXAMPLE_DUMP), device=7, max_bytes=None), source="example.pickle")
+
+    async def scenario(app, pilot):
+        await settle(app, pilot)
+        return app.return_code
+
+    assert run_app(app, scenario) == 2
+    assert "no device 7" in str(app.error)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["open", "no-such-dump.pickle"], "no such file"),
+        (["open", str(FIXTURES)], "is a directory"),
+        (["open", str(EXAMPLE_DUMP), "--max-bytes", "1KiB"], "larger than"),
+        (["open", str(EXAMPLE_DUMP)], "needs a terminal"),  # pytest's stdout is no terminal
+    ],
+    ids=["missing", "directory", "too-large", "no-terminal"],
+)
+def test_open_refuses_before_the_app_starts_with_one_line(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_open_refuses_an_empty_file(tmp_path, capsys):
+    empty = tmp_path / "empty.pickle"
+    empty.write_bytes(b"")
+    assert main(["open", str(empty)]) == 2
+    assert "empty" in capsys.readouterr().err
+
+
+def test_demo_prints_the_report_when_not_in_a_terminal_or_with_text(capsys):
+    assert main(["demo", "--text"]) == 0
+    assert capsys.readouterr().out.startswith("Verdict: optimizer-state-buildup")
+    assert main(["demo", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "optimizer-state-buildup"
