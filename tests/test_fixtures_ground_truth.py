@@ -47,13 +47,15 @@ def test_components_and_phases_of_one_training_step(rehearsal):
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     parameter_bytes = _block_bytes(session, model.parameters())
-    first_batch = torch.randn(256, 64)  # before any phase began: "other"
+    table = torch.randn(128, 64)  # before any phase began, never given to a forward: "other"
+    first_batch = torch.randn(256, 64)  # before any phase began, given to the forward: "inputs"
 
     assert tracker.phase == ground_truth.BETWEEN_STEPS
     output = model(first_batch)
     after_forward = truth.moment()
     assert after_forward["components"]["parameters"] == parameter_bytes
-    assert after_forward["components"]["other"] == _block_bytes(session, [first_batch])
+    assert after_forward["components"]["other"] == _block_bytes(session, [table])
+    assert after_forward["components"]["inputs"] == _block_bytes(session, [first_batch])
     assert after_forward["components"]["activations"] >= _block_bytes(session, [output])
     assert (after_forward["phase"], after_forward["step"]) == (ground_truth.BETWEEN_STEPS, 0)
 
@@ -66,10 +68,42 @@ def test_components_and_phases_of_one_training_step(rehearsal):
     assert after_step["step"] == 1
     assert components["gradients"] == parameter_bytes
     assert components["optimizer_state"] == parameter_bytes  # one momentum buffer per parameter
-    assert components["inputs"] == _block_bytes(session, [second_batch])
+    # the first batch is still the latest call's argument; the second was made between steps
+    assert components["inputs"] == _block_bytes(session, [first_batch, second_batch])
     assert components["activations"] == 0  # the graph is gone with the output
     allocated = session.backend.memory_stats(0)["allocated_bytes.all.current"]
     assert sum(components.values()) == allocated
+
+
+class Tagger(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+
+    def forward(self, tokens, extras, attention_mask=None):
+        return self.embed(tokens) * attention_mask.unsqueeze(-1)
+
+
+def test_inputs_are_the_latest_outermost_calls_tensors_by_identity(rehearsal):
+    tracker, truth, session = rehearsal
+    model = Tagger()
+    loss_function = torch.nn.MSELoss()
+    old_tokens = torch.randint(64, (32, 16))
+    model(old_tokens, [], attention_mask=torch.ones(32, 16))  # an earlier call: not the latest
+    tokens = torch.randint(64, (64, 128))
+    mask = torch.ones(64, 128)
+    extras = [torch.zeros(64, 128), "text"]
+    targets = torch.randn(64, 128, 16)
+    output = model(tokens, extras, attention_mask=mask)
+    loss = loss_function(output, targets)  # a parameterless root module: targets are its input
+    moment = truth.moment()
+    # output has a grad_fn: an autograd result passed on, not an input
+    assert moment["components"]["inputs"] == _block_bytes(session, [tokens, mask, extras[0], targets])
+    assert moment["components"]["other"] == _block_bytes(session, [old_tokens])
+    loss.backward()
+    del tokens
+    after = truth.moment()
+    assert after["components"]["inputs"] == _block_bytes(session, [mask, extras[0], targets])
 
 
 def test_request_figures_follow_the_allocator_rules():

@@ -1,8 +1,11 @@
 """Attribution of live bytes to components (docs/definitions.md).
 
-Exact from oomdoctor's registry of named tensors when the dump has one; otherwise inferred from the
-phase an allocation was made in, how long it has lived, its stack and whether its size matches a
-parameter's. Each live block records the method that placed it and a confidence.
+Exact from oomdoctor's registry of named tensors when the dump has one (its "input" entries name the
+tensors a model's outermost forward was given); otherwise inferred from the phase an allocation was
+made in, how long it has lived, its stack and whether its size matches a parameter's. Without a
+registry, what was allocated before the first phase, is not model setup and lives into the first
+forward (which begins right after it) counts as inputs: the batch a loop makes before its first
+step. Each live block records the method that placed it and a confidence.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ _REGISTRY_COMPONENT = {
     "gradient": GRADIENTS,
     "optimizer_state": OPTIMIZER_STATE,
     "buffer": BUFFERS,
+    "input": INPUTS,
 }
 
 PHASE_COMPONENT = {
@@ -172,6 +176,8 @@ def attribute(
             component, method, confidence = _infer(
                 alloc_index, phase, span, stack, requested, parameter_sizes, after_target
             )
+            if component == OTHER and span is not None and _spans_first_forward(span, phases, after_target):
+                component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
         blocks.append(
             LiveBlock(
                 address=address,
@@ -189,6 +195,18 @@ def attribute(
         )
     blocks.sort(key=lambda b: -b.size_bytes)
     return blocks
+
+
+def _spans_first_forward(span, phases: PhaseIndex, after_target: int) -> bool:
+    """Whether a block allocated in `span` (before the first phase) lives into the forward after it.
+
+    The block is live at the target, so it lives into that forward when the forward began at or
+    before the target.
+    """
+    if span.phase != PHASE_BEFORE:
+        return False
+    following = phases.span_after(span)
+    return following is not None and following.phase == PHASE_FORWARD and following.first_index <= after_target
 
 
 def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target):
@@ -232,6 +250,8 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
 
 
 def _module_of(name: str) -> str:
+    if ".forward arg " in name or ".forward kwarg " in name:  # an input: group by the argument
+        return name
     for suffix in (".exp_avg_sq", ".exp_avg", ".max_exp_avg_sq", ".momentum_buffer", ".grad"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
