@@ -376,3 +376,27 @@ def test_demo_prints_the_report_when_not_in_a_terminal_or_with_text(capsys):
     assert capsys.readouterr().out.startswith("Verdict: optimizer-state-buildup")
     assert main(["demo", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "optimizer-state-buildup"
+
+
+def test_a_dump_with_thousands_of_live_blocks_lists_the_largest_and_still_searches(corpus_dir):
+    from oomdoctor.tui.allocations import SHOWN_ROWS
+
+    path = corpus_dir / "snapshots" / "no_trace_6633_blocks__muduard_layoutediting__dump_snapshot.pickle"
+    if not path.exists():
+        pytest.skip("corpus snapshot with thousands of blocks not present")
+    snapshot = load(path)
+    analysis = analyse(snapshot)
+    assert len(analysis.live_blocks) > SHOWN_ROWS
+
+    async def scenario(app, pilot):
+        await pilot.press("5")
+        await settle(app, pilot)
+        table = app.query_one("#allocation-table", DataTable)
+        listed, label = table.row_count, text_of(app.query_one("#allocation-count", Static))
+        await pilot.press(*"0x")  # every address matches
+        await settle(app, pilot)
+        return listed, label, table.row_count
+
+    listed, label, after_search = run_app(make_app(analysis, snapshot, source=path.name), scenario)
+    assert listed == SHOWN_ROWS == after_search
+    assert label.startswith(f"{len(analysis.live_blocks)} of {len(analysis.live_blocks)} live blocks") and f"largest {SHOWN_ROWS} listed" in label

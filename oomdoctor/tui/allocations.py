@@ -12,6 +12,8 @@ from oomdoctor.analysis.results import Analysis
 from oomdoctor.tui.content import COMPONENT_LABELS, AllocationRow, allocation_rows, filter_rows, phase_words, stack_lines
 from oomdoctor.units import human_size
 
+SHOWN_ROWS = 500  # the largest matches; filling a table with every block of a huge dump would stall typing
+
 
 class AllocationsPane(Vertical):
     def __init__(self, analysis: Analysis, **kwargs) -> None:
@@ -42,7 +44,7 @@ class AllocationsPane(Vertical):
     def _fill(self) -> None:
         table = self.query_one("#allocation-table", DataTable)
         table.clear()
-        for row in self.shown_rows:
+        for row in self.shown_rows[:SHOWN_ROWS]:
             block = row.block
             table.add_row(
                 human_size(block.size_bytes),
@@ -53,7 +55,8 @@ class AllocationsPane(Vertical):
                 Text(row.label),
             )
         shown_bytes = sum(row.block.size_bytes for row in self.shown_rows)
-        self.query_one("#allocation-count", Static).update(Text(f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks, {human_size(shown_bytes)}"))
+        capped = f" (the largest {SHOWN_ROWS} listed)" if len(self.shown_rows) > SHOWN_ROWS else ""
+        self.query_one("#allocation-count", Static).update(Text(f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks, {human_size(shown_bytes)}{capped}"))
         if not self.shown_rows:
             self.query_one("#allocation-stack", Static).update("")
 

@@ -12,6 +12,8 @@ from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.tui.content import COMPONENT_LABELS, component_nodes, describe_block, stack_lines, where_label
 from oomdoctor.units import human_size
 
+LEAVES_PER_GROUP = 100
+
 
 class ComponentsPane(Vertical):
     def __init__(self, analysis: Analysis, **kwargs) -> None:
@@ -29,9 +31,13 @@ class ComponentsPane(Vertical):
             branch = tree.root.add(label, expand=largest)
             for group in node.groups:
                 twig = branch.add(Text(f"{human_size(group.bytes):>11}  {group.key}  ({len(group.blocks)} blocks)"), expand=largest and group is node.groups[0])
-                for block in group.blocks:
+                for block in group.blocks[:LEAVES_PER_GROUP]:
                     text = describe_block(block.name, block.frames, block.alloc_index)
                     twig.add_leaf(Text(f"{human_size(block.size_bytes):>11}  {text}  {block.address:#x}"), data=block)
+                rest = group.blocks[LEAVES_PER_GROUP:]
+                if rest:
+                    rest_bytes = sum(b.size_bytes for b in rest)
+                    twig.add_leaf(Text(f"{human_size(rest_bytes):>11}  {len(rest)} smaller blocks (search for them under Allocations)", style="dim"))
         yield tree
         yield Static(Text("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
 
