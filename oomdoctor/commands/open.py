@@ -6,8 +6,9 @@ FILE is an oomdoctor dump or any torch memory snapshot (pickle, gzip, JSON, memo
 The file is read and analysed in the background behind a progress bar; then five tabs open:
 
   1 Overview      the verdict, its evidence, what to change, memory at the OOM
-  2 Timeline      memory by component over the recorded events, steps and phases marked;
-                  left/right move a cursor (shift: ten times as far, [ and ]: one event,
+  2 Timeline      memory by component over the recorded events, steps (s0, s1, ...) and
+                  phases (F forward, B backward, O optimizer step, Z zero_grad, · between
+                  steps) marked under it; left/right move a cursor (shift: ten times as far, [ and ]: one event,
                   o: the OOM, p: the peak) and show what was live after that event
   3 Segments      each segment with a bar of its blocks; a block's stack
   4 Components    parameters, gradients, optimizer state, ... down to module paths,

@@ -21,7 +21,7 @@ from oomdoctor.tui.allocations import AllocationsPane
 from oomdoctor.tui.components import ComponentsPane
 from oomdoctor.tui.overview import OverviewPane
 from oomdoctor.tui.segments import SegmentsPane
-from oomdoctor.tui.timeline import TimelineChart, TimelinePane
+from oomdoctor.tui.timeline import TimelinePane
 
 TABS = ("overview", "timeline", "segments", "components", "allocations")
 # What the tab shows first, so the keyboard works at once after switching.

@@ -94,7 +94,7 @@ class TimelineChart(Widget, can_focus=True):
                 component = cells[row]
                 style = COMPONENT_COLORS[COMPONENTS[component]] if component is not None else ""
                 if number == cursor:
-                    line.append("█" if component is not None else "│", style=f"bold white" if component is None else f"{style} reverse")
+                    line.append("█" if component is not None else "│", style="bold white" if component is None else f"{style} reverse")
                 else:
                     line.append("█" if component is not None else " ", style=style)
             lines.append(line)
