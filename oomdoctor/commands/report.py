@@ -2,11 +2,19 @@
 
     oomdoctor report oom-dumps/oom-rank0-host-123-20250101T000000Z.pickle
     oomdoctor report dump.pickle --format json > report.json
+    oomdoctor report dump.pickle --format md --redact > issue.md
 
 FILE is an oomdoctor dump or any torch memory snapshot (pickle, gzip, JSON, memory_viz HTML).
-Text leads with the verdict; JSON holds the full result (`verdict`, `confidence`, `components`
-in bytes, `evidence`, `recommendations`, `what_if`, `schema_version`, ...). With several devices
-the one that ran out of memory is judged, unless --device says otherwise.
+Text leads with the verdict; Markdown is the same story laid out to paste into a GitHub issue, with
+the environment (torch, CUDA, GPU) and the largest live blocks' stacks in a collapsed section; JSON
+holds the full result (`verdict`, `confidence`, `components` in bytes, `evidence`,
+`recommendations`, `what_if`, `environment`, `schema_version`, ...). With several devices the one
+that ran out of memory is judged, unless --device says otherwise.
+
+--redact replaces, in any format, the host name, user names, home directories and other absolute
+path prefixes (a path keeps its part after site-packages/ or under the project's root, otherwise its
+file name), paths in the command line, and the pid, so the report can be shared. `oomdoctor redact`
+does the same to the dump itself.
 """
 
 from __future__ import annotations
@@ -19,13 +27,15 @@ from oomdoctor.errors import OomdoctorError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the dump or snapshot to explain")
-    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--redact", action="store_true", help="leave out host and user names, path prefixes and the pid")
     parser.add_argument("--device", type=int, default=None, help="judge this device instead of the failing one")
     parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
 
 
 def run(args: argparse.Namespace) -> int:
     from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.environment import environment_of
     from oomdoctor.load import load, parse_size
 
     max_bytes = None
@@ -39,13 +49,26 @@ def run(args: argparse.Namespace) -> int:
         known = ", ".join(str(d) for d in snapshot.devices) or "none"
         raise OomdoctorError(f"{args.file}: no device {args.device} in this snapshot (devices: {known})")
     analysis = analyse(snapshot, device=args.device)
+    environment = environment_of(snapshot)
+    source = str(args.file)
+    if args.redact:
+        from oomdoctor.redact import Redactor, redact_analysis, redact_environment
+
+        redactor = Redactor.from_snapshot(snapshot)
+        analysis = redact_analysis(analysis, redactor)
+        environment = redact_environment(environment, redactor)
+        source = redactor.source(source)
     if args.format == "json":
         from oomdoctor.views.json_report import render as render_json
 
-        sys.stdout.buffer.write(render_json(analysis))
+        sys.stdout.buffer.write(render_json(analysis, environment=environment))
         sys.stdout.flush()
+    elif args.format == "md":
+        from oomdoctor.views.markdown_report import render as render_markdown
+
+        sys.stdout.write(render_markdown(analysis, source=source, environment=environment))
     else:
         from oomdoctor.views.text_report import render as render_text
 
-        sys.stdout.write(render_text(analysis, source=args.file))
+        sys.stdout.write(render_text(analysis, source=source))
     return 0

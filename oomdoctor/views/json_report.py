@@ -4,7 +4,8 @@ Top-level keys a script can rely on: `schema_version`, `verdict` (one of
 `oomdoctor.metadata.VERDICTS`), `confidence`, `summary`, `components` (bytes per component at the
 OOM, or at the peak when there was none), `evidence`, `recommendations`, `what_if`, `accounting`,
 `fragmentation`, `replay`, `phases`, `steps`, `secondary`, `unknowns`. `live_blocks` lists the
-largest live blocks only (`live_block_count` says how many there were).
+largest live blocks only (`live_block_count` says how many there were). `environment` (versions,
+device, host, argv, ...) is there when the caller passes it, as `oomdoctor report` does.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _block(block: LiveBlock) -> dict[str, Any]:
     return row
 
 
-def to_dict(analysis: Analysis) -> dict[str, Any]:
+def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
     result = {
         "schema_version": JSON_SCHEMA_VERSION,
         "analysis_schema_version": analysis.schema_version,
@@ -70,8 +71,10 @@ def to_dict(analysis: Analysis) -> dict[str, Any]:
         "live_blocks": [_block(b) for b in analysis.live_blocks[:LIVE_BLOCK_LIMIT]],
         "unknowns": list(analysis.unknowns),
     }
+    if environment is not None:
+        result["environment"] = _plain(environment)
     return result
 
 
-def render(analysis: Analysis) -> bytes:
-    return orjson.dumps(to_dict(analysis), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+def render(analysis: Analysis, *, environment: Any = None) -> bytes:
+    return orjson.dumps(to_dict(analysis, environment), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
