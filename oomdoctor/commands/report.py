@@ -33,9 +33,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
 
 
-def run(args: argparse.Namespace) -> int:
+def render_report(snapshot, output_format: str, *, source: str | None = None, redact: bool = False, device: int | None = None) -> bytes:
+    """The report of a loaded snapshot in one format ("text", "md", "json"), as `run` prints it."""
     from oomdoctor.analysis import analyse
     from oomdoctor.analysis.environment import environment_of
+
+    analysis = analyse(snapshot, device=device)
+    environment = environment_of(snapshot)
+    if redact:
+        from oomdoctor.redact import Redactor, redact_analysis, redact_environment
+
+        redactor = Redactor.from_snapshot(snapshot)
+        analysis = redact_analysis(analysis, redactor)
+        environment = redact_environment(environment, redactor)
+        source = redactor.source(source) if source else source
+    if output_format == "json":
+        from oomdoctor.views.json_report import render as render_json
+
+        return render_json(analysis, environment=environment)
+    if output_format == "md":
+        from oomdoctor.views.markdown_report import render as render_markdown
+
+        return render_markdown(analysis, source=source, environment=environment).encode()
+    from oomdoctor.views.text_report import render as render_text
+
+    return render_text(analysis, source=source).encode()
+
+
+def run(args: argparse.Namespace) -> int:
     from oomdoctor.load import load, parse_size
 
     max_bytes = None
@@ -48,27 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.device is not None and args.device not in snapshot.devices:
         known = ", ".join(str(d) for d in snapshot.devices) or "none"
         raise OomdoctorError(f"{args.file}: no device {args.device} in this snapshot (devices: {known})")
-    analysis = analyse(snapshot, device=args.device)
-    environment = environment_of(snapshot)
-    source = str(args.file)
-    if args.redact:
-        from oomdoctor.redact import Redactor, redact_analysis, redact_environment
-
-        redactor = Redactor.from_snapshot(snapshot)
-        analysis = redact_analysis(analysis, redactor)
-        environment = redact_environment(environment, redactor)
-        source = redactor.source(source)
-    if args.format == "json":
-        from oomdoctor.views.json_report import render as render_json
-
-        sys.stdout.buffer.write(render_json(analysis, environment=environment))
-        sys.stdout.flush()
-    elif args.format == "md":
-        from oomdoctor.views.markdown_report import render as render_markdown
-
-        sys.stdout.write(render_markdown(analysis, source=source, environment=environment))
-    else:
-        from oomdoctor.views.text_report import render as render_text
-
-        sys.stdout.write(render_text(analysis, source=source))
+    report = render_report(snapshot, args.format, source=str(args.file), redact=args.redact, device=args.device)
+    sys.stdout.buffer.write(report)
+    sys.stdout.flush()
     return 0
