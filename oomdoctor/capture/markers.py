@@ -57,6 +57,30 @@ def input_label(place: InputPlace) -> str:
     return label if key is None else f"{label}[{key}]"
 
 
+def _torch_wrapped_call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
+    # torch's nn.Module._wrapped_call_impl, token for token: the wrapper does this itself when
+    # nn.Module.__call__ is that function (the compiled code is compared, see _is_torch_call_impl)
+    if self._compiled_call_impl is not None:
+        return self._compiled_call_impl(*args, **kwargs)  # type: ignore[misc]
+    else:
+        return self._call_impl(*args, **kwargs)
+
+
+def _is_torch_call_impl(function: Any) -> bool:
+    """Whether `function` compiles to exactly _torch_wrapped_call_impl (same torch, same Python)."""
+    ours = _torch_wrapped_call_impl.__code__
+    theirs = getattr(function, "__code__", None)
+    if theirs is None or getattr(function, "__name__", None) != "_wrapped_call_impl":
+        return False
+    return all(
+        getattr(ours, name) == getattr(theirs, name, None)
+        for name in (
+            "co_code", "co_names", "co_consts", "co_varnames", "co_flags", "co_argcount",
+            "co_kwonlyargcount", "co_freevars", "co_cellvars",
+        )
+    )
+
+
 class PhaseRecorder:
     """Records (phase, edge, step, time_us) tuples; remembers root modules and optimizers weakly."""
 
@@ -72,11 +96,15 @@ class PhaseRecorder:
         self.stepping: list[int] = []  # ids of optimizers inside step(), outermost first
         self.root_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._steps_by_optimizer: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        # root module -> the tensors its latest outermost call was given, as (place, weak reference)
-        self.forward_inputs: weakref.WeakKeyDictionary[Any, list[tuple[InputPlace, Any]]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # root module -> [weak reference to it, the tensors its latest outermost call was given as
+        # (place, weak reference)]; the list in the entry is replaced whole by each call
+        self.forward_inputs: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        # The hot paths find a module or optimizer seen before by id() in a plain dict: an entry
+        # holds a weak reference whose callback removes the entry when the object dies, and the
+        # reference is checked to be the object. WeakSet and WeakKeyDictionary make a weak
+        # reference on every lookup; these are touched once per object.
+        self._roots_by_id: dict[int, list[Any]] = {}  # id -> [reference, inputs] (forward_inputs' entry)
+        self._optimizers_by_id: dict[int, list[Any]] = {}  # id -> [reference, completed steps]
         self._tensor_type: type | None = None
         # set by the capture session; each must not raise
         self.on_phase_start: Callable[[], None] | None = None
@@ -149,78 +177,133 @@ class PhaseRecorder:
 
     def _module_call_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
+        markers = self.markers
+        roots_by_id = self._roots_by_id
+        # Every module call goes through here; all but the outermost only pass through. When the
+        # wrapped function is torch's own _wrapped_call_impl, passing through does what it does
+        # in this frame, so a nested module call costs one flag test more than without oomdoctor
+        # instead of one more Python frame.
+        inline_torch_call = _is_torch_call_impl(original)
 
         @functools.wraps(original)
         def module_call(module: Any, *args: Any, **kwargs: Any) -> Any:
             if recorder.pass_module_calls:
-                return original(module, *args, **kwargs)
+                if not inline_torch_call:
+                    return original(module, *args, **kwargs)
+                if module._compiled_call_impl is not None:
+                    return module._compiled_call_impl(*args, **kwargs)
+                return module._call_impl(*args, **kwargs)
             recorder.in_forward = recorder.pass_module_calls = True
-            recorder._remember(recorder.root_modules, module)
-            recorder._remember_inputs(module, args, kwargs)
+            root = roots_by_id.get(id(module))
+            if root is None or root[0]() is not module:
+                root = recorder._new_root(module)
+            if root is not None:
+                root[1] = recorder._tensors_given(args, kwargs)
             if recorder.stepping:  # a step() that raised never ran its post hook
                 recorder.stepping.clear()
-            recorder._start(PHASE_FORWARD)
+            markers.append((PHASE_FORWARD, START, recorder.step, time_ns() // 1000))
+            if recorder.on_phase_start is not None:
+                recorder.on_phase_start()
             try:
                 return original(module, *args, **kwargs)
             except BaseException as error:
-                recorder._exception(error)
+                if recorder.on_exception is not None:
+                    recorder.on_exception(error)
                 raise
             finally:
                 recorder.in_forward = False
-                recorder._refresh()
-                recorder._end(PHASE_FORWARD)
+                recorder.pass_module_calls = recorder.in_backward or not recorder.active
+                markers.append((PHASE_FORWARD, END, recorder.step, time_ns() // 1000))
 
         return module_call
 
     def _backward_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
+        markers = self.markers
 
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
             if recorder.in_backward or not recorder.active:
                 return original(*args, **kwargs)
             recorder.in_backward = recorder.pass_module_calls = True
-            recorder._start(PHASE_BACKWARD)
+            markers.append((PHASE_BACKWARD, START, recorder.step, time_ns() // 1000))
+            if recorder.on_phase_start is not None:
+                recorder.on_phase_start()
             try:
                 return original(*args, **kwargs)
             except BaseException as error:
-                recorder._exception(error)
+                if recorder.on_exception is not None:
+                    recorder.on_exception(error)
                 raise
             finally:
                 recorder.in_backward = False
-                recorder._refresh()
-                recorder._end(PHASE_BACKWARD)
+                recorder.pass_module_calls = recorder.in_forward or not recorder.active
+                markers.append((PHASE_BACKWARD, END, recorder.step, time_ns() // 1000))
 
         return backward
 
     def _zero_grad_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
+        markers = self.markers
 
         @functools.wraps(original)
         def zero_grad(owner: Any, *args: Any, **kwargs: Any) -> Any:
             if recorder.in_zero_grad or recorder.in_forward or not recorder.active:
                 return original(owner, *args, **kwargs)
             recorder.in_zero_grad = True
-            recorder._start(PHASE_ZERO_GRAD)
+            markers.append((PHASE_ZERO_GRAD, START, recorder.step, time_ns() // 1000))
+            if recorder.on_phase_start is not None:
+                recorder.on_phase_start()
             try:
                 return original(owner, *args, **kwargs)
             finally:
                 recorder.in_zero_grad = False
-                recorder._end(PHASE_ZERO_GRAD)
+                markers.append((PHASE_ZERO_GRAD, END, recorder.step, time_ns() // 1000))
 
         return zero_grad
 
-    def _remember_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Weak references to the tensors this outermost call was given (see the module docstring)."""
+    # -- remembering (once per object, and the inputs of each outermost call) -------------------
+
+    def _new_root(self, module: Any) -> list[Any] | None:
+        """A module called at top level for the first time: register it, and its entry for inputs."""
         try:
-            found: list[tuple[InputPlace, Any]] = []
+            key = id(module)
+            roots_by_id = self._roots_by_id
+
+            def forget(reference: Any) -> None:
+                entry = roots_by_id.get(key)
+                if entry is not None and entry[0] is reference:
+                    del roots_by_id[key]
+
+            root: list[Any] = [weakref.ref(module, forget), []]
+        except TypeError:  # no weak references to it: not remembered
+            return None
+        roots_by_id[key] = root
+        try:
+            self.root_modules.add(module)
+            self.forward_inputs[module] = root
+        except TypeError:  # a class that defines __eq__ without __hash__: not in the registry
+            pass
+        return root
+
+    def _tensors_given(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[InputPlace, Any]]:
+        """Weak references to the tensors an outermost call was given (see the module docstring)."""
+        found: list[tuple[InputPlace, Any]] = []
+        tensor_type = self._tensor_type
+        if tensor_type is None:
+            return found
+        try:
             for position, value in enumerate(args):
-                self._collect_inputs(value, "arg", position, found)
+                if isinstance(value, tensor_type):
+                    if len(found) < MAX_INPUT_TENSORS:
+                        found.append((("arg", position, None), weakref.ref(value)))
+                else:
+                    self._collect_inputs(value, "arg", position, found)
             for name, value in kwargs.items():
                 self._collect_inputs(value, "kwarg", name, found)
-            self.forward_inputs[module] = found
-        except Exception:  # unhashable module, an odd container: inputs are not remembered
+        except Exception:  # an odd container: what was found so far
             pass
+        return found
 
     def _collect_inputs(self, value: Any, kind: str, where: int | str, found: list[tuple[InputPlace, Any]]) -> None:
         tensor_type = self._tensor_type
@@ -243,40 +326,58 @@ class PhaseRecorder:
 
     def input_records(self) -> list[tuple[Any, list[tuple[InputPlace, Any]]]]:
         """(root module, [(place, weak reference)]) for every root module's latest outermost call."""
-        return list(self.forward_inputs.items())
+        return [(module, root[1]) for module, root in list(self.forward_inputs.items())]
 
-    @staticmethod
-    def _remember(weak_set: Any, owner: Any) -> None:
+    def _optimizer_entry(self, optimizer: Any) -> list[Any] | None:
+        """[weak reference, completed steps] of an optimizer; the first time, it is registered."""
+        key = id(optimizer)
+        entry = self._optimizers_by_id.get(key)
+        if entry is not None and entry[0]() is optimizer:
+            return entry
+        optimizers_by_id = self._optimizers_by_id
+
+        def forget(reference: Any) -> None:
+            current = optimizers_by_id.get(key)
+            if current is not None and current[0] is reference:
+                del optimizers_by_id[key]
+
         try:
-            if owner not in weak_set:
-                weak_set.add(owner)
-        except TypeError:  # a class that defines __eq__ without __hash__: not remembered
+            entry = [weakref.ref(optimizer, forget), 0]
+        except TypeError:  # no weak references to it: counted with the others, not registered
+            return None
+        optimizers_by_id[key] = entry
+        try:
+            self.optimizers.add(optimizer)
+        except TypeError:  # a class that defines __eq__ without __hash__: not in the registry
             pass
+        return entry
 
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return None
         key = id(optimizer)
-        if key in self.stepping:  # the same optimizer cannot be inside its own step: stale state
-            self.stepping.clear()
-        self._remember(self.optimizers, optimizer)
-        if not self.stepping:
+        stepping = self.stepping
+        if key in stepping:  # the same optimizer cannot be inside its own step: stale state
+            stepping.clear()
+        self._optimizer_entry(optimizer)
+        if not stepping:
             self._start(PHASE_OPTIMIZER)
-        self.stepping.append(key)
+        stepping.append(key)
         return None
 
     def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return None
         key = id(optimizer)
-        if key in self.stepping:
-            self.stepping.remove(key)
-        try:
-            completed = self._steps_by_optimizer.get(optimizer, 0) + 1
-            self._steps_by_optimizer[optimizer] = completed
-        except TypeError:  # unhashable: count it with the others
+        stepping = self.stepping
+        if key in stepping:
+            stepping.remove(key)
+        entry = self._optimizer_entry(optimizer)
+        if entry is None:
             completed = self.step + 1
-        if not self.stepping:
+        else:
+            entry[1] = completed = entry[1] + 1
+        if not stepping:
             self._end(PHASE_OPTIMIZER)
             if completed > self.step:
                 self.step = completed
