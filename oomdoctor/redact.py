@@ -338,6 +338,9 @@ def redactor_for_data(data: Any) -> Redactor:
             for block in segment.get("blocks") or ():
                 if isinstance(block, dict):
                     stack(block.get("frames"))
+                    for entry in block.get("history") or ():  # torch 2.0's per-block history
+                        if isinstance(entry, dict):
+                            stack(entry.get("frames"))
     meta: Mapping[str, Any] = {}
     if isinstance(data, dict):
         for trace in data.get("device_traces") or ():
