@@ -260,3 +260,19 @@ def _unknowns(m: OomMessage, d: Derived) -> list[str]:
     if m.kind == kinds.MPS:
         unknowns.append("what the 'other allocations' are (Metal memory outside PyTorch's heaps)")
     return unknowns
+
+
+def highlight(messages: list[OomMessage]) -> tuple[int, str]:
+    """Which message to read first, and why: the first one, or the first with figures."""
+    if not messages:
+        raise ValueError("no messages")
+    if len(messages) == 1:
+        return 0, "the only OOM message"
+    if messages[0].requested_bytes is not None or messages[0].kind in _NO_FIGURES and not any(
+        m.requested_bytes is not None for m in messages
+    ):
+        return 0, "the first OOM in the log: later ones are often its aftermath (memory still held by the failed step, retries, wrappers re-raising it)"
+    for index, message in enumerate(messages):
+        if message.requested_bytes is not None:
+            return index, "the first OOM message with figures: the earlier ones carry none"
+    return 0, "the first OOM in the log: later ones are often its aftermath"
