@@ -279,7 +279,7 @@ _NEW_HINT = re.compile(
 )
 _SEE_DOCS = _pattern("See documentation for Memory Management")
 _DOCS_TAIL = re.compile(
-    _pattern("and PYTORCH_CUDA_ALLOC_CONF").pattern + "|" + _GAP + r"\((?P<url>https?://[^\s)]+)\)"
+    _pattern("and PYTORCH_CUDA_ALLOC_CONF").pattern + "|" + _GAP + r"\((?P<url>https?://[^)]{1,300})\)"
 )
 _XPU_HINT = _pattern("Please use `empty_cache` to release all unoccupied cached memory.")
 
@@ -386,7 +386,7 @@ def _parse_new(at: _Cursor, fields: dict) -> tuple[dict, int]:
     if at.take(_SEE_DOCS) is None or (tail := at.take(_DOCS_TAIL)) is None:
         fields["truncated"] = True
     elif tail.get("url"):
-        fields["hint"] += f" ({tail['url']})"
+        fields["hint"] += f" ({''.join(tail['url'].split())})"  # a terminal may have wrapped the link
     return fields, at.position
 
 
