@@ -72,10 +72,11 @@ def _is_torch_call_impl(function: Any) -> bool:
     theirs = getattr(function, "__code__", None)
     if theirs is None or getattr(function, "__name__", None) != "_wrapped_call_impl":
         return False
-    return all(
+    # co_flags without the bits of `from __future__` imports (this module has one, torch's not)
+    return (ours.co_flags & 0xFFFF) == (getattr(theirs, "co_flags", 0) & 0xFFFF) and all(
         getattr(ours, name) == getattr(theirs, name, None)
         for name in (
-            "co_code", "co_names", "co_consts", "co_varnames", "co_flags", "co_argcount",
+            "co_code", "co_names", "co_consts", "co_varnames", "co_argcount",
             "co_kwonlyargcount", "co_freevars", "co_cellvars",
         )
     )
