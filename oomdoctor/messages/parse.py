@@ -108,17 +108,45 @@ def _pattern(template: str) -> re.Pattern[str]:
 
 _SIZE = _PLACEHOLDERS["size"].format("n")
 _EXCEPTION_BEFORE = re.compile(r"([\w.]*(?:OutOfMemoryError|RuntimeError|Error)):\s*(?:\.\.\.)?$")
+# Every branch starts with a literal, so that the regex engine skips most of a long log quickly.
 _ANCHORS = re.compile(
-    r"(?P<native>\b(?P<backend>CUDA|HIP|XPU)\s+out\s+of\s+memory\.)"
+    r"(?P<native>(?P<backend>CUDA|HIP|XPU)\s+out\s+of\s+memory\.)"
     r"|(?P<fragment>Tried\s+to\s+allocate\s+" + _SIZE + r"\s*(?:\(GPU|\.\s*GPU))"
     r"|(?P<mps>MPS\s+backend\s+out\s+of\s+memory)"
-    r"|(?P<async>(?<=OutOfMemoryError: )Allocation\s+on\s+device\b|Allocation\s+on\s+device\s+\d+\s+would\s+exceed)"
+    r"|(?P<async>Allocation\s+on\s+device(?P<async_device>\s+\d+\s+would\s+exceed)?)"
     r"|(?P<thc>cuda\s+runtime\s+error\s+\(2\)\s*:\s*out\s+of\s+memory|THCudaCheck\s+FAIL\s+file=\S+\s+line=\d+\s+error=2\s*:\s*out\s+of\s+memory)"
-    r"|(?P<cuda_error>\b(?P<error_backend>CUDA|HIP)\s+(?:driver\s+)?error:\s*out\s+of\s+memory)"
-    r"|(?P<library>\b(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE|CUFFT|HIPBLAS|MIOPEN)_STATUS_ALLOC_FAILED)"
+    r"|(?P<cuda_error>(?P<error_backend>CUDA|HIP)\s+(?:driver\s+)?error:\s*out\s+of\s+memory)"
+    r"|(?P<library>(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE|CUFFT|HIPBLAS|MIOPEN)_STATUS_ALLOC_FAILED)"
     r"|(?P<cpu>DefaultCPUAllocator:\s*(?:not\s+enough\s+memory|can't\s+allocate\s+memory))"
     r"|(?P<finder>No\s+executable\s+batch\s+size\s+found,\s+reached\s+zero\.)"
 )
+
+
+# Patterns that begin with a literal are searched fast; _ANCHORS then runs only around their hits.
+_KEYWORDS = [re.compile(k) for k in (r"out\s+of\s+memory", r"Tried\s+to\s+allocate", r"Allocation\s+on\s+device",
+             r"_STATUS_ALLOC_FAILED", r"DefaultCPUAllocator", r"No\s+executable\s+batch")]  # fmt: skip
+
+
+def _anchor_starts(text: str) -> set[int]:
+    starts: set[int] = set()
+    scanned_to = -1
+    for hit in sorted(m.start() for keyword in _KEYWORDS for m in keyword.finditer(text)):
+        if hit < scanned_to:
+            continue
+        # from the start of the previous line: the anchor may begin there (wrapped, or a long THC path)
+        begin = text.rfind("\n", 0, max(0, text.rfind("\n", 0, hit))) + 1
+        scanned_to = hit + 200
+        starts.update(m.start() for m in _ANCHORS.finditer(text, begin, scanned_to) if _is_anchor(text, m))
+    return starts
+
+
+def _is_anchor(text: str, anchor: re.Match[str]) -> bool:
+    """A bare "Allocation on device" is cudaMallocAsync's only when it is an OutOfMemoryError's message."""
+    if anchor.group("async") is None or anchor.group("async_device"):
+        return True
+    return text[max(0, anchor.start() - 40) : anchor.start()].rstrip().endswith("OutOfMemoryError:")
+
+
 _FOREIGN = (
     ("JAX/XLA", re.compile(r"RESOURCE_EXHAUSTED|XlaRuntimeError|jaxlib|BufferAssignment OOM")),
     ("TensorFlow", re.compile(r"ResourceExhaustedError|OOM when allocating tensor|tensorflow")),
@@ -167,7 +195,8 @@ def find_messages(text: str) -> list[OomMessage]:
     """
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
-    anchor_lines = sorted({text.count("\n", 0, m.start()) for m in _ANCHORS.finditer(text)})
+    line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    anchor_lines = sorted({bisect.bisect_right(line_starts, start) - 1 for start in _anchor_starts(text)})
     found: list[OomMessage] = []
     for first, last in _windows(anchor_lines, len(lines)):
         found.extend(_parse_window(_clean(lines[first:last]), first))
@@ -201,6 +230,9 @@ def _parse_window(text: str, first_line: int) -> list[OomMessage]:
     found = []
     position = 0
     while (anchor := _ANCHORS.search(text, position)) is not None:
+        if not _is_anchor(text, anchor):
+            position = anchor.end()
+            continue
         fields, end = _PARSERS[_group(anchor)](text, anchor)
         line_start = line_starts[bisect.bisect_right(line_starts, anchor.start()) - 1]
         before = _EXCEPTION_BEFORE.search(text, line_start, anchor.start())
