@@ -212,7 +212,11 @@ _NO_FIGURES = {
 
 def explain(message: OomMessage) -> Explanation:
     derived = derive(message)
-    if message.kind in _NO_FIGURES:
+    if message.kind == kinds.CUDA_MALLOC_ASYNC and message.requested_bytes is None:
+        summary = ("The cudaMallocAsync allocator (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) refused an "
+                   "allocation; the message is cut short before its figures.")  # fmt: skip
+        verdict, confidence, findings, recs = "unknown", 0.1, [], []
+    elif message.kind in _NO_FIGURES:
         summary, recs = _NO_FIGURES[message.kind]
         verdict, confidence, findings = "unknown", 0.1, []
         recs = list(recs)
@@ -224,7 +228,9 @@ def explain(message: OomMessage) -> Explanation:
     if message.kind == kinds.MPS and (message.hint or verdict != "oversized-request"):
         recs.append("PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 lifts MPS's limit, as the message says, at the risk of "
                     "the whole system running out of memory")  # fmt: skip
-    if message.backend in ("mps", "xpu", "cpu"):
+    if message.backend == "cpu":
+        pass  # host memory: a GPU dump would not show it
+    elif message.backend in ("mps", "xpu"):
         recs.append("dumps are CUDA-only: `oomdoctor rehearse SCRIPT --device-memory SIZE` simulates a CUDA GPU on "
                     "the CPU and leaves one")  # fmt: skip
     else:
@@ -263,16 +269,12 @@ def _unknowns(m: OomMessage, d: Derived) -> list[str]:
 
 
 def highlight(messages: list[OomMessage]) -> tuple[int, str]:
-    """Which message to read first, and why: the first one, or the first with figures."""
-    if not messages:
-        raise ValueError("no messages")
+    """Which message to read first, and why: the first one, unless it has no figures and a later one has."""
     if len(messages) == 1:
         return 0, "the only OOM message"
-    if messages[0].requested_bytes is not None or messages[0].kind in _NO_FIGURES and not any(
-        m.requested_bytes is not None for m in messages
-    ):
-        return 0, "the first OOM in the log: later ones are often its aftermath (memory still held by the failed step, retries, wrappers re-raising it)"
-    for index, message in enumerate(messages):
-        if message.requested_bytes is not None:
-            return index, "the first OOM message with figures: the earlier ones carry none"
-    return 0, "the first OOM in the log: later ones are often its aftermath"
+    if messages[0].requested_bytes is None:
+        with_figures = next((i for i, m in enumerate(messages) if m.requested_bytes is not None), None)
+        if with_figures is not None:
+            return with_figures, "the first OOM message with figures: the earlier ones carry none"
+    return 0, ("the first OOM in the log: later ones are often its aftermath (memory still held by the failed "
+               "step, retries, wrappers re-raising it)")  # fmt: skip

@@ -199,11 +199,17 @@ def message_figures(message: OomMessage) -> tuple[Figure, ...]:
 
 def derived_figures(derived: Derived, message: OomMessage) -> tuple[Figure, ...]:
     d = derived
+    if message.kind == MPS:
+        rows = [
+            Figure("in_use_bytes", "in use", d.in_use_bytes, "MPS allocated + other allocations"),
+            Figure("available_bytes", "left under the limit", d.available_bytes, "max allowed - in use"),
+            Figure("shortfall_bytes", "missing", d.shortfall_bytes, "Tried to allocate - left under the limit"),
+        ]
+        return tuple(row for row in rows if row.bytes is not None)
     rows = [
         Figure("reserved_bytes", "reserved by PyTorch", d.reserved_bytes, "allocated + reserved but unallocated"),
         Figure("tensor_bytes", "in live tensors", d.tensor_bytes, "allocated - private pools' free blocks"),
-        Figure("in_use_bytes", "in use", d.in_use_bytes,
-               "MPS allocated + other allocations" if message.kind == MPS else "total capacity - free, every process"),
+        Figure("in_use_bytes", "in use", d.in_use_bytes, "total capacity - free, every process"),
         Figure("non_pytorch_bytes", "on the GPU outside PyTorch's allocator", d.non_pytorch_bytes,
                "in use - reserved: other processes, this process's CUDA context and other CUDA libraries"),
         Figure("own_outside_pytorch_bytes", "this process outside PyTorch's allocator", d.own_outside_pytorch_bytes,

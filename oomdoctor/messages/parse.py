@@ -429,6 +429,7 @@ _MPS = [
     _pattern("Tried to allocate {size:requested} on {word:pool} pool."),
 ]
 _MPS_HINT = _pattern("Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0")
+_MPS_HINT_TAIL = _pattern("to disable upper limit for memory allocations (may cause system failure).")
 
 
 def _parse_mps(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
@@ -448,6 +449,7 @@ def _parse_mps(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
                 fields[names[key]] = _bytes(value, mps=True)
     if at.take(_MPS_HINT) is not None:
         fields["hint"] = "PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0"
+        at.take(_MPS_HINT_TAIL)
     else:
         fields["truncated"] = True
     return fields, at.position
@@ -495,24 +497,30 @@ def _parse_thc(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
     return fields, end
 
 
-def _parse_simple(kind: str, wording: str):
-    def parse(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
-        backend = {"HIP": "rocm", "CUDA": "cuda"}.get(anchor.group("error_backend") or "", "cuda")
-        if kind == CPU_ALLOCATOR:
-            backend = "cpu"
-        elif kind == BATCH_SIZE_FINDER:
-            backend = "unknown"
-        fields: dict = {"kind": kind, "backend": backend, "wording": wording}
-        end = anchor.end()
-        if kind == LIBRARY_ALLOC:
-            fields["wording"] = anchor.group("library")
-        if kind == CPU_ALLOCATOR:
-            size = re.compile(r":\s*you\s+tried\s+to\s+allocate\s+(\d+)\s+bytes\.?").match(text, end)
-            if size:
-                fields["requested_bytes"], end = int(size.group(1)), size.end()
-        return fields, end
+def _parse_cuda_error(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
+    backend = "rocm" if anchor.group("error_backend") == "HIP" else "cuda"
+    return {"kind": CUDA_ERROR, "backend": backend, "wording": "CUDA error: out of memory"}, anchor.end()
 
-    return parse
+
+def _parse_library(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
+    backend = "rocm" if anchor.group("library").startswith(("HIP", "MIOPEN")) else "cuda"
+    return {"kind": LIBRARY_ALLOC, "backend": backend, "wording": anchor.group("library")}, anchor.end()
+
+
+_CPU_SIZE = re.compile(r":\s*you\s+tried\s+to\s+allocate\s+(\d+)\s+bytes\.?")
+
+
+def _parse_cpu(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
+    fields: dict = {"kind": CPU_ALLOCATOR, "backend": "cpu", "wording": "DefaultCPUAllocator"}
+    size = _CPU_SIZE.match(text, anchor.end())
+    if size is None:
+        return fields, anchor.end()
+    fields["requested_bytes"] = int(size.group(1))
+    return fields, size.end()
+
+
+def _parse_finder(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
+    return {"kind": BATCH_SIZE_FINDER, "backend": "unknown", "wording": "accelerate find_executable_batch_size"}, anchor.end()
 
 
 _PARSERS = {
@@ -521,8 +529,8 @@ _PARSERS = {
     "mps": _parse_mps,
     "async": _parse_async,
     "thc": _parse_thc,
-    "cuda_error": _parse_simple(CUDA_ERROR, "CUDA error: out of memory"),
-    "library": _parse_simple(LIBRARY_ALLOC, "library allocation failure"),
-    "cpu": _parse_simple(CPU_ALLOCATOR, "DefaultCPUAllocator"),
-    "finder": _parse_simple(BATCH_SIZE_FINDER, "accelerate find_executable_batch_size"),
+    "cuda_error": _parse_cuda_error,
+    "library": _parse_library,
+    "cpu": _parse_cpu,
+    "finder": _parse_finder,
 }

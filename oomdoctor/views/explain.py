@@ -19,11 +19,11 @@ _KIND_NAMES = {
     "caching-allocator": "caching allocator",
     "preemptive-rejection": "caching allocator, preemptive rejection (memory fraction)",
     "cuda-malloc-async": "cudaMallocAsync allocator",
-    "mps": "MPS allocator",
+    "mps": "allocator",
     "legacy-thc": "legacy THC allocator",
-    "cuda-error": "CUDA runtime error",
-    "library-alloc": "CUDA library allocation",
-    "cpu-allocator": "CPU allocator",
+    "cuda-error": "runtime error outside the caching allocator",
+    "library-alloc": "library allocation failure",
+    "cpu-allocator": "allocator (host RAM)",
     "batch-size-finder": "accelerate batch-size finder",
 }
 _BACKEND_NAMES = {"cuda": "CUDA", "rocm": "ROCm (HIP)", "xpu": "XPU", "mps": "MPS", "cpu": "CPU"}
@@ -54,8 +54,9 @@ def _figure_rows(figures: tuple[Figure, ...], indent: str) -> list[str]:
     return rows
 
 
-def _wrapped(text: str, indent: str) -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+def _wrapped(text: str, indent: str, continuation: str | None = None) -> list[str]:
+    hanging = " " * (len(indent) + 2) if continuation is None else continuation
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=hanging)
 
 
 def _section(title: str, items: tuple[str, ...], numbered: bool = False) -> list[str]:
@@ -80,12 +81,12 @@ def to_text(explanations: list[Explanation], highlighted: int, reason: str, sour
         repeats = f", repeated {m.occurrences} times" if m.occurrences > 1 else ""
         lines += ["", f"{mark} Message {index + 1} of {distinct}, line {m.line}{repeats}: {_header(e)}"]
         lines.append(f"  Verdict: {e.verdict}  (confidence {e.confidence:.0%})")
-        lines += _wrapped(e.summary, "  ")
+        lines += _wrapped(e.summary, "  ", "  ")
         if index != highlighted:
             continue
         if m.era_clues:
             lines += _wrapped(f"torch {m.era or 'version unclear'}, from: {'; '.join(m.era_clues)}", "  ")
-        lines += [""] + _wrapped(m.text, "  | ")
+        lines += [""] + _wrapped(m.text, "  | ", "  | ")
         if e.figures:
             lines += ["", "  What the message says"] + _figure_rows(e.figures, "    ")
         if e.derived:
