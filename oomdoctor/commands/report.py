@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.device is not None and args.device not in snapshot.devices:
         known = ", ".join(str(d) for d in snapshot.devices) or "none"
         raise OomdoctorError(f"{args.file}: no device {args.device} in this snapshot (devices: {known})")
-    report = render_report(snapshot, args.format, source=str(args.file), redact=args.redact, device=args.device)
+    report = render_report(snapshot, args.format, source=str(args.file), redact=getattr(args, "redact", False), device=args.device)
     sys.stdout.buffer.write(report)
     sys.stdout.flush()
     return 0

@@ -98,10 +98,11 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     wi = analysis.what_if
     add("### What if the batch (or sequence) were scaled")
     add("")
+    note = _escape(wi.note[:1].upper() + wi.note[1:]) + ("" if wi.note.endswith(".") else ".")
     if wi.largest_fitting_scale is not None:
-        add(f"Largest scale that fits: **{wi.largest_fitting_scale:.2f}x** ({_escape(wi.note)}).")
+        add(f"Largest scale that fits: **{wi.largest_fitting_scale:.2f}x**. {note}")
     else:
-        add(_escape(wi.note[:1].upper() + wi.note[1:]) + ("" if wi.note.endswith(".") else "."))
+        add(note)
     add("")
 
     if len(replay.ooms) > 1:
