@@ -313,13 +313,20 @@ def _fields(message) -> tuple:
 @pytest.mark.parametrize(
     "prefix",
     ["[rank3]: ", "[default0]:", "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] ",
-     "2024-09-15 22:48:26,085 - root - ERROR - ", "ERROR    | 2024-08-21 22:56:04 | trainer:wrapper:121 - ", "> "],
+     "2024-09-15 22:48:26,085 - root - ERROR - ", "ERROR    | 2024-08-21 22:56:04 | trainer:wrapper:121 - ", "> ",
+     "[2024-09-15 22:48:26,085] [ERROR] [engine.py:1234:step] ", "ERROR:root:"],
 )  # fmt: skip
 def test_wrapped_and_prefixed_messages_read_the_same(prefix: str) -> None:
     text = new_message(3 * GIB, 23 * GIB, 1 * GIB, 12 * GIB, 4 * GIB, processes=((None, 20 * GIB), (77, 1 * GIB)), private=30 * MIB)
     wrapped = "\n".join(prefix + line for line in textwrap.wrap(text, 57))
     assert _fields(_one(wrapped)) == _fields(_one(text))
     assert not _one(wrapped).truncated
+
+
+def test_a_line_starting_with_the_old_hints_double_angle_is_not_a_quote() -> None:
+    text = old_message(1 * GIB, 24 * GIB, 20 * GIB, 100 * MIB, 23 * GIB)
+    wrapped = text.replace("memory is >> allocated", "memory is\n>> allocated")
+    assert _one(wrapped).hint == "max_split_size_mb" and not _one(wrapped).truncated
 
 
 def test_progress_bars_ansi_colours_and_carriage_returns_do_not_break_a_message() -> None:

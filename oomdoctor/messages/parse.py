@@ -159,7 +159,9 @@ _LINE_PREFIX = re.compile(
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+[\d:.]+\s+\[[^\]]*\]\s+"  # vLLM
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*\|[^|]*\|\s*\S+\s+-\s+"  # loguru
     r"|\[?\d{4}-\d\d-\d\d[ T][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\]?(?:\s+-\s+\S+\s+-\s+[A-Z]+\s+-)?\s*"  # timestamps
-    r"|>\s?"  # a quoted paste
+    r"|\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]\s*(?:\[[^\]]*\]\s*)?"  # DeepSpeed: [ERROR] [engine.py:12:step]
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"  # logging's default format: ERROR:root:
+    r"|>(?!>)\s?"  # a quoted paste (not the message's own ">> allocated memory" wrapped to a line start)
     r"))+"
 )
 _PROGRESS_BAR = re.compile(r"\d+%\||\d+it/s\]|s/it\]|\?it/s\]")
