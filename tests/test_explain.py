@@ -362,6 +362,13 @@ def test_cuda_malloc_async_reads_its_labelled_lines() -> None:
     assert any("cudaMallocAsync" in r for r in explain(message).recommendations)
 
 
+def test_a_preemptive_rejection_names_the_memory_fraction() -> None:
+    message = _one("torch.OutOfMemoryError: CUDA out of memory. Allocation was preemptively rejected because it "
+                   "would exceed per_process_memory_fraction limit. Requested size: 2.00 GiB")  # fmt: skip
+    assert (message.kind, message.requested_bytes, message.era) == ("preemptive-rejection", 2 * GIB, "2.12 or later")
+    assert "memory fraction" in explain(message).summary
+
+
 # -- the command -----------------------------------------------------------------------------------
 
 
@@ -401,6 +408,13 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content: bytes, 
     assert main(["explain", str(path)]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and words in error and "Traceback" not in error
+
+
+def test_cli_reads_utf16_logs_from_windows(tmp_path, capsys) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(("step 1\r\n" + new_message(1 * GIB, 24 * GIB, 0, 20 * GIB, 3 * GIB) + "\r\n").encode("utf-16"))
+    assert main(["explain", str(path)]) == 0
+    assert "Verdict: fragmentation" in capsys.readouterr().out
 
 
 def test_cli_usage_errors_exit_2(tmp_path, capsys) -> None:

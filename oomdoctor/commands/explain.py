@@ -58,9 +58,11 @@ def _read(args: argparse.Namespace) -> tuple[str, str]:
         raise OomdoctorError(f"{source}: larger than 1 GiB; pass the part of the log around the error")
     if data[:1] == b"\x80" or data[:2] == b"\x1f\x8b":
         raise OomdoctorError(f"{source}: a binary file (a dump?), not a log; for dumps use `oomdoctor report {source}`")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # Windows PowerShell redirects write UTF-16
+        return data.decode("utf-16", errors="replace"), source
     if b"\x00" in data[:4096]:
         raise OomdoctorError(f"{source}: a binary file, not a text log")
-    return data.decode("utf-8", errors="replace"), source
+    return data.decode("utf-8-sig", errors="replace"), source
 
 
 def run(args: argparse.Namespace) -> int:

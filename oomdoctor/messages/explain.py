@@ -212,7 +212,13 @@ _NO_FIGURES = {
 
 def explain(message: OomMessage) -> Explanation:
     derived = derive(message)
-    if message.kind == kinds.CUDA_MALLOC_ASYNC and message.requested_bytes is None:
+    if message.kind == kinds.PREEMPTIVE_REJECTION:
+        summary = ("PyTorch refused the allocation before asking CUDA: it would have exceeded the per-process "
+                   "memory fraction (throw_on_cudamalloc_oom, torch 2.12+).")  # fmt: skip
+        verdict, confidence, findings = "unknown", 0.4, []
+        recs = ["raise the memory fraction (torch.cuda.set_per_process_memory_fraction) if nothing else needs "
+                "that memory, or lower this process's peak"]  # fmt: skip
+    elif message.kind == kinds.CUDA_MALLOC_ASYNC and message.requested_bytes is None:
         summary = ("The cudaMallocAsync allocator (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) refused an "
                    "allocation; the message is cut short before its figures.")  # fmt: skip
         verdict, confidence, findings, recs = "unknown", 0.1, [], []
