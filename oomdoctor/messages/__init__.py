@@ -10,6 +10,7 @@ Pure Python: no torch, no I/O.
 from __future__ import annotations
 
 from oomdoctor.messages.explain import Explanation, explain
-from oomdoctor.messages.parse import ForeignMessage, OomMessage, ProcessUsage, find_messages
+from oomdoctor.messages.model import OomMessage, ProcessUsage
+from oomdoctor.messages.parse import ForeignMessage, find_messages
 
 __all__ = ["Explanation", "ForeignMessage", "OomMessage", "ProcessUsage", "explain", "find_messages"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from oomdoctor.messages.parse import OomMessage
+    from oomdoctor.messages.model import OomMessage
 
 Version = tuple[int, int]
 _OPEN: tuple[Version | None, Version | None] = (None, None)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomdoctor.messages import parse as kinds
+from oomdoctor.messages import model as kinds
 from oomdoctor.messages.figures import Derived, Figure, derive, derived_figures, message_figures
-from oomdoctor.messages.parse import OomMessage
+from oomdoctor.messages.model import OomMessage
 from oomdoctor.units import MIB, human_size
 
 OVERSIZED_SHARE = 0.5

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomdoctor.messages.parse import CUDA_MALLOC_ASYNC, MPS, OomMessage, ProcessUsage
+from oomdoctor.messages.model import CUDA_MALLOC_ASYNC, MPS, OomMessage, ProcessUsage
 from oomdoctor.units import GIB, KIB, MIB, human_size
 
 SELF_IN_CONTAINER_SLACK_BYTES = 2 * GIB  # CUDA context + library workspaces seldom exceed this
