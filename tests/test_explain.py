@@ -362,6 +362,23 @@ def test_cuda_malloc_async_reads_its_labelled_lines() -> None:
     assert any("cudaMallocAsync" in r for r in explain(message).recommendations)
 
 
+_NEW_LINK = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
+_OLD_LINK = "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables"
+
+
+@pytest.mark.parametrize(
+    ("variable", "link", "era"),
+    [("PYTORCH_ALLOC_CONF=", _OLD_LINK, "2.10"), ("PYTORCH_CUDA_ALLOC_CONF=", _OLD_LINK, "2.4-2.9"),
+     ("PYTORCH_CUDA_ALLOC_CONF=", _NEW_LINK, "2.11 or later")],
+)  # fmt: skip
+def test_the_hint_narrows_the_torch_version(variable: str, link: str, era: str) -> None:
+    text = new_message(1 * GIB, 24 * GIB, 0, 20 * GIB, 3 * GIB).replace("PYTORCH_CUDA_ALLOC_CONF=", variable)
+    message = _one(text.replace(_NEW_LINK, link))
+    assert message.era == era
+    if era == "2.10":
+        assert any("PYTORCH_ALLOC_CONF=expandable_segments:True" in r for r in explain(message).recommendations)
+
+
 def test_a_preemptive_rejection_names_the_memory_fraction() -> None:
     message = _one("torch.OutOfMemoryError: CUDA out of memory. Allocation was preemptively rejected because it "
                    "would exceed per_process_memory_fraction limit. Requested size: 2.00 GiB")  # fmt: skip
