@@ -1,0 +1,310 @@
+"""Rank comparison: which rank of a distributed run ran out first, and how the ranks differ.
+
+    comparison = compare_ranks(dumps)     # dumps: one RankDump per file of the folder
+    comparison.headline                   # "rank 5 ran out first (step 3, backward), 1.2 GiB more ..."
+    comparison.rows, comparison.first_index, comparison.differences, comparison.verdicts_agree
+
+Each rank is compared at its target: the OOM for ranks that ran out, the peak otherwise. The first
+rank is the one whose OOM has the smallest `time_us` (oomdoctor's recorded OOM time, else the
+fatal `oom` event's). Ranks on different hosts are ordered by their clocks, which the comparison
+says; without any time the order is unknown and the headline says that too.
+
+A rank stands out when its allocated bytes, or the bytes of one component, differ from the median
+over all files by at least STANDOUT_FRACTION of the median rank's allocated bytes (and at least
+STANDOUT_MIN_BYTES): rank 0 holding extra memory, or one rank given a bigger batch. Pure functions,
+no I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from oomdoctor.analysis.environment import Environment
+from oomdoctor.analysis.results import Analysis
+from oomdoctor.metadata import COMPONENTS
+from oomdoctor.units import human_size as human
+
+STANDOUT_FRACTION = 0.10
+STANDOUT_MIN_BYTES = 1024 * 1024
+ALLOCATED = "allocated"  # RankDifference.what for the total rather than one component
+
+RANK_FROM_METADATA = "metadata"
+RANK_FROM_FILE_NAME = "file name"
+RANK_UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class RankDump:
+    """One file of a folder: who wrote it, when it ran out, and its analysis."""
+
+    file: str  # its name inside the folder
+    rank: int | None
+    rank_source: str  # RANK_FROM_METADATA | RANK_FROM_FILE_NAME | RANK_UNKNOWN
+    ran_out: bool  # the dump holds an OOM (its analysis judges the OOM, not a peak)
+    oom_time_us: int | None  # epoch microseconds of the OOM; None when not recorded or no OOM
+    analysis: Analysis
+    environment: Environment
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    file: str
+    rank: int | None
+    rank_source: str
+    host: str | None
+    world_size: int | None
+    ran_out: bool
+    oom_time_us: int | None
+    seconds_after_first: float | None  # after the first rank's OOM; None when either time is unknown
+    verdict: str
+    confidence: float
+    target_kind: str  # "oom" | "peak" | "dump": the moment the bytes below describe
+    step: int | None
+    phase: str
+    allocated_bytes: int
+    reserved_bytes: int
+    request_bytes: int | None
+    components: tuple[tuple[str, int], ...]  # (name, bytes) in COMPONENTS order
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else self.file
+
+
+@dataclass(frozen=True, slots=True)
+class RankDifference:
+    """One rank's allocated bytes (what == ALLOCATED) or one component, against the median."""
+
+    file: str
+    rank: int | None
+    what: str
+    bytes: int
+    median_bytes: int
+    difference_bytes: int  # bytes - median_bytes
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else self.file
+
+
+@dataclass(frozen=True, slots=True)
+class RankComparison:
+    rows: tuple[RankRow, ...]  # by rank (unknown ranks last, by file name)
+    first_index: int | None  # the row of the first rank to run out; None when none did
+    order_known: bool  # every rank that ran out has an OOM time
+    ran_out_count: int
+    world_size: int | None  # as the dumps record it (the largest, if they disagree)
+    missing_ranks: tuple[int, ...]  # ranks below world_size without a file
+    repeated_ranks: tuple[int, ...]  # ranks with more than one file
+    median_allocated_bytes: int
+    median_components: tuple[tuple[str, int], ...]
+    differences: tuple[RankDifference, ...]  # largest first
+    verdicts: tuple[tuple[str, int], ...]  # verdict -> files, among ranks that ran out (all when none did)
+    verdicts_agree: bool
+    headline: str
+    notes: tuple[str, ...]  # what the comparison cannot tell
+
+    @property
+    def first(self) -> RankRow | None:
+        return None if self.first_index is None else self.rows[self.first_index]
+
+
+def _oom_time(dump: RankDump) -> int | None:
+    if not dump.ran_out:
+        return None
+    if dump.oom_time_us is not None:
+        return dump.oom_time_us
+    fatal = [oom for oom in dump.analysis.replay.ooms if oom.fatal]
+    return fatal[0].time_us if fatal else None
+
+
+def _row(dump: RankDump) -> RankRow:
+    analysis = dump.analysis
+    return RankRow(
+        file=dump.file,
+        rank=dump.rank,
+        rank_source=dump.rank_source,
+        host=dump.environment.host,
+        world_size=dump.environment.world_size,
+        ran_out=dump.ran_out,
+        oom_time_us=_oom_time(dump),
+        seconds_after_first=None,
+        verdict=analysis.verdict,
+        confidence=analysis.confidence,
+        target_kind=analysis.replay.target_kind,
+        step=analysis.target_step,
+        phase=analysis.target_phase,
+        allocated_bytes=analysis.accounting.allocated_bytes,
+        reserved_bytes=analysis.accounting.reserved_bytes,
+        request_bytes=analysis.accounting.request_bytes,
+        components=tuple((name, analysis.component_bytes().get(name, 0)) for name in COMPONENTS),
+    )
+
+
+def _median(values: list[int]) -> int:
+    return round(statistics.median(values)) if values else 0
+
+
+def _sort_key(row: RankRow) -> tuple[int, int, str]:
+    return (row.rank is None, row.rank if row.rank is not None else 0, row.file)
+
+
+def where(row: RankRow) -> str:
+    """"step 3, backward" (or just the phase when the step is unknown)."""
+    phase = row.phase.replace("_", " ")
+    return f"step {row.step}, {phase}" if row.step is not None else phase
+
+
+def component_label(name: str) -> str:
+    return "memory" if name == ALLOCATED else name.replace("_", " ")
+
+
+def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankComparison:
+    """The comparison of a folder's dumps; at least one dump."""
+    if not dumps:
+        raise ValueError("compare_ranks needs at least one dump")
+    rows = sorted((_row(d) for d in dumps), key=_sort_key)
+    failed = [i for i, row in enumerate(rows) if row.ran_out]
+    timed = [i for i in failed if rows[i].oom_time_us is not None]
+    order_known = bool(failed) and len(timed) == len(failed)
+    first_index: int | None = None
+    if timed:
+        first_index = min(timed, key=lambda i: (rows[i].oom_time_us, _sort_key(rows[i])))
+    elif failed:
+        first_index = failed[0]
+    if first_index is not None and rows[first_index].oom_time_us is not None:
+        start = rows[first_index].oom_time_us
+        rows = [
+            _with_offset(row, (row.oom_time_us - start) / 1e6 if row.oom_time_us is not None else None)
+            for row in rows
+        ]
+
+    median_allocated = _median([row.allocated_bytes for row in rows])
+    median_components = tuple((name, _median([dict(row.components)[name] for row in rows])) for name in COMPONENTS)
+    differences = _differences(rows, median_allocated, dict(median_components))
+
+    judged = [rows[i] for i in failed] if failed else rows
+    verdict_counts = Counter(row.verdict for row in judged)
+    verdicts = tuple(sorted(verdict_counts.items(), key=lambda item: (-item[1], item[0])))
+
+    world_sizes = [row.world_size for row in rows if row.world_size is not None]
+    world_size = max(world_sizes) if world_sizes else None
+    ranks = Counter(row.rank for row in rows if row.rank is not None)
+    missing = tuple(r for r in range(world_size) if r not in ranks) if world_size is not None else ()
+    repeated = tuple(sorted(r for r, count in ranks.items() if count > 1))
+
+    notes = _notes(rows, failed, timed, world_sizes, missing, repeated)
+    comparison = RankComparison(
+        rows=tuple(rows),
+        first_index=first_index,
+        order_known=order_known,
+        ran_out_count=len(failed),
+        world_size=world_size,
+        missing_ranks=missing,
+        repeated_ranks=repeated,
+        median_allocated_bytes=median_allocated,
+        median_components=median_components,
+        differences=differences,
+        verdicts=verdicts,
+        verdicts_agree=len(verdict_counts) == 1,
+        headline="",
+        notes=notes,
+    )
+    return _with_headline(comparison)
+
+
+def _with_offset(row: RankRow, seconds: float | None) -> RankRow:
+    return replace(row, seconds_after_first=seconds)
+
+
+def _differences(rows: list[RankRow], median_allocated: int, median_components: dict[str, int]) -> tuple[RankDifference, ...]:
+    if len(rows) < 2:
+        return ()
+    threshold = max(STANDOUT_MIN_BYTES, round(STANDOUT_FRACTION * median_allocated))
+    found = []
+    for row in rows:
+        measured = [(ALLOCATED, row.allocated_bytes, median_allocated)]
+        measured += [(name, size, median_components[name]) for name, size in row.components]
+        for what, size, median in measured:
+            if abs(size - median) >= threshold:
+                found.append(RankDifference(row.file, row.rank, what, size, median, size - median))
+    found.sort(key=lambda d: (-abs(d.difference_bytes), d.what == ALLOCATED, d.rank if d.rank is not None else -1, d.file))
+    return tuple(found)
+
+
+def _notes(rows, failed, timed, world_sizes, missing, repeated) -> tuple[str, ...]:
+    notes = []
+    if failed and not timed:
+        notes.append("no OOM time is recorded, so which rank ran out first is unknown")
+    elif len(timed) < len(failed):
+        notes.append(f"{len(failed) - len(timed)} rank(s) that ran out have no OOM time and are not ordered")
+    hosts = {rows[i].host for i in timed if rows[i].host}
+    if len(hosts) > 1:
+        notes.append(f"the ranks ran on {len(hosts)} hosts; their order rests on those hosts' clocks agreeing")
+    if len(set(world_sizes)) > 1:
+        notes.append(f"the dumps record different world sizes ({', '.join(map(str, sorted(set(world_sizes))))})")
+    if missing:
+        shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        notes.append(f"{len(missing)} rank(s) left no dump here: {shown}")
+    if repeated:
+        notes.append(f"rank(s) {', '.join(map(str, repeated))} left more than one dump; each file is a row")
+    if any(row.rank is None for row in rows):
+        notes.append("some files say neither in their metadata nor in their name which rank wrote them")
+    if failed and len(failed) < len(rows):
+        notes.append("ranks that did not run out are compared at their peak, the others at the OOM")
+    return tuple(notes)
+
+
+def _with_headline(comparison: RankComparison) -> RankComparison:
+    return replace(comparison, headline=headline(comparison))
+
+
+def headline(comparison: RankComparison) -> str:
+    rows = comparison.rows
+    first = comparison.first
+    if first is None:
+        text = f"no rank ran out of memory in these {len(rows)} files (compared at their peaks)"
+        largest = comparison.differences[0] if comparison.differences else None
+        if largest is not None:
+            text += f"; {largest.label} {_difference_words(largest)}"
+        return text
+    if comparison.order_known or first.oom_time_us is not None:
+        text = f"{first.label} ran out first ({where(first)})"
+    else:
+        text = f"{first.label} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
+    own = [d for d in comparison.differences if d.file == first.file and d.difference_bytes > 0]
+    own_components = [d for d in own if d.what != ALLOCATED]
+    if own_components or own:
+        text += f", {_difference_words((own_components or own)[0])}"
+    others = [row for row in rows if row.ran_out and row is not first]
+    same = sum(row.verdict == first.verdict for row in others)
+    later = "later" if comparison.order_known else "too"
+    parts = []
+    if others:
+        if same == len(others):
+            parts.append(f"{_count(len(others), 'other rank')} ran out {later} with the same verdict")
+        else:
+            verdicts = Counter(row.verdict for row in others if row.verdict != first.verdict)
+            shown = ", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items(), key=lambda i: (-i[1], i[0])))
+            if same:
+                shown = f"{same} with the same verdict, {shown}"
+            else:
+                shown = f"{'a different verdict' if len(others) == 1 else 'other verdicts'}: {shown}"
+            parts.append(f"{_count(len(others), 'other rank')} ran out {later} ({shown})")
+    calm = len(rows) - 1 - len(others)
+    if calm:
+        parts.append(f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out")
+    if not parts and len(rows) == 1:
+        parts.append("it is the only file")
+    return text + ("; " + ", ".join(parts) if parts else "")
+
+
+def _difference_words(difference: RankDifference) -> str:
+    more = "more" if difference.difference_bytes > 0 else "less"
+    return f"{human(abs(difference.difference_bytes), decimals=1)} {more} {component_label(difference.what)} than the median rank"
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -1,0 +1,163 @@
+"""Folders of per-rank dumps: which files to read, and reading them in parallel worker processes.
+
+    listing = find_dump_files("oom-dumps")      # oomdoctor's dump names first, then snapshots by content
+    outcomes = map_files(listing.paths, work)   # work(path) in worker processes, in listing order
+
+oomdoctor names its dumps `{kind}-rank{R}-{host}-{pid}-{UTC time}.pickle` (kind: oom, manual,
+peak); those come first, in rank order. Any other file is kept when its first bytes look like a
+container the loader reads (pickle, gzip, JSON, memory_viz HTML) and skipped with a note otherwise,
+as are sub-folders and dumps still being written (capture's `.NAME.PID.tmp`). Hidden files are
+left out silently.
+
+`map_files` runs `work` (a picklable top-level function) on each path in a process pool of
+min(files, CPUs) workers, or in this process for one file. An exception from one file becomes that
+file's note; the others are still read. Nothing here knows what `work` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from oomdoctor.errors import LoadError, OomdoctorError
+
+DUMP_NAME = re.compile(r"^(?:oom|manual|peak)-rank(\d+)-.*\.pickle$")
+# "rank3", "rank_3", "rank-3", "RANK3" where no other letter runs into "rank" and no digit follows
+_RANK_IN_NAME = re.compile(r"(?<![A-Za-z])rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
+_TEMPORARY = re.compile(r"^\..+\.\d+\.tmp$")
+_SNIFF_BYTES = 64
+_WHITESPACE = b" \t\r\n\xef\xbb\xbf"
+
+
+def rank_from_name(name: str) -> int | None:
+    """The rank an (oomdoctor or other) file name states, or None."""
+    base = os.path.basename(name)
+    match = DUMP_NAME.match(base) or _RANK_IN_NAME.search(base)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedFile:
+    name: str  # relative to the folder
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FolderListing:
+    directory: str
+    paths: tuple[str, ...]  # files to read: oomdoctor's dumps by rank, then the rest by name
+    skipped: tuple[SkippedFile, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FileOutcome:
+    path: str
+    value: Any  # what `work` returned; None when it failed
+    error: str | None  # one line saying why the file could not be read
+
+
+def _content_note(path: str) -> str | None:
+    """None when the file's first bytes look like a snapshot container, else why it is skipped."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_SNIFF_BYTES)
+    except OSError as error:
+        return f"cannot read ({error.strerror or error})"
+    if not head:
+        return "empty file"
+    if head[:1] == b"\x80" or head[:2] == b"\x1f\x8b" or head.lstrip(_WHITESPACE)[:1] in (b"{", b"[", b"<"):
+        return None
+    if head[:1] in b"(}]":  # pickle protocol 0-1
+        return None
+    return "not a snapshot (not a pickle, gzip, JSON or memory_viz HTML file)"
+
+
+def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
+    """The snapshot files directly inside `directory`, and the entries skipped with why."""
+    shown = os.fsdecode(directory)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        raise LoadError(f"{shown}: no such folder") from None
+    except NotADirectoryError:
+        raise LoadError(f"{shown}: not a folder") from None
+    except PermissionError:
+        raise LoadError(f"{shown}: permission denied") from None
+    except OSError as error:
+        raise LoadError(f"{shown}: cannot list ({error.strerror or error})") from None
+    dumps: list[tuple[int, str]] = []
+    others: list[str] = []
+    skipped: list[SkippedFile] = []
+    for name in names:
+        path = os.path.join(shown, name)
+        if _TEMPORARY.match(name):
+            skipped.append(SkippedFile(name, "a dump still being written (temporary file)"))
+            continue
+        if name.startswith("."):
+            continue
+        if os.path.isdir(path):
+            skipped.append(SkippedFile(name, "a folder (only files directly inside are read)"))
+            continue
+        match = DUMP_NAME.match(name)
+        if match:
+            dumps.append((int(match.group(1)), path))
+            continue
+        note = _content_note(path)
+        if note is None:
+            others.append(path)
+        else:
+            skipped.append(SkippedFile(name, note))
+    paths = tuple(path for _, path in sorted(dumps)) + tuple(others)
+    return FolderListing(shown, paths, tuple(skipped))
+
+
+def _guarded(work: Callable[[str], Any], path: str) -> FileOutcome:
+    """Run `work` on one file; every error becomes the file's note (runs inside the worker)."""
+    try:
+        return FileOutcome(path, work(path), None)
+    except OomdoctorError as error:
+        return FileOutcome(path, None, _without_path(str(error), path))
+    except MemoryError:
+        return FileOutcome(path, None, "out of host memory while reading it")
+    except Exception as error:  # a file that trips a bug must not hide the other ranks
+        return FileOutcome(path, None, f"could not be analysed ({type(error).__name__}: {error})")
+
+
+def _without_path(message: str, path: str) -> str:
+    """Load errors begin with the path; a note is already shown beside the file's name."""
+    return message[len(path) + 2 :] if message.startswith(path + ": ") else message
+
+
+def worker_count(file_count: int) -> int:
+    return max(1, min(file_count, os.cpu_count() or 1))
+
+
+def map_files(
+    paths: Sequence[str],
+    work: Callable[[str], Any],
+    *,
+    max_workers: int | None = None,
+    parallel: bool = True,
+) -> tuple[FileOutcome, ...]:
+    """`work(path)` for every path, in parallel processes unless there is one file (or `parallel` is
+    False), returned in the order of `paths`."""
+    workers = worker_count(len(paths)) if max_workers is None else max(1, min(max_workers, len(paths)))
+    if not parallel or workers <= 1 or len(paths) <= 1:
+        return tuple(_guarded(work, path) for path in paths)
+    try:
+        executor = ProcessPoolExecutor(max_workers=workers)
+    except (OSError, NotImplementedError, ImportError):  # no process support here: read them one by one
+        return tuple(_guarded(work, path) for path in paths)
+    outcomes = []
+    with executor:
+        futures = [executor.submit(_guarded, work, path) for path in paths]
+        for path, future in zip(paths, futures):
+            try:
+                outcomes.append(future.result())
+            except BrokenProcessPool:
+                outcomes.append(FileOutcome(path, None, "the worker process reading it died (out of host memory?)"))
+    return tuple(outcomes)

@@ -1,0 +1,144 @@
+"""Read a folder of per-rank dumps: each file loaded and analysed in a worker process, then compared.
+
+    folder = read_folder("oom-dumps")          # RankFolder: dumps, skipped files, per-file notes
+    comparison = compare_ranks(folder.dumps)   # oomdoctor.analysis.ranks
+
+    rows = read_folder_info("oom-dumps")       # what `oomdoctor info DIR` shows: one build_info per file
+
+The rank of a file is the one its oomdoctor metadata records, else the one its name states
+(`oom-rank5-...`, `snapshot_rank5.pickle`), else unknown. A file that cannot be read becomes a
+note and the rest are still read; when none can be, `read_folder` raises a one-line LoadError.
+With `redact`, each worker redacts its own file's results with what it learned from that file
+(hosts differ between ranks) before sending them back.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from oomdoctor.analysis.ranks import (
+    RANK_FROM_FILE_NAME,
+    RANK_FROM_METADATA,
+    RANK_UNKNOWN,
+    RankDump,
+)
+from oomdoctor.errors import LoadError
+from oomdoctor.load.folder import FileOutcome, SkippedFile, find_dump_files, map_files, rank_from_name
+
+
+@dataclass(frozen=True, slots=True)
+class RankFolder:
+    directory: str
+    dumps: tuple[RankDump, ...]
+    skipped: tuple[SkippedFile, ...]  # not snapshots, sub-folders, temporary files, unreadable files
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(f"skipped {item.name}: {item.reason}" for item in self.skipped)
+
+
+def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False) -> RankDump:
+    """Load and analyse one rank's file (what each worker process runs)."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.environment import environment_of
+    from oomdoctor.load import load
+
+    snapshot = load(path, max_bytes=max_bytes)
+    analysis = analyse(snapshot)
+    environment = environment_of(snapshot)
+    metadata = snapshot.oomdoctor if isinstance(snapshot.oomdoctor, Mapping) else {}
+    name = os.path.basename(path)
+    if environment.rank is not None:
+        rank, rank_source = environment.rank, RANK_FROM_METADATA
+    else:
+        rank = rank_from_name(name)
+        rank_source = RANK_FROM_FILE_NAME if rank is not None else RANK_UNKNOWN
+    oom = metadata.get("oom")
+    recorded_time = oom.get("time_us") if isinstance(oom, Mapping) else None
+    ran_out = analysis.replay.target_kind == "oom"
+    if redact:
+        from oomdoctor.redact import Redactor, redact_analysis, redact_environment
+
+        redactor = Redactor.from_snapshot(snapshot)
+        analysis = redact_analysis(analysis, redactor)
+        environment = redact_environment(environment, redactor)
+        name = redactor.source(name)
+    return RankDump(
+        file=name,
+        rank=rank,
+        rank_source=rank_source,
+        ran_out=ran_out,
+        oom_time_us=recorded_time if ran_out and type(recorded_time) is int else None,
+        analysis=analysis,
+        environment=environment,
+    )
+
+
+def read_folder(
+    directory: str | os.PathLike[str],
+    *,
+    max_bytes: int | None = None,
+    redact: bool = False,
+    parallel: bool = True,
+    max_workers: int | None = None,
+) -> RankFolder:
+    """Every dump in `directory`, loaded and analysed in parallel worker processes."""
+    listing = find_dump_files(directory)
+    work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact)
+    outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel)
+    dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
+    skipped = listing.skipped + _failures(outcomes, redact)
+    if not dumps:
+        raise LoadError(_nothing_read(listing.directory, skipped))
+    return RankFolder(listing.directory, dumps, skipped)
+
+
+def info_row(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """`build_info` of one file, with the rank it was written by (what each worker runs for info)."""
+    from oomdoctor.load import load
+    from oomdoctor.views.info import build_info
+
+    name = os.path.basename(path)
+    info = build_info(load(path, max_bytes=max_bytes), name)
+    metadata = info.get("oomdoctor_metadata") or {}
+    rank = metadata.get("rank") if type(metadata.get("rank")) is int else None
+    info["rank"] = rank if rank is not None else rank_from_name(name)
+    return info
+
+
+def read_folder_info(
+    directory: str | os.PathLike[str], *, max_bytes: int | None = None, parallel: bool = True
+) -> tuple[str, tuple[dict[str, Any], ...], tuple[SkippedFile, ...]]:
+    """(folder, one `info_row` per readable file, skipped files) for `oomdoctor info DIR`."""
+    listing = find_dump_files(directory)
+    outcomes = map_files(listing.paths, functools.partial(info_row, max_bytes=max_bytes), parallel=parallel)
+    rows = tuple(outcome.value for outcome in outcomes if outcome.error is None)
+    skipped = listing.skipped + _failures(outcomes, False)
+    if not rows:
+        raise LoadError(_nothing_read(listing.directory, skipped))
+    return listing.directory, rows, skipped
+
+
+def _failures(outcomes: tuple[FileOutcome, ...], redact: bool) -> tuple[SkippedFile, ...]:
+    failed = []
+    for outcome in outcomes:
+        if outcome.error is None:
+            continue
+        name = os.path.basename(outcome.path)
+        if redact:
+            from oomdoctor.redact import Redactor
+
+            name = Redactor().dump_name(name)
+        failed.append(SkippedFile(name, outcome.error))
+    return tuple(failed)
+
+
+def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...]) -> str:
+    if not skipped:
+        return f"{directory}: no snapshot files in this folder"
+    first = skipped[0]
+    more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+    return f"{directory}: no readable snapshot in this folder; {first.name}: {first.reason}{more}"
