@@ -142,3 +142,21 @@ def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...]) -> str:
     first = skipped[0]
     more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
     return f"{directory}: no readable snapshot in this folder; {first.name}: {first.reason}{more}"
+
+
+def report_folder(directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None) -> bytes:
+    """`oomdoctor report DIR` in "text", "md" or "json"."""
+    from oomdoctor.analysis.ranks import compare_ranks
+    from oomdoctor.views.ranks import render
+
+    folder = read_folder(directory, max_bytes=max_bytes, redact=redact)
+    shown = os.path.basename(os.path.normpath(folder.directory)) if redact else folder.directory
+    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, folder.skipped)
+
+
+def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None) -> str:
+    """`oomdoctor info DIR` in "text" or "json"."""
+    from oomdoctor.views.ranks import info_json, info_text
+
+    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes)
+    return info_json(shown, rows, skipped) + "\n" if output_format == "json" else info_text(shown, rows, skipped)

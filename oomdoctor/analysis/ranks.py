@@ -50,6 +50,7 @@ class RankDump:
 
 @dataclass(frozen=True, slots=True)
 class RankRow:
+    index: int  # the position of its dump in compare_ranks' input
     file: str
     rank: int | None
     rank_source: str
@@ -77,6 +78,7 @@ class RankRow:
 class RankDifference:
     """One rank's allocated bytes (what == ALLOCATED) or one component, against the median."""
 
+    index: int  # the position of its dump in compare_ranks' input
     file: str
     rank: int | None
     what: str
@@ -120,9 +122,10 @@ def _oom_time(dump: RankDump) -> int | None:
     return fatal[0].time_us if fatal else None
 
 
-def _row(dump: RankDump) -> RankRow:
+def _row(index: int, dump: RankDump) -> RankRow:
     analysis = dump.analysis
     return RankRow(
+        index=index,
         file=dump.file,
         rank=dump.rank,
         rank_source=dump.rank_source,
@@ -147,8 +150,8 @@ def _median(values: list[int]) -> int:
     return round(statistics.median(values)) if values else 0
 
 
-def _sort_key(row: RankRow) -> tuple[int, int, str]:
-    return (row.rank is None, row.rank if row.rank is not None else 0, row.file)
+def _sort_key(row: RankRow) -> tuple[int, int, str, int]:
+    return (row.rank is None, row.rank if row.rank is not None else 0, row.file, row.index)
 
 
 def where(row: RankRow) -> str:
@@ -165,7 +168,7 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
     """The comparison of a folder's dumps; at least one dump."""
     if not dumps:
         raise ValueError("compare_ranks needs at least one dump")
-    rows = sorted((_row(d) for d in dumps), key=_sort_key)
+    rows = sorted((_row(i, d) for i, d in enumerate(dumps)), key=_sort_key)
     failed = [i for i, row in enumerate(rows) if row.ran_out]
     timed = [i for i in failed if rows[i].oom_time_us is not None]
     order_known = bool(failed) and len(timed) == len(failed)
@@ -229,8 +232,8 @@ def _differences(rows: list[RankRow], median_allocated: int, median_components: 
         measured += [(name, size, median_components[name]) for name, size in row.components]
         for what, size, median in measured:
             if abs(size - median) >= threshold:
-                found.append(RankDifference(row.file, row.rank, what, size, median, size - median))
-    found.sort(key=lambda d: (-abs(d.difference_bytes), d.what == ALLOCATED, d.rank if d.rank is not None else -1, d.file))
+                found.append(RankDifference(row.index, row.file, row.rank, what, size, median, size - median))
+    found.sort(key=lambda d: (-abs(d.difference_bytes), d.what == ALLOCATED, d.rank if d.rank is not None else -1, d.file, d.index))
     return tuple(found)
 
 
@@ -274,7 +277,7 @@ def headline(comparison: RankComparison) -> str:
         text = f"{first.label} ran out first ({where(first)})"
     else:
         text = f"{first.label} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
-    own = [d for d in comparison.differences if d.file == first.file and d.difference_bytes > 0]
+    own = [d for d in comparison.differences if d.index == first.index and d.difference_bytes > 0]
     own_components = [d for d in own if d.what != ALLOCATED]
     if own_components or own:
         text += f", {_difference_words((own_components or own)[0])}"

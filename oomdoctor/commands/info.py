@@ -17,12 +17,17 @@ Byte totals, over all devices and per device:
 Files larger than --max-bytes (default 4GiB, or OOMDOCTOR_MAX_BYTES; decompressed size for gzip)
 are refused. Sizes: 4GiB, 512MiB, 1.5GB (GB, MB: powers of 1000; GiB, G: powers of 1024), or bytes.
 
+Given a folder of per-rank dumps, one line per file (rank, container, torch, devices, reserved,
+allocated, events, OOMs), files read in parallel processes; files that are not snapshots are
+listed as skipped. --format json gives every file's full info.
+
 Exit status: 0 read, 2 not a readable snapshot (one line on stderr says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from oomdoctor.load import load, parse_size
@@ -36,7 +41,7 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="snapshot file")
+    parser.add_argument("file", metavar="FILE", help="snapshot file, or a folder of per-rank dumps")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     parser.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE", help="refuse larger files (default 4GiB)")
 
@@ -44,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from oomdoctor.views.info import build_info, to_json, to_text
 
+    if os.path.isdir(args.file):
+        from oomdoctor.rank_folder import info_folder
+
+        sys.stdout.write(info_folder(args.file, args.format, max_bytes=args.max_bytes))
+        return 0
     snapshot = load(args.file, max_bytes=args.max_bytes)
     info = build_info(snapshot, args.file)
     sys.stdout.write(to_json(info) + "\n" if args.format == "json" else to_text(info))

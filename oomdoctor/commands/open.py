@@ -46,7 +46,7 @@ def check_readable(path: str, max_bytes: int | None) -> None:
     except FileNotFoundError:
         raise LoadError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise LoadError(f"{path}: is a directory, not a snapshot file") from None
+        raise LoadError(f"{path}: is a directory; oomdoctor open reads one dump file (for a folder of rank dumps: oomdoctor report {path})") from None
     except PermissionError:
         raise LoadError(f"{path}: permission denied") from None
     except OSError as error:

@@ -15,18 +15,29 @@ that ran out of memory is judged, unless --device says otherwise.
 path prefixes (a path keeps its part after site-packages/ or under the project's root, otherwise its
 file name), paths in the command line, and the pid, so the report can be shared. `oomdoctor redact`
 does the same to the dump itself.
+
+A folder (every rank of a torchrun, DDP, FSDP or DeepSpeed job dumps its own file into one) is
+read in parallel processes: the report says which rank ran out first (by the OOM's time), gives
+one row per rank (verdict, step and phase, allocated and reserved bytes, request, largest
+component), says how the ranks differ (ranks whose memory or components stand out from the
+median, whether the verdicts agree), then the full report of the rank that ran out first. Files
+that are not snapshots are skipped with a note.
+
+    oomdoctor report oom-dumps/
+    oomdoctor report oom-dumps/ --format json
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from oomdoctor.errors import OomdoctorError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="the dump or snapshot to explain")
+    parser.add_argument("file", metavar="FILE", help="the dump or snapshot to explain, or a folder of per-rank dumps")
     parser.add_argument("--format", choices=("text", "md", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--redact", action="store_true", help="leave out host and user names, path prefixes and the pid")
     parser.add_argument("--device", type=int, default=None, help="judge this device instead of the failing one")
@@ -69,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
             max_bytes = parse_size(args.max_bytes)
         except (ValueError, TypeError) as error:
             raise OomdoctorError(f"--max-bytes: {error}") from None
+    if os.path.isdir(args.file):
+        from oomdoctor.rank_folder import report_folder
+
+        if args.device is not None:
+            raise OomdoctorError(f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device")
+        sys.stdout.buffer.write(report_folder(args.file, args.format, redact=getattr(args, "redact", False), max_bytes=max_bytes))
+        sys.stdout.flush()
+        return 0
     snapshot = load(args.file, max_bytes=max_bytes)
     if args.device is not None and args.device not in snapshot.devices:
         known = ", ".join(str(d) for d in snapshot.devices) or "none"

@@ -1,0 +1,265 @@
+"""A folder of per-rank dumps as text, Markdown or JSON: the headline, one row per rank, how the
+ranks differ, then the full report of the rank that ran out first (or of the largest, when none did).
+
+JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_count`,
+`world_size`, `ran_out_count`, `order_known`, `first` (the first rank's row, or null), `ranks`
+(rows: `file`, `rank`, `rank_source`, `host`, `ran_out`, `oom_time_us`, `seconds_after_first`,
+`verdict`, `confidence`, `target_kind`, `step`, `phase`, `allocated_bytes`, `reserved_bytes`,
+`request_bytes`, `components`), `median` (`allocated_bytes`, `components`), `differences`,
+`verdicts`, `verdicts_agree`, `missing_ranks`, `repeated_ranks`, `notes`, `skipped`
+(`file`, `reason`), and `report`: the featured rank's full report as `oomdoctor report FILE
+--format json` writes it, with its `file`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDump, RankRow, component_label, where
+from oomdoctor.load.folder import SkippedFile
+from oomdoctor.units import human_size as human
+
+RANKS_SCHEMA_VERSION = 1
+DIFFERENCE_LIMIT = 12
+
+
+def featured(comparison: RankComparison, dumps: tuple[RankDump, ...]) -> RankDump:
+    """The dump whose full report follows the table: the first to run out, else the largest."""
+    row = comparison.first or max(comparison.rows, key=lambda r: (r.allocated_bytes, -(r.rank or 0)))
+    return dumps[row.index]
+
+
+def _rank(row: RankRow) -> str:
+    return "?" if row.rank is None else str(row.rank)
+
+
+def _when(row: RankRow, comparison: RankComparison) -> str:
+    if not row.ran_out:
+        return "no OOM"
+    if comparison.first is row:
+        return "first"
+    if row.seconds_after_first is None:
+        return "time unknown"
+    return f"+{row.seconds_after_first:.3f} s"
+
+
+def _main_component(row: RankRow) -> str:
+    name, size = max(row.components, key=lambda item: item[1])
+    return f"{component_label(name)} {human(size, decimals=1)}" if size else "-"
+
+
+def _difference_lines(comparison: RankComparison) -> list[str]:
+    lines = []
+    for item in comparison.differences[:DIFFERENCE_LIMIT]:
+        more = "more" if item.difference_bytes > 0 else "less"
+        what = "allocated memory" if item.what == ALLOCATED else component_label(item.what)
+        lines.append(
+            f"{item.label}: {human(abs(item.difference_bytes), decimals=1)} {more} {what} than the median "
+            f"({human(item.bytes, decimals=1)} against {human(item.median_bytes, decimals=1)})"
+        )
+    if len(comparison.differences) > DIFFERENCE_LIMIT:
+        lines.append(f"... and {len(comparison.differences) - DIFFERENCE_LIMIT} smaller differences (see --format json)")
+    if not comparison.differences and len(comparison.rows) > 1:
+        lines.append("no rank's memory or components stand out from the median")
+    return lines
+
+
+def _verdict_line(comparison: RankComparison) -> str:
+    among = "ranks that ran out" if comparison.ran_out_count else "ranks"
+    if comparison.verdicts_agree:
+        verdict, count = comparison.verdicts[0]
+        return f"verdicts agree: {verdict} on all {count} {among}" if count > 1 else f"verdict: {verdict}"
+    shown = ", ".join(f"{verdict} on {count}" for verdict, count in comparison.verdicts)
+    return f"verdicts differ among the {among}: {shown}"
+
+
+def _row_cells(row: RankRow, comparison: RankComparison) -> list[str]:
+    return [
+        _rank(row),
+        _when(row, comparison),
+        row.verdict,
+        where(row),
+        human(row.allocated_bytes, decimals=1),
+        human(row.reserved_bytes, decimals=1),
+        human(row.request_bytes, decimals=1) if row.request_bytes is not None else "-",
+        _main_component(row),
+        row.file,
+    ]
+
+
+_HEADER = ["rank", "OOM", "verdict", "where", "allocated", "reserved", "request", "largest component", "file"]
+
+
+def _folder_line(directory: str, comparison: RankComparison, skipped: tuple[SkippedFile, ...]) -> str:
+    world = f" of world size {comparison.world_size}" if comparison.world_size is not None else ""
+    ran_out = f"{comparison.ran_out_count} ran out of memory"
+    extra = f", {len(skipped)} skipped" if skipped else ""
+    return f"{directory}: {len(comparison.rows)} dump files{world}, {ran_out}{extra}"
+
+
+def render_text(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> str:
+    from oomdoctor.views.text_report import render as render_report
+
+    lines = [comparison.headline, _folder_line(directory, comparison, skipped), ""]
+    cells = [_HEADER] + [_row_cells(row, comparison) for row in comparison.rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_HEADER))]
+    right = {4, 5, 6}
+    lines.append("Ranks")
+    for row in cells:
+        parts = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        lines.append("  " + "  ".join(parts).rstrip())
+    lines.append("")
+    lines.append("How the ranks differ")
+    lines.extend(f"  - {line}" for line in [_verdict_line(comparison)] + _difference_lines(comparison))
+    lines.append("")
+    notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
+    if notes:
+        lines.append("Notes")
+        lines.extend(f"  - {note}" for note in notes)
+        lines.append("")
+    dump = featured(comparison, dumps)
+    title = "ran out first" if comparison.first is not None else "the largest"
+    banner = f"{_label(dump)} ({title}): {dump.file}"
+    lines.append(banner)
+    lines.append("=" * len(banner))
+    return "\n".join(lines) + "\n" + render_report(dump.analysis, source=dump.file)
+
+
+def _label(dump: RankDump) -> str:
+    return f"Rank {dump.rank}" if dump.rank is not None else "File"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def render_markdown(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> str:
+    from oomdoctor.views.markdown_report import render as render_report
+
+    lines = [f"## oomdoctor: {len(comparison.rows)} ranks", ""]
+    lines += [f"> {_md_cell(comparison.headline)}", "", _md_cell(_folder_line(directory, comparison, skipped)) + ".", ""]
+    lines += ["### Ranks", "", "| " + " | ".join(_HEADER) + " |", "|" + "|".join("---:" if i in (4, 5, 6) else "---" for i in range(len(_HEADER))) + "|"]
+    for row in comparison.rows:
+        cells = _row_cells(row, comparison)
+        cells[2] = f"`{cells[2]}`"
+        cells[-1] = f"`{cells[-1].replace('|', '')}`"
+        lines.append("| " + " | ".join(_md_cell(c) if i not in (2, len(cells) - 1) else c for i, c in enumerate(cells)) + " |")
+    lines += ["", "### How the ranks differ", ""]
+    lines += [f"- {_md_cell(line)}" for line in [_verdict_line(comparison)] + _difference_lines(comparison)]
+    notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
+    if notes:
+        lines += ["", "### Notes", ""] + [f"- {_md_cell(note)}" for note in notes]
+    dump = featured(comparison, dumps)
+    lines += ["", f"### {_label(dump)}: the full report", ""]
+    report = render_report(dump.analysis, source=dump.file, environment=dump.environment)
+    return "\n".join(lines) + "\n\n" + report
+
+
+def _plain_row(row: RankRow) -> dict[str, Any]:
+    return {
+        "file": row.file,
+        "rank": row.rank,
+        "rank_source": row.rank_source,
+        "host": row.host,
+        "world_size": row.world_size,
+        "ran_out": row.ran_out,
+        "oom_time_us": row.oom_time_us,
+        "seconds_after_first": row.seconds_after_first,
+        "verdict": row.verdict,
+        "confidence": row.confidence,
+        "target_kind": row.target_kind,
+        "step": row.step,
+        "phase": row.phase,
+        "allocated_bytes": row.allocated_bytes,
+        "reserved_bytes": row.reserved_bytes,
+        "request_bytes": row.request_bytes,
+        "components": dict(row.components),
+    }
+
+
+def to_dict(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> dict[str, Any]:
+    from oomdoctor.views.json_report import to_dict as report_dict
+
+    dump = featured(comparison, dumps)
+    report = report_dict(dump.analysis, dump.environment)
+    report["file"] = dump.file
+    return {
+        "schema_version": RANKS_SCHEMA_VERSION,
+        "kind": "ranks",
+        "directory": directory,
+        "headline": comparison.headline,
+        "file_count": len(comparison.rows),
+        "world_size": comparison.world_size,
+        "ran_out_count": comparison.ran_out_count,
+        "order_known": comparison.order_known,
+        "first": _plain_row(comparison.first) if comparison.first is not None else None,
+        "ranks": [_plain_row(row) for row in comparison.rows],
+        "median": {"allocated_bytes": comparison.median_allocated_bytes, "components": dict(comparison.median_components)},
+        "differences": [
+            {
+                "file": d.file,
+                "rank": d.rank,
+                "what": d.what,
+                "bytes": d.bytes,
+                "median_bytes": d.median_bytes,
+                "difference_bytes": d.difference_bytes,
+            }
+            for d in comparison.differences
+        ],
+        "verdicts": dict(comparison.verdicts),
+        "verdicts_agree": comparison.verdicts_agree,
+        "missing_ranks": list(comparison.missing_ranks),
+        "repeated_ranks": list(comparison.repeated_ranks),
+        "notes": list(comparison.notes),
+        "skipped": [{"file": item.name, "reason": item.reason} for item in skipped],
+        "report": report,
+    }
+
+
+def render_json(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> bytes:
+    return orjson.dumps(to_dict(directory, comparison, dumps, skipped), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+
+
+def render(output_format: str, directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> bytes:
+    """The folder report in "text", "md" or "json", as `oomdoctor report DIR` prints it."""
+    if output_format == "json":
+        return render_json(directory, comparison, dumps, skipped)
+    if output_format == "md":
+        return render_markdown(directory, comparison, dumps, skipped).encode()
+    return render_text(directory, comparison, dumps, skipped).encode()
+
+
+def info_line(info: dict[str, Any]) -> str:
+    """One line of `oomdoctor info DIR` for a readable file."""
+    rank = info.get("rank")
+    ooms = info["oom_events"]
+    oom = f"{len(ooms)} OOM (request {human(ooms[-1]['request_bytes'], decimals=1)})" if ooms else "no OOM"
+    events = sum(info["trace_events"])
+    torch = info["torch_version"] or info["torch_version_hint"] or "unknown"
+    devices = ",".join(map(str, info["device_list"])) or "none"
+    return (
+        f"{info['file']}  rank {'?' if rank is None else rank}  {info['container']} {info['format']}  torch {torch}  "
+        f"devices {devices}  reserved {human(info['reserved_bytes'], decimals=1)}  "
+        f"allocated {human(info['allocated_bytes'], decimals=1)}  {events} events  {oom}"
+    )
+
+
+def info_text(directory: str, rows: tuple[dict[str, Any], ...], skipped: tuple[SkippedFile, ...]) -> str:
+    lines = [info_line(info) for info in rows]
+    lines += [f"{item.name}  skipped: {item.reason}" for item in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def info_json(directory: str, rows: tuple[dict[str, Any], ...], skipped: tuple[SkippedFile, ...]) -> str:
+    from oomdoctor.views.info import to_json
+
+    document = {
+        "schema_version": RANKS_SCHEMA_VERSION,
+        "kind": "folder-info",
+        "directory": directory,
+        "files": list(rows),
+        "skipped": [{"file": item.name, "reason": item.reason} for item in skipped],
+    }
+    return to_json(document)
