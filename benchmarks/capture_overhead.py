@@ -2,18 +2,22 @@
 
 History recording is torch's (and needs CUDA); this measures everything oomdoctor adds: the
 wrapped `nn.Module.__call__`, `autograd.backward` and `zero_grad`, the optimizer step hooks and the
-registry's weak sets. It trains a small model on CPU against a backend whose history calls do
-nothing, and prints two ratios of step time with / without install() (target: under 1.01):
+registry's weak references. It trains a small model on CPU against a backend whose history calls do
+nothing. Target: end to end under 1.01.
 
-* accounted: the step's own calls, counted (module calls, backward, zero_grad, optimizer steps),
-  times what oomdoctor adds to each: per module call measured through a chain of real modules,
-  per marker through oomdoctor's wrappers around no-op functions in a tight loop. Stable, because
-  it times only the added work, many times over.
-* end to end: real steps in rounds alternating without / with install(), each step timed in
-  this thread's CPU time; median step time of each. The direct measurement, but on a loaded
-  machine its noise (a few percent) exceeds the effect.
+* end to end (the headline): rounds of three blocks of real steps, two without install() and one
+  with, in an order that rotates from round to round; each block settles for a few steps after
+  install() / uninstall() and then times its steps one by one in this thread's CPU time (time other
+  processes take from it does not count). Each round gives with / without (the with block against
+  one without block) and, the same way, without / without (the other without block against that
+  one): the A/A control, the noise of the measurement itself on this machine now. Printed: the
+  median of each over the rounds.
+* accounted (detail): the step's own calls, counted (module calls, backward, zero_grad, optimizer
+  steps), times what oomdoctor adds to each: per module call measured through a chain of real
+  modules, per marker through oomdoctor's wrappers around no-op functions in a tight loop. It
+  counts only oomdoctor's own work, hot in the caches.
 
-    python benchmarks/capture_overhead.py [--model mlp|transformer] [--rounds 20] [--steps 20]
+    python benchmarks/capture_overhead.py [--model mlp|transformer] [--rounds 40] [--steps 10]
 """
 
 from __future__ import annotations
@@ -164,11 +168,40 @@ def added_seconds_per_step(
     return markers + module_calls * per_module_call, per_module_call
 
 
+def end_to_end(step: Any, rounds: int, steps: int, settle: int) -> tuple[list[float], list[float], list[float]]:
+    """Per round: (with / without, without / without) from median step times of three blocks."""
+    # the with block's place among the three rotates, and so does which without block is the base
+    orders = [("with", "a", "b"), ("a", "with", "b"), ("a", "b", "with")]
+    ratios, controls, without_medians = [], [], []
+    for round_index in range(rounds):
+        medians: dict[str, float] = {}
+        for block in orders[round_index % 3]:
+            installed = block == "with"
+            if installed:
+                oomdoctor.install()
+            for _ in range(settle):
+                step()
+            times = []
+            for _ in range(steps):
+                start = time.thread_time_ns()
+                step()
+                times.append(time.thread_time_ns() - start)
+            if installed:
+                oomdoctor.uninstall()
+            medians[block] = statistics.median(times) / 1e9
+        base, other = ("a", "b") if (round_index // 3) % 2 == 0 else ("b", "a")
+        ratios.append(medians["with"] / medians[base])
+        controls.append(medians[other] / medians[base])
+        without_medians += [medians["a"], medians["b"]]
+    return ratios, controls, without_medians
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds per variant, alternating")
-    parser.add_argument("--steps", type=int, default=20, help="timed training steps per round")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds of three blocks (two without, one with)")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per block")
+    parser.add_argument("--settle", type=int, default=5, help="untimed steps at the start of each block")
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # steadier timings on a shared machine
@@ -183,41 +216,23 @@ def main() -> None:
         optimizer.step()
 
     backend_module.set_backend(NullHistoryBackend())
-    for _ in range(10):
+    for _ in range(20):
         step()
-    # rounds alternate without / with install(); each times its steps one by one in CPU time of
-    # this thread (time other processes take from it does not count), after a few settling steps
-    step_times: dict[bool, list[float]] = {False: [], True: []}
-    for round_index in range(2 * args.rounds):
-        installed = round_index % 2 == 1
-        if installed:
-            oomdoctor.install()
-        for _ in range(3):
-            step()
-        for _ in range(args.steps):
-            start = time.thread_time_ns()
-            step()
-            step_times[installed].append((time.thread_time_ns() - start) / 1e9)
-        if installed:
-            oomdoctor.uninstall()
-    without, with_capture = step_times[False], step_times[True]
-    # the same split between two halves of the rounds without: the noise floor of this machine now
-    halves = [
-        [t for index, t in enumerate(without) if (index // args.steps) % 2 == parity] for parity in (0, 1)
-    ]
+    ratios, controls, without_medians = end_to_end(step, args.rounds, args.steps, args.settle)
+    measured = statistics.median(ratios)
+    control = statistics.median(controls)
 
     module_calls = calls_per_step(step)
-    base = min(without)  # the fastest step: the least favourable base for the accounted ratio
+    base = statistics.median(without_medians)
     added, per_module_call = added_seconds_per_step(module_calls, inputs, targets)
-    measured = statistics.median(with_capture) / statistics.median(without)
-    print(f"model: {args.model}, {module_calls} module calls per step; {args.rounds} rounds x {args.steps} steps each way")
-    print(f"step time without oomdoctor (fastest):    {base * 1e6:9.1f} us")
-    print(f"oomdoctor's added work per step:          {added * 1e6:9.2f} us"
-          f"  ({per_module_call * 1e9:.0f} ns per module call)")
-    print(f"ratio (accounted): {(base + added) / base:.4f}  (target < 1.01)")
-    print(f"ratio (end to end, median step time with / without): {measured:.4f}"
-          f"  (same measure between two halves of the runs without: "
-          f"{statistics.median(halves[1]) / statistics.median(halves[0]):.4f})")
+    print(f"model: {args.model}, {module_calls} module calls per step, step time without oomdoctor {base * 1e6:.1f} us;"
+          f" {args.rounds} rounds of 3 blocks x {args.steps} steps")
+    print(f"ratio (end to end, median step time with / without): {measured:.4f}  (target < 1.01)")
+    print(f"  A/A control (without / without, measured the same way): {control:.4f}"
+          f"  (the noise now; within 0.995..1.005 the end-to-end figure is to be trusted)")
+    print(f"  end to end, added per step: {(measured - 1) * base * 1e6:.1f} us")
+    print(f"accounted (detail): oomdoctor's own work per step {added * 1e6:.2f} us"
+          f" ({per_module_call * 1e9:.0f} ns per module call), ratio {(base + added) / base:.4f}")
 
 
 if __name__ == "__main__":

@@ -10,15 +10,21 @@ Phases are bracketed by wrapping the few entry points every training loop goes t
 
 `nn.Module.__call__` is wrapped rather than hooked with `register_module_forward_pre_hook` because
 any global module hook sends every module call in the process down torch's slow path: about 3% of
-the step time of a small model on CPU, against the 1% this package may cost. The wrapper adds one
-Python call per module call and keeps torch's fast path.
+the step time of a small model on CPU, against the 1% this package may cost. When the function it
+wraps is torch's own `_wrapped_call_impl` (its compiled code is compared at install), the wrapper
+does what that function does in its own frame, so a nested module call costs one flag test more
+(about 40 ns) and no extra Python frame: stacks show `module_call` where `_wrapped_call_impl` was.
+Anything else (someone else's wrapper) is called as it is, one frame deeper.
 
 The step index is the largest number of `step()` calls any single optimizer has completed, so a GAN
 with two optimizers that each step once per iteration counts iterations, and an optimizer wrapping
 another (Lookahead, ZeroRedundancyOptimizer) is not counted twice.
 
 Every wrapper does O(1) work per call: a flag test, and at the outermost call a tuple appended to a
-bounded deque. Markers become dicts only when a dump is written.
+bounded deque. Markers become dicts only when a dump is written. Modules and optimizers seen before
+are found by id() in a plain dict whose entries hold a weak reference (checked to be the object,
+and removing the entry when it dies), so the weak registry sets are touched once per object, not
+once per call.
 
 The outermost call also remembers what the model was given: weak references to the tensors among
 its arguments and keyword arguments, one level deep (a tensor argument, or the tensors directly
