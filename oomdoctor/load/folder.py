@@ -10,7 +10,7 @@ as are sub-folders and dumps still being written (capture's `.NAME.PID.tmp`). Hi
 left out silently.
 
 `map_files` runs `work` (a picklable top-level function) on each path in a process pool of
-min(files, CPUs) workers, or in this process for one file. An exception from one file becomes that
+min(files, usable CPUs) workers, or in this process for one file. An exception from one file becomes that
 file's note; the others are still read. Nothing here knows what `work` returns.
 """
 
@@ -132,8 +132,16 @@ def _without_path(message: str, path: str) -> str:
     return message[len(path) + 2 :] if message.startswith(path + ": ") else message
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's or taskset's limit), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def worker_count(file_count: int) -> int:
-    return max(1, min(file_count, os.cpu_count() or 1))
+    return max(1, min(file_count, usable_cpus()))
 
 
 def map_files(
