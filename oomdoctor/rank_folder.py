@@ -90,10 +90,10 @@ def read_folder(
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact)
     outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel)
     dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    skipped = listing.skipped + _failures(outcomes, redact)
+    failures = _failures(outcomes, redact)
     if not dumps:
-        raise LoadError(_nothing_read(listing.directory, skipped))
-    return RankFolder(listing.directory, dumps, skipped)
+        raise LoadError(_nothing_read(listing.directory, failures + listing.skipped))
+    return RankFolder(listing.directory, dumps, listing.skipped + failures)
 
 
 def info_row(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
@@ -116,10 +116,10 @@ def read_folder_info(
     listing = find_dump_files(directory)
     outcomes = map_files(listing.paths, functools.partial(info_row, max_bytes=max_bytes), parallel=parallel)
     rows = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    skipped = listing.skipped + _failures(outcomes, False)
+    failures = _failures(outcomes, False)
     if not rows:
-        raise LoadError(_nothing_read(listing.directory, skipped))
-    return listing.directory, rows, skipped
+        raise LoadError(_nothing_read(listing.directory, failures + listing.skipped))
+    return listing.directory, rows, listing.skipped + failures
 
 
 def _failures(outcomes: tuple[FileOutcome, ...], redact: bool) -> tuple[SkippedFile, ...]:

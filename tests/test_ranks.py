@@ -345,3 +345,21 @@ def test_folder_modules_stay_light(module):
     from tests.test_layering import _heavy_modules_after_import
 
     assert _heavy_modules_after_import(module) == []
+
+
+def test_max_bytes_reaches_every_file(uneven, capsys):
+    assert main(["report", str(uneven), "--max-bytes", "1KiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "larger than" in err
+
+
+def test_a_folder_of_real_snapshots(corpus_dir):
+    """The corpus is no rank folder, but every file in it must be read or skipped with a reason."""
+    folder = read_folder(corpus_dir / "snapshots")
+    assert len(folder.dumps) + len(folder.skipped) == len(list((corpus_dir / "snapshots").iterdir()))
+    comparison = compare_ranks(folder.dumps)
+    assert comparison.ran_out_count == 2 and comparison.first is not None
+    assert comparison.first.oom_time_us == min(r.oom_time_us for r in comparison.rows if r.ran_out)
+    other = read_folder(corpus_dir / "other_formats")
+    assert [d.file for d in other.dumps] == ["memory_viz_html_export__silmont2000__bf16.html"]
+    assert [s.name for s in other.skipped] == ["profiler_memory_timeline_raw__tonghuikang__modal_gpu_adam.raw.json.gz"]
