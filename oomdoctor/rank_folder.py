@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -129,11 +130,16 @@ def _failures(outcomes: tuple[FileOutcome, ...], redact: bool) -> tuple[SkippedF
             continue
         name = os.path.basename(outcome.path)
         if redact:
-            from oomdoctor.redact import Redactor
-
-            name = Redactor().dump_name(name)
+            name = _redacted_name(name)
         failed.append(SkippedFile(name, outcome.error))
     return tuple(failed)
+
+
+def _redacted_name(name: str) -> str:
+    """A file name without the host and pids in oomdoctor's dump names and capture's temporary files."""
+    from oomdoctor.redact import PID, Redactor
+
+    return re.sub(r"\.\d+\.tmp$", f".{PID}.tmp", Redactor().dump_name(name))
 
 
 def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...]) -> str:
@@ -150,8 +156,13 @@ def report_folder(directory: str, output_format: str, *, redact: bool = False, m
     from oomdoctor.views.ranks import render
 
     folder = read_folder(directory, max_bytes=max_bytes, redact=redact)
-    shown = os.path.basename(os.path.normpath(folder.directory)) if redact else folder.directory
-    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, folder.skipped)
+    shown, skipped = folder.directory, folder.skipped
+    if redact:
+        from oomdoctor.redact import Redactor
+
+        shown = os.path.basename(os.path.normpath(shown))
+        skipped = tuple(SkippedFile(_redacted_name(item.name), item.reason) for item in skipped)
+    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, skipped)
 
 
 def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None) -> str:

@@ -23,6 +23,7 @@ from oomdoctor.load import load_raw
 from oomdoctor.load.folder import find_dump_files, map_files, rank_from_name
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.rank_folder import read_folder
+from oomdoctor.units import human_size
 from oomdoctor.views import ranks as ranks_view
 from tests.conftest import FIXTURES
 
@@ -363,3 +364,32 @@ def test_a_folder_of_real_snapshots(corpus_dir):
     other = read_folder(corpus_dir / "other_formats")
     assert [d.file for d in other.dumps] == ["memory_viz_html_export__silmont2000__bf16.html"]
     assert [s.name for s in other.skipped] == ["profiler_memory_timeline_raw__tonghuikang__modal_gpu_adam.raw.json.gz"]
+
+
+def test_a_rank_holding_extra_memory_is_named_even_when_it_was_not_first(tmp_path, capsys):
+    write_rank(tmp_path, 0, BIG, 2.0)
+    for rank in (1, 2, 3):
+        write_rank(tmp_path, rank, SMALL, 0.5 * rank)
+    comparison = compare_ranks(read_folder(tmp_path).dumps)
+    assert comparison.first.rank == 1
+    top = comparison.differences[0]
+    assert top.rank == 0 and top.difference_bytes > 0
+    assert comparison.headline.startswith("rank 1 ran out first (step 0, forward); 3 other ranks ran out later (2 with the same verdict, 1 activation-spike)")
+    activations = {row.rank: dict(row.components)["activations"] for row in comparison.rows}
+    assert activations[1] == activations[2] == activations[3]  # the median rank is any of them
+    excess = human_size(activations[0] - activations[1], decimals=1)
+    assert comparison.headline.endswith(f"; rank 0 holds {excess} more activations than the median rank")
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "they ran out at different moments: step 0, forward on 3; step 2, forward on 1" in out
+
+
+def test_redacted_folder_report_redacts_skipped_names_too(tmp_path, capsys):
+    write_rank(tmp_path, 0, SMALL, host="secret-node")
+    (tmp_path / ".oom-rank1-secret-node-4001-20260101T000000Z.pickle.4001.tmp").write_bytes(b"\x80\x04")
+    assert main(["report", str(tmp_path), "--format", "json", "--redact"]) == 0
+    out = capsys.readouterr().out
+    assert "secret-node" not in out and "4001" not in out
+    data = orjson.loads(out)
+    assert data["directory"] == tmp_path.name
+    assert data["skipped"][0]["file"] == ".oom-rank1-<host>-<pid>-20260101T000000Z.pickle.<pid>.tmp"

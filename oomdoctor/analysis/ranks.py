@@ -237,7 +237,14 @@ def _differences(rows: list[RankRow], median_allocated: int, median_components: 
     return tuple(found)
 
 
-def _notes(rows, failed, timed, world_sizes, missing, repeated) -> tuple[str, ...]:
+def _notes(
+    rows: list[RankRow],
+    failed: list[int],
+    timed: list[int],
+    world_sizes: list[int],
+    missing: tuple[int, ...],
+    repeated: tuple[int, ...],
+) -> tuple[str, ...]:
     notes = []
     if failed and not timed:
         notes.append("no OOM time is recorded, so which rank ran out first is unknown")
@@ -277,10 +284,9 @@ def headline(comparison: RankComparison) -> str:
         text = f"{first.label} ran out first ({where(first)})"
     else:
         text = f"{first.label} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
-    own = [d for d in comparison.differences if d.index == first.index and d.difference_bytes > 0]
-    own_components = [d for d in own if d.what != ALLOCATED]
-    if own_components or own:
-        text += f", {_difference_words((own_components or own)[0])}"
+    own = _standout(comparison, first.index)
+    if own is not None:
+        text += f", {_difference_words(own)}"
     others = [row for row in rows if row.ran_out and row is not first]
     same = sum(row.verdict == first.verdict for row in others)
     later = "later" if comparison.order_known else "too"
@@ -301,7 +307,18 @@ def headline(comparison: RankComparison) -> str:
         parts.append(f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out")
     if not parts and len(rows) == 1:
         parts.append("it is the only file")
-    return text + ("; " + ", ".join(parts) if parts else "")
+    text += "; " + ", ".join(parts) if parts else ""
+    largest = comparison.differences[0] if comparison.differences else None
+    if largest is not None and largest.index != first.index and largest.difference_bytes > 0:
+        text += f"; {largest.label} holds {_difference_words(_standout(comparison, largest.index) or largest)}"
+    return text
+
+
+def _standout(comparison: RankComparison, index: int) -> RankDifference | None:
+    """The largest excess of one file over the median: a component when one stands out, else its total."""
+    excess = [d for d in comparison.differences if d.index == index and d.difference_bytes > 0]
+    components = [d for d in excess if d.what != ALLOCATED]
+    return (components or excess or [None])[0]
 
 
 def _difference_words(difference: RankDifference) -> str:

@@ -66,6 +66,18 @@ def _difference_lines(comparison: RankComparison) -> list[str]:
     return lines
 
 
+def _moment_line(comparison: RankComparison) -> str | None:
+    """Where the ranks that ran out did so, when that was not one step and phase for all."""
+    moments: dict[str, int] = {}
+    for row in comparison.rows:
+        if row.ran_out:
+            moments[where(row)] = moments.get(where(row), 0) + 1
+    if len(moments) < 2:
+        return None
+    shown = "; ".join(f"{moment} on {count}" for moment, count in sorted(moments.items(), key=lambda item: -item[1]))
+    return f"they ran out at different moments: {shown}"
+
+
 def _verdict_line(comparison: RankComparison) -> str:
     among = "ranks that ran out" if comparison.ran_out_count else "ranks"
     if comparison.verdicts_agree:
@@ -73,6 +85,11 @@ def _verdict_line(comparison: RankComparison) -> str:
         return f"verdicts agree: {verdict} on all {count} {among}" if count > 1 else f"verdict: {verdict}"
     shown = ", ".join(f"{verdict} on {count}" for verdict, count in comparison.verdicts)
     return f"verdicts differ among the {among}: {shown}"
+
+
+def _summary_lines(comparison: RankComparison) -> list[str]:
+    moment = _moment_line(comparison)
+    return [_verdict_line(comparison)] + ([moment] if moment else []) + _difference_lines(comparison)
 
 
 def _row_cells(row: RankRow, comparison: RankComparison) -> list[str]:
@@ -112,7 +129,7 @@ def render_text(directory: str, comparison: RankComparison, dumps: tuple[RankDum
         lines.append("  " + "  ".join(parts).rstrip())
     lines.append("")
     lines.append("How the ranks differ")
-    lines.extend(f"  - {line}" for line in [_verdict_line(comparison)] + _difference_lines(comparison))
+    lines.extend(f"  - {line}" for line in _summary_lines(comparison))
     lines.append("")
     notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
     if notes:
@@ -147,7 +164,7 @@ def render_markdown(directory: str, comparison: RankComparison, dumps: tuple[Ran
         cells[-1] = f"`{cells[-1].replace('|', '')}`"
         lines.append("| " + " | ".join(_md_cell(c) if i not in (2, len(cells) - 1) else c for i, c in enumerate(cells)) + " |")
     lines += ["", "### How the ranks differ", ""]
-    lines += [f"- {_md_cell(line)}" for line in [_verdict_line(comparison)] + _difference_lines(comparison)]
+    lines += [f"- {_md_cell(line)}" for line in _summary_lines(comparison)]
     notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
     if notes:
         lines += ["", "### Notes", ""] + [f"- {_md_cell(note)}" for note in notes]
