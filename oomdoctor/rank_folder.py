@@ -9,7 +9,8 @@ The rank of a file is the one its oomdoctor metadata records, else the one its n
 (`oom-rank5-...`, `snapshot_rank5.pickle`), else unknown. A file that cannot be read becomes a
 note and the rest are still read; when none can be, `read_folder` raises a one-line LoadError.
 With `redact`, each worker redacts its own file's results with what it learned from that file
-(hosts differ between ranks) before sending them back.
+(hosts differ between ranks) before sending them back, and skipped files' names lose the host and
+pids oomdoctor's dump names hold.
 """
 
 from __future__ import annotations
@@ -91,10 +92,13 @@ def read_folder(
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact)
     outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel)
     dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    failures = _failures(outcomes, redact)
+    failures = _failures(outcomes)
     if not dumps:
         raise LoadError(_nothing_read(listing.directory, failures + listing.skipped))
-    return RankFolder(listing.directory, dumps, listing.skipped + failures)
+    skipped = listing.skipped + failures
+    if redact:
+        skipped = tuple(SkippedFile(_redacted_name(item.name), item.reason) for item in skipped)
+    return RankFolder(listing.directory, dumps, skipped)
 
 
 def info_row(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
@@ -117,22 +121,32 @@ def read_folder_info(
     listing = find_dump_files(directory)
     outcomes = map_files(listing.paths, functools.partial(info_row, max_bytes=max_bytes), parallel=parallel)
     rows = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    failures = _failures(outcomes, False)
+    failures = _failures(outcomes)
     if not rows:
         raise LoadError(_nothing_read(listing.directory, failures + listing.skipped))
     return listing.directory, rows, listing.skipped + failures
 
 
-def _failures(outcomes: tuple[FileOutcome, ...], redact: bool) -> tuple[SkippedFile, ...]:
-    failed = []
-    for outcome in outcomes:
-        if outcome.error is None:
-            continue
-        name = os.path.basename(outcome.path)
-        if redact:
-            name = _redacted_name(name)
-        failed.append(SkippedFile(name, outcome.error))
-    return tuple(failed)
+def report_folder(directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None) -> bytes:
+    """`oomdoctor report DIR` in "text", "md" or "json"."""
+    from oomdoctor.analysis.ranks import compare_ranks
+    from oomdoctor.views.ranks import render
+
+    folder = read_folder(directory, max_bytes=max_bytes, redact=redact)
+    shown = os.path.basename(os.path.normpath(folder.directory)) if redact else folder.directory
+    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, folder.skipped)
+
+
+def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None) -> str:
+    """`oomdoctor info DIR` in "text" or "json"."""
+    from oomdoctor.views.ranks import info_json, info_text
+
+    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes)
+    return info_json(shown, rows, skipped) + "\n" if output_format == "json" else info_text(shown, rows, skipped)
+
+
+def _failures(outcomes: tuple[FileOutcome, ...]) -> tuple[SkippedFile, ...]:
+    return tuple(SkippedFile(os.path.basename(o.path), o.error) for o in outcomes if o.error is not None)
 
 
 def _redacted_name(name: str) -> str:
@@ -148,26 +162,3 @@ def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...]) -> str:
     first = skipped[0]
     more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
     return f"{directory}: no readable snapshot in this folder; {first.name}: {first.reason}{more}"
-
-
-def report_folder(directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None) -> bytes:
-    """`oomdoctor report DIR` in "text", "md" or "json"."""
-    from oomdoctor.analysis.ranks import compare_ranks
-    from oomdoctor.views.ranks import render
-
-    folder = read_folder(directory, max_bytes=max_bytes, redact=redact)
-    shown, skipped = folder.directory, folder.skipped
-    if redact:
-        from oomdoctor.redact import Redactor
-
-        shown = os.path.basename(os.path.normpath(shown))
-        skipped = tuple(SkippedFile(_redacted_name(item.name), item.reason) for item in skipped)
-    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, skipped)
-
-
-def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None) -> str:
-    """`oomdoctor info DIR` in "text" or "json"."""
-    from oomdoctor.views.ranks import info_json, info_text
-
-    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes)
-    return info_json(shown, rows, skipped) + "\n" if output_format == "json" else info_text(shown, rows, skipped)

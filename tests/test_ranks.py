@@ -393,3 +393,30 @@ def test_redacted_folder_report_redacts_skipped_names_too(tmp_path, capsys):
     data = orjson.loads(out)
     assert data["directory"] == tmp_path.name
     assert data["skipped"][0]["file"] == ".oom-rank1-<host>-<pid>-20260101T000000Z.pickle.<pid>.tmp"
+
+
+def test_one_file_is_read_in_this_process(tmp_path, monkeypatch, capsys):
+    import oomdoctor.load.folder as folder_module
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a process pool for one file")
+
+    monkeypatch.setattr(folder_module, "ProcessPoolExecutor", no_pool)
+    write_rank(tmp_path, 6, BIG)
+    comparison = compare_ranks(read_folder(tmp_path).dumps)
+    assert comparison.headline == "rank 6 ran out (step 2, forward); it is the only file"
+    assert comparison.differences == () and comparison.missing_ranks == (0, 1, 2, 3)
+    assert main(["report", str(tmp_path), "--format", "md"]) == 0
+    assert "### Rank 6: the full report" in capsys.readouterr().out
+
+
+def test_a_pool_that_cannot_start_falls_back_to_one_process(tmp_path, monkeypatch):
+    import oomdoctor.load.folder as folder_module
+
+    def no_processes(*args, **kwargs):
+        raise OSError("no semaphores here")
+
+    monkeypatch.setattr(folder_module, "ProcessPoolExecutor", no_processes)
+    write_rank(tmp_path, 0, SMALL, 1.0)
+    write_rank(tmp_path, 1, SMALL, 0.0)
+    assert compare_ranks(read_folder(tmp_path).dumps).first.rank == 1

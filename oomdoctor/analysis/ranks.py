@@ -275,11 +275,15 @@ def headline(comparison: RankComparison) -> str:
     rows = comparison.rows
     first = comparison.first
     if first is None:
+        if len(rows) == 1:
+            return f"{rows[0].label} did not run out of memory; it is the only file"
         text = f"no rank ran out of memory in these {len(rows)} files (compared at their peaks)"
         largest = comparison.differences[0] if comparison.differences else None
         if largest is not None:
-            text += f"; {largest.label} {_difference_words(largest)}"
+            text += f"; {largest.label} holds {_difference_words(_standout(comparison, largest.index) or largest)}"
         return text
+    if len(rows) == 1:
+        return f"{first.label} ran out ({where(first)}); it is the only file"
     if comparison.order_known or first.oom_time_us is not None:
         text = f"{first.label} ran out first ({where(first)})"
     else:
@@ -305,8 +309,6 @@ def headline(comparison: RankComparison) -> str:
     calm = len(rows) - 1 - len(others)
     if calm:
         parts.append(f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out")
-    if not parts and len(rows) == 1:
-        parts.append("it is the only file")
     text += "; " + ", ".join(parts) if parts else ""
     largest = comparison.differences[0] if comparison.differences else None
     if largest is not None and largest.index != first.index and largest.difference_bytes > 0:
