@@ -82,17 +82,18 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="measure each side this many times, keep the best")
     args = parser.parse_args()
     from oomdoctor.analysis.ranks import compare_ranks
-    from oomdoctor.load.folder import usable_cpus, worker_count
+    from oomdoctor.load.folder import available_memory_bytes, usable_cpus, worker_count
 
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         total_bytes = build(folder, args.ranks, args.events)
+        largest_file_bytes = max(path.stat().st_size for path in folder.iterdir())
         for path in folder.iterdir():  # both sides read from the page cache
             path.read_bytes()
         sequential_s, sequential_cpu, sequential = timed(folder, False, args.repeats)
         parallel_s, parallel_cpu, parallel = timed(folder, True, args.repeats)
     same = compare_ranks(sequential.dumps) == compare_ranks(parallel.dumps)
-    workers = worker_count(args.ranks)
+    workers = worker_count(args.ranks, largest_file_bytes=largest_file_bytes, available_bytes=available_memory_bytes())
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"folder: {args.ranks} rank files of {args.events} events, {total_bytes / 2**20:.1f} MiB in all")
     print(f"CPUs usable: {usable_cpus()}; load average before: {load} (other work on the machine slows the parallel side)")

@@ -420,3 +420,16 @@ def test_a_pool_that_cannot_start_falls_back_to_one_process(tmp_path, monkeypatc
     write_rank(tmp_path, 0, SMALL, 1.0)
     write_rank(tmp_path, 1, SMALL, 0.0)
     assert compare_ranks(read_folder(tmp_path).dumps).first.rank == 1
+
+
+def test_worker_count_is_bounded_by_files_cpus_and_memory():
+    from oomdoctor.load.folder import MEMORY_PER_FILE_BYTE, worker_count
+
+    assert worker_count(64, cpus=16) == 16
+    assert worker_count(3, cpus=16) == 3
+    assert worker_count(0, cpus=16) == 1
+    GiB = 1024**3
+    per_file = MEMORY_PER_FILE_BYTE * 2 * GiB  # 2 GiB dumps
+    assert worker_count(64, cpus=16, largest_file_bytes=2 * GiB, available_bytes=5 * per_file + 1) == 5
+    assert worker_count(64, cpus=16, largest_file_bytes=2 * GiB, available_bytes=GiB) == 1
+    assert worker_count(64, cpus=16, largest_file_bytes=2 * GiB, available_bytes=None) == 16

@@ -10,7 +10,8 @@ as are sub-folders and dumps still being written (capture's `.NAME.PID.tmp`). Hi
 left out silently.
 
 `map_files` runs `work` (a picklable top-level function) on each path in a process pool of
-min(files, usable CPUs) workers, or in this process for one file. An exception from one file becomes that
+min(files, usable CPUs) workers, fewer when the host's available memory would not hold that many
+loaded files at once, or in this process for one file. An exception from one file becomes that
 file's note; the others are still read. Nothing here knows what `work` returns.
 """
 
@@ -115,6 +116,13 @@ def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
     return FolderListing(shown, paths, tuple(skipped))
 
 
+def _size_bytes(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def _guarded(work: Callable[[str], Any], path: str) -> FileOutcome:
     """Run `work` on one file; every error becomes the file's note (runs inside the worker)."""
     try:
@@ -140,8 +148,35 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def worker_count(file_count: int) -> int:
-    return max(1, min(file_count, usable_cpus()))
+# A loaded and analysed snapshot holds about this many times its pickle's size in Python objects.
+MEMORY_PER_FILE_BYTE = 8
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None: unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def worker_count(
+    file_count: int,
+    *,
+    largest_file_bytes: int = 0,
+    cpus: int | None = None,
+    available_bytes: int | None = None,
+) -> int:
+    """Workers for `file_count` files: one per usable CPU, no more than files, and no more than the
+    host's available memory holds at once (each worker holds one loaded file)."""
+    workers = max(1, min(file_count, cpus if cpus is not None else usable_cpus()))
+    if largest_file_bytes > 0 and available_bytes is not None:
+        workers = min(workers, max(1, available_bytes // (MEMORY_PER_FILE_BYTE * largest_file_bytes)))
+    return workers
 
 
 def map_files(
@@ -153,7 +188,11 @@ def map_files(
 ) -> tuple[FileOutcome, ...]:
     """`work(path)` for every path, in parallel processes unless there is one file (or `parallel` is
     False), returned in the order of `paths`."""
-    workers = worker_count(len(paths)) if max_workers is None else max(1, min(max_workers, len(paths)))
+    if max_workers is None:
+        largest_file_bytes = max((_size_bytes(path) for path in paths), default=0)
+        workers = worker_count(len(paths), largest_file_bytes=largest_file_bytes, available_bytes=available_memory_bytes())
+    else:
+        workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:
         return tuple(_guarded(work, path) for path in paths)
     try:
