@@ -272,6 +272,9 @@ def test_report_text_has_the_table_and_the_first_ranks_full_report(uneven, capsy
         ["3", "no", "OOM"],
     ]
     assert "skipped README.txt: not a snapshot" in out
+    components = lines[lines.index("Live memory by component (at the OOM, or the peak for ranks that did not run out)") + 1 :]
+    assert components[0].split()[:2] == ["rank", "parameters"] and "activations" in components[0]
+    assert components[3].split()[0] == "2" and components[5].split()[0] == "median"
     assert "Rank 2 (ran out first): oom-rank2-node1-4002-20260101T000000Z.pickle" in out
     assert "Verdict: activation-spike" in out
 
@@ -305,6 +308,10 @@ def test_report_markdown_and_redacted(uneven, capsys):
     assert "node1" not in out and "node0" not in out and "4002" not in out
     assert str(uneven.parent) not in out
     assert "oom-rank2-<host>-<pid>-20260101T000000Z.pickle" in out
+    assert "| median | " in out
+    from tests.test_markdown_report import _assert_tables_are_well_formed
+
+    _assert_tables_are_well_formed(out)
 
 
 def test_info_one_line_per_file(uneven, capsys):

@@ -78,6 +78,14 @@ def _moment_line(comparison: RankComparison) -> str | None:
     return f"they ran out at different moments: {shown}"
 
 
+def _moment_words(comparison: RankComparison) -> str:
+    if comparison.ran_out_count == len(comparison.rows):
+        return "(at each rank's OOM)"
+    if comparison.ran_out_count == 0:
+        return "(at each rank's peak)"
+    return "(at the OOM, or the peak for ranks that did not run out)"
+
+
 def _verdict_line(comparison: RankComparison) -> str:
     among = "ranks that ran out" if comparison.ran_out_count else "ranks"
     if comparison.verdicts_agree:
@@ -109,6 +117,27 @@ def _row_cells(row: RankRow, comparison: RankComparison) -> list[str]:
 _HEADER = ["rank", "OOM", "verdict", "where", "allocated", "reserved", "request", "largest component", "file"]
 
 
+def _component_table(comparison: RankComparison) -> tuple[list[str], list[list[str]]]:
+    """Bytes per component by rank (components that are zero on every rank left out), then the median."""
+    names = [name for name, _ in comparison.median_components if any(dict(row.components)[name] for row in comparison.rows)]
+    header = ["rank"] + [component_label(name) for name in names]
+    rows = [[_rank(row)] + [human(dict(row.components)[name], decimals=1) for name in names] for row in comparison.rows]
+    median = dict(comparison.median_components)
+    rows.append(["median"] + [human(median[name], decimals=1) for name in names])
+    return header, rows
+
+
+def _text_table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    cells = [header] + rows
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  " + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in cells]
+
+
+def _md_table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def _folder_line(directory: str, comparison: RankComparison, skipped: tuple[SkippedFile, ...]) -> str:
     world = f" of world size {comparison.world_size}" if comparison.world_size is not None else ""
     ran_out = f"{comparison.ran_out_count} ran out of memory"
@@ -119,14 +148,11 @@ def _folder_line(directory: str, comparison: RankComparison, skipped: tuple[Skip
 def render_text(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> str:
     from oomdoctor.views.text_report import render as render_report
 
-    lines = [comparison.headline, _folder_line(directory, comparison, skipped), ""]
-    cells = [_HEADER] + [_row_cells(row, comparison) for row in comparison.rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(_HEADER))]
-    right = {4, 5, 6}
-    lines.append("Ranks")
-    for row in cells:
-        parts = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
-        lines.append("  " + "  ".join(parts).rstrip())
+    lines = [comparison.headline, _folder_line(directory, comparison, skipped), "", "Ranks"]
+    lines += _text_table(_HEADER, [_row_cells(row, comparison) for row in comparison.rows], {4, 5, 6})
+    header, rows = _component_table(comparison)
+    lines += ["", "Live memory by component " + _moment_words(comparison)]
+    lines += _text_table(header, rows, set(range(1, len(header))))
     lines.append("")
     lines.append("How the ranks differ")
     lines.extend(f"  - {line}" for line in _summary_lines(comparison))
@@ -157,12 +183,16 @@ def render_markdown(directory: str, comparison: RankComparison, dumps: tuple[Ran
 
     lines = [f"## oomdoctor: {len(comparison.rows)} ranks", ""]
     lines += [f"> {_md_cell(comparison.headline)}", "", _md_cell(_folder_line(directory, comparison, skipped)) + ".", ""]
-    lines += ["### Ranks", "", "| " + " | ".join(_HEADER) + " |", "|" + "|".join("---:" if i in (4, 5, 6) else "---" for i in range(len(_HEADER))) + "|"]
+    table = []
     for row in comparison.rows:
-        cells = _row_cells(row, comparison)
-        cells[2] = f"`{cells[2]}`"
-        cells[-1] = f"`{cells[-1].replace('|', '')}`"
-        lines.append("| " + " | ".join(_md_cell(c) if i not in (2, len(cells) - 1) else c for i, c in enumerate(cells)) + " |")
+        cells = [_md_cell(cell) for cell in _row_cells(row, comparison)]
+        cells[2] = f"`{row.verdict}`"
+        cells[-1] = f"`{row.file.replace('|', '').replace('`', '')}`"
+        table.append(cells)
+    lines += ["### Ranks", ""] + _md_table(_HEADER, table, {4, 5, 6})
+    header, rows = _component_table(comparison)
+    lines += ["", f"### Live memory by component {_moment_words(comparison)}", ""]
+    lines += _md_table(header, rows, set(range(1, len(header))))
     lines += ["", "### How the ranks differ", ""]
     lines += [f"- {_md_cell(line)}" for line in _summary_lines(comparison)]
     notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
