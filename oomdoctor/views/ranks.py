@@ -1,5 +1,6 @@
-"""A folder of per-rank dumps as text, Markdown or JSON: the headline, one row per rank, how the
-ranks differ, then the full report of the rank that ran out first (or of the largest, when none did).
+"""A folder of per-rank dumps as text, Markdown or JSON: the headline, one row per rank, live memory
+by component for each rank and the median, how the ranks differ, then the full report of the rank
+that ran out first (or of the largest, when none did).
 
 JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_count`,
 `world_size`, `ran_out_count`, `order_known`, `first` (the first rank's row, or null), `ranks`
