@@ -37,27 +37,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_readable(path: str, max_bytes: int | None) -> None:
     """The errors a file can be seen to have without reading it, raised before the app starts."""
-    from oomdoctor.load.containers import format_limit, resolve_max_bytes
+    from oomdoctor.load.access import access_error
+    from oomdoctor.load.containers import resolve_max_bytes, too_large_error
 
     try:
         with open(path, "rb") as handle:
             size_bytes = os.fstat(handle.fileno()).st_size
             regular = os.path.isfile(path)
-    except FileNotFoundError:
-        raise LoadError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise LoadError(f"{path}: is a directory; oomdoctor open reads one dump file (for a folder of rank dumps: oomdoctor report {path})") from None
-    except PermissionError:
-        raise LoadError(f"{path}: permission denied") from None
     except OSError as error:
-        raise LoadError(f"{path}: cannot read ({error.strerror or error})") from None
+        folder_hint = f"is a directory; oomdoctor open reads one dump file (for a folder of rank dumps: oomdoctor report {path})"
+        raise access_error(path, error, wrong_kind=folder_hint) from None
     if not regular:
         return
     if size_bytes == 0:
         raise LoadError(f"{path}: the file is empty")
     limit_bytes = resolve_max_bytes(max_bytes)
     if size_bytes > limit_bytes:
-        raise LoadError(f"{path}: the file ({size_bytes} bytes) is larger than the {format_limit(limit_bytes)} limit (raise it with --max-bytes)")
+        raise too_large_error(path, f"the file ({size_bytes} bytes)", limit_bytes, raise_with="--max-bytes")
 
 
 def loader_for(path: str, *, device: int | None, max_bytes: int | None):

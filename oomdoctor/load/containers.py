@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from oomdoctor.errors import LoadError
+from oomdoctor.load.access import access_error
 from oomdoctor.load.safe_pickle import CappedReader, SizeLimitExceeded, unpickle_stream
 from oomdoctor.units import parse_size
 
@@ -47,11 +48,9 @@ def format_limit(limit_bytes: int) -> str:
     return f"{limit_bytes} bytes"
 
 
-def _too_large(describe: str, what: str, limit_bytes: int) -> LoadError:
-    return LoadError(
-        f"{describe}: {what} is larger than the {format_limit(limit_bytes)} limit "
-        f"(raise it with --max-bytes, {MAX_BYTES_ENV}, or load(..., max_bytes=N))"
-    )
+def too_large_error(describe: str, what: str, limit_bytes: int, *, raise_with: str | None = None) -> LoadError:
+    raise_with = raise_with or f"--max-bytes, {MAX_BYTES_ENV}, or load(..., max_bytes=N)"
+    return LoadError(f"{describe}: {what} is larger than the {format_limit(limit_bytes)} limit (raise it with {raise_with})")
 
 
 _BUFFER_BYTES = 1024 * 1024
@@ -72,14 +71,8 @@ def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
     describe = os.fsdecode(path)
     try:
         handle = open(path, "rb", buffering=_BUFFER_BYTES)
-    except FileNotFoundError:
-        raise LoadError(f"{describe}: no such file") from None
-    except IsADirectoryError:
-        raise LoadError(f"{describe}: is a directory, not a snapshot file") from None
-    except PermissionError:
-        raise LoadError(f"{describe}: permission denied") from None
     except OSError as error:
-        raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
+        raise access_error(describe, error) from None
     with handle:
         try:
             size = os.fstat(handle.fileno()).st_size
@@ -87,7 +80,7 @@ def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
             if not regular:  # a pipe or device: its length is unknown until read
                 return _guarded(_read_capped(handle, describe, limit_bytes, "the input"), describe, limit_bytes)
             if size > limit_bytes:
-                raise _too_large(describe, f"the file ({size} bytes)", limit_bytes)
+                raise too_large_error(describe, f"the file ({size} bytes)", limit_bytes)
             return _guarded(handle, describe, limit_bytes, size)
         except OSError as error:
             raise LoadError(f"{describe}: cannot read ({error.strerror or error})") from None
@@ -98,13 +91,13 @@ def _guarded(source: Any, describe: str, limit_bytes: int, size: int | None = No
     if isinstance(source, bytes):
         size = len(source)
         if size > limit_bytes:
-            raise _too_large(describe, "the input", limit_bytes)
+            raise too_large_error(describe, "the input", limit_bytes)
         source = io.BufferedReader(io.BytesIO(source), buffer_size=_BUFFER_BYTES)
     assert size is not None
     try:
         return _from_stream(CappedReader(source, size, "the input"), describe, limit_bytes, size)
     except SizeLimitExceeded as exceeded:
-        raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
+        raise too_large_error(describe, exceeded.what, exceeded.limit_bytes) from None
 
 
 def _from_stream(stream: Any, describe: str, limit_bytes: int, size_bytes: int, depth: int = 0) -> tuple[Any, str]:
@@ -139,7 +132,7 @@ def _from_stream_of_bytes(data: bytes, describe: str, limit_bytes: int, depth: i
 def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> bytes:
     data = stream.read(limit_bytes + 1)
     if len(data) > limit_bytes:
-        raise _too_large(describe, what, limit_bytes)
+        raise too_large_error(describe, what, limit_bytes)
     return data
 
 
@@ -157,7 +150,7 @@ def _from_gzip(stream: Any, describe: str, limit_bytes: int, size_bytes: int, de
         capped = CappedReader(buffered, limit_bytes, "the decompressed data")
         data, container = _from_stream(capped, describe, limit_bytes, estimate, depth + 1)
     except SizeLimitExceeded as exceeded:
-        raise _too_large(describe, exceeded.what, exceeded.limit_bytes) from None
+        raise too_large_error(describe, exceeded.what, exceeded.limit_bytes) from None
     except (EOFError, OSError, ValueError, zlib.error) as error:  # BadGzipFile is an OSError
         reason = " ".join(str(error).split())[:160] or type(error).__name__
         raise LoadError(f"{describe}: corrupt or truncated gzip data ({reason})") from None

@@ -24,7 +24,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from oomdoctor.errors import LoadError, OomdoctorError
+from oomdoctor.errors import OomdoctorError
+from oomdoctor.load.access import access_error
 
 DUMP_NAME = re.compile(r"^(?:oom|manual|peak)-rank(\d+)-.*\.pickle$")
 # "rank3", "rank_3", "rank-3", "RANK3" where no other letter runs into "rank" and no digit follows
@@ -82,14 +83,8 @@ def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
     shown = os.fsdecode(directory)
     try:
         names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        raise LoadError(f"{shown}: no such folder") from None
-    except NotADirectoryError:
-        raise LoadError(f"{shown}: not a folder") from None
-    except PermissionError:
-        raise LoadError(f"{shown}: permission denied") from None
     except OSError as error:
-        raise LoadError(f"{shown}: cannot list ({error.strerror or error})") from None
+        raise access_error(shown, error, folder=True) from None
     dumps: list[tuple[int, str]] = []
     others: list[str] = []
     skipped: list[SkippedFile] = []
