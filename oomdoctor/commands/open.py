@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 
+from oomdoctor.commands import max_bytes_argument, require_device
 from oomdoctor.errors import LoadError, OomdoctorError
 
 
@@ -64,9 +65,7 @@ def loader_for(path: str, *, device: int | None, max_bytes: int | None):
         from oomdoctor.load import load
 
         snapshot = load(path, max_bytes=max_bytes)
-        if device is not None and device not in snapshot.devices:
-            known = ", ".join(str(d) for d in snapshot.devices) or "none"
-            raise OomdoctorError(f"{path}: no device {device} in this snapshot (devices: {known})")
+        require_device(snapshot, device, path)
         enter_stage("analysing")
         return snapshot, analyse(snapshot, device=device)
 
@@ -74,14 +73,7 @@ def loader_for(path: str, *, device: int | None, max_bytes: int | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.load import parse_size
-
-    max_bytes = None
-    if args.max_bytes is not None:
-        try:
-            max_bytes = parse_size(args.max_bytes)
-        except (ValueError, TypeError) as error:
-            raise OomdoctorError(f"--max-bytes: {error}") from None
+    max_bytes = max_bytes_argument(args)
     check_readable(args.file, max_bytes)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise OomdoctorError(f"oomdoctor open needs a terminal; for a text report use: oomdoctor report {args.file}")

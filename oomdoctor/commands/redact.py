@@ -20,6 +20,7 @@ import pickle
 import sys
 from pathlib import Path
 
+from oomdoctor.commands import max_bytes_argument
 from oomdoctor.errors import LoadError, OomdoctorError
 
 PICKLE_PROTOCOL = 4
@@ -40,16 +41,11 @@ def _same_file(first: Path, second: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.load import load, load_raw, parse_size
+    from oomdoctor.load import load, load_raw
     from oomdoctor.redact import redact_snapshot_data, redactor_for_data
 
     source, target = Path(args.input), Path(args.output)
-    max_bytes = None
-    if args.max_bytes is not None:
-        try:
-            max_bytes = parse_size(args.max_bytes)
-        except (ValueError, TypeError) as error:
-            raise OomdoctorError(f"--max-bytes: {error}") from None
+    max_bytes = max_bytes_argument(args)
     if _same_file(source, target):
         raise OomdoctorError(f"{target}: is the input itself; write the redacted copy elsewhere")
     if target.is_dir():

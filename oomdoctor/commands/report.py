@@ -33,6 +33,7 @@ import argparse
 import os
 import sys
 
+from oomdoctor.commands import max_bytes_argument, require_device
 from oomdoctor.errors import OomdoctorError
 
 
@@ -72,14 +73,9 @@ def render_report(snapshot, output_format: str, *, source: str | None = None, re
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.load import load, parse_size
+    from oomdoctor.load import load
 
-    max_bytes = None
-    if args.max_bytes is not None:
-        try:
-            max_bytes = parse_size(args.max_bytes)
-        except (ValueError, TypeError) as error:
-            raise OomdoctorError(f"--max-bytes: {error}") from None
+    max_bytes = max_bytes_argument(args)
     if os.path.isdir(args.file):
         from oomdoctor.rank_folder import report_folder
 
@@ -89,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return 0
     snapshot = load(args.file, max_bytes=max_bytes)
-    if args.device is not None and args.device not in snapshot.devices:
-        known = ", ".join(str(d) for d in snapshot.devices) or "none"
-        raise OomdoctorError(f"{args.file}: no device {args.device} in this snapshot (devices: {known})")
+    require_device(snapshot, args.device, args.file)
     report = render_report(snapshot, args.format, source=str(args.file), redact=getattr(args, "redact", False), device=args.device)
     sys.stdout.buffer.write(report)
     sys.stdout.flush()
