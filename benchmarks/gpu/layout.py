@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from oomdoctor.model import ACTIVE_ALLOCATED, Snapshot
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPOSITORY_ROOT / "fixtures"))  # strip.py: rewrite_dump, shared with fixtures/generate.py
+from strip import rewrite_dump  # noqa: E402
 FIXTURE_MANIFEST = REPOSITORY_ROOT / "fixtures" / "manifest.json"
 SUMMARY_VERSION = 1
 
@@ -111,8 +114,6 @@ def clean_dump(snapshot: dict[str, Any], root: str) -> dict[str, Any]:
     changes. Frame dicts stay shared, so the file stays as small as capture wrote it.
     """
     prefix = root.rstrip("/") + "/"
-    visited: set[int] = set()
-    strings: dict[str, str] = {}
 
     def is_machinery(frame: Any) -> bool:
         if not isinstance(frame, dict):
@@ -120,27 +121,12 @@ def clean_dump(snapshot: dict[str, Any], root: str) -> dict[str, Any]:
         filename = str(frame.get("filename", ""))
         return filename in MACHINERY_FILES or filename.endswith("/runpy.py")
 
-    def clean(value: Any) -> Any:
-        if isinstance(value, str) and value.startswith("Traceback (most recent call last):"):
-            return _drop_machinery_entries(value.replace(prefix, ""))
-        if isinstance(value, str):
-            return strings.setdefault(value, value.replace(prefix, ""))
-        if isinstance(value, (dict, list)):
-            if id(value) in visited:
-                return value
-            visited.add(id(value))
-        if isinstance(value, dict):
-            for key, item in value.items():
-                value[key] = clean(item)
-            if isinstance(value.get("frames"), list):
-                value["frames"][:] = [frame for frame in value["frames"] if not is_machinery(frame)]
-        elif isinstance(value, list):
-            value[:] = [clean(item) for item in value]
-        elif isinstance(value, tuple):
-            return tuple(clean(item) for item in value)
-        return value
+    def relative(text: str) -> str:
+        if text.startswith("Traceback (most recent call last):"):
+            return _drop_machinery_entries(text.replace(prefix, ""))
+        return text.replace(prefix, "")
 
-    return clean(snapshot)
+    return rewrite_dump(snapshot, relative, is_machinery)
 
 
 _TRACEBACK_ENTRY = re.compile(r'^  File "(?P<filename>[^"]*)", line \d+')
