@@ -128,10 +128,6 @@ class PhaseRecorder:
     def _end(self, phase: str) -> None:
         self.markers.append((phase, END, self.step, time_ns() // 1000))
 
-    def _exception(self, error: BaseException) -> None:
-        if self.on_exception is not None:
-            self.on_exception(error)
-
     def marker_dicts(self) -> list[dict[str, Any]]:
         return [
             {"phase": phase, "edge": edge, "step": step, "time_us": time_us}
