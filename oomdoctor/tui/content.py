@@ -15,8 +15,8 @@ from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpa
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
 from oomdoctor.units import human_size
+from oomdoctor.views.report_rows import COMPONENT_LABELS, evidence_line, where_label
 
-COMPONENT_LABELS = {name: name.replace("_", " ") for name in COMPONENTS}
 PHASE_LETTERS = {
     "forward": "F",
     "backward": "B",
@@ -26,13 +26,7 @@ PHASE_LETTERS = {
     "before_first_step": "-",
     "unknown": "?",
 }
-_WHERE = {"oom": "at the OOM", "peak": "at the peak", "dump": "when the dump was written"}
 _FIT_WORDS = {True: "would fit on its own", False: "not enough on its own", None: ""}
-
-
-def where_label(analysis: Analysis) -> str:
-    """'at the OOM', 'at the peak' or 'when the dump was written': the moment the numbers describe."""
-    return _WHERE[analysis.replay.target_kind]
 
 
 def phase_words(phase: str) -> str:
@@ -75,22 +69,6 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
     if analysis.unknowns:
         sections.append(Section("Not determined from this file", analysis.unknowns))
     return sections
-
-
-def evidence_line(item) -> str:
-    value = ""
-    if item.bytes is not None:
-        value = f": {human_size(item.bytes)}"
-    elif item.value is not None and not (item.metric or "").endswith("_seen") and item.metric != "target_step":
-        value = f": {item.value}"
-    where = []
-    if item.event_index is not None:
-        where.append(f"event {item.event_index}")
-    if item.address is not None:
-        where.append(f"block {item.address:#x}")
-    if item.frame:
-        where.append(item.frame)
-    return f"{item.text}{value}" + (f"  [{'; '.join(where)}]" if where else "")
 
 
 def memory_lines(analysis: Analysis) -> list[str]:

@@ -11,23 +11,11 @@ from __future__ import annotations
 from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis, LiveBlock
+from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_value, largest_groups, target_context, where_label
 
-COMPONENT_LABELS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "activations": "activations",
-    "temporaries": "temporaries",
-    "inputs": "inputs",
-    "buffers": "buffers",
-    "other": "other",
-    "unknown": "unknown",
-}
 TOP_BLOCKS = 10
 STACK_FRAMES = 8
-GROUPS_PER_COMPONENT = 3
 
-_WHERE = {"oom": "at the OOM", "peak": "at the peak", "dump": "when the dump was written"}
 
 
 def _escape(text: str) -> str:
@@ -62,15 +50,13 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     lines: list[str] = []
     add = lines.append
     replay = analysis.replay
-    where = _WHERE[replay.target_kind]
+    where = where_label(analysis)
 
     add(f"## oomdoctor: `{analysis.verdict}` (confidence {analysis.confidence:.0%})")
     add("")
     add(f"> {_escape(analysis.summary)}")
     add("")
-    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
-    event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
-    context = f"Device {analysis.device} {where} ({step}{analysis.target_phase.replace('_', ' ')}{event}; phases from {analysis.phase_source})."
+    context = target_context(analysis) + "."
     if source:
         context += f" File: {_code(source)}."
     add(context)
@@ -144,10 +130,9 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
 
 def _evidence(item) -> str:
     text = _escape(item.text)
-    if item.bytes is not None:
-        text += f": **{human(item.bytes)}**"
-    elif item.value is not None and not (item.metric or "").endswith("_seen") and item.metric != "target_step":
-        text += f": **{item.value}**"
+    value = evidence_value(item)
+    if value is not None:
+        text += f": **{value}**"
     where_bits = []
     if item.event_index is not None:
         where_bits.append(f"event {item.event_index}")
@@ -188,17 +173,13 @@ def _memory(analysis: Analysis, where: str, add) -> None:
 
 
 def _components(analysis: Analysis, add) -> None:
-    total = sum(c.bytes for c in analysis.components)
     add("### Live memory by component")
     add("")
     add("| component | size | bytes | share | blocks | method | confidence | largest groups |")
     add("|---|---:|---:|---:|---:|---|---:|---|")
-    for share in analysis.components:
-        if not share.bytes:
-            continue
-        groups = (share.by_module or share.by_source_line)[:GROUPS_PER_COMPONENT]
-        group_text = "<br>".join(f"{human(g.bytes)} {_code(g.key)}" for g in groups)
-        percent = f"{share.bytes / total:.1%}" if total else "-"
+    for share, fraction in component_rows(analysis):
+        group_text = "<br>".join(f"{human(g.bytes)} {_code(g.key)}" for g in largest_groups(share))
+        percent = f"{fraction:.1%}" if fraction is not None else "-"
         add(
             f"| {COMPONENT_LABELS.get(share.name, share.name)} | {human(share.bytes)} | {_exact(share.bytes)} | {percent} "
             f"| {share.block_count} | {share.method} | {share.confidence:.0%} | {group_text} |"

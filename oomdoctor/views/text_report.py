@@ -4,22 +4,7 @@ from __future__ import annotations
 
 from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.results import Analysis
-
-_COMPONENT_LABELS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "activations": "activations",
-    "temporaries": "temporaries",
-    "inputs": "inputs",
-    "buffers": "buffers",
-    "other": "other",
-    "unknown": "unknown",
-}
-
-
-def _percent(part: int, whole: int) -> str:
-    return f"{part / whole:6.1%}" if whole else "     -"
+from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_line, largest_groups, target_context, where_label
 
 
 def render(analysis: Analysis, *, source: str | None = None) -> str:
@@ -30,29 +15,13 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     if source:
         add(f"File: {source}")
     replay = analysis.replay
-    where = {"oom": "at the OOM", "peak": "at the peak", "dump": "when the dump was written"}[replay.target_kind]
-    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
-    event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
-    add(f"Device {analysis.device} {where} ({step}{analysis.target_phase.replace('_', ' ')}{event}; phases from {analysis.phase_source})")
+    where = where_label(analysis)
+    add(target_context(analysis))
     add("")
 
     add("Evidence")
     for item in analysis.evidence:
-        if item.bytes is not None:
-            value = f": {human(item.bytes)}"
-        elif item.value is not None and not (item.metric or "").endswith("_seen") and item.metric != "target_step":
-            value = f": {item.value}"
-        else:
-            value = ""
-        where_bits = []
-        if item.event_index is not None:
-            where_bits.append(f"event {item.event_index}")
-        if item.address is not None:
-            where_bits.append(f"block {item.address:#x}")
-        if item.frame:
-            where_bits.append(item.frame)
-        suffix = f"  [{'; '.join(where_bits)}]" if where_bits else ""
-        add(f"  - {item.text}{value}{suffix}")
+        add(f"  - {evidence_line(item)}")
     add("")
 
     if analysis.recommendations:
@@ -81,12 +50,10 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     add("")
 
     add("Live memory by component")
-    total = sum(c.bytes for c in analysis.components) or 0
-    for share in analysis.components:
-        if not share.bytes:
-            continue
-        add(f"  {_COMPONENT_LABELS[share.name]:<16} {human(share.bytes):>12} {_percent(share.bytes, total)}  ({share.block_count} blocks, {share.method}, confidence {share.confidence:.0%})")
-        for group in (share.by_module or share.by_source_line)[:3]:
+    for share, fraction in component_rows(analysis):
+        percent = f"{fraction:6.1%}" if fraction is not None else "     -"
+        add(f"  {COMPONENT_LABELS.get(share.name, share.name):<16} {human(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method}, confidence {share.confidence:.0%})")
+        for group in largest_groups(share):
             add(f"      {human(group.bytes):>12}  {group.key}")
     add("")
 

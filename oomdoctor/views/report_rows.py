@@ -1,0 +1,59 @@
+"""What the text, Markdown and terminal reports say alike, as plain strings and rows they each format."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group
+from oomdoctor.metadata import COMPONENTS
+from oomdoctor.units import human_size
+
+COMPONENT_LABELS = {name: name.replace("_", " ") for name in COMPONENTS}
+GROUPS_PER_COMPONENT = 3
+_WHERE = {"oom": "at the OOM", "peak": "at the peak", "dump": "when the dump was written"}
+
+
+def where_label(analysis: Analysis) -> str:
+    """'at the OOM', 'at the peak' or 'when the dump was written': the moment the numbers describe."""
+    return _WHERE[analysis.replay.target_kind]
+
+
+def target_context(analysis: Analysis) -> str:
+    """'Device 0 at the OOM (step 3, backward, event 812 of 900; phases from markers)'."""
+    replay = analysis.replay
+    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
+    event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
+    phase = analysis.target_phase.replace("_", " ")
+    return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; phases from {analysis.phase_source})"
+
+
+def evidence_value(item: Evidence) -> str | None:
+    """The figure shown after a piece of evidence: its size, else its value (not for flags and the step)."""
+    if item.bytes is not None:
+        return human_size(item.bytes)
+    if item.value is not None and not (item.metric or "").endswith("_seen") and item.metric != "target_step":
+        return str(item.value)
+    return None
+
+
+def evidence_line(item: Evidence) -> str:
+    """One piece of evidence as plain text: 'text: figure  [event 3; block 0x7f00; train.py:30]'."""
+    value = evidence_value(item)
+    where = []
+    if item.event_index is not None:
+        where.append(f"event {item.event_index}")
+    if item.address is not None:
+        where.append(f"block {item.address:#x}")
+    if item.frame:
+        where.append(item.frame)
+    return item.text + (f": {value}" if value is not None else "") + (f"  [{'; '.join(where)}]" if where else "")
+
+
+def component_rows(analysis: Analysis) -> list[tuple[ComponentShare, float | None]]:
+    """The components holding live memory, in the analysis's order, each with its share of the
+    total (None when nothing is live)."""
+    total_bytes = sum(share.bytes for share in analysis.components)
+    return [(share, share.bytes / total_bytes if total_bytes else None) for share in analysis.components if share.bytes]
+
+
+def largest_groups(share: ComponentShare) -> tuple[Group, ...]:
+    """The component's largest module paths (else source lines) to name under it."""
+    return (share.by_module or share.by_source_line)[:GROUPS_PER_COMPONENT]
