@@ -61,6 +61,15 @@ def _corpus_source() -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
+def source_snapshot(given: Path | None) -> Path | None:
+    """The snapshot whose trace a benchmark repeats: `given`, else a corpus file; None, said on
+    stderr, when there is neither."""
+    source = given or _corpus_source()
+    if source is None:
+        print("no source snapshot: pass --source or set OOMDOCTOR_CORPUS", file=sys.stderr)
+    return source
+
+
 def build(source: Path, events: int, out: Path) -> int:
     from oomdoctor.load import load_raw
 
@@ -104,9 +113,8 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, default=None, help="write the built snapshot here and keep it")
     parser.add_argument("--repeats", type=int, default=2, help="measure each side this many times, keep the best")
     args = parser.parse_args()
-    source = args.source or _corpus_source()
+    source = source_snapshot(args.source)
     if source is None:
-        print("no source snapshot: pass --source or set OOMDOCTOR_CORPUS", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as folder:
         path = args.keep or Path(folder) / "million.pickle"

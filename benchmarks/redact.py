@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.analyse import _corpus_source, build  # noqa: E402
+from benchmarks.analyse import build, source_snapshot  # noqa: E402
 
 CHILD = r"""
 import io, json, os, pickle, sys, time
@@ -62,9 +62,8 @@ def main() -> int:
     parser.add_argument("--source", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    source = args.source or _corpus_source()
+    source = source_snapshot(args.source)
     if source is None:
-        print("no source snapshot: pass --source or set OOMDOCTOR_CORPUS", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as folder:
         path, out = Path(folder) / "million.pickle", Path(folder) / "out.pickle"

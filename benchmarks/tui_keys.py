@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from analyse import _corpus_source, build  # noqa: E402  (benchmarks/analyse.py)
+from analyse import build, source_snapshot  # noqa: E402  (benchmarks/analyse.py)
 
 TARGET_SECONDS = 0.100
 
@@ -56,9 +56,8 @@ def main() -> int:
     parser.add_argument("--source", type=Path, default=None)
     parser.add_argument("--presses", type=int, default=20, help="rounds of six cursor moves (and replays timed alone)")
     args = parser.parse_args()
-    source = args.source or _corpus_source()
+    source = source_snapshot(args.source)
     if source is None:
-        print("no source snapshot: pass --source or set OOMDOCTOR_CORPUS", file=sys.stderr)
         return 2
 
     from oomdoctor.analysis import analyse
