@@ -11,7 +11,7 @@ from __future__ import annotations
 from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis, LiveBlock
-from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_value, largest_groups, target_context, where_label
+from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_places, evidence_value, largest_groups, target_context, where_label
 
 TOP_BLOCKS = 10
 STACK_FRAMES = 8
@@ -133,13 +133,7 @@ def _evidence(item) -> str:
     value = evidence_value(item)
     if value is not None:
         text += f": **{value}**"
-    where_bits = []
-    if item.event_index is not None:
-        where_bits.append(f"event {item.event_index}")
-    if item.address is not None:
-        where_bits.append(f"block `{item.address:#x}`")
-    if item.frame:
-        where_bits.append(_code(item.frame))
+    where_bits = evidence_places(item, _code)
     return text + (f" ({'; '.join(where_bits)})" if where_bits else "")
 
 

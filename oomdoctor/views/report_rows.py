@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.units import human_size
@@ -34,16 +36,23 @@ def evidence_value(item: Evidence) -> str | None:
     return None
 
 
-def evidence_line(item: Evidence) -> str:
-    """One piece of evidence as plain text: 'text: figure  [event 3; block 0x7f00; train.py:30]'."""
-    value = evidence_value(item)
+def evidence_places(item: Evidence, code: Callable[[str], str] = str) -> list[str]:
+    """Where a piece of evidence was read: its event, block and frame; `code` marks up the
+    block's address and the frame (Markdown's code spans)."""
     where = []
     if item.event_index is not None:
         where.append(f"event {item.event_index}")
     if item.address is not None:
-        where.append(f"block {item.address:#x}")
+        where.append(f"block {code(f'{item.address:#x}')}")
     if item.frame:
-        where.append(item.frame)
+        where.append(code(item.frame))
+    return where
+
+
+def evidence_line(item: Evidence) -> str:
+    """One piece of evidence as plain text: 'text: figure  [event 3; block 0x7f00; train.py:30]'."""
+    value = evidence_value(item)
+    where = evidence_places(item)
     return item.text + (f": {value}" if value is not None else "") + (f"  [{'; '.join(where)}]" if where else "")
 
 
