@@ -4,34 +4,111 @@ The verdict, its confidence and summary come first, then the evidence, what to c
 the OOM, live memory by component (exact bytes beside the readable size, so a reader can check the
 sums), fragmentation, the what-if, the environment the dump came from, and, collapsed in a
 <details> section, the largest live blocks with their allocation stacks.
+
+Whatever the dump holds, the report stays safe to paste into an issue (and to print to a terminal):
+every string from the file is made printable (safetext.printable: controls escaped, one line,
+bounded) and then shown either as escaped text (inline_text), as a code span whose fence outlasts
+any run of backticks in it (code_span), or in a fenced block whose fence outlasts any in its lines
+(code_block). Only the report's own HTML (<details>, <summary>, <br>, <sub>), headings, links (none)
+and emphasis are live; `@name` and `#12` from the file never notify anyone.
 """
 
 from __future__ import annotations
 
+import re
+
 from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis, LiveBlock
+from oomdoctor.safetext import printable
 from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_places, evidence_value, largest_groups, target_context, where_label
 
 TOP_BLOCKS = 10
 STACK_FRAMES = 8
 
+# Characters that open Markdown or HTML in running text: backslash (it would escape what follows),
+# backticks (code spans), brackets (links, images, footnotes, alerts, task boxes), `*` and `~`
+# (emphasis, strikethrough), `$` (GitHub's math) and `!` before `[` (images). `<`, `>` and `&`
+# become entities (HTML, autolinks, character references); `_` is handled apart (_UNDERSCORES),
+# `@` and `#` by _NOTIFIES.
+_SPECIAL = re.compile(r"[\\`*~$\[\]]|!(?=\[)")
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_HTML = re.compile("[&<>]")
+# A run of underscores opens or closes emphasis only where it is not between two letters or digits
+# (CommonMark's flanking rules): body.2.weight.exp_avg is left as it is, _x_ is escaped.
+_UNDERSCORES = re.compile("_+")
+# GitHub turns `@name` (and `@org/team`) into a mention that notifies that person, and `#12`,
+# `owner/repo#12` into a cross-reference that shows up in that issue, even when the `@` or `#` is
+# backslash-escaped or written as an entity: it looks at the rendered text, skipping only code,
+# links and preformatted blocks. So an `@` before a letter or digit, and a `#` before a digit, are
+# written as a one-character code span (`` `@`name ``): visible, copied as they were, and never a
+# mention or a reference, whatever the text around them.
+_NOTIFIES = re.compile(r"@(?=\w)|#(?=\d)")
+# At the start of a list item or quote (`- {text}`, `> {text}`) these would open a heading or a
+# list inside it.
+_BLOCK_START = re.compile(r"^( *)(?:(#|[+-](?= |$))|(\d{1,9})([.)])(?= |$))")
+_BACKTICKS = re.compile("`+")
 
 
-def _escape(text: str) -> str:
-    """Text outside code: angle brackets would be read as HTML."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _underscores(match: re.Match[str]) -> str:
+    text, start, end = match.string, match.start(), match.end()
+    inside_word = start > 0 and end < len(text) and text[start - 1].isalnum() and text[end].isalnum()
+    return match.group() if inside_word else "\\_" * (end - start)
 
 
-def _cell(text: str) -> str:
-    return _escape(text).replace("|", "\\|").replace("\n", " ")
+def _block_start(match: re.Match[str]) -> str:
+    indent, marker, number, delimiter = match.groups()
+    return f"{indent}\\{marker}" if marker else f"{indent}{number}\\{delimiter}"
 
 
-def _code(text: str) -> str:
+def inline_text(text: object, *, cell: bool = False) -> str:
+    """A string from the file as literal Markdown text, to stand after `- `, `> ` or in a table
+    cell (`cell`: pipes escaped too): made printable (controls escaped, one line, bounded), then
+    every character that could open a link, image, HTML, code or emphasis escaped, and `@name`,
+    `#12` kept from notifying anyone (see _NOTIFIES). Ordinary prose comes out unchanged."""
+    text = printable(text)
+    text = _SPECIAL.sub(lambda m: "\\" + m.group(), text)
+    text = _UNDERSCORES.sub(_underscores, text)
+    text = _HTML.sub(lambda m: _ENTITIES[m.group()], text)
+    text = _NOTIFIES.sub(lambda m: f"`{m.group()}`", text)
+    text = _BLOCK_START.sub(_block_start, text)
+    return text.replace("|", "\\|") if cell else text
+
+
+def code_span(text: object, *, cell: bool = False) -> str:
+    """A string from the file as an inline code span (`cell`: inside a table, pipes escaped, which
+    GFM requires even in code). Made printable first, so no newline can end the line; the fence is
+    one backtick longer than the longest run of backticks inside (CommonMark), padded with a space
+    when the text starts or ends with a backtick or a space, so nothing inside can close it."""
+    text = printable(text)
+    if cell:
+        text = text.replace("|", "\\|")
+    if not text:
+        return "` `"
+    fence = "`" * (1 + max((len(run) for run in _BACKTICKS.findall(text)), default=0))
+    pad = " " if (text[0] in "` " or text[-1] in "` ") and text.strip(" ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def code_block(lines: list[str]) -> list[str]:
+    """Lines (each already printable: no newline inside) as a fenced code block whose fence of
+    backticks is longer than any run of backticks in them, so no line can close it."""
+    longest = max((len(run) for line in lines for run in _BACKTICKS.findall(line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
+
+
+def _escape(text: object) -> str:
+    return inline_text(text)
+
+
+def _cell(text: object) -> str:
+    return inline_text(text, cell=True)
+
+
+def _code(text: object) -> str:
     """An inline code span, safe in a table cell."""
-    text = text.replace("\n", " ").replace("|", "\\|")
-    fence = "``" if "`" in text else "`"
-    return f"{fence}{text}{fence}" if fence == "`" else f"{fence} {text} {fence}"
+    return code_span(text, cell=True)
 
 
 def _exact(size_bytes: int) -> str:
@@ -52,13 +129,13 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     replay = analysis.replay
     where = where_label(analysis)
 
-    add(f"## oomdoctor: `{analysis.verdict}` (confidence {analysis.confidence:.0%})")
+    add(f"## oomdoctor: {_code(analysis.verdict)} (confidence {analysis.confidence:.0%})")
     add("")
     add(f"> {_escape(analysis.summary)}")
     add("")
-    context = target_context(analysis) + "."
+    context = _escape(target_context(analysis)) + "."
     if source:
-        context += f" File: {_code(source)}."
+        context += f" File: {code_span(source)}."
     add(context)
     add("")
 
@@ -112,7 +189,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("### Also found")
         add("")
         for finding in analysis.secondary:
-            add(f"- `{finding.verdict}` (confidence {finding.confidence:.0%}): {_escape(finding.summary)}")
+            add(f"- {_code(finding.verdict)} (confidence {finding.confidence:.0%}): {_escape(finding.summary)}")
         add("")
     if analysis.unknowns:
         add("### Not determined from this file")
@@ -132,8 +209,8 @@ def _evidence(item) -> str:
     text = _escape(item.text)
     value = evidence_value(item)
     if value is not None:
-        text += f": **{value}**"
-    where_bits = evidence_places(item, _code)
+        text += f": **{_escape(value)}**"
+    where_bits = evidence_places(item, code_span)
     return text + (f" ({'; '.join(where_bits)})" if where_bits else "")
 
 
@@ -175,8 +252,8 @@ def _components(analysis: Analysis, add) -> None:
         group_text = "<br>".join(f"{human(g.bytes)} {_code(g.key)}" for g in largest_groups(share))
         percent = f"{fraction:.1%}" if fraction is not None else "-"
         add(
-            f"| {COMPONENT_LABELS.get(share.name, share.name)} | {human(share.bytes)} | {_exact(share.bytes)} | {percent} "
-            f"| {share.block_count} | {share.method} | {share.confidence:.0%} | {group_text} |"
+            f"| {_cell(COMPONENT_LABELS.get(share.name, share.name))} | {human(share.bytes)} | {_exact(share.bytes)} | {percent} "
+            f"| {share.block_count} | {_cell(share.method)} | {share.confidence:.0%} | {group_text} |"
         )
     add("")
 
@@ -187,11 +264,11 @@ def _fragmentation(analysis: Analysis, add) -> None:
     add("")
     add(f"- rounding inside allocated blocks: {human(frag.internal_bytes)}; free cached blocks: {human(frag.external_bytes)}")
     if frag.request_pool is not None:
-        add(f"- free in the {frag.request_pool} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}")
+        add(f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}")
         add(f"- would fit if contiguous: {_fits(frag.would_fit_if_contiguous)}")
     add(f"- expandable segments: {_flag(frag.expandable_segments)}")
     if frag.alloc_conf:
-        add(f"- `PYTORCH_CUDA_ALLOC_CONF`: {_code(frag.alloc_conf)}")
+        add(f"- `PYTORCH_CUDA_ALLOC_CONF`: {code_span(frag.alloc_conf)}")
     add("")
 
 
@@ -246,18 +323,18 @@ def _live_blocks(analysis: Analysis, add) -> None:
     for block in blocks:
         step = "" if block.step is None else str(block.step)
         name = _code(block.name) if block.name else ""
-        add(f"| `{block.address:#x}` | {human(block.size_bytes)} | {COMPONENT_LABELS.get(block.component, block.component)} | {block.phase.replace('_', ' ')} | {step} | {name} |")
+        component = _cell(COMPONENT_LABELS.get(block.component, block.component))
+        add(f"| `{block.address:#x}` | {human(block.size_bytes)} | {component} | {_cell(block.phase.replace('_', ' '))} | {step} | {name} |")
     add("")
     for block in blocks:
         add(f"`{block.address:#x}` ({human(block.size_bytes)}, {_stack_origin(block)}):")
         add("")
         if block.frames:
-            add("```")
-            for frame in block.frames[:STACK_FRAMES]:
-                add(f"{frame.filename}:{frame.line} in {frame.name}")
+            stack = [f"{printable(frame.filename)}:{printable(frame.line)} in {printable(frame.name)}" for frame in block.frames[:STACK_FRAMES]]
             if len(block.frames) > STACK_FRAMES:
-                add(f"... {len(block.frames) - STACK_FRAMES} more frames")
-            add("```")
+                stack.append(f"... {len(block.frames) - STACK_FRAMES} more frames")
+            for line in code_block(stack):
+                add(line)
         else:
             add("no stack recorded")
         add("")
