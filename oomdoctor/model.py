@@ -342,6 +342,7 @@ class Snapshot:
     era_hints: tuple[str, ...] = ()  # e.g. "time_us on trace events: torch >= 2.2", from the keys
     container: str = "pickle"  # how the bytes held it: pickle-protocol-N, gzip, json, html (memory_viz)
     torch_version_hint: str = ""  # e.g. "2.8 to 2.9", ">= 2.10", from the keys present; "" unknown
+    notes: tuple[str, ...] = ()  # what the loader dropped as untrustworthy, one sentence each
 
     @property
     def devices(self) -> tuple[int, ...]:

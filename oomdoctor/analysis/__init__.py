@@ -105,7 +105,7 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
 def replayer(snapshot: Snapshot, device: int) -> Replayer:
     """A `Replayer` for one device: `replayer(s, d).state_at(i)` is the state right after event i."""
     divisions = roundup_divisions(snapshot.allocator_settings)
-    trace = snapshot.traces[device] if device < len(snapshot.traces) else ()
+    trace = snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ()
     return Replayer(trace, snapshot.segments_on(device), divisions)
 
 
@@ -113,7 +113,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     metadata = snapshot.oomdoctor if isinstance(snapshot.oomdoctor, Mapping) else None
     if device is None:
         device = _pick_device(snapshot, metadata)
-    trace = columns(snapshot.traces[device] if device < len(snapshot.traces) else ())
+    trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
     segments = snapshot.segments_on(device)
     settings = snapshot.allocator_settings
     divisions = roundup_divisions(settings)

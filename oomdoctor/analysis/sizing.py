@@ -62,6 +62,8 @@ def large_segment_bytes(raw_conf: str | None) -> int:
     """`large_segment_size_mb` from PYTORCH_CUDA_ALLOC_CONF (torch 2.11+), else the 20 MiB default."""
     for part in (raw_conf or "").split(","):
         key, _, value = part.partition(":")
-        if key.strip() == "large_segment_size_mb" and value.strip().isdigit():
+        value = value.strip()
+        # ASCII digits only ("²".isdigit() is true), and few enough to be a real size in MiB
+        if key.strip() == "large_segment_size_mb" and value.isascii() and value.isdigit() and len(value) <= 9:
             return int(value.strip()) << 20
     return LARGE_SEGMENT_BYTES

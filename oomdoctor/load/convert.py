@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from oomdoctor.errors import LoadError
 from oomdoctor.load.stacks import StackTable
 from oomdoctor.metadata import METADATA_KEY
+from oomdoctor.safetext import describe_value, printable
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
@@ -93,6 +94,7 @@ class _Era:
 def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapshot:
     """The typed Snapshot of `raw`. Consumes `raw`: its trace lists are emptied as they convert."""
     era = _Era()
+    notes: list[str] = []
     if type(raw) is list:
         if raw and type(raw[0]) is not dict:
             hint = " (export_memory_timeline rows from the profiler?)" if type(raw[0]) is list else ""
@@ -103,7 +105,7 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
         top = raw
         raw_segments = raw.get("segments")
         if raw_segments is None:
-            keys = ", ".join(repr(k) for k in list(raw)[:6])
+            keys = ", ".join(describe_value(k, 40) for k in list(raw)[:6])
             raise _shape_error(describe, f"a dict without 'segments' (keys: {keys or 'none'})")
         raw_traces = raw.get("device_traces")
         if raw_traces is None:
@@ -141,11 +143,12 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
         traces=tuple(traces),
         allocator_settings=_build_allocator_settings(top.get("allocator_settings"), describe, era),
         annotations=_build_annotations(top.get("external_annotations"), describe),
-        oomdoctor=_build_metadata(top.get(METADATA_KEY)),
+        oomdoctor=_build_metadata(top.get(METADATA_KEY), notes),
         source_format=source_format,
         era_hints=tuple(era.hints),
         container=container,
         torch_version_hint=era.describe() if (era.hints or full_dict) else "",
+        notes=tuple(notes),
     )
 
 
@@ -170,6 +173,8 @@ def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) 
         address = _int(seg.get("address"), describe, f"{where} 'address'")
         total_size = _int(seg.get("total_size"), describe, f"{where} 'total_size'")
         device = _int(seg.get("device", 0), describe, f"{where} 'device'")
+        if device < 0:
+            raise _shape_error(describe, f"{where} 'device' is negative ({device})")
         stream = _int(seg.get("stream", 0), describe, f"{where} 'stream'")
         segment_type = seg.get("segment_type", "large")
         if type(segment_type) is not str:
@@ -214,6 +219,8 @@ def _build_block(raw: Any, default_address: int, stacks: StackTable, describe: s
     address = raw.get("address", default_address)
     _int(address, describe, f"{where} 'address'")
     history = raw.get("history") if "frames" not in raw else None
+    if history is not None and type(history) is not list:
+        raise _shape_error(describe, f"{where} 'history' is a {_type_name(history)}, not a list")
     if history:
         # torch 2.0: the newest allocation of the block is history[0] (as _memory_viz reads it)
         latest = history[0]
@@ -258,7 +265,12 @@ def _int_column(
 
 
 def _distinct(values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str) -> set[Any]:
-    """The distinct values of a column with few of them (actions, streams, contexts), type-checked."""
+    """The distinct values of a column with few of them (actions, streams, contexts), type-checked.
+
+    The types are checked before any value is hashed: hashing a deeply nested or self-sharing tuple
+    from a hostile file would overflow the C stack or take exponential time."""
+    if not set(map(type, values)).issubset(allowed):
+        raise _bad_value_error(values, allowed, describe, device, key)
     try:
         distinct = set(values)
     except TypeError:  # an unhashable value: a list or dict where a str or int belongs
@@ -347,7 +359,11 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         for index, event in enumerate(events):
             lines = event.get("forward_frames")
             if lines:
-                forward_frames[index] = tuple(str(line) for line in lines) if type(lines) in (list, tuple) else ()
+                forward_frames[index] = (
+                    tuple(line if type(line) is str else describe_value(line) for line in lines)
+                    if type(lines) in (list, tuple)
+                    else ()
+                )
 
     return DeviceTrace(
         device=device,
@@ -399,13 +415,10 @@ def _optional_pool_column(events: list[Any], describe: str, device: int, era: _E
         if value is None:
             column.append(None)
             continue
-        if type(value) not in (tuple, list):
+        if type(value) not in (tuple, list) or len(value) != 2 or type(value[0]) is not int or type(value[1]) is not int:
             raise _shape_error(describe, f"device {device} trace event {index}: 'pool_id' is not a pair of ints")
-        key = tuple(value) if type(value) is list else value
-        try:
-            pool = table.get(key)
-        except TypeError:  # an unhashable element: not a pair of ints
-            pool = None
+        key = (value[0], value[1])  # hashed only once known to be two ints
+        pool = table.get(key)
         if pool is None:
             pool = _pool_id(value, describe, f"device {device} trace event {index} 'pool_id'")
             table[key] = pool
@@ -473,7 +486,7 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
     raw_divisions = raw.get("roundup_power2_divisions")
     if type(raw_divisions) is dict:
         for key, value in raw_divisions.items():
-            if type(key) is str and key.isdigit() and type(value) is int:
+            if type(key) is str and key.isascii() and key.isdigit() and type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
                 divisions.append((int(key), value))
     extra = {k: v for k, v in raw.items() if k not in _NAMED_SETTINGS and type(k) is str}
     frozen_extra = freeze_builtins(extra)
@@ -491,23 +504,39 @@ class _Malformed(Exception):
     pass
 
 
+# What a frozen value may cost when expanded (nodes, plus a node per 64 characters of string), with
+# shared sub-objects counted each time they are referenced: whatever later formats or serialises
+# the value (str(), JSON) does that expansion, and a 500-byte pickle of self-sharing lists expands
+# to billions of nodes. oomdoctor's own metadata for a large model costs well under a million.
+FREEZE_MAX_EXPANDED = 8_000_000
+
+
 def freeze_builtins(value: Any) -> Any:
     """A read-only copy of plain data: dicts become FrozenDicts, lists tuples.
 
     Raises nothing: returns None when `value` holds anything but str-keyed dicts, lists, tuples,
-    str, int, float, bool and None, is nested deeper than 32 levels, or contains itself. Shared
-    sub-objects are frozen once (a pickle can share one list a million times).
+    str, int, float, bool and None, is nested deeper than 32 levels, contains itself, holds an int
+    outside 64 bits, or would expand (shared sub-objects counted at every reference) beyond
+    FREEZE_MAX_EXPANDED. Shared sub-objects are frozen once (a pickle can share one list a million
+    times).
     """
     try:
-        return _freeze(value, 0, {})
-    except _Malformed:
+        frozen, _ = _freeze(value, 0, {})
+        return frozen
+    except (_Malformed, RecursionError):
         return None
 
 
-def _freeze(value: Any, depth: int, done: dict[int, Any]) -> Any:
+def _freeze(value: Any, depth: int, done: dict[int, Any]) -> tuple[Any, int]:
     kind = type(value)
-    if kind in (str, int, float, bool, _NONE_TYPE):
-        return value
+    if kind is str:
+        return value, 1 + (len(value) >> 6)
+    if kind is int:
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise _Malformed
+        return value, 1
+    if kind in (float, bool, _NONE_TYPE):
+        return value, 1
     if depth >= _FREEZE_MAX_DEPTH:
         raise _Malformed
     known = done.get(id(value), done)
@@ -516,26 +545,44 @@ def _freeze(value: Any, depth: int, done: dict[int, Any]) -> Any:
             raise _Malformed
         return known
     done[id(value)] = None
+    cost = 1
     if kind is dict:
         frozen_items = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise _Malformed
-            frozen_items[key] = _freeze(item, depth + 1, done)
+            frozen_items[key], item_cost = _freeze(item, depth + 1, done)
+            cost += item_cost + 1 + (len(key) >> 6)
         frozen: Any = FrozenDict(frozen_items)
     elif kind in (list, tuple):
-        frozen = tuple(_freeze(item, depth + 1, done) for item in value)
+        items = []
+        for item in value:
+            frozen_item, item_cost = _freeze(item, depth + 1, done)
+            items.append(frozen_item)
+            cost += item_cost
+        frozen = tuple(items)
     else:
         raise _Malformed
-    done[id(value)] = frozen
-    return frozen
+    if cost > FREEZE_MAX_EXPANDED:
+        raise _Malformed
+    done[id(value)] = (frozen, cost)
+    return frozen, cost
 
 
-def _build_metadata(raw: Any) -> Mapping[str, Any] | None:
-    if type(raw) is not dict:
+METADATA_DROPPED_NOTE = (
+    "oomdoctor's metadata in this file is malformed (a value of the wrong kind, an int outside 64 bits, "
+    "nesting too deep or too large) and was ignored: the file is read as a plain torch snapshot"
+)
+
+
+def _build_metadata(raw: Any, notes: list[str]) -> Mapping[str, Any] | None:
+    if raw is None:
         return None
-    frozen = freeze_builtins(raw)
-    return frozen if isinstance(frozen, Mapping) else None
+    frozen = freeze_builtins(raw) if type(raw) is dict else None
+    if not isinstance(frozen, Mapping):
+        notes.append(METADATA_DROPPED_NOTE)
+        return None
+    return frozen
 
 
 __all__ = ["build_snapshot", "freeze_builtins"]

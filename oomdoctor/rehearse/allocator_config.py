@@ -105,7 +105,7 @@ class _Tokens:
 
     def take_int(self, key: str) -> int:
         token = self.take()
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()) or len(token) > 18:
             raise AllocatorConfigError(f"allocator config: {key} needs a whole number, got '{token}'")
         return int(token)
 
@@ -144,7 +144,7 @@ def _parse_divisions(tokens: _Tokens, divisions: list[int]) -> None:
         if boundary == ">":
             divisions[last_index + 1 :] = [value] * (ROUNDUP_INTERVALS - last_index - 1)
         else:
-            if not boundary.isdigit() or not _is_power_of_two(int(boundary)):
+            if not (boundary.isascii() and boundary.isdigit()) or len(boundary) > 18 or not _is_power_of_two(int(boundary)):
                 raise AllocatorConfigError("roundup_power2_divisions: the intervals have to be powers of 2 (MiB)")
             index = min(int(boundary).bit_length() - 1, ROUNDUP_INTERVALS - 1)
             if first_value:
