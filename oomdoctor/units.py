@@ -6,6 +6,7 @@ Pure Python, shared by every layer (capture, load, analysis, views, rehearse).
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -29,7 +30,7 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise ValueError(f"not a size: {text!r} (try 24GiB, 512MiB, 1.5GB or a number of bytes)")
-    return int(float(match.group(1)) * _UNITS[unit])
+    return int(Fraction(match.group(1)) * _UNITS[unit])  # exact: a 400-digit number is no overflow
 
 
 def format_size(size_bytes: int) -> str:
@@ -40,14 +41,20 @@ def format_size(size_bytes: int) -> str:
         return f"{size_bytes / 1024.0:.2f} KiB"
     if size_bytes <= GIB:
         return f"{size_bytes / 1048576.0:.2f} MiB"
-    return f"{size_bytes / 1073741824.0:.2f} GiB"
+    try:
+        return f"{size_bytes / 1073741824.0:.2f} GiB"
+    except OverflowError:
+        return f"{size_bytes >> 30} GiB"
 
 
 def human_size(size_bytes: int | None, decimals: int = 2) -> str:
     """'1.50 KiB', '-3.00 GiB', '1023 bytes'; 'unknown' for None. Units step at 1024, up to TiB."""
     if size_bytes is None:
         return "unknown"
-    value = float(size_bytes)
+    try:
+        value = float(size_bytes)
+    except OverflowError:  # beyond any float: no real size, but still a number to show
+        return f"{'-' if size_bytes < 0 else ''}{abs(size_bytes) >> 40} TiB"
     sign = "-" if value < 0 else ""
     value = abs(value)
     for unit in ("bytes", "KiB", "MiB", "GiB"):

@@ -85,7 +85,7 @@ class Registry:
             if tensor.get("device") not in (None, device):
                 continue
             size = tensor.get("size_bytes") if isinstance(tensor.get("size_bytes"), int) else 0
-            self.by_address.setdefault(address, (component, str(tensor.get("name") or ""), size))
+            self.by_address.setdefault(address, (component, name if type(name := tensor.get("name")) is str else "", size))
 
     def __bool__(self) -> bool:
         return bool(self.by_address)

@@ -60,7 +60,9 @@ def environment_of(snapshot: Snapshot) -> Environment:
         capability_text = f"{capability[0]}.{capability[1]}"
     argv = meta.get("argv")
     recording = _mapping(meta.get("recording"))
-    recording_text = ", ".join(f"{key} {recording[key]}" for key in ("max_entries", "stacks", "context") if key in recording) or None
+    recording_text = ", ".join(
+        f"{key} {recording[key]}" for key in ("max_entries", "stacks", "context") if type(recording.get(key)) in (str, int)
+    ) or None
     alloc_conf = None
     if snapshot.allocator_settings is not None:
         alloc_conf = snapshot.allocator_settings.raw_conf

@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import json
+
 import orjson
 
 from oomdoctor.analysis.results import Analysis, LiveBlock
+from oomdoctor.safetext import clip
 from oomdoctor.model import Stack
 
 JSON_SCHEMA_VERSION = 1
@@ -23,8 +26,13 @@ LIVE_BLOCK_LIMIT = 200
 FRAME_LIMIT = 8
 
 
+# A frame's file or function name longer than this is cut (saying so): one shared 1.5 MB name
+# otherwise becomes gigabytes of JSON, once for every frame of every block that shares it.
+FRAME_TEXT_LIMIT = 4096
+
+
 def _frames(stack: Stack) -> list[str]:
-    return [f"{f.filename}:{f.line} in {f.name}" for f in stack[:FRAME_LIMIT]]
+    return [f"{clip(f.filename, FRAME_TEXT_LIMIT)}:{f.line} in {clip(f.name, FRAME_TEXT_LIMIT)}" for f in stack[:FRAME_LIMIT]]
 
 
 def _plain(value: Any) -> Any:
@@ -77,4 +85,13 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
 
 
 def render(analysis: Analysis, *, environment: Any = None) -> bytes:
-    return orjson.dumps(to_dict(analysis, environment), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    return dumps(to_dict(analysis, environment))
+
+
+def dumps(data: Any) -> bytes:
+    """Indented JSON and a newline; integers beyond 64 bits (sums of hostile sizes) are written
+    exactly by the standard library, which orjson refuses."""
+    try:
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    except TypeError:
+        return (json.dumps(data, indent=2) + "\n").encode("ascii")
