@@ -13,6 +13,10 @@ from typing import Sequence
 
 from oomdoctor import __version__
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
+from oomdoctor.safetext import printable
+
+# An error is one line: what comes from the file in it (a global's name, keys) is escaped and cut.
+ERROR_LIMIT = 1000
 
 VERBS = ("open", "report", "info", "explain", "diff", "redact", "demo", "rehearse")
 
@@ -61,13 +65,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except OomdoctorError as error:
-        print(f"oomdoctor: {error}", file=sys.stderr)
+        print(f"oomdoctor: {printable(str(error), ERROR_LIMIT)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    except (Exception, RecursionError, MemoryError) as error:  # noqa: BLE001 - never a traceback
+        print(f"oomdoctor: {printable(internal_error_line(args, error), ERROR_LIMIT)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def internal_error_line(args: argparse.Namespace, error: BaseException) -> str:
+    """One line for an error oomdoctor did not foresee: what failed, on which file, and a request."""
+    verb = getattr(args, "verb", None) or "oomdoctor"
+    source = getattr(args, "file", None)
+    on = f" on {source}" if source else ""
+    where = ""
+    trace = error.__traceback__
+    while trace is not None:  # the innermost frame of oomdoctor's own code, to put in a bug report
+        filename = trace.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/oomdoctor/" in filename:
+            where = f" at {filename.rsplit('/oomdoctor/', 1)[1]}:{trace.tb_lineno}"
+        trace = trace.tb_next
+    reason = " ".join(str(error).split())[:300]
+    return (
+        f"{verb}{on}: internal error ({type(error).__name__}{': ' + reason if reason else ''}{where}); "
+        "the file may be damaged or hostile - please report this, with the file if you can share it"
+    )
 
 
 def entry() -> None:
-    sys.exit(main())
+    """The console script: the command runs in a watched child process (oomdoctor.supervise)."""
+    from oomdoctor.supervise import run
+
+    sys.exit(run(main))

@@ -33,7 +33,7 @@ import argparse
 import os
 import sys
 
-from oomdoctor.commands import max_bytes_argument, require_device
+from oomdoctor.commands import max_bytes_argument, require_device, write_output
 from oomdoctor.errors import OomdoctorError
 
 
@@ -81,12 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
         if args.device is not None:
             raise OomdoctorError(f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device")
-        sys.stdout.buffer.write(report_folder(args.file, args.format, redact=getattr(args, "redact", False), max_bytes=max_bytes))
-        sys.stdout.flush()
+        write_output(report_folder(args.file, args.format, redact=getattr(args, "redact", False), max_bytes=max_bytes))
         return 0
     snapshot = load(args.file, max_bytes=max_bytes)
     require_device(snapshot, args.device, args.file)
     report = render_report(snapshot, args.format, source=str(args.file), redact=getattr(args, "redact", False), device=args.device)
-    sys.stdout.buffer.write(report)
-    sys.stdout.flush()
+    write_output(report)
     return 0

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, OOM, Segment, Snapshot, Stack
+from oomdoctor.safetext import printable
 from oomdoctor.units import human_size as format_bytes
 
 INFO_SCHEMA_VERSION = 1
@@ -243,4 +244,4 @@ def to_text(info: dict[str, Any]) -> str:
         add("  trace events", f"{row['trace_events']}" + (f" ({actions})" if actions else ""))
         if row["trace_events"]:
             add("  with stacks", str(row["events_with_stacks"]))
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line, 8192) for line in lines) + "\n"

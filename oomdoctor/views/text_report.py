@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.results import Analysis
+from oomdoctor.safetext import printable
 from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_line, largest_groups, target_context, where_label
+
+
+LINE_LIMIT = 8192
 
 
 def render(analysis: Analysis, *, source: str | None = None) -> str:
@@ -93,7 +97,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add("Not determined from this file")
         for item in analysis.unknowns:
             add(f"  - {item}")
-    return "\n".join(lines).rstrip() + "\n"
+    # file names, frames, tensor names and settings come from the file: no line may carry a control
+    # character to the terminal, or run on without bound
+    return "\n".join(printable(line, LINE_LIMIT) for line in lines).rstrip() + "\n"
 
 
 def _flag(value: bool | None) -> str:
