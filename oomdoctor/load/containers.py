@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 import gzip
 import io
 import os
@@ -20,7 +21,7 @@ import orjson
 
 from oomdoctor.errors import LoadError
 from oomdoctor.load.access import access_error
-from oomdoctor.load.safe_pickle import CappedReader, SizeLimitExceeded, unpickle_stream
+from oomdoctor.load.safe_pickle import CappedReader, SizeLimitExceeded, address_space_cap, unpickle_stream
 from oomdoctor.units import parse_size
 
 DEFAULT_MAX_BYTES = 4 * 1024**3
@@ -29,7 +30,12 @@ MAX_BYTES_ENV = "OOMDOCTOR_MAX_BYTES"
 _PICKLE_0_1_FIRST_BYTES = b"(}]c"  # MARK, EMPTY_DICT, EMPTY_LIST, GLOBAL (hostile, refused)
 _WHITESPACE = b" \t\r\n\xef\xbb\xbf"  # and the UTF-8 byte order mark
 _BASE64_FIELD = re.compile(rb'"base64"\s*:\s*"([A-Za-z0-9+/=\s\\]*)"')
+# Whether the size limit of the current read was chosen (argument or environment), not the default.
+_LIMIT_CHOSEN: contextvars.ContextVar[bool] = contextvars.ContextVar("limit_chosen", default=False)
+
+
 def resolve_max_bytes(max_bytes: int | None) -> int:
+    _LIMIT_CHOSEN.set(max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV)))
     if max_bytes is not None:
         return max_bytes
     configured = os.environ.get(MAX_BYTES_ENV)
@@ -54,6 +60,9 @@ def too_large_error(describe: str, what: str, limit_bytes: int, *, raise_with: s
 
 
 _BUFFER_BYTES = 1024 * 1024
+# What a pipe or device is taken to hold when sizing the memory cap of its unpickling (its length
+# is not known before it is read).
+_UNKNOWN_SIZE_HINT = 64 * 1024**2
 
 
 def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
@@ -77,8 +86,8 @@ def read_source(source: Any, max_bytes: int | None = None) -> tuple[Any, str]:
         try:
             size = os.fstat(handle.fileno()).st_size
             regular = os.path.isfile(path)
-            if not regular:  # a pipe or device: its length is unknown until read
-                return _guarded(_read_capped(handle, describe, limit_bytes, "the input"), describe, limit_bytes)
+            if not regular:  # a pipe or device: its length is unknown; sniffed before more is read
+                return _guarded(handle, describe, limit_bytes, None)
             if size > limit_bytes:
                 raise too_large_error(describe, f"the file ({size} bytes)", limit_bytes)
             return _guarded(handle, describe, limit_bytes, size)
@@ -93,8 +102,9 @@ def _guarded(source: Any, describe: str, limit_bytes: int, size: int | None = No
         if size > limit_bytes:
             raise too_large_error(describe, "the input", limit_bytes)
         source = io.BufferedReader(io.BytesIO(source), buffer_size=_BUFFER_BYTES)
-    assert size is not None
     try:
+        if size is None:  # a stream of unknown length: read up to the limit, sized as a modest file
+            return _from_stream(CappedReader(source, limit_bytes, "the input"), describe, limit_bytes, _UNKNOWN_SIZE_HINT)
         return _from_stream(CappedReader(source, size, "the input"), describe, limit_bytes, size)
     except SizeLimitExceeded as exceeded:
         raise too_large_error(describe, exceeded.what, exceeded.limit_bytes) from None
@@ -106,7 +116,7 @@ def _from_stream(stream: Any, describe: str, limit_bytes: int, size_bytes: int, 
     if not head:
         raise LoadError(f"{describe}: empty file")
     if head[:2] == b"\x1f\x8b":
-        return _from_gzip(stream, describe, limit_bytes, size_bytes, depth)
+        return _from_gzip(stream, describe, limit_bytes, size_bytes, depth, _LIMIT_CHOSEN.get())
     if head[0] == 0x80:
         protocol = head[1] if len(head) > 1 else -1
         data = unpickle_stream(stream, describe, size_bytes)
@@ -140,9 +150,20 @@ def _read_capped(stream: Any, describe: str, limit_bytes: int, what: str) -> byt
 _GZIP_RATIO_ESTIMATE = 25
 
 
-def _from_gzip(stream: Any, describe: str, limit_bytes: int, size_bytes: int, depth: int) -> tuple[Any, str]:
+GZIP_MAX_RATIO = 100
+GZIP_MIN_EXPANDED_BYTES = 256 * 1024**2
+
+
+def _from_gzip(
+    stream: Any, describe: str, limit_bytes: int, size_bytes: int, depth: int, limit_chosen: bool = False
+) -> tuple[Any, str]:
     if depth > 1:
         raise LoadError(f"{describe}: not a snapshot: compressed more than twice")
+    # A compression bomb (0.5 MB of gzip that is 512 MiB of "0,") is refused by its ratio before it
+    # is parsed, unless the user chose the limit; real snapshots compress 5 to 30 times.
+    ratio_capped = False
+    if not limit_chosen and max(GZIP_MIN_EXPANDED_BYTES, GZIP_MAX_RATIO * size_bytes) < limit_bytes:
+        limit_bytes, ratio_capped = max(GZIP_MIN_EXPANDED_BYTES, GZIP_MAX_RATIO * size_bytes), True
     decompressed = CappedReader(gzip.GzipFile(fileobj=stream, mode="rb"), limit_bytes, "the decompressed data")
     buffered = io.BufferedReader(decompressed, buffer_size=_BUFFER_BYTES)
     try:
@@ -150,6 +171,12 @@ def _from_gzip(stream: Any, describe: str, limit_bytes: int, size_bytes: int, de
         capped = CappedReader(buffered, limit_bytes, "the decompressed data")
         data, container = _from_stream(capped, describe, limit_bytes, estimate, depth + 1)
     except SizeLimitExceeded as exceeded:
+        if ratio_capped:
+            raise LoadError(
+                f"{describe}: the gzip data expands to more than {format_limit(limit_bytes)}, over "
+                f"{GZIP_MAX_RATIO} times its compressed size: refused as a likely compression bomb (to "
+                f"read it anyway, set a limit with --max-bytes or {MAX_BYTES_ENV})"
+            ) from None
         raise too_large_error(describe, exceeded.what, exceeded.limit_bytes) from None
     except (EOFError, OSError, ValueError, zlib.error) as error:  # BadGzipFile is an OSError
         reason = " ".join(str(error).split())[:160] or type(error).__name__
@@ -159,7 +186,13 @@ def _from_gzip(stream: Any, describe: str, limit_bytes: int, size_bytes: int, de
 
 def _from_json(data: bytes, describe: str) -> tuple[Any, str]:
     try:
-        return orjson.loads(data), "json"
+        with address_space_cap(len(data)):
+            return orjson.loads(data), "json"
+    except MemoryError:
+        raise LoadError(
+            f"{describe}: not a readable snapshot: parsing its JSON ran out of memory (the cap is "
+            "relative to the file's size; a real snapshot needs a few times its size)"
+        ) from None
     except orjson.JSONDecodeError as error:
         reason = str(error).split(":")[0][:160]
         if "end of" in str(error).lower() or "EOF" in str(error):

@@ -23,6 +23,7 @@ except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
 from oomdoctor.errors import LoadError
+from oomdoctor.load import guard
 
 
 class RefusedGlobal(pickle.UnpicklingError):
@@ -137,8 +138,8 @@ def _mapped_bytes() -> int | None:
 
 
 @contextlib.contextmanager
-def _address_space_cap(size_hint_bytes: int) -> Iterator[None]:
-    """Lower RLIMIT_AS for the duration of one unpickling (Linux; elsewhere a no-op)."""
+def address_space_cap(size_hint_bytes: int) -> Iterator[None]:
+    """Lower RLIMIT_AS for the duration of one unpickling or JSON parse (Linux; elsewhere a no-op)."""
     mapped = _mapped_bytes() if resource is not None else None
     if mapped is None:
         yield
@@ -169,7 +170,7 @@ def unpickle_stream(stream: BinaryIO, describe: str, size_hint_bytes: int) -> An
     held = _HeldStderr(sys.stderr)
     sys.stderr = held
     try:
-        with _address_space_cap(size_hint_bytes):
+        with address_space_cap(size_hint_bytes), guard.unpickling(describe, size_hint_bytes):
             return _unpickle(stream, describe)
     finally:
         if sys.stderr is held:
