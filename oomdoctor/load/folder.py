@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from oomdoctor.errors import OomdoctorError
+from oomdoctor.load import guard
 from oomdoctor.load.access import access_error
 
 DUMP_NAME = re.compile(r"^(?:oom|manual|peak)-rank(\d+)-.*\.pickle$")
@@ -190,16 +191,37 @@ def map_files(
         workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:
         return tuple(_guarded(work, path) for path in paths)
+    outcomes: dict[int, FileOutcome] = {}
+    pending = list(range(len(paths)))
     try:
-        executor = ProcessPoolExecutor(max_workers=workers)
+        broken = _pool_pass(paths, pending, work, workers, outcomes)
     except (OSError, NotImplementedError, ImportError):  # no process support here: read them one by one
         return tuple(_guarded(work, path) for path in paths)
-    outcomes = []
-    with executor:
-        futures = [executor.submit(_guarded, work, path) for path in paths]
-        for path, future in zip(paths, futures):
+    # A worker that died (out of memory, or killed by the unpickling time limit on a hostile file)
+    # breaks its pool, and every file not yet done with it: each of those is read again alone, so
+    # that only the file that kills its reader is noted for it.
+    for index in broken:
+        if _pool_pass(paths, [index], work, 1, outcomes):
+            outcomes[index] = FileOutcome(paths[index], None, WORKER_DIED)
+    return tuple(outcomes[index] for index in range(len(paths)))
+
+
+WORKER_DIED = (
+    "the process reading it died: out of host memory, or a file built to make the unpickler work without "
+    "bound or crash (killed after the unpickling time limit)"
+)
+
+
+def _pool_pass(
+    paths: Sequence[str], indices: list[int], work: Callable[[str], Any], workers: int, outcomes: dict[int, FileOutcome]
+) -> list[int]:
+    """Read `indices` of `paths` in a pool of `workers`; the indices whose worker died."""
+    broken = []
+    with ProcessPoolExecutor(max_workers=workers, initializer=guard.enable) as executor:
+        futures = [(index, executor.submit(_guarded, work, paths[index])) for index in indices]
+        for index, future in futures:
             try:
-                outcomes.append(future.result())
+                outcomes[index] = future.result()
             except BrokenProcessPool:
-                outcomes.append(FileOutcome(path, None, "the worker process reading it died (out of host memory?)"))
-    return tuple(outcomes)
+                broken.append(index)
+    return broken

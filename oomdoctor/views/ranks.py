@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from oomdoctor.safetext import printable
 from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDump, RankRow, component_label, where
 from oomdoctor.load.folder import SkippedFile
 from oomdoctor.units import human_size as human
@@ -168,7 +169,8 @@ def render_text(directory: str, comparison: RankComparison, dumps: tuple[RankDum
     banner = f"{_label(dump)} ({title}): {dump.file}"
     lines.append(banner)
     lines.append("=" * len(banner))
-    return "\n".join(lines) + "\n" + render_report(dump.analysis, source=dump.file)
+    # file names in a stranger's folder are data: no control character reaches the terminal
+    return "\n".join(printable(line, 8192) for line in lines) + "\n" + render_report(dump.analysis, source=dump.file)
 
 
 def _label(dump: RankDump) -> str:
@@ -176,29 +178,37 @@ def _label(dump: RankDump) -> str:
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    from oomdoctor.views.markdown_report import inline_text
+
+    return inline_text(text, cell=True)
+
+
+def _md_text(text: str) -> str:
+    from oomdoctor.views.markdown_report import inline_text
+
+    return inline_text(text)
 
 
 def render_markdown(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> str:
-    from oomdoctor.views.markdown_report import render as render_report
+    from oomdoctor.views.markdown_report import code_span, render as render_report
 
     lines = [f"## oomdoctor: {len(comparison.rows)} ranks", ""]
-    lines += [f"> {_md_cell(comparison.headline)}", "", _md_cell(_folder_line(directory, comparison, skipped)) + ".", ""]
+    lines += [f"> {_md_text(comparison.headline)}", "", _md_text(_folder_line(directory, comparison, skipped)) + ".", ""]
     table = []
     for row in comparison.rows:
         cells = [_md_cell(cell) for cell in _row_cells(row, comparison)]
-        cells[2] = f"`{row.verdict}`"
-        cells[-1] = f"`{row.file.replace('|', '').replace('`', '')}`"
+        cells[2] = code_span(row.verdict, cell=True)
+        cells[-1] = code_span(row.file, cell=True)
         table.append(cells)
     lines += ["### Ranks", ""] + _md_table(_HEADER, table, {4, 5, 6})
     header, rows = _component_table(comparison)
     lines += ["", f"### Live memory by component {_moment_words(comparison)}", ""]
     lines += _md_table(header, rows, set(range(1, len(header))))
     lines += ["", "### How the ranks differ", ""]
-    lines += [f"- {_md_cell(line)}" for line in _summary_lines(comparison)]
+    lines += [f"- {_md_text(line)}" for line in _summary_lines(comparison)]
     notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
     if notes:
-        lines += ["", "### Notes", ""] + [f"- {_md_cell(note)}" for note in notes]
+        lines += ["", "### Notes", ""] + [f"- {_md_text(note)}" for note in notes]
     dump = featured(comparison, dumps)
     lines += ["", f"### {_label(dump)}: the full report", ""]
     report = render_report(dump.analysis, source=dump.file, environment=dump.environment)
@@ -297,7 +307,7 @@ def info_line(info: dict[str, Any]) -> str:
 def info_text(directory: str, rows: tuple[dict[str, Any], ...], skipped: tuple[SkippedFile, ...]) -> str:
     lines = [info_line(info) for info in rows]
     lines += [f"{item.name}  skipped: {item.reason}" for item in skipped]
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line, 8192) for line in lines) + "\n"
 
 
 def info_json(directory: str, rows: tuple[dict[str, Any], ...], skipped: tuple[SkippedFile, ...]) -> str:
