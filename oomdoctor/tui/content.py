@@ -2,6 +2,11 @@
 
 Each tab's widgets only lay out what these builders return, so tests check the data first and the
 app second (builder, then presenter).
+
+Every string that comes from the file (frame file and function names, tensor names, segment
+types, the file's own name, evidence built from them) leaves these builders through `printable`:
+control characters escaped, one line each, bounded, so no terminal escape reaches the screen.
+The widgets still wrap each one in a `rich.text.Text` (oomdoctor.tui.safe), never markup.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPoint
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
+from oomdoctor.safetext import printable
 from oomdoctor.units import human_size
 from oomdoctor.views.report_rows import COMPONENT_LABELS, evidence_line, where_label
 
@@ -39,7 +45,11 @@ def phase_words(phase: str) -> str:
 @dataclass(frozen=True)
 class Section:
     title: str
-    lines: tuple[str, ...]
+    lines: tuple[str, ...]  # each one line, printable
+
+
+def _section(title: str, lines: Iterable[str]) -> Section:
+    return Section(printable(title), tuple(printable(line) for line in lines))
 
 
 def overview_sections(analysis: Analysis, source: str) -> list[Section]:
@@ -52,22 +62,22 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
         f"Device {analysis.device} {where_label(analysis)} ({step}{phase_words(analysis.target_phase)}{event}).",
         f"File: {source}",
     )
-    sections = [Section(f"Verdict: {analysis.verdict} (confidence {analysis.confidence:.0%})", headline)]
-    sections.append(Section("Evidence", tuple(evidence_line(item) for item in analysis.evidence)))
+    sections = [_section(f"Verdict: {analysis.verdict} (confidence {analysis.confidence:.0%})", headline)]
+    sections.append(_section("Evidence", tuple(evidence_line(item) for item in analysis.evidence)))
     if analysis.recommendations:
         lines = []
         for position, rec in enumerate(analysis.recommendations, 1):
             fits = _FIT_WORDS[rec.would_fit_alone]
             lines.append(f"{position}. {rec.text} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})")
-        sections.append(Section("What to change (largest saving first)", tuple(lines)))
-    sections.append(Section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))
-    sections.append(Section("Live memory by component", tuple(component_lines(analysis))))
+        sections.append(_section("What to change (largest saving first)", tuple(lines)))
+    sections.append(_section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))
+    sections.append(_section("Live memory by component", tuple(component_lines(analysis))))
     if analysis.what_if.largest_fitting_scale is not None:
-        sections.append(Section("What if the batch were scaled", (f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x ({analysis.what_if.note})",)))
+        sections.append(_section("What if the batch were scaled", (f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x ({analysis.what_if.note})",)))
     if analysis.secondary:
-        sections.append(Section("Also found", tuple(f"{f.verdict}: {f.summary}" for f in analysis.secondary)))
+        sections.append(_section("Also found", tuple(f"{f.verdict}: {f.summary}" for f in analysis.secondary)))
     if analysis.unknowns:
-        sections.append(Section("Not determined from this file", analysis.unknowns))
+        sections.append(_section("Not determined from this file", analysis.unknowns))
     return sections
 
 
@@ -221,16 +231,17 @@ class BlockRow:
     size_bytes: int
     alloc_index: int | None
     component: str  # "" when the analysis did not place this allocation
-    label: str  # registry name, else the user's source line, else why neither is known
+    label: str  # registry name, else the user's source line, else why neither is known (printable)
     frames: Stack
 
 
 def describe_block(name: str | None, frames: Stack, alloc_index: int | None) -> str:
+    """The block's registry name, else its user source line (printable), else why neither is known."""
     if name:
-        return name
+        return printable(name)
     line = source_line(frames)
     if line:
-        return line
+        return printable(line)
     return "allocated before the trace began" if alloc_index is None else "no stack recorded"
 
 
@@ -290,7 +301,7 @@ def segment_pool(segment: Segment) -> str:
     pool = segment.segment_type
     if segment.pool_id != (0, 0):
         pool = f"private {segment.pool_id} {pool}"
-    return pool + (" expandable" if segment.is_expandable else "")
+    return printable(pool + (" expandable" if segment.is_expandable else ""))
 
 
 def largest_free_block_bytes(segment: Segment) -> int:
@@ -308,7 +319,7 @@ def fragmentation_lines(analysis: Analysis) -> list[str]:
             f"largest block {human_size(frag.largest_usable_free_block_bytes)}; "
             f"request fits if contiguous: {fits}; expandable segments: {expandable}"
         )
-    return lines
+    return [printable(line) for line in lines]
 
 
 def block_rows_of(segment: Segment, analysis: Analysis, trace: DeviceTrace) -> list[BlockRow]:
@@ -332,7 +343,7 @@ def stack_lines(frames: Stack, limit: int = 40) -> list[str]:
     """The stack, innermost frame first, one `file:line in function` per line."""
     if not frames:
         return ["(no stack recorded for this block)"]
-    lines = [f"{frame.filename}:{frame.line} in {frame.name}" for frame in frames[:limit]]
+    lines = [printable(f"{frame.filename}:{frame.line} in {frame.name}") for frame in frames[:limit]]
     if len(frames) > limit:
         lines.append(f"... {len(frames) - limit} more frames")
     return lines
@@ -343,7 +354,7 @@ def stack_lines(frames: Stack, limit: int = 40) -> list[str]:
 
 @dataclass(frozen=True)
 class BlockGroup:
-    key: str  # a module path, or a source line when the blocks have no registry names
+    key: str  # a module path, or a source line when the blocks have no registry names (printable)
     bytes: int
     blocks: tuple[LiveBlock, ...]
 
@@ -380,7 +391,7 @@ def component_nodes(analysis: Analysis) -> list[ComponentNode]:
             key = module_of(block.name) if block.name else (source_line(block.frames) or "(no stack recorded)")
             groups.setdefault(key, []).append(block)
         ordered = sorted(
-            (BlockGroup(key, sum(b.size_bytes for b in members), tuple(sorted(members, key=lambda b: -b.size_bytes))) for key, members in groups.items()),
+            (BlockGroup(printable(key), sum(b.size_bytes for b in members), tuple(sorted(members, key=lambda b: -b.size_bytes))) for key, members in groups.items()),
             key=lambda group: (-group.bytes, group.key),
         )
         nodes.append(ComponentNode(share.name, share.bytes, share.method, share.confidence, tuple(ordered)))
