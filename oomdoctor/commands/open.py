@@ -16,8 +16,9 @@ The file is read and analysed in the background behind a progress bar; then five
   5 Allocations   every block live at the OOM; type to search names, files and functions
 
 Keys 1-5 switch tabs, tab moves between widgets, q quits; the mouse works too. For a report to
-paste or pipe, use `oomdoctor report FILE`. Exit status: 0 closed normally, 2 unreadable input
-(one line on stderr says why).
+paste or pipe, use `oomdoctor report FILE`. Exit status: 0 closed normally, 2 unreadable input,
+or a file the app could not analyse or show (one line on stderr says why, after the terminal is
+restored).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 
 from oomdoctor.commands import max_bytes_argument, require_device
 from oomdoctor.errors import LoadError, OomdoctorError
+from oomdoctor.safetext import is_printable, printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +85,23 @@ def run(args: argparse.Namespace) -> int:
         raise OomdoctorError(f"the terminal app needs Textual ({error}); install it with: pip install textual") from None
 
     app = make_loading_app(loader_for(args.file, device=args.device, max_bytes=max_bytes), source=args.file)
-    app.run()
+    try:
+        app.run()
+    except Exception as error:  # whatever got past the app's own handling: one line, never a traceback
+        from oomdoctor.tui.guard import internal_error
+
+        raise internal_error(args.file, "run the terminal app on it", error) from None
     if app.error is not None:
-        raise app.error
+        raise _printable_error(app.error)
     return app.return_code or 0
+
+
+def _printable_error(error: OomdoctorError) -> OomdoctorError:
+    """`error`, or one with the same exit code whose text has its control characters escaped: a
+    loader's message can quote the file (its name, a refused global's name)."""
+    text = str(error)
+    if is_printable(text):
+        return error
+    clean = OomdoctorError(printable(text))
+    clean.exit_code = error.exit_code
+    return clean

@@ -1,11 +1,16 @@
-"""The app: tabs built from one analysis, or a loading view whose worker produces that analysis."""
+"""The app: tabs built from one analysis, or a loading view whose worker produces that analysis.
+
+Nothing in a file ends the app with a traceback: a loader's error, and any exception while
+loading or analysing, ends it with one line in `app.error` (the CLI prints it once the terminal
+is restored) and a non-zero exit code; a tab that cannot be shown says why in the tab
+(oomdoctor.tui.guard); anything else Textual would print as a traceback ends the app the same way.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -15,11 +20,14 @@ from textual.widgets import Footer, Header, LoadingIndicator, ProgressBar, Stati
 
 from oomdoctor.analysis import Replayer, replayer
 from oomdoctor.analysis.results import Analysis
-from oomdoctor.errors import OomdoctorError
+from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
 from oomdoctor.model import Snapshot
+from oomdoctor.safetext import printable
 from oomdoctor.tui.allocations import AllocationsPane
 from oomdoctor.tui.components import ComponentsPane
+from oomdoctor.tui.guard import internal_error
 from oomdoctor.tui.overview import OverviewPane
+from oomdoctor.tui.safe import plain
 from oomdoctor.tui.segments import SegmentsPane
 from oomdoctor.tui.timeline import TimelinePane
 
@@ -49,15 +57,14 @@ class Browser(Vertical):
         self.source = source
 
     def compose(self) -> ComposeResult:
-        target = self.analysis.replay.target_index
-        state = self.replay.state_at(target if target is not None else len(self.replay.trace) - 1)
+        # Each pane builds its content itself, so that one that fails shows why in its own tab.
         with TabbedContent(initial="overview"):
             with TabPane("1 Overview", id="overview"):
                 yield OverviewPane(self.analysis, self.source)
             with TabPane("2 Timeline", id="timeline"):
                 yield TimelinePane(self.analysis, self.snapshot, self.replay)
             with TabPane("3 Segments", id="segments"):
-                yield SegmentsPane(self.analysis, state, self.replay.trace)
+                yield SegmentsPane(self.analysis, self.replay)
             with TabPane("4 Components", id="components"):
                 yield ComponentsPane(self.analysis)
             with TabPane("5 Allocations", id="allocations"):
@@ -71,7 +78,9 @@ class Browser(Vertical):
         pane_id = message.pane.id if message.pane is not None else None
         wanted = _FOCUS_IN_TAB.get(pane_id or "")
         if wanted is not None:
-            self.query_one(wanted).focus()
+            found = self.query(wanted)  # none when the tab could not be built: it shows why instead
+            if found:
+                found.first().focus()
 
 
 class LoadingView(Vertical):
@@ -80,9 +89,9 @@ class LoadingView(Vertical):
         self.source = source
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(f"Opening {self.source}"), id="loading-title")
+        yield Static(plain(f"Opening {self.source}"), id="loading-title")
         yield ProgressBar(total=LOAD_STAGES, show_eta=False, id="loading-progress")
-        yield Static(Text("reading the file", style="dim"), id="loading-stage")
+        yield Static(plain("reading the file", style="dim"), id="loading-stage")
         yield LoadingIndicator()
 
 
@@ -128,8 +137,9 @@ class OomdoctorApp(App[None]):
         self.snapshot = snapshot
         self.replay = replay
         self.loader = loader
-        self.error: OomdoctorError | None = None  # set when loading failed; the CLI reports it after exit
-        self.sub_title = Path(source).name
+        # The first failure (loading, or a tab that could not be shown); the CLI reports it after exit.
+        self.error: OomdoctorError | None = None
+        self.sub_title = printable(Path(source).name)  # a file's name can hold terminal escapes too
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -153,13 +163,16 @@ class OomdoctorApp(App[None]):
         except OomdoctorError as error:
             self.post_message(self.LoadFailed(error))
             return
+        except Exception as error:  # a file the analysis does not cope with: one line, not a traceback
+            self.post_message(self.LoadFailed(internal_error(self.source, "read and analyse it", error)))
+            return
         self.post_message(self.Loaded(snapshot, analysis, replay))
 
     @on(StageEntered)
     def _stage_entered(self, message: StageEntered) -> None:
         if self.query(LoadingView):
             self.query_one("#loading-progress", ProgressBar).advance(1)
-            self.query_one("#loading-stage", Static).update(Text(message.stage, style="dim"))
+            self.query_one("#loading-stage", Static).update(plain(message.stage, style="dim"))
 
     @on(Loaded)
     async def _loaded(self, message: Loaded) -> None:
@@ -170,7 +183,34 @@ class OomdoctorApp(App[None]):
     @on(LoadFailed)
     def _load_failed(self, message: LoadFailed) -> None:
         self.error = message.error
+        for stage in self.query("#loading-stage").results(Static):
+            stage.update(plain(str(message.error), style="bold red"))
         self.exit(return_code=message.error.exit_code)
+
+    def report_failure(self, doing: str, error: BaseException) -> str:
+        """Keep the first failure for the CLI to report after exit; the one line to show now."""
+        failure = internal_error(self.source, doing, error)
+        if self.error is None:
+            self.error = failure
+        return str(failure)
+
+    def _handle_exception(self, error: Exception) -> None:
+        """Any exception nothing else caught: end the app with one line (in `self.error`) and a
+        non-zero exit code, instead of Textual's traceback.
+
+        This overrides Textual's private hook (textual 8), the one place every unhandled
+        exception goes (handlers, compose, workers, rendering); tests/test_tui_hostile.py checks
+        that it still ends the app cleanly. Like Textual's own, it closes the message queue, so
+        the app shuts down normally and the terminal is restored.
+        """
+        try:
+            self.report_failure("show it", error)
+        except Exception:  # never fail while failing
+            if self.error is None:
+                self.error = OomdoctorError(f"{printable(self.source)}: oomdoctor could not show it; this is a bug in oomdoctor, please report it")
+        self._return_code = self.error.exit_code if self.error is not None else EXIT_BAD_INPUT
+        self._exception_event.set()  # the pilot waits on this (tests), as for Textual's own handling
+        self._close_messages_no_wait()
 
     def action_show_tab(self, tab: str) -> None:
         for tabbed in self.query(TabbedContent):

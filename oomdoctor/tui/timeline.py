@@ -17,6 +17,8 @@ from oomdoctor.analysis.results import Analysis, EventState
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import Snapshot
 from oomdoctor.tui.content import COMPONENT_LABELS, PHASE_LETTERS, BlockRow, Timeline, live_rows_at, phase_words, stacked_cells
+from oomdoctor.tui.guard import GuardedPane, guarded, report_failure
+from oomdoctor.tui.safe import plain, row
 from oomdoctor.units import human_size
 
 COMPONENT_COLORS = dict(zip(COMPONENTS, ("#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")))
@@ -80,18 +82,24 @@ class TimelineChart(Widget, can_focus=True):
         self.focus()
 
     def render(self) -> Text:
+        try:
+            return self._draw()
+        except Exception as error:  # data the chart cannot draw: one line in its place
+            return plain(report_failure(self, "draw the timeline", error), style="red")
+
+    def _draw(self) -> Text:
         width = self.size.width
         timeline = self.timeline
         if not timeline:
-            return Text("No allocation history was recorded, so there is no timeline.")
+            return plain("No allocation history was recorded, so there is no timeline.")
         columns = timeline.columns(width)
         cursor = timeline.cursor_column(columns, self.cursor_index)
         stacks = [stacked_cells(column.point, timeline.max_bytes, CHART_ROWS) for column in columns]
         lines = []
-        for row in range(CHART_ROWS - 1, -1, -1):
+        for level in range(CHART_ROWS - 1, -1, -1):
             line = Text()
             for number, cells in enumerate(stacks):
-                component = cells[row]
+                component = cells[level]
                 style = COMPONENT_COLORS[COMPONENTS[component]] if component is not None else ""
                 if number == cursor:
                     line.append("█" if component is not None else "│", style="bold white" if component is None else f"{style} reverse")
@@ -117,8 +125,10 @@ class TimelineChart(Widget, can_focus=True):
         return CHART_ROWS + 2 if self.timeline else 1
 
 
-class TimelinePane(Vertical):
+class TimelinePane(GuardedPane, Vertical):
     """The chart, a legend, the cursor's event and the largest blocks live after it."""
+
+    TAB_TITLE = "Timeline"
 
     class StateReady(Message):
         def __init__(self, state: EventState, rows: list[BlockRow]) -> None:
@@ -126,24 +136,31 @@ class TimelinePane(Vertical):
             self.state = state
             self.rows = rows
 
+    class ReplayFailed(Message):
+        def __init__(self, error: Exception) -> None:
+            super().__init__()
+            self.error = error
+
     def __init__(self, analysis: Analysis, snapshot: Snapshot, replayer: Replayer, **kwargs) -> None:
         super().__init__(**kwargs)
         self.analysis = analysis
         self.snapshot = snapshot
         self.replayer = replayer
-        self.timeline = Timeline(analysis)
+        self.timeline: Timeline | None = None
         self.shown_state: EventState | None = None
 
-    def compose(self) -> ComposeResult:
+    def build(self) -> ComposeResult:
+        self.timeline = Timeline(self.analysis)
         yield Static(self._legend(), id="timeline-legend")
         yield TimelineChart(self.timeline, id="timeline-chart")
-        yield Static(id="cursor-event")
-        yield Static(id="cursor-state")
+        yield Static(Text(), id="cursor-event")
+        yield Static(Text(), id="cursor-state")
         table = DataTable(id="cursor-blocks", cursor_type="row", zebra_stripes=True)
-        table.add_columns("size", "component", "allocated at", "name or source line")
+        table.add_columns(*row("size", "component", "allocated at", "name or source line"))
         yield table
 
     def _legend(self) -> Text:
+        assert self.timeline is not None
         present = [name for name, share in zip(COMPONENTS, self.analysis.components) if share.bytes] or list(COMPONENTS[:4])
         legend = Text()
         for name in present:
@@ -153,7 +170,9 @@ class TimelinePane(Vertical):
         return legend
 
     @on(TimelineChart.CursorMoved)
+    @guarded
     def _cursor_moved(self, message: TimelineChart.CursorMoved) -> None:
+        assert self.timeline is not None
         self.query_one(TimelineChart).refresh()
         index = message.event_index
         span = self.timeline.phase_at(index)
@@ -164,31 +183,41 @@ class TimelinePane(Vertical):
             bits.append(phase_words(span.phase))
         if index == self.analysis.replay.target_index:
             bits.append(self.analysis.replay.target_kind.upper() if self.analysis.replay.target_kind == "oom" else self.analysis.replay.target_kind)
-        self.query_one("#cursor-event", Static).update(Text(" · ".join(bits)))
-        self.query_one("#cursor-state", Static).update(Text("replaying…", style="dim"))
+        self.query_one("#cursor-event", Static).update(plain(" · ".join(bits)))
+        self.query_one("#cursor-state", Static).update(plain("replaying…", style="dim"))
         self._replay(index)
 
     @work(thread=True, exclusive=True, group="timeline-cursor")
     def _replay(self, event_index: int) -> None:
-        state = self.replayer.state_at(event_index)
-        rows = live_rows_at(state, self.replayer.trace, self.replayer.segments, self.analysis, limit=TOP_BLOCKS)
+        try:
+            state = self.replayer.state_at(event_index)
+            rows = live_rows_at(state, self.replayer.trace, self.replayer.segments, self.analysis, limit=TOP_BLOCKS)
+        except Exception as error:  # the worker's thread: the pane fails on the app's
+            self.post_message(self.ReplayFailed(error))
+            return
         self.post_message(self.StateReady(state, rows))
 
+    @on(ReplayFailed)
+    def _replay_failed(self, message: ReplayFailed) -> None:
+        self.fail(message.error)
+
     @on(StateReady)
+    @guarded
     def _state_ready(self, message: StateReady) -> None:
+        assert self.timeline is not None
         chart = self.query_one(TimelineChart)
         state = message.state
         if state.event_index != chart.cursor_index and not (state.exact and chart.cursor_index >= self.timeline.event_count - 1):
             return  # the cursor has moved on; a newer replay is coming
         self.shown_state = state
         self.query_one("#cursor-state", Static).update(
-            Text(
+            plain(
                 f"allocated {human_size(state.allocated_bytes)} · reserved {human_size(state.reserved_bytes)} · "
                 f"{len(state.live)} live blocks" + ("" if state.exact else " (replayed)")
             )
         )
         table = self.query_one("#cursor-blocks", DataTable)
         table.clear()
-        for row in message.rows:
-            where = f"event {row.alloc_index}" if row.alloc_index is not None else "before trace"
-            table.add_row(human_size(row.size_bytes), COMPONENT_LABELS.get(row.component, "-"), where, Text(row.label), key=str(row.address))
+        for block_row in message.rows:
+            where = f"event {block_row.alloc_index}" if block_row.alloc_index is not None else "before trace"
+            table.add_row(*row(human_size(block_row.size_bytes), COMPONENT_LABELS.get(block_row.component, "-"), where, block_row.label), key=str(block_row.address))
