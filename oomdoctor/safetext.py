@@ -73,4 +73,21 @@ def describe_value(value: Any, limit: int = 200) -> str:
     return f"a {kind.__name__}"
 
 
-__all__ = ["DEFAULT_LIMIT", "clip", "describe_value", "is_printable", "printable"]
+# UTF-8 of what JSON encoders leave raw but a terminal may act on: C1 controls, the line and
+# paragraph separators, bidirectional controls, the BOM (C0 controls are escaped by the encoders).
+_JSON_UNSAFE = re.compile(rb"\xc2[\x80-\x9f]|\xe2\x80[\xa8-\xae]|\xe2\x81[\xa6-\xa9]|\xef\xbb\xbf")
+
+
+def _json_escape(match: re.Match[bytes]) -> bytes:
+    return b"\\u%04x" % ord(match.group().decode("utf-8"))
+
+
+def json_printable(encoded: bytes) -> bytes:
+    """JSON text with the characters above written as \\uXXXX escapes: the same data when parsed,
+    inert when printed. Outside strings JSON is ASCII, so only string contents change."""
+    if _JSON_UNSAFE.search(encoded) is None:
+        return encoded
+    return _JSON_UNSAFE.sub(_json_escape, encoded)
+
+
+__all__ = ["DEFAULT_LIMIT", "clip", "describe_value", "is_printable", "json_printable", "printable"]

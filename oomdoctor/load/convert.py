@@ -311,7 +311,7 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     actions = _shared_strings(actions, distinct_actions)
 
     sizes = _int_column(column("size"), describe, device, "size", ranged=True)
-    addrs = _int_column(column("addr"), describe, device, "addr", missing=0)  # `oom` has no addr
+    addrs = _int_column(column("addr"), describe, device, "addr", missing=0, ranged=True)  # `oom` has no addr
     streams = column("stream")
     if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
         streams = _int_column(streams, describe, device, "stream", missing=0)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from oomdoctor.safetext import json_printable, printable
 from oomdoctor.messages.explain import Explanation
 from oomdoctor.messages.figures import Figure
 from oomdoctor.units import human_size
@@ -94,7 +95,8 @@ def to_text(explanations: list[Explanation], highlighted: int, reason: str, sour
         lines += _section("Findings", e.findings)
         lines += _section("What to do", e.recommendations, numbered=True)
         lines += _section("Not known from a message", e.unknowns)
-    return "\n".join(lines) + "\n"
+    # the messages come from a log or pasted text: no control character reaches the terminal
+    return "\n".join(printable(line, 8192) for line in lines) + "\n"
 
 
 def _plain(value: Any) -> Any:
@@ -116,4 +118,4 @@ def to_json(explanations: list[Explanation], highlighted: int, reason: str, sour
         "highlight_reason": reason,
         "messages": [_plain(e) for e in explanations],
     }
-    return orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
+    return json_printable(orjson.dumps(document, option=orjson.OPT_INDENT_2)) + b"\n"

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, OOM, Segment, Snapshot, Stack
-from oomdoctor.safetext import printable
+from oomdoctor.safetext import json_printable, printable
 from oomdoctor.units import human_size as format_bytes
 
 INFO_SCHEMA_VERSION = 1
@@ -173,7 +173,7 @@ def _metadata_summary(snapshot: Snapshot) -> dict[str, Any] | None:
 
 def to_json(info: dict[str, Any]) -> str:
     try:
-        return orjson.dumps(info, option=orjson.OPT_INDENT_2).decode()
+        return json_printable(orjson.dumps(info, option=orjson.OPT_INDENT_2)).decode()
     except TypeError:  # an int beyond 64 bits in a strange file: the stdlib encoder copes
         return json.dumps(info, indent=2)
 

@@ -18,7 +18,7 @@ import json
 import orjson
 
 from oomdoctor.analysis.results import Analysis, LiveBlock
-from oomdoctor.safetext import clip
+from oomdoctor.safetext import clip, json_printable
 from oomdoctor.model import Stack
 
 JSON_SCHEMA_VERSION = 1
@@ -92,6 +92,6 @@ def dumps(data: Any) -> bytes:
     """Indented JSON and a newline; integers beyond 64 bits (sums of hostile sizes) are written
     exactly by the standard library, which orjson refuses."""
     try:
-        return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+        return json_printable(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
     except TypeError:
         return (json.dumps(data, indent=2) + "\n").encode("ascii")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 
 from oomdoctor.safetext import printable
 from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDump, RankRow, component_label, where
@@ -277,7 +276,9 @@ def to_dict(directory: str, comparison: RankComparison, dumps: tuple[RankDump, .
 
 
 def render_json(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> bytes:
-    return orjson.dumps(to_dict(directory, comparison, dumps, skipped), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    from oomdoctor.views.json_report import dumps as dumps_json
+
+    return dumps_json(to_dict(directory, comparison, dumps, skipped))
 
 
 def render(output_format: str, directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> bytes:
