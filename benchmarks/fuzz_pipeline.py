@@ -925,11 +925,36 @@ def splice_strategy(rng: random.Random, seeds: list[Seed], notes: list[str], cas
     return write_value(m, data, notes)
 
 
+_BOMB_UNIT_BYTES = 16 << 20
+_BOMB_UNITS: dict[bytes, bytes] = {}
+
+
+def gzip_bomb(size_bytes: int, what: str) -> bytes:
+    """A small gzip file that decompresses to about `size_bytes`: a JSON list of zeros, one pickled
+    string, or a pickled list of Nones. Written as gzip members (which readers concatenate), so one
+    compressed 16 MiB member serves every size."""
+    if what == "json-zeros":
+        head, unit, tail = b"[", b"0,", b"0]"
+    elif what == "pickle-string":
+        head, unit, tail = b"\x80\x04\x8d" + struct.pack("<Q", size_bytes // _BOMB_UNIT_BYTES * _BOMB_UNIT_BYTES), b"a", b"."
+    else:
+        head, unit, tail = b"\x80\x04](", b"N", b"e."
+    if unit not in _BOMB_UNITS:
+        _BOMB_UNITS[unit] = gzip.compress(unit * (_BOMB_UNIT_BYTES // len(unit)), compresslevel=9, mtime=0)
+    members = [gzip.compress(head, mtime=0), *[_BOMB_UNITS[unit]] * max(1, size_bytes // _BOMB_UNIT_BYTES), gzip.compress(tail, mtime=0)]
+    return b"".join(members)
+
+
 def container_strategy(rng: random.Random, seeds: list[Seed], notes: list[str]) -> tuple[bytes, str]:
     seed = rng.choice(seeds)
     inner = seed.encoded(rng.choice(("p4", "p2", "json")))
-    kind = rng.choice(("gzip", "gzip2", "gzip3", "gzip-truncated", "gzip-trailer", "gzip-members", "html", "html-gzip", "html-bad-base64", "html-in-html", "html-empty", "bom", "utf16", "whitespace", "json-trailer", "json-bignum", "json-nan", "empty", "padding"))  # fmt: skip
+    kinds = ("gzip", "gzip2", "gzip3", "gzip-truncated", "gzip-trailer", "gzip-members", "gzip-bomb", "html", "html-gzip", "html-bad-base64", "html-in-html", "html-empty", "bom", "utf16", "whitespace", "json-trailer", "json-bignum", "json-nan", "empty", "padding")  # fmt: skip
+    kind = rng.choices(kinds, [1 if k == "gzip-bomb" else 4 for k in kinds])[0]  # a bomb costs seconds per verb
     notes.append(f"{seed.name}, {kind}")
+    if kind == "gzip-bomb":
+        size, what = rng.choice((16 << 20, 256 << 20, 768 << 20)), rng.choice(("json-zeros", "pickle-string", "pickle-list"))
+        notes.append(f"{size >> 20} MiB of {what}")
+        return gzip_bomb(size, what), ".gz"
     if kind.startswith("gzip"):
         levels = {"gzip2": 2, "gzip3": 3}.get(kind, 1)
         data = inner
