@@ -4,12 +4,16 @@
 
 Frames' file names lose their home-directory and other absolute prefixes (a path keeps its part
 after site-packages/ or under the project's root, otherwise its file name); in oomdoctor's metadata
-the host becomes "<host>", the pid is dropped, and paths in argv and in the exception's message and
-traceback are redacted the same way. Everything else, torch's keys included, is kept as it was, so
-the copy still opens in oomdoctor and in pytorch.org/memory_viz and gives the same verdict.
+the host becomes "<host>" and the pid is dropped. Every other string torch or oomdoctor writes
+(function names, argv, the exception's message and traceback, user_metadata, compile_context,
+annotation names, forward_frames, pinned-host frames) has its paths, host and user names and process
+ids redacted the same way; a string under a key neither writes becomes "<redacted>". Fixed
+vocabulary (actions, block states, segment types, stages, phases) and numbers are kept, so the copy
+still opens in oomdoctor and in pytorch.org/memory_viz and gives the same verdict.
 
-OUT is written as a pickle (protocol 4) through a temporary file and a rename, and read back before
-the rename to check that it loads. IN is never overwritten, nor an existing OUT unless --force.
+OUT is written as a pickle (protocol 4) through a new temporary file and a rename, and read back
+before the rename to check that it loads. IN is never overwritten, nor anything at OUT (a dangling
+symbolic link included) unless --force, which replaces the link itself, never what it points to.
 """
 
 from __future__ import annotations
@@ -40,6 +44,27 @@ def _same_file(first: Path, second: Path) -> bool:
         return False
 
 
+def _snapshot_shaped(data: object) -> bool:
+    """A dict with a list of segments, or a list of segment dicts (the shapes the loader reads)."""
+    if isinstance(data, dict):
+        return isinstance(data.get("segments"), list)
+    return isinstance(data, list) and all(isinstance(segment, dict) for segment in data)
+
+
+def _shape(data: object) -> str:
+    """What the file holds instead, in a few words: "a list of lists", "an int"."""
+    if isinstance(data, dict):
+        return "a dict without a list under 'segments'"
+    if isinstance(data, list):
+        odd = next(item for item in data if not isinstance(item, dict))
+        return f"a list holding {_a(type(odd).__name__)}"
+    return _a(type(data).__name__)
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1] in tuple('aeiou') else 'a'} {name}"
+
+
 def run(args: argparse.Namespace) -> int:
     from oomdoctor.load import load, load_raw
     from oomdoctor.redact import redact_snapshot_data, redactor_for_data
@@ -50,20 +75,22 @@ def run(args: argparse.Namespace) -> int:
         raise OomdoctorError(f"{target}: is the input itself; write the redacted copy elsewhere")
     if target.is_dir():
         raise OomdoctorError(f"{target}: is a directory; name the file to write")
-    if target.exists() and not args.force:
+    if os.path.lexists(target) and not args.force:
         raise OomdoctorError(f"{target}: already exists (--force replaces it)")
     if not target.parent.is_dir():
         raise OomdoctorError(f"{target.parent}: no such directory")
 
     data = load_raw(source, max_bytes=max_bytes)
-    if not (isinstance(data, dict) and isinstance(data.get("segments"), list)) and not isinstance(data, list):
-        raise LoadError(f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments)")
+    if not _snapshot_shaped(data):
+        raise LoadError(f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments, not {_shape(data)})")
     redact_snapshot_data(data, redactor_for_data(data))
 
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    created = False
     try:
         try:
-            with open(temporary, "wb") as file:
+            with open(temporary, "xb") as file:  # a new file: never through a link someone left there
+                created = True
                 pickle.dump(data, file, protocol=PICKLE_PROTOCOL)
         except OSError as error:
             raise OomdoctorError(f"{target}: cannot write ({error.strerror or error})") from None
@@ -75,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             raise LoadError(f"{source}: the redacted copy would not load ({str(error).split(': ', 1)[-1]})") from None
         os.replace(temporary, target)
     finally:
-        if temporary.exists():
+        if created and os.path.lexists(temporary):
             temporary.unlink()
     print(f"wrote {target} (host and user names, path prefixes and the pid redacted)", file=sys.stderr)
     return 0
