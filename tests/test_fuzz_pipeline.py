@@ -67,7 +67,7 @@ def test_checks_catch_what_they_are_for(tmp_path: Path) -> None:
 @pytest.mark.timeout(1200)
 def test_fuzz_pipeline_has_no_failures(capsys) -> None:
     fuzz = _harness()
-    settings = fuzz.Settings(seed=0, time_limit_s=10.0, address_space_bytes=4 << 30, rss_cap_bytes=2 << 30)
+    settings = fuzz.Settings(seed=0, time_limit_s=10.0, address_space_bytes=4 << 30, rss_cap_bytes=3 << 30)
     summary = fuzz.run_campaign(CASES, workers=2, settings=settings)
     table = summary.table()
     with capsys.disabled():
