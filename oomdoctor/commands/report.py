@@ -13,7 +13,8 @@ that ran out of memory is judged, unless --device says otherwise.
 
 --redact replaces, in any format, the host name, user names, home directories and other absolute
 path prefixes (a path keeps its part after site-packages/ or under the project's root, otherwise its
-file name), paths in the command line, and the pid, so the report can be shared. `oomdoctor redact`
+file name), paths in the command line and in frames' function names, and process ids (also in
+torch's "Process N has ..." text), so the report can be shared. `oomdoctor redact`
 does the same to the dump itself.
 
 A folder (every rank of a torchrun, DDP, FSDP or DeepSpeed job dumps its own file into one) is
