@@ -1089,31 +1089,51 @@ def _cache_cli_parser() -> None:
         _PARSER_CACHED = True
 
 
+IN_PROCESS = False  # --case: run main() in this process, so that an exception shows its traceback
+
+
 def run_verb(argv: list[str]) -> tuple[int | None, bytes, str, BaseException | None]:
-    """`oomdoctor.cli.main(argv)` with stdout and stderr captured (stdout strict UTF-8, like a terminal's)."""
+    """The verb as the `oomdoctor` command runs it: `oomdoctor.supervise.run(main, argv)`, a watched
+    child process with the unpickling time limit, its stdout and stderr captured through real file
+    descriptors (stdout strict UTF-8, like a terminal's). With IN_PROCESS, `main(argv)` here."""
     from oomdoctor.cli import main
+    from oomdoctor.supervise import run as supervised
 
     _cache_cli_parser()
-
-    buffer = io.BytesIO()
-    stdout = io.TextIOWrapper(buffer, encoding="utf-8", errors="strict", newline="\n")
-    stderr = io.StringIO()
     code: int | None = None
     caught: BaseException | None = None
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        old_streams = sys.stdout, sys.stderr
+        for stream in old_streams:
+            with contextlib.suppress(Exception):
+                stream.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out_file.fileno(), 1)
+        os.dup2(err_file.fileno(), 2)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="strict", newline="\n", write_through=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
         try:
-            code = main(argv)
+            code = main(argv) if IN_PROCESS else supervised(main, argv)
         except SystemExit as exit_:
             code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 2
         except BaseException as error:  # noqa: BLE001 -- every escape is a finding
             caught = error
         finally:
-            with contextlib.suppress(Exception):
-                stdout.flush()
-    output = buffer.getvalue()
-    with contextlib.suppress(Exception):
-        stdout.detach()
-    return code, output, stderr.getvalue(), caught
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+                with contextlib.suppress(Exception):
+                    stream.detach()
+            sys.stdout, sys.stderr = old_streams
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        out_file.seek(0)
+        err_file.seek(0)
+        output = out_file.read()
+        stderr = err_file.read().decode("utf-8", "replace")
+    return code, output, stderr, caught
 
 
 def check_run(stage: str, output_kind: str, code: int | None, output: bytes, stderr: str, output_path: Path | None) -> list[Failure]:
@@ -1123,6 +1143,11 @@ def check_run(stage: str, output_kind: str, code: int | None, output: bytes, std
     problem = _control_failure(stage, f"stderr ({stage.split('-')[0]})", stderr)
     if problem:
         failures.append(problem)
+    if code == 2 and ": internal error (" in stderr:  # a bug, reported in one line: still a finding
+        where = re.search(r"internal error \((\w+)[^)]*? at ([\w/.]+:\d+)\)", stderr)
+        signature = f"{where.group(1)} at oomdoctor/{where.group(2)}" if where else "internal error"
+        failures.append(Failure(stage, "internal-error", signature, stderr.strip()[:300]))
+        return failures
     if code == 2:
         lines = stderr.splitlines()
         if len(lines) != 1 or not stderr.endswith("\n") or not stderr.startswith("oomdoctor:"):
@@ -1232,6 +1257,7 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
     recycle = False
     output_path = workdir / "redacted.pickle"
     rss_before = peak_rss_bytes()
+    report_refused = False
 
     def memory_check(stage: str) -> None:
         nonlocal recycle
@@ -1264,10 +1290,15 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
                 for failure in found:
                     print(f"    FAILURE {failure.signature}: {failure.detail}", file=sys.stderr)
         memory_check(stage)
+        if stage == "report-text":
+            report_refused = code == 2
     if on_stage:
         on_stage("tui")
     try:
-        for text in tui_strings(path):
+        # `open` runs in the same supervised child as `report` and reads the file the same way: a
+        # file `report` refused is refused by the app with that line (its tests show it); the
+        # builders run here, in this process, only on files that load.
+        for text in ([] if report_refused else tui_strings(path)):
             problem = _control_failure("tui", "TUI content", text)
             if problem:
                 failures.append(problem)
@@ -1607,7 +1638,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mib", type=int, default=4096, help="address-space limit of a worker (default 4096)")
     parser.add_argument("--rss-mib", type=int, default=3072, help="peak RSS of a worker above which a case is a memory failure (default 3072)")
     parser.add_argument("--no-corpus", action="store_true", help="seed from the fixtures only")
+    parser.add_argument("--in-process", action="store_true", help="with --case or --input: run each verb in this process (no supervising child) and show any exception's traceback")
     args = parser.parse_args(argv)
+    # A file built to hang the unpickler is refused after the command's read limit; a short base
+    # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
+    os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "2")
+    if args.in_process:
+        global IN_PROCESS
+        IN_PROCESS = True
+        os.environ["OOMDOCTOR_DEBUG"] = "1"
 
     if args.input is not None:
         return run_one(args.input, args.time_limit)

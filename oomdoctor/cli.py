@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -15,6 +16,7 @@ from oomdoctor import __version__
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
 from oomdoctor.safetext import printable
 
+DEBUG_ENV = "OOMDOCTOR_DEBUG"  # "1": an unforeseen exception shows its traceback (for bug reports)
 # An error is one line: what comes from the file in it (a global's name, keys) is escaped and cut.
 ERROR_LIMIT = 1000
 
@@ -72,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except (Exception, RecursionError, MemoryError) as error:  # noqa: BLE001 - never a traceback
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
         print(f"oomdoctor: {printable(internal_error_line(args, error), ERROR_LIMIT)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -46,6 +46,7 @@ def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None 
         code = EXIT_BAD_INPUT
         try:
             _no_core_files()
+            _quiet_fatal_errors()
             guard.enable(status)
             code = main(argv)
         except SystemExit as exit_request:
@@ -144,6 +145,14 @@ def _no_core_files() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def _quiet_fatal_errors() -> None:
+    """No multi-line fatal-error dump (PYTHONFAULTHANDLER) from the child: the parent says it in one line."""
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        faulthandler.disable()
 
 
 def _terminal_state() -> object:
