@@ -1089,10 +1089,12 @@ def _cache_cli_parser() -> None:
         _PARSER_CACHED = True
 
 
+# The watcher's lines for a file that hung or crashed the unpickler (oomdoctor/supervise.py).
+WATCHER_REFUSALS = ("refused: unpickling it did not finish", "refused: the unpickler crashed")
 IN_PROCESS = False  # --case: run main() in this process, so that an exception shows its traceback
 
 
-def run_verb(argv: list[str]) -> tuple[int | None, bytes, str, BaseException | None]:
+def run_verb(argv: list[str], supervised_run: bool = True) -> tuple[int | None, bytes, str, BaseException | None]:
     """The verb as the `oomdoctor` command runs it: `oomdoctor.supervise.run(main, argv)`, a watched
     child process with the unpickling time limit, its stdout and stderr captured through real file
     descriptors (stdout strict UTF-8, like a terminal's). With IN_PROCESS, `main(argv)` here."""
@@ -1113,7 +1115,7 @@ def run_verb(argv: list[str]) -> tuple[int | None, bytes, str, BaseException | N
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="strict", newline="\n", write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
         try:
-            code = main(argv) if IN_PROCESS else supervised(main, argv)
+            code = main(argv) if IN_PROCESS or not supervised_run else supervised(main, argv)
         except SystemExit as exit_:
             code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 2
         except BaseException as error:  # noqa: BLE001 -- every escape is a finding
@@ -1258,6 +1260,7 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
     output_path = workdir / "redacted.pickle"
     rss_before = peak_rss_bytes()
     report_refused = False
+    supervise_all = True
 
     def memory_check(stage: str) -> None:
         nonlocal recycle
@@ -1272,7 +1275,13 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
         with contextlib.suppress(FileNotFoundError):
             output_path.unlink()
         argv = [part.format(input=path, output=output_path) for part in template]
-        code, output, stderr, caught = run_verb(argv)
+        # The first verb runs as the command does, in a watched child (a fork per verb costs more
+        # than a small case): a file it reads without the unpickler hanging or crashing reads the
+        # same way in every verb (they share the reader), so the others run in this worker unless
+        # the first was refused by the watcher.
+        code, output, stderr, caught = run_verb(argv, supervised_run=supervise_all or stage == VERB_RUNS[0][0])
+        if stage == VERB_RUNS[0][0]:
+            supervise_all = code == 2 and any(words in stderr for words in WATCHER_REFUSALS)
         if caught is not None:
             failure = exception_failure(stage, caught)
             failures.append(failure)
@@ -1642,7 +1651,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A file built to hang the unpickler is refused after the command's read limit; a short base
     # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
-    os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "2")
+    os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "1")
     if args.in_process:
         global IN_PROCESS
         IN_PROCESS = True
