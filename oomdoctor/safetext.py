@@ -17,7 +17,8 @@ from typing import Any
 
 # C0 controls (tab and newline included: a report line must stay one line), DEL, C1 controls,
 # line/paragraph separators, bidirectional embeddings, overrides and isolates, and the BOM.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# Lone surrogates too: a pickle can carry them, and no encoder can write them to a terminal.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 
 DEFAULT_LIMIT = 4096
 

@@ -38,3 +38,9 @@ def test_describe_value_never_expands():
     assert describe_value("x" * 1000).endswith("more characters)'")
     assert printable(laughs) == "a list of 2 items"
     assert time.perf_counter() - start < 1
+
+
+def test_lone_surrogates_escaped():
+    out = printable("/src/\ud800lone.py")
+    assert out == "/src/\\ud800lone.py"
+    out.encode("utf-8")  # writable to any terminal or file

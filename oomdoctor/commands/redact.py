@@ -24,6 +24,7 @@ import pickle
 import sys
 from pathlib import Path
 
+from oomdoctor.safetext import printable
 from oomdoctor.commands import max_bytes_argument
 from oomdoctor.errors import LoadError, OomdoctorError
 
@@ -104,5 +105,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if created and os.path.lexists(temporary):
             temporary.unlink()
-    print(f"wrote {target} (host and user names, path prefixes and the pid redacted)", file=sys.stderr)
+    print(f"wrote {printable(str(target))} (host and user names, path prefixes and the pid redacted)", file=sys.stderr)
     return 0
