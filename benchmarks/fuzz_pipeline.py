@@ -1506,6 +1506,9 @@ def _save_failure(out: Path, seeds: list[Seed], settings: Settings, result: Case
 
 
 def run_campaign(cases: int, *, workers: int = 2, first: int = 0, settings: Settings | None = None, seeds: list[Seed] | None = None, out: Path | None = None, progress: Callable[[str], None] | None = None, progress_every_s: float = 10.0) -> Summary:
+    # A file built to hang the unpickler is refused after the command's read limit; a short base
+    # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
+    os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "1")
     """Run cases first .. first+cases-1 in a pool of worker processes, replacing any that hang or die."""
     settings = settings or Settings()
     seeds = seeds if seeds is not None else load_seeds()
@@ -1649,9 +1652,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-corpus", action="store_true", help="seed from the fixtures only")
     parser.add_argument("--in-process", action="store_true", help="with --case or --input: run each verb in this process (no supervising child) and show any exception's traceback")
     args = parser.parse_args(argv)
-    # A file built to hang the unpickler is refused after the command's read limit; a short base
-    # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
-    os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "1")
     if args.in_process:
         global IN_PROCESS
         IN_PROCESS = True
