@@ -1506,10 +1506,10 @@ def _save_failure(out: Path, seeds: list[Seed], settings: Settings, result: Case
 
 
 def run_campaign(cases: int, *, workers: int = 2, first: int = 0, settings: Settings | None = None, seeds: list[Seed] | None = None, out: Path | None = None, progress: Callable[[str], None] | None = None, progress_every_s: float = 10.0) -> Summary:
+    """Run cases first .. first+cases-1 in a pool of worker processes, replacing any that hang or die."""
     # A file built to hang the unpickler is refused after the command's read limit; a short base
     # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
     os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "1")
-    """Run cases first .. first+cases-1 in a pool of worker processes, replacing any that hang or die."""
     settings = settings or Settings()
     seeds = seeds if seeds is not None else load_seeds()
     for seed in seeds:  # encoded once here, inherited by every forked worker
