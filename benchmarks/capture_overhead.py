@@ -87,7 +87,9 @@ def make_model(kind: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         model = nn.Sequential(*layers, nn.Linear(256, 10))
         return model, torch.randn(64, 256), torch.randint(0, 10, (64,))
     layer = nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256, batch_first=True, dropout=0.0)
-    model = nn.Sequential(nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False), nn.Flatten(), nn.Linear(128 * 32, 10))
+    model = nn.Sequential(
+        nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False), nn.Flatten(), nn.Linear(128 * 32, 10)
+    )
     return model, torch.randn(16, 32, 128), torch.randint(0, 10, (16,))
 
 
@@ -240,14 +242,20 @@ def main() -> None:
     module_calls = calls_per_step(step)
     base = statistics.median(without_medians)
     added, per_module_call = added_seconds_per_step(module_calls, inputs, targets)
-    print(f"model: {args.model}, {module_calls} module calls per step, step time without oomdoctor {base * 1e6:.1f} us;"
-          f" {args.rounds} rounds of 3 blocks x {args.steps} steps")
+    print(
+        f"model: {args.model}, {module_calls} module calls per step, step time without oomdoctor {base * 1e6:.1f} us;"
+        f" {args.rounds} rounds of 3 blocks x {args.steps} steps"
+    )
     print(f"ratio (end to end, median step time with / without): {measured:.4f}  (target < 1.01)")
-    print(f"  A/A control (without / without, measured the same way): {control:.4f}"
-          f"  (the noise now; within 0.995..1.005 the end-to-end figure is to be trusted)")
+    print(
+        f"  A/A control (without / without, measured the same way): {control:.4f}"
+        f"  (the noise now; within 0.995..1.005 the end-to-end figure is to be trusted)"
+    )
     print(f"  end to end, added per step: {(measured - 1) * base * 1e6:.1f} us")
-    print(f"accounted (detail): oomdoctor's own work per step {added * 1e6:.2f} us"
-          f" ({per_module_call * 1e9:.0f} ns per module call), ratio {(base + added) / base:.4f}")
+    print(
+        f"accounted (detail): oomdoctor's own work per step {added * 1e6:.2f} us"
+        f" ({per_module_call * 1e9:.0f} ns per module call), ratio {(base + added) / base:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ def main() -> None:
             path.write_text(_log(args.lines, mention))
             base, work = _best(_baseline, path), _best(_work, path)
             size_mb = path.stat().st_size / 1e6
-            print(f"{name}: {size_mb:.0f} MB, read+split {base:.3f} s, with find_messages {work:.3f} s, ratio {work / base:.1f}x")
+            print(
+                f"{name}: {size_mb:.0f} MB, read+split {base:.3f} s, with find_messages {work:.3f} s, ratio {work / base:.1f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,10 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -144,7 +145,11 @@ def _frames(stack: Any, limit: int = 6) -> Any:
 def reduce_snapshot(data: Any, max_segments: int = 8, max_blocks: int = 48, max_events: int = 120) -> Any:
     """A small copy of a snapshot: a few segments, their blocks, the newest events touching them."""
     if isinstance(data, list):
-        return [reduce_segment(s) for s in data[:max_segments]] if all(isinstance(s, dict) for s in data[:max_segments]) else data[:50]
+        return (
+            [reduce_segment(s) for s in data[:max_segments]]
+            if all(isinstance(s, dict) for s in data[:max_segments])
+            else data[:50]
+        )
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         return data
     reduced = {key: value for key, value in data.items() if key not in ("segments", "device_traces")}
@@ -157,12 +162,21 @@ def reduce_snapshot(data: Any, max_segments: int = 8, max_blocks: int = 48, max_
         segments.append(reduce_segment(segment))
         block_count += count
     reduced["segments"] = segments
-    ranges = [(s["address"], s["address"] + s["total_size"]) for s in segments if isinstance(s.get("address"), int) and isinstance(s.get("total_size"), int)]
+    ranges = [
+        (s["address"], s["address"] + s["total_size"])
+        for s in segments
+        if isinstance(s.get("address"), int) and isinstance(s.get("total_size"), int)
+    ]
     traces = data.get("device_traces")
     if isinstance(traces, list):
         kept_traces = []
         for trace in traces:
-            events = [e for e in trace if isinstance(e, dict) and (e.get("action") == "oom" or any(low <= e.get("addr", -1) < high for low, high in ranges))]
+            events = [
+                e
+                for e in trace
+                if isinstance(e, dict)
+                and (e.get("action") == "oom" or any(low <= e.get("addr", -1) < high for low, high in ranges))
+            ]
             kept_traces.append([reduce_event(e) for e in events[-max_events:]])
         reduced["device_traces"] = kept_traces
     if isinstance(reduced.get("external_annotations"), list):
@@ -172,7 +186,11 @@ def reduce_snapshot(data: Any, max_segments: int = 8, max_blocks: int = 48, max_
         meta = dict(meta)
         tensors = meta.get("tensors")
         if isinstance(tensors, list):
-            meta["tensors"] = [t for t in tensors if isinstance(t, dict) and any(low <= t.get("address", -1) < high for low, high in ranges)][:40]
+            meta["tensors"] = [
+                t
+                for t in tensors
+                if isinstance(t, dict) and any(low <= t.get("address", -1) < high for low, high in ranges)
+            ][:40]
         if isinstance(meta.get("ooms_observed"), list):
             meta["ooms_observed"] = meta["ooms_observed"][:3]
         if isinstance(meta.get("markers"), list):
@@ -297,7 +315,18 @@ ALLOC_CONFS = (
     ":,,:",
     "expandable_segments:\x1b[2J",
 )
-ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom", "snapshot", "bogus")
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "snapshot",
+    "bogus",
+)
 STATES = ("active_allocated", "active_pending_free", "inactive", "bogus")
 METADATA_FIELDS = (
     ("rank",), ("local_rank",), ("world_size",), ("pid",), ("host",), ("argv",), ("schema_version",), ("reason",),
@@ -322,7 +351,17 @@ INTERESTING_KEYS = (
 def interesting_int(rng: random.Random, value: int | None = None) -> int:
     roll = rng.random()
     if value is not None and roll < 0.35:
-        return rng.choice((value + 1, value - 1, value * 2, -value, value // 2, value + rng.randint(-4096, 4096), value ^ (1 << rng.randint(0, 63))))
+        return rng.choice(
+            (
+                value + 1,
+                value - 1,
+                value * 2,
+                -value,
+                value // 2,
+                value + rng.randint(-4096, 4096),
+                value ^ (1 << rng.randint(0, 63)),
+            )
+        )
     if roll < 0.4:
         return HUGE_DIGIT_INT
     return rng.choice(INTERESTING_INTS)
@@ -340,7 +379,27 @@ def payload(rng: random.Random) -> str:
 
 
 def wrong_type(rng: random.Random, value: Any) -> Any:
-    return rng.choice((None, True, False, 0, -1, 2**64, float("nan"), "", _short(value), "\u00b2", [], {}, [value], {"x": value}, (value,), b"bytes", ["a", 1]))
+    return rng.choice(
+        (
+            None,
+            True,
+            False,
+            0,
+            -1,
+            2**64,
+            float("nan"),
+            "",
+            _short(value),
+            "\u00b2",
+            [],
+            {},
+            [value],
+            {"x": value},
+            (value,),
+            b"bytes",
+            ["a", 1],
+        )
+    )
 
 
 def laughs(depth: int, leaf: Any = "lol") -> list:
@@ -463,7 +522,10 @@ def opcode_strategy(rng: random.Random, seeds: list[Seed], notes: list[str]) -> 
     for _ in range(1 + min(int(rng.expovariate(1.0)), 4)):
         index = rng.randrange(len(spans) - 1) if len(spans) > 1 else 0
         opcode, arg, _start, _end = spans[index]
-        choice = rng.choices(("int", "str", "memo", "delete", "duplicate", "swap", "deep", "bomb", "hostile"), (18, 18, 12, 8, 8, 8, 12, 8, 8))[0]
+        choice = rng.choices(
+            ("int", "str", "memo", "delete", "duplicate", "swap", "deep", "bomb", "hostile"),
+            (18, 18, 12, 8, 8, 8, 12, 8, 8),
+        )[0]
         scalars = seed.ops_named(kind, _SCALAR_OPS)
         if choice == "int":
             candidates = seed.ops_named(kind, _INT_OPS)
@@ -520,7 +582,9 @@ def opcode_strategy(rng: random.Random, seeds: list[Seed], notes: list[str]) -> 
 
 
 _INT_OPS = frozenset({"BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"})
-_STR_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "SHORT_BINSTRING", "BINSTRING", "STRING"})
+_STR_OPS = frozenset(
+    {"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+)
 _MEMO_OPS = frozenset({"BINGET", "LONG_BINGET", "GET", "BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
 _SCALAR_OPS = _INT_OPS | _STR_OPS | {"NONE", "NEWTRUE", "NEWFALSE", "BINFLOAT", "FLOAT"}
 
@@ -622,7 +686,9 @@ def _new_value(m: Mutation, value: Any) -> tuple[Any, str]:
 
 
 def _frame_lists(data: Any) -> list[list]:
-    return [container[key] for container, key, _ in _nodes(data) if key == "frames" and isinstance(container[key], list)]
+    return [
+        container[key] for container, key, _ in _nodes(data) if key == "frames" and isinstance(container[key], list)
+    ]
 
 
 def _metadata(m: Mutation, data: dict) -> str:
@@ -642,7 +708,16 @@ def _metadata(m: Mutation, data: dict) -> str:
     elif roll < 0.7:
         value = rng.choice(INTERESTING_FLOATS)
     elif roll < 0.8:
-        value = [payload(rng), interesting_int(rng), {"name": payload(rng), "address": interesting_int(rng), "component": payload(rng), "size_bytes": interesting_int(rng)}]
+        value = [
+            payload(rng),
+            interesting_int(rng),
+            {
+                "name": payload(rng),
+                "address": interesting_int(rng),
+                "component": payload(rng),
+                "size_bytes": interesting_int(rng),
+            },
+        ]
     elif roll < 0.9:
         value = rng.choice(ALLOC_CONFS)
     else:
@@ -666,9 +741,19 @@ def _allocator_settings(m: Mutation, data: dict) -> str:
     if kind == "conf":
         settings[rng.choice(("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))] = value = rng.choice(ALLOC_CONFS)
     elif kind == "divisions":
-        settings["roundup_power2_divisions"] = value = rng.choice(({"\u00b2": 4}, {"256": "\u00b2"}, {"-1": 4}, {"1": 2**64}, [1, 2], "4", {"1": None}, {str(2**70): 4}))
+        settings["roundup_power2_divisions"] = value = rng.choice(
+            ({"\u00b2": 4}, {"256": "\u00b2"}, {"-1": 4}, {"1": 2**64}, [1, 2], "4", {"1": None}, {str(2**70): 4})
+        )
     elif kind == "number":
-        key = rng.choice(("max_split_size", "garbage_collection_threshold", "max_round_threshold", "max_cached_size", "expandable_segments"))
+        key = rng.choice(
+            (
+                "max_split_size",
+                "garbage_collection_threshold",
+                "max_round_threshold",
+                "max_cached_size",
+                "expandable_segments",
+            )
+        )
         settings[key] = value = rng.choice((interesting_int(rng),) + INTERESTING_FLOATS + ("True", None))
     else:
         data["allocator_settings"] = value = wrong_type(rng, settings)
@@ -696,9 +781,35 @@ def _segments_and_events(m: Mutation, data: Any) -> str:
     rng = m.rng
     segments = data.get("segments") if isinstance(data, dict) else data
     traces = data.get("device_traces") if isinstance(data, dict) else None
-    kind = rng.choice(("device", "overlap", "state", "action", "event-size", "unknown-addr", "history", "forward_frames", "annotations", "aliases", "pool"))
-    events = [e for t in traces if isinstance(t, list) for e in t if isinstance(e, dict)] if isinstance(traces, list) else []
-    blocks = [b for s in segments if isinstance(s, dict) and isinstance(s.get("blocks"), list) for b in s["blocks"] if isinstance(b, dict)] if isinstance(segments, list) else []
+    kind = rng.choice(
+        (
+            "device",
+            "overlap",
+            "state",
+            "action",
+            "event-size",
+            "unknown-addr",
+            "history",
+            "forward_frames",
+            "annotations",
+            "aliases",
+            "pool",
+        )
+    )
+    events = (
+        [e for t in traces if isinstance(t, list) for e in t if isinstance(e, dict)] if isinstance(traces, list) else []
+    )
+    blocks = (
+        [
+            b
+            for s in segments
+            if isinstance(s, dict) and isinstance(s.get("blocks"), list)
+            for b in s["blocks"]
+            if isinstance(b, dict)
+        ]
+        if isinstance(segments, list)
+        else []
+    )
     if kind == "device" and isinstance(segments, list) and segments and isinstance(segments[0], dict):
         rng.choice(segments)["device"] = value = rng.choice((-5, -1, 1, 3, 2**31, 2**64, "0", None))
         if isinstance(data, dict) and rng.random() < 0.5:
@@ -715,7 +826,9 @@ def _segments_and_events(m: Mutation, data: Any) -> str:
         rng.choice(events)["action"] = value = rng.choice(ACTIONS + (payload(rng),))
         return f"event action = {_short(value)}"
     if kind == "event-size" and events:
-        rng.choice(events)[rng.choice(("size", "addr", "time_us", "stream", "device_free"))] = value = interesting_int(rng)
+        rng.choice(events)[rng.choice(("size", "addr", "time_us", "stream", "device_free"))] = value = interesting_int(
+            rng
+        )
         return f"event number = {_short(value)}"
     if kind == "unknown-addr" and events:
         event = dict(rng.choice(events))
@@ -726,26 +839,49 @@ def _segments_and_events(m: Mutation, data: Any) -> str:
     if kind == "history" and blocks:
         block = rng.choice(blocks)
         block.pop("frames", None)
-        block["history"] = value = rng.choice((7, {"x": 1}, [], [7], [{"addr": 1}], "h", [{"real_size": 2**64, "frames": []}]))
+        block["history"] = value = rng.choice(
+            (7, {"x": 1}, [], [7], [{"addr": 1}], "h", [{"real_size": 2**64, "frames": []}])
+        )
         return f"block history = {value!r}"
     if kind == "forward_frames" and events:
         depth = rng.choice((10, 1000, 100_000))
-        value = m.placeholder(deep_fragment("list", depth), "[" * depth + "]" * depth) if rng.random() < 0.4 else laughs(rng.choice((8, 20, 26)))
+        value = (
+            m.placeholder(deep_fragment("list", depth), "[" * depth + "]" * depth)
+            if rng.random() < 0.4
+            else laughs(rng.choice((8, 20, 26)))
+        )
         m.needs_pickle |= isinstance(value, list)
         rng.choice(events)["forward_frames"] = [value, payload(rng)]
         return "forward_frames deep or laughs"
     if kind == "annotations" and isinstance(data, dict):
         key = rng.choice(("external_annotations", "user_metadata", "compile_context"))
         target = data if key == "external_annotations" or not events else rng.choice(events)
-        target[key] = value = rng.choice(([{"name": payload(rng), "stage": "START", "time_us": interesting_int(rng)}], payload(rng), interesting_int(rng), {"k": payload(rng)}))
+        target[key] = value = rng.choice(
+            (
+                [{"name": payload(rng), "stage": "START", "time_us": interesting_int(rng)}],
+                payload(rng),
+                interesting_int(rng),
+                {"k": payload(rng)},
+            )
+        )
         return f"{key} = {_short(value)}"
     if kind == "aliases" and isinstance(data, dict) and "device_traces" in data:
         key = rng.choice(("traces", "host_segments", "host_traces"))
-        data[key] = data.pop("device_traces") if key == "traces" else copy_data(data["device_traces"] if key == "host_traces" else data["segments"])
+        data[key] = (
+            data.pop("device_traces")
+            if key == "traces"
+            else copy_data(data["device_traces"] if key == "host_traces" else data["segments"])
+        )
         return f"{key} key"
     if kind == "pool" and (events or blocks):
-        target = rng.choice(events) if events and rng.random() < 0.5 else rng.choice(isinstance(segments, list) and [s for s in segments if isinstance(s, dict)] or [{}])
-        target["pool_id" if "action" in target else "segment_pool_id"] = value = rng.choice(((1, 2), [1, 2], (2**64, 0), "p", laughs(12), (payload(rng), 1)))
+        target = (
+            rng.choice(events)
+            if events and rng.random() < 0.5
+            else rng.choice(isinstance(segments, list) and [s for s in segments if isinstance(s, dict)] or [{}])
+        )
+        target["pool_id" if "action" in target else "segment_pool_id"] = value = rng.choice(
+            ((1, 2), [1, 2], (2**64, 0), "p", laughs(12), (payload(rng), 1))
+        )
         m.needs_pickle = True
         return f"pool id = {_short(value)}"
     return "no snapshot-aware change applied"
@@ -753,7 +889,9 @@ def _segments_and_events(m: Mutation, data: Any) -> str:
 
 def _key_mutation(m: Mutation, data: Any) -> str:
     rng = m.rng
-    dicts = [container[key] for container, key, _ in _nodes(data) if isinstance(container[key], dict) and container[key]]
+    dicts = [
+        container[key] for container, key, _ in _nodes(data) if isinstance(container[key], dict) and container[key]
+    ]
     if isinstance(data, dict):
         dicts.append(data)
     if not dicts:
@@ -771,7 +909,10 @@ def mutate_value(m: Mutation, data: Any) -> tuple[Any, list[str]]:
     rng = m.rng
     notes = []
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
-        kind = rng.choices(("node", "delete", "metadata", "settings", "frames", "snapshot", "key", "deep", "laughs"), (30, 8, 14, 7, 10, 16, 5, 5, 5))[0]
+        kind = rng.choices(
+            ("node", "delete", "metadata", "settings", "frames", "snapshot", "key", "deep", "laughs"),
+            (30, 8, 14, 7, 10, 16, 5, 5, 5),
+        )[0]
         if kind in ("metadata", "settings") and not isinstance(data, dict):
             kind = "node"
         if kind == "metadata":
@@ -842,7 +983,11 @@ def _splice_placeholders(raw: bytes, m: Mutation, json_output: bool) -> bytes:
         if json_output:
             raw = raw.replace(b'"' + encoded + b'"', json_text.encode(), 1)
             continue
-        for op in (b"\x8c" + bytes([len(encoded)]) + encoded, b"X" + struct.pack("<I", len(encoded)) + encoded, b"V" + encoded + b"\n"):
+        for op in (
+            b"\x8c" + bytes([len(encoded)]) + encoded,
+            b"X" + struct.pack("<I", len(encoded)) + encoded,
+            b"V" + encoded + b"\n",
+        ):
             if op in raw:
                 raw = raw.replace(op, fragment, 1)
                 break
@@ -914,11 +1059,16 @@ def splice_strategy(rng: random.Random, seeds: list[Seed], notes: list[str], cas
         return a[:cut_a] + b[cut_b:], ".pickle"
     data, donor = copy_data(first.data), copy_data(second.data)
     m = Mutation(rng, case)
-    nodes, donor_nodes = _nodes(data) if isinstance(data, (dict, list)) else [], _nodes(donor) if isinstance(donor, (dict, list)) else []
+    nodes, donor_nodes = (
+        _nodes(data) if isinstance(data, (dict, list)) else [],
+        _nodes(donor) if isinstance(donor, (dict, list)) else [],
+    )
     if nodes and donor_nodes:
         container, key, parent = rng.choice(nodes)
         same_key = [n for n in donor_nodes if n[1] == key]
-        donor_container, donor_key, donor_parent = rng.choice(same_key if same_key and rng.random() < 0.7 else donor_nodes)
+        donor_container, donor_key, donor_parent = rng.choice(
+            same_key if same_key and rng.random() < 0.7 else donor_nodes
+        )
         container[key] = donor_container[donor_key]
         notes.append(f"{node_path(parent, key)} <- {node_path(donor_parent, donor_key)}")
     m.needs_pickle = True
@@ -936,12 +1086,20 @@ def gzip_bomb(size_bytes: int, what: str) -> bytes:
     if what == "json-zeros":
         head, unit, tail = b"[", b"0,", b"0]"
     elif what == "pickle-string":
-        head, unit, tail = b"\x80\x04\x8d" + struct.pack("<Q", size_bytes // _BOMB_UNIT_BYTES * _BOMB_UNIT_BYTES), b"a", b"."
+        head, unit, tail = (
+            b"\x80\x04\x8d" + struct.pack("<Q", size_bytes // _BOMB_UNIT_BYTES * _BOMB_UNIT_BYTES),
+            b"a",
+            b".",
+        )
     else:
         head, unit, tail = b"\x80\x04](", b"N", b"e."
     if unit not in _BOMB_UNITS:
         _BOMB_UNITS[unit] = gzip.compress(unit * (_BOMB_UNIT_BYTES // len(unit)), compresslevel=9, mtime=0)
-    members = [gzip.compress(head, mtime=0), *[_BOMB_UNITS[unit]] * max(1, size_bytes // _BOMB_UNIT_BYTES), gzip.compress(tail, mtime=0)]
+    members = [
+        gzip.compress(head, mtime=0),
+        *[_BOMB_UNITS[unit]] * max(1, size_bytes // _BOMB_UNIT_BYTES),
+        gzip.compress(tail, mtime=0),
+    ]
     return b"".join(members)
 
 
@@ -991,7 +1149,10 @@ def container_strategy(rng: random.Random, seeds: list[Seed], notes: list[str]) 
     if kind == "json-bignum":
         return b'{"segments": [], "device_traces": [], "n": ' + b"9" * rng.choice((20, 400, 5000)) + b"}", ".json"
     if kind == "json-nan":
-        return b'{"segments": [{"device": 0, "address": NaN, "total_size": Infinity, "blocks": []}], "device_traces": [[]]}', ".json"
+        return (
+            b'{"segments": [{"device": 0, "address": NaN, "total_size": Infinity, "blocks": []}], "device_traces": [[]]}',
+            ".json",
+        )
     if kind == "empty":
         return rng.choice((b"", b"\n", b"\x00" * 16, b"\x80", b"\x80\x04", b"{", b"<")), ".pickle"
     return b"\x00" * rng.randint(1, 64) + inner, ".pickle"
@@ -1063,7 +1224,9 @@ def exception_failure(stage: str, error: BaseException) -> Failure:
     site = innermost_site(frames)
     message = " ".join(str(error).split())[:200]
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return Failure(stage, "exception", f"{type(error).__name__} at {site}", f"{type(error).__name__}: {message}", text[-6000:])
+    return Failure(
+        stage, "exception", f"{type(error).__name__} at {site}", f"{type(error).__name__}: {message}", text[-6000:]
+    )
 
 
 def _control_failure(stage: str, what: str, text: str) -> Failure | None:
@@ -1071,7 +1234,12 @@ def _control_failure(stage: str, what: str, text: str) -> Failure | None:
     if match is None:
         return None
     start = max(match.start() - 30, 0)
-    return Failure(stage, "control-bytes", f"raw control character in {what}", f"{match.group()!r} in ...{text[start : match.end() + 30]!r}...")
+    return Failure(
+        stage,
+        "control-bytes",
+        f"raw control character in {what}",
+        f"{match.group()!r} in ...{text[start : match.end() + 30]!r}...",
+    )
 
 
 _PARSER_CACHED = False
@@ -1112,8 +1280,12 @@ def run_verb(argv: list[str], supervised_run: bool = True) -> tuple[int | None, 
         saved = os.dup(1), os.dup(2)
         os.dup2(out_file.fileno(), 1)
         os.dup2(err_file.fileno(), 2)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="strict", newline="\n", write_through=True)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
+        sys.stdout = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="strict", newline="\n", write_through=True
+        )
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+        )
         try:
             code = main(argv) if IN_PROCESS or not supervised_run else supervised(main, argv)
         except SystemExit as exit_:
@@ -1138,7 +1310,9 @@ def run_verb(argv: list[str], supervised_run: bool = True) -> tuple[int | None, 
     return code, output, stderr, caught
 
 
-def check_run(stage: str, output_kind: str, code: int | None, output: bytes, stderr: str, output_path: Path | None) -> list[Failure]:
+def check_run(
+    stage: str, output_kind: str, code: int | None, output: bytes, stderr: str, output_path: Path | None
+) -> list[Failure]:
     failures = []
     if code not in (0, 1, 2):
         failures.append(Failure(stage, "exit-code", f"exit code {code}", f"exit {code}; stderr {stderr[:200]!r}"))
@@ -1153,9 +1327,18 @@ def check_run(stage: str, output_kind: str, code: int | None, output: bytes, std
     if code == 2:
         lines = stderr.splitlines()
         if len(lines) != 1 or not stderr.endswith("\n") or not stderr.startswith("oomdoctor:"):
-            failures.append(Failure(stage, "rejection", "rejection not one 'oomdoctor:' line on stderr", f"{len(lines)} lines: {stderr[:300]!r}"))
+            failures.append(
+                Failure(
+                    stage,
+                    "rejection",
+                    "rejection not one 'oomdoctor:' line on stderr",
+                    f"{len(lines)} lines: {stderr[:300]!r}",
+                )
+            )
         elif len(stderr) > MAX_ERROR_LINE_CHARS:
-            failures.append(Failure(stage, "rejection", "rejection line too long", f"{len(stderr)} characters: {stderr[:200]!r}..."))
+            failures.append(
+                Failure(stage, "rejection", "rejection line too long", f"{len(stderr)} characters: {stderr[:200]!r}...")
+            )
         return failures
     if code not in (0, 1):
         return failures
@@ -1174,7 +1357,14 @@ def check_run(stage: str, output_kind: str, code: int | None, output: bytes, std
         try:
             json.loads(text)
         except ValueError as error:
-            failures.append(Failure(stage, "invalid-json", f"JSON output does not parse ({stage})", f"{error}; {len(text)} chars, ends {text[-60:]!r}"))
+            failures.append(
+                Failure(
+                    stage,
+                    "invalid-json",
+                    f"JSON output does not parse ({stage})",
+                    f"{error}; {len(text)} chars, ends {text[-60:]!r}",
+                )
+            )
     else:
         problem = _control_failure(stage, f"{stage.removesuffix('-redact')} output", text)
         if problem:
@@ -1252,7 +1442,14 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None, on_stage: Callable[[str], None] | None = None, verbose: bool = False) -> tuple[str, list[Failure], bool]:
+def run_pipeline(
+    path: Path,
+    workdir: Path,
+    *,
+    rss_cap_bytes: int | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    verbose: bool = False,
+) -> tuple[str, list[Failure], bool]:
     """Run every verb and the TUI builders on `path`: (outcome, failures, worker must be replaced)."""
     failures: list[Failure] = []
     clean = rejected = 0
@@ -1266,7 +1463,14 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
         nonlocal recycle
         peak = peak_rss_bytes()
         if rss_cap_bytes is not None and not recycle and peak > rss_cap_bytes and peak > rss_before:
-            failures.append(Failure(stage, "memory", f"peak RSS over {rss_cap_bytes >> 20} MiB ({stage.split('-')[0]})", f"{peak >> 20} MiB after {stage}"))
+            failures.append(
+                Failure(
+                    stage,
+                    "memory",
+                    f"peak RSS over {rss_cap_bytes >> 20} MiB ({stage.split('-')[0]})",
+                    f"{peak >> 20} MiB after {stage}",
+                )
+            )
             recycle = True
 
     for stage, template, output_kind in VERB_RUNS:
@@ -1295,7 +1499,9 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
             rejected += code == 2
             if verbose:
                 status = "clean" if code in (0, 1) else "rejected" if code == 2 else f"exit {code}"
-                print(f"--- {stage}: {status}, {len(output)} bytes out; stderr: {stderr.strip()[:300]}", file=sys.stderr)
+                print(
+                    f"--- {stage}: {status}, {len(output)} bytes out; stderr: {stderr.strip()[:300]}", file=sys.stderr
+                )
                 for failure in found:
                     print(f"    FAILURE {failure.signature}: {failure.detail}", file=sys.stderr)
         memory_check(stage)
@@ -1307,7 +1513,7 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
         # `open` runs in the same supervised child as `report` and reads the file the same way: a
         # file `report` refused is refused by the app with that line (its tests show it); the
         # builders run here, in this process, only on files that load.
-        for text in ([] if report_refused else tui_strings(path)):
+        for text in [] if report_refused else tui_strings(path):
             problem = _control_failure("tui", "TUI content", text)
             if problem:
                 failures.append(problem)
@@ -1322,7 +1528,11 @@ def run_pipeline(path: Path, workdir: Path, *, rss_cap_bytes: int | None = None,
     with contextlib.suppress(FileNotFoundError):
         output_path.unlink()
     if failures:
-        outcome = "memory" if any(f.kind == "memory" for f in failures) and all(f.kind == "memory" for f in failures) else "failure"
+        outcome = (
+            "memory"
+            if any(f.kind == "memory" for f in failures) and all(f.kind == "memory" for f in failures)
+            else "failure"
+        )
     else:
         outcome = "clean" if clean else "rejected"
     return outcome, failures, recycle
@@ -1383,7 +1593,9 @@ def worker_main(connection, seeds: list[Seed], settings: Settings, workdir: str,
             break
 
 
-def execute_case(seeds: list[Seed], settings: Settings, case: int, folder: Path, on_stage: Callable[[str], None] | None = None) -> CaseResult:
+def execute_case(
+    seeds: list[Seed], settings: Settings, case: int, folder: Path, on_stage: Callable[[str], None] | None = None
+) -> CaseResult:
     started = time.perf_counter()
     strategy = settings.strategy or case_strategy(settings.seed, case)
     if on_stage:
@@ -1391,22 +1603,44 @@ def execute_case(seeds: list[Seed], settings: Settings, case: int, folder: Path,
     try:
         generated = make_case(seeds, settings.seed, case, settings.strategy)
     except Exception as error:  # noqa: BLE001 -- the generator's own bug, not oomdoctor's
-        return CaseResult(case, strategy, "generator-error", [exception_failure("generate", error)], seconds=time.perf_counter() - started)
+        return CaseResult(
+            case,
+            strategy,
+            "generator-error",
+            [exception_failure("generate", error)],
+            seconds=time.perf_counter() - started,
+        )
     path = folder / f"input{generated.suffix}"
     path.write_bytes(generated.data)
     outcome, failures, recycle = run_pipeline(path, folder, rss_cap_bytes=settings.rss_cap_bytes, on_stage=on_stage)
     path.unlink()
-    return CaseResult(case, generated.strategy, outcome, failures, generated.description, len(generated.data), time.perf_counter() - started, peak_rss_bytes(), recycle)
+    return CaseResult(
+        case,
+        generated.strategy,
+        outcome,
+        failures,
+        generated.description,
+        len(generated.data),
+        time.perf_counter() - started,
+        peak_rss_bytes(),
+        recycle,
+    )
 
 
 class _Worker:
     def __init__(self, context, seeds: list[Seed], settings: Settings, root: Path, number: int):
         self.workdir = Path(tempfile.mkdtemp(prefix=f"w{number}-", dir=root))
         self.stage = context.Array("c", 32, lock=False)
-        self.stage_started = context.Value("d", time.monotonic(), lock=False)  # CLOCK_MONOTONIC: one clock for all processes
+        self.stage_started = context.Value(
+            "d", time.monotonic(), lock=False
+        )  # CLOCK_MONOTONIC: one clock for all processes
         parent_end, child_end = context.Pipe()
         self.connection = parent_end
-        self.process = context.Process(target=worker_main, args=(child_end, seeds, settings, str(self.workdir), self.stage, self.stage_started), daemon=True)
+        self.process = context.Process(
+            target=worker_main,
+            args=(child_end, seeds, settings, str(self.workdir), self.stage, self.stage_started),
+            daemon=True,
+        )
         self.process.start()
         child_end.close()
         self.case: int | None = None
@@ -1469,17 +1703,30 @@ class Summary:
 
     def table(self) -> str:
         rate = self.cases / self.seconds if self.seconds else 0.0
-        lines = [f"{self.cases} cases in {self.seconds:.1f} s on {self.workers} workers: {rate:.1f} cases/s; {self.seeds} seeds; peak worker RSS {self.peak_rss_bytes / 2**20:.0f} MiB; slowest case {self.slowest[1]} ({self.slowest[0]:.1f} s)", ""]
+        lines = [
+            f"{self.cases} cases in {self.seconds:.1f} s on {self.workers} workers: {rate:.1f} cases/s; {self.seeds} seeds; peak worker RSS {self.peak_rss_bytes / 2**20:.0f} MiB; slowest case {self.slowest[1]} ({self.slowest[0]:.1f} s)",
+            "",
+        ]
         header = f"{'strategy':<10}" + "".join(f"{o:>10}" for o in OUTCOMES[:6]) + f"{'gen-err':>9}{'total':>8}"
         lines += [header, "-" * len(header)]
         totals: Counter = Counter()
         for strategy in STRATEGIES:
             counts = self.by_strategy.get(strategy, Counter())
             totals.update(counts)
-            lines.append(f"{strategy:<10}" + "".join(f"{counts[o]:>10}" for o in OUTCOMES[:6]) + f"{counts['generator-error']:>9}{sum(counts.values()):>8}")
-        lines.append(f"{'total':<10}" + "".join(f"{totals[o]:>10}" for o in OUTCOMES[:6]) + f"{totals['generator-error']:>9}{sum(totals.values()):>8}")
+            lines.append(
+                f"{strategy:<10}"
+                + "".join(f"{counts[o]:>10}" for o in OUTCOMES[:6])
+                + f"{counts['generator-error']:>9}{sum(counts.values()):>8}"
+            )
+        lines.append(
+            f"{'total':<10}"
+            + "".join(f"{totals[o]:>10}" for o in OUTCOMES[:6])
+            + f"{totals['generator-error']:>9}{sum(totals.values()):>8}"
+        )
         lines += ["", f"{len(self.signatures)} failure signatures ({self.failure_count} failing cases):"]
-        for signature, (count, first, kind, stages, detail) in sorted(self.signatures.items(), key=lambda item: (-item[1][0], item[0])):
+        for signature, (count, first, kind, stages, detail) in sorted(
+            self.signatures.items(), key=lambda item: (-item[1][0], item[0])
+        ):
             lines.append(f"  {count:>6}  {signature}  [{kind}; {', '.join(sorted(stages))}]  first: --case {first}")
             lines.append(f"          {detail[:160]}")
         return "\n".join(lines)
@@ -1505,7 +1752,17 @@ def _save_failure(out: Path, seeds: list[Seed], settings: Settings, result: Case
     Path(f"{stem}.txt").write_text("\n".join(report), errors="backslashreplace")
 
 
-def run_campaign(cases: int, *, workers: int = 2, first: int = 0, settings: Settings | None = None, seeds: list[Seed] | None = None, out: Path | None = None, progress: Callable[[str], None] | None = None, progress_every_s: float = 10.0) -> Summary:
+def run_campaign(
+    cases: int,
+    *,
+    workers: int = 2,
+    first: int = 0,
+    settings: Settings | None = None,
+    seeds: list[Seed] | None = None,
+    out: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_every_s: float = 10.0,
+) -> Summary:
     """Run cases first .. first+cases-1 in a pool of worker processes, replacing any that hang or die."""
     # A file built to hang the unpickler is refused after the command's read limit; a short base
     # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
@@ -1562,7 +1819,15 @@ def run_campaign(cases: int, *, workers: int = 2, first: int = 0, settings: Sett
         stage = worker.stage.value.decode(errors="replace")
         signature = f"{why} at {site}"
         strategy = settings.strategy or case_strategy(settings.seed, worker.case)
-        record(CaseResult(worker.case, strategy, outcome, [Failure(stage, outcome, signature, f"{why} in stage {stage}", dump)], seconds=time.monotonic() - worker.started))
+        record(
+            CaseResult(
+                worker.case,
+                strategy,
+                outcome,
+                [Failure(stage, outcome, signature, f"{why} in stage {stage}", dump)],
+                seconds=time.monotonic() - worker.started,
+            )
+        )
 
     try:
         for number in range(workers):
@@ -1581,7 +1846,11 @@ def run_campaign(cases: int, *, workers: int = 2, first: int = 0, settings: Sett
                 if result is None:  # outside the except: a worker forked there would inherit its context
                     worker.process.join(2)
                     code = worker.process.exitcode
-                    why = f"crash ({signal.Signals(-code).name})" if code is not None and code < 0 else f"worker died (exit {code})"
+                    why = (
+                        f"crash ({signal.Signals(-code).name})"
+                        if code is not None and code < 0
+                        else f"worker died (exit {code})"
+                    )
                     lost(worker, "crash", why)
                     feed(replace(worker))
                     continue
@@ -1591,13 +1860,18 @@ def run_campaign(cases: int, *, workers: int = 2, first: int = 0, settings: Sett
                 feed(worker)
             now = time.monotonic()
             for worker in list(pool):
-                if worker.case is not None and now - max(worker.started, worker.stage_started.value) > settings.time_limit_s + 2.0:
+                if (
+                    worker.case is not None
+                    and now - max(worker.started, worker.stage_started.value) > settings.time_limit_s + 2.0
+                ):
                     lost(worker, "hang", f"hang over {settings.time_limit_s:.0f} s")
                     feed(replace(worker))
             if progress and now - last_progress >= progress_every_s:
                 last_progress = now
                 elapsed = now - started
-                progress(f"[{elapsed:7.1f} s] {summary.cases}/{cases} cases, {summary.cases / elapsed:.1f}/s, {summary.failure_count} failing, {len(summary.signatures)} signatures")
+                progress(
+                    f"[{elapsed:7.1f} s] {summary.cases}/{cases} cases, {summary.cases / elapsed:.1f}/s, {summary.failure_count} failing, {len(summary.signatures)} signatures"
+                )
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGINT, previous_handler)
@@ -1636,7 +1910,11 @@ def run_one(path: Path, time_limit_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[1:]))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
     parser.add_argument("--cases", type=int, default=1000, help="how many cases to run (default 1000)")
     parser.add_argument("--first", type=int, default=0, help="number of the first case (default 0)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -1646,11 +1924,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", type=int, default=None, help="re-run one case in this process, with tracebacks")
     parser.add_argument("--save", type=Path, default=None, help="with --case: also write its input here")
     parser.add_argument("--input", type=Path, default=None, help="run one file through the pipeline in this process")
-    parser.add_argument("--time-limit", type=float, default=30.0, help="seconds one stage of a case (a verb, the TUI step) may take before it counts as a hang (default 30)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help="seconds one stage of a case (a verb, the TUI step) may take before it counts as a hang (default 30)",
+    )
     parser.add_argument("--memory-mib", type=int, default=4096, help="address-space limit of a worker (default 4096)")
-    parser.add_argument("--rss-mib", type=int, default=3072, help="peak RSS of a worker above which a case is a memory failure (default 3072)")
+    parser.add_argument(
+        "--rss-mib",
+        type=int,
+        default=3072,
+        help="peak RSS of a worker above which a case is a memory failure (default 3072)",
+    )
     parser.add_argument("--no-corpus", action="store_true", help="seed from the fixtures only")
-    parser.add_argument("--in-process", action="store_true", help="with --case or --input: run each verb in this process (no supervising child) and show any exception's traceback")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="with --case or --input: run each verb in this process (no supervising child) and show any exception's traceback",
+    )
     args = parser.parse_args(argv)
     if args.in_process:
         global IN_PROCESS
@@ -1662,14 +1954,33 @@ def main(argv: list[str] | None = None) -> int:
     seeds = load_seeds(use_corpus=not args.no_corpus)
     if args.case is not None:
         generated = make_case(seeds, args.seed, args.case, args.strategy)
-        print(f"case {args.case} (--seed {args.seed}): {generated.strategy}, {len(generated.data)} bytes; {generated.description}")
+        print(
+            f"case {args.case} (--seed {args.seed}): {generated.strategy}, {len(generated.data)} bytes; {generated.description}"
+        )
         with tempfile.TemporaryDirectory(prefix="oomdoctor-case-") as folder:
             path = args.save or Path(folder) / f"case-{args.case}{generated.suffix}"
             path.write_bytes(generated.data)
             return run_one(path, args.time_limit)
-    settings = Settings(seed=args.seed, time_limit_s=args.time_limit, address_space_bytes=args.memory_mib << 20, rss_cap_bytes=args.rss_mib << 20, strategy=args.strategy)
-    print(f"{len(seeds)} seeds; cases {args.first}..{args.first + args.cases - 1}, seed {args.seed}, {args.workers} workers", flush=True)
-    summary = run_campaign(args.cases, workers=args.workers, first=args.first, settings=settings, seeds=seeds, out=args.out, progress=lambda line: print(line, flush=True))
+    settings = Settings(
+        seed=args.seed,
+        time_limit_s=args.time_limit,
+        address_space_bytes=args.memory_mib << 20,
+        rss_cap_bytes=args.rss_mib << 20,
+        strategy=args.strategy,
+    )
+    print(
+        f"{len(seeds)} seeds; cases {args.first}..{args.first + args.cases - 1}, seed {args.seed}, {args.workers} workers",
+        flush=True,
+    )
+    summary = run_campaign(
+        args.cases,
+        workers=args.workers,
+        first=args.first,
+        settings=settings,
+        seeds=seeds,
+        out=args.out,
+        progress=lambda line: print(line, flush=True),
+    )
     print(summary.table())
     if args.out is not None and summary.failure_count:
         print(f"failing inputs and their reports: {args.out}")

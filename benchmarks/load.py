@@ -125,7 +125,16 @@ def main() -> int:
         path = args.keep or Path(scratch) / "million.pickle"
         # built in a child process, so that this one stays small while the others are measured
         subprocess.run(
-            [sys.executable, __file__, "--build-only", str(path), "--events", str(args.events), "--source", str(source)],
+            [
+                sys.executable,
+                __file__,
+                "--build-only",
+                str(path),
+                "--events",
+                str(args.events),
+                "--source",
+                str(source),
+            ],
             check=True,
             cwd=ROOT,
         )
@@ -155,8 +164,10 @@ def main() -> int:
     # oomdoctor pauses the cyclic GC while loading; against pickle.load with the GC paused too,
     # the ratio is the cost of validating and converting alone
     floor = best["pickle-gc-paused"]
-    print(f"against pickle.load with the GC paused too: cpu {ours['cpu_s'] / floor['cpu_s']:.2f}x, "
-          f"memory {ours['peak_bytes'] / floor['peak_bytes']:.2f}x")
+    print(
+        f"against pickle.load with the GC paused too: cpu {ours['cpu_s'] / floor['cpu_s']:.2f}x, "
+        f"memory {ours['peak_bytes'] / floor['peak_bytes']:.2f}x"
+    )
     return 0
 
 

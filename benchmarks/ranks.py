@@ -96,8 +96,12 @@ def main() -> int:
     workers = worker_count(args.ranks, largest_file_bytes=largest_file_bytes, available_bytes=available_memory_bytes())
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"folder: {args.ranks} rank files of {args.events} events, {total_bytes / 2**20:.1f} MiB in all")
-    print(f"CPUs usable: {usable_cpus()}; load average before: {load} (other work on the machine slows the parallel side)")
-    print(f"one process:          {sequential_s:.2f} s wall, {sequential_cpu:.2f} s CPU ({sequential_s / args.ranks:.3f} s per file)")
+    print(
+        f"CPUs usable: {usable_cpus()}; load average before: {load} (other work on the machine slows the parallel side)"
+    )
+    print(
+        f"one process:          {sequential_s:.2f} s wall, {sequential_cpu:.2f} s CPU ({sequential_s / args.ranks:.3f} s per file)"
+    )
     print(f"{workers} worker processes:   {parallel_s:.2f} s wall, {parallel_cpu:.2f} s CPU (workers and this process)")
     print(f"speed-up (sequential / parallel wall time): {sequential_s / parallel_s:.2f}x  (ideal {workers}x)")
     print(f"CPU cost of going parallel (parallel / sequential CPU time): {parallel_cpu / sequential_cpu:.2f}x")

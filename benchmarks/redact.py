@@ -50,7 +50,9 @@ def measure(mode: str, source: Path, target: Path, repeats: int) -> float:
     code = CHILD.format(root=str(ROOT))
     best = None
     for _ in range(repeats):
-        done = subprocess.run([sys.executable, "-c", code, mode, str(source), str(target)], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code, mode, str(source), str(target)], capture_output=True, text=True, check=True
+        )
         seconds = json.loads(done.stderr.strip().splitlines()[-1])["seconds"]
         best = seconds if best is None else min(best, seconds)
     return best

@@ -84,13 +84,21 @@ def main() -> int:
         state = replay.state_at(index)
         live_rows_at(state, replay.trace, replay.segments, analysis, limit=TOP_BLOCKS)
         replays.append(time.perf_counter() - start)
-    moves, renders = asyncio.run(_time_cursor_moves(app, [-1, 1, -10, 10, -40, -1] * args.presses))  # wanders back through the trace
+    moves, renders = asyncio.run(
+        _time_cursor_moves(app, [-1, 1, -10, 10, -40, -1] * args.presses)
+    )  # wanders back through the trace
 
     print(f"snapshot: {count} events from {source.name}; app built in {build_seconds:.2f} s (replayer pass included)")
-    print(f"cursor replay alone (state_at + top blocks): median {statistics.median(replays) * 1000:.1f} ms, max {max(replays) * 1000:.1f} ms")
+    print(
+        f"cursor replay alone (state_at + top blocks): median {statistics.median(replays) * 1000:.1f} ms, max {max(replays) * 1000:.1f} ms"
+    )
     print(f"timeline chart render at 80x24: median {statistics.median(renders) * 1000:.2f} ms")
-    print(f"cursor key to replayed state shown: median {statistics.median(moves) * 1000:.1f} ms, max {max(moves) * 1000:.1f} ms")
-    print(f"ratio to the 100 ms target: median {statistics.median(moves) / TARGET_SECONDS:.2f}x, worst {max(moves) / TARGET_SECONDS:.2f}x")
+    print(
+        f"cursor key to replayed state shown: median {statistics.median(moves) * 1000:.1f} ms, max {max(moves) * 1000:.1f} ms"
+    )
+    print(
+        f"ratio to the 100 ms target: median {statistics.median(moves) / TARGET_SECONDS:.2f}x, worst {max(moves) / TARGET_SECONDS:.2f}x"
+    )
     return 0
 
 

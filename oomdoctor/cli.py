@@ -10,7 +10,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from oomdoctor import __version__
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
@@ -55,7 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
     return parser
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,8 +23,9 @@ objects on the fly (about a microsecond each). The fastest way over a whole trac
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence, overload
+from typing import Any, overload
 
 # Block states as torch emits them; the loader maps the documented alias
 # `active_awaiting_free` onto ACTIVE_PENDING_FREE.

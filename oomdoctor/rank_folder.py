@@ -18,8 +18,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from oomdoctor.analysis.ranks import (
     RANK_FROM_FILE_NAME,

@@ -234,11 +234,17 @@ class Redactor:
         own = [f for f in filenames | scripts if _ABSOLUTE.match(f) and not _is_library(f)]
         roots: set[str] = set()
         if own:
-            common = posixpath.commonpath([posixpath.dirname(f) for f in own]) if len({f[:1] for f in own}) == 1 else "/"
+            common = (
+                posixpath.commonpath([posixpath.dirname(f) for f in own]) if len({f[:1] for f in own}) == 1 else "/"
+            )
             if not _too_shallow(common):
                 roots.add(common)
             else:
-                roots.update(d for f in scripts if _ABSOLUTE.match(f) and not _is_library(f) and not _too_shallow(d := posixpath.dirname(f)))
+                roots.update(
+                    d
+                    for f in scripts
+                    if _ABSOLUTE.match(f) and not _is_library(f) and not _too_shallow(d := posixpath.dirname(f))
+                )
         roots = {r for r in roots if len(r) <= _ROOT_MAX}
         if len(roots) > _ROOTS_MAX:
             roots = set()
@@ -305,13 +311,13 @@ class Redactor:
         path = _slashed(filename)
         packages = list(_PACKAGES.finditer(path))
         if packages:
-            return f"{ENV}{packages[-1].group(0)}{self._kept(path[packages[-1].end():])}"
+            return f"{ENV}{packages[-1].group(0)}{self._kept(path[packages[-1].end() :])}"
         stdlib = _STDLIB.search(path)
         if stdlib and _ABSOLUTE.match(path):
-            return f"{ENV}{stdlib.group(0)}{self._kept(path[stdlib.end():])}"
+            return f"{ENV}{stdlib.group(0)}{self._kept(path[stdlib.end() :])}"
         for root in self.project_roots:
             if path.startswith(root + "/"):
-                return f"{PROJECT}/{self._kept(path[len(root) + 1:])}"
+                return f"{PROJECT}/{self._kept(path[len(root) + 1 :])}"
         if _ABSOLUTE.match(path):
             return f"{OTHER_PATH}/{self._kept(posixpath.basename(path))}"
         return self._kept(filename)
@@ -373,7 +379,9 @@ class Redactor:
             changes = {}
             for field in dataclasses.fields(value):
                 old = getattr(value, field.name)
-                if isinstance(old, str) and (field.name in _VOCABULARY_FIELDS or (field.name == "name" and isinstance(value, ComponentShare))):
+                if isinstance(old, str) and (
+                    field.name in _VOCABULARY_FIELDS or (field.name == "name" and isinstance(value, ComponentShare))
+                ):
                     continue
                 new = self.walk(old, memo)
                 if new is not old:
@@ -579,7 +587,13 @@ class _DumpRewriter:
             elif type(item) is str:
                 if rule is VOCABULARY:
                     continue
-                new = self.text(item) if rule is TEXT else self.path(item) if rule is PATH else self.apply(rule, item, depth + 1)
+                new = (
+                    self.text(item)
+                    if rule is TEXT
+                    else self.path(item)
+                    if rule is PATH
+                    else self.apply(rule, item, depth + 1)
+                )
             elif type(item) in _SCALARS and rule is not HOST_RULE and rule is not PID_RULE:
                 continue
             else:
@@ -587,7 +601,10 @@ class _DumpRewriter:
             if new is not item:
                 value[key] = new
         if renamed:
-            items = [(k if type(k) is str and rules.get(k, other) is not None else self.key(k, depth), v) for k, v in value.items()]
+            items = [
+                (k if type(k) is str and rules.get(k, other) is not None else self.key(k, depth), v)
+                for k, v in value.items()
+            ]
             value.clear()
             value.update(items)  # in their order; two keys redacted alike become one
         return value
@@ -626,7 +643,9 @@ class _DumpRewriter:
             if type(rule) is tuple and rule[1] is NUMBER and kinds <= _SEQUENCE_KINDS:  # pool ids, shapes: all numbers?
                 if set(map(type, itertools.chain.from_iterable(filter(None, column)))) <= _NUMBER_KINDS:
                     continue
-            if ((rule is TEXT or rule is PATH) and kinds <= _TEXT_KINDS) or (type(rule) is tuple and rule[0] == "each" and kinds <= _LIST_KINDS):
+            if ((rule is TEXT or rule is PATH) and kinds <= _TEXT_KINDS) or (
+                type(rule) is tuple and rule[0] == "each" and kinds <= _LIST_KINDS
+            ):
                 plan.append((key, rule, column))
             else:
                 slow_keys.add(key)
@@ -738,8 +757,6 @@ class _DumpRewriter:
 _NO_RULES: dict[str, Any] = {}
 
 
-
-
 def redact_snapshot_data(data: Any, redactor: Redactor) -> Any:
     """Redact a dump's plain data (a snapshot dict or a bare segment list) in place and return it.
 
@@ -803,7 +820,9 @@ def redactor_for_data(data: Any) -> Redactor:
     meta: Mapping[str, Any] = {}
     if isinstance(data, dict):
         segments(data.get("segments"))
-        traces(data["device_traces"] if data.get("device_traces") is not None else data.get("traces"))  # as the loader reads them
+        traces(
+            data["device_traces"] if data.get("device_traces") is not None else data.get("traces")
+        )  # as the loader reads them
         segments(data.get("host_segments"), own=False)
         traces(data.get("host_traces"), own=False)
         annotations = data.get("external_annotations")

@@ -17,7 +17,7 @@ import mmap
 import os
 import signal
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from oomdoctor.errors import EXIT_BAD_INPUT
 from oomdoctor.load import guard
@@ -27,7 +27,9 @@ IN_PROCESS_ENV = "OOMDOCTOR_IN_PROCESS"  # "1": run the command in this process 
 INTERRUPT_GRACE_SECONDS = 2.0
 # What puts a terminal back after a full-screen app died: leave the alternate screen, show the
 # cursor, stop mouse reporting (all modes), bracketed paste and focus events.
-TERMINAL_RESET = "\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?2004l\x1b[?1004l\x1b[0m"
+TERMINAL_RESET = (
+    "\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?2004l\x1b[?1004l\x1b[0m"
+)
 
 
 def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

@@ -108,7 +108,15 @@ class Sim:
                 total_size=entry[0],
                 stream=0,
                 segment_type="small" if entry[0] <= MiB else "large",
-                blocks=(Block(address, entry[0], entry[2] if entry[1] != INACTIVE else 0, entry[1], entry[3] if entry[1] != INACTIVE else ()),),
+                blocks=(
+                    Block(
+                        address,
+                        entry[0],
+                        entry[2] if entry[1] != INACTIVE else 0,
+                        entry[1],
+                        entry[3] if entry[1] != INACTIVE else (),
+                    ),
+                ),
             )
             for address, entry in sorted(self.segments.items())
         )

@@ -28,7 +28,10 @@ def test_each_error_is_one_line_naming_the_path(error, folder, expected):
 
 def test_a_caller_words_the_wrong_kind_itself():
     error = IsADirectoryError(errno.EISDIR, "Is a directory")
-    assert str(access_error("dumps", error, wrong_kind="is a directory; name one file")) == "dumps: is a directory; name one file"
+    assert (
+        str(access_error("dumps", error, wrong_kind="is a directory; name one file"))
+        == "dumps: is a directory; name one file"
+    )
 
 
 def test_open_and_report_keep_their_own_lines_for_a_folder(tmp_path, capsys):

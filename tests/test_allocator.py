@@ -318,9 +318,7 @@ def test_flush_and_retry_releases_cached_segments_then_allocates():
 
 
 def test_oom_after_the_flush_records_the_event_and_the_message():
-    simulator = make(
-        capacity_bytes=8 * GiB, context_bytes=500 * MiB, other_process_bytes=GiB, other_process_pid=4321
-    )
+    simulator = make(capacity_bytes=8 * GiB, context_bytes=500 * MiB, other_process_bytes=GiB, other_process_pid=4321)
     kept = simulator.malloc(4 * GiB)
     simulator.free(simulator.malloc(100 * MiB))
     with pytest.raises(SimulatedOutOfMemory) as caught:
@@ -471,18 +469,40 @@ def test_snapshot_has_torch_2_13_key_sets():
     assert set(snapshot) == {"segments", "device_traces", "allocator_settings", "external_annotations"}
     for segment in snapshot["segments"]:
         assert set(segment) == {
-            "device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
-            "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks",
+            "device",
+            "address",
+            "total_size",
+            "allocated_size",
+            "active_size",
+            "requested_size",
+            "stream",
+            "segment_type",
+            "segment_pool_id",
+            "is_expandable",
+            "frames",
+            "blocks",
         }
         assert segment["segment_pool_id"] == (0, 0)
         for block in segment["blocks"]:
             assert set(block) == {"address", "size", "requested_size", "state", "frames"}
     for event in snapshot["device_traces"][0]:
         assert set(event) - {"frames"} == {
-            "action", "addr", "size", "stream", "time_us", "compile_context", "user_metadata", "pool_id"
+            "action",
+            "addr",
+            "size",
+            "stream",
+            "time_us",
+            "compile_context",
+            "user_metadata",
+            "pool_id",
         }
     (annotation,) = snapshot["external_annotations"]
-    assert annotation == {"name": "Optimizer.step#Adam.step", "stage": "START", "device": 0, "time_us": annotation["time_us"]}
+    assert annotation == {
+        "name": "Optimizer.step#Adam.step",
+        "stage": "START",
+        "device": 0,
+        "time_us": annotation["time_us"],
+    }
 
 
 def test_frames_are_shared_and_only_on_events_that_have_them():
@@ -565,7 +585,12 @@ def test_mem_get_info_subtracts_everything_outside_the_cache():
 
 def test_format_size():
     assert [format_size(n) for n in (1024, 1025, MiB, MiB + 1, GiB, GiB + 1)] == [
-        "1024 bytes", "1.00 KiB", "1024.00 KiB", "1.00 MiB", "1024.00 MiB", "1.00 GiB",
+        "1024 bytes",
+        "1.00 KiB",
+        "1024.00 KiB",
+        "1.00 MiB",
+        "1024.00 MiB",
+        "1.00 GiB",
     ]
 
 

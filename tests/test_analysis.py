@@ -24,7 +24,9 @@ from tests.analysis_builder import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK
 
 
 def _train_until_optimizer_oom(sim: Sim, *, frames: bool = False) -> list[int]:
-    params = [sim.alloc(64 * MiB, SETUP_STACK if frames else (), "parameter", f"model.layers.{i}.weight") for i in range(4)]
+    params = [
+        sim.alloc(64 * MiB, SETUP_STACK if frames else (), "parameter", f"model.layers.{i}.weight") for i in range(4)
+    ]
     sim.marker("forward", "start")
     batch_acts = [sim.alloc(32 * MiB, FORWARD_STACK if frames else ()) for _ in range(3)]
     sim.marker("forward", "end")
@@ -123,7 +125,7 @@ def test_creeping_leak_across_steps():
     sim.alloc(64 * MiB, (), "parameter", "model.weight")
     for step in range(4):
         sim.marker("forward", "start")
-        kept = sim.alloc(60 * MiB)  # the loss's graph keeps this one
+        kept = sim.alloc(60 * MiB)  # the loss's graph keeps this one  # noqa: F841
         scratch = sim.alloc(40 * MiB)
         if step == 3:
             sim.alloc(300 * MiB)
@@ -210,7 +212,9 @@ def _fragmented_snapshot(expandable: bool) -> Snapshot:
             )
         )
     trace = DeviceTrace.from_events(0, [TraceEvent("oom", 0, 30 * MiB, 0, (), 1, device_free=8 * MiB)])
-    settings = AllocatorSettings(raw_conf="expandable_segments:True" if expandable else "", expandable_segments=expandable)
+    settings = AllocatorSettings(
+        raw_conf="expandable_segments:True" if expandable else "", expandable_segments=expandable
+    )
     return Snapshot(segments=tuple(segments), traces=(trace,), allocator_settings=settings)
 
 
@@ -236,7 +240,10 @@ def test_phases_from_annotations_and_frames():
     for stack in (USER_STACK, FORWARD_STACK, FORWARD_STACK, (), (), ADAM_INIT_STACK, USER_STACK, FORWARD_STACK):
         time_us += 10
         events.append(TraceEvent("alloc", 0x1000 + time_us * 4096, 4096, 0, stack, time_us))
-    annotations = (Annotation("Optimizer.step#Adam.step", "START", 0, 155), Annotation("Optimizer.step#Adam.step", "END", 0, 165))
+    annotations = (
+        Annotation("Optimizer.step#Adam.step", "START", 0, 155),
+        Annotation("Optimizer.step#Adam.step", "END", 0, 165),
+    )
     snapshot = Snapshot(segments=(), traces=(DeviceTrace.from_events(0, events),), annotations=annotations)
     result = analyse(snapshot)
     phases = [(s.first_index, s.phase, s.step) for s in result.phases]
@@ -368,12 +375,11 @@ def test_inference_with_grad_keeps_each_pass():
 
 
 def test_steps_counted_without_optimizer_allocations_or_annotations():
-    from tests.analysis_builder import Frame
 
     events = []
     time_us = 0
     stacks = []
-    for step in range(3):
+    for _step in range(3):
         stacks += [USER_STACK, FORWARD_STACK, FORWARD_STACK, (), ()]  # batch, forward, backward (SGD: no allocations)
     for stack in stacks:
         time_us += 10
@@ -414,7 +420,11 @@ def test_plain_snapshot_with_a_tiny_usable_device_points_outside():
     [
         {"markers": "nope", "tensors": 5, "oom": [], "recording": {"max_entries": "x"}},
         {"markers": [1, None, {"phase": 3, "edge": "start", "time_us": "t"}], "tensors": [None, {"address": "a"}]},
-        {"markers": [{"phase": "forward", "edge": "start", "time_us": 2**70, "step": "s"}], "device": [], "mem_get_info": 3},
+        {
+            "markers": [{"phase": "forward", "edge": "start", "time_us": 2**70, "step": "s"}],
+            "device": [],
+            "mem_get_info": 3,
+        },
         {"oom": {"device": 9, "time_us": None}, "reason": 7, "tensors": [{"address": 1, "component": ["x"]}]},
     ],
     ids=["wrong-types", "junk-entries", "huge-numbers", "odd-oom"],

@@ -168,7 +168,10 @@ def test_placement_failure_is_said_and_not_fitted_at_full_scale():
     missing = next(e for e in analysis.evidence if e.metric == "missing_bytes")
     assert "placement" in missing.text and "largest usable free block" in missing.text
     what_if = analysis.what_if
-    assert what_if.placement_limit_scale is not None and what_if.largest_fitting_scale <= what_if.placement_limit_scale < 1.0
+    assert (
+        what_if.placement_limit_scale is not None
+        and what_if.largest_fitting_scale <= what_if.placement_limit_scale < 1.0
+    )
 
 
 def test_fragmentation_what_if_stays_below_the_failed_batch():
@@ -205,7 +208,9 @@ def test_evaluation_is_not_told_to_accumulate_gradients():
     assert "smaller-batch" in ids and "smaller-micro-batch" not in ids
 
 
-@pytest.mark.parametrize("name", ["inference-with-grad-cnn", "inference-with-grad-gpt", "creeping-leak-gpt-adamw", "creeping-leak-mlp-sgd"])
+@pytest.mark.parametrize(
+    "name", ["inference-with-grad-cnn", "inference-with-grad-gpt", "creeping-leak-gpt-adamw", "creeping-leak-mlp-sgd"]
+)
 def test_kept_activations_are_not_called_a_batch_too_large(name):
     """Activations that earlier steps or earlier passes left alive are the primary verdict's story;
     an activation-spike finding beside it would blame the batch for them."""

@@ -7,7 +7,7 @@ import pytest
 
 from oomdoctor.analysis import analyse
 from oomdoctor.load import load
-from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE
+from oomdoctor.model import ACTIVE_ALLOCATED
 from oomdoctor.views import json_report, text_report
 from tests.conftest import corpus_params
 
@@ -47,9 +47,7 @@ def test_trace_that_continues_after_the_oom_is_judged_at_the_oom(corpus_dir):
     snapshot = load(path)
     analysis = analyse(snapshot)
     assert analysis.device == 1  # the failing device, judged on its own
-    final_allocated = sum(
-        b.size for s in snapshot.segments_on(1) for b in s.blocks if b.state == ACTIVE_ALLOCATED
-    )
+    final_allocated = sum(b.size for s in snapshot.segments_on(1) for b in s.blocks if b.state == ACTIVE_ALLOCATED)
     assert analysis.replay.events_after_target > 0
     assert analysis.accounting.allocated_bytes > 10 * final_allocated  # the end state is not the OOM state
     assert analysis.accounting.request_bytes > 4 << 30

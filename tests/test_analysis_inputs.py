@@ -31,7 +31,12 @@ def test_registry_input_entries_place_the_first_batch_in_inputs():
     components = result.component_bytes()
     assert components["inputs"] == 24 * MiB and components["other"] == 3 * MiB
     block = next(b for b in result.live_blocks if b.address == batch)
-    assert (block.component, block.method, block.confidence, block.name) == ("inputs", "registry", 1.0, "Model.forward arg 0")
+    assert (block.component, block.method, block.confidence, block.name) == (
+        "inputs",
+        "registry",
+        1.0,
+        "Model.forward arg 0",
+    )
     inputs = next(share for share in result.components if share.name == "inputs")
     assert inputs.method == "registry" and inputs.confidence == 1.0
     # without the input entry the same block, allocated before the first marker, is "other"

@@ -62,16 +62,33 @@ class FakeBackend:
         segments = []
         for address, size in self.blocks:
             segment_bytes = -(-size // (2 * MiB)) * 2 * MiB
-            blocks = [{"address": address, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}]
+            blocks = [
+                {"address": address, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}
+            ]
             if segment_bytes > size:
                 blocks.append(
-                    {"address": address + size, "size": segment_bytes - size, "requested_size": 0, "state": "inactive", "frames": []}
+                    {
+                        "address": address + size,
+                        "size": segment_bytes - size,
+                        "requested_size": 0,
+                        "state": "inactive",
+                        "frames": [],
+                    }
                 )
             segments.append(
                 {
-                    "device": 0, "address": address, "total_size": segment_bytes, "allocated_size": size,
-                    "active_size": size, "requested_size": size, "stream": 0, "segment_type": "large",
-                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks,
+                    "device": 0,
+                    "address": address,
+                    "total_size": segment_bytes,
+                    "allocated_size": size,
+                    "active_size": size,
+                    "requested_size": size,
+                    "stream": 0,
+                    "segment_type": "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": [],
+                    "blocks": blocks,
                 }
             )
         return {
@@ -96,8 +113,10 @@ class FakeBackend:
     def memory_stats(self, device):
         allocated = sum(size for _, size in self.blocks)
         return {
-            "num_alloc_retries": 0, "num_ooms": sum(1 for e in self.events if e["action"] == "oom"),
-            "allocated_bytes.all.current": allocated, "reserved_bytes.all.current": self.reserved_bytes(),
+            "num_alloc_retries": 0,
+            "num_ooms": sum(1 for e in self.events if e["action"] == "oom"),
+            "allocated_bytes.all.current": allocated,
+            "reserved_bytes.all.current": self.reserved_bytes(),
             "inactive_split_bytes.all.current": 0,
         }
 
@@ -116,13 +135,25 @@ class FakeBackend:
     def alloc(self, size: int) -> int:
         address = BASE_ADDRESS + 64 * MiB * len(self.blocks)
         self.blocks.append((address, size))
-        self.events.append({"action": "segment_alloc", "addr": address, "size": -(-size // (2 * MiB)) * 2 * MiB, "stream": 0, "time_us": time_ns() // 1000})
-        self.events.append({"action": "alloc", "addr": address, "size": size, "stream": 0, "time_us": time_ns() // 1000})
+        self.events.append(
+            {
+                "action": "segment_alloc",
+                "addr": address,
+                "size": -(-size // (2 * MiB)) * 2 * MiB,
+                "stream": 0,
+                "time_us": time_ns() // 1000,
+            }
+        )
+        self.events.append(
+            {"action": "alloc", "addr": address, "size": size, "stream": 0, "time_us": time_ns() // 1000}
+        )
         return address
 
     def observe_oom(self, size: int) -> None:
         free = self.total_bytes - self.reserved_bytes()
-        self.events.append({"action": "oom", "size": size, "device_free": free, "stream": 0, "time_us": time_ns() // 1000})
+        self.events.append(
+            {"action": "oom", "size": size, "device_free": free, "stream": 0, "time_us": time_ns() // 1000}
+        )
         for observer in list(self.observers):
             observer(0, -(-size // (2 * MiB)) * 2 * MiB, self.total_bytes, free)
 
@@ -198,8 +229,12 @@ def test_options_defaults_environment_and_arguments(tmp_path):
     assert defaults.max_entries == 100_000 and defaults.stacks == "python" and defaults.context == "all"
     assert defaults.max_dumps == 5 and defaults.dump_dir.name == "oom-dumps" and defaults.dump_dir.is_absolute()
 
-    environ = {"OOMDOCTOR_DIR": str(tmp_path / "d"), "OOMDOCTOR_MAX_ENTRIES": "500", "OOMDOCTOR_STACKS": "all",
-               "OOMDOCTOR_MAX_DUMPS": "zero"}
+    environ = {
+        "OOMDOCTOR_DIR": str(tmp_path / "d"),
+        "OOMDOCTOR_MAX_ENTRIES": "500",
+        "OOMDOCTOR_STACKS": "all",
+        "OOMDOCTOR_MAX_DUMPS": "zero",
+    }
     merged = options_module.resolve_options({"max_entries": 7, "colour": "red"}, environ=environ, warn=warnings.append)
     assert merged.dump_dir == tmp_path / "d" and merged.stacks == "all"
     assert merged.max_entries == 7  # the argument beats the environment
@@ -574,12 +609,16 @@ def test_registry_names_the_tensors_given_to_the_outermost_forward_as_inputs(fak
     assert inputs["MSELoss.forward arg 1"]["size_bytes"] == 4 * 6 * 2 * 4
     # inputs come last, after every parameter, gradient, optimizer state tensor and buffer
     components = [entry["component"] for entry in meta["tensors"]]
-    assert components[-len(inputs):] == ["input"] * len(inputs)
+    assert components[-len(inputs) :] == ["input"] * len(inputs)
     # only what is still alive is named
     del tokens, extras
     meta = load(oomdoctor.dump())[METADATA_KEY]
     names = {entry["name"] for entry in meta["tensors"] if entry["component"] == "input"}
-    assert names == {"Tagger.forward kwarg attention_mask", "Tagger.forward kwarg options[scale]", "MSELoss.forward arg 1"}
+    assert names == {
+        "Tagger.forward kwarg attention_mask",
+        "Tagger.forward kwarg options[scale]",
+        "MSELoss.forward arg 1",
+    }
 
 
 def test_inputs_are_remembered_for_a_few_dozen_tensors_per_call(fake):
@@ -596,7 +635,10 @@ def test_inputs_are_remembered_for_a_few_dozen_tensors_per_call(fake):
     meta = load(oomdoctor.dump())[METADATA_KEY]
     inputs = [entry for entry in meta["tensors"] if entry["component"] == "input"]
     assert len(inputs) == MAX_INPUT_TENSORS
-    assert inputs[0]["name"] == "Counter.forward arg 0[0]" and inputs[-1]["name"] == f"Counter.forward arg 0[{MAX_INPUT_TENSORS - 1}]"
+    assert (
+        inputs[0]["name"] == "Counter.forward arg 0[0]"
+        and inputs[-1]["name"] == f"Counter.forward arg 0[{MAX_INPUT_TENSORS - 1}]"
+    )
 
 
 def test_oom_in_backward_is_placed_in_backward(fake):
@@ -660,7 +702,7 @@ def test_rewrapped_oom_makes_no_second_dump(fake):
         try:
             fake.oom(10 * MiB)
         except torch.OutOfMemoryError as error:
-            raise torch.OutOfMemoryError(f"Caught OutOfMemoryError in replica 0 on device 0.\n{error}")
+            raise torch.OutOfMemoryError(f"Caught OutOfMemoryError in replica 0 on device 0.\n{error}")  # noqa: B904 - the chain DataParallel makes
     except torch.OutOfMemoryError:
         pass
     # as torch's ExceptionWrapper.reraise() does, outside any except block

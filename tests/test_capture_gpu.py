@@ -46,9 +46,7 @@ def test_real_oom_leaves_one_complete_dump(tmp_path):
     from torch.cuda import _memory_viz
 
     (tmp_path / "train.py").write_text(SCRIPT)
-    result = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "OutOfMemoryError" in result.stderr
     dumps = sorted((tmp_path / "oom-dumps").glob("*.pickle"))
     assert len(dumps) == 1, result.stderr[-3000:]

@@ -92,7 +92,10 @@ _FIGURE_PATTERNS = {
     "requested_bytes": [r"Tried to allocate (\d[\d.]* \w+)"],
     "capacity_bytes": [r"total capaci?ty of (\d[\d.]* \w+)", r"; (\d[\d.]* \w+) total capacity"],
     "free_bytes": [r"of which (\d[\d.]* \w+) is free", r"; (\d[\d.]* \w+) free;"],
-    "reserved_unallocated_bytes": [r"and (\d[\d.]* \w+) is reserved by PyTorch but unallocated", r"(\d[\d.]* \w+) cached\)"],
+    "reserved_unallocated_bytes": [
+        r"and (\d[\d.]* \w+) is reserved by PyTorch but unallocated",
+        r"(\d[\d.]* \w+) cached\)",
+    ],
     "allowed_bytes": [r"(\d[\d.]* \w+) allowed;"],
 }
 
@@ -156,18 +159,27 @@ def test_tensorflow_is_rejected(capsys) -> None:
         ("Mukosame/AODA#9", {"verdict": "outside-pytorch", "era": "1.5-2.0"}),
         ("pytorch/pytorch#16417", {"era": "0.4-1.4", "wording": "0.4.1-1.4 cached"}),
         ("RistoranteRist/FastFlow#4", {"era": "1.10-2.0"}),
-        ("kaito-project/kaito#976", {"era": "2.4-2.9", "private_pool_bytes": 46 * MIB, "exception_type": "torch.OutOfMemoryError"}),
+        (
+            "kaito-project/kaito#976",
+            {"era": "2.4-2.9", "private_pool_bytes": 46 * MIB, "exception_type": "torch.OutOfMemoryError"},
+        ),
         ("JDAI-CV/centerX#51", {"device_index": 1}),
         ("pytorch/pytorch#175431", {"device_index": 7, "backend": "rocm"}),
         ("intel/intel-extension-for-pytorch#846", {"backend": "xpu", "free_bytes": None, "hint": "empty_cache"}),
-        ("pinokiocomputer/pinokio#941", {"kind": "mps", "allocated_bytes": 16 * GIB, "requested_bytes": 256, "pool": "shared"}),
+        (
+            "pinokiocomputer/pinokio#941",
+            {"kind": "mps", "allocated_bytes": 16 * GIB, "requested_bytes": 256, "pool": "shared"},
+        ),
         ("Comfy-Org/ComfyUI#4934", {"kind": "cuda-malloc-async", "truncated": True}),
         ("huggingface/accelerate#1934", {"kind": "batch-size-finder", "verdict": "unknown"}),
         ("layumi/Person_reID_baseline_pytorch#286", {"kind": "library-alloc"}),
         ("vllm-project/vllm#19186", {"kind": "cuda-error"}),
         ("Lightning-AI/pytorch-lightning#20231", {"truncated": True, "requested_bytes": int(13.85 * GIB)}),
         ("singhsourabh/Resume-NER#4", {"truncated": True, "reserved_bytes": int(1.51 * GIB)}),
-        ("HarderThenHarder/transformers_tasks#48", {"capacity_bytes": 24 * GIB, "free_bytes": 0, "hint": "max_split_size_mb"}),
+        (
+            "HarderThenHarder/transformers_tasks#48",
+            {"capacity_bytes": 24 * GIB, "free_bytes": 0, "hint": "max_split_size_mb"},
+        ),
     ],
 )
 def test_corpus_messages_read_as_expected(source: str, expected: dict) -> None:
@@ -211,7 +223,9 @@ def test_fragmentation_when_reserved_but_unallocated_covers_the_request() -> Non
 def test_fragmentation_before_2_1_recommends_max_split_size_not_expandable_segments() -> None:
     explanation = explain(_one(old_message(1 * GIB, 24 * GIB, 20 * GIB, 100 * MIB, 23 * GIB)))
     assert explanation.verdict == "fragmentation"
-    assert not any("expandable_segments:True (" in r or r.startswith("set PYTORCH") for r in explanation.recommendations)
+    assert not any(
+        "expandable_segments:True (" in r or r.startswith("set PYTORCH") for r in explanation.recommendations
+    )
     assert any("max_split_size_mb" in r for r in explanation.recommendations)
 
 
@@ -318,7 +332,9 @@ def _fields(message) -> tuple:
      "[2024-09-15 22:48:26,085] [ERROR] [engine.py:1234:step] ", "ERROR:root:"],
 )  # fmt: skip
 def test_wrapped_and_prefixed_messages_read_the_same(prefix: str) -> None:
-    text = new_message(3 * GIB, 23 * GIB, 1 * GIB, 12 * GIB, 4 * GIB, processes=((None, 20 * GIB), (77, 1 * GIB)), private=30 * MIB)
+    text = new_message(
+        3 * GIB, 23 * GIB, 1 * GIB, 12 * GIB, 4 * GIB, processes=((None, 20 * GIB), (77, 1 * GIB)), private=30 * MIB
+    )
     wrapped = "\n".join(prefix + line for line in textwrap.wrap(text, 57))
     assert _fields(_one(wrapped)) == _fields(_one(text))
     assert not _one(wrapped).truncated
@@ -349,7 +365,11 @@ def test_mps_sizes_in_gb_are_binary() -> None:
                    "max allowed: 9.07 GB). Tried to allocate 1.00 GB on private pool. Use "
                    "PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations (may cause "
                    "system failure).")  # fmt: skip
-    assert (message.allocated_bytes, message.other_allocations_bytes, message.requested_bytes) == (8 * GIB, 512 * MIB, GIB)
+    assert (message.allocated_bytes, message.other_allocations_bytes, message.requested_bytes) == (
+        8 * GIB,
+        512 * MIB,
+        GIB,
+    )
 
 
 def test_cuda_malloc_async_reads_its_labelled_lines() -> None:

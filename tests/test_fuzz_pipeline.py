@@ -52,7 +52,9 @@ def test_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert kinds(fuzz.check_run("report-text", "text", 0, b"\x1b]0;title\x07", "", None)) == ["control-bytes"]
     assert kinds(fuzz.check_run("report-md", "text", 0, "\u009b2J".encode(), "", None)) == ["control-bytes"]
     assert kinds(fuzz.check_run("info-text", "text", 2, b"", "oomdoctor: x: not a snapshot\n", None)) == []
-    assert kinds(fuzz.check_run("info-text", "text", 2, b"", "Traceback (most recent call last):\n  ...\n", None)) == ["rejection"]
+    assert kinds(fuzz.check_run("info-text", "text", 2, b"", "Traceback (most recent call last):\n  ...\n", None)) == [
+        "rejection"
+    ]
     assert kinds(fuzz.check_run("report-json", "json", 0, b'{"verdict": "unk', "", None)) == ["invalid-json"]
     assert kinds(fuzz.check_run("report-text", "text", 3, b"", "", None)) == ["exit-code"]
     assert kinds(fuzz.check_run("redact", "redact", 0, b"", "wrote x\n", tmp_path / "missing.pickle")) == ["no-output"]
@@ -73,4 +75,6 @@ def test_fuzz_pipeline_has_no_failures(capsys) -> None:
     with capsys.disabled():
         print(f"\n{table}\n")
     assert summary.cases == CASES
-    assert summary.failure_count == 0, f"{summary.failure_count} failing cases (re-run one: python benchmarks/fuzz_pipeline.py --case N)\n{table}"
+    assert summary.failure_count == 0, (
+        f"{summary.failure_count} failing cases (re-run one: python benchmarks/fuzz_pipeline.py --case N)\n{table}"
+    )

@@ -25,7 +25,9 @@ def test_every_golden_file_is_checked(reports):
     assert on_disk == set(reports), REFRESH
 
 
-GOLDEN_FILES = [f"{name}.{suffix}" for name in GOLDEN_FIXTURES for suffix in FORMATS] + [f"{REDACTED_FIXTURE}.redacted.md"]
+GOLDEN_FILES = [f"{name}.{suffix}" for name in GOLDEN_FIXTURES for suffix in FORMATS] + [
+    f"{REDACTED_FIXTURE}.redacted.md"
+]
 
 
 @pytest.mark.parametrize("file_name", GOLDEN_FILES)

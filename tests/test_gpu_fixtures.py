@@ -94,7 +94,9 @@ def check_gpu_fixture(folder: Path, entry: dict[str, Any], report: dict[str, Any
     components = report["components"]
     for name in layout.STATE_COMPONENTS:
         expected = real["state_components"][name]
-        assert abs(components[name] - expected) <= max(0.05 * expected, MiB), f"{name}: {components[name]} vs {expected}"
+        assert abs(components[name] - expected) <= max(0.05 * expected, MiB), (
+            f"{name}: {components[name]} vs {expected}"
+        )
     assert abs(sum(components.values()) - real["allocated_bytes"]) <= MiB
 
 
@@ -139,16 +141,18 @@ def test_clean_dump_makes_paths_relative_and_drops_the_runner_frames():
         "device_traces": [[{"action": "alloc", "frames": shared}, {"action": "free_requested", "frames": shared}]],
         "oomdoctor": {
             "argv": [f"{root}/fixtures/scenarios/train.py", "--steps", "2"],
-            "exception": {"traceback": (
-                "Traceback (most recent call last):\n"
-                f'  File "{root}/benchmarks/gpu/scenario_child.py", line 200, in run_script\n'
-                '    runpy.run_path(str(script), run_name="__main__")\n'
-                '  File "<frozen runpy>", line 291, in run_path\n'
-                f'  File "{root}/fixtures/scenarios/train.py", line 30, in main\n'
-                "    loss.backward()\n"
-                "    ~~~~~~~~~~~~~^^\n"
-                "torch.OutOfMemoryError: CUDA out of memory.\n"
-            )},
+            "exception": {
+                "traceback": (
+                    "Traceback (most recent call last):\n"
+                    f'  File "{root}/benchmarks/gpu/scenario_child.py", line 200, in run_script\n'
+                    '    runpy.run_path(str(script), run_name="__main__")\n'
+                    '  File "<frozen runpy>", line 291, in run_path\n'
+                    f'  File "{root}/fixtures/scenarios/train.py", line 30, in main\n'
+                    "    loss.backward()\n"
+                    "    ~~~~~~~~~~~~~^^\n"
+                    "torch.OutOfMemoryError: CUDA out of memory.\n"
+                )
+            },
         },
     }
     cleaned = layout.clean_dump(snapshot, root)
@@ -234,7 +238,10 @@ def test_driver_dry_run_then_import(tmp_path, capsys):
     assert summary["problems"] == []
     assert summary["environment"]["torch_version"] and summary["command"].startswith("python3 benchmarks/gpu/driver.py")
     assert "$OUT" in summary["command"] and str(out) not in summary["command"]
-    assert {(r["run"], r["arm"], r["status"]) for r in summary["runs"]} == {(scenario, "real", "oom"), (scenario, "rehearsed", "oom")}
+    assert {(r["run"], r["arm"], r["status"]) for r in summary["runs"]} == {
+        (scenario, "real", "oom"),
+        (scenario, "rehearsed", "oom"),
+    }
     (row,) = summary["compare"]
     assert row["real_as_intended"] and row["verdict_matches"]
     for side in ("real", "rehearsed"):
@@ -277,6 +284,7 @@ H200_TOTAL_BYTES = 143771 * MiB  # what nvidia-smi reports for the GPU the valid
 CONTEXT_BYTES = 512 * MiB
 # Verdicts that the accounting gets wrong under a memory fraction (docs/gpu-validation.md): the
 # observer's total is the allowed bytes while its free figure is the whole GPU's.
+
 
 def _fraction_params():
     if not FIXTURE_MANIFEST.is_file():

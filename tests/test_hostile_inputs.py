@@ -37,7 +37,12 @@ def snapshot(**top):
         "device": 0, "address": ADDRESS, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
         "blocks": [{"address": ADDRESS, "size": 2 << 20, "requested_size": 2 << 20, "state": "active_allocated", "frames": []}],
     }  # fmt: skip
-    data = {"segments": [segment], "device_traces": [[{"action": "alloc", "addr": ADDRESS, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": []}]]}
+    data = {
+        "segments": [segment],
+        "device_traces": [
+            [{"action": "alloc", "addr": ADDRESS, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": []}]
+        ],
+    }
     data.update(top)
     return data
 
@@ -70,7 +75,9 @@ def _framed_stack(data, stack):
 
 def _forward_frames_deep():
     data = snapshot()
-    data["device_traces"][0][0].update(user_metadata="", compile_context="", pool_id=(0, 0), forward_frames=["PLACEHOLDER"], k1=1, k2=2)
+    data["device_traces"][0][0].update(
+        user_metadata="", compile_context="", pool_id=(0, 0), forward_frames=["PLACEHOLDER"], k1=1, k2=2
+    )
     blob = pickle.dumps(data, protocol=2)
     return blob.replace(b"X\x0b\x00\x00\x00PLACEHOLDER", b"]" * 100000 + b"a" * 99999)
 
@@ -93,7 +100,9 @@ def _history_not_list():
 def _sum_overflow():
     data = snapshot()
     block = data["segments"][0]["blocks"][0]
-    data["segments"][0]["blocks"] = [dict(block, address=block["address"] + i, size=2**63 - 1, requested_size=2**63 - 1) for i in range(3)]
+    data["segments"][0]["blocks"] = [
+        dict(block, address=block["address"] + i, size=2**63 - 1, requested_size=2**63 - 1) for i in range(3)
+    ]
     return data
 
 
@@ -109,14 +118,30 @@ def _json_gzip_bomb():
 def _frame_amplification():
     big = "/src/" + "a" * (3 << 19) + ".py"
     stack = [{"filename": big, "line": 1, "name": "f"}] * 8
-    blocks = [{"address": ADDRESS + i * 512, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": stack} for i in range(300)]
-    segment = {"device": 0, "address": ADDRESS, "total_size": 512 * 300, "stream": 0, "segment_type": "small", "blocks": blocks}
-    events = [{"action": "alloc", "addr": ADDRESS + i * 512, "size": 512, "stream": 0, "frames": stack} for i in range(300)]
+    blocks = [
+        {"address": ADDRESS + i * 512, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": stack}
+        for i in range(300)
+    ]
+    segment = {
+        "device": 0,
+        "address": ADDRESS,
+        "total_size": 512 * 300,
+        "stream": 0,
+        "segment_type": "small",
+        "blocks": blocks,
+    }
+    events = [
+        {"action": "alloc", "addr": ADDRESS + i * 512, "size": 512, "stream": 0, "frames": stack} for i in range(300)
+    ]
     return {"segments": [segment], "device_traces": [events]}
 
 
 def _markdown_breakout():
-    data = snapshot(oomdoctor={"argv": ['x`` </details><img src="https://evil.example/p.png"> @someone [click](https://evil.example) ``']})
+    data = snapshot(
+        oomdoctor={
+            "argv": ['x`` </details><img src="https://evil.example/p.png"> @someone [click](https://evil.example) ``']
+        }
+    )
     stack = [{"filename": "/src/a.py\n```\n</details>\n\n# injected heading\n@someone\n", "line": 1, "name": "f"}]
     return _framed_stack(data, stack)
 
@@ -127,7 +152,9 @@ def _evidence_image():
                      "name": "w.exp_avg ![x](https://evil.example/pixel.png) @someone", "size_bytes": 2 << 20}],
         "oom": {"device": 0, "alloc_bytes": 1 << 30},
     })  # fmt: skip
-    data["device_traces"][0].append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 2, "frames": [], "device_free": 0})
+    data["device_traces"][0].append(
+        {"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 2, "frames": [], "device_free": 0}
+    )
     return data
 
 
@@ -141,7 +168,10 @@ def _segment_type(value):
 REPRODUCERS = {
     "r01_json_bigint": (snapshot(oomdoctor={"rank": 2**64}), ".pickle"),
     "r01b_json_sum_overflow": (_sum_overflow(), ".pickle"),
-    "r02_alloc_conf_digit": (snapshot(allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:\u00b2"}), ".pickle"),
+    "r02_alloc_conf_digit": (
+        snapshot(allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:\u00b2"}),
+        ".pickle",
+    ),
     "r03_divisions_digit": (snapshot(allocator_settings={"roundup_power2_divisions": {"\u00b2": 4}}), ".pickle"),
     "r04_negative_device": (_negative_device(), ".pickle"),
     "r05_history_not_list": (_history_not_list(), ".pickle"),
@@ -152,16 +182,38 @@ REPRODUCERS = {
     "r10_forward_frames_deep": (_forward_frames_deep(), ".pickle"),
     "r11_key_repr": (b"\x80\x04}" + b")" + b"\x85" * 100000 + b"K\x01s.", ".pickle"),
     "r12_tui_markup": (_segment_type("[/bold]"), ".pickle"),
-    "r13_tensor_name_bomb": (snapshot(oomdoctor={"tensors": [{"address": ADDRESS, "component": "parameter", "name": laughs(27), "size_bytes": 2 << 20}]}), ".pickle"),
+    "r13_tensor_name_bomb": (
+        snapshot(
+            oomdoctor={
+                "tensors": [{"address": ADDRESS, "component": "parameter", "name": laughs(27), "size_bytes": 2 << 20}]
+            }
+        ),
+        ".pickle",
+    ),
     "r14_json_gzip_bomb": (_json_gzip_bomb(), ".json.gz"),
-    "r15_refused_global_ansi": (b"\x80\x04" + _short_unicode("\x1b]0;pwned\x07\x1b[2Jos") + _short_unicode("system") + b"\x93.", ".pickle"),
-    "r16_text_report_ansi": (_framed_stack(snapshot(), [{"filename": f"/src/{EVIL}train.py", "line": 1, "name": "main"}]), ".pickle"),
+    "r15_refused_global_ansi": (
+        b"\x80\x04" + _short_unicode("\x1b]0;pwned\x07\x1b[2Jos") + _short_unicode("system") + b"\x93.",
+        ".pickle",
+    ),
+    "r16_text_report_ansi": (
+        _framed_stack(snapshot(), [{"filename": f"/src/{EVIL}train.py", "line": 1, "name": "main"}]),
+        ".pickle",
+    ),
     "r17_markdown_breakout": (_markdown_breakout(), ".pickle"),
-    "r18_redact_regex_dos": (_framed_stack(snapshot(), [{"filename": "/src/" + "a-rank0-" * 16000 + ".py", "line": 1, "name": "main"}]), ".pickle"),
+    "r18_redact_regex_dos": (
+        _framed_stack(snapshot(), [{"filename": "/src/" + "a-rank0-" * 16000 + ".py", "line": 1, "name": "main"}]),
+        ".pickle",
+    ),
     "r19_markdown_evidence_image": (_evidence_image(), ".pickle"),
     "r20_json_frame_amplification": (_frame_amplification(), ".pickle"),
-    "r21_tui_click_overwrite": (_segment_type("[@click=app.screenshot('victim.txt','.')]click to see blocks[/]"), ".pickle"),
-    "r22_redact_leaks": (snapshot(oomdoctor={"host": "node7", "pid": 4242, "argv": ["/home/alice/proj/train.py"]}), ".pickle"),
+    "r21_tui_click_overwrite": (
+        _segment_type("[@click=app.screenshot('victim.txt','.')]click to see blocks[/]"),
+        ".pickle",
+    ),
+    "r22_redact_leaks": (
+        snapshot(oomdoctor={"host": "node7", "pid": 4242, "argv": ["/home/alice/proj/train.py"]}),
+        ".pickle",
+    ),
 }
 
 VERBS = {

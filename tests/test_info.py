@@ -40,7 +40,14 @@ def test_json_reports_the_byte_totals_and_trace(tmp_path, capsys) -> None:
     assert info["time_span_us"] == {"first": 100, "last": 105, "seconds": 5e-06}
     assert info["stacks_recorded"] is True and info["stack_kinds"] == ["python"]
     assert info["oom_events"] == [
-        {"device": 0, "event_index": 5, "request_bytes": 40 * MiB, "device_free_bytes": 5 * MiB, "stream": 0, "time_us": 105}
+        {
+            "device": 0,
+            "event_index": 5,
+            "request_bytes": 40 * MiB,
+            "device_free_bytes": 5 * MiB,
+            "stream": 0,
+            "time_us": 105,
+        }
     ]
     assert info["annotations"] == 2
     settings = info["allocator_settings"]

@@ -31,14 +31,26 @@ RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")
 def _dump(payload: str) -> dict:
     """A small dump that runs out of memory, with `payload` in every string field torch or
     oomdoctor writes (frames, segment type, annotations, event metadata, every metadata text)."""
+
     def v(field):
         return f"{field}:{payload}:end"
 
-    frames = [{"filename": v("filename") + ".py", "line": 7, "name": v("function")}, {"filename": "train.py", "line": 3, "name": "main"}]
+    frames = [
+        {"filename": v("filename") + ".py", "line": 7, "name": v("function")},
+        {"filename": "train.py", "line": 3, "name": "main"},
+    ]
     blocks, events = [], []
     for i in range(3):
         address = BASE + i * 2 * MIB
-        blocks.append({"address": address, "size": 2 * MIB, "requested_size": 2 * MIB, "state": "active_allocated", "frames": frames})
+        blocks.append(
+            {
+                "address": address,
+                "size": 2 * MIB,
+                "requested_size": 2 * MIB,
+                "state": "active_allocated",
+                "frames": frames,
+            }
+        )
         events.append({
             "action": "alloc", "addr": address, "size": 2 * MIB, "stream": 0, "time_us": i + 1, "frames": frames,
             "compile_context": v("compile_context"), "user_metadata": v("user_metadata"),
@@ -47,11 +59,33 @@ def _dump(payload: str) -> dict:
         "action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": frames, "device_free": 0,
         "compile_context": v("compile_context"), "user_metadata": v("user_metadata"),
     })  # fmt: skip
-    segment = {"device": 0, "address": BASE, "total_size": 6 * MIB, "stream": 0, "segment_type": v("segment_type"), "blocks": blocks, "frames": frames}
+    segment = {
+        "device": 0,
+        "address": BASE,
+        "total_size": 6 * MIB,
+        "stream": 0,
+        "segment_type": v("segment_type"),
+        "blocks": blocks,
+        "frames": frames,
+    }
     tensors = [
-        {"address": BASE, "device": 0, "component": "parameter", "name": v("tensor"), "shape": [512, 1024], "dtype": v("dtype"), "size_bytes": 2 * MIB},
+        {
+            "address": BASE,
+            "device": 0,
+            "component": "parameter",
+            "name": v("tensor"),
+            "shape": [512, 1024],
+            "dtype": v("dtype"),
+            "size_bytes": 2 * MIB,
+        },
         {"address": BASE + 2 * MIB, "device": 0, "component": "gradient", "name": v("gradient"), "size_bytes": 2 * MIB},
-        {"address": BASE + 4 * MIB, "device": 0, "component": "optimizer_state", "name": v("optimizer_state"), "size_bytes": 2 * MIB},
+        {
+            "address": BASE + 4 * MIB,
+            "device": 0,
+            "component": "optimizer_state",
+            "name": v("optimizer_state"),
+            "size_bytes": 2 * MIB,
+        },
     ]
     meta = {
         "schema_version": 1, "argv": ["train.py", v("argv")], "host": v("host"), "pid": 4242,
@@ -67,7 +101,11 @@ def _dump(payload: str) -> dict:
     return {
         "segments": [segment],
         "device_traces": [events],
-        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": v("settings_conf"), "max_split_size": -1, v("settings_key"): v("settings_value")},
+        "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": v("settings_conf"),
+            "max_split_size": -1,
+            v("settings_key"): v("settings_value"),
+        },
         "external_annotations": [{"name": v("annotation"), "stage": "START", "device": 0, "time_us": 2}],
         "oomdoctor": meta,
     }

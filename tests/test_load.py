@@ -317,7 +317,7 @@ def test_forward_frames_and_newer_event_keys() -> None:
     data = make_snapshot()
     for event in data["device_traces"][0]:
         event.update(compile_context="N/A", user_metadata="", pool_id=(0, 0))
-    data["device_traces"][0][2]["forward_frames"] = ["  File \"model.py\", line 3, in forward"]
+    data["device_traces"][0][2]["forward_frames"] = ['  File "model.py", line 3, in forward']
     data["allocator_settings"]["graph_capture_record_stream_reuse"] = False
     snapshot = load(pickle.dumps(data, protocol=4))
     trace = snapshot.traces[0]

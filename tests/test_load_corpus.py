@@ -93,7 +93,9 @@ def test_legacy_torch20_history_blocks(corpus_dir: Path) -> None:
 
 
 def test_real_oom_events_keep_device_free(corpus_dir: Path) -> None:
-    snapshot = load(corpus_dir / "snapshots" / "multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle")
+    snapshot = load(
+        corpus_dir / "snapshots" / "multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle"
+    )
     trace = snapshot.traces[1]
     (index,) = [i for i, action in enumerate(trace.actions) if action == "oom"]
     event = trace[index]

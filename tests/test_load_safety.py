@@ -129,8 +129,14 @@ def test_random_bytes_are_refused(seed: int) -> None:
         (pickle.dumps({"segments": {}}, protocol=4), "'segments' is a dict"),
         (pickle.dumps({"segments": [1]}, protocol=4), "segment 0 is a int"),
         (pickle.dumps({"segments": [], "device_traces": [[{"size": 1}]]}, protocol=4), "'action' is missing"),
-        (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "size": "1"}]]}, protocol=4), "'size' is a str"),
-        (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "size": 2**70}]]}, protocol=4), "64 bits"),
+        (
+            pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "size": "1"}]]}, protocol=4),
+            "'size' is a str",
+        ),
+        (
+            pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "size": 2**70}]]}, protocol=4),
+            "64 bits",
+        ),
         (b"GIF89a not a snapshot", "not a snapshot"),
         (b'{"segments": 3', "truncated"),
     ],

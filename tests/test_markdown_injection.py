@@ -27,7 +27,7 @@ BASE = 0x7F0000000000
 
 PAYLOADS = {
     "backtick": "a`b",
-    "two-backticks": "x`` </details><img src=\"https://evil.example/p.png\"> @someone [click](https://evil.example) ``",
+    "two-backticks": 'x`` </details><img src="https://evil.example/p.png"> @someone [click](https://evil.example) ``',
     "three-backticks": "```\n<b>injected</b>\n```",
     "edge-backticks": "`` <b>injected</b> ``",
     "fence-breakout": "\n```\n</details>\n\n# injected heading\n",
@@ -67,14 +67,39 @@ def _dump(payload: str) -> dict:
     blocks, events = [], []
     for i in range(3):
         address = BASE + i * 2 * MiB
-        blocks.append({"address": address, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated", "frames": frames})
-        events.append({"action": "alloc", "addr": address, "size": 2 * MiB, "stream": 0, "time_us": i + 1, "frames": frames})
-    events.append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": [], "device_free": 0})
-    segment = {"device": 0, "address": BASE, "total_size": 6 * MiB, "stream": 0, "segment_type": "large", "blocks": blocks}
+        blocks.append(
+            {
+                "address": address,
+                "size": 2 * MiB,
+                "requested_size": 2 * MiB,
+                "state": "active_allocated",
+                "frames": frames,
+            }
+        )
+        events.append(
+            {"action": "alloc", "addr": address, "size": 2 * MiB, "stream": 0, "time_us": i + 1, "frames": frames}
+        )
+    events.append(
+        {"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": [], "device_free": 0}
+    )
+    segment = {
+        "device": 0,
+        "address": BASE,
+        "total_size": 6 * MiB,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": blocks,
+    }
     tensors = [
         {"address": BASE, "device": 0, "component": "parameter", "name": v("tensor"), "size_bytes": 2 * MiB},
         {"address": BASE + 2 * MiB, "device": 0, "component": "gradient", "name": v("gradient"), "size_bytes": 2 * MiB},
-        {"address": BASE + 4 * MiB, "device": 0, "component": "optimizer_state", "name": v("optimizer_state"), "size_bytes": 2 * MiB},
+        {
+            "address": BASE + 4 * MiB,
+            "device": 0,
+            "component": "optimizer_state",
+            "name": v("optimizer_state"),
+            "size_bytes": 2 * MiB,
+        },
     ]
     meta = {
         "schema_version": 1,
@@ -101,7 +126,9 @@ def _report(tmp_path, capsysbinary, data: dict, *options: str, name: str = "dump
 
 
 _MD = MarkdownIt("commonmark", {"html": True}).enable("table")
-_HTML_ALLOWED = re.compile(r"<details>\n<summary>The \d+ largest live blocks \(of \d+\) and where they were allocated</summary>\n|</details>\n|<br>|</?sub>")
+_HTML_ALLOWED = re.compile(
+    r"<details>\n<summary>The \d+ largest live blocks \(of \d+\) and where they were allocated</summary>\n|</details>\n|<br>|</?sub>"
+)
 _HEADINGS = re.compile(
     r"oomdoctor: \S+ \(confidence \d+%\)|Evidence|What to change|Memory (at the OOM|at the peak|when the dump was written)|Live memory by component"
     r"|Fragmentation|What if the batch \(or sequence\) were scaled|OOM events on this device|Steps|Also found|Not determined from this file|Environment"
@@ -137,7 +164,9 @@ def _assert_safe(markdown: str, clean: str) -> list:
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
     assert headings and all(_HEADINGS.fullmatch(h) for h in headings), headings
     assert len(headings) == len([t for t in clean_tokens if t.type == "heading_open"])
-    shape = lambda ts: [t.type for t in _walk(ts) if t.type.endswith("_open") or t.type in ("fence", "html_block", "hr")]  # noqa: E731
+    shape = lambda ts: [  # noqa: E731
+        t.type for t in _walk(ts) if t.type.endswith("_open") or t.type in ("fence", "html_block", "hr")
+    ]  # noqa: E731
     assert shape(tokens) == shape(clean_tokens), "the report's structure changed (blocks, emphasis, code fences)"
     for token in _walk(tokens):  # tables: every row has as many cells as the header
         if token.type == "table_open":
@@ -179,7 +208,9 @@ def test_the_fields_reach_the_report(tmp_path, capsysbinary):
         assert _value(field, "plain") in markdown, field
     evidence = markdown.split("### Evidence", 1)[1].split("###", 1)[0]
     assert _value("optimizer_state", "plain") in evidence  # a registry name in the running text
-    assert f"`{_value('filename', 'plain')}.py:7 in {_value('function', 'plain')}`" in evidence  # a frame in a code span
+    assert (
+        f"`{_value('filename', 'plain')}.py:7 in {_value('function', 'plain')}`" in evidence
+    )  # a frame in a code span
     stack = markdown.split("<details>", 1)[1]
     assert f"\n```\n{_value('filename', 'plain')}.py:7 in {_value('function', 'plain')}\n" in stack
 
@@ -235,5 +266,9 @@ def test_mentions_and_references_never_notify():
 @pytest.mark.parametrize("text", ["# heading", "- item", "+ item", "1. item", "12) item", "  # heading"])
 def test_text_cannot_start_a_block_inside_a_list_item(text):
     tokens = _MD.parse(f"- {inline_text(text)}\n")
-    assert [t.type for t in tokens if t.type.endswith("_open")] == ["bullet_list_open", "list_item_open", "paragraph_open"], text
+    assert [t.type for t in tokens if t.type.endswith("_open")] == [
+        "bullet_list_open",
+        "list_item_open",
+        "paragraph_open",
+    ], text
     assert _visible(tokens) == text.lstrip()

@@ -51,8 +51,16 @@ def _shift_times(raw: dict, delta_us: int) -> None:
             oom["time_us"] += delta_us
 
 
-def write_rank(folder: Path, rank: int | None, fixture: str, oom_after_s: float = 0.0, *, name: str | None = None,
-               host: str | None = None, world_size: int = 4) -> Path:
+def write_rank(
+    folder: Path,
+    rank: int | None,
+    fixture: str,
+    oom_after_s: float = 0.0,
+    *,
+    name: str | None = None,
+    host: str | None = None,
+    world_size: int = 4,
+) -> Path:
     """A copy of a fixture dump as `rank` would have written it, its OOM `oom_after_s` after BASE_TIME_US."""
     raw = load_raw(DUMPS / f"{fixture}.pickle")
     meta = raw["oomdoctor"]
@@ -192,7 +200,10 @@ def test_same_verdict_on_every_rank(agreeing):
     assert comparison.first.rank == 3
     assert comparison.verdicts_agree and dict(comparison.verdicts) == {"oversized-request": 4}
     assert comparison.differences == ()
-    assert comparison.headline == "rank 3 ran out first (step 0, forward); 3 other ranks ran out later with the same verdict"
+    assert (
+        comparison.headline
+        == "rank 3 ran out first (step 0, forward); 3 other ranks ran out later with the same verdict"
+    )
     assert [row.seconds_after_first for row in comparison.rows] == [2.5, 1.0, 4.0, 0.0]
 
 
@@ -201,7 +212,9 @@ def test_parallel_and_sequential_reads_agree(uneven):
     sequential = read_folder(uneven, parallel=False)
     assert parallel == sequential
     assert compare_ranks(parallel.dumps) == compare_ranks(sequential.dumps)
-    rendered = [ranks_view.render("json", "dumps", compare_ranks(f.dumps), f.dumps, f.skipped) for f in (parallel, sequential)]
+    rendered = [
+        ranks_view.render("json", "dumps", compare_ranks(f.dumps), f.dumps, f.skipped) for f in (parallel, sequential)
+    ]
     assert rendered[0] == rendered[1]
 
 
@@ -246,7 +259,9 @@ def test_unknown_oom_times_leave_the_order_unknown(uneven):
 def test_a_broken_file_is_a_note_and_the_others_are_read(tmp_path):
     write_rank(tmp_path, 0, SMALL)
     write_rank(tmp_path, 1, BIG)
-    (tmp_path / "oom-rank2-node1-4002-20260101T000000Z.pickle").write_bytes(pickle.dumps({"segments": []}, protocol=4)[:-5])
+    (tmp_path / "oom-rank2-node1-4002-20260101T000000Z.pickle").write_bytes(
+        pickle.dumps({"segments": []}, protocol=4)[:-5]
+    )
     folder = read_folder(tmp_path)
     assert [dump.rank for dump in folder.dumps] == [0, 1]
     (note,) = folder.notes
@@ -272,7 +287,9 @@ def test_report_text_has_the_table_and_the_first_ranks_full_report(uneven, capsy
         ["3", "no", "OOM"],
     ]
     assert "skipped README.txt: not a snapshot" in out
-    components = lines[lines.index("Live memory by component (at the OOM, or the peak for ranks that did not run out)") + 1 :]
+    components = lines[
+        lines.index("Live memory by component (at the OOM, or the peak for ranks that did not run out)") + 1 :
+    ]
     assert components[0].split()[:2] == ["rank", "parameters"] and "activations" in components[0]
     assert components[3].split()[0] == "2" and components[5].split()[0] == "median"
     assert "Rank 2 (ran out first): oom-rank2-node1-4002-20260101T000000Z.pickle" in out
@@ -283,9 +300,25 @@ def test_report_json_schema(uneven, capsys):
     assert main(["report", str(uneven), "--format", "json"]) == 0
     data = orjson.loads(capsys.readouterr().out)
     assert data["schema_version"] == 1 and data["kind"] == "ranks"
-    for key in ("directory", "headline", "file_count", "world_size", "ran_out_count", "order_known", "first", "ranks",
-                "median", "differences", "verdicts", "verdicts_agree", "missing_ranks", "repeated_ranks", "notes",
-                "skipped", "report"):
+    for key in (
+        "directory",
+        "headline",
+        "file_count",
+        "world_size",
+        "ran_out_count",
+        "order_known",
+        "first",
+        "ranks",
+        "median",
+        "differences",
+        "verdicts",
+        "verdicts_agree",
+        "missing_ranks",
+        "repeated_ranks",
+        "notes",
+        "skipped",
+        "report",
+    ):
         assert key in data, key
     assert data["file_count"] == 4 and data["first"]["rank"] == 2
     assert [row["rank"] for row in data["ranks"]] == [0, 1, 2, 3]
@@ -293,7 +326,9 @@ def test_report_json_schema(uneven, capsys):
     assert set(row["components"]) == set(COMPONENTS)
     assert isinstance(row["allocated_bytes"], int) and row["oom_time_us"] == BASE_TIME_US
     assert data["differences"][0] | {} == {**data["differences"][0], "rank": 2, "what": "activations"}
-    assert data["skipped"] == [{"file": "README.txt", "reason": "not a snapshot (not a pickle, gzip, JSON or memory_viz HTML file)"}]
+    assert data["skipped"] == [
+        {"file": "README.txt", "reason": "not a snapshot (not a pickle, gzip, JSON or memory_viz HTML file)"}
+    ]
     assert data["report"]["verdict"] == "activation-spike" and data["report"]["file"].startswith("oom-rank2-")
     assert data["report"]["environment"]["rank"] == 2
 
@@ -348,7 +383,9 @@ def test_report_folder_refuses_device_and_open_stays_single_file(uneven, capsys)
     assert err.count("\n") == 1 and f"oomdoctor report {uneven}" in err
 
 
-@pytest.mark.parametrize("module", ["oomdoctor.rank_folder", "oomdoctor.analysis.ranks", "oomdoctor.load.folder", "oomdoctor.views.ranks"])
+@pytest.mark.parametrize(
+    "module", ["oomdoctor.rank_folder", "oomdoctor.analysis.ranks", "oomdoctor.load.folder", "oomdoctor.views.ranks"]
+)
 def test_folder_modules_stay_light(module):
     from tests.test_layering import _heavy_modules_after_import
 
@@ -381,7 +418,9 @@ def test_a_rank_holding_extra_memory_is_named_even_when_it_was_not_first(tmp_pat
     assert comparison.first.rank == 1
     top = comparison.differences[0]
     assert top.rank == 0 and top.difference_bytes > 0
-    assert comparison.headline.startswith("rank 1 ran out first (step 0, forward); 3 other ranks ran out later (2 with the same verdict, 1 activation-spike)")
+    assert comparison.headline.startswith(
+        "rank 1 ran out first (step 0, forward); 3 other ranks ran out later (2 with the same verdict, 1 activation-spike)"
+    )
     activations = {row.rank: dict(row.components)["activations"] for row in comparison.rows}
     assert activations[1] == activations[2] == activations[3]  # the median rank is any of them
     excess = human_size(activations[0] - activations[1], decimals=1)

@@ -86,7 +86,9 @@ def test_resize_reallocates_and_releases_the_old_block(session):
     assert allocated_bytes(session) == baseline - 512 + MiB
     new_address = session.backend.storage_address(tensor)
     assert new_address != old_address
-    actions = [(entry["action"], entry["addr"]) for entry in trace(session) if entry["action"] in ("alloc", "free_requested")]
+    actions = [
+        (entry["action"], entry["addr"]) for entry in trace(session) if entry["action"] in ("alloc", "free_requested")
+    ]
     assert actions[-2:] == [("alloc", new_address), ("free_requested", old_address)]
 
 
@@ -108,7 +110,9 @@ def test_storage_addresses_are_simulated_blocks_in_the_snapshot(session):
 
 def test_live_allocations_expose_block_sizes_and_storages(session):
     weight = torch.empty(100, 10)
-    found = [allocation for allocation in session.live_allocations() if allocation.storage() is weight.untyped_storage()]
+    found = [
+        allocation for allocation in session.live_allocations() if allocation.storage() is weight.untyped_storage()
+    ]
     assert len(found) == 1
     allocation = found[0]
     assert allocation.requested_bytes == 4000
@@ -219,7 +223,9 @@ def test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_obser
         assert oom.op == "aten.zeros_like.default"
         assert oom.phase == "optimizer_step"
         assert oom.frames[0]["filename"].endswith("torch/optim/adam.py")
-        assert oom.user_frame["name"] == "test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_observers"
+        assert (
+            oom.user_frame["name"] == "test_out_of_memory_in_the_optimizer_step_raises_torchs_error_after_the_observers"
+        )
         del raised
         gc.collect()
         # Adam keeps what it made before the failure (step counter, exp_avg) in its state, as on a
@@ -290,7 +296,10 @@ def test_optimizers_take_the_foreach_path_they_take_on_cuda(session):
     model(torch.randn(4, 64)).sum().backward()
     optimizer.step()
     step_allocations = [
-        entry for entry in trace(session) if entry["action"] == "alloc" and entry.get("frames")
+        entry
+        for entry in trace(session)
+        if entry["action"] == "alloc"
+        and entry.get("frames")
         and any(frame["name"] == "_multi_tensor_adam" for frame in entry["frames"])
     ]
     assert len(step_allocations) >= 2  # e.g. the _foreach_sqrt list, one per parameter

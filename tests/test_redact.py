@@ -69,7 +69,10 @@ def redactor() -> Redactor:
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("/home/alice/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", "<env>/site-packages/torch/nn/modules/module.py"),
+        (
+            "/home/alice/venv/lib/python3.11/site-packages/torch/nn/modules/module.py",
+            "<env>/site-packages/torch/nn/modules/module.py",
+        ),
         ("/opt/conda/lib/python3.10/dist-packages/apex/fused.py", "<env>/dist-packages/apex/fused.py"),
         ("/usr/lib/python3.11/threading.py", "<env>/lib/python3.11/threading.py"),
         ("/home/alice/llm/src/train.py", "<project>/src/train.py"),
@@ -79,7 +82,10 @@ def redactor() -> Redactor:
         ("fixtures/scenarios/train.py", "fixtures/scenarios/train.py"),
         ("<frozen runpy>", "<frozen runpy>"),
         ("??", "??"),
-        ("oom-dumps/oom-rank3-gpu-node-7-4242-20250101T000000Z.pickle", "oom-dumps/oom-rank3-<host>-<pid>-20250101T000000Z.pickle"),
+        (
+            "oom-dumps/oom-rank3-gpu-node-7-4242-20250101T000000Z.pickle",
+            "oom-dumps/oom-rank3-<host>-<pid>-20250101T000000Z.pickle",
+        ),
     ],
 )
 def test_a_path_keeps_its_useful_part(redactor, path, expected):
@@ -105,7 +111,9 @@ def test_names_are_replaced_only_as_whole_words():
 
 
 def test_a_home_directory_is_never_the_project_root():
-    redactor = Redactor.learn(filenames=["/home/alice/a.py", "/home/alice/b/c.py"], script_filenames=["/home/alice/a.py"])
+    redactor = Redactor.learn(
+        filenames=["/home/alice/a.py", "/home/alice/b/c.py"], script_filenames=["/home/alice/a.py"]
+    )
     assert redactor.project_roots == ()
     assert redactor.path("/home/alice/b/c.py") == "<path>/c.py"
 
@@ -124,7 +132,10 @@ def test_redacted_dump_keeps_everything_else(personal_dump, tmp_path):
     assert meta["host"] == "<host>" and meta["pid"] is None
     assert meta["argv"] == ["<project>/train.py", *original["oomdoctor"]["argv"][1:-1], "<path>/shard.bin"]
     assert 'File "<env>/site-packages/torch/optim/adam.py"' in meta["exception"]["traceback"]
-    assert redacted["segments"][0]["blocks"][0]["frames"][0]["filename"] == "<env>/site-packages/torch/nn/modules/linear.py"
+    assert (
+        redacted["segments"][0]["blocks"][0]["frames"][0]["filename"]
+        == "<env>/site-packages/torch/nn/modules/linear.py"
+    )
     # Blank what redaction may change: the rest is exactly what torch (and the capture) wrote.
     for data in (original, redacted):
         for item in _frame_holders(data):

@@ -33,4 +33,8 @@ def test_real_snapshot_redacts_cleanly(path):
     for name in learned.users:
         assert f"/{name}/".encode() not in written
     before, after = analyse(snapshot), analyse(load(written))
-    assert (after.verdict, after.component_bytes(), after.accounting) == (before.verdict, before.component_bytes(), before.accounting)
+    assert (after.verdict, after.component_bytes(), after.accounting) == (
+        before.verdict,
+        before.component_bytes(),
+        before.accounting,
+    )

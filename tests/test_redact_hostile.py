@@ -67,11 +67,32 @@ def _hostile_data(traces_key: str = "device_traces") -> dict:
     data["segments"][0]["forward_frames"] = [f'File "{HOME}model.py", line 9, in forward']
     data["segments"][1]["active_size"] = "alice's"  # (torch writes a number; nothing reads it)
     data["segments"][0]["blocks"][0]["forward_frames"] = ["node7: alice's block"]
-    data["external_annotations"].append({"name": f"{HOME}train.py:alice_scope", "stage": "END", "device": 0, "time_us": 1, "owner": "alice"})
+    data["external_annotations"].append(
+        {"name": f"{HOME}train.py:alice_scope", "stage": "END", "device": 0, "time_us": 1, "owner": "alice"}
+    )
     data["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
     data["allocator_settings"]["launched_by"] = "alice@node7"
-    data["host_segments"] = [{"address": 1, "total_size": 4096, "blocks": [{"address": 1, "size": 4096, "state": "active_allocated", "frames": _stack()}], "frames": _stack()}]
-    data["host_traces"] = [[{"action": "alloc", "addr": 1, "size": 4096, "stream": 0, "time_us": 1, "frames": _stack(), "user_metadata": "alice"}]]
+    data["host_segments"] = [
+        {
+            "address": 1,
+            "total_size": 4096,
+            "blocks": [{"address": 1, "size": 4096, "state": "active_allocated", "frames": _stack()}],
+            "frames": _stack(),
+        }
+    ]
+    data["host_traces"] = [
+        [
+            {
+                "action": "alloc",
+                "addr": 1,
+                "size": 4096,
+                "stream": 0,
+                "time_us": 1,
+                "frames": _stack(),
+                "user_metadata": "alice",
+            }
+        ]
+    ]
     meta = data["oomdoctor"]
     meta["host"], meta["pid"] = "node7", 4242
     meta["argv"] = [f"{HOME}train.py", "--out", "/scratch/alice/out", "--tag=alice@node7"]
@@ -84,7 +105,14 @@ def _hostile_data(traces_key: str = "device_traces") -> dict:
     meta["cluster"] = {"user": "alice", "nodes": ["node7", "node8"], "cmd": "kill -9 4242", "pair": ("alice", 1)}
     meta["recording"]["operator"] = "alice"
     # (values the loader's metadata would refuse whole: bytes, sets, keys that are not strings)
-    data["notes"] = {"by": "alice on node7", "pids": "4242 31337", "alice": [1, 2.5, None, True], "raw": b"alice", "set": frozenset({"alice"}), ("alice", 1): "x"}
+    data["notes"] = {
+        "by": "alice on node7",
+        "pids": "4242 31337",
+        "alice": [1, 2.5, None, True],
+        "raw": b"alice",
+        "set": frozenset({"alice"}),
+        ("alice", 1): "x",
+    }
     if traces_key != "device_traces":
         data[traces_key] = data.pop("device_traces")
     return data
@@ -138,11 +166,15 @@ def test_redacted_copy_keeps_nothing_identifying_and_the_same_verdict(tmp_path, 
     assert [(s["segment_type"], [b["state"] for b in s["blocks"]]) for s in redacted["segments"]] == [
         (s["segment_type"], [b["state"] for b in s["blocks"]]) for s in original["segments"]
     ]
-    assert [a["stage"] for a in redacted["external_annotations"]] == [a["stage"] for a in original["external_annotations"]]
+    assert [a["stage"] for a in redacted["external_annotations"]] == [
+        a["stage"] for a in original["external_annotations"]
+    ]
     assert redacted["external_annotations"][0]["name"] == "Optimizer.step#Adam.step"
     meta = redacted["oomdoctor"]
     assert meta["markers"] == original["oomdoctor"]["markers"]
-    assert [(t["component"], t["dtype"]) for t in meta["tensors"]] == [(t["component"], t["dtype"]) for t in original["oomdoctor"]["tensors"]]
+    assert [(t["component"], t["dtype"]) for t in meta["tensors"]] == [
+        (t["component"], t["dtype"]) for t in original["oomdoctor"]["tensors"]
+    ]
     assert meta["recording"]["stacks"] == "python" and meta["recording"]["operator"] == REDACTED
     # what each kind of field became
     assert meta["host"] == "<host>" and meta["pid"] is None
@@ -154,7 +186,12 @@ def test_redacted_copy_keeps_nothing_identifying_and_the_same_verdict(tmp_path, 
     assert first["user_metadata"] == "<project>/cfg.yaml" and first["compile_context"] == "<user>@<host>"
     assert first["forward_frames"] == ['File "<project>/model.py", line 5, in forward', "<user> was here"]
     fx = first["frames"][-2]
-    assert (fx["name"], fx["fx_node_op"], fx["fx_node_name"], fx["fx_node_target"]) == ("<user>_forward", "call_function", "<user>_linear", "<user>.mod")
+    assert (fx["name"], fx["fx_node_op"], fx["fx_node_name"], fx["fx_node_target"]) == (
+        "<user>_forward",
+        "call_function",
+        "<user>_linear",
+        "<user>.mod",
+    )
     assert fx["fx_original_trace"] == 'File "<project>/model.py", line 5, in forward on <host>'
     assert {e["frames"][-1]["name"] for e in events(redacted)[1:] if e.get("frames")} == {"main_for_<user>"}
     host_frame = redacted["host_traces"][0][0]["frames"][0]
@@ -162,10 +199,20 @@ def test_redacted_copy_keeps_nothing_identifying_and_the_same_verdict(tmp_path, 
     assert redacted["host_segments"][0]["blocks"][0]["state"] == "active_allocated"
     assert redacted["segments"][1]["active_size"] == REDACTED and first["frames"][-1]["line"] == REDACTED
     # strings under keys nobody writes are dropped, numbers kept
-    assert redacted["notes"] == {"by": REDACTED, "pids": REDACTED, "<user>": [1, 2.5, None, True], "raw": REDACTED.encode(), "set": frozenset({"<user>"}), ("<user>", 1): REDACTED}
+    assert redacted["notes"] == {
+        "by": REDACTED,
+        "pids": REDACTED,
+        "<user>": [1, 2.5, None, True],
+        "raw": REDACTED.encode(),
+        "set": frozenset({"<user>"}),
+        ("<user>", 1): REDACTED,
+    }
     assert meta["cluster"] == {"user": REDACTED, "nodes": [REDACTED, REDACTED], "cmd": REDACTED, "pair": (REDACTED, 1)}
     assert redacted["allocator_settings"]["launched_by"] == REDACTED
-    assert redacted["allocator_settings"]["roundup_power2_divisions"] == original["allocator_settings"]["roundup_power2_divisions"]
+    assert (
+        redacted["allocator_settings"]["roundup_power2_divisions"]
+        == original["allocator_settings"]["roundup_power2_divisions"]
+    )
 
 
 def test_redacting_twice_changes_nothing_more(tmp_path):
@@ -203,7 +250,21 @@ def test_the_model_and_the_data_learn_the_same_names():
 
 
 def test_names_learned_only_from_text_are_redacted_too():
-    data = {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 1, "stream": 0, "user_metadata": "/Users/bob/x.cfg", "compile_context": "bob's"}]]}
+    data = {
+        "segments": [],
+        "device_traces": [
+            [
+                {
+                    "action": "alloc",
+                    "addr": 1,
+                    "size": 1,
+                    "stream": 0,
+                    "user_metadata": "/Users/bob/x.cfg",
+                    "compile_context": "bob's",
+                }
+            ]
+        ],
+    }
     redactor = redactor_for_data(data)
     assert redactor.users == ("bob",)
     redact_snapshot_data(data, redactor)
@@ -215,15 +276,25 @@ def test_names_learned_only_from_text_are_redacted_too():
 
 @pytest.fixture
 def redactor() -> Redactor:
-    return Redactor.learn(host="gpu-node-7.cluster.example.com", pid=4242, filenames=["/home/alice/x.py", "/home/al/y.py", "/home/josé/z.py"])
+    return Redactor.learn(
+        host="gpu-node-7.cluster.example.com",
+        pid=4242,
+        filenames=["/home/alice/x.py", "/home/al/y.py", "/home/josé/z.py"],
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("oom-rank0-gpu-node-7-4242-20250101T000000Z.pickle", "oom-rank0-<host>-<pid>-20250101T000000Z.pickle"),
-        ("peak-rank12-h.x-y-1-20250101T000000Z-3.pickle.99.tmp", "peak-rank12-<host>-<pid>-20250101T000000Z-3.pickle.99.tmp"),
-        ("a/oom-rank0-h-1-20250101T000000Z.pickle b/dump-rank1-k-2-20250101T000000Z.pickle", "a/oom-rank0-<host>-<pid>-20250101T000000Z.pickle b/dump-rank1-<host>-<pid>-20250101T000000Z.pickle"),
+        (
+            "peak-rank12-h.x-y-1-20250101T000000Z-3.pickle.99.tmp",
+            "peak-rank12-<host>-<pid>-20250101T000000Z-3.pickle.99.tmp",
+        ),
+        (
+            "a/oom-rank0-h-1-20250101T000000Z.pickle b/dump-rank1-k-2-20250101T000000Z.pickle",
+            "a/oom-rank0-<host>-<pid>-20250101T000000Z.pickle b/dump-rank1-<host>-<pid>-20250101T000000Z.pickle",
+        ),
         ("oom-rank0--1-20250101T000000Z.pickle", "oom-rank0--1-20250101T000000Z.pickle"),  # no host
         ("x_oom-rank0-h-1-20250101T000000Z.pickle", "x_oom-rank0-h-1-20250101T000000Z.pickle"),  # no word boundary
         ("a-rank0-" * 3 + "-1-20250101T000000Z.pickle", "a-rank0-<host>-<pid>-20250101T000000Z.pickle"),
@@ -235,18 +306,23 @@ def test_dump_names(text, expected):
 
 
 def test_process_ids_in_text(redactor):
-    assert redactor.text(OOM_MESSAGE).endswith("Process <pid> has 79.10 GiB memory in use. Process <pid> has 1.00 GiB memory in use.")
+    assert redactor.text(OOM_MESSAGE).endswith(
+        "Process <pid> has 79.10 GiB memory in use. Process <pid> has 1.00 GiB memory in use."
+    )
     assert redactor.text("pid=12 'pid': 13, PID 14 pid:15") == "pid=<pid> 'pid': <pid>, PID <pid> pid:<pid>"
     # the dump's own pid wherever it stands alone; not inside other numbers or words
-    assert redactor.text("run 4242 ok, 4242.5 GiB, 1.4242, x4242, 42420") == "run <pid> ok, 4242.5 GiB, 1.4242, x4242, 42420"
+    assert (
+        redactor.text("run 4242 ok, 4242.5 GiB, 1.4242, x4242, 42420")
+        == "run <pid> ok, 4242.5 GiB, 1.4242, x4242, 42420"
+    )
     # a small pid only where text says it is one: "1" is everywhere
     assert Redactor.learn(pid=1).text("GPU 1 has 1.00 GiB; pid 1") == "GPU 1 has 1.00 GiB; pid <pid>"
 
 
 def test_names_as_whole_words_longest_first(redactor):
-    assert redactor.names("gpu-node-7.cluster.example.com gpu-node-7 gpu-node-77 alice alicia al al-ice _al josé joséa") == (
-        "<host> <host> gpu-node-77 <user> alicia <user> <user>-ice _<user> <user> joséa"
-    )
+    assert redactor.names(
+        "gpu-node-7.cluster.example.com gpu-node-7 gpu-node-77 alice alicia al al-ice _al josé joséa"
+    ) == ("<host> <host> gpu-node-77 <user> alicia <user> <user>-ice _<user> <user> joséa")
 
 
 def test_names_that_cannot_be_names_are_not_learned():
@@ -275,7 +351,20 @@ def test_unknown_values_of_every_kind(redactor):
     wide = ["alice"]
     for _ in range(60):  # 2**60 paths through one list: each container is visited once
         wide = [wide, wide]
-    data = {"segments": [], "x": {"shared": shared, "again": shared, "cycle": cycle, "deep": deep, "wide": wide, "set": {"alice", 3}, "bytes": bytearray(b"alice"), "empty": "", (1, "alice"): 2}}
+    data = {
+        "segments": [],
+        "x": {
+            "shared": shared,
+            "again": shared,
+            "cycle": cycle,
+            "deep": deep,
+            "wide": wide,
+            "set": {"alice", 3},
+            "bytes": bytearray(b"alice"),
+            "empty": "",
+            (1, "alice"): 2,
+        },
+    }
     started = time.perf_counter()
     redact_snapshot_data(data, redactor)
     assert time.perf_counter() - started < 2
@@ -323,7 +412,10 @@ def test_one_megabyte_of_adversarial_text_is_fast(redactor, name):
 
 
 def test_time_grows_with_the_text_not_faster():
-    many = Redactor.learn(host="a-b-c", filenames=[f"/home/{'a-' * k}a/x.py" for k in range(100)] + [f"/home/u{i}/x.py" for i in range(300)])
+    many = Redactor.learn(
+        host="a-b-c",
+        filenames=[f"/home/{'a-' * k}a/x.py" for k in range(100)] + [f"/home/u{i}/x.py" for i in range(300)],
+    )
     assert len(many.users) == 400
 
     def worst(size: int) -> float:
@@ -386,7 +478,10 @@ def test_the_redos_dump_of_the_findings(tmp_path, capsys):
     assert main(["redact", source, str(tmp_path / "out.pickle")]) == 0
     assert main(["report", source, "--format", "md", "--redact"]) == 0
     assert time.perf_counter() - started < 10
-    assert load_raw(tmp_path / "out.pickle")["segments"][0]["blocks"][0]["frames"][0]["filename"] == "<project>/" + "a-rank0-" * 16000 + ".py"
+    assert (
+        load_raw(tmp_path / "out.pickle")["segments"][0]["blocks"][0]["frames"][0]["filename"]
+        == "<project>/" + "a-rank0-" * 16000 + ".py"
+    )
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -416,7 +511,12 @@ def test_a_link_to_a_file_is_replaced_with_force_and_the_file_kept(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "found"),
-    [([[1, 2], [3]], "a list holding a list"), ([{"address": 0}, "x"], "a list holding a str"), ({"segments": 3}, "a dict without"), (7, "an int")],
+    [
+        ([[1, 2], [3]], "a list holding a list"),
+        ([{"address": 0}, "x"], "a list holding a str"),
+        ({"segments": 3}, "a dict without"),
+        (7, "an int"),
+    ],
 )
 def test_what_is_not_a_snapshot_is_called_so(tmp_path, capsys, content, found):
     source = _write(tmp_path / "rows.pickle", content)

@@ -74,7 +74,7 @@ def test_a_script_that_runs_out_says_where_and_leaves_a_dump(workdir, capsys):
     code, out, err = rehearse(capsys, "train.py", "--device-memory", "56MiB", "--out", "dumps")
     assert code == 1
     # the traceback a GPU run would print: from the script to torch's frame, no rehearsal machinery
-    traceback_lines = err[err.index("Traceback (most recent call last):"):].splitlines()
+    traceback_lines = err[err.index("Traceback (most recent call last):") :].splitlines()
     assert traceback_lines[1].strip() == 'File "train.py", line 22, in <module>'
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 16.00 MiB" in err
     # torch's own frames stay (torch._dynamo's wrappers too, once any code imported dynamo)

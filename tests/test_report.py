@@ -31,15 +31,27 @@ def _raw_snapshot(events=(("alloc", 0x1000, 300 * MiB),)) -> dict:
                 "is_expandable": False,
                 "frames": [],
                 "blocks": [
-                    {"address": 0x1000, "size": 300 * MiB, "requested_size": 300 * MiB, "state": "active_allocated", "frames": []}
+                    {
+                        "address": 0x1000,
+                        "size": 300 * MiB,
+                        "requested_size": 300 * MiB,
+                        "state": "active_allocated",
+                        "frames": [],
+                    }
                 ],
             }
         ],
         "device_traces": [
             [
                 {"action": "segment_alloc", "addr": 0x1000, "size": 300 * MiB, "stream": 0, "time_us": 1},
-                {"action": "alloc", "addr": 0x1000, "size": 300 * MiB, "stream": 0, "time_us": 2,
-                 "frames": [{"filename": "train.py", "line": 3, "name": "main"}]},
+                {
+                    "action": "alloc",
+                    "addr": 0x1000,
+                    "size": 300 * MiB,
+                    "stream": 0,
+                    "time_us": 2,
+                    "frames": [{"filename": "train.py", "line": 3, "name": "main"}],
+                },
                 {"action": "oom", "size": 600 * MiB, "device_free": 100 * MiB, "stream": 0, "time_us": 3},
             ]
         ],

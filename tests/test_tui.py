@@ -6,12 +6,13 @@ import asyncio
 import json
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
 pytest.importorskip("textual")
 
+from conftest import FIXTURES  # noqa: E402
 from textual.widgets import DataTable, Input, Static, TabbedContent, Tree  # noqa: E402
 
 from oomdoctor.analysis import analyse, replayer  # noqa: E402
@@ -25,14 +26,12 @@ from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  
 from oomdoctor.tui.timeline import TimelineChart, TimelinePane  # noqa: E402
 from oomdoctor.units import human_size  # noqa: E402
 
-from conftest import FIXTURES  # noqa: E402
-
 DUMPS = FIXTURES / "dumps"
 LEAK = DUMPS / "creeping-leak-gpt-adamw.pickle"  # six steps, a few thousand events
 FRAGMENTED = DUMPS / "fragmentation-retrieval-class-scores.pickle"
 
 
-@lru_cache(maxsize=None)
+@cache
 def loaded(path):
     snapshot = load(path)
     return snapshot, analyse(snapshot)
@@ -112,7 +111,9 @@ def test_stacked_cells_fill_in_proportion_and_by_component():
 
 def test_segment_bar_shows_allocated_and_free_in_address_order():
     mib = 1 << 20
-    segment = Segment(0, 0, 4 * mib, 0, "large", (Block(0, mib, mib, ACTIVE_ALLOCATED), Block(mib, 3 * mib, 0, INACTIVE)))
+    segment = Segment(
+        0, 0, 4 * mib, 0, "large", (Block(0, mib, mib, ACTIVE_ALLOCATED), Block(mib, 3 * mib, 0, INACTIVE))
+    )
     assert content.segment_bar(segment, 8) == content.BAR_ALLOCATED * 2 + content.BAR_FREE * 6
     assert content.largest_free_block_bytes(segment) == 3 * mib
 
@@ -123,7 +124,9 @@ def test_component_tree_holds_every_live_byte_once():
     assert {n.name: n.bytes for n in nodes} == {c.name: c.bytes for c in analysis.components if c.bytes}
     for node in nodes:
         assert sum(g.bytes for g in node.groups) == node.bytes
-        assert sum(len(g.blocks) for g in node.groups) == sum(1 for b in analysis.live_blocks if b.component == node.name)
+        assert sum(len(g.blocks) for g in node.groups) == sum(
+            1 for b in analysis.live_blocks if b.component == node.name
+        )
 
 
 def test_search_keeps_rows_that_match_every_word():
@@ -192,11 +195,25 @@ def test_timeline_keys_move_the_cursor_and_the_label_shows_the_replayed_state():
         await settle(app, pilot)
         chart = app.query_one(TimelineChart)
         pane = app.query_one(TimelinePane)
-        seen = [(chart.cursor_index, pane.shown_state, text_of(app.query_one("#cursor-state", Static)), text_of(app.query_one("#cursor-event", Static)))]
+        seen = [
+            (
+                chart.cursor_index,
+                pane.shown_state,
+                text_of(app.query_one("#cursor-state", Static)),
+                text_of(app.query_one("#cursor-event", Static)),
+            )
+        ]
         for key in ("left", "left", "shift+left", "left_square_bracket", "p", "home", "right"):
             await pilot.press(key)
             await settle(app, pilot)
-            seen.append((chart.cursor_index, pane.shown_state, text_of(app.query_one("#cursor-state", Static)), text_of(app.query_one("#cursor-event", Static))))
+            seen.append(
+                (
+                    chart.cursor_index,
+                    pane.shown_state,
+                    text_of(app.query_one("#cursor-state", Static)),
+                    text_of(app.query_one("#cursor-event", Static)),
+                )
+            )
         return seen
 
     seen = run_app(make_app(analysis, snapshot, source=LEAK.name), scenario)
@@ -244,7 +261,13 @@ def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
         count_label = text_of(app.query_one("#allocation-count", Static))
         await pilot.press("enter")  # to the table
         await settle(app, pilot)
-        return before, after, count_label, text_of(app.query_one("#allocation-stack", Static)), app.query_one(TabbedContent).active
+        return (
+            before,
+            after,
+            count_label,
+            text_of(app.query_one("#allocation-stack", Static)),
+            app.query_one(TabbedContent).active,
+        )
 
     before, after, count_label, stack, active = run_app(make_app(analysis, snapshot, source="example.pickle"), scenario)
     assert before == len(analysis.live_blocks)
@@ -267,7 +290,12 @@ def test_segments_list_the_layout_at_the_oom_and_a_block_shows_its_stack():
         blocks = app.query_one("#segment-blocks", DataTable)
         await pilot.press("tab")  # to the blocks of the first segment
         await settle(app, pilot)
-        return segments.row_count, blocks.row_count, text_of(app.query_one("#fragmentation", Static)), text_of(app.query_one("#segment-stack", Static))
+        return (
+            segments.row_count,
+            blocks.row_count,
+            text_of(app.query_one("#fragmentation", Static)),
+            text_of(app.query_one("#segment-stack", Static)),
+        )
 
     segment_count, block_count, summary, stack = run_app(make_app(analysis, snapshot, source=FRAGMENTED.name), scenario)
     assert segment_count == len(state.segments)
@@ -338,7 +366,9 @@ def test_a_load_error_in_the_worker_ends_the_app_with_one_line_and_exit_2(tmp_pa
 
 
 def test_asking_for_a_missing_device_ends_the_app_with_exit_2():
-    app = make_loading_app(open_command.loader_for(str(EXAMPLE_DUMP), device=7, max_bytes=None), source="example.pickle")
+    app = make_loading_app(
+        open_command.loader_for(str(EXAMPLE_DUMP), device=7, max_bytes=None), source="example.pickle"
+    )
 
     async def scenario(app, pilot):
         await settle(app, pilot)
@@ -399,4 +429,7 @@ def test_a_dump_with_thousands_of_live_blocks_lists_the_largest_and_still_search
 
     listed, label, after_search = run_app(make_app(analysis, snapshot, source=path.name), scenario)
     assert listed == SHOWN_ROWS == after_search
-    assert label.startswith(f"{len(analysis.live_blocks)} of {len(analysis.live_blocks)} live blocks") and f"largest {SHOWN_ROWS} listed" in label
+    assert (
+        label.startswith(f"{len(analysis.live_blocks)} of {len(analysis.live_blocks)} live blocks")
+        and f"largest {SHOWN_ROWS} listed" in label
+    )

@@ -39,11 +39,26 @@ def snapshot_dict(*, segment_type="large", filename="/src/train.py", name="main"
         "total_size": 2 * MIB,
         "stream": 0,
         "segment_type": segment_type,
-        "blocks": [{"address": BASE, "size": 2 * MIB, "requested_size": 2 * MIB, "state": "active_allocated", "frames": stack}],
+        "blocks": [
+            {"address": BASE, "size": 2 * MIB, "requested_size": 2 * MIB, "state": "active_allocated", "frames": stack}
+        ],
     }
-    data = {"segments": [segment], "device_traces": [[{"action": "alloc", "addr": BASE, "size": 2 * MIB, "stream": 0, "time_us": 1, "frames": stack}]]}
+    data = {
+        "segments": [segment],
+        "device_traces": [
+            [{"action": "alloc", "addr": BASE, "size": 2 * MIB, "stream": 0, "time_us": 1, "frames": stack}]
+        ],
+    }
     if tensor_name is not None:
-        tensor = {"address": BASE, "device": 0, "component": "parameter", "name": tensor_name, "shape": [512, 1024], "dtype": "float32", "size_bytes": 2 * MIB}
+        tensor = {
+            "address": BASE,
+            "device": 0,
+            "component": "parameter",
+            "name": tensor_name,
+            "shape": [512, 1024],
+            "dtype": "float32",
+            "size_bytes": 2 * MIB,
+        }
         data["oomdoctor"] = {"tensors": [tensor]}
     return data
 
@@ -181,11 +196,15 @@ def test_content_builders_escape_control_characters():
     frame = Frame(f"/src/{ESCAPES}train.py", 1, f"main{ESCAPES}")
     lines = content.stack_lines((frame,))
     assert len(lines) == 1 and not RAW.search(lines[0])
-    assert "\\x1b]0;pwned\\x07" in lines[0] and lines[0].endswith("in main\\x1b]0;pwned\\x07\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J")
+    assert "\\x1b]0;pwned\\x07" in lines[0] and lines[0].endswith(
+        "in main\\x1b]0;pwned\\x07\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J"
+    )
     assert "\n" not in content.stack_lines((Frame("/src/a.py\nsecond line", 2, "f\u202eg"),))[0]
     assert not RAW.search(content.describe_block(f"model.{ESCAPES}weight", (), 0))
     assert not RAW.search(content.describe_block(None, (frame,), 0))
-    segment = Segment(0, BASE, 2 * MIB, 0, f"large{ESCAPES}", (Block(BASE, 2 * MIB, 2 * MIB, ACTIVE_ALLOCATED, (frame,)),))
+    segment = Segment(
+        0, BASE, 2 * MIB, 0, f"large{ESCAPES}", (Block(BASE, 2 * MIB, 2 * MIB, ACTIVE_ALLOCATED, (frame,)),)
+    )
     assert content.segment_pool(segment).startswith("large\\x1b]0;pwned")
     assert not RAW.search(content.segment_pool(segment))
     assert content.module_of("model.fc1.weight.exp_avg") == "model.fc1"
@@ -194,7 +213,10 @@ def test_content_builders_escape_control_characters():
 
 
 def test_content_builders_escape_names_from_the_file(tmp_path):
-    dump = write_dump(tmp_path / "escapes.pickle", snapshot_dict(filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"))
+    dump = write_dump(
+        tmp_path / "escapes.pickle",
+        snapshot_dict(filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"),
+    )
     snapshot = load(dump)
     analysis = analyse(snapshot)
     texts = []
@@ -216,7 +238,10 @@ def test_content_builders_escape_names_from_the_file(tmp_path):
 def test_no_tab_shows_a_raw_escape_from_frames_tensor_names_or_the_file_name(tmp_path):
     folder = tmp_path / f"dir{ESCAPES}"
     folder.mkdir()
-    dump = write_dump(folder / f"dump{ESCAPES}.pickle", snapshot_dict(filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"))
+    dump = write_dump(
+        folder / f"dump{ESCAPES}.pickle",
+        snapshot_dict(filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"),
+    )
     snapshot = with_segment_type(load(dump), f"large{ESCAPES}")
     analysis = analyse(snapshot)
 

@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPOSITORY_ROOT = HERE.parent.parent
@@ -69,7 +70,9 @@ def make_step(device: str, dry_run: bool) -> Callable[[], None]:
     return step
 
 
-def measure_overhead(device: str, rounds: int, steps: int, synchronize: Callable[[], None], dry_run: bool) -> dict[str, Any]:
+def measure_overhead(
+    device: str, rounds: int, steps: int, synchronize: Callable[[], None], dry_run: bool
+) -> dict[str, Any]:
     import oomdoctor
     from oomdoctor.capture.backend import active_backend
 
@@ -212,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"mode": args.mode}
     with tempfile.TemporaryDirectory(prefix="oomdoctor-bench-") as work:
         for name, measure in (
-            ("overhead", lambda: measure_overhead(device, args.rounds, args.steps, synchronize, args.mode == "rehearsal")),
+            (
+                "overhead",
+                lambda: measure_overhead(device, args.rounds, args.steps, synchronize, args.mode == "rehearsal"),
+            ),
             ("dump_time", lambda: measure_dump(device, args.dump_events, synchronize, Path(work))),
         ):
             try:
@@ -220,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as error:  # one failing measurement must not lose the other
                 import traceback
 
-                result[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+                result[name] = {
+                    "error": f"{type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
     if session is not None:
         session.stop()
     args.out.write_text(json.dumps(result, indent=1))

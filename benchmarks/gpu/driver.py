@@ -77,7 +77,11 @@ class Log:
 
 
 def child_environment(mode: str, variant: str, alloc_conf: str = "") -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OOMDOCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS"))}
+    environment = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OOMDOCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS"))
+    }
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY_ROOT), os.environ.get("PYTHONPATH", "")]))
     environment["PYTHONUNBUFFERED"] = "1"
     environment.update(VARIANTS[variant])
@@ -89,11 +93,15 @@ def child_environment(mode: str, variant: str, alloc_conf: str = "") -> dict[str
     return environment
 
 
-def run_process(command: list[str], log_path: Path, environment: dict[str, str], timeout_s: float, cwd: Path) -> tuple[int, float]:
+def run_process(
+    command: list[str], log_path: Path, environment: dict[str, str], timeout_s: float, cwd: Path
+) -> tuple[int, float]:
     started = time.monotonic()
     with open(log_path, "w") as log_file:
         try:
-            completed = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd, timeout=timeout_s)
+            completed = subprocess.run(
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, cwd=cwd, timeout=timeout_s
+            )
             code = completed.returncode
         except subprocess.TimeoutExpired:
             log_file.write(f"\n[driver] killed after {timeout_s:.0f} s\n")
@@ -158,7 +166,14 @@ class Driver:
         with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
             list(pool.map(probe_variant, variants))
         default = self.summary["probes"].get("default", {})
-        for key in ("torch_version", "cuda_version", "gpu_name", "capability", "total_memory_bytes", "allocator_backend"):
+        for key in (
+            "torch_version",
+            "cuda_version",
+            "gpu_name",
+            "capability",
+            "total_memory_bytes",
+            "allocator_backend",
+        ):
             if key in default:
                 environment[key] = default[key]
 
@@ -174,7 +189,13 @@ class Driver:
             "--dump-events", str(self.args.dump_events),
         ]  # fmt: skip
         self.log("bench: capture overhead and dump time (alone on the device)")
-        code, seconds = run_process(command, bench_dir / "log.txt", child_environment(self.args.mode, "default"), self.args.bench_timeout_s, self.work)
+        code, seconds = run_process(
+            command,
+            bench_dir / "log.txt",
+            child_environment(self.args.mode, "default"),
+            self.args.bench_timeout_s,
+            self.work,
+        )
         if out.exists():
             self.summary["bench"] = json.loads(out.read_text())
         else:
@@ -197,7 +218,9 @@ class Driver:
             raise SystemExit(f"unknown scenario(s): {', '.join(unknown)} (see fixtures/manifest.json)")
         # Most precious first, should the budget run out: real runs as users run them, then the
         # other variants, then the rehearsals (which any CPU can redo).
-        planned = [{"scenario": name, "variant": variant, "arm": "real"} for variant in self.args.variants for name in names]
+        planned = [
+            {"scenario": name, "variant": variant, "arm": "real"} for variant in self.args.variants for name in names
+        ]
         return planned + [{"scenario": name, "variant": "default", "arm": "rehearsed"} for name in names]
 
     def run_one(self, planned: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +229,9 @@ class Driver:
         except Exception as error:  # one broken run must not stop the others
             import traceback
 
-            name = run_name(planned["scenario"], planned["variant"]) if planned["arm"] == "real" else planned["scenario"]
+            name = (
+                run_name(planned["scenario"], planned["variant"]) if planned["arm"] == "real" else planned["scenario"]
+            )
             return {**planned, "run": name, "dir": f"runs/{name}/{planned['arm']}", "status": "error", "why": f"driver: {type(error).__name__}: {error}",
                     "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
 
@@ -306,7 +331,11 @@ class Driver:
 
     def scenarios(self) -> None:
         planned = self.plan()
-        outside = [p for p in planned if p["arm"] == "real" and self.fixtures[p["scenario"]]["outside_bytes"] and self.args.mode == "cuda"]
+        outside = [
+            p
+            for p in planned
+            if p["arm"] == "real" and self.fixtures[p["scenario"]]["outside_bytes"] and self.args.mode == "cuda"
+        ]
         parallel = [p for p in planned if p not in outside]
         self.log(f"scenarios: {len(outside)} one by one, then {len(parallel)} in parallel ({self.args.jobs} at a time)")
         for planned_run in outside:  # they take the whole GPU's free memory: nothing else may run
@@ -418,10 +447,10 @@ def compare_table(fixtures: dict[str, dict[str, Any]], runs: list[dict[str, Any]
             "rehearsed": _side(rehearsed.get(run["scenario"])),
         }
         real = row["real"]
-        row["real_as_intended"] = (
-            real["status"] == ("oom" if fixture["oom"] else "fit")
-            and (real["phase"], real["step"]) == (fixture["phase"], fixture["step"])
-        )
+        row["real_as_intended"] = real["status"] == ("oom" if fixture["oom"] else "fit") and (
+            real["phase"],
+            real["step"],
+        ) == (fixture["phase"], fixture["step"])
         row["verdict_matches"] = real["verdict"] == fixture["verdict"]
         rows.append(row)
     return rows
@@ -497,7 +526,9 @@ def _command_line(argv: list[str]) -> str:
 
 def _git_commit() -> str | None:
     try:
-        completed = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY_ROOT, capture_output=True, text=True, timeout=10)
+        completed = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPOSITORY_ROOT, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return completed.stdout.strip() or None if completed.returncode == 0 else None
@@ -507,7 +538,10 @@ def _nvidia_smi() -> dict[str, Any]:
     query = "name,driver_version,memory.total"
     try:
         completed = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.SubprocessError) as error:
         return {"nvidia_smi": f"unavailable: {error}"}
@@ -521,8 +555,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="where summary.json, log.txt and results.tar.gz go")
     parser.add_argument("--mode", choices=("cuda", "rehearsal"), default="cuda")
-    parser.add_argument("--scenarios", type=lambda text: [p for p in text.split(",") if p], default=None, help="fixture names, comma-separated (default: all)")
-    parser.add_argument("--variants", type=lambda text: [p for p in text.split(",") if p], default=list(VARIANTS), help=f"of {', '.join(VARIANTS)} (default: all)")
+    parser.add_argument(
+        "--scenarios",
+        type=lambda text: [p for p in text.split(",") if p],
+        default=None,
+        help="fixture names, comma-separated (default: all)",
+    )
+    parser.add_argument(
+        "--variants",
+        type=lambda text: [p for p in text.split(",") if p],
+        default=list(VARIANTS),
+        help=f"of {', '.join(VARIANTS)} (default: all)",
+    )
     parser.add_argument("--jobs", type=int, default=8, help="scenario processes at a time")
     parser.add_argument("--budget-s", type=float, default=360, help="start no run after this; pack by then")
     parser.add_argument("--run-timeout-s", type=float, default=120)

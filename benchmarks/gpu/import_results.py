@@ -76,7 +76,9 @@ def import_results(
     """Write INTO from RESULTS_DIR; returns the manifest entries written."""
     summary = json.loads((results_dir / "summary.json").read_text())
     if summary.get("summary_version") != SUMMARY_VERSION:
-        raise SystemExit(f"{results_dir / 'summary.json'}: summary_version {summary.get('summary_version')!r}, expected {SUMMARY_VERSION}")
+        raise SystemExit(
+            f"{results_dir / 'summary.json'}: summary_version {summary.get('summary_version')!r}, expected {SUMMARY_VERSION}"
+        )
     skip, expect = set(skip or ()), dict(expect or {})
     environment = summary.get("environment") or {}
     root = environment.get("repository_root") or ""
@@ -103,7 +105,9 @@ def import_results(
             if row["variant"] not in variants or name in skip:
                 continue
             if not row["real_as_intended"] and not take_all and name not in expect:
-                print(f"left out {name}: the real run did not stop where intended ({_where(row['real'])} vs {_where(row['intended'])})")
+                print(
+                    f"left out {name}: the real run did not stop where intended ({_where(row['real'])} vs {_where(row['intended'])})"
+                )
                 continue
             run = runs[(name, "real")]
             member = members.get(f"{run['dir']}/dump.pickle")
@@ -165,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results_dir", type=Path, help="folder with summary.json and results.tar.gz")
     parser.add_argument("--into", type=Path, default=REPOSITORY_ROOT / "fixtures" / "gpu")
-    parser.add_argument("--variants", type=_list, default=["default"], help=f"of {', '.join(VARIANTS)} (default: default)")
-    parser.add_argument("--all", dest="take_all", action="store_true", help="also runs that did not stop where intended")
+    parser.add_argument(
+        "--variants", type=_list, default=["default"], help=f"of {', '.join(VARIANTS)} (default: default)"
+    )
+    parser.add_argument(
+        "--all", dest="take_all", action="store_true", help="also runs that did not stop where intended"
+    )
     parser.add_argument("--skip", type=_list, default=[], help="runs to leave out")
     parser.add_argument("--expect", type=_pairs, default={}, help="RUN=VERDICT: the verdict to hold a run's report to")
     parser.add_argument("--max-dump-bytes", type=int, default=1 << 20)

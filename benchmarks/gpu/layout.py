@@ -9,14 +9,16 @@ import json
 import pickle
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from oomdoctor.model import ACTIVE_ALLOCATED, Snapshot
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPOSITORY_ROOT / "fixtures"))  # strip.py: rewrite_dump, shared with fixtures/generate.py
 from strip import rewrite_dump  # noqa: E402
+
 FIXTURE_MANIFEST = REPOSITORY_ROOT / "fixtures" / "manifest.json"
 SUMMARY_VERSION = 1
 
@@ -52,7 +54,10 @@ def parse_tried_to_allocate(message: str | None) -> dict[str, Any] | None:
     match = _TRIED.search(message or "")
     if match is None:
         return None
-    return {"text": f"{match.group(1)} {match.group(2)}", "bytes": round(float(match.group(1)) * _UNIT_BYTES[match.group(2)])}
+    return {
+        "text": f"{match.group(1)} {match.group(2)}",
+        "bytes": round(float(match.group(1)) * _UNIT_BYTES[match.group(2)]),
+    }
 
 
 def truth_components(snapshot: Snapshot, moment: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,15 +23,13 @@ recommendations' "would fit on its own" and the what-if are both judged against.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
-from oomdoctor.metadata import COMPONENTS
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.diagnosis import Context, diagnose, recommend, requirement
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
-from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
@@ -42,7 +40,10 @@ from oomdoctor.analysis.results import (
     StepSummary,
 )
 from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
+from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
+from oomdoctor.metadata import COMPONENTS
+from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
 from oomdoctor.units import human_size
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
@@ -145,7 +146,11 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     reason = (metadata or {}).get("reason")
     if fatal_index is not None:
         target_index, target_kind = fatal_index, "oom"
-    elif state.peak_index is not None and reason not in ("peak", "manual") and state.peak_allocated_bytes > sum(b.size for b in final_blocks.values()):
+    elif (
+        state.peak_index is not None
+        and reason not in ("peak", "manual")
+        and state.peak_allocated_bytes > sum(b.size for b in final_blocks.values())
+    ):
         target_index, target_kind = state.peak_index, "peak"
     else:
         target_index, target_kind = None, "dump"
@@ -202,10 +207,21 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     if target_index is None and markers:
         target_phase, target_step = _phase_after_markers(markers, target_phase, target_step)
 
-    steps = tuple(
-        StepSummary(step, s.first_index, s.last_index, s.peak_allocated_bytes, s.end_allocated_bytes, s.peak_activation_bytes)
-        for step, s in sorted(state.steps.items())
-    ) if phase_source != SOURCE_NONE else ()
+    steps = (
+        tuple(
+            StepSummary(
+                step,
+                s.first_index,
+                s.last_index,
+                s.peak_allocated_bytes,
+                s.end_allocated_bytes,
+                s.peak_activation_bytes,
+            )
+            for step, s in sorted(state.steps.items())
+        )
+        if phase_source != SOURCE_NONE
+        else ()
+    )
 
     capacity = None
     if device_free is not None:
@@ -270,14 +286,18 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     if not registry:
         unknowns.append("no oomdoctor registry of named tensors: components are inferred, not exact")
     if state.ring_buffer_wrapped:
-        unknowns.append(f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost")
+        unknowns.append(
+            f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
+        )
     if state.pre_existing_frees or any(b.alloc_index is None for b in blocks):
         pre_count = len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
         unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
     unknowns.extend(accounting.unknowns)
     meta_oom = (metadata or {}).get("oom")
     if fatal is not None and isinstance(meta_oom, Mapping) and meta_oom.get("surfaced") is False:
-        unknowns.append("torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run")
+        unknowns.append(
+            "torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run"
+        )
 
     replay = ReplaySummary(
         device=device,
@@ -290,7 +310,8 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         series=tuple(state.series),
         events_after_target=after,
         pre_existing_allocations=len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None),
-        pre_existing_bytes=sum(s for _, _, s in state.pre_existing_frees) + sum(b.size_bytes for b in blocks if b.alloc_index is None),
+        pre_existing_bytes=sum(s for _, _, s in state.pre_existing_frees)
+        + sum(b.size_bytes for b in blocks if b.alloc_index is None),
         ring_buffer_wrapped=state.ring_buffer_wrapped,
         has_frames=state.has_frames,
         has_time=state.has_time,
@@ -357,7 +378,11 @@ def _phase_after_markers(markers, phase: str, step: int | None) -> tuple[str, in
     """The phase at dump time: the markers may have moved on after the last recorded event."""
     if not isinstance(markers, (list, tuple)):
         return phase, step
-    timed = [m for m in markers if isinstance(m, Mapping) and type(m.get("time_us")) is int and isinstance(m.get("phase"), str)]
+    timed = [
+        m
+        for m in markers
+        if isinstance(m, Mapping) and type(m.get("time_us")) is int and isinstance(m.get("phase"), str)
+    ]
     if not timed:
         return phase, step
     last = max(timed, key=lambda m: m["time_us"])
@@ -405,7 +430,9 @@ def _live_at_target(trace, segments, state, target_index, final_blocks, division
         seg_list, _ = segments_at(trace, segments, target_index)
         layout = lay_out(seg_list, live, pending)
         after = len(trace) - 1 - target_index
-        notes.append(f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests")
+        notes.append(
+            f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"
+        )
     live, unplaced = _sizes_from_layout(live, layout)
     if unplaced:
         notes.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")

@@ -1,17 +1,18 @@
 """Accounting of device memory at the target event, and the fragmentation tests (spec §7.5).
 
-    device total = non-PyTorch + device free + reserved
-    reserved     = allocated + pending free + free cached (releasable + non-releasable)
-    allocated    = requested + rounding
+device total = non-PyTorch + device free + reserved
+reserved     = allocated + pending free + free cached (releasable + non-releasable)
+allocated    = requested + rounding
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, AllocatorSettings, Segment
 from oomdoctor.analysis.results import Accounting, Fragmentation, PoolFree, SegmentDetail
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, pool_of, segment_size
+from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, AllocatorSettings, Segment
 
 
 def pool_label(segment: Segment) -> str:
@@ -27,7 +28,12 @@ def _int(value: Any) -> int | None:
 def device_total(metadata: Mapping[str, Any] | None) -> int | None:
     if not metadata:
         return None
-    for key, field in (("oom", "device_total_bytes"), ("device", "total_memory_bytes"), ("mem_get_info", "total_bytes"), ("rehearsal", "device_memory_bytes")):
+    for key, field in (
+        ("oom", "device_total_bytes"),
+        ("device", "total_memory_bytes"),
+        ("mem_get_info", "total_bytes"),
+        ("rehearsal", "device_memory_bytes"),
+    ):
         section = metadata.get(key)
         if isinstance(section, Mapping) and _int(section.get(field)):
             return section[field]

@@ -11,10 +11,9 @@ step. Each live block records the method that placed it and a confidence.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import DeviceTrace, Stack
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
     METHOD_FRAMES,
@@ -34,6 +33,8 @@ from oomdoctor.analysis.results import (
     Group,
     LiveBlock,
 )
+from oomdoctor.metadata import COMPONENTS
+from oomdoctor.model import DeviceTrace, Stack
 
 INDEX = {name: position for position, name in enumerate(COMPONENTS)}
 PARAMETERS = INDEX["parameters"]
@@ -79,13 +80,17 @@ class Registry:
             if not isinstance(tensor, Mapping):
                 continue
             address = tensor.get("address")
-            component = _REGISTRY_COMPONENT.get(tensor.get("component")) if isinstance(tensor.get("component"), str) else None
+            component = (
+                _REGISTRY_COMPONENT.get(tensor.get("component")) if isinstance(tensor.get("component"), str) else None
+            )
             if not isinstance(address, int) or component is None:
                 continue
             if tensor.get("device") not in (None, device):
                 continue
             size = tensor.get("size_bytes") if isinstance(tensor.get("size_bytes"), int) else 0
-            self.by_address.setdefault(address, (component, name if type(name := tensor.get("name")) is str else "", size))
+            self.by_address.setdefault(
+                address, (component, name if type(name := tensor.get("name")) is str else "", size)
+            )
 
     def __bool__(self) -> bool:
         return bool(self.by_address)
@@ -150,12 +155,16 @@ def attribute(
     after_target = target_index if target_index is not None else len(trace) - 1
     parameter_sizes: set[int] = set()
     if not exact:
-        for address, (alloc_index, size, requested) in live.items():
+        for alloc_index, _size, requested in live.values():
             if alloc_index is None:
                 parameter_sizes.add(requested)
             else:
                 span = phases.span_of(alloc_index)
-                if span is not None and span.phase == PHASE_BEFORE and classify_stack(trace.frames_at(alloc_index)) == "module-setup":
+                if (
+                    span is not None
+                    and span.phase == PHASE_BEFORE
+                    and classify_stack(trace.frames_at(alloc_index)) == "module-setup"
+                ):
                     parameter_sizes.add(requested)
 
     blocks: list[LiveBlock] = []

@@ -6,11 +6,10 @@ the first that holds is the primary verdict; every other test that holds becomes
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from oomdoctor.analysis.attribution import source_line
-from oomdoctor.units import human_size as human
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
@@ -30,6 +29,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
 from oomdoctor.analysis.whatif import placement_limit
+from oomdoctor.units import human_size as human
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -69,7 +69,9 @@ class Context:
     def phases_seen(self) -> set[str]:
         return {s.phase for s in self.phases}
 
-    def old_bytes(self, components: tuple[str, ...], phases: tuple[str, ...] | None = None) -> tuple[int, set[int], LiveBlock | None]:
+    def old_bytes(
+        self, components: tuple[str, ...], phases: tuple[str, ...] | None = None
+    ) -> tuple[int, set[int], LiveBlock | None]:
         """Live bytes of `components` allocated in a step before the target's."""
         if self.target_step is None:
             return 0, set(), None
@@ -174,6 +176,7 @@ def _projected_parts(ctx: Context) -> tuple[int, int, str]:
 
 # Each test returns a Finding when it holds.
 
+
 def _test_outside(ctx: Context) -> Finding | None:
     outside = ctx.accounting.non_pytorch_bytes
     total = ctx.accounting.device_total_bytes
@@ -226,8 +229,14 @@ def _test_fragmentation(ctx: Context) -> Finding | None:
         0.85,
         f"{human(frag.usable_free_bytes)} sat free in PyTorch's cache for this pool and stream, more than the {human(ctx.request)} request, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}.",
         (
-            Evidence(f"free cached bytes usable for the request ({frag.request_pool} pool, same stream)", "usable_free_bytes", frag.usable_free_bytes),
-            Evidence("largest usable free block", "largest_usable_free_block_bytes", frag.largest_usable_free_block_bytes),
+            Evidence(
+                f"free cached bytes usable for the request ({frag.request_pool} pool, same stream)",
+                "usable_free_bytes",
+                frag.usable_free_bytes,
+            ),
+            Evidence(
+                "largest usable free block", "largest_usable_free_block_bytes", frag.largest_usable_free_block_bytes
+            ),
             Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),
             Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes),
         ),
@@ -249,7 +258,12 @@ def _test_oversized(ctx: Context) -> Finding | None:
         f"One allocation of {human(request)} failed: {request / capacity:.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(transient)}).",
         (
             Evidence("failed request (rounded)", "request_bytes", request, ctx.target_index),
-            Evidence("what the OOM message calls Tried to allocate", "message_bytes", ctx.accounting.message_bytes, ctx.target_index),
+            Evidence(
+                "what the OOM message calls Tried to allocate",
+                "message_bytes",
+                ctx.accounting.message_bytes,
+                ctx.target_index,
+            ),
             Evidence("live activations + temporaries + inputs", "transient_bytes", transient),
             Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
         ),
@@ -269,9 +283,22 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
         0.8 if no_zero_grad else 0.65,
         f"{human(old)} of gradients from earlier steps were still alive during step {ctx.target_step}'s {ctx.target_phase}; they are not needed before the next backward.",
         (
-            Evidence("gradients allocated in earlier steps, still alive", "old_gradient_bytes", old, largest.alloc_index if largest else None, largest.address if largest else None, _frame_text(largest)),
+            Evidence(
+                "gradients allocated in earlier steps, still alive",
+                "old_gradient_bytes",
+                old,
+                largest.alloc_index if largest else None,
+                largest.address if largest else None,
+                _frame_text(largest),
+            ),
             _component_evidence(ctx, "parameters", "parameters"),
-            Evidence("no zero_grad phase recorded" if no_zero_grad else "zero_grad ran but kept the tensors (set_to_none=False)", "zero_grad_seen", value=int(not no_zero_grad)),
+            Evidence(
+                "no zero_grad phase recorded"
+                if no_zero_grad
+                else "zero_grad ran but kept the tensors (set_to_none=False)",
+                "zero_grad_seen",
+                value=int(not no_zero_grad),
+            ),
         ),
     )
 
@@ -297,7 +324,13 @@ def _test_leak(ctx: Context) -> Finding | None:
         )
     ]
     if growth is not None:
-        evidence.append(Evidence(f"end-of-step allocated memory grew over {growth[0]} consecutive steps, per step", "growth_per_step_bytes", growth[1]))
+        evidence.append(
+            Evidence(
+                f"end-of-step allocated memory grew over {growth[0]} consecutive steps, per step",
+                "growth_per_step_bytes",
+                growth[1],
+            )
+        )
     return Finding(
         "creeping-leak",
         0.8 if strong and growing else 0.65,
@@ -331,7 +364,9 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
     if ctx.target_index is None:
         return [], [], -1
     training = {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}
-    last_training = max((s.last_index for s in ctx.phases if s.phase in training and s.first_index <= ctx.target_index), default=-1)
+    last_training = max(
+        (s.last_index for s in ctx.phases if s.phase in training and s.first_index <= ctx.target_index), default=-1
+    )
     forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= ctx.target_index]
     if len(forwards) < 2:
         return forwards, [], last_training
@@ -339,7 +374,9 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
     kept = [
         b
         for b in ctx.live_blocks
-        if b.alloc_index is not None and last_training < b.alloc_index < current.first_index and b.component in ("activations", "temporaries")
+        if b.alloc_index is not None
+        and last_training < b.alloc_index < current.first_index
+        and b.component in ("activations", "temporaries")
     ]
     return forwards, kept, last_training
 
@@ -363,8 +400,17 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
         0.75,
         f"{len(forwards)} forward passes ran since {after} with no backward, and {human(kept_bytes)} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph.",
         (
-            Evidence("forward passes without a backward", "forward_passes", None, current.first_index, value=len(forwards)),
-            Evidence("activations of earlier forward passes still alive", "kept_activation_bytes", kept_bytes, largest.alloc_index, largest.address, _frame_text(largest)),
+            Evidence(
+                "forward passes without a backward", "forward_passes", None, current.first_index, value=len(forwards)
+            ),
+            Evidence(
+                "activations of earlier forward passes still alive",
+                "kept_activation_bytes",
+                kept_bytes,
+                largest.alloc_index,
+                largest.address,
+                _frame_text(largest),
+            ),
             _missing_evidence(ctx),
         ),
     )
@@ -420,7 +466,14 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
         return None
     c = ctx.components
     # this pass's own: what earlier steps or earlier passes left alive is a leak's or a kept graph's
-    kept = {b.address: b for b in ctx.live_blocks if b.component in ("activations", "temporaries") and b.step is not None and ctx.target_step is not None and b.step < ctx.target_step}
+    kept = {
+        b.address: b
+        for b in ctx.live_blocks
+        if b.component in ("activations", "temporaries")
+        and b.step is not None
+        and ctx.target_step is not None
+        and b.step < ctx.target_step
+    }
     kept.update((b.address, b) for b in _kept_from_earlier_passes(ctx)[1])
     kept_activations = sum(b.size_bytes for b in kept.values() if b.component == "activations")
     activations = c.get("activations", 0) - kept_activations
@@ -432,11 +485,24 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     step = ctx.target_step or 0
     earlier_peak = _earlier_activation_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
-    evidence = [_component_evidence(ctx, "live activations at the OOM", "activations"), _component_evidence(ctx, "live temporaries at the OOM", "temporaries")]
+    evidence = [
+        _component_evidence(ctx, "live activations at the OOM", "activations"),
+        _component_evidence(ctx, "live temporaries at the OOM", "temporaries"),
+    ]
     if kept:
-        evidence.append(Evidence("of them, this pass's own (earlier steps' and earlier passes' left out)", "current_activation_bytes", activations))
+        evidence.append(
+            Evidence(
+                "of them, this pass's own (earlier steps' and earlier passes' left out)",
+                "current_activation_bytes",
+                activations,
+            )
+        )
     if ratio is not None:
-        evidence.append(Evidence(f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak))
+        evidence.append(
+            Evidence(
+                f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak
+            )
+        )
     spike = ratio is not None and ratio > 1.2
     kept_bytes = sum(b.size_bytes for b in kept.values())
     if not spike and kept_bytes and kept_bytes >= ctx.missing:
@@ -461,7 +527,9 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
         f"PyTorch could use only {human(capacity)} of this device (reserved + free at the OOM). A plain snapshot does not record the device's size, but no CUDA GPU is that small: most of it was probably held outside PyTorch.",
         (
             Evidence("reserved + free device memory at the OOM", "capacity_bytes", capacity, ctx.target_index),
-            Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes, ctx.target_index),
+            Evidence(
+                "free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes, ctx.target_index
+            ),
         ),
     )
 
@@ -487,7 +555,14 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             "no-oom",
             0.9,
             f"No out-of-memory event was recorded on this device; the figures describe the {'peak' if ctx.target_index is not None else 'dump'} ({human(peak)} allocated).",
-            (Evidence(f"allocated bytes at the {'peak' if ctx.target_index is not None else 'dump'}", "allocated_bytes", peak, ctx.target_index),),
+            (
+                Evidence(
+                    f"allocated bytes at the {'peak' if ctx.target_index is not None else 'dump'}",
+                    "allocated_bytes",
+                    peak,
+                    ctx.target_index,
+                ),
+            ),
         )
         return primary, tuple(findings)
     if not findings:
@@ -559,7 +634,9 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit)
 
 
-def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None) -> tuple[Recommendation, ...]:
+def recommend(
+    ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None
+) -> tuple[Recommendation, ...]:
     """Ranked changes, each with the bytes it saves and whether it alone would have let the run fit.
 
     "Would fit" means covering `need` (the shortfall at the OOM and, when the model states are
@@ -581,7 +658,12 @@ def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None,
     needed = need.needed_bytes
 
     def add(
-        rec_id: str, text: str, saved: float, saved_projected: float | None = None, scale: float | None = None, request_scale: float | None = None
+        rec_id: str,
+        text: str,
+        saved: float,
+        saved_projected: float | None = None,
+        scale: float | None = None,
+        request_scale: float | None = None,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
@@ -602,40 +684,109 @@ def recommend(ctx: Context, verdicts: set[str], need: Requirement | None = None,
         """The batch scale whose what-if peak is this saving below today's."""
         return 1 - saved_bytes / scalable if scalable else None
 
-    if activations and training and "inference-with-grad" not in verdicts and verdicts & {"activation-spike", "optimizer-state-buildup", "creeping-leak", "oversized-request", "unknown", "no-oom", "gradients-kept"}:
+    if (
+        activations
+        and training
+        and "inference-with-grad" not in verdicts
+        and verdicts
+        & {
+            "activation-spike",
+            "optimizer-state-buildup",
+            "creeping-leak",
+            "oversized-request",
+            "unknown",
+            "no-oom",
+            "gradients-kept",
+        }
+    ):
         saved = int(activations * 0.7)
-        add("activation-checkpointing", "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.", saved, scale=scale_after(saved))
+        add(
+            "activation-checkpointing",
+            "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.",
+            saved,
+            scale=scale_after(saved),
+        )
     if scalable:
         if training and "inference-with-grad" not in verdicts:  # an evaluation pass has no gradients to accumulate
             text = "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
             add("smaller-micro-batch", text, scalable // 2, scale=0.5)
         else:
-            add("smaller-batch", "Halve the batch (or process the input in chunks): half the activations, inputs and forward/backward temporaries.", scalable // 2, scale=0.5)
+            add(
+                "smaller-batch",
+                "Halve the batch (or process the input in chunks): half the activations, inputs and forward/backward temporaries.",
+                scalable // 2,
+                scale=0.5,
+            )
     if "optimizer-state-buildup" in verdicts or "model-states-too-large" in verdicts:
         _, projected_state, _ = _projected_parts(ctx)
-        add("eight-bit-optimizer", "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.", optimizer_state * 3 // 4, projected_state * 3 // 4)
-        step_temporaries = sum(b.size_bytes for b in ctx.live_blocks if b.component == "temporaries" and b.phase == PHASE_OPTIMIZER)
+        add(
+            "eight-bit-optimizer",
+            "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.",
+            optimizer_state * 3 // 4,
+            projected_state * 3 // 4,
+        )
+        step_temporaries = sum(
+            b.size_bytes for b in ctx.live_blocks if b.component == "temporaries" and b.phase == PHASE_OPTIMIZER
+        )
         if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
-            add("foreach-false", "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.", step_temporaries)
+            add(
+                "foreach-false",
+                "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.",
+                step_temporaries,
+            )
     if "gradients-kept" in verdicts:
         old, _, _ = ctx.old_bytes(("gradients",))
-        add("zero-grad-set-to-none", "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.", old)
+        add(
+            "zero-grad-set-to-none",
+            "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.",
+            old,
+        )
     if "creeping-leak" in verdicts:
         old, _, _ = ctx.old_bytes(("activations", "temporaries", "inputs"))
-        add("free-kept-tensors", "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.", old)
+        add(
+            "free-kept-tensors",
+            "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.",
+            old,
+        )
     if "fragmentation" in verdicts and ctx.expandable_on is not True:
-        add("expandable-segments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range.", ctx.fragmentation.usable_free_bytes)
+        add(
+            "expandable-segments",
+            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range.",
+            ctx.fragmentation.usable_free_bytes,
+        )
     if "inference-with-grad" in verdicts:
-        kept = sum(b.size_bytes for b in ctx.live_blocks if b.component in ("activations", "temporaries") and b.alloc_index is not None and b.step == ctx.target_step)
-        add("no-grad", "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.", kept * 0.9)
+        kept = sum(
+            b.size_bytes
+            for b in ctx.live_blocks
+            if b.component in ("activations", "temporaries") and b.alloc_index is not None and b.step == ctx.target_step
+        )
+        add(
+            "no-grad",
+            "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.",
+            kept * 0.9,
+        )
     if "model-states-too-large" in verdicts:
         states = parameters + gradients + optimizer_state
         states_needed, _, _ = _projected_parts(ctx)
         buffers = c.get("buffers", 0)
-        add("shard-model-states", "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.", states // 2, (states_needed - buffers) // 2)
+        add(
+            "shard-model-states",
+            "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.",
+            states // 2,
+            (states_needed - buffers) // 2,
+        )
     if "oversized-request" in verdicts:
-        add("chunk-large-op", "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.", ctx.request * 3 // 4, request_scale=0.25)
+        add(
+            "chunk-large-op",
+            "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.",
+            ctx.request * 3 // 4,
+            request_scale=0.25,
+        )
     if "outside-pytorch" in verdicts and ctx.accounting.non_pytorch_bytes:
-        add("free-other-processes", "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.", ctx.accounting.non_pytorch_bytes - min(GIB // 2, (ctx.accounting.device_total_bytes or 0) // 10))
+        add(
+            "free-other-processes",
+            "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
+            ctx.accounting.non_pytorch_bytes - min(GIB // 2, (ctx.accounting.device_total_bytes or 0) // 10),
+        )
     found.sort(key=lambda r: -r.estimated_saved_bytes)
     return tuple(found)

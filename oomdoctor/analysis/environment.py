@@ -7,8 +7,9 @@ optional: plain torch snapshots carry no versions, host or device name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from oomdoctor.model import Snapshot
 
@@ -60,9 +61,14 @@ def environment_of(snapshot: Snapshot) -> Environment:
         capability_text = f"{capability[0]}.{capability[1]}"
     argv = meta.get("argv")
     recording = _mapping(meta.get("recording"))
-    recording_text = ", ".join(
-        f"{key} {recording[key]}" for key in ("max_entries", "stacks", "context") if type(recording.get(key)) in (str, int)
-    ) or None
+    recording_text = (
+        ", ".join(
+            f"{key} {recording[key]}"
+            for key in ("max_entries", "stacks", "context")
+            if type(recording.get(key)) in (str, int)
+        )
+        or None
+    )
     alloc_conf = None
     if snapshot.allocator_settings is not None:
         alloc_conf = snapshot.allocator_settings.raw_conf

@@ -8,9 +8,9 @@ Sources, in order of trust: oomdoctor's markers, `external_annotations` windows 
 from __future__ import annotations
 
 import bisect
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from oomdoctor.model import ALLOC, OOM, Annotation, DeviceTrace, Stack
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BEFORE,
@@ -26,6 +26,7 @@ from oomdoctor.analysis.results import (
     SOURCE_USER_METADATA,
     PhaseSpan,
 )
+from oomdoctor.model import ALLOC, OOM, Annotation, DeviceTrace, Stack
 
 # Stack classes, from the innermost frame that says something (spec §6.3).
 _CLASS_FORWARD = PHASE_FORWARD
@@ -274,7 +275,9 @@ def build_spans(
     pieces: list[tuple[int, int, str, str]] = []
     first_phase = PHASE_BEFORE if changes else PHASE_UNKNOWN
     if not changes or starts[0] > 0:
-        pieces.append((0, (starts[0] - 1) if changes else count - 1, first_phase, SOURCE_FRAMES if any_frames else SOURCE_NONE))
+        pieces.append(
+            (0, (starts[0] - 1) if changes else count - 1, first_phase, SOURCE_FRAMES if any_frames else SOURCE_NONE)
+        )
     for position, (index, phase, source) in enumerate(changes):
         end = starts[position + 1] - 1 if position + 1 < len(starts) else count - 1
         pieces.append((index, end, phase, source))
@@ -285,7 +288,9 @@ def build_spans(
     return spans, source
 
 
-def _overlay(pieces: list[tuple[int, int, str, str]], first: int, last: int, phase: str) -> list[tuple[int, int, str, str]]:
+def _overlay(
+    pieces: list[tuple[int, int, str, str]], first: int, last: int, phase: str
+) -> list[tuple[int, int, str, str]]:
     result: list[tuple[int, int, str, str]] = []
     for p_first, p_last, p_phase, p_source in pieces:
         if p_last < first or p_first > last:
@@ -336,7 +341,13 @@ def _number_steps(pieces: list[tuple[int, int, str, str]], step_starts: list[int
                 backward_open = True
             elif phase in (PHASE_OPTIMIZER, PHASE_FORWARD):
                 backward_open = False
-        if spans and new_step == step and spans[-1].phase == phase and spans[-1].source == source and spans[-1].last_index + 1 == first:
+        if (
+            spans
+            and new_step == step
+            and spans[-1].phase == phase
+            and spans[-1].source == source
+            and spans[-1].last_index + 1 == first
+        ):
             previous = spans[-1]
             spans[-1] = PhaseSpan(previous.first_index, last, phase, previous.step, source)
             continue

@@ -155,7 +155,7 @@ def _sort_key(row: RankRow) -> tuple[int, int, str, int]:
 
 
 def where(row: RankRow) -> str:
-    """"step 3, backward" (or just the phase when the step is unknown)."""
+    """ "step 3, backward" (or just the phase when the step is unknown)."""
     phase = row.phase.replace("_", " ")
     return f"step {row.step}, {phase}" if row.step is not None else phase
 
@@ -180,8 +180,7 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
     if first_index is not None and rows[first_index].oom_time_us is not None:
         start = rows[first_index].oom_time_us
         rows = [
-            _with_offset(row, (row.oom_time_us - start) / 1e6 if row.oom_time_us is not None else None)
-            for row in rows
+            _with_offset(row, (row.oom_time_us - start) / 1e6 if row.oom_time_us is not None else None) for row in rows
         ]
 
     median_allocated = _median([row.allocated_bytes for row in rows])
@@ -222,7 +221,9 @@ def _with_offset(row: RankRow, seconds: float | None) -> RankRow:
     return replace(row, seconds_after_first=seconds)
 
 
-def _differences(rows: list[RankRow], median_allocated: int, median_components: dict[str, int]) -> tuple[RankDifference, ...]:
+def _differences(
+    rows: list[RankRow], median_allocated: int, median_components: dict[str, int]
+) -> tuple[RankDifference, ...]:
     if len(rows) < 2:
         return ()
     threshold = max(STANDOUT_MIN_BYTES, round(STANDOUT_FRACTION * median_allocated))
@@ -233,7 +234,15 @@ def _differences(rows: list[RankRow], median_allocated: int, median_components: 
         for what, size, median in measured:
             if abs(size - median) >= threshold:
                 found.append(RankDifference(row.index, row.file, row.rank, what, size, median, size - median))
-    found.sort(key=lambda d: (-abs(d.difference_bytes), d.what == ALLOCATED, d.rank if d.rank is not None else -1, d.file, d.index))
+    found.sort(
+        key=lambda d: (
+            -abs(d.difference_bytes),
+            d.what == ALLOCATED,
+            d.rank if d.rank is not None else -1,
+            d.file,
+            d.index,
+        )
+    )
     return tuple(found)
 
 
@@ -300,7 +309,9 @@ def headline(comparison: RankComparison) -> str:
             parts.append(f"{_count(len(others), 'other rank')} ran out {later} with the same verdict")
         else:
             verdicts = Counter(row.verdict for row in others if row.verdict != first.verdict)
-            shown = ", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items(), key=lambda i: (-i[1], i[0])))
+            shown = ", ".join(
+                f"{count} {verdict}" for verdict, count in sorted(verdicts.items(), key=lambda i: (-i[1], i[0]))
+            )
             if same:
                 shown = f"{same} with the same verdict, {shown}"
             else:
@@ -308,7 +319,9 @@ def headline(comparison: RankComparison) -> str:
             parts.append(f"{_count(len(others), 'other rank')} ran out {later} ({shown})")
     calm = len(rows) - 1 - len(others)
     if calm:
-        parts.append(f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out")
+        parts.append(
+            f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out"
+        )
     text += "; " + ", ".join(parts) if parts else ""
     largest = comparison.differences[0] if comparison.differences else None
     if largest is not None and largest.index != first.index and largest.difference_bytes > 0:

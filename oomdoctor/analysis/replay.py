@@ -9,9 +9,17 @@ operation and a few integer additions; it creates no per-event objects.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
+from oomdoctor.analysis.results import OomEvent, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.sizing import (
+    LARGE_SEGMENT_BYTES,
+    SMALL_REQUEST_BYTES,
+    SMALL_SEGMENT_BYTES,
+    round_size,
+    segment_size,
+)
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
@@ -29,8 +37,6 @@ from oomdoctor.model import (
     Segment,
     TraceEvent,
 )
-from oomdoctor.analysis.results import OomEvent, PhaseSpan, SeriesPoint
-from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, SMALL_REQUEST_BYTES, round_size, segment_size
 
 # (alloc event index, component index, block bytes, requested bytes)
 LiveEntry = tuple[int, int, int, int]
@@ -246,7 +252,9 @@ def live_until(
         start, live, pending = index + 1, dict(saved_live), dict(saved_pending)
     rounded = state.rounded_sizes
     end = target_index + 1
-    for index, action, addr, size in zip(range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]):
+    for index, action, addr, size in zip(
+        range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]
+    ):
         if action == ALLOC:
             block_size = rounded.get(size) or round_size(size, divisions)
             live[addr] = (index, 0, block_size, size)
@@ -259,7 +267,9 @@ def live_until(
     return live, pending
 
 
-def ooms_of(trace: DeviceTrace, oom_indices: Sequence[int], fatal_index: int | None, large_segment: int = LARGE_SEGMENT_BYTES) -> tuple[OomEvent, ...]:
+def ooms_of(
+    trace: DeviceTrace, oom_indices: Sequence[int], fatal_index: int | None, large_segment: int = LARGE_SEGMENT_BYTES
+) -> tuple[OomEvent, ...]:
     found = []
     for index in oom_indices:
         size = trace.sizes[index]
@@ -345,7 +355,9 @@ def _merge_ranges(ranges: list[list[int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in merged]
 
 
-def lay_out(segments: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], pending: dict[int, int]) -> list[Segment]:
+def lay_out(
+    segments: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], pending: dict[int, int]
+) -> list[Segment]:
     """Rebuild each segment's blocks from the live and pending allocations; gaps are free blocks.
 
     A free gap of at most 1 MiB right after a block in a large, non-expandable segment is that
@@ -395,4 +407,3 @@ def lay_out(segments: Sequence[Segment], live: dict[int, tuple[int | None, int, 
             )
         )
     return result
-

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, ALLOC, FREE_COMPLETED, FREE_REQUESTED, Segment, TraceEvent
 from oomdoctor.analysis.replay import columns, final_live_blocks, lay_out, segments_at
 from oomdoctor.analysis.results import EventState
 from oomdoctor.analysis.sizing import round_size
-
+from oomdoctor.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    Segment,
+    TraceEvent,
+)
 
 
 class Replayer:
@@ -19,7 +26,13 @@ class Replayer:
     a trace of millions of events.
     """
 
-    def __init__(self, trace: Sequence[TraceEvent], segments: Sequence[Segment], divisions: tuple[tuple[int, int], ...] = (), checkpoints: int = 32):
+    def __init__(
+        self,
+        trace: Sequence[TraceEvent],
+        segments: Sequence[Segment],
+        divisions: tuple[tuple[int, int], ...] = (),
+        checkpoints: int = 32,
+    ):
         self.trace = columns(trace)
         self.segments = tuple(segments)
         self.divisions = divisions
@@ -64,7 +77,9 @@ class Replayer:
             start, live, pending = index + 1, dict(saved_live), dict(saved_pending)
         end = event_index + 1
         trace = self.trace
-        for index, action, addr, size in zip(range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]):
+        for index, action, addr, size in zip(
+            range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]
+        ):
             if action == ALLOC:
                 live[addr] = (index, self._rounded.get(size) or round_size(size, self.divisions), size)
             elif action == FREE_REQUESTED:
@@ -98,7 +113,9 @@ class Replayer:
         return _state_from_layout(event_index, list(self.segments), merged, exact=True)
 
 
-def _state_from_layout(event_index: int, layout: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], exact: bool) -> EventState:
+def _state_from_layout(
+    event_index: int, layout: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], exact: bool
+) -> EventState:
     allocated = active = reserved = 0
     rows = []
     for segment in layout:

@@ -12,7 +12,7 @@ full size, the fixed part is at least what they need (see `diagnosis.requirement
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from oomdoctor.analysis.results import PHASE_BACKWARD, PHASE_BETWEEN, PHASE_FORWARD, LiveBlock, WhatIf
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, segment_size
@@ -40,7 +40,8 @@ def scalable_bytes(blocks: Iterable[LiveBlock]) -> int:
     return sum(
         b.size_bytes
         for b in blocks
-        if b.component in SCALED_COMPONENTS or (b.component == "temporaries" and b.phase in (PHASE_FORWARD, PHASE_BACKWARD))
+        if b.component in SCALED_COMPONENTS
+        or (b.component == "temporaries" and b.phase in (PHASE_FORWARD, PHASE_BACKWARD))
     )
 
 
@@ -132,7 +133,10 @@ def what_if(
 
 
 def placement_limit(
-    request_bytes: int, largest_free_block_bytes: int, device_free_bytes: int | None, large_segment_bytes: int = LARGE_SEGMENT_BYTES
+    request_bytes: int,
+    largest_free_block_bytes: int,
+    device_free_bytes: int | None,
+    large_segment_bytes: int = LARGE_SEGMENT_BYTES,
 ) -> float:
     """The largest scale of the request (in 0.01 steps, below 1) at which it fits the largest usable
     free block, or its cudaMalloc fits free device memory."""
@@ -140,6 +144,9 @@ def placement_limit(
         scaled = -(-request_bytes * hundredths // 100 // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
         if scaled <= largest_free_block_bytes:
             return hundredths / 100
-        if device_free_bytes is not None and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes) <= device_free_bytes:
+        if (
+            device_free_bytes is not None
+            and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes) <= device_free_bytes
+        ):
             return hundredths / 100
     return 0.0

@@ -35,7 +35,7 @@ __all__ = ["install", "uninstall", "dump", "current_markers", "is_installed"]
 _session: Any = None
 _install_lock = threading.Lock()
 _unavailable_reported = False
-_backends_observed: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_backends_observed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _observer(device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:

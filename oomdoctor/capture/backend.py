@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 # cb(device, alloc_bytes, device_total_bytes, device_free_bytes), as torch calls OOM observers
 OomObserver = Callable[[int, int, int, int], None]

@@ -10,7 +10,8 @@ import os
 import platform
 import socket
 import sys
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import oomdoctor
 
@@ -109,9 +110,7 @@ def device_facts(backend: Any, device: int) -> dict[str, Any]:
             "capability": properties.get("capability"),
             "total_memory_bytes": properties.get("total_memory_bytes"),
         },
-        "mem_get_info": (
-            {"free_bytes": int(free_total[0]), "total_bytes": int(free_total[1])} if free_total else None
-        ),
+        "mem_get_info": ({"free_bytes": int(free_total[0]), "total_bytes": int(free_total[1])} if free_total else None),
         "memory_stats": {
             name: int(stats[key]) for name, key in MEMORY_STAT_KEYS.items() if isinstance(stats.get(key), (int, float))
         },

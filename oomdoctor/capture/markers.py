@@ -38,10 +38,10 @@ import functools
 import importlib
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import islice
 from time import time_ns
-from typing import Any, Callable
+from typing import Any
 
 from oomdoctor.metadata import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD
 
@@ -82,8 +82,14 @@ def _is_torch_call_impl(function: Any) -> bool:
     return (ours.co_flags & 0xFFFF) == (getattr(theirs, "co_flags", 0) & 0xFFFF) and all(
         getattr(ours, name) == getattr(theirs, name, None)
         for name in (
-            "co_code", "co_names", "co_consts", "co_varnames", "co_argcount",
-            "co_kwonlyargcount", "co_freevars", "co_cellvars",
+            "co_code",
+            "co_names",
+            "co_consts",
+            "co_varnames",
+            "co_argcount",
+            "co_kwonlyargcount",
+            "co_freevars",
+            "co_cellvars",
         )
     )
 

@@ -9,9 +9,10 @@ the default kept: configuration never stops a training run.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 DEFAULT_DIR = "oom-dumps"
 DEFAULT_MAX_ENTRIES = 100_000

@@ -17,7 +17,8 @@ output, say) or is not on the device is left out.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from oomdoctor.capture.markers import input_label
 from oomdoctor.metadata import (

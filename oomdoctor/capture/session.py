@@ -30,10 +30,11 @@ import threading
 import traceback
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import time_ns
-from typing import Any, Callable
+from typing import Any
 
 from oomdoctor.capture import environment, writer
 from oomdoctor.capture.markers import PhaseRecorder
@@ -162,7 +163,9 @@ class CaptureSession:
 
             kind.__init__ = __init__  # type: ignore[misc]
 
-            def restore(kind: Any = kind, wrapper: Any = __init__, had_own: bool = had_own, own: Any = own_init) -> None:
+            def restore(
+                kind: Any = kind, wrapper: Any = __init__, had_own: bool = had_own, own: Any = own_init
+            ) -> None:
                 if kind.__dict__.get("__init__") is not wrapper:
                     return
                 if had_own:
@@ -234,7 +237,7 @@ class CaptureSession:
             if self.held:
                 self.lock.release()
 
-    def _locked(self) -> "CaptureSession._Held":
+    def _locked(self) -> CaptureSession._Held:
         return CaptureSession._Held(self.lock)
 
     # -- the OOM observer -----------------------------------------------------------------------
@@ -353,7 +356,9 @@ class CaptureSession:
         record = OomRecord(observed={}, thread_id=threading.get_ident())
         device = environment.attempt(self.backend.current_device, 0) or 0
         payload = self.build_payload(reason="oom", oom=None, device=device)
-        record.path, size_bytes = writer.write_new_dump(payload, self.options.dump_dir, self._file_name("oom"), writer.say)
+        record.path, size_bytes = writer.write_new_dump(
+            payload, self.options.dump_dir, self._file_name("oom"), writer.say
+        )
         self.dumps_written += 1
         self.records.append(record)
         record.payload = payload

@@ -12,9 +12,10 @@ import pickle
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from oomdoctor.units import human_size
 
@@ -63,9 +64,7 @@ def fallback_directory() -> Path:
     return Path(tempfile.gettempdir()) / FALLBACK_DIR_NAME
 
 
-def write_new_dump(
-    payload: Any, directory: Path, name: str, warn: Callable[[str], None]
-) -> tuple[Path, int]:
+def write_new_dump(payload: Any, directory: Path, name: str, warn: Callable[[str], None]) -> tuple[Path, int]:
     """Write a new dump in `directory`, or in the temp directory when that fails (saying so)."""
     try:
         path = unique_path(directory, name)

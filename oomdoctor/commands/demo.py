@@ -19,7 +19,9 @@ from oomdoctor.commands import report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=("text", "json"), default="text", help="report format when printing (default: text)")
+    parser.add_argument(
+        "--format", choices=("text", "json"), default="text", help="report format when printing (default: text)"
+    )
     parser.add_argument("--text", action="store_true", help="print the text report even in a terminal")
 
 

@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
             f"{source}: this is a {foreign.framework} out-of-memory message, not PyTorch's; oomdoctor explains PyTorch's"
         ) from None
     if not messages:
-        raise OomdoctorError(f"{source}: no PyTorch out-of-memory message found (such as 'CUDA out of memory. Tried to allocate ...')")
+        raise OomdoctorError(
+            f"{source}: no PyTorch out-of-memory message found (such as 'CUDA out of memory. Tried to allocate ...')"
+        )
     explanations = [explain(message) for message in messages]
     index, reason = highlight(messages)
     if args.format == "json":

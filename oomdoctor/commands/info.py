@@ -43,7 +43,9 @@ def _size(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="snapshot file, or a folder of per-rank dumps")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    parser.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE", help="refuse larger files (default 4GiB)")
+    parser.add_argument(
+        "--max-bytes", type=_size, default=None, metavar="SIZE", help="refuse larger files (default 4GiB)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

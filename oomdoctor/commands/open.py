@@ -48,7 +48,9 @@ def check_readable(path: str, max_bytes: int | None) -> None:
             size_bytes = os.fstat(handle.fileno()).st_size
             regular = os.path.isfile(path)
     except OSError as error:
-        folder_hint = f"is a directory; oomdoctor open reads one dump file (for a folder of rank dumps: oomdoctor report {path})"
+        folder_hint = (
+            f"is a directory; oomdoctor open reads one dump file (for a folder of rank dumps: oomdoctor report {path})"
+        )
         raise access_error(path, error, wrong_kind=folder_hint) from None
     if not regular:
         return
@@ -82,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         from oomdoctor.tui.app import make_loading_app
     except ImportError as error:
-        raise OomdoctorError(f"the terminal app needs Textual ({error}); install it with: pip install textual") from None
+        raise OomdoctorError(
+            f"the terminal app needs Textual ({error}); install it with: pip install textual"
+        ) from None
 
     app = make_loading_app(loader_for(args.file, device=args.device, max_bytes=max_bytes), source=args.file)
     try:

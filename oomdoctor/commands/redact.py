@@ -24,9 +24,9 @@ import pickle
 import sys
 from pathlib import Path
 
-from oomdoctor.safetext import printable
 from oomdoctor.commands import max_bytes_argument
 from oomdoctor.errors import LoadError, OomdoctorError
+from oomdoctor.safetext import printable
 
 PICKLE_PROTOCOL = 4
 
@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     data = load_raw(source, max_bytes=max_bytes)
     if not _snapshot_shaped(data):
-        raise LoadError(f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments, not {_shape(data)})")
+        raise LoadError(
+            f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments, not {_shape(data)})"
+        )
     redact_snapshot_data(data, redactor_for_data(data))
 
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")

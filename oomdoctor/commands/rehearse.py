@@ -188,7 +188,7 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         lines.append(peaks)
         if result.error_text and "not compiled with CUDA enabled" in result.error_text:
             lines.append(
-                "  hint: the script asked for CUDA; under rehearsal it must run on \"cpu\". Make the device a"
+                '  hint: the script asked for CUDA; under rehearsal it must run on "cpu". Make the device a'
                 " parameter, or pick it with torch.cuda.is_available() (False here) or OOMDOCTOR_REHEARSAL=1."
             )
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]

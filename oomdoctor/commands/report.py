@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from oomdoctor.commands import max_bytes_argument, require_device, write_output
 from oomdoctor.errors import OomdoctorError
@@ -40,13 +39,19 @@ from oomdoctor.errors import OomdoctorError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the dump or snapshot to explain, or a folder of per-rank dumps")
-    parser.add_argument("--format", choices=("text", "md", "json"), default="text", help="output format (default: text)")
-    parser.add_argument("--redact", action="store_true", help="leave out host and user names, path prefixes and the pid")
+    parser.add_argument(
+        "--format", choices=("text", "md", "json"), default="text", help="output format (default: text)"
+    )
+    parser.add_argument(
+        "--redact", action="store_true", help="leave out host and user names, path prefixes and the pid"
+    )
     parser.add_argument("--device", type=int, default=None, help="judge this device instead of the failing one")
     parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
 
 
-def render_report(snapshot, output_format: str, *, source: str | None = None, redact: bool = False, device: int | None = None) -> bytes:
+def render_report(
+    snapshot, output_format: str, *, source: str | None = None, redact: bool = False, device: int | None = None
+) -> bytes:
     """The report of a loaded snapshot in one format ("text", "md", "json"), as `run` prints it."""
     from oomdoctor.analysis import analyse
     from oomdoctor.analysis.environment import environment_of
@@ -81,11 +86,15 @@ def run(args: argparse.Namespace) -> int:
         from oomdoctor.rank_folder import report_folder
 
         if args.device is not None:
-            raise OomdoctorError(f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device")
+            raise OomdoctorError(
+                f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
+            )
         write_output(report_folder(args.file, args.format, redact=getattr(args, "redact", False), max_bytes=max_bytes))
         return 0
     snapshot = load(args.file, max_bytes=max_bytes)
     require_device(snapshot, args.device, args.file)
-    report = render_report(snapshot, args.format, source=str(args.file), redact=getattr(args, "redact", False), device=args.device)
+    report = render_report(
+        snapshot, args.format, source=str(args.file), redact=getattr(args, "redact", False), device=args.device
+    )
     write_output(report)
     return 0

@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from oomdoctor.load.containers import (
     DEFAULT_MAX_BYTES,

@@ -1,7 +1,7 @@
 """One line for an OSError met while opening a file or listing a folder, naming the path.
 
-    except OSError as error:
-        raise access_error(shown, error) from None
+except OSError as error:
+    raise access_error(shown, error) from None
 """
 
 from __future__ import annotations

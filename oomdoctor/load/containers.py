@@ -15,7 +15,7 @@ import io
 import os
 import re
 import zlib
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
@@ -56,7 +56,9 @@ def format_limit(limit_bytes: int) -> str:
 
 def too_large_error(describe: str, what: str, limit_bytes: int, *, raise_with: str | None = None) -> LoadError:
     raise_with = raise_with or f"--max-bytes, {MAX_BYTES_ENV}, or load(..., max_bytes=N)"
-    return LoadError(f"{describe}: {what} is larger than the {format_limit(limit_bytes)} limit (raise it with {raise_with})")
+    return LoadError(
+        f"{describe}: {what} is larger than the {format_limit(limit_bytes)} limit (raise it with {raise_with})"
+    )
 
 
 _BUFFER_BYTES = 1024 * 1024
@@ -104,7 +106,9 @@ def _guarded(source: Any, describe: str, limit_bytes: int, size: int | None = No
         source = io.BufferedReader(io.BytesIO(source), buffer_size=_BUFFER_BYTES)
     try:
         if size is None:  # a stream of unknown length: read up to the limit, sized as a modest file
-            return _from_stream(CappedReader(source, limit_bytes, "the input"), describe, limit_bytes, _UNKNOWN_SIZE_HINT)
+            return _from_stream(
+                CappedReader(source, limit_bytes, "the input"), describe, limit_bytes, _UNKNOWN_SIZE_HINT
+            )
         return _from_stream(CappedReader(source, size, "the input"), describe, limit_bytes, size)
     except SizeLimitExceeded as exceeded:
         raise too_large_error(describe, exceeded.what, exceeded.limit_bytes) from None

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import operator
 import sys
+from collections.abc import Mapping
 from itertools import repeat
-from typing import Any, Mapping
+from typing import Any
 
 from oomdoctor.errors import LoadError
 from oomdoctor.load.stacks import StackTable
 from oomdoctor.metadata import METADATA_KEY
-from oomdoctor.safetext import describe_value, printable
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
@@ -35,6 +35,7 @@ from oomdoctor.model import (
     Segment,
     Snapshot,
 )
+from oomdoctor.safetext import describe_value
 
 _NONE_TYPE = type(None)
 _STATE_ALIASES = {
@@ -98,7 +99,9 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     if type(raw) is list:
         if raw and type(raw[0]) is not dict:
             hint = " (export_memory_timeline rows from the profiler?)" if type(raw[0]) is list else ""
-            raise _shape_error(describe, f"the file holds a list of {_type_name(raw[0])}s, not a list of segments{hint}")
+            raise _shape_error(
+                describe, f"the file holds a list of {_type_name(raw[0])}s, not a list of segments{hint}"
+            )
         source_format = "segment-list"
         raw_segments, raw_traces, top = raw, [], {}
     elif type(raw) is dict:
@@ -185,7 +188,9 @@ def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) 
         blocks = []
         offset = 0
         for block_index, raw_block in enumerate(raw_blocks):
-            block, is_legacy = _build_block(raw_block, address + offset, stacks, describe, f"{where} block {block_index}")
+            block, is_legacy = _build_block(
+                raw_block, address + offset, stacks, describe, f"{where} block {block_index}"
+            )
             legacy = legacy or is_legacy
             offset += block.size
             blocks.append(block)
@@ -242,7 +247,9 @@ def _pool_id(value: Any, describe: str, what: str) -> tuple[int, int]:
     return DEFAULT_POOL if tuple(value) == DEFAULT_POOL else (value[0], value[1])
 
 
-def _bad_value_error(values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str) -> LoadError:
+def _bad_value_error(
+    values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str
+) -> LoadError:
     index = next(i for i, v in enumerate(values) if type(v) not in allowed)
     found = "missing" if values[index] is None else f"a {_type_name(values[index])}"
     return _shape_error(describe, f"device {device} trace event {index}: '{key}' is {found}")
@@ -415,7 +422,12 @@ def _optional_pool_column(events: list[Any], describe: str, device: int, era: _E
         if value is None:
             column.append(None)
             continue
-        if type(value) not in (tuple, list) or len(value) != 2 or type(value[0]) is not int or type(value[1]) is not int:
+        if (
+            type(value) not in (tuple, list)
+            or len(value) != 2
+            or type(value[0]) is not int
+            or type(value[1]) is not int
+        ):
             raise _shape_error(describe, f"device {device} trace event {index}: 'pool_id' is not a pair of ints")
         key = (value[0], value[1])  # hashed only once known to be two ints
         pool = table.get(key)
@@ -486,7 +498,13 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
     raw_divisions = raw.get("roundup_power2_divisions")
     if type(raw_divisions) is dict:
         for key, value in raw_divisions.items():
-            if type(key) is str and key.isascii() and key.isdigit() and type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+            if (
+                type(key) is str
+                and key.isascii()
+                and key.isdigit()
+                and type(value) is int
+                and _INT64_MIN <= value <= _INT64_MAX
+            ):
                 divisions.append((int(key), value))
     extra = {k: v for k, v in raw.items() if k not in _NAMED_SETTINGS and type(k) is str}
     frozen_extra = freeze_builtins(extra)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from oomdoctor.errors import OomdoctorError
 from oomdoctor.load import guard
@@ -186,7 +187,9 @@ def map_files(
     False), returned in the order of `paths`."""
     if max_workers is None:
         largest_file_bytes = max((_size_bytes(path) for path in paths), default=0)
-        workers = worker_count(len(paths), largest_file_bytes=largest_file_bytes, available_bytes=available_memory_bytes())
+        workers = worker_count(
+            len(paths), largest_file_bytes=largest_file_bytes, available_bytes=available_memory_bytes()
+        )
     else:
         workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:

@@ -18,7 +18,8 @@ import contextlib
 import os
 import signal
 import struct
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 READ_SECONDS_ENV = "OOMDOCTOR_READ_SECONDS"
 # The limit for one file: this many seconds, plus one for every READ_BYTES_PER_SECOND of pickle.
@@ -94,4 +95,12 @@ def read_status(status: Any) -> tuple[float, str] | None:
     return limit, name
 
 
-__all__ = ["DEFAULT_READ_SECONDS", "READ_SECONDS_ENV", "enable", "enabled", "limit_seconds", "read_status", "unpickling"]
+__all__ = [
+    "DEFAULT_READ_SECONDS",
+    "READ_SECONDS_ENV",
+    "enable",
+    "enabled",
+    "limit_seconds",
+    "read_status",
+    "unpickling",
+]

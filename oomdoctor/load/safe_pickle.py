@@ -15,7 +15,8 @@ import io
 import os
 import pickle
 import sys
-from typing import Any, BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 try:
     import resource

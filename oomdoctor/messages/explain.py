@@ -91,7 +91,13 @@ def _judge(m: OomMessage, d: Derived) -> tuple[str, float, str, list[str], list[
             recs.append("make this one allocation smaller: a smaller batch or sequence for this step, or compute it "
                         "in chunks (chunked attention or loss, tiled processing)")  # fmt: skip
             confidence = 0.9 if requested > limit else 0.7
-            return "oversized-request", confidence, f"One request of {_h(requested)} is {alone} {limit_name}.", findings, recs
+            return (
+                "oversized-request",
+                confidence,
+                f"One request of {_h(requested)} is {alone} {limit_name}.",
+                findings,
+                recs,
+            )
     needed = d.needed_bytes
     if needed is not None and d.available_bytes is not None and d.available_bytes - needed > d.rounding_bytes:
         findings.append(
@@ -188,25 +194,38 @@ def _fragmentation(m: OomMessage, d: Derived, findings: list[str], recs: list[st
 
 
 _NO_FIGURES = {
-    kinds.THC: ("torch 0.4 or earlier: the THC allocator ran out of memory; the message carries no figures.",
-                ["upgrade torch: newer releases say how much was requested, free and reserved"]),
-    kinds.CUDA_ERROR: ("A CUDA call outside PyTorch's caching allocator ran out of memory (CUDA context, CUDA graph "
-                       "capture, NCCL, cuBLAS/cuDNN handles, a kernel's own buffer), usually because the GPU was "
-                       "already full. CUDA errors are reported asynchronously: the stack may point elsewhere.",
-                       ["look at nvidia-smi for what holds the GPU; leave headroom (e.g. vLLM's "
-                        "--gpu-memory-utilization, torch.cuda.empty_cache() before the failing call)",
-                        "rerun with CUDA_LAUNCH_BLOCKING=1 to find the call that failed"]),
-    kinds.LIBRARY_ALLOC: ("A CUDA library (cuBLAS, cuDNN, ...) could not allocate its handle or workspace: the GPU "
-                          "was already full when the library first ran.",
-                          ["check what fills the GPU before the first matmul or convolution (other processes, "
-                           "a model larger than the GPU)"]),
-    kinds.CPU_ALLOCATOR: ("Host memory (RAM), not the GPU, ran out: PyTorch's CPU allocator failed.",
-                          ["reduce host memory: fewer DataLoader workers, memory-mapped datasets, smaller CPU copies"]),
-    kinds.BATCH_SIZE_FINDER: ("accelerate's find_executable_batch_size halved the batch size after every OOM until "
-                              "it reached zero: even the smallest batch ran out, or the failed attempts' memory was "
-                              "never freed. The OOM messages themselves were swallowed.",
-                              ["look earlier in the log for the first OOM message, or run once with a fixed small "
-                               "batch size to see it"]),
+    kinds.THC: (
+        "torch 0.4 or earlier: the THC allocator ran out of memory; the message carries no figures.",
+        ["upgrade torch: newer releases say how much was requested, free and reserved"],
+    ),
+    kinds.CUDA_ERROR: (
+        "A CUDA call outside PyTorch's caching allocator ran out of memory (CUDA context, CUDA graph "
+        "capture, NCCL, cuBLAS/cuDNN handles, a kernel's own buffer), usually because the GPU was "
+        "already full. CUDA errors are reported asynchronously: the stack may point elsewhere.",
+        [
+            "look at nvidia-smi for what holds the GPU; leave headroom (e.g. vLLM's "
+            "--gpu-memory-utilization, torch.cuda.empty_cache() before the failing call)",
+            "rerun with CUDA_LAUNCH_BLOCKING=1 to find the call that failed",
+        ],
+    ),
+    kinds.LIBRARY_ALLOC: (
+        "A CUDA library (cuBLAS, cuDNN, ...) could not allocate its handle or workspace: the GPU "
+        "was already full when the library first ran.",
+        [
+            "check what fills the GPU before the first matmul or convolution (other processes, "
+            "a model larger than the GPU)"
+        ],
+    ),
+    kinds.CPU_ALLOCATOR: (
+        "Host memory (RAM), not the GPU, ran out: PyTorch's CPU allocator failed.",
+        ["reduce host memory: fewer DataLoader workers, memory-mapped datasets, smaller CPU copies"],
+    ),
+    kinds.BATCH_SIZE_FINDER: (
+        "accelerate's find_executable_batch_size halved the batch size after every OOM until "
+        "it reached zero: even the smallest batch ran out, or the failed attempts' memory was "
+        "never freed. The OOM messages themselves were swallowed.",
+        ["look earlier in the log for the first OOM message, or run once with a fixed small batch size to see it"],
+    ),
 }
 
 
@@ -257,14 +276,22 @@ def explain(message: OomMessage) -> Explanation:
 def _unknowns(m: OomMessage, d: Derived) -> list[str]:
     unknowns = ["which tensor, source line and training phase asked for the memory, and what else was alive "
                 "(a message has no stacks; a dump has)"]  # fmt: skip
-    if m.kind in (kinds.CACHING_ALLOCATOR, kinds.PREEMPTIVE_REJECTION) and m.requested_bytes and not m.wording.startswith("0.4.1"):
+    if (
+        m.kind in (kinds.CACHING_ALLOCATOR, kinds.PREEMPTIVE_REJECTION)
+        and m.requested_bytes
+        and not m.wording.startswith("0.4.1")
+    ):
         unknowns.append("the tensor's exact size: the figure is segment-sized")
     if m.truncated:
         unknowns.append("the rest of the message: it is cut short (figures after the cut are missing)")
     if m.kind == kinds.CACHING_ALLOCATOR and "sentences" in m.wording and not m.processes:
-        unknowns.append("per-process usage: this message has no NVML lines (no NVML, or it could not see the processes)")
-    if m.kind == kinds.CACHING_ALLOCATOR and not ("sentences" in m.wording) and m.capacity_bytes is not None:
-        unknowns.append("how much of the memory outside PyTorch was this process's own (torch before 2.1 has no NVML lines)")
+        unknowns.append(
+            "per-process usage: this message has no NVML lines (no NVML, or it could not see the processes)"
+        )
+    if m.kind == kinds.CACHING_ALLOCATOR and "sentences" not in m.wording and m.capacity_bytes is not None:
+        unknowns.append(
+            "how much of the memory outside PyTorch was this process's own (torch before 2.1 has no NVML lines)"
+        )
     if m.reserved_unallocated_bytes is not None and _has_expandable_segments(m):
         unknowns.append("whether expandable_segments was already on, and how the free cached memory was split")
     if m.kind == kinds.CACHING_ALLOCATOR and m.free_bytes is None and m.capacity_bytes is not None:

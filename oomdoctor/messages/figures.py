@@ -139,11 +139,17 @@ def request_meaning(message: OomMessage) -> str:
         return "the size asked for"
     prefix = "the segment the allocator tried to get from the GPU, not the tensor: "
     if requested == 2 * MIB:
-        return prefix + "a request of at most 1 MiB (the small pool's 2 MiB segment); the cached free memory of the large pool could not serve it"
+        return (
+            prefix
+            + "a request of at most 1 MiB (the small pool's 2 MiB segment); the cached free memory of the large pool could not serve it"
+        )
     if requested == 20 * MIB:
         return prefix + "a request of 1-10 MiB (a 20 MiB segment; configurable with large_segment_size_mb from 2.11)"
     low = max(requested - 2 * MIB, 10 * MIB) + 1
-    return prefix + f"the tensor needed {human_size(low)} to {human_size(requested)} (large requests are rounded up to a multiple of 2 MiB)"
+    return (
+        prefix
+        + f"the tensor needed {human_size(low)} to {human_size(requested)} (large requests are rounded up to a multiple of 2 MiB)"
+    )
 
 
 def message_figures(message: OomMessage) -> tuple[Figure, ...]:
@@ -158,26 +164,59 @@ def message_figures(message: OomMessage) -> tuple[Figure, ...]:
     if m.requested_bytes is not None or m.request_too_large:
         figures.append(Figure("requested_bytes", "Tried to allocate", m.requested_bytes, request_meaning(m)))
     if m.kind == MPS:
-        add("allocated_bytes", "MPS allocated", m.allocated_bytes, "memory in PyTorch's MPS heaps (tensors and their cache)")
-        add("other_allocations_bytes", "other allocations", m.other_allocations_bytes,
-            "other Metal memory of this process outside PyTorch's heaps (MPSGraph buffers, other libraries)")
-        add("allowed_bytes", "max allowed", m.allowed_bytes,
-            "the high-watermark limit PyTorch enforces on unified memory (PYTORCH_MPS_HIGH_WATERMARK_RATIO)")
+        add(
+            "allocated_bytes",
+            "MPS allocated",
+            m.allocated_bytes,
+            "memory in PyTorch's MPS heaps (tensors and their cache)",
+        )
+        add(
+            "other_allocations_bytes",
+            "other allocations",
+            m.other_allocations_bytes,
+            "other Metal memory of this process outside PyTorch's heaps (MPSGraph buffers, other libraries)",
+        )
+        add(
+            "allowed_bytes",
+            "max allowed",
+            m.allowed_bytes,
+            "the high-watermark limit PyTorch enforces on unified memory (PYTORCH_MPS_HIGH_WATERMARK_RATIO)",
+        )
         return tuple(figures)
-    add("capacity_bytes", "total capacity" if m.kind != CUDA_MALLOC_ASYNC else "Device limit", m.capacity_bytes,
-        "all memory of the GPU as the driver reports it, not what PyTorch may use")
-    add("free_bytes", "free", m.free_bytes,
-        "free on the whole GPU when the request failed, after PyTorch had released every wholly free cached segment and retried")
+    add(
+        "capacity_bytes",
+        "total capacity" if m.kind != CUDA_MALLOC_ASYNC else "Device limit",
+        m.capacity_bytes,
+        "all memory of the GPU as the driver reports it, not what PyTorch may use",
+    )
+    add(
+        "free_bytes",
+        "free",
+        m.free_bytes,
+        "free on the whole GPU when the request failed, after PyTorch had released every wholly free cached segment and retried",
+    )
     for process in m.processes:
         if process.pid is None:
-            add("this_process_bytes", "this process has (NVML)", process.used_bytes,
+            add(
+                "this_process_bytes",
+                "this process has (NVML)",
+                process.used_bytes,
                 "everything this process holds on the GPU: PyTorch's reserved memory plus the CUDA context, "
-                "library workspaces (cuBLAS, cuDNN, NCCL) and any other CUDA code in the process")
+                "library workspaces (cuBLAS, cuDNN, NCCL) and any other CUDA code in the process",
+            )
         else:
-            add(f"process_{process.pid}_bytes", f"Process {process.pid} has (NVML)", process.used_bytes,
-                "another process on this GPU, or this one seen by its host PID from inside a container")
-    add("allowed_bytes", "allowed" if m.kind != CUDA_MALLOC_ASYNC else "PyTorch limit", m.allowed_bytes,
-        "the per-process limit (torch.cuda.set_per_process_memory_fraction): PyTorch reserves no more, even when the GPU has room")
+            add(
+                f"process_{process.pid}_bytes",
+                f"Process {process.pid} has (NVML)",
+                process.used_bytes,
+                "another process on this GPU, or this one seen by its host PID from inside a container",
+            )
+    add(
+        "allowed_bytes",
+        "allowed" if m.kind != CUDA_MALLOC_ASYNC else "PyTorch limit",
+        m.allowed_bytes,
+        "the per-process limit (torch.cuda.set_per_process_memory_fraction): PyTorch reserves no more, even when the GPU has room",
+    )
     if "sentences" in m.wording:
         allocated_meaning = "memory in live tensors, plus free cached blocks in private pools (CUDA graphs)"
     elif m.kind == CUDA_MALLOC_ASYNC:
@@ -185,15 +224,27 @@ def message_figures(message: OomMessage) -> tuple[Figure, ...]:
     else:
         allocated_meaning = "memory in live tensors (torch.cuda.memory_allocated)"
     add("allocated_bytes", "allocated", m.allocated_bytes, allocated_meaning)
-    add("private_pool_bytes", "allocated in private pools", m.private_pool_bytes,
-        "free cached memory inside private pools (CUDA graphs), counted in 'allocated' despite the wording; ordinary tensors cannot use it")
+    add(
+        "private_pool_bytes",
+        "allocated in private pools",
+        m.private_pool_bytes,
+        "free cached memory inside private pools (CUDA graphs), counted in 'allocated' despite the wording; ordinary tensors cannot use it",
+    )
     if m.wording.startswith("1.5-2.0"):
-        add("reserved_bytes", "reserved in total by PyTorch", m.reserved_bytes,
-            "all memory PyTorch's caching allocator holds (torch.cuda.memory_reserved)")
+        add(
+            "reserved_bytes",
+            "reserved in total by PyTorch",
+            m.reserved_bytes,
+            "all memory PyTorch's caching allocator holds (torch.cuda.memory_reserved)",
+        )
     label = "cached" if m.wording.startswith("0.4.1-1.4") else "reserved but unallocated"
-    add("reserved_unallocated_bytes", label, m.reserved_unallocated_bytes,
+    add(
+        "reserved_unallocated_bytes",
+        label,
+        m.reserved_unallocated_bytes,
         "held by PyTorch but used by no tensor: free blocks inside segments that also hold live tensors, "
-        "so the allocator could not give them back before failing")
+        "so the allocator could not give them back before failing",
+    )
     return tuple(figures)
 
 
@@ -210,15 +261,33 @@ def derived_figures(derived: Derived, message: OomMessage) -> tuple[Figure, ...]
         Figure("reserved_bytes", "reserved by PyTorch", d.reserved_bytes, "allocated + reserved but unallocated"),
         Figure("tensor_bytes", "in live tensors", d.tensor_bytes, "allocated - private pools' free blocks"),
         Figure("in_use_bytes", "in use", d.in_use_bytes, "total capacity - free, every process"),
-        Figure("non_pytorch_bytes", "on the GPU outside PyTorch's allocator", d.non_pytorch_bytes,
-               "in use - reserved: other processes, this process's CUDA context and other CUDA libraries"),
-        Figure("own_outside_pytorch_bytes", "this process outside PyTorch's allocator", d.own_outside_pytorch_bytes,
-               "this process (NVML) - reserved: CUDA context, cuBLAS/cuDNN workspaces, NCCL, other CUDA code"),
-        Figure("other_processes_bytes", "other processes", d.other_processes_bytes, "sum of the other processes' lines"),
-        Figure("available_bytes", "available to the request", d.available_bytes,
-               "free, or what the memory fraction leaves (allowed - reserved) when that is less"),
-        Figure("needed_bytes", "segment needed", d.needed_bytes if d.needed_bytes != message.requested_bytes else None,
-               "before 1.5 the figure is the request: the segment cudaMalloc needed is larger"),
+        Figure(
+            "non_pytorch_bytes",
+            "on the GPU outside PyTorch's allocator",
+            d.non_pytorch_bytes,
+            "in use - reserved: other processes, this process's CUDA context and other CUDA libraries",
+        ),
+        Figure(
+            "own_outside_pytorch_bytes",
+            "this process outside PyTorch's allocator",
+            d.own_outside_pytorch_bytes,
+            "this process (NVML) - reserved: CUDA context, cuBLAS/cuDNN workspaces, NCCL, other CUDA code",
+        ),
+        Figure(
+            "other_processes_bytes", "other processes", d.other_processes_bytes, "sum of the other processes' lines"
+        ),
+        Figure(
+            "available_bytes",
+            "available to the request",
+            d.available_bytes,
+            "free, or what the memory fraction leaves (allowed - reserved) when that is less",
+        ),
+        Figure(
+            "needed_bytes",
+            "segment needed",
+            d.needed_bytes if d.needed_bytes != message.requested_bytes else None,
+            "before 1.5 the figure is the request: the segment cudaMalloc needed is larger",
+        ),
         Figure("shortfall_bytes", "missing", d.shortfall_bytes, "needed - available (negative: it should have fitted)"),
     ]
     return tuple(row for row in rows if row.bytes is not None)

@@ -74,7 +74,9 @@ class _Cursor:
 _BACKENDS = {"CUDA": "cuda", "HIP": "rocm", "XPU": "xpu"}
 _TRIED = _pattern("Tried to allocate {size:requested}")
 _TRIED_ABSURD = _pattern("Tried to allocate more than 1EB memory.")
-_PREEMPTIVE = _pattern("Allocation was preemptively rejected because it would exceed per_process_memory_fraction limit.")
+_PREEMPTIVE = _pattern(
+    "Allocation was preemptively rejected because it would exceed per_process_memory_fraction limit."
+)
 _REQUESTED_SIZE = _pattern("Requested size: {size:requested}")
 _OLD = [
     _pattern("(GPU {int:device};"),
@@ -314,7 +316,11 @@ def _parse_cpu(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
 
 
 def _parse_finder(text: str, anchor: re.Match[str]) -> tuple[dict, int]:
-    return {"kind": BATCH_SIZE_FINDER, "backend": "unknown", "wording": "accelerate find_executable_batch_size"}, anchor.end()
+    return {
+        "kind": BATCH_SIZE_FINDER,
+        "backend": "unknown",
+        "wording": "accelerate find_executable_batch_size",
+    }, anchor.end()
 
 
 PARSERS = {

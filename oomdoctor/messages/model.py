@@ -66,4 +66,3 @@ class OomMessage:
         """What makes two occurrences the same message (a log repeating it, a wrapper re-raising it)."""
         skip = {"text", "line", "exception_type", "truncated", "occurrences", "era", "era_clues"}
         return tuple(getattr(self, name) for name in self.__dataclass_fields__ if name not in skip)
-

@@ -162,7 +162,9 @@ def _deduplicate(messages: list[OomMessage]) -> list[OomMessage]:
         key = message.identity()
         if key in unique:
             kept = unique[key]
-            unique[key] = replace(kept, occurrences=kept.occurrences + 1, truncated=kept.truncated and message.truncated)
+            unique[key] = replace(
+                kept, occurrences=kept.occurrences + 1, truncated=kept.truncated and message.truncated
+            )
         else:
             unique[key] = message
     return list(unique.values())

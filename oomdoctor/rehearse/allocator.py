@@ -21,9 +21,9 @@ import os
 import time
 from bisect import bisect_left, insort
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from oomdoctor.units import format_size
 from oomdoctor.rehearse.allocator_config import (
     MIN_BLOCK_BYTES,
     ROUND_LARGE_BYTES,
@@ -35,6 +35,7 @@ from oomdoctor.rehearse.allocator_config import (
     parse_alloc_conf,
     round_size,
 )
+from oomdoctor.units import format_size
 
 Frames = list  # list of {"filename", "line", "name"} dicts, innermost first, shared not copied
 
@@ -145,7 +146,7 @@ class _Block:
         "gc_count_base",
     )
 
-    def __init__(self, address: int, size: int, stream: int, pool: "_Pool") -> None:
+    def __init__(self, address: int, size: int, stream: int, pool: _Pool) -> None:
         self.address = address
         self.size = size
         self.requested_size = 0
@@ -349,9 +350,7 @@ class CachingAllocatorSimulator:
     def annotate(self, name: str, stage: str) -> None:
         """A record_function START/END entry of `external_annotations`."""
         if self._history_enabled:
-            self._annotations.append(
-                {"name": name, "stage": stage, "device": self.device, "time_us": self._clock()}
-            )
+            self._annotations.append({"name": name, "stage": stage, "device": self.device, "time_us": self._clock()})
 
     def mem_get_info(self) -> tuple[int, int]:
         """(free_bytes, total_bytes) as cudaMemGetInfo reports them."""
@@ -464,7 +463,10 @@ class CachingAllocatorSimulator:
             for pool_name, stat in (("all", all_pools), ("small_pool", small), ("large_pool", large)):
                 for field, value in stat.as_dict().items():
                     flat.append((f"{name}.{pool_name}.{field}", value))
-        oversize = (("oversize_allocations", self._oversize_allocations), ("oversize_segments", self._oversize_segments))
+        oversize = (
+            ("oversize_allocations", self._oversize_allocations),
+            ("oversize_segments", self._oversize_segments),
+        )
         for name, stat in oversize:
             for field, value in stat.as_dict().items():
                 flat.append((f"{name}.{field}", value))
@@ -741,9 +743,7 @@ class CachingAllocatorSimulator:
         del self._blocks[block.address]
         self._segments.remove(block.address)
 
-    def _release_available_cached_blocks(
-        self, pool: _Pool, stream: int, size: int, context: Frames | None
-    ) -> bool:
+    def _release_available_cached_blocks(self, pool: _Pool, stream: int, size: int, context: Frames | None) -> bool:
         """With max_split_size set: free the smallest fitting oversize block, else the largest ones."""
         max_split = self.config.max_split_size_bytes
         if max_split == UNLIMITED:
@@ -819,9 +819,7 @@ class CachingAllocatorSimulator:
 
     def _find_expandable_block(self, pool: _Pool, stream: int, size: int) -> _Block:
         def allocatable(block: _Block | None) -> bool:
-            return (
-                block is not None and not block.allocated and block.event_count == 0 and not block.stream_uses
-            )
+            return block is not None and not block.allocated and block.event_count == 0 and not block.stream_uses
 
         def has_room(block: _Block | None) -> bool:
             room = 0
@@ -938,9 +936,7 @@ class CachingAllocatorSimulator:
         for stat in self._selected("reserved_bytes", pool):
             stat.decrease(unmapped_bytes)
         self._counters["num_device_free"] += 1
-        self._record(
-            "segment_unmap", unmapped_address, unmapped_bytes, block.stream, context, block.segment_frames
-        )
+        self._record("segment_unmap", unmapped_address, unmapped_bytes, block.stream, context, block.segment_frames)
 
     def _release_expandable_segment(self, block: _Block) -> None:
         segment = block.expandable
@@ -951,9 +947,7 @@ class CachingAllocatorSimulator:
 
     # ------------------------------------------------------------------- OOM
 
-    def _out_of_memory(
-        self, size: int, alloc_bytes: int, stream: int, context: Frames | None
-    ) -> SimulatedOutOfMemory:
+    def _out_of_memory(self, size: int, alloc_bytes: int, stream: int, context: Frames | None) -> SimulatedOutOfMemory:
         device_free, device_total = self.mem_get_info()
         if self._history_enabled:
             entry: dict[str, Any] = {

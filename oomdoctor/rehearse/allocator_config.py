@@ -144,7 +144,11 @@ def _parse_divisions(tokens: _Tokens, divisions: list[int]) -> None:
         if boundary == ">":
             divisions[last_index + 1 :] = [value] * (ROUNDUP_INTERVALS - last_index - 1)
         else:
-            if not (boundary.isascii() and boundary.isdigit()) or len(boundary) > 18 or not _is_power_of_two(int(boundary)):
+            if (
+                not (boundary.isascii() and boundary.isdigit())
+                or len(boundary) > 18
+                or not _is_power_of_two(int(boundary))
+            ):
                 raise AllocatorConfigError("roundup_power2_divisions: the intervals have to be powers of 2 (MiB)")
             index = min(int(boundary).bit_length() - 1, ROUNDUP_INTERVALS - 1)
             if first_value:

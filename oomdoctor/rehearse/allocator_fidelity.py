@@ -40,9 +40,10 @@ result objects.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Any, Iterable
+from typing import Any
 
 from oomdoctor.rehearse.allocator import AddressSpace, CachingAllocatorSimulator, SimulatedOutOfMemory
 from oomdoctor.rehearse.allocator_config import (
@@ -179,7 +180,7 @@ class _Ranges:
 
 
 def qualification(events: list[Event], final: list[FinalSegment]) -> str:
-    """"" when the trace starts from an empty allocator; otherwise the reason it does not."""
+    """ "" when the trace starts from an empty allocator; otherwise the reason it does not."""
     if not any(event.action == "alloc" for event in events):
         return "no alloc events"
     first = next((event for event in events if event.action in ADDRESS_ACTIONS), None)
@@ -299,8 +300,7 @@ def _layout_agreement(
         matched += _sequence_agreement(list(real_segment.blocks), list(simulated_segment.blocks))
     if real_rest or simulated_rest:
         mismatches.append(
-            f"final layout: {len(real_rest)} real and {len(simulated_rest)} simulated segments "
-            "without an exact twin"
+            f"final layout: {len(real_rest)} real and {len(simulated_rest)} simulated segments without an exact twin"
         )
     total = max(sum(len(s.blocks) for s in real), sum(len(s.blocks) for s in simulated))
     return matched, total
@@ -441,6 +441,4 @@ def replay_snapshot(snapshot: Any, traced_addresses: bool = True) -> list[Device
     traces = _get(snapshot, "device_traces", None)
     if traces is None:
         traces = _get(snapshot, "traces", ())
-    return [
-        replay for device in range(len(traces)) for replay in replay_device(snapshot, device, traced_addresses)
-    ]
+    return [replay for device in range(len(traces)) for replay in replay_device(snapshot, device, traced_addresses)]

@@ -10,7 +10,8 @@ calls to `torch.cuda.memory_allocated()` and friends answer from the simulator t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from oomdoctor.capture.backend import OomObserver
 
@@ -30,9 +31,7 @@ class SimulatedBackend:
     def unavailable_reason(self) -> str | None:
         return None
 
-    def record_history(
-        self, *, max_entries: int, stacks: str = "python", context: str | None = "all"
-    ) -> None:
+    def record_history(self, *, max_entries: int, stacks: str = "python", context: str | None = "all") -> None:
         self.simulator.record_history(True, max_entries=max_entries, context=context)
         self.recorder.capture_frames = context is not None
 
@@ -94,8 +93,14 @@ class SimulatedBackend:
             if reset is not None:
                 reset()
 
-        def record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all",
-                                  max_entries: int = 100_000, *args: Any, **kwargs: Any) -> None:
+        def record_memory_history(
+            enabled: Any = "all",
+            context: Any = "all",
+            stacks: str = "all",
+            max_entries: int = 100_000,
+            *args: Any,
+            **kwargs: Any,
+        ) -> None:
             if enabled is None or enabled is False:
                 self.stop_history()
             else:

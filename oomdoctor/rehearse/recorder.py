@@ -22,8 +22,9 @@ import runpy
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,17 +39,12 @@ OomObserver = Callable[[int, int, int, int], None]
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # oomdoctor's own frames are never the user's: the rehearsal runner, capture and the CLI.
-_OWN_PREFIXES = tuple(
-    _PACKAGE_DIR + name for name in ("rehearse" + os.sep, "capture" + os.sep, "commands" + os.sep)
-)
-_OWN_FILES = frozenset(
-    {_PACKAGE_DIR + "cli.py", _PACKAGE_DIR + "__main__.py", _PACKAGE_DIR + "__init__.py"}
-)
+_OWN_PREFIXES = tuple(_PACKAGE_DIR + name for name in ("rehearse" + os.sep, "capture" + os.sep, "commands" + os.sep))
+_OWN_FILES = frozenset({_PACKAGE_DIR + "cli.py", _PACKAGE_DIR + "__main__.py", _PACKAGE_DIR + "__init__.py"})
 _RUNNER_FILES = frozenset({runpy.__file__, "<frozen runpy>"})
 # Frames between the op the user called and the dispatch mode; a CUDA trace has none of them.
 _DISPATCH_FILES = frozenset(
-    _TORCH_DIR + path
-    for path in ("utils/_python_dispatch.py", "_dynamo/eval_frame.py", "_compile.py", "_ops.py")
+    _TORCH_DIR + path for path in ("utils/_python_dispatch.py", "_dynamo/eval_frame.py", "_compile.py", "_ops.py")
 )
 _MODULE_FILE = _TORCH_DIR + "nn/modules/module.py"
 _OPTIM_DIR = _TORCH_DIR + "optim" + os.sep
@@ -93,9 +89,7 @@ def python_frames(frame: Any, limit: int = MAX_FRAMES) -> list[Frame]:
     Dispatch machinery at the inner end and oomdoctor's or runpy's frames anywhere are left out.
     Identical frames are one shared dict, as in torch's snapshots.
     """
-    while frame is not None and (
-        frame.f_code.co_filename in _DISPATCH_FILES or _is_own_file(frame.f_code.co_filename)
-    ):
+    while frame is not None and (frame.f_code.co_filename in _DISPATCH_FILES or _is_own_file(frame.f_code.co_filename)):
         frame = frame.f_back
     frames: list[Frame] = []
     while frame is not None and len(frames) < limit:

@@ -21,9 +21,10 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from oomdoctor import __version__
 from oomdoctor.metadata import METADATA_KEY, SCHEMA_VERSION
@@ -284,21 +285,28 @@ class _SnapshotWriter:
         self.session = session
         self.dump_dir = dump_dir
 
-    def __call__(
-        self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int
-    ) -> None:
+    def __call__(self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
         now_us = int(time.time() * 1_000_000)
         snapshot = self.session.backend.snapshot()
         snapshot[METADATA_KEY] = {
             "schema_version": SCHEMA_VERSION,
-            "versions": {"oomdoctor": __version__, "torch": _torch_version(), "cuda": None,
-                         "python": platform.python_version()},
+            "versions": {
+                "oomdoctor": __version__,
+                "torch": _torch_version(),
+                "cuda": None,
+                "python": platform.python_version(),
+            },
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "argv": list(sys.argv),
             "device": {"index": device, **self.session.backend.device_properties(device)},
-            "oom": {"device": device, "alloc_bytes": alloc_bytes, "device_total_bytes": device_total_bytes,
-                    "device_free_bytes": device_free_bytes, "time_us": now_us},
+            "oom": {
+                "device": device,
+                "alloc_bytes": alloc_bytes,
+                "device_total_bytes": device_total_bytes,
+                "device_free_bytes": device_free_bytes,
+                "time_us": now_us,
+            },
             "reason": "oom",
             "rehearsal": self.session.config.metadata(),
         }

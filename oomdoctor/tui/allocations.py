@@ -9,7 +9,14 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Input, Static
 
 from oomdoctor.analysis.results import Analysis
-from oomdoctor.tui.content import COMPONENT_LABELS, AllocationRow, allocation_rows, filter_rows, phase_words, stack_lines
+from oomdoctor.tui.content import (
+    COMPONENT_LABELS,
+    AllocationRow,
+    allocation_rows,
+    filter_rows,
+    phase_words,
+    stack_lines,
+)
 from oomdoctor.tui.guard import GuardedPane, guarded
 from oomdoctor.tui.safe import lines, plain, row
 from oomdoctor.units import human_size
@@ -29,7 +36,10 @@ class AllocationsPane(GuardedPane, Vertical):
     def build(self) -> ComposeResult:
         self.all_rows = allocation_rows(self.analysis)
         self.shown_rows = list(self.all_rows)
-        yield Input(placeholder="search: name, component, phase, file or function (all words must match)", id="allocation-search")
+        yield Input(
+            placeholder="search: name, component, phase, file or function (all words must match)",
+            id="allocation-search",
+        )
         yield Static(Text(), id="allocation-count")
         table = DataTable(id="allocation-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*row("size", "component", "phase", "step", "event", "name or source line"))
@@ -68,7 +78,9 @@ class AllocationsPane(GuardedPane, Vertical):
             )
         shown_bytes = sum(shown.block.size_bytes for shown in self.shown_rows)
         capped = f" (the largest {SHOWN_ROWS} listed)" if len(self.shown_rows) > SHOWN_ROWS else ""
-        self.query_one("#allocation-count", Static).update(plain(f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks, {human_size(shown_bytes)}{capped}"))
+        self.query_one("#allocation-count", Static).update(
+            plain(f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks, {human_size(shown_bytes)}{capped}")
+        )
         if not self.shown_rows:
             self.query_one("#allocation-stack", Static).update(Text())
 

@@ -8,8 +8,8 @@ is restored) and a non-zero exit code; a tab that cannot be shown says why in th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -102,7 +102,10 @@ class OomdoctorApp(App[None]):
     TITLE = "oomdoctor"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
-        *(Binding(str(number), f"show_tab('{tab}')", tab.capitalize(), show=False) for number, tab in enumerate(TABS, 1)),
+        *(
+            Binding(str(number), f"show_tab('{tab}')", tab.capitalize(), show=False)
+            for number, tab in enumerate(TABS, 1)
+        ),
     ]
 
     class StageEntered(Message):
@@ -178,7 +181,9 @@ class OomdoctorApp(App[None]):
     async def _loaded(self, message: Loaded) -> None:
         self.analysis, self.snapshot, self.replay = message.analysis, message.snapshot, message.replay
         await self.query_one(LoadingView).remove()
-        await self.mount(Browser(message.analysis, message.snapshot, message.replay, self.source), before=self.query_one(Footer))
+        await self.mount(
+            Browser(message.analysis, message.snapshot, message.replay, self.source), before=self.query_one(Footer)
+        )
 
     @on(LoadFailed)
     def _load_failed(self, message: LoadFailed) -> None:
@@ -207,7 +212,9 @@ class OomdoctorApp(App[None]):
             self.report_failure("show it", error)
         except Exception:  # never fail while failing
             if self.error is None:
-                self.error = OomdoctorError(f"{printable(self.source)}: oomdoctor could not show it; this is a bug in oomdoctor, please report it")
+                self.error = OomdoctorError(
+                    f"{printable(self.source)}: oomdoctor could not show it; this is a bug in oomdoctor, please report it"
+                )
         self._return_code = self.error.exit_code if self.error is not None else EXIT_BAD_INPUT
         self._exception_event.set()  # the pilot waits on this (tests), as for Textual's own handling
         self._close_messages_no_wait()

@@ -8,7 +8,14 @@ from textual.containers import Vertical
 from textual.widgets import Static, Tree
 
 from oomdoctor.analysis.results import Analysis, LiveBlock
-from oomdoctor.tui.content import COMPONENT_LABELS, ComponentNode, component_nodes, describe_block, stack_lines, where_label
+from oomdoctor.tui.content import (
+    COMPONENT_LABELS,
+    ComponentNode,
+    component_nodes,
+    describe_block,
+    stack_lines,
+    where_label,
+)
 from oomdoctor.tui.guard import GuardedPane, guarded
 from oomdoctor.tui.safe import lines, plain
 from oomdoctor.units import human_size
@@ -27,21 +34,33 @@ class ComponentsPane(GuardedPane, Vertical):
     def build(self) -> ComposeResult:
         self.nodes = component_nodes(self.analysis)
         total = sum(node.bytes for node in self.nodes)
-        tree: Tree[LiveBlock | None] = Tree(plain(f"live memory {where_label(self.analysis)}: {human_size(total)}"), id="component-tree")
+        tree: Tree[LiveBlock | None] = Tree(
+            plain(f"live memory {where_label(self.analysis)}: {human_size(total)}"), id="component-tree"
+        )
         tree.root.expand()
         for node in self.nodes:
-            label = plain(f"{COMPONENT_LABELS[node.name]}  {human_size(node.bytes)}  ({node.method}, confidence {node.confidence:.0%})")
+            label = plain(
+                f"{COMPONENT_LABELS[node.name]}  {human_size(node.bytes)}  ({node.method}, confidence {node.confidence:.0%})"
+            )
             largest = node is self.nodes[0]  # opened down to its largest group's blocks
             branch = tree.root.add(label, expand=largest)
             for group in node.groups:
-                twig = branch.add(plain(f"{human_size(group.bytes):>11}  {group.key}  ({len(group.blocks)} blocks)"), expand=largest and group is node.groups[0])
+                twig = branch.add(
+                    plain(f"{human_size(group.bytes):>11}  {group.key}  ({len(group.blocks)} blocks)"),
+                    expand=largest and group is node.groups[0],
+                )
                 for block in group.blocks[:LEAVES_PER_GROUP]:
                     text = describe_block(block.name, block.frames, block.alloc_index)
                     twig.add_leaf(plain(f"{human_size(block.size_bytes):>11}  {text}  {block.address:#x}"), data=block)
                 rest = group.blocks[LEAVES_PER_GROUP:]
                 if rest:
                     rest_bytes = sum(b.size_bytes for b in rest)
-                    twig.add_leaf(plain(f"{human_size(rest_bytes):>11}  {len(rest)} smaller blocks (search for them under Allocations)", style="dim"))
+                    twig.add_leaf(
+                        plain(
+                            f"{human_size(rest_bytes):>11}  {len(rest)} smaller blocks (search for them under Allocations)",
+                            style="dim",
+                        )
+                    )
         yield tree
         yield Static(plain("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
 

@@ -12,8 +12,8 @@ The widgets still wrap each one in a `rich.text.Text` (oomdoctor.tui.safe), neve
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPoint
@@ -68,12 +68,19 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
         lines = []
         for position, rec in enumerate(analysis.recommendations, 1):
             fits = _FIT_WORDS[rec.would_fit_alone]
-            lines.append(f"{position}. {rec.text} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})")
+            lines.append(
+                f"{position}. {rec.text} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})"
+            )
         sections.append(_section("What to change (largest saving first)", tuple(lines)))
     sections.append(_section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))
     sections.append(_section("Live memory by component", tuple(component_lines(analysis))))
     if analysis.what_if.largest_fitting_scale is not None:
-        sections.append(_section("What if the batch were scaled", (f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x ({analysis.what_if.note})",)))
+        sections.append(
+            _section(
+                "What if the batch were scaled",
+                (f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x ({analysis.what_if.note})",),
+            )
+        )
     if analysis.secondary:
         sections.append(_section("Also found", tuple(f"{f.verdict}: {f.summary}" for f in analysis.secondary)))
     if analysis.unknowns:
@@ -92,11 +99,19 @@ def memory_lines(analysis: Analysis) -> list[str]:
         rows.append(("free on the device", acc.device_free_bytes, ""))
     rows.append(("reserved by PyTorch", acc.reserved_bytes, ""))
     rows.append(("  allocated", acc.allocated_bytes, f"rounding {human_size(acc.rounding_bytes)}"))
-    rows.append(("  cached, free", acc.free_cached_bytes, f"releasable {human_size(acc.releasable_bytes)}, fragments {human_size(acc.non_releasable_bytes)}"))
+    rows.append(
+        (
+            "  cached, free",
+            acc.free_cached_bytes,
+            f"releasable {human_size(acc.releasable_bytes)}, fragments {human_size(acc.non_releasable_bytes)}",
+        )
+    )
     if acc.pending_free_bytes:
         rows.append(("  pending free", acc.pending_free_bytes, ""))
     if acc.request_bytes is not None:
-        rows.append(("failed request", acc.request_bytes, f'message: "Tried to allocate {human_size(acc.message_bytes)}"'))
+        rows.append(
+            ("failed request", acc.request_bytes, f'message: "Tried to allocate {human_size(acc.message_bytes)}"')
+        )
     if acc.missing_bytes is not None:
         rows.append(("missing", acc.missing_bytes, "request minus what it could have had"))
     return [f"{label:<20} {human_size(value):>12}" + (f"  ({note})" if note else "") for label, value, note in rows]
@@ -108,7 +123,9 @@ def component_lines(analysis: Analysis) -> list[str]:
     for share in analysis.components:
         if share.bytes:
             percent = f"{share.bytes / total:6.1%}" if total else ""
-            lines.append(f"{COMPONENT_LABELS[share.name]:<16} {human_size(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method})")
+            lines.append(
+                f"{COMPONENT_LABELS[share.name]:<16} {human_size(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method})"
+            )
     return lines or ["no live blocks"]
 
 
@@ -184,7 +201,15 @@ class Timeline:
             last = max(first, (column + 1) * count // width - 1)
             point = max(self.series[first : last + 1], key=lambda p: p.allocated_bytes)
             span = self.phase_at(point.event_index)
-            result.append(ChartColumn(first, last, point, span.phase if span else "unknown", span.step if span and self.has_steps else None))
+            result.append(
+                ChartColumn(
+                    first,
+                    last,
+                    point,
+                    span.phase if span else "unknown",
+                    span.step if span and self.has_steps else None,
+                )
+            )
         return result
 
     def cursor_column(self, columns: Sequence[ChartColumn], event_index: int) -> int:
@@ -245,12 +270,16 @@ def describe_block(name: str | None, frames: Stack, alloc_index: int | None) -> 
     return "allocated before the trace began" if alloc_index is None else "no stack recorded"
 
 
-def live_rows_at(state: EventState, trace: DeviceTrace, segments: Sequence[Segment], analysis: Analysis, limit: int | None = None) -> list[BlockRow]:
+def live_rows_at(
+    state: EventState, trace: DeviceTrace, segments: Sequence[Segment], analysis: Analysis, limit: int | None = None
+) -> list[BlockRow]:
     """The blocks live right after an event, largest first, named where the analysis knows them."""
     known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
     final_frames = {b.address: b.frames for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
     rows = []
-    for address, size_bytes, alloc_index in sorted(state.live, key=lambda row: (-row[1], row[0]))[: limit if limit else None]:
+    for address, size_bytes, alloc_index in sorted(state.live, key=lambda row: (-row[1], row[0]))[
+        : limit if limit else None
+    ]:
         block = known.get((address, alloc_index))
         if alloc_index is not None and 0 <= alloc_index < len(trace):
             frames = trace.frames_at(alloc_index)
@@ -260,7 +289,9 @@ def live_rows_at(state: EventState, trace: DeviceTrace, segments: Sequence[Segme
             frames = block.frames
         name = block.name if block is not None else None
         component = block.component if block is not None else ""
-        rows.append(BlockRow(address, size_bytes, alloc_index, component, describe_block(name, frames, alloc_index), frames))
+        rows.append(
+            BlockRow(address, size_bytes, alloc_index, component, describe_block(name, frames, alloc_index), frames)
+        )
     return rows
 
 
@@ -289,7 +320,13 @@ def segment_bar(segment: Segment, width: int) -> str:
         while scan < len(blocks) and blocks[scan].address < high:
             block = blocks[scan]
             overlap = min(block.address + block.size, high) - max(block.address, low)
-            mark = BAR_ALLOCATED if block.state == ACTIVE_ALLOCATED else BAR_PENDING if block.state == ACTIVE_PENDING_FREE else BAR_FREE
+            mark = (
+                BAR_ALLOCATED
+                if block.state == ACTIVE_ALLOCATED
+                else BAR_PENDING
+                if block.state == ACTIVE_PENDING_FREE
+                else BAR_FREE
+            )
             weights[mark] += max(overlap, 0.0)
             scan += 1
         # a cell touched by any allocated byte shows it: a small live block pins the whole segment
@@ -310,7 +347,9 @@ def largest_free_block_bytes(segment: Segment) -> int:
 
 def fragmentation_lines(analysis: Analysis) -> list[str]:
     frag = analysis.fragmentation
-    lines = [f"internal (rounding) {human_size(frag.internal_bytes)}, external (free cached) {human_size(frag.external_bytes)}"]
+    lines = [
+        f"internal (rounding) {human_size(frag.internal_bytes)}, external (free cached) {human_size(frag.external_bytes)}"
+    ]
     if frag.request_pool is not None:
         fits = {True: "yes", False: "no", None: "unknown"}[frag.would_fit_if_contiguous]
         expandable = {True: "on", False: "off", None: "unknown"}[frag.expandable_segments]
@@ -332,7 +371,11 @@ def block_rows_of(segment: Segment, analysis: Analysis, trace: DeviceTrace) -> l
             frames = block.frames or (live.frames if live is not None else NO_STACK)
             alloc_index = live.alloc_index if live is not None else None
             label = describe_block(live.name if live is not None else None, frames, alloc_index)
-            rows.append(BlockRow(block.address, block.size, alloc_index, live.component if live is not None else "", label, frames))
+            rows.append(
+                BlockRow(
+                    block.address, block.size, alloc_index, live.component if live is not None else "", label, frames
+                )
+            )
         else:
             label = "pending free (waiting for other streams)" if block.state == ACTIVE_PENDING_FREE else "free"
             rows.append(BlockRow(block.address, block.size, None, "", label, block.frames))
@@ -391,7 +434,14 @@ def component_nodes(analysis: Analysis) -> list[ComponentNode]:
             key = module_of(block.name) if block.name else (source_line(block.frames) or "(no stack recorded)")
             groups.setdefault(key, []).append(block)
         ordered = sorted(
-            (BlockGroup(printable(key), sum(b.size_bytes for b in members), tuple(sorted(members, key=lambda b: -b.size_bytes))) for key, members in groups.items()),
+            (
+                BlockGroup(
+                    printable(key),
+                    sum(b.size_bytes for b in members),
+                    tuple(sorted(members, key=lambda b: -b.size_bytes)),
+                )
+                for key, members in groups.items()
+            ),
             key=lambda group: (-group.bytes, group.key),
         )
         nodes.append(ComponentNode(share.name, share.bytes, share.method, share.confidence, tuple(ordered)))
@@ -415,7 +465,17 @@ def allocation_rows(analysis: Analysis) -> list[AllocationRow]:
     for block in sorted(analysis.live_blocks, key=lambda b: (-b.size_bytes, b.address)):
         label = describe_block(block.name, block.frames, block.alloc_index)
         frames = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
-        text = " ".join((block.name or "", label, block.component, COMPONENT_LABELS.get(block.component, ""), block.phase, frames, f"{block.address:#x}"))
+        text = " ".join(
+            (
+                block.name or "",
+                label,
+                block.component,
+                COMPONENT_LABELS.get(block.component, ""),
+                block.phase,
+                frames,
+                f"{block.address:#x}",
+            )
+        )
         rows.append(AllocationRow(block, label, text.lower()))
     return rows
 

@@ -9,7 +9,8 @@ A pane builds its widgets in `build()` (not `compose()`) and decorates its handl
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from textual.app import ComposeResult
 from textual.widget import Widget
@@ -33,7 +34,9 @@ def internal_error(source: str, doing: str, error: BaseException) -> OomdoctorEr
         detail = ""
     kind = type(error).__name__
     reason = f"{kind}: {printable(detail, MESSAGE_LIMIT)}" if detail else kind
-    return OomdoctorError(f"{printable(source)}: oomdoctor could not {doing} ({reason}); this is a bug in oomdoctor, please report it")
+    return OomdoctorError(
+        f"{printable(source)}: oomdoctor could not {doing} ({reason}); this is a bug in oomdoctor, please report it"
+    )
 
 
 def report_failure(widget: Widget, doing: str, error: BaseException) -> str:

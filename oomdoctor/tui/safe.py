@@ -9,7 +9,7 @@ is), so that nothing the content builders missed reaches the terminal raw.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from rich.text import Text
 

@@ -45,7 +45,15 @@ class SegmentsPane(GuardedPane, Vertical):
         target = self.analysis.replay.target_index
         self.state = state = self.replay.state_at(target if target is not None else len(self.trace) - 1)
         count = len(state.segments)
-        yield Static(lines([f"{count} segments {where_label(self.analysis)}; █ allocated ▒ pending free ░ free", *fragmentation_lines(self.analysis)]), id="fragmentation")
+        yield Static(
+            lines(
+                [
+                    f"{count} segments {where_label(self.analysis)}; █ allocated ▒ pending free ░ free",
+                    *fragmentation_lines(self.analysis),
+                ]
+            ),
+            id="fragmentation",
+        )
         segments = DataTable(id="segment-table", cursor_type="row", zebra_stripes=True)
         segments.add_columns(*row("address", "blocks", "total", "allocated", "free", "largest free", "pool", "stream"))
         for segment in state.segments:
@@ -79,7 +87,14 @@ class SegmentsPane(GuardedPane, Vertical):
         table = self.query_one("#segment-blocks", DataTable)
         table.clear()
         for block_row in self.block_rows:
-            table.add_row(*row(f"{block_row.address:#x}", human_size(block_row.size_bytes), COMPONENT_LABELS.get(block_row.component, "-"), block_row.label))
+            table.add_row(
+                *row(
+                    f"{block_row.address:#x}",
+                    human_size(block_row.size_bytes),
+                    COMPONENT_LABELS.get(block_row.component, "-"),
+                    block_row.label,
+                )
+            )
         if self.block_rows:
             self._show_stack(self.block_rows[0])
 

@@ -16,13 +16,25 @@ from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis, EventState
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import Snapshot
-from oomdoctor.tui.content import COMPONENT_LABELS, PHASE_LETTERS, BlockRow, Timeline, live_rows_at, phase_words, stacked_cells
+from oomdoctor.tui.content import (
+    COMPONENT_LABELS,
+    PHASE_LETTERS,
+    BlockRow,
+    Timeline,
+    live_rows_at,
+    phase_words,
+    stacked_cells,
+)
 from oomdoctor.tui.guard import GuardedPane, guarded, report_failure
 from oomdoctor.tui.safe import plain, row
 from oomdoctor.units import human_size
 
-COMPONENT_COLORS = dict(zip(COMPONENTS, ("#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")))
-SHORT_LABELS = dict(zip(COMPONENTS, ("params", "grads", "optim", "activ", "temps", "inputs", "buffers", "other", "unknown")))
+COMPONENT_COLORS = dict(
+    zip(COMPONENTS, ("#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"))
+)
+SHORT_LABELS = dict(
+    zip(COMPONENTS, ("params", "grads", "optim", "activ", "temps", "inputs", "buffers", "other", "unknown"))
+)
 PHASE_COLORS = {"forward": "#59a14f", "backward": "#f28e2b", "optimizer_step": "#e15759", "zero_grad": "#b07aa1"}
 CHART_ROWS = 8
 TOP_BLOCKS = 8
@@ -70,7 +82,12 @@ class TimelineChart(Widget, can_focus=True):
 
     def action_jump(self, where: str) -> None:
         timeline = self.timeline
-        targets = {"first": 0, "last": timeline.event_count - 1, "target": timeline.start_index(), "peak": timeline.peak_index}
+        targets = {
+            "first": 0,
+            "last": timeline.event_count - 1,
+            "target": timeline.start_index(),
+            "peak": timeline.peak_index,
+        }
         wanted = targets.get(where)
         if wanted is not None:
             self.cursor_index = timeline.clamp(wanted)
@@ -102,7 +119,10 @@ class TimelineChart(Widget, can_focus=True):
                 component = cells[level]
                 style = COMPONENT_COLORS[COMPONENTS[component]] if component is not None else ""
                 if number == cursor:
-                    line.append("█" if component is not None else "│", style="bold white" if component is None else f"{style} reverse")
+                    line.append(
+                        "█" if component is not None else "│",
+                        style="bold white" if component is None else f"{style} reverse",
+                    )
                 else:
                     line.append("█" if component is not None else " ", style=style)
             lines.append(line)
@@ -161,7 +181,9 @@ class TimelinePane(GuardedPane, Vertical):
 
     def _legend(self) -> Text:
         assert self.timeline is not None
-        present = [name for name, share in zip(COMPONENTS, self.analysis.components) if share.bytes] or list(COMPONENTS[:4])
+        present = [name for name, share in zip(COMPONENTS, self.analysis.components) if share.bytes] or list(
+            COMPONENTS[:4]
+        )
         legend = Text()
         for name in present:
             legend.append("█ ", style=COMPONENT_COLORS[name])
@@ -182,7 +204,11 @@ class TimelinePane(GuardedPane, Vertical):
                 bits.append(f"step {span.step}")
             bits.append(phase_words(span.phase))
         if index == self.analysis.replay.target_index:
-            bits.append(self.analysis.replay.target_kind.upper() if self.analysis.replay.target_kind == "oom" else self.analysis.replay.target_kind)
+            bits.append(
+                self.analysis.replay.target_kind.upper()
+                if self.analysis.replay.target_kind == "oom"
+                else self.analysis.replay.target_kind
+            )
         self.query_one("#cursor-event", Static).update(plain(" · ".join(bits)))
         self.query_one("#cursor-state", Static).update(plain("replaying…", style="dim"))
         self._replay(index)
@@ -207,7 +233,9 @@ class TimelinePane(GuardedPane, Vertical):
         assert self.timeline is not None
         chart = self.query_one(TimelineChart)
         state = message.state
-        if state.event_index != chart.cursor_index and not (state.exact and chart.cursor_index >= self.timeline.event_count - 1):
+        if state.event_index != chart.cursor_index and not (
+            state.exact and chart.cursor_index >= self.timeline.event_count - 1
+        ):
             return  # the cursor has moved on; a newer replay is coming
         self.shown_state = state
         self.query_one("#cursor-state", Static).update(
@@ -220,4 +248,12 @@ class TimelinePane(GuardedPane, Vertical):
         table.clear()
         for block_row in message.rows:
             where = f"event {block_row.alloc_index}" if block_row.alloc_index is not None else "before trace"
-            table.add_row(*row(human_size(block_row.size_bytes), COMPONENT_LABELS.get(block_row.component, "-"), where, block_row.label), key=str(block_row.address))
+            table.add_row(
+                *row(
+                    human_size(block_row.size_bytes),
+                    COMPONENT_LABELS.get(block_row.component, "-"),
+                    where,
+                    block_row.label,
+                ),
+                key=str(block_row.address),
+            )

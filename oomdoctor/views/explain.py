@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.safetext import json_printable, printable
 from oomdoctor.messages.explain import Explanation
 from oomdoctor.messages.figures import Figure
+from oomdoctor.safetext import json_printable, printable
 from oomdoctor.units import human_size
 
 JSON_SCHEMA_VERSION = 1

@@ -203,7 +203,10 @@ def to_text(info: dict[str, Any]) -> str:
     for key in ("reserved_bytes", "allocated_bytes", "requested_bytes", "rounding_bytes", "active_bytes", "free_bytes"):
         exact = f" ({info[key]} bytes)" if abs(info[key]) >= 1024 else ""
         add(key.removesuffix("_bytes"), format_bytes(info[key]) + exact)
-    add("trace events", " + ".join(map(str, info["trace_events"])) + " (per device)" if info["trace_events"] else "none recorded")
+    add(
+        "trace events",
+        " + ".join(map(str, info["trace_events"])) + " (per device)" if info["trace_events"] else "none recorded",
+    )
     span = info["time_span_us"]
     if span:
         add("time span", f"{span['seconds']:.3f} s")

@@ -11,15 +11,14 @@ device, host, argv, ...) is there when the caller passes it, as `oomdoctor repor
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
 import json
+from typing import Any
 
 import orjson
 
 from oomdoctor.analysis.results import Analysis, LiveBlock
-from oomdoctor.safetext import clip, json_printable
 from oomdoctor.model import Stack
+from oomdoctor.safetext import clip, json_printable
 
 JSON_SCHEMA_VERSION = 1
 LIVE_BLOCK_LIMIT = 200
@@ -32,7 +31,10 @@ FRAME_TEXT_LIMIT = 4096
 
 
 def _frames(stack: Stack) -> list[str]:
-    return [f"{clip(f.filename, FRAME_TEXT_LIMIT)}:{f.line} in {clip(f.name, FRAME_TEXT_LIMIT)}" for f in stack[:FRAME_LIMIT]]
+    return [
+        f"{clip(f.filename, FRAME_TEXT_LIMIT)}:{f.line} in {clip(f.name, FRAME_TEXT_LIMIT)}"
+        for f in stack[:FRAME_LIMIT]
+    ]
 
 
 def _plain(value: Any) -> Any:

@@ -21,7 +21,15 @@ from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.safetext import printable
-from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_places, evidence_value, largest_groups, target_context, where_label
+from oomdoctor.views.report_rows import (
+    COMPONENT_LABELS,
+    component_rows,
+    evidence_places,
+    evidence_value,
+    largest_groups,
+    target_context,
+    where_label,
+)
 
 TOP_BLOCKS = 10
 STACK_FRAMES = 8
@@ -151,7 +159,9 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("| # | change | saves about | would fit on its own |")
         add("|---:|---|---:|:---:|")
         for position, rec in enumerate(analysis.recommendations, 1):
-            add(f"| {position} | {_cell(rec.text)} | {human(rec.estimated_saved_bytes)} | {_fits(rec.would_fit_alone)} |")
+            add(
+                f"| {position} | {_cell(rec.text)} | {human(rec.estimated_saved_bytes)} | {_fits(rec.would_fit_alone)} |"
+            )
         add("")
 
     _memory(analysis, where, add)
@@ -182,7 +192,9 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("| step | peak allocated | allocated at its end | activations peak |")
         add("|---:|---:|---:|---:|")
         for summary in analysis.steps[-8:]:
-            add(f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)} | {human(summary.peak_activation_bytes)} |")
+            add(
+                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)} | {human(summary.peak_activation_bytes)} |"
+            )
         add("")
 
     if analysis.secondary:
@@ -239,7 +251,7 @@ def _memory(analysis: Analysis, where: str, add) -> None:
     if acc.request_bytes is not None:
         add(f"| **failed request** | **{human(acc.request_bytes)}** | {_exact(acc.request_bytes)} |")
         if acc.message_bytes is not None:
-            add(f"| \"Tried to allocate\" in the message | {human(acc.message_bytes)} | {_exact(acc.message_bytes)} |")
+            add(f'| "Tried to allocate" in the message | {human(acc.message_bytes)} | {_exact(acc.message_bytes)} |')
     add("")
 
 
@@ -262,9 +274,13 @@ def _fragmentation(analysis: Analysis, add) -> None:
     frag = analysis.fragmentation
     add("### Fragmentation")
     add("")
-    add(f"- rounding inside allocated blocks: {human(frag.internal_bytes)}; free cached blocks: {human(frag.external_bytes)}")
+    add(
+        f"- rounding inside allocated blocks: {human(frag.internal_bytes)}; free cached blocks: {human(frag.external_bytes)}"
+    )
     if frag.request_pool is not None:
-        add(f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}")
+        add(
+            f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}"
+        )
         add(f"- would fit if contiguous: {_fits(frag.would_fit_if_contiguous)}")
     add(f"- expandable segments: {_flag(frag.expandable_segments)}")
     if frag.alloc_conf:
@@ -273,7 +289,9 @@ def _fragmentation(analysis: Analysis, add) -> None:
 
 
 def _environment(env: Environment, add) -> None:
-    torch_text = env.torch_version or (f"{env.torch_version_hint} (from the snapshot's keys)" if env.torch_version_hint else None)
+    torch_text = env.torch_version or (
+        f"{env.torch_version_hint} (from the snapshot's keys)" if env.torch_version_hint else None
+    )
     device = env.device_name
     if device and env.device_capability:
         device += f" (compute capability {env.device_capability})"
@@ -296,7 +314,12 @@ def _environment(env: Environment, add) -> None:
         ("command", " ".join(env.argv) if env.argv else None),
         ("PYTORCH_CUDA_ALLOC_CONF", env.alloc_conf),
         ("history recorded with", env.recording),
-        ("dump written", {"oom": "at the OOM", "manual": "on request (oomdoctor.dump())", "peak": "at the peak"}.get(env.reason or "", env.reason)),
+        (
+            "dump written",
+            {"oom": "at the OOM", "manual": "on request (oomdoctor.dump())", "peak": "at the peak"}.get(
+                env.reason or "", env.reason
+            ),
+        ),
         ("exception", env.exception_type),
         ("rehearsal", "yes: a simulated allocator on the CPU (oomdoctor rehearse)" if env.rehearsed else None),
         ("file", " / ".join(x for x in (env.container, env.source_format) if x) or None),
@@ -316,7 +339,9 @@ def _live_blocks(analysis: Analysis, add) -> None:
     if not blocks:
         return
     add("<details>")
-    add(f"<summary>The {len(blocks)} largest live blocks (of {len(analysis.live_blocks)}) and where they were allocated</summary>")
+    add(
+        f"<summary>The {len(blocks)} largest live blocks (of {len(analysis.live_blocks)}) and where they were allocated</summary>"
+    )
     add("")
     add("| block | size | component | phase | step | name |")
     add("|---|---:|---|---|---:|---|")
@@ -324,13 +349,18 @@ def _live_blocks(analysis: Analysis, add) -> None:
         step = "" if block.step is None else str(block.step)
         name = _code(block.name) if block.name else ""
         component = _cell(COMPONENT_LABELS.get(block.component, block.component))
-        add(f"| `{block.address:#x}` | {human(block.size_bytes)} | {component} | {_cell(block.phase.replace('_', ' '))} | {step} | {name} |")
+        add(
+            f"| `{block.address:#x}` | {human(block.size_bytes)} | {component} | {_cell(block.phase.replace('_', ' '))} | {step} | {name} |"
+        )
     add("")
     for block in blocks:
         add(f"`{block.address:#x}` ({human(block.size_bytes)}, {_stack_origin(block)}):")
         add("")
         if block.frames:
-            stack = [f"{printable(frame.filename)}:{printable(frame.line)} in {printable(frame.name)}" for frame in block.frames[:STACK_FRAMES]]
+            stack = [
+                f"{printable(frame.filename)}:{printable(frame.line)} in {printable(frame.name)}"
+                for frame in block.frames[:STACK_FRAMES]
+            ]
             if len(block.frames) > STACK_FRAMES:
                 stack.append(f"... {len(block.frames) - STACK_FRAMES} more frames")
             for line in code_block(stack):

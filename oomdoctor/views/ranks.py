@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-
-from oomdoctor.safetext import printable
 from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDump, RankRow, component_label, where
 from oomdoctor.load.folder import SkippedFile
+from oomdoctor.safetext import printable
 from oomdoctor.units import human_size as human
 
 RANKS_SCHEMA_VERSION = 1
@@ -61,7 +60,9 @@ def _difference_lines(comparison: RankComparison) -> list[str]:
             f"({human(item.bytes, decimals=1)} against {human(item.median_bytes, decimals=1)})"
         )
     if len(comparison.differences) > DIFFERENCE_LIMIT:
-        lines.append(f"... and {len(comparison.differences) - DIFFERENCE_LIMIT} smaller differences (see --format json)")
+        lines.append(
+            f"... and {len(comparison.differences) - DIFFERENCE_LIMIT} smaller differences (see --format json)"
+        )
     if not comparison.differences and len(comparison.rows) > 1:
         lines.append("no rank's memory or components stand out from the median")
     return lines
@@ -120,7 +121,9 @@ _HEADER = ["rank", "OOM", "verdict", "where", "allocated", "reserved", "request"
 
 def _component_table(comparison: RankComparison) -> tuple[list[str], list[list[str]]]:
     """Bytes per component by rank (components that are zero on every rank left out), then the median."""
-    names = [name for name, _ in comparison.median_components if any(dict(row.components)[name] for row in comparison.rows)]
+    names = [
+        name for name, _ in comparison.median_components if any(dict(row.components)[name] for row in comparison.rows)
+    ]
     header = ["rank"] + [component_label(name) for name in names]
     rows = [[_rank(row)] + [human(dict(row.components)[name], decimals=1) for name in names] for row in comparison.rows]
     median = dict(comparison.median_components)
@@ -131,11 +134,17 @@ def _component_table(comparison: RankComparison) -> tuple[list[str], list[list[s
 def _text_table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
     cells = [header] + rows
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return ["  " + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in cells]
+    return [
+        "  " + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)).rstrip()
+        for row in cells
+    ]
 
 
 def _md_table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|",
+    ]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
@@ -146,7 +155,9 @@ def _folder_line(directory: str, comparison: RankComparison, skipped: tuple[Skip
     return f"{directory}: {len(comparison.rows)} dump files{world}, {ran_out}{extra}"
 
 
-def render_text(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> str:
+def render_text(
+    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+) -> str:
     from oomdoctor.views.text_report import render as render_report
 
     lines = [comparison.headline, _folder_line(directory, comparison, skipped), "", "Ranks"]
@@ -188,11 +199,19 @@ def _md_text(text: str) -> str:
     return inline_text(text)
 
 
-def render_markdown(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> str:
-    from oomdoctor.views.markdown_report import code_span, render as render_report
+def render_markdown(
+    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+) -> str:
+    from oomdoctor.views.markdown_report import code_span
+    from oomdoctor.views.markdown_report import render as render_report
 
     lines = [f"## oomdoctor: {len(comparison.rows)} ranks", ""]
-    lines += [f"> {_md_text(comparison.headline)}", "", _md_text(_folder_line(directory, comparison, skipped)) + ".", ""]
+    lines += [
+        f"> {_md_text(comparison.headline)}",
+        "",
+        _md_text(_folder_line(directory, comparison, skipped)) + ".",
+        "",
+    ]
     table = []
     for row in comparison.rows:
         cells = [_md_cell(cell) for cell in _row_cells(row, comparison)]
@@ -236,7 +255,9 @@ def _plain_row(row: RankRow) -> dict[str, Any]:
     }
 
 
-def to_dict(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> dict[str, Any]:
+def to_dict(
+    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+) -> dict[str, Any]:
     from oomdoctor.views.json_report import to_dict as report_dict
 
     dump = featured(comparison, dumps)
@@ -253,7 +274,10 @@ def to_dict(directory: str, comparison: RankComparison, dumps: tuple[RankDump, .
         "order_known": comparison.order_known,
         "first": _plain_row(comparison.first) if comparison.first is not None else None,
         "ranks": [_plain_row(row) for row in comparison.rows],
-        "median": {"allocated_bytes": comparison.median_allocated_bytes, "components": dict(comparison.median_components)},
+        "median": {
+            "allocated_bytes": comparison.median_allocated_bytes,
+            "components": dict(comparison.median_components),
+        },
         "differences": [
             {
                 "file": d.file,
@@ -275,13 +299,21 @@ def to_dict(directory: str, comparison: RankComparison, dumps: tuple[RankDump, .
     }
 
 
-def render_json(directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> bytes:
+def render_json(
+    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+) -> bytes:
     from oomdoctor.views.json_report import dumps as dumps_json
 
     return dumps_json(to_dict(directory, comparison, dumps, skipped))
 
 
-def render(output_format: str, directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]) -> bytes:
+def render(
+    output_format: str,
+    directory: str,
+    comparison: RankComparison,
+    dumps: tuple[RankDump, ...],
+    skipped: tuple[SkippedFile, ...],
+) -> bytes:
     """The folder report in "text", "md" or "json", as `oomdoctor report DIR` prints it."""
     if output_format == "json":
         return render_json(directory, comparison, dumps, skipped)

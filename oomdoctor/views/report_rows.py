@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group
 from oomdoctor.metadata import COMPONENTS
@@ -24,7 +24,9 @@ def target_context(analysis: Analysis) -> str:
     step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     phase = analysis.target_phase.replace("_", " ")
-    return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; phases from {analysis.phase_source})"
+    return (
+        f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; phases from {analysis.phase_source})"
+    )
 
 
 def evidence_value(item: Evidence) -> str | None:

@@ -5,8 +5,14 @@ from __future__ import annotations
 from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.safetext import printable
-from oomdoctor.views.report_rows import COMPONENT_LABELS, component_rows, evidence_line, largest_groups, target_context, where_label
-
+from oomdoctor.views.report_rows import (
+    COMPONENT_LABELS,
+    component_rows,
+    evidence_line,
+    largest_groups,
+    target_context,
+    where_label,
+)
 
 LINE_LIMIT = 8192
 
@@ -46,17 +52,23 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add(f"  free on the device    {human(acc.device_free_bytes):>12}")
     add(f"  reserved by PyTorch   {human(acc.reserved_bytes):>12}")
     add(f"    allocated           {human(acc.allocated_bytes):>12}  (of which rounding {human(acc.rounding_bytes)})")
-    add(f"    cached, free        {human(acc.free_cached_bytes):>12}  (releasable {human(acc.releasable_bytes)}, fragments {human(acc.non_releasable_bytes)})")
+    add(
+        f"    cached, free        {human(acc.free_cached_bytes):>12}  (releasable {human(acc.releasable_bytes)}, fragments {human(acc.non_releasable_bytes)})"
+    )
     if acc.pending_free_bytes:
         add(f"    pending free        {human(acc.pending_free_bytes):>12}")
     if acc.request_bytes is not None:
-        add(f"  failed request        {human(acc.request_bytes):>12}  (the message said \"Tried to allocate {human(acc.message_bytes)}\")")
+        add(
+            f'  failed request        {human(acc.request_bytes):>12}  (the message said "Tried to allocate {human(acc.message_bytes)}")'
+        )
     add("")
 
     add("Live memory by component")
     for share, fraction in component_rows(analysis):
         percent = f"{fraction:6.1%}" if fraction is not None else "     -"
-        add(f"  {COMPONENT_LABELS.get(share.name, share.name):<16} {human(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method}, confidence {share.confidence:.0%})")
+        add(
+            f"  {COMPONENT_LABELS.get(share.name, share.name):<16} {human(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method}, confidence {share.confidence:.0%})"
+        )
         for group in largest_groups(share):
             add(f"      {human(group.bytes):>12}  {group.key}")
     add("")
@@ -64,8 +76,12 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     frag = analysis.fragmentation
     if frag.request_pool is not None:
         add("Fragmentation")
-        add(f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}")
-        add(f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}; expandable segments: {_flag(frag.expandable_segments)}")
+        add(
+            f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}"
+        )
+        add(
+            f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}; expandable segments: {_flag(frag.expandable_segments)}"
+        )
         add("")
 
     wi = analysis.what_if
@@ -79,13 +95,17 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     if len(replay.ooms) > 1:
         add(f"OOM events on this device: {len(replay.ooms)}")
         for oom in replay.ooms:
-            add(f"  event {oom.event_index}: {human(oom.request_bytes)}{'  (fatal: the one judged here)' if oom.fatal else '  (recovered or caught)'}")
+            add(
+                f"  event {oom.event_index}: {human(oom.request_bytes)}{'  (fatal: the one judged here)' if oom.fatal else '  (recovered or caught)'}"
+            )
         add("")
 
     if analysis.steps:
         add("Steps (allocated bytes)")
         for step in analysis.steps[-8:]:
-            add(f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   at its end {human(step.end_allocated_bytes):>12}   activations peak {human(step.peak_activation_bytes):>12}")
+            add(
+                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   at its end {human(step.end_allocated_bytes):>12}   activations peak {human(step.peak_activation_bytes):>12}"
+            )
         add("")
 
     if analysis.secondary:
