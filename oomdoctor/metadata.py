@@ -48,51 +48,28 @@ and memory_viz both read it. Every field is optional for readers: old or partial
 
 from __future__ import annotations
 
+from oomdoctor.vocabulary import Component, Phase, RegistryComponent, Verdict
+
 METADATA_KEY = "oomdoctor"
 SCHEMA_VERSION = 1
 
-PHASE_FORWARD = "forward"
-PHASE_BACKWARD = "backward"
-PHASE_OPTIMIZER = "optimizer_step"
-PHASE_ZERO_GRAD = "zero_grad"
+# The words capture writes into a dump are plain strings (a dump holds builtins only: an enum member
+# would pickle as a global, which the restricted unpickler refuses); each is defined once, in
+# oomdoctor.vocabulary.
+PHASE_FORWARD = Phase.FORWARD.value
+PHASE_BACKWARD = Phase.BACKWARD.value
+PHASE_OPTIMIZER = Phase.OPTIMIZER_STEP.value
+PHASE_ZERO_GRAD = Phase.ZERO_GRAD.value
 PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
 
-COMPONENT_PARAMETER = "parameter"
-COMPONENT_GRADIENT = "gradient"
-COMPONENT_OPTIMIZER_STATE = "optimizer_state"
-COMPONENT_BUFFER = "buffer"
-COMPONENT_INPUT = "input"
-REGISTRY_COMPONENTS = (
-    COMPONENT_PARAMETER,
-    COMPONENT_GRADIENT,
-    COMPONENT_OPTIMIZER_STATE,
-    COMPONENT_BUFFER,
-    COMPONENT_INPUT,
-)
+COMPONENT_PARAMETER = RegistryComponent.PARAMETER.value
+COMPONENT_GRADIENT = RegistryComponent.GRADIENT.value
+COMPONENT_OPTIMIZER_STATE = RegistryComponent.OPTIMIZER_STATE.value
+COMPONENT_BUFFER = RegistryComponent.BUFFER.value
+COMPONENT_INPUT = RegistryComponent.INPUT.value
+REGISTRY_COMPONENTS = tuple(c.value for c in RegistryComponent)
 
 # Components of live bytes that analysis reports and fixtures/manifest.json records, in this order.
-COMPONENTS = (
-    "parameters",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-    "inputs",
-    "buffers",
-    "other",
-    "unknown",
-)
+COMPONENTS = tuple(c.value for c in Component)
 
-VERDICTS = (
-    "optimizer-state-buildup",
-    "activation-spike",
-    "gradients-kept",
-    "creeping-leak",
-    "fragmentation",
-    "model-states-too-large",
-    "oversized-request",
-    "outside-pytorch",
-    "inference-with-grad",
-    "no-oom",
-    "unknown",
-)
+VERDICTS = tuple(v.value for v in Verdict)

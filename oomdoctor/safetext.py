@@ -30,7 +30,9 @@ def _escape(match: re.Match[str]) -> str:
 
 def printable(text: Any, limit: int | None = DEFAULT_LIMIT) -> str:
     """`text` with every control character escaped, cut to about `limit` characters (None: no cut)."""
-    if type(text) is not str:
+    if isinstance(text, str):
+        text = str.__str__(text)  # a str enum member (a verdict) as its plain value
+    else:
         text = describe_value(text)
     if limit is not None and len(text) > limit:
         text = clip(text, limit)

@@ -10,28 +10,30 @@ import math
 from dataclasses import dataclass, field
 
 from oomdoctor.model import Segment, Stack
+from oomdoctor.vocabulary import Method, Phase, PhaseSource
 
 # Where a phase or a component assignment came from, most trusted first.
-SOURCE_MARKERS = "markers"
-SOURCE_ANNOTATIONS = "annotations"
-SOURCE_USER_METADATA = "user_metadata"
-SOURCE_FRAMES = "frames"
-SOURCE_NONE = "none"
+# Plain-string aliases of the words in oomdoctor.vocabulary, where they are defined.
+SOURCE_MARKERS = PhaseSource.MARKERS.value
+SOURCE_ANNOTATIONS = PhaseSource.ANNOTATIONS.value
+SOURCE_USER_METADATA = PhaseSource.USER_METADATA.value
+SOURCE_FRAMES = PhaseSource.FRAMES.value
+SOURCE_NONE = PhaseSource.NONE.value
 
-METHOD_REGISTRY = "registry"  # exact: oomdoctor's registry of named tensors
-METHOD_PHASE = "phase"  # the phase in which the block was allocated
-METHOD_FRAMES = "frames"  # the allocation's stack
-METHOD_LIFETIME = "lifetime"  # when it was allocated and that it is still alive
-METHOD_SIZE_MATCH = "size-match"  # its size equals a parameter's
-METHOD_NONE = "none"
+METHOD_REGISTRY = Method.REGISTRY.value
+METHOD_PHASE = Method.PHASE.value
+METHOD_FRAMES = Method.FRAMES.value
+METHOD_LIFETIME = Method.LIFETIME.value
+METHOD_SIZE_MATCH = Method.SIZE_MATCH.value
+METHOD_NONE = Method.NONE.value
 
-PHASE_FORWARD = "forward"
-PHASE_BACKWARD = "backward"
-PHASE_OPTIMIZER = "optimizer_step"
-PHASE_ZERO_GRAD = "zero_grad"
-PHASE_BETWEEN = "between_steps"
-PHASE_BEFORE = "before_first_step"  # before the first phase of the run was seen
-PHASE_UNKNOWN = "unknown"
+PHASE_FORWARD = Phase.FORWARD.value
+PHASE_BACKWARD = Phase.BACKWARD.value
+PHASE_OPTIMIZER = Phase.OPTIMIZER_STEP.value
+PHASE_ZERO_GRAD = Phase.ZERO_GRAD.value
+PHASE_BETWEEN = Phase.BETWEEN_STEPS.value
+PHASE_BEFORE = Phase.BEFORE_FIRST_STEP.value
+PHASE_UNKNOWN = Phase.UNKNOWN.value
 
 
 @dataclass(frozen=True, slots=True)
