@@ -30,6 +30,7 @@ from oomdoctor.analysis.results import (
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
 from oomdoctor.analysis.whatif import placement_limit
 from oomdoctor.units import human_size as human
+from oomdoctor.vocabulary import Component, Verdict
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -149,7 +150,12 @@ def _component_evidence(ctx: Context, text: str, component: str) -> Evidence:
 
 def _states(ctx: Context) -> tuple[int, int, int, int]:
     c = ctx.components
-    return c.get("parameters", 0), c.get("gradients", 0), c.get("optimizer_state", 0), c.get("buffers", 0)
+    return (
+        c.get(Component.PARAMETERS, 0),
+        c.get(Component.GRADIENTS, 0),
+        c.get(Component.OPTIMIZER_STATE, 0),
+        c.get(Component.BUFFERS, 0),
+    )
 
 
 def _projected_states(ctx: Context) -> tuple[int, str]:
@@ -186,7 +192,7 @@ def _test_outside(ctx: Context) -> Finding | None:
     if outside < total // 4 or outside - context_allowance < ctx.missing:
         return None
     return Finding(
-        "outside-pytorch",
+        Verdict.OUTSIDE_PYTORCH,
         0.85 if outside >= total // 3 else 0.7,
         f"{human(outside)} of the device's {human(total)} was held outside PyTorch (other processes, NCCL or the CUDA context); without it the {human(ctx.request)} request fits.",
         (
@@ -206,13 +212,13 @@ def _test_model_states(ctx: Context) -> Finding | None:
         return None
     parameters, gradients, optimizer_state, _ = _states(ctx)
     return Finding(
-        "model-states-too-large",
+        Verdict.MODEL_STATES_TOO_LARGE,
         0.85 if ctx.exact else 0.65,
         f"Parameters, gradients and optimizer state alone need {human(needed)}{note}, but PyTorch could have at most {human(capacity)} on this device.",
         (
-            _component_evidence(ctx, "parameters", "parameters"),
-            _component_evidence(ctx, "gradients", "gradients"),
-            _component_evidence(ctx, "optimizer state", "optimizer_state"),
+            _component_evidence(ctx, "parameters", Component.PARAMETERS),
+            _component_evidence(ctx, "gradients", Component.GRADIENTS),
+            _component_evidence(ctx, "optimizer state", Component.OPTIMIZER_STATE),
             Evidence("model states needed" + note, "model_states_needed_bytes", needed),
             Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
         ),
@@ -225,7 +231,7 @@ def _test_fragmentation(ctx: Context) -> Finding | None:
     if ctx.oom is None or not frag.would_fit_if_contiguous:
         return None
     return Finding(
-        "fragmentation",
+        Verdict.FRAGMENTATION,
         0.85,
         f"{human(frag.usable_free_bytes)} sat free in PyTorch's cache for this pool and stream, more than the {human(ctx.request)} request, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}.",
         (
@@ -248,12 +254,12 @@ def _test_oversized(ctx: Context) -> Finding | None:
     if ctx.oom is None or not capacity:
         return None
     c = ctx.components
-    transient = c.get("activations", 0) + c.get("temporaries", 0) + c.get("inputs", 0)
+    transient = c.get(Component.ACTIVATIONS, 0) + c.get(Component.TEMPORARIES, 0) + c.get(Component.INPUTS, 0)
     request = ctx.request
     if not (request >= capacity // 2 or (request >= capacity // 4 and request > transient)):
         return None
     return Finding(
-        "oversized-request",
+        Verdict.OVERSIZED_REQUEST,
         0.8 if request > transient else 0.6,
         f"One allocation of {human(request)} failed: {request / capacity:.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(transient)}).",
         (
@@ -273,13 +279,13 @@ def _test_oversized(ctx: Context) -> Finding | None:
 def _test_gradients_kept(ctx: Context) -> Finding | None:
     if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN):
         return None
-    old, steps, largest = ctx.old_bytes(("gradients",))
-    parameters = ctx.components.get("parameters", 0)
+    old, steps, largest = ctx.old_bytes((Component.GRADIENTS,))
+    parameters = ctx.components.get(Component.PARAMETERS, 0)
     if old <= 0 or (parameters and old < parameters // 4) or old < ctx.missing:
         return None
     no_zero_grad = PHASE_ZERO_GRAD not in ctx.phases_seen()
     return Finding(
-        "gradients-kept",
+        Verdict.GRADIENTS_KEPT,
         0.8 if no_zero_grad else 0.65,
         f"{human(old)} of gradients from earlier steps were still alive during step {ctx.target_step}'s {ctx.target_phase}; they are not needed before the next backward.",
         (
@@ -291,7 +297,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
                 largest.address if largest else None,
                 _frame_text(largest),
             ),
-            _component_evidence(ctx, "parameters", "parameters"),
+            _component_evidence(ctx, "parameters", Component.PARAMETERS),
             Evidence(
                 "no zero_grad phase recorded"
                 if no_zero_grad
@@ -306,7 +312,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
 def _test_leak(ctx: Context) -> Finding | None:
     if ctx.oom is None:
         return None
-    old, steps, largest = ctx.old_bytes(("activations", "temporaries", "inputs"))
+    old, steps, largest = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
     capacity = ctx.capacity_bytes or 0
     growth = _end_of_step_growth(ctx.steps)
     strong = old > 0 and len(steps) >= 2 and (old >= capacity // 10 or old >= ctx.missing)
@@ -332,7 +338,7 @@ def _test_leak(ctx: Context) -> Finding | None:
             )
         )
     return Finding(
-        "creeping-leak",
+        Verdict.CREEPING_LEAK,
         0.8 if strong and growing else 0.65,
         f"{human(old)} allocated in earlier steps' forward or backward was still alive at the OOM in step {ctx.target_step}: something keeps each step's tensors (a loss kept with its graph, a list of outputs).",
         tuple(evidence),
@@ -376,7 +382,7 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
         for b in ctx.live_blocks
         if b.alloc_index is not None
         and last_training < b.alloc_index < current.first_index
-        and b.component in ("activations", "temporaries")
+        and b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
     ]
     return forwards, kept, last_training
 
@@ -396,7 +402,7 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     largest = max(kept, key=lambda b: b.size_bytes)
     after = "the last backward" if last_training >= 0 else "the start of the trace"
     return Finding(
-        "inference-with-grad",
+        Verdict.INFERENCE_WITH_GRAD,
         0.75,
         f"{len(forwards)} forward passes ran since {after} with no backward, and {human(kept_bytes)} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph.",
         (
@@ -430,18 +436,18 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     first_step_optimizer = ctx.target_phase == PHASE_OPTIMIZER and step == 0
     if first_step_optimizer:
         return Finding(
-            "optimizer-state-buildup",
+            Verdict.OPTIMIZER_STATE_BUILDUP,
             0.8,
             f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(optimizer_state)} of state so far on top of {human(parameters)} of parameters and {human(gradients)} of gradients.",
             (
-                _component_evidence(ctx, "optimizer state alive at the OOM", "optimizer_state"),
+                _component_evidence(ctx, "optimizer state alive at the OOM", Component.OPTIMIZER_STATE),
                 Evidence("OOM during step 0's optimizer step", "target_step", None, ctx.target_index, value=step),
-                _component_evidence(ctx, "temporaries (foreach buffers)", "temporaries"),
+                _component_evidence(ctx, "temporaries (foreach buffers)", Component.TEMPORARIES),
             ),
         )
     if step < 1 or optimizer_state <= 0:
         return None
-    activations_now = ctx.components.get("activations", 0)
+    activations_now = ctx.components.get(Component.ACTIVATIONS, 0)
     earlier_peak = _earlier_activation_peak(ctx)
     growth = activations_now - earlier_peak
     if earlier_peak and ctx.target_phase != PHASE_OPTIMIZER and growth > 0.1 * earlier_peak and growth >= ctx.missing:
@@ -449,13 +455,13 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     if optimizer_state < ctx.missing:
         return None
     return Finding(
-        "optimizer-state-buildup",
+        Verdict.OPTIMIZER_STATE_BUILDUP,
         0.7,
         f"Step {step} failed with {human(optimizer_state)} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline.",
         (
-            _component_evidence(ctx, "optimizer state alive at the OOM", "optimizer_state"),
+            _component_evidence(ctx, "optimizer state alive at the OOM", Component.OPTIMIZER_STATE),
             Evidence("peak activations of earlier steps", "earlier_peak_activation_bytes", earlier_peak),
-            _component_evidence(ctx, "activations at the OOM", "activations"),
+            _component_evidence(ctx, "activations at the OOM", Component.ACTIVATIONS),
             _missing_evidence(ctx),
         ),
     )
@@ -469,25 +475,27 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     kept = {
         b.address: b
         for b in ctx.live_blocks
-        if b.component in ("activations", "temporaries")
+        if b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
         and b.step is not None
         and ctx.target_step is not None
         and b.step < ctx.target_step
     }
     kept.update((b.address, b) for b in _kept_from_earlier_passes(ctx)[1])
-    kept_activations = sum(b.size_bytes for b in kept.values() if b.component == "activations")
-    activations = c.get("activations", 0) - kept_activations
-    temporaries = c.get("temporaries", 0) - sum(b.size_bytes for b in kept.values() if b.component == "temporaries")
+    kept_activations = sum(b.size_bytes for b in kept.values() if b.component == Component.ACTIVATIONS)
+    activations = c.get(Component.ACTIVATIONS, 0) - kept_activations
+    temporaries = c.get(Component.TEMPORARIES, 0) - sum(
+        b.size_bytes for b in kept.values() if b.component == Component.TEMPORARIES
+    )
     allocated = ctx.accounting.allocated_bytes or 1
-    others = max([v for k, v in c.items() if k not in ("activations",)] + [kept_activations])
+    others = max([v for k, v in c.items() if k not in (Component.ACTIVATIONS,)] + [kept_activations])
     if activations + temporaries < 0.3 * allocated and activations < others:
         return None
     step = ctx.target_step or 0
     earlier_peak = _earlier_activation_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
     evidence = [
-        _component_evidence(ctx, "live activations at the OOM", "activations"),
-        _component_evidence(ctx, "live temporaries at the OOM", "temporaries"),
+        _component_evidence(ctx, "live activations at the OOM", Component.ACTIVATIONS),
+        _component_evidence(ctx, "live temporaries at the OOM", Component.TEMPORARIES),
     ]
     if kept:
         evidence.append(
@@ -512,7 +520,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
         if spike
         else f"Activations of the {ctx.target_phase} pass ({human(activations)}) dominate live memory: the batch or sequence is too large for this device."
     )
-    return Finding("activation-spike", 0.8 if spike else 0.6, text, tuple(evidence))
+    return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.6, text, tuple(evidence))
 
 
 def _guess_outside_without_total(ctx: Context) -> Finding | None:
@@ -522,7 +530,7 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
     if ctx.oom is None or ctx.accounting.device_total_bytes is not None or capacity is None or capacity >= GIB:
         return None
     return Finding(
-        "outside-pytorch",
+        Verdict.OUTSIDE_PYTORCH,
         0.3,
         f"PyTorch could use only {human(capacity)} of this device (reserved + free at the OOM). A plain snapshot does not record the device's size, but no CUDA GPU is that small: most of it was probably held outside PyTorch.",
         (
@@ -552,7 +560,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
     if ctx.oom is None:
         peak = ctx.accounting.allocated_bytes
         primary = Finding(
-            "no-oom",
+            Verdict.NO_OOM,
             0.9,
             f"No out-of-memory event was recorded on this device; the figures describe the {'peak' if ctx.target_index is not None else 'dump'} ({human(peak)} allocated).",
             (
@@ -571,7 +579,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             return guess, ()
         return (
             Finding(
-                "unknown",
+                Verdict.UNKNOWN,
                 0.2,
                 "The OOM does not match any known pattern with the data this dump holds.",
                 (Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),),
@@ -623,7 +631,7 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
         largest = ctx.fragmentation.largest_usable_free_block_bytes
         limit = placement_limit(ctx.request, largest, ctx.accounting.device_free_bytes, ctx.large_segment_bytes)
     first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
-    if ctx.oom is None or not ctx.capacity_bytes or not ("model-states-too-large" in verdicts or first_step):
+    if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
         return Requirement(shortfall, placement_limit=limit)
     states_now = sum(_states(ctx))
     states_needed, _, _ = _projected_parts(ctx)
@@ -647,12 +655,12 @@ def recommend(
     if need is None:
         need = requirement(ctx, verdicts)
     c = ctx.components
-    activations = c.get("activations", 0)
+    activations = c.get(Component.ACTIVATIONS, 0)
     parameters, gradients, optimizer_state, _ = _states(ctx)
     seen = ctx.phases_seen()
     training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
     found: list[Recommendation] = []
-    if verdicts == {"no-oom"}:
+    if verdicts == {Verdict.NO_OOM}:
         return ()
     scalable = what_if.scalable_bytes if what_if is not None else ctx.scalable_bytes
     needed = need.needed_bytes
@@ -687,16 +695,16 @@ def recommend(
     if (
         activations
         and training
-        and "inference-with-grad" not in verdicts
+        and Verdict.INFERENCE_WITH_GRAD not in verdicts
         and verdicts
         & {
-            "activation-spike",
-            "optimizer-state-buildup",
-            "creeping-leak",
-            "oversized-request",
-            "unknown",
-            "no-oom",
-            "gradients-kept",
+            Verdict.ACTIVATION_SPIKE,
+            Verdict.OPTIMIZER_STATE_BUILDUP,
+            Verdict.CREEPING_LEAK,
+            Verdict.OVERSIZED_REQUEST,
+            Verdict.UNKNOWN,
+            Verdict.NO_OOM,
+            Verdict.GRADIENTS_KEPT,
         }
     ):
         saved = int(activations * 0.7)
@@ -707,7 +715,9 @@ def recommend(
             scale=scale_after(saved),
         )
     if scalable:
-        if training and "inference-with-grad" not in verdicts:  # an evaluation pass has no gradients to accumulate
+        if (
+            training and Verdict.INFERENCE_WITH_GRAD not in verdicts
+        ):  # an evaluation pass has no gradients to accumulate
             text = "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
             add("smaller-micro-batch", text, scalable // 2, scale=0.5)
         else:
@@ -717,7 +727,7 @@ def recommend(
                 scalable // 2,
                 scale=0.5,
             )
-    if "optimizer-state-buildup" in verdicts or "model-states-too-large" in verdicts:
+    if Verdict.OPTIMIZER_STATE_BUILDUP in verdicts or Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         _, projected_state, _ = _projected_parts(ctx)
         add(
             "eight-bit-optimizer",
@@ -726,7 +736,7 @@ def recommend(
             projected_state * 3 // 4,
         )
         step_temporaries = sum(
-            b.size_bytes for b in ctx.live_blocks if b.component == "temporaries" and b.phase == PHASE_OPTIMIZER
+            b.size_bytes for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER
         )
         if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
             add(
@@ -734,55 +744,57 @@ def recommend(
                 "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.",
                 step_temporaries,
             )
-    if "gradients-kept" in verdicts:
-        old, _, _ = ctx.old_bytes(("gradients",))
+    if Verdict.GRADIENTS_KEPT in verdicts:
+        old, _, _ = ctx.old_bytes((Component.GRADIENTS,))
         add(
             "zero-grad-set-to-none",
             "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.",
             old,
         )
-    if "creeping-leak" in verdicts:
-        old, _, _ = ctx.old_bytes(("activations", "temporaries", "inputs"))
+    if Verdict.CREEPING_LEAK in verdicts:
+        old, _, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
         add(
             "free-kept-tensors",
             "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.",
             old,
         )
-    if "fragmentation" in verdicts and ctx.expandable_on is not True:
+    if Verdict.FRAGMENTATION in verdicts and ctx.expandable_on is not True:
         add(
             "expandable-segments",
             "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range.",
             ctx.fragmentation.usable_free_bytes,
         )
-    if "inference-with-grad" in verdicts:
+    if Verdict.INFERENCE_WITH_GRAD in verdicts:
         kept = sum(
             b.size_bytes
             for b in ctx.live_blocks
-            if b.component in ("activations", "temporaries") and b.alloc_index is not None and b.step == ctx.target_step
+            if b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
+            and b.alloc_index is not None
+            and b.step == ctx.target_step
         )
         add(
             "no-grad",
             "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.",
             kept * 0.9,
         )
-    if "model-states-too-large" in verdicts:
+    if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         states = parameters + gradients + optimizer_state
         states_needed, _, _ = _projected_parts(ctx)
-        buffers = c.get("buffers", 0)
+        buffers = c.get(Component.BUFFERS, 0)
         add(
             "shard-model-states",
             "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.",
             states // 2,
             (states_needed - buffers) // 2,
         )
-    if "oversized-request" in verdicts:
+    if Verdict.OVERSIZED_REQUEST in verdicts:
         add(
             "chunk-large-op",
             "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.",
             ctx.request * 3 // 4,
             request_scale=0.25,
         )
-    if "outside-pytorch" in verdicts and ctx.accounting.non_pytorch_bytes:
+    if Verdict.OUTSIDE_PYTORCH in verdicts and ctx.accounting.non_pytorch_bytes:
         add(
             "free-other-processes",
             "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
