@@ -8,7 +8,7 @@ import re
 import orjson
 import pytest
 
-from oomdoctor.analysis.diagnosis import human
+from oomdoctor.units import human_size as human
 from oomdoctor.views.markdown_report import COMPONENT_LABELS
 from tests.golden.update import FORMATS, GOLDEN_FIXTURES, HERE, REDACTED_FIXTURE, expected_reports
 

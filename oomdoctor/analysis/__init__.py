@@ -17,7 +17,7 @@ evidence, recommendations and a what-if for the batch size. No I/O, no printing.
     replayer(snapshot, device).state_at(i)  # EventState after event i: live blocks, segment layout
 
 The verdict set and each verdict's test are documented in docs/verdicts.md, with the requirement
-(`diagnosis.requirement`: shortfall at the OOM, projected model states, placement failures) that the
+(`recommendations.requirement`: shortfall at the OOM, projected model states, placement failures) that the
 recommendations' "would fit on its own" and the what-if are both judged against.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
-from oomdoctor.analysis.diagnosis import Context, diagnose, recommend, requirement
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
+from oomdoctor.analysis.recommendations import recommend, requirement
 from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
@@ -41,6 +41,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
 from oomdoctor.analysis.timeline import Replayer
+from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot

@@ -6,7 +6,7 @@ forward or backward made it). It is the first-order answer a user needs to pick 
 simulation. At an OOM it is calibrated on the OOM itself: at 1.00x it falls short by exactly what
 the failed request lacked (cached memory the request could not use counts as fixed), so the model
 never says that the batch which failed would fit. When the verdict projects the model states at
-full size, the fixed part is at least what they need (see `diagnosis.requirement`).
+full size, the fixed part is at least what they need (see `recommendations.requirement`).
 """
 
 from __future__ import annotations

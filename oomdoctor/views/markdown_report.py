@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 
-from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.safetext import printable
+from oomdoctor.units import human_size as human
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     component_rows,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from oomdoctor.analysis.diagnosis import human
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.safetext import printable
+from oomdoctor.units import human_size as human
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     component_rows,

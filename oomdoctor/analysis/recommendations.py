@@ -1,0 +1,233 @@
+"""What to change, ranked by the bytes each change saves, with "would fit on its own" judged
+against what the run lacked (`Requirement`). Reads the same `Context` as the verdict tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomdoctor.analysis.results import (
+    PHASE_BACKWARD,
+    PHASE_OPTIMIZER,
+    Recommendation,
+    WhatIf,
+)
+from oomdoctor.analysis.verdicts import Context, model_states, projected_parts
+from oomdoctor.analysis.whatif import placement_limit
+from oomdoctor.units import GIB
+from oomdoctor.vocabulary import Component, Verdict
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What the run lacked, which every "would fit on its own" and the what-if are judged against.
+
+    `shortfall_bytes`: what the failed request lacked at the OOM (`Context.shortfall`).
+    `projected_need_bytes`: when the model states are projected at full size (an OOM inside the first
+    optimizer step, or `model-states-too-large`), what the run needs to get through: the projected
+    model states, everything else live at the OOM, and the request when it grows with the batch.
+    `projected_gap_bytes` is how far that is above the capacity. `placement_limit`, when the free
+    bytes added up to the request but no place could take it: the largest fraction of the request
+    that fits today's largest usable free block or free device memory (`whatif.placement_limit`).
+    """
+
+    shortfall_bytes: int | None
+    projected_need_bytes: int | None = None
+    projected_gap_bytes: int = 0
+    placement_limit: float | None = None  # a placement failure: the largest request scale that finds a place
+
+    @property
+    def projecting(self) -> bool:
+        return self.projected_need_bytes is not None
+
+    @property
+    def needed_bytes(self) -> int | None:
+        if self.shortfall_bytes is None:
+            return None
+        return max(self.shortfall_bytes, self.projected_gap_bytes)
+
+    def covered_by(self, saved_now_bytes: int, saved_projected_bytes: int) -> bool | None:
+        """Whether a change saving these bytes at the OOM and of the projected need would have let the run fit."""
+        if self.shortfall_bytes is None:
+            return None
+        return saved_now_bytes >= self.shortfall_bytes and saved_projected_bytes >= self.projected_gap_bytes
+
+
+def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
+    shortfall = ctx.shortfall()
+    limit = None
+    if ctx.placement_failure() and ctx.request:
+        largest = ctx.fragmentation.largest_usable_free_block_bytes
+        limit = placement_limit(ctx.request, largest, ctx.accounting.device_free_bytes, ctx.large_segment_bytes)
+    first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
+    if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
+        return Requirement(shortfall, placement_limit=limit)
+    states_now = sum(model_states(ctx))
+    states_needed, _, _ = projected_parts(ctx)
+    if states_needed <= states_now:
+        return Requirement(shortfall, placement_limit=limit)
+    others = sum(ctx.components.values()) - states_now
+    need = states_needed + others + (ctx.request if ctx.request_scales else 0)
+    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit)
+
+
+def recommend(
+    ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None
+) -> tuple[Recommendation, ...]:
+    """Ranked changes, each with the bytes it saves and whether it alone would have let the run fit.
+
+    "Would fit" means covering `need` (the shortfall at the OOM and, when the model states are
+    projected, the projected need too); a change that only shrinks the batch must also fit in the
+    what-if at the scale it implies, so the two sections of a report never disagree. A change that
+    would save under 1% of what was needed is left out.
+    """
+    if need is None:
+        need = requirement(ctx, verdicts)
+    c = ctx.components
+    activations = c.get(Component.ACTIVATIONS, 0)
+    parameters, gradients, optimizer_state, _ = model_states(ctx)
+    seen = ctx.phases_seen()
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
+    found: list[Recommendation] = []
+    if verdicts == {Verdict.NO_OOM}:
+        return ()
+    scalable = what_if.scalable_bytes if what_if is not None else ctx.scalable_bytes
+    needed = need.needed_bytes
+
+    def add(
+        rec_id: str,
+        text: str,
+        saved: float,
+        saved_projected: float | None = None,
+        scale: float | None = None,
+        request_scale: float | None = None,
+    ) -> None:
+        """`scale`: the batch scale the change amounts to (checked against the what-if);
+        `request_scale`: the fraction of the failed request that remains (a placement failure fits
+        when that fraction finds a place)."""
+        saved_now = int(saved)
+        projected = saved_now if saved_projected is None else int(saved_projected)
+        shown = projected if need.projecting else saved_now
+        if shown <= 0 or (needed is not None and shown * 100 < needed):
+            return
+        fits = need.covered_by(saved_now, projected)
+        if fits is False and request_scale is not None and need.placement_limit is not None:
+            fits = request_scale <= need.placement_limit and projected >= need.projected_gap_bytes
+        if fits and scale is not None:
+            fits = what_if is not None and what_if.fits_at(scale) is True
+        found.append(Recommendation(rec_id, text, shown, fits))
+
+    def scale_after(saved_bytes: float) -> float | None:
+        """The batch scale whose what-if peak is this saving below today's."""
+        return 1 - saved_bytes / scalable if scalable else None
+
+    if (
+        activations
+        and training
+        and Verdict.INFERENCE_WITH_GRAD not in verdicts
+        and verdicts
+        & {
+            Verdict.ACTIVATION_SPIKE,
+            Verdict.OPTIMIZER_STATE_BUILDUP,
+            Verdict.CREEPING_LEAK,
+            Verdict.OVERSIZED_REQUEST,
+            Verdict.UNKNOWN,
+            Verdict.NO_OOM,
+            Verdict.GRADIENTS_KEPT,
+        }
+    ):
+        saved = int(activations * 0.7)
+        add(
+            "activation-checkpointing",
+            "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.",
+            saved,
+            scale=scale_after(saved),
+        )
+    if scalable:
+        if (
+            training and Verdict.INFERENCE_WITH_GRAD not in verdicts
+        ):  # an evaluation pass has no gradients to accumulate
+            text = "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
+            add("smaller-micro-batch", text, scalable // 2, scale=0.5)
+        else:
+            add(
+                "smaller-batch",
+                "Halve the batch (or process the input in chunks): half the activations, inputs and forward/backward temporaries.",
+                scalable // 2,
+                scale=0.5,
+            )
+    if Verdict.OPTIMIZER_STATE_BUILDUP in verdicts or Verdict.MODEL_STATES_TOO_LARGE in verdicts:
+        _, projected_state, _ = projected_parts(ctx)
+        add(
+            "eight-bit-optimizer",
+            "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.",
+            optimizer_state * 3 // 4,
+            projected_state * 3 // 4,
+        )
+        step_temporaries = sum(
+            b.size_bytes for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER
+        )
+        if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
+            add(
+                "foreach-false",
+                "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.",
+                step_temporaries,
+            )
+    if Verdict.GRADIENTS_KEPT in verdicts:
+        old, _, _ = ctx.old_bytes((Component.GRADIENTS,))
+        add(
+            "zero-grad-set-to-none",
+            "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.",
+            old,
+        )
+    if Verdict.CREEPING_LEAK in verdicts:
+        old, _, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
+        add(
+            "free-kept-tensors",
+            "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.",
+            old,
+        )
+    if Verdict.FRAGMENTATION in verdicts and ctx.expandable_on is not True:
+        add(
+            "expandable-segments",
+            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range.",
+            ctx.fragmentation.usable_free_bytes,
+        )
+    if Verdict.INFERENCE_WITH_GRAD in verdicts:
+        kept = sum(
+            b.size_bytes
+            for b in ctx.live_blocks
+            if b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
+            and b.alloc_index is not None
+            and b.step == ctx.target_step
+        )
+        add(
+            "no-grad",
+            "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.",
+            kept * 0.9,
+        )
+    if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
+        states = parameters + gradients + optimizer_state
+        states_needed, _, _ = projected_parts(ctx)
+        buffers = c.get(Component.BUFFERS, 0)
+        add(
+            "shard-model-states",
+            "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.",
+            states // 2,
+            (states_needed - buffers) // 2,
+        )
+    if Verdict.OVERSIZED_REQUEST in verdicts:
+        add(
+            "chunk-large-op",
+            "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.",
+            ctx.request * 3 // 4,
+            request_scale=0.25,
+        )
+    if Verdict.OUTSIDE_PYTORCH in verdicts and ctx.accounting.non_pytorch_bytes:
+        add(
+            "free-other-processes",
+            "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
+            ctx.accounting.non_pytorch_bytes - min(GIB // 2, (ctx.accounting.device_total_bytes or 0) // 10),
+        )
+    found.sort(key=lambda r: -r.estimated_saved_bytes)
+    return tuple(found)
