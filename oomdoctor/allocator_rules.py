@@ -7,7 +7,7 @@ settings, or the simulator's parsed configuration).
 
 from __future__ import annotations
 
-MIB = 1024 * 1024
+from oomdoctor.units import MIB
 
 MIN_BLOCK_BYTES = 512  # kMinBlockSize
 SMALL_REQUEST_BYTES = 1 * MIB  # kSmallSize: the largest request served by the small pool

@@ -23,10 +23,10 @@ from oomdoctor.allocator_rules import (  # noqa: F401
 )
 from oomdoctor.allocator_rules import round_size as _round_size
 from oomdoctor.allocator_rules import roundup_power2_next_division as _roundup_power2_next_division  # noqa: F401
-from oomdoctor.units import format_size  # noqa: F401  (c10's format_size)
-
-MiB = 1024 * 1024
-GIB = 1024 * MiB
+from oomdoctor.units import (
+    MIB,
+    format_size,  # noqa: F401  (c10's format_size)
+)
 
 ROUNDUP_INTERVALS = 16  # power-of-two intervals from 1 MiB, the last one open-ended
 UNLIMITED = (1 << 64) - 1  # SIZE_MAX, what torch stores for "no max_split_size"
@@ -170,19 +170,19 @@ def parse_alloc_conf(text: str) -> AllocatorConfig:
         tokens.expect(":", f"key {key}")
         if key == "max_split_size_mb":
             value = tokens.take_int(key)
-            if value < LARGE_SEGMENT_BYTES // MiB:
+            if value < LARGE_SEGMENT_BYTES // MIB:
                 raise AllocatorConfigError("max_split_size_mb too small, must be >= 20")
-            config.max_split_size_bytes = value * MiB
+            config.max_split_size_bytes = value * MIB
         elif key == "max_non_split_rounding_mb":
             value = tokens.take_int(key)
-            if value < LARGE_SEGMENT_BYTES // MiB:
+            if value < LARGE_SEGMENT_BYTES // MIB:
                 raise AllocatorConfigError("max_non_split_rounding_mb too small, must be >= 20")
-            config.max_non_split_rounding_bytes = value * MiB
+            config.max_non_split_rounding_bytes = value * MIB
         elif key == "large_segment_size_mb":
             value = tokens.take_int(key)
-            if value <= MIN_LARGE_ALLOC_BYTES // MiB:
+            if value <= MIN_LARGE_ALLOC_BYTES // MIB:
                 raise AllocatorConfigError("large_segment_size_mb must be larger than 10")
-            config.large_segment_size_bytes = value * MiB
+            config.large_segment_size_bytes = value * MIB
         elif key == "garbage_collection_threshold":
             value = tokens.take_float(key)
             if not 0.0 < value < 1.0:
@@ -212,9 +212,9 @@ def parse_alloc_conf(text: str) -> AllocatorConfig:
         elif key == "pinned_num_register_threads":
             config.pinned_num_register_threads = tokens.take_int(key)
         elif key == "pinned_max_round_threshold_mb":
-            config.pinned_max_round_threshold_bytes = tokens.take_int(key) * MiB
+            config.pinned_max_round_threshold_bytes = tokens.take_int(key) * MIB
         elif key == "pinned_max_cached_size_mb":
-            config.pinned_max_cached_size_bytes = tokens.take_int(key) * MiB
+            config.pinned_max_cached_size_bytes = tokens.take_int(key) * MIB
         else:
             raise AllocatorConfigError(f"unrecognized allocator config key '{key}'")
         if tokens.peek() is not None:
