@@ -1,18 +1,22 @@
 """The `oomdoctor` command line: parse arguments, hand to one verb, turn errors into exit codes.
 
 Each verb lives in `oomdoctor/commands/<verb>.py` and exposes `add_arguments(parser)` and
-`run(args) -> int`; its module docstring is its `--help`. `main(argv)` is what tests call.
+`run(args) -> int`; its module docstring is its `--help`. VERBS lists them, imported explicitly: a
+verb module that is missing or broken fails the import of the CLI, never silently drops the verb.
+`main(argv)` is what tests call.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from oomdoctor import __version__
+from oomdoctor.commands import demo, explain, info, redact, rehearse, report
+from oomdoctor.commands import open as open_verb
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
 from oomdoctor.safetext import printable
 
@@ -20,20 +24,16 @@ DEBUG_ENV = "OOMDOCTOR_DEBUG"  # "1": an unforeseen exception shows its tracebac
 # An error is one line: what comes from the file in it (a global's name, keys) is escaped and cut.
 ERROR_LIMIT = 1000
 
-VERBS = ("open", "report", "info", "explain", "diff", "redact", "demo", "rehearse")
-
-
-def _available_verbs() -> list[tuple[str, object]]:
-    found = []
-    for verb in VERBS:
-        try:
-            module = importlib.import_module(f"oomdoctor.commands.{verb}")
-        except ModuleNotFoundError as error:
-            if error.name == f"oomdoctor.commands.{verb}":
-                continue
-            raise
-        found.append((verb, module))
-    return found
+# (name, module) in the order `oomdoctor --help` lists them
+VERBS: tuple[tuple[str, ModuleType], ...] = (
+    ("open", open_verb),
+    ("report", report),
+    ("info", info),
+    ("explain", explain),
+    ("redact", redact),
+    ("demo", demo),
+    ("rehearse", rehearse),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"oomdoctor {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="COMMAND")
-    for verb, module in _available_verbs():
+    for verb, module in VERBS:
         doc = (module.__doc__ or "").strip()
         summary = doc.splitlines()[0] if doc else verb
         sub = subparsers.add_parser(
