@@ -12,10 +12,22 @@ from oomdoctor.analysis.results import (
     Recommendation,
     WhatIf,
 )
-from oomdoctor.analysis.verdicts import Context, model_states, projected_parts
+from oomdoctor.analysis.verdicts import (
+    CUDA_CONTEXT_ALLOWANCE_BYTES,
+    CUDA_CONTEXT_ALLOWANCE_PART,
+    Context,
+    model_states,
+    projected_parts,
+)
 from oomdoctor.analysis.whatif import placement_limit
-from oomdoctor.units import GIB
 from oomdoctor.vocabulary import Component, Verdict
+
+# What each change is estimated to save (the what-if checks the batch scale it implies).
+NEGLIGIBLE_SAVING_PART = 100  # a change saving under 1/100 of what is needed is not shown
+CHECKPOINTING_SAVES = 0.7  # of live activations, checkpointing the largest blocks
+EIGHT_BIT_SAVES_OF_FOUR = 3  # an 8-bit optimizer keeps about a quarter of the state: saves 3/4
+NO_GRAD_SAVES = 0.9  # of the activations a grad-mode evaluation pass keeps
+CHUNKING_SAVES_OF_FOUR = 3  # computing an oversized op in chunks of a quarter saves 3/4 of the request
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ def recommend(
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
-        if shown <= 0 or (needed is not None and shown * 100 < needed):
+        if shown <= 0 or (needed is not None and shown * NEGLIGIBLE_SAVING_PART < needed):
             return
         fits = need.covered_by(saved_now, projected)
         if fits is False and request_scale is not None and need.placement_limit is not None:
@@ -136,7 +148,7 @@ def recommend(
             Verdict.GRADIENTS_KEPT,
         }
     ):
-        saved = int(activations * 0.7)
+        saved = int(activations * CHECKPOINTING_SAVES)
         add(
             "activation-checkpointing",
             "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.",
@@ -161,8 +173,8 @@ def recommend(
         add(
             "eight-bit-optimizer",
             "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.",
-            optimizer_state * 3 // 4,
-            projected_state * 3 // 4,
+            optimizer_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
+            projected_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
         )
         step_temporaries = sum(
             b.size_bytes for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER
@@ -204,7 +216,7 @@ def recommend(
         add(
             "no-grad",
             "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.",
-            kept * 0.9,
+            kept * NO_GRAD_SAVES,
         )
     if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         states = parameters + gradients + optimizer_state
@@ -220,14 +232,17 @@ def recommend(
         add(
             "chunk-large-op",
             "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.",
-            ctx.request * 3 // 4,
-            request_scale=0.25,
+            ctx.request * CHUNKING_SAVES_OF_FOUR // 4,
+            request_scale=(4 - CHUNKING_SAVES_OF_FOUR) / 4,
         )
     if Verdict.OUTSIDE_PYTORCH in verdicts and ctx.accounting.non_pytorch_bytes:
         add(
             "free-other-processes",
             "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
-            ctx.accounting.non_pytorch_bytes - min(GIB // 2, (ctx.accounting.device_total_bytes or 0) // 10),
+            ctx.accounting.non_pytorch_bytes
+            - min(
+                CUDA_CONTEXT_ALLOWANCE_BYTES, (ctx.accounting.device_total_bytes or 0) // CUDA_CONTEXT_ALLOWANCE_PART
+            ),
         )
     found.sort(key=lambda r: -r.estimated_saved_bytes)
     return tuple(found)

@@ -31,6 +31,24 @@ from oomdoctor.units import GIB, MIB
 from oomdoctor.units import human_size as human
 from oomdoctor.vocabulary import Component, Verdict
 
+# The thresholds of the tests. A "_PART" is a divisor: at least total // PART.
+OUTSIDE_MIN_PART = 4  # memory outside PyTorch: at least a quarter of the device
+OUTSIDE_STRONG_PART = 3  # a third or more: the higher confidence
+CUDA_CONTEXT_ALLOWANCE_BYTES = GIB // 2  # what the CUDA context and libraries may take by themselves,
+CUDA_CONTEXT_ALLOWANCE_PART = 10  # but no more than a tenth of the device
+MODEL_STATES_CAPACITY_SHARE = 0.95  # model states at full size need this share of the capacity or more
+OVERSIZED_PART = 2  # one request of half the capacity,
+OVERSIZED_IF_LARGEST_PART = 4  # or of a quarter when it is larger than all transient memory together
+GRADIENTS_KEPT_MIN_PART = 4  # old gradients: at least a quarter of the parameters
+LEAK_MIN_STEPS = 2  # earlier steps (or steps of growth) that must leave memory behind
+LEAK_MIN_PART = 10  # what they left: a tenth of the capacity, or the whole shortfall
+LEAK_STEP_GROWTH_BYTES = MIB  # end-of-step growth below this is noise
+KEPT_GRAPH_MIN_PART = 10  # earlier forward passes' activations: a tenth of the capacity, or the shortfall
+SPIKE_OVER_STATE_GROWTH = 0.1  # activations above the earlier peak by this share: a spike, not new state
+ACTIVATIONS_MIN_SHARE = 0.3  # activations and temporaries at least this share of allocated (or the largest)
+SPIKE_RATIO = 1.2  # activations this many times the earlier steps' peak: a spike
+SMALLEST_GPU_BYTES = GIB  # no CUDA GPU has less: a capacity below it means memory was held outside
+
 
 @dataclass
 class Context:
@@ -184,12 +202,12 @@ def _test_outside(ctx: Context) -> Finding | None:
     total = ctx.accounting.device_total_bytes
     if ctx.oom is None or outside is None or not total:
         return None
-    context_allowance = min(GIB // 2, total // 10)
-    if outside < total // 4 or outside - context_allowance < ctx.missing:
+    context_allowance = min(CUDA_CONTEXT_ALLOWANCE_BYTES, total // CUDA_CONTEXT_ALLOWANCE_PART)
+    if outside < total // OUTSIDE_MIN_PART or outside - context_allowance < ctx.missing:
         return None
     return Finding(
         Verdict.OUTSIDE_PYTORCH,
-        0.85 if outside >= total // 3 else 0.7,
+        0.85 if outside >= total // OUTSIDE_STRONG_PART else 0.7,
         f"{human(outside)} of the device's {human(total)} was held outside PyTorch (other processes, NCCL or the CUDA context); without it the {human(ctx.request)} request fits.",
         (
             Evidence("memory outside PyTorch = total − free − reserved", "non_pytorch_bytes", outside),
@@ -204,7 +222,7 @@ def _test_model_states(ctx: Context) -> Finding | None:
     if ctx.oom is None or not capacity:
         return None
     needed, note = _projected_states(ctx)
-    if needed < 0.95 * capacity:
+    if needed < MODEL_STATES_CAPACITY_SHARE * capacity:
         return None
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     return Finding(
@@ -252,7 +270,10 @@ def _test_oversized(ctx: Context) -> Finding | None:
     c = ctx.components
     transient = c.get(Component.ACTIVATIONS, 0) + c.get(Component.TEMPORARIES, 0) + c.get(Component.INPUTS, 0)
     request = ctx.request
-    if not (request >= capacity // 2 or (request >= capacity // 4 and request > transient)):
+    if not (
+        request >= capacity // OVERSIZED_PART
+        or (request >= capacity // OVERSIZED_IF_LARGEST_PART and request > transient)
+    ):
         return None
     return Finding(
         Verdict.OVERSIZED_REQUEST,
@@ -277,7 +298,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
         return None
     old, steps, largest = ctx.old_bytes((Component.GRADIENTS,))
     parameters = ctx.components.get(Component.PARAMETERS, 0)
-    if old <= 0 or (parameters and old < parameters // 4) or old < ctx.missing:
+    if old <= 0 or (parameters and old < parameters // GRADIENTS_KEPT_MIN_PART) or old < ctx.missing:
         return None
     no_zero_grad = PHASE_ZERO_GRAD not in ctx.phases_seen()
     return Finding(
@@ -311,8 +332,8 @@ def _test_leak(ctx: Context) -> Finding | None:
     old, steps, largest = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
     capacity = ctx.capacity_bytes or 0
     growth = _end_of_step_growth(ctx.steps)
-    strong = old > 0 and len(steps) >= 2 and (old >= capacity // 10 or old >= ctx.missing)
-    growing = growth is not None and growth[0] >= 2 and growth[1] > 0 and old > 0 and old >= ctx.missing
+    strong = old > 0 and len(steps) >= LEAK_MIN_STEPS and (old >= capacity // LEAK_MIN_PART or old >= ctx.missing)
+    growing = growth is not None and growth[0] >= LEAK_MIN_STEPS and growth[1] > 0 and old > 0 and old >= ctx.missing
     if not (strong or growing):
         return None
     evidence = [
@@ -349,7 +370,7 @@ def _end_of_step_growth(steps: Sequence[StepSummary]) -> tuple[int, int] | None:
     deltas = []
     for before, after in zip(completed, completed[1:]):
         delta = after.end_allocated_bytes - before.end_allocated_bytes
-        if delta > MIB:
+        if delta > LEAK_STEP_GROWTH_BYTES:
             run += 1
             deltas.append(delta)
         else:
@@ -393,7 +414,7 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     current = forwards[-1]
     kept_bytes = sum(b.size_bytes for b in kept)
     capacity = ctx.capacity_bytes or 0
-    if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // 10):
+    if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // KEPT_GRAPH_MIN_PART):
         return None
     largest = max(kept, key=lambda b: b.size_bytes)
     after = "the last backward" if last_training >= 0 else "the start of the trace"
@@ -446,7 +467,12 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     activations_now = ctx.components.get(Component.ACTIVATIONS, 0)
     earlier_peak = _earlier_activation_peak(ctx)
     growth = activations_now - earlier_peak
-    if earlier_peak and ctx.target_phase != PHASE_OPTIMIZER and growth > 0.1 * earlier_peak and growth >= ctx.missing:
+    if (
+        earlier_peak
+        and ctx.target_phase != PHASE_OPTIMIZER
+        and growth > SPIKE_OVER_STATE_GROWTH * earlier_peak
+        and growth >= ctx.missing
+    ):
         return None  # this step's extra activations alone explain the OOM: a spike, not the new state
     if optimizer_state < ctx.missing:
         return None
@@ -484,7 +510,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     )
     allocated = ctx.accounting.allocated_bytes or 1
     others = max([v for k, v in c.items() if k not in (Component.ACTIVATIONS,)] + [kept_activations])
-    if activations + temporaries < 0.3 * allocated and activations < others:
+    if activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others:
         return None
     step = ctx.target_step or 0
     earlier_peak = _earlier_activation_peak(ctx)
@@ -507,7 +533,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
                 f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak
             )
         )
-    spike = ratio is not None and ratio > 1.2
+    spike = ratio is not None and ratio > SPIKE_RATIO
     kept_bytes = sum(b.size_bytes for b in kept.values())
     if not spike and kept_bytes and kept_bytes >= ctx.missing:
         return None  # what earlier steps or passes left alive explains the OOM, not this batch
@@ -523,7 +549,12 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
     """Last resort for a plain snapshot, which does not record the device's size: when PyTorch
     could use less than any CUDA GPU has (reserved + free under 1 GiB), the rest was held outside."""
     capacity = ctx.capacity_bytes
-    if ctx.oom is None or ctx.accounting.device_total_bytes is not None or capacity is None or capacity >= GIB:
+    if (
+        ctx.oom is None
+        or ctx.accounting.device_total_bytes is not None
+        or capacity is None
+        or capacity >= SMALLEST_GPU_BYTES
+    ):
         return None
     return Finding(
         Verdict.OUTSIDE_PYTORCH,
