@@ -36,7 +36,8 @@ _FIT_WORDS = {True: "would fit on its own", False: "not enough on its own", None
 
 
 def phase_words(phase: str) -> str:
-    return phase.replace("_", " ")
+    """'optimizer step' for "optimizer_step"; a phase name a marker brought is shown escaped."""
+    return printable(phase.replace("_", " "))
 
 
 # --- Overview -----------------------------------------------------------------------------------
