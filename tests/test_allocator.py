@@ -7,16 +7,14 @@ import re
 
 import pytest
 
-from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
-from oomdoctor.rehearse.allocator_config import (
+from oomdoctor.allocator_rules import (
     AllocatorConfig,
     AllocatorConfigError,
-    _roundup_power2_next_division,
-    allocation_size,
-    format_size,
     parse_alloc_conf,
-    round_size,
+    roundup_power2_next_division,
 )
+from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
+from oomdoctor.units import format_size
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -53,20 +51,20 @@ def layout(simulator: CachingAllocatorSimulator) -> list[tuple[str, list[tuple[i
     [(1, 512), (511, 512), (512, 512), (513, 1024), (1000, 1024), (MiB, MiB), (MiB + 1, MiB + 512)],
 )
 def test_round_size_to_multiples_of_512(nbytes, rounded):
-    assert round_size(nbytes, AllocatorConfig()) == rounded
+    assert AllocatorConfig().round_size(nbytes) == rounded
 
 
 def test_power2_division_example_of_the_spec():
-    assert _roundup_power2_next_division(1200, 4) == 1280
-    assert _roundup_power2_next_division(2048, 4) == 2048  # powers of two stay
+    assert roundup_power2_next_division(1200, 4) == 1280
+    assert roundup_power2_next_division(2048, 4) == 2048  # powers of two stay
 
 
 def test_power2_divisions_apply_only_above_512_times_divisions():
     config = parse_alloc_conf("roundup_power2_divisions:4")
-    assert round_size(1200, config) == 1536  # 1200 <= 512 * 4: plain 512 rounding
-    assert round_size(5 * MiB + 1, config) == 6 * MiB  # steps of 1 MiB between 4 and 8 MiB
-    assert round_size(4 * MiB, config) == 4 * MiB
-    assert round_size(600 * MiB, config) == 640 * MiB  # steps of 128 MiB between 512 MiB and 1 GiB
+    assert config.round_size(1200) == 1536  # 1200 <= 512 * 4: plain 512 rounding
+    assert config.round_size(5 * MiB + 1) == 6 * MiB  # steps of 1 MiB between 4 and 8 MiB
+    assert config.round_size(4 * MiB) == 4 * MiB
+    assert config.round_size(600 * MiB) == 640 * MiB  # steps of 128 MiB between 512 MiB and 1 GiB
 
 
 def test_power2_division_intervals_and_bracket_syntax():
@@ -131,7 +129,7 @@ def test_settings_dict_has_torch_2_13_keys():
     ],
 )
 def test_allocation_size(rounded, segment):
-    assert allocation_size(rounded, AllocatorConfig()) == segment
+    assert AllocatorConfig().allocation_size(rounded) == segment
 
 
 def test_segments_created_by_malloc():

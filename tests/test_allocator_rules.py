@@ -7,9 +7,14 @@ import sys
 
 import pytest
 
-from oomdoctor.allocator_rules import pool_of, round_size, roundup_power2_next_division, segment_size
+from oomdoctor.allocator_rules import (
+    parse_alloc_conf,
+    pool_of,
+    round_size,
+    roundup_power2_next_division,
+    segment_size,
+)
 from oomdoctor.analysis import sizing
-from oomdoctor.rehearse import allocator_config
 
 MiB = 1024 * 1024
 
@@ -48,12 +53,12 @@ def test_segment_size_and_pool():
 
 
 def test_analysis_and_simulator_agree_where_their_inputs_do():
-    config = allocator_config.parse_alloc_conf("roundup_power2_divisions:[2:2,64:4,>:8],large_segment_size_mb:64")
+    config = parse_alloc_conf("roundup_power2_divisions:[2:2,64:4,>:8],large_segment_size_mb:64")
     table = tuple(sorted((int(k), v) for k, v in config.settings_dict()["roundup_power2_divisions"].items()))
     for size_bytes in (MiB + 1, 3 * MiB + 7, 70 * MiB + 1, 900 * MiB + 3, 5000 * MiB + 1):
         rounded_bytes = sizing.round_size(size_bytes, table)
-        assert rounded_bytes == allocator_config.round_size(size_bytes, config)
-        assert sizing.segment_size(rounded_bytes, 64 * MiB) == allocator_config.allocation_size(rounded_bytes, config)
+        assert rounded_bytes == config.round_size(size_bytes)
+        assert sizing.segment_size(rounded_bytes, 64 * MiB) == config.allocation_size(rounded_bytes)
 
 
 def test_analysis_does_not_import_the_simulator():
@@ -73,11 +78,9 @@ def test_roundup_divisions_of_a_dump():
 
 def test_analysis_rounds_small_requests_with_the_first_interval_like_the_simulator():
     from oomdoctor.analysis.sizing import round_size as analysis_round_size
-    from oomdoctor.rehearse.allocator_config import parse_alloc_conf
-    from oomdoctor.rehearse.allocator_config import round_size as simulator_round_size
 
     config = parse_alloc_conf("roundup_power2_divisions:4")
     divisions = tuple((1 << k, config.roundup_power2_divisions[k]) for k in range(16))
     for size in (600_000, 1_200, 3_000_000, 70 * 2**20, 2**20 + 1):
-        assert analysis_round_size(size, divisions) == simulator_round_size(size, config)
+        assert analysis_round_size(size, divisions) == config.round_size(size)
     assert analysis_round_size(600_000, divisions) == 655_360

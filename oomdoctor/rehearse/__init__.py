@@ -1,11 +1,12 @@
 """Rehearsal: run a training script on CPU against a simulated CUDA caching allocator.
 
-Importing this package imports no torch. The simulator (`allocator`, `allocator_config`,
-`allocator_fidelity`) is pure Python; only the recorder and the session import torch.
+Importing this package imports no torch. The simulator (`allocator`, `allocator_fidelity`) is pure
+Python and takes the allocator's rules and settings from `oomdoctor.allocator_rules`; only the
+recorder and the session import torch.
 """
 
+from oomdoctor.allocator_rules import AllocatorConfigError
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
-from oomdoctor.rehearse.allocator_config import AllocatorConfigError
 
 __all__ = ["CachingAllocatorSimulator", "SimulatedOutOfMemory", "AllocatorConfigError", "current_session"]
 

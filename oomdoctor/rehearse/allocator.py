@@ -24,16 +24,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from oomdoctor.rehearse.allocator_config import (
+from oomdoctor.allocator_rules import (
     MIN_BLOCK_BYTES,
     ROUND_LARGE_BYTES,
     SMALL_REQUEST_BYTES,
     SMALL_SEGMENT_BYTES,
     UNLIMITED,
     AllocatorConfig,
-    allocation_size,
     parse_alloc_conf,
-    round_size,
 )
 from oomdoctor.units import format_size
 
@@ -365,9 +363,9 @@ class CachingAllocatorSimulator:
             return 0  # torch hands out a null pointer without asking the allocator
         context = self._gather(1, frames)
         self._process_events(context)
-        size = round_size(nbytes, self.config)
+        size = self.config.round_size(nbytes)
         pool = self._small if size <= SMALL_REQUEST_BYTES else self._large
-        alloc_bytes = allocation_size(size, self.config)
+        alloc_bytes = self.config.allocation_size(size)
 
         block = self._get_free_block(pool, stream, size)
         if block is None:

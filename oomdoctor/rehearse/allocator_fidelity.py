@@ -45,14 +45,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
+from oomdoctor.allocator_rules import SMALL_REQUEST_BYTES, SMALL_SEGMENT_BYTES, AllocatorConfig, parse_alloc_conf
 from oomdoctor.rehearse.allocator import AddressSpace, CachingAllocatorSimulator, SimulatedOutOfMemory
-from oomdoctor.rehearse.allocator_config import (
-    SMALL_REQUEST_BYTES,
-    SMALL_SEGMENT_BYTES,
-    AllocatorConfig,
-    parse_alloc_conf,
-    round_size,
-)
 
 UNLIMITED_CAPACITY_BYTES = 1 << 40  # 1 TiB: larger than any device in the corpus
 SEGMENT_CREATE_ACTIONS = ("segment_alloc", "segment_map")
@@ -324,7 +318,7 @@ def _pool_events(events: list[Event], pool: str, config: AllocatorConfig) -> lis
             if (event.size == SMALL_SEGMENT_BYTES) == small:
                 kept.append(event)
         elif event.action in ("alloc", "free_requested", "free_completed"):
-            if (round_size(event.size, config) <= SMALL_REQUEST_BYTES) == small:
+            if (config.round_size(event.size) <= SMALL_REQUEST_BYTES) == small:
                 kept.append(event)
         elif event.action == "snapshot":
             kept.append(event)
