@@ -1,4 +1,7 @@
-"""The CLI's verbs, one module each; helpers here are what several verbs share."""
+"""The CLI's verbs, one module each; helpers here are what several verbs share: the arguments
+they have in common (FILE, --format, --redact, --device, --max-bytes), reading --max-bytes back,
+checking --device, and writing a report out whole.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,59 @@ import sys
 
 from oomdoctor.errors import OomdoctorError
 
+MAX_BYTES_HELP = "refuse files larger than this (e.g. 2GiB)"
+
+
+def add_file_argument(parser: argparse.ArgumentParser, help: str, *, optional: bool = False) -> None:
+    """FILE, the input a verb reads (`args.file`); `optional`: it may be left out."""
+    parser.add_argument("file", metavar="FILE", nargs="?" if optional else None, help=help)
+
+
+def add_format_argument(
+    parser: argparse.ArgumentParser,
+    choices: tuple[str, ...] = ("text", "json"),
+    help: str = "output format (default: text)",
+) -> None:
+    """--format, one of `choices`, the first being the default."""
+    parser.add_argument("--format", choices=choices, default=choices[0], help=help)
+
+
+def add_redact_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redact", action="store_true", help="leave out host and user names, path prefixes and the pid"
+    )
+
+
+def add_device_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """--device N (None: the device that ran out of memory); check it with `require_device`."""
+    parser.add_argument("--device", type=int, default=None, help=help)
+
+
+def add_max_bytes_argument(
+    parser: argparse.ArgumentParser, help: str = MAX_BYTES_HELP, *, parse_early: bool = False
+) -> None:
+    """--max-bytes SIZE, read back with `max_bytes_argument`. With `parse_early` the size is parsed
+    with the other arguments (a bad one is a usage error) and shown as SIZE in the usage line."""
+    if parse_early:
+        parser.add_argument("--max-bytes", type=size_type, default=None, metavar="SIZE", help=help)
+    else:
+        parser.add_argument("--max-bytes", default=None, help=help)
+
+
+def size_type(text: str) -> int:
+    """An argparse type: '2GiB' -> bytes (oomdoctor.load.parse_size)."""
+    from oomdoctor.load import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
 
 def max_bytes_argument(args: argparse.Namespace) -> int | None:
     """The --max-bytes a verb was given, in bytes (None when not given)."""
-    if args.max_bytes is None:
-        return None
+    if args.max_bytes is None or type(args.max_bytes) is int:  # not given, or parsed early
+        return args.max_bytes
     from oomdoctor.load import parse_size
 
     try:

@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oomdoctor.commands import report
+from oomdoctor.commands import add_format_argument, report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--format", choices=("text", "json"), default="text", help="report format when printing (default: text)"
-    )
+    add_format_argument(parser, help="report format when printing (default: text)")
     parser.add_argument("--text", action="store_true", help="print the text report even in a terminal")
 
 

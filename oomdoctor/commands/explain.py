@@ -26,15 +26,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from oomdoctor.commands import add_file_argument, add_format_argument
 from oomdoctor.errors import OomdoctorError
 
 MAX_LOG_BYTES = 1024**3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", nargs="?", help="a log or text holding the message; - for stdin")
+    add_file_argument(parser, "a log or text holding the message; - for stdin", optional=True)
     parser.add_argument("--message", metavar="TEXT", help="the message itself instead of a file")
-    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    add_format_argument(parser)
 
 
 def _read(args: argparse.Namespace) -> tuple[str, str]:

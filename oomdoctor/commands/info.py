@@ -30,33 +30,26 @@ import argparse
 import os
 import sys
 
-from oomdoctor.load import load, parse_size
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+from oomdoctor.commands import add_file_argument, add_format_argument, add_max_bytes_argument, max_bytes_argument
+from oomdoctor.load import load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="snapshot file, or a folder of per-rank dumps")
-    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    parser.add_argument(
-        "--max-bytes", type=_size, default=None, metavar="SIZE", help="refuse larger files (default 4GiB)"
-    )
+    add_file_argument(parser, "snapshot file, or a folder of per-rank dumps")
+    add_format_argument(parser, help="output format (default text)")
+    add_max_bytes_argument(parser, "refuse larger files (default 4GiB)", parse_early=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from oomdoctor.views.info import build_info, to_json, to_text
 
+    max_bytes = max_bytes_argument(args)
     if os.path.isdir(args.file):
         from oomdoctor.rank_folder import info_folder
 
-        sys.stdout.write(info_folder(args.file, args.format, max_bytes=args.max_bytes))
+        sys.stdout.write(info_folder(args.file, args.format, max_bytes=max_bytes))
         return 0
-    snapshot = load(args.file, max_bytes=args.max_bytes)
+    snapshot = load(args.file, max_bytes=max_bytes)
     info = build_info(snapshot, args.file)
     sys.stdout.write(to_json(info) + "\n" if args.format == "json" else to_text(info))
     return 0

@@ -27,15 +27,21 @@ import argparse
 import os
 import sys
 
-from oomdoctor.commands import max_bytes_argument, require_device
+from oomdoctor.commands import (
+    add_device_argument,
+    add_file_argument,
+    add_max_bytes_argument,
+    max_bytes_argument,
+    require_device,
+)
 from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.safetext import is_printable, printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="the dump or snapshot to browse")
-    parser.add_argument("--device", type=int, default=None, help="show this device instead of the failing one")
-    parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
+    add_file_argument(parser, "the dump or snapshot to browse")
+    add_device_argument(parser, "show this device instead of the failing one")
+    add_max_bytes_argument(parser)
 
 
 def check_readable(path: str, max_bytes: int | None) -> None:

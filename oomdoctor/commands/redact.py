@@ -24,7 +24,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from oomdoctor.commands import max_bytes_argument
+from oomdoctor.commands import add_max_bytes_argument, max_bytes_argument
 from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.safetext import printable
 
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", metavar="IN", help="the dump or snapshot to redact")
     parser.add_argument("output", metavar="OUT", help="where to write the redacted dump")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
+    add_max_bytes_argument(parser)
 
 
 def _same_file(first: Path, second: Path) -> bool:

@@ -33,20 +33,25 @@ from __future__ import annotations
 import argparse
 import os
 
-from oomdoctor.commands import max_bytes_argument, require_device, write_output
+from oomdoctor.commands import (
+    add_device_argument,
+    add_file_argument,
+    add_format_argument,
+    add_max_bytes_argument,
+    add_redact_argument,
+    max_bytes_argument,
+    require_device,
+    write_output,
+)
 from oomdoctor.errors import OomdoctorError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="the dump or snapshot to explain, or a folder of per-rank dumps")
-    parser.add_argument(
-        "--format", choices=("text", "md", "json"), default="text", help="output format (default: text)"
-    )
-    parser.add_argument(
-        "--redact", action="store_true", help="leave out host and user names, path prefixes and the pid"
-    )
-    parser.add_argument("--device", type=int, default=None, help="judge this device instead of the failing one")
-    parser.add_argument("--max-bytes", default=None, help="refuse files larger than this (e.g. 2GiB)")
+    add_file_argument(parser, "the dump or snapshot to explain, or a folder of per-rank dumps")
+    add_format_argument(parser, ("text", "md", "json"))
+    add_redact_argument(parser)
+    add_device_argument(parser, "judge this device instead of the failing one")
+    add_max_bytes_argument(parser)
 
 
 def render_report(
