@@ -1,0 +1,189 @@
+"""oomdoctor's own metadata key of a dump, typed: what `Snapshot.oomdoctor` holds.
+
+The loader (`oomdoctor.load.metadata.parse_metadata`) builds these objects once, from the read-only
+plain data of the dump's `oomdoctor` key (schema in `oomdoctor/metadata.py`), and validates every
+field there: readers read attributes and never re-check types. Every field is optional, as in the
+schema: None (or an empty tuple) when the dump omits it, writes None, or writes a value of the wrong
+kind. The rules the loader applies:
+
+- ints are ints (never bools) within int64; sizes, byte counts, indices, counts, steps, ranks and
+  pids are also non-negative. Times (`time_us`), `capability` and `schema_version` only need int64.
+- strings are str, booleans bool.
+- a section (`versions`, `device`, `oom`, ...) that is not a mapping is None; a list that is not a
+  list is empty; entries of the wrong kind are left out of it (a marker that is not a mapping, an
+  argv entry that is not a str). A registry entry (`tensors`) without a valid `address`, or with a
+  `device` that is not a valid index, is left out whole: it could not be placed.
+- `dropped` names each field the loader left out this way (`"tensors[].address"`, `"argv[]"`),
+  once each; the loader adds no note for these (the whole key is dropped with a note only when it
+  is not plain data at all: see `oomdoctor.load.convert`).
+
+Unknown keys are ignored here; the key exactly as written is `Snapshot.oomdoctor_raw`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from oomdoctor.model import FrozenDict
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    oomdoctor: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    index: int | None = None
+    name: str | None = None
+    capability: tuple[int, int] | None = None  # (major, minor)
+    total_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemGetInfo:
+    """torch.cuda.mem_get_info at dump time."""
+
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """The torch.cuda.memory_stats values capture records (current values unless named peak)."""
+
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+    inactive_split_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    active_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    num_device_alloc: int | None = None
+    num_device_free: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OomRecord:
+    """One OOM observer call (`oom`, and each of `ooms_observed`)."""
+
+    device: int | None = None
+    alloc_bytes: int | None = None
+    device_total_bytes: int | None = None
+    device_free_bytes: int | None = None
+    time_us: int | None = None
+    surfaced: bool | None = None  # True: reached Python; False: torch caught and retried it; None: not known
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionInfo:
+    type: str | None = None
+    message: str | None = None
+    traceback: str | None = None  # None when the script caught the exception and went on
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    phase: str | None = None  # one of metadata.PHASES as capture writes it; any str is kept
+    edge: str | None = None  # "start" | "end"
+    step: int | None = None
+    time_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredTensor:
+    """One entry of the registry of named tensors (`tensors`)."""
+
+    address: int
+    device: int | None = None
+    component: str | None = None  # one of metadata.REGISTRY_COMPONENTS as capture writes it
+    name: str | None = None
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    max_entries: int | None = None
+    stacks: str | None = None
+    context: str | None = None
+    started_by: str | None = None  # "oomdoctor" | "user"
+
+
+@dataclass(frozen=True, slots=True)
+class Rehearsal:
+    """Present only in dumps written under `oomdoctor rehearse`."""
+
+    device_memory_bytes: int | None = None
+    outside_bytes: int | None = None
+    alloc_conf: str | None = None
+
+
+# TRANSITIONAL: a DumpMetadata is also, read-only, the raw mapping it was parsed from (it subclasses
+# FrozenDict and holds the same items as Snapshot.oomdoctor_raw), so that readers not yet moved to
+# the typed attributes (views/info.py, rank_folder.py, redact.py) keep working unchanged. Once they
+# read `Snapshot.oomdoctor_raw` or the attributes, the base class becomes `object`, `_restore` and
+# `__reduce__` go, and the parser stops copying the items in.
+@dataclass(frozen=True, slots=True)
+class DumpMetadata(FrozenDict):
+    """The `oomdoctor` key of a dump, validated (see the module docstring for the rules).
+
+    Equality compares the typed fields (not the raw items: a list and a tuple parse alike).
+    """
+
+    schema_version: int | None = None
+    versions: Versions | None = None
+    host: str | None = None
+    pid: int | None = None
+    argv: tuple[str, ...] = ()
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    device: DeviceInfo | None = None
+    mem_get_info: MemGetInfo | None = None
+    memory_stats: MemoryStats | None = None
+    alloc_conf: Mapping[str, str] | None = None  # only the variables that were set; str values only
+    oom: OomRecord | None = None  # None for dump() and peak dumps
+    ooms_observed: tuple[OomRecord, ...] = ()
+    exception: ExceptionInfo | None = None
+    markers: tuple[Marker, ...] = ()
+    tensors: tuple[RegisteredTensor, ...] = ()
+    recording: Recording | None = None
+    reason: str | None = None  # "oom" | "manual" | "peak"
+    rehearsal: Rehearsal | None = None
+    dropped: tuple[str, ...] = field(default=(), repr=False)  # fields left out as malformed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, ({f.name: getattr(self, f.name) for f in fields(self)}, dict(self)))
+
+
+def _restore(values: dict[str, Any], raw: dict[str, Any]) -> DumpMetadata:
+    metadata = DumpMetadata(**values)
+    dict.update(metadata, raw)
+    return metadata
+
+
+# What readers use when a dump has no metadata, so that they need no None checks of their own.
+NO_METADATA = DumpMetadata()
+
+__all__ = [
+    "NO_METADATA",
+    "DeviceInfo",
+    "DumpMetadata",
+    "ExceptionInfo",
+    "Marker",
+    "MemGetInfo",
+    "MemoryStats",
+    "OomRecord",
+    "Recording",
+    "RegisteredTensor",
+    "Rehearsal",
+    "Versions",
+]
