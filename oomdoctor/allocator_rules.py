@@ -14,7 +14,9 @@ Pure Python, no torch: analysis, rehearsal and the loader all read the allocator
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from oomdoctor.units import MIB
 
@@ -64,6 +66,36 @@ def pool_of(rounded_bytes: int) -> str:
     return "small" if rounded_bytes <= SMALL_REQUEST_BYTES else "large"
 
 
+def divisions_for(size_bytes: int, intervals: Sequence[int]) -> int:
+    """The roundup_power2_divisions that apply to a request, from the divisions of each interval.
+
+    torch's interval index is clamp(floor(log2 size) - 20, 0, 15): interval k starts at 2**k MiB,
+    the first one also covers every request below 1 MiB and the last one is open-ended.
+    """
+    return intervals[min(max(size_bytes.bit_length() - 21, 0), ROUNDUP_INTERVALS - 1)]
+
+
+@lru_cache(maxsize=64)
+def division_intervals(table: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """A dump's roundup_power2_divisions table as the divisions of each of the 16 intervals.
+
+    The table is (MiB lower bound, divisions) pairs as `allocator_settings` records them (torch
+    writes one per interval, keyed 2**k). Interval k takes the divisions of the last pair whose
+    bound is at most 2**k MiB, 0 when there is none. Linear in the table, however long it is.
+    """
+    last_from: dict[int, tuple[int, int]] = {}  # first interval a pair covers -> (position, divisions)
+    for position, (lower_mib, divisions) in enumerate(table):
+        first = 0 if lower_mib <= 1 else (lower_mib - 1).bit_length()
+        if first < ROUNDUP_INTERVALS:
+            last_from[first] = (position, divisions)
+    intervals = []
+    latest = (-1, 0)
+    for index in range(ROUNDUP_INTERVALS):
+        latest = max(latest, last_from.get(index, latest))
+        intervals.append(latest[1])
+    return tuple(intervals)
+
+
 # ------------------------------------------------------------------ settings
 
 
@@ -90,15 +122,9 @@ class AllocatorConfig:
     pinned_max_round_threshold_bytes: int = -1
     pinned_max_cached_size_bytes: int = -1
 
-    def divisions_for(self, size_bytes: int) -> int:
-        """The roundup_power2_divisions that apply to a request of this many bytes."""
-        log_size = size_bytes.bit_length() - 1
-        index = log_size - 20 if log_size > 20 else 0
-        return self.roundup_power2_divisions[min(index, ROUNDUP_INTERVALS - 1)]
-
     def round_size(self, nbytes: int) -> int:
         """The block size a request of nbytes gets under this configuration (torch's round_size)."""
-        return round_size(nbytes, self.divisions_for(nbytes))
+        return round_size(nbytes, divisions_for(nbytes, self.roundup_power2_divisions))
 
     def allocation_size(self, rounded_bytes: int) -> int:
         """The segment size cudaMalloc is asked for when no cached block fits (get_allocation_size)."""

@@ -10,6 +10,7 @@ import pytest
 from oomdoctor.allocator_rules import (
     AllocatorConfig,
     AllocatorConfigError,
+    divisions_for,
     parse_alloc_conf,
     roundup_power2_next_division,
 )
@@ -70,9 +71,9 @@ def test_power2_divisions_apply_only_above_512_times_divisions():
 def test_power2_division_intervals_and_bracket_syntax():
     config = parse_alloc_conf("roundup_power2_divisions:[256:1,512:2,>:4]")
     assert config.roundup_power2_divisions == [1] * 9 + [2] + [4] * 6
-    assert config.divisions_for(1000) == 1  # below 2 MiB: interval "1"
-    assert config.divisions_for(600 * MiB) == 2  # [512, 1024) MiB
-    assert config.divisions_for(40 * GiB) == 4  # >= 32 GiB: the last interval
+    assert divisions_for(1000, config.roundup_power2_divisions) == 1  # below 2 MiB: interval "1"
+    assert divisions_for(600 * MiB, config.roundup_power2_divisions) == 2  # [512, 1024) MiB
+    assert divisions_for(40 * GiB, config.roundup_power2_divisions) == 4  # >= 32 GiB: the last interval
     settings = config.settings_dict()["roundup_power2_divisions"]
     assert list(settings) == [str(1 << i) for i in range(16)] and settings["512"] == 2
 

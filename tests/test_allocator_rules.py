@@ -6,8 +6,12 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomdoctor.allocator_rules import (
+    division_intervals,
+    divisions_for,
     parse_alloc_conf,
     pool_of,
     round_size,
@@ -84,3 +88,30 @@ def test_analysis_rounds_small_requests_with_the_first_interval_like_the_simulat
     for size in (600_000, 1_200, 3_000_000, 70 * 2**20, 2**20 + 1):
         assert analysis_round_size(size, divisions) == config.round_size(size)
     assert analysis_round_size(600_000, divisions) == 655_360
+
+
+def _last_bound_at_most(size_bytes: int, table: tuple[tuple[int, int], ...]) -> int:
+    # the reference: the divisions of the last pair whose bound is at most the request's interval key
+    key_mib = 1 << min(max(size_bytes.bit_length() - 21, 0), 15)
+    found = 0
+    for lower_mib, count in table:
+        if lower_mib <= key_mib:
+            found = count
+    return found
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    table=st.lists(st.tuples(st.integers(0, 1 << 17), st.integers(-2, 64)), max_size=20).map(tuple),
+    size_bytes=st.integers(0, 1 << 50),
+)
+def test_one_divisions_for_serves_a_dump_table_and_a_parsed_config(table, size_bytes):
+    assert divisions_for(size_bytes, division_intervals(table)) == _last_bound_at_most(size_bytes, table)
+
+
+def test_division_intervals_of_torch_table_and_config_agree():
+    config = parse_alloc_conf("roundup_power2_divisions:[2:2,64:4,>:8]")
+    table = tuple(sorted((int(k), v) for k, v in config.settings_dict()["roundup_power2_divisions"].items()))
+    assert division_intervals(table) == tuple(config.roundup_power2_divisions)
+    assert division_intervals(((3, 4),)) == (0, 0) + (4,) * 14  # a bound between keys: from the next key on
+    assert division_intervals(()) == (0,) * 16

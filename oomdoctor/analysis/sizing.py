@@ -14,6 +14,8 @@ from oomdoctor.allocator_rules import (
     ROUND_LARGE_BYTES,
     SMALL_REQUEST_BYTES,
     SMALL_SEGMENT_BYTES,
+    division_intervals,
+    divisions_for,
     pool_of,
     segment_size,
 )
@@ -35,18 +37,6 @@ __all__ = [
 ]
 
 
-def _divisions_for(size_bytes: int, divisions: tuple[tuple[int, int], ...]) -> int:
-    # torch's interval index is clamp(floor(log2 size) - 20, 0, 15); interval k is keyed 2**k MiB,
-    # so the "1" interval also covers every request below 1 MiB
-    index = min(max(size_bytes.bit_length() - 1 - 20, 0), 15)
-    key_mib = 1 << index
-    found = 0
-    for lower_mib, count in divisions:
-        if lower_mib <= key_mib:
-            found = count
-    return found
-
-
 def roundup_divisions(settings: AllocatorSettings | None) -> tuple[tuple[int, int], ...]:
     """The dump's roundup_power2_divisions for `round_size`; empty when no interval rounds."""
     divisions = settings.roundup_power2_divisions if settings is not None else ()
@@ -55,7 +45,7 @@ def roundup_divisions(settings: AllocatorSettings | None) -> tuple[tuple[int, in
 
 def round_size(size_bytes: int, divisions: tuple[tuple[int, int], ...] = ()) -> int:
     """The block size the allocator hands out for a request, before any unsplit remainder."""
-    return _round_size(size_bytes, _divisions_for(size_bytes, divisions) if divisions else 0)
+    return _round_size(size_bytes, divisions_for(size_bytes, division_intervals(divisions)) if divisions else 0)
 
 
 def large_segment_bytes(raw_conf: str | None) -> int:
