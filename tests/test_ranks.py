@@ -187,11 +187,12 @@ def test_first_rank_standouts_and_verdicts(uneven):
 
     assert not comparison.verdicts_agree
     assert dict(comparison.verdicts) == {"oversized-request": 2, "activation-spike": 1}
-    assert comparison.headline.startswith("rank 2 ran out first (step 2, forward), ")
-    assert "more activations than the median rank" in comparison.headline
-    assert "2 other ranks ran out later (other verdicts: 2 oversized-request)" in comparison.headline
-    assert comparison.headline.endswith("1 rank did not run out")
-    assert any("2 hosts" in note for note in comparison.notes)
+    assert ranks_view.headline(comparison).startswith("rank 2 ran out first (step 2, forward), ")
+    assert "more activations than the median rank" in ranks_view.headline(comparison)
+    assert "2 other ranks ran out later (other verdicts: 2 oversized-request)" in ranks_view.headline(comparison)
+    assert ranks_view.headline(comparison).endswith("1 rank did not run out")
+    assert any("2 hosts" in note for note in ranks_view.notes(comparison))
+    assert (comparison.untimed_count, comparison.clock_hosts, comparison.world_sizes) == (0, 2, (4,))
     assert [item.name for item in folder.skipped] == ["README.txt"]
 
 
@@ -201,7 +202,7 @@ def test_same_verdict_on_every_rank(agreeing):
     assert comparison.verdicts_agree and dict(comparison.verdicts) == {"oversized-request": 4}
     assert comparison.differences == ()
     assert (
-        comparison.headline
+        ranks_view.headline(comparison)
         == "rank 3 ran out first (step 0, forward); 3 other ranks ran out later with the same verdict"
     )
     assert [row.seconds_after_first for row in comparison.rows] == [2.5, 1.0, 4.0, 0.0]
@@ -224,9 +225,9 @@ def test_rank_from_the_file_name_or_unknown_and_missing_ranks(tmp_path):
     comparison = compare_ranks(read_folder(tmp_path).dumps)
     assert [(row.rank, row.rank_source) for row in comparison.rows] == [(5, RANK_FROM_FILE_NAME), (None, RANK_UNKNOWN)]
     assert comparison.first.file == "mystery.pickle"
-    assert comparison.headline.startswith("mystery.pickle ran out first")
+    assert ranks_view.headline(comparison).startswith("mystery.pickle ran out first")
     assert comparison.missing_ranks == (0, 1, 2, 3, 4, 6, 7)
-    assert any("neither in their metadata nor in their name" in note for note in comparison.notes)
+    assert any("neither in their metadata nor in their name" in note for note in ranks_view.notes(comparison))
 
 
 def test_no_rank_ran_out(tmp_path):
@@ -234,7 +235,7 @@ def test_no_rank_ran_out(tmp_path):
     write_rank(tmp_path, 1, "no-oom-mlp-adam")
     comparison = compare_ranks(read_folder(tmp_path).dumps)
     assert comparison.first is None and comparison.ran_out_count == 0
-    assert comparison.headline.startswith("no rank ran out of memory in these 2 files")
+    assert ranks_view.headline(comparison).startswith("no rank ran out of memory in these 2 files")
     assert dict(comparison.verdicts) == {"no-oom": 2}
 
 
@@ -251,9 +252,9 @@ def test_unknown_oom_times_leave_the_order_unknown(uneven):
     comparison = compare_ranks(untimed)
     assert not comparison.order_known
     assert comparison.first.rank == 0  # the lowest rank that ran out, said to be of unknown order
-    assert "which rank was first is unknown" in comparison.headline
-    assert "ran out too" in comparison.headline
-    assert any("no OOM time is recorded" in note for note in comparison.notes)
+    assert "which rank was first is unknown" in ranks_view.headline(comparison)
+    assert "ran out too" in ranks_view.headline(comparison)
+    assert any("no OOM time is recorded" in note for note in ranks_view.notes(comparison))
 
 
 def test_a_broken_file_is_a_note_and_the_others_are_read(tmp_path):
@@ -418,13 +419,13 @@ def test_a_rank_holding_extra_memory_is_named_even_when_it_was_not_first(tmp_pat
     assert comparison.first.rank == 1
     top = comparison.differences[0]
     assert top.rank == 0 and top.difference_bytes > 0
-    assert comparison.headline.startswith(
+    assert ranks_view.headline(comparison).startswith(
         "rank 1 ran out first (step 0, forward); 3 other ranks ran out later (2 with the same verdict, 1 activation-spike)"
     )
     activations = {row.rank: dict(row.components)["activations"] for row in comparison.rows}
     assert activations[1] == activations[2] == activations[3]  # the median rank is any of them
     excess = human_size(activations[0] - activations[1], decimals=1)
-    assert comparison.headline.endswith(f"; rank 0 holds {excess} more activations than the median rank")
+    assert ranks_view.headline(comparison).endswith(f"; rank 0 holds {excess} more activations than the median rank")
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "they ran out at different moments: step 0, forward on 3; step 2, forward on 1" in out
@@ -450,7 +451,7 @@ def test_one_file_is_read_in_this_process(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(folder_module, "ProcessPoolExecutor", no_pool)
     write_rank(tmp_path, 6, BIG)
     comparison = compare_ranks(read_folder(tmp_path).dumps)
-    assert comparison.headline == "rank 6 ran out (step 2, forward); it is the only file"
+    assert ranks_view.headline(comparison) == "rank 6 ran out (step 2, forward); it is the only file"
     assert comparison.differences == () and comparison.missing_ranks == (0, 1, 2, 3)
     assert main(["report", str(tmp_path), "--format", "md"]) == 0
     assert "### Rank 6: the full report" in capsys.readouterr().out

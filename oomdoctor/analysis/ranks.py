@@ -1,18 +1,18 @@
 """Rank comparison: which rank of a distributed run ran out first, and how the ranks differ.
 
     comparison = compare_ranks(dumps)     # dumps: one RankDump per file of the folder
-    comparison.headline                   # "rank 5 ran out first (step 3, backward), 1.2 GiB more ..."
     comparison.rows, comparison.first_index, comparison.differences, comparison.verdicts_agree
+    standout(comparison, index)           # what stands out most in one file, against the median
 
 Each rank is compared at its target: the OOM for ranks that ran out, the peak otherwise. The first
 rank is the one whose OOM has the smallest `time_us` (oomdoctor's recorded OOM time, else the
 fatal `oom` event's). Ranks on different hosts are ordered by their clocks, which the comparison
-says; without any time the order is unknown and the headline says that too.
+records; without any time the order is unknown (`order_known`).
 
 A rank stands out when its allocated bytes, or the bytes of one component, differ from the median
 over all files by at least STANDOUT_FRACTION of the median rank's allocated bytes (and at least
 STANDOUT_MIN_BYTES): rank 0 holding extra memory, or one rank given a bigger batch. Pure functions,
-no I/O.
+no I/O, no wording: oomdoctor.views.ranks says all this in words (the headline, the notes).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.units import human_size as human
 
 STANDOUT_FRACTION = 0.10
 STANDOUT_MIN_BYTES = 1024 * 1024
@@ -69,10 +68,6 @@ class RankRow:
     request_bytes: int | None
     components: tuple[tuple[str, int], ...]  # (name, bytes) in COMPONENTS order
 
-    @property
-    def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else self.file
-
 
 @dataclass(frozen=True, slots=True)
 class RankDifference:
@@ -86,10 +81,6 @@ class RankDifference:
     median_bytes: int
     difference_bytes: int  # bytes - median_bytes
 
-    @property
-    def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else self.file
-
 
 @dataclass(frozen=True, slots=True)
 class RankComparison:
@@ -97,7 +88,10 @@ class RankComparison:
     first_index: int | None  # the row of the first rank to run out; None when none did
     order_known: bool  # every rank that ran out has an OOM time
     ran_out_count: int
+    untimed_count: int  # ranks that ran out without an OOM time (not ordered)
+    clock_hosts: int  # hosts of the ranks with an OOM time: the clocks the order rests on
     world_size: int | None  # as the dumps record it (the largest, if they disagree)
+    world_sizes: tuple[int, ...]  # every world size the dumps record, ascending
     missing_ranks: tuple[int, ...]  # ranks below world_size without a file
     repeated_ranks: tuple[int, ...]  # ranks with more than one file
     median_allocated_bytes: int
@@ -105,8 +99,6 @@ class RankComparison:
     differences: tuple[RankDifference, ...]  # largest first
     verdicts: tuple[tuple[str, int], ...]  # verdict -> files, among ranks that ran out (all when none did)
     verdicts_agree: bool
-    headline: str
-    notes: tuple[str, ...]  # what the comparison cannot tell
 
     @property
     def first(self) -> RankRow | None:
@@ -154,16 +146,6 @@ def _sort_key(row: RankRow) -> tuple[int, int, str, int]:
     return (row.rank is None, row.rank if row.rank is not None else 0, row.file, row.index)
 
 
-def where(row: RankRow) -> str:
-    """ "step 3, backward" (or just the phase when the step is unknown)."""
-    phase = row.phase.replace("_", " ")
-    return f"step {row.step}, {phase}" if row.step is not None else phase
-
-
-def component_label(name: str) -> str:
-    return "memory" if name == ALLOCATED else name.replace("_", " ")
-
-
 def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankComparison:
     """The comparison of a folder's dumps; at least one dump."""
     if not dumps:
@@ -197,13 +179,15 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
     missing = tuple(r for r in range(world_size) if r not in ranks) if world_size is not None else ()
     repeated = tuple(sorted(r for r, count in ranks.items() if count > 1))
 
-    notes = _notes(rows, failed, timed, world_sizes, missing, repeated)
-    comparison = RankComparison(
+    return RankComparison(
         rows=tuple(rows),
         first_index=first_index,
         order_known=order_known,
         ran_out_count=len(failed),
+        untimed_count=len(failed) - len(timed),
+        clock_hosts=len({rows[i].host for i in timed if rows[i].host}),
         world_size=world_size,
+        world_sizes=tuple(sorted(set(world_sizes))),
         missing_ranks=missing,
         repeated_ranks=repeated,
         median_allocated_bytes=median_allocated,
@@ -211,10 +195,7 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
         differences=differences,
         verdicts=verdicts,
         verdicts_agree=len(verdict_counts) == 1,
-        headline="",
-        notes=notes,
     )
-    return _with_headline(comparison)
 
 
 def _with_offset(row: RankRow, seconds: float | None) -> RankRow:
@@ -246,100 +227,8 @@ def _differences(
     return tuple(found)
 
 
-def _notes(
-    rows: list[RankRow],
-    failed: list[int],
-    timed: list[int],
-    world_sizes: list[int],
-    missing: tuple[int, ...],
-    repeated: tuple[int, ...],
-) -> tuple[str, ...]:
-    notes = []
-    if failed and not timed:
-        notes.append("no OOM time is recorded, so which rank ran out first is unknown")
-    elif len(timed) < len(failed):
-        notes.append(f"{len(failed) - len(timed)} rank(s) that ran out have no OOM time and are not ordered")
-    hosts = {rows[i].host for i in timed if rows[i].host}
-    if len(hosts) > 1:
-        notes.append(f"the ranks ran on {len(hosts)} hosts; their order rests on those hosts' clocks agreeing")
-    if len(set(world_sizes)) > 1:
-        notes.append(f"the dumps record different world sizes ({', '.join(map(str, sorted(set(world_sizes))))})")
-    if missing:
-        shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
-        notes.append(f"{len(missing)} rank(s) left no dump here: {shown}")
-    if repeated:
-        notes.append(f"rank(s) {', '.join(map(str, repeated))} left more than one dump; each file is a row")
-    if any(row.rank is None for row in rows):
-        notes.append("some files say neither in their metadata nor in their name which rank wrote them")
-    if failed and len(failed) < len(rows):
-        notes.append("ranks that did not run out are compared at their peak, the others at the OOM")
-    return tuple(notes)
-
-
-def _with_headline(comparison: RankComparison) -> RankComparison:
-    return replace(comparison, headline=headline(comparison))
-
-
-def headline(comparison: RankComparison) -> str:
-    rows = comparison.rows
-    first = comparison.first
-    if first is None:
-        if len(rows) == 1:
-            return f"{rows[0].label} did not run out of memory; it is the only file"
-        text = f"no rank ran out of memory in these {len(rows)} files (compared at their peaks)"
-        largest = comparison.differences[0] if comparison.differences else None
-        if largest is not None:
-            text += f"; {largest.label} holds {_difference_words(_standout(comparison, largest.index) or largest)}"
-        return text
-    if len(rows) == 1:
-        return f"{first.label} ran out ({where(first)}); it is the only file"
-    if comparison.order_known or first.oom_time_us is not None:
-        text = f"{first.label} ran out first ({where(first)})"
-    else:
-        text = f"{first.label} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
-    own = _standout(comparison, first.index)
-    if own is not None:
-        text += f", {_difference_words(own)}"
-    others = [row for row in rows if row.ran_out and row is not first]
-    same = sum(row.verdict == first.verdict for row in others)
-    later = "later" if comparison.order_known else "too"
-    parts = []
-    if others:
-        if same == len(others):
-            parts.append(f"{_count(len(others), 'other rank')} ran out {later} with the same verdict")
-        else:
-            verdicts = Counter(row.verdict for row in others if row.verdict != first.verdict)
-            shown = ", ".join(
-                f"{count} {verdict}" for verdict, count in sorted(verdicts.items(), key=lambda i: (-i[1], i[0]))
-            )
-            if same:
-                shown = f"{same} with the same verdict, {shown}"
-            else:
-                shown = f"{'a different verdict' if len(others) == 1 else 'other verdicts'}: {shown}"
-            parts.append(f"{_count(len(others), 'other rank')} ran out {later} ({shown})")
-    calm = len(rows) - 1 - len(others)
-    if calm:
-        parts.append(
-            f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out"
-        )
-    text += "; " + ", ".join(parts) if parts else ""
-    largest = comparison.differences[0] if comparison.differences else None
-    if largest is not None and largest.index != first.index and largest.difference_bytes > 0:
-        text += f"; {largest.label} holds {_difference_words(_standout(comparison, largest.index) or largest)}"
-    return text
-
-
-def _standout(comparison: RankComparison, index: int) -> RankDifference | None:
+def standout(comparison: RankComparison, index: int) -> RankDifference | None:
     """The largest excess of one file over the median: a component when one stands out, else its total."""
     excess = [d for d in comparison.differences if d.index == index and d.difference_bytes > 0]
     components = [d for d in excess if d.what != ALLOCATED]
     return (components or excess or [None])[0]
-
-
-def _difference_words(difference: RankDifference) -> str:
-    more = "more" if difference.difference_bytes > 0 else "less"
-    return f"{human(abs(difference.difference_bytes), decimals=1)} {more} {component_label(difference.what)} than the median rank"
-
-
-def _count(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -1,6 +1,7 @@
 """A folder of per-rank dumps as text, Markdown or JSON: the headline, one row per rank, live memory
 by component for each rank and the median, how the ranks differ, then the full report of the rank
-that ran out first (or of the largest, when none did).
+that ran out first (or of the largest, when none did). Every word said about a comparison
+(oomdoctor.analysis.ranks) is made here: the headline, the notes, "step 3, backward".
 
 JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_count`,
 `world_size`, `ran_out_count`, `order_known`, `first` (the first rank's row, or null), `ranks`
@@ -14,15 +15,119 @@ JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_co
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDump, RankRow, component_label, where
+from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDifference, RankDump, RankRow, standout
 from oomdoctor.load.folder import SkippedFile
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size as human
 
 RANKS_SCHEMA_VERSION = 1
 DIFFERENCE_LIMIT = 12
+
+
+def where(row: RankRow) -> str:
+    """ "step 3, backward" (or just the phase when the step is unknown)."""
+    phase = row.phase.replace("_", " ")
+    return f"step {row.step}, {phase}" if row.step is not None else phase
+
+
+def component_label(name: str) -> str:
+    return "memory" if name == ALLOCATED else name.replace("_", " ")
+
+
+def label(item: RankRow | RankDifference) -> str:
+    """ "rank 5", or the file's name when its rank is unknown."""
+    return f"rank {item.rank}" if item.rank is not None else item.file
+
+
+def headline(comparison: RankComparison) -> str:
+    """ "rank 5 ran out first (step 3, backward), 1.2 GiB more activations than the median rank; ..." """
+    rows = comparison.rows
+    first = comparison.first
+    if first is None:
+        if len(rows) == 1:
+            return f"{label(rows[0])} did not run out of memory; it is the only file"
+        text = f"no rank ran out of memory in these {len(rows)} files (compared at their peaks)"
+        largest = comparison.differences[0] if comparison.differences else None
+        if largest is not None:
+            text += f"; {label(largest)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
+        return text
+    if len(rows) == 1:
+        return f"{label(first)} ran out ({where(first)}); it is the only file"
+    if comparison.order_known or first.oom_time_us is not None:
+        text = f"{label(first)} ran out first ({where(first)})"
+    else:
+        text = f"{label(first)} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
+    own = standout(comparison, first.index)
+    if own is not None:
+        text += f", {_difference_words(own)}"
+    others = [row for row in rows if row.ran_out and row is not first]
+    same = sum(row.verdict == first.verdict for row in others)
+    later = "later" if comparison.order_known else "too"
+    parts = []
+    if others:
+        if same == len(others):
+            parts.append(f"{_count(len(others), 'other rank')} ran out {later} with the same verdict")
+        else:
+            verdicts = Counter(row.verdict for row in others if row.verdict != first.verdict)
+            shown = ", ".join(
+                f"{count} {verdict}" for verdict, count in sorted(verdicts.items(), key=lambda i: (-i[1], i[0]))
+            )
+            if same:
+                shown = f"{same} with the same verdict, {shown}"
+            else:
+                shown = f"{'a different verdict' if len(others) == 1 else 'other verdicts'}: {shown}"
+            parts.append(f"{_count(len(others), 'other rank')} ran out {later} ({shown})")
+    calm = len(rows) - 1 - len(others)
+    if calm:
+        parts.append(
+            f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out"
+        )
+    text += "; " + ", ".join(parts) if parts else ""
+    largest = comparison.differences[0] if comparison.differences else None
+    if largest is not None and largest.index != first.index and largest.difference_bytes > 0:
+        text += f"; {label(largest)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
+    return text
+
+
+def _difference_words(difference: RankDifference) -> str:
+    more = "more" if difference.difference_bytes > 0 else "less"
+    return f"{human(abs(difference.difference_bytes), decimals=1)} {more} {component_label(difference.what)} than the median rank"
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def notes(comparison: RankComparison) -> tuple[str, ...]:
+    """What the comparison cannot tell, one sentence each."""
+    rows = comparison.rows
+    found = []
+    if comparison.ran_out_count and comparison.untimed_count == comparison.ran_out_count:
+        found.append("no OOM time is recorded, so which rank ran out first is unknown")
+    elif comparison.untimed_count:
+        found.append(f"{comparison.untimed_count} rank(s) that ran out have no OOM time and are not ordered")
+    if comparison.clock_hosts > 1:
+        found.append(
+            f"the ranks ran on {comparison.clock_hosts} hosts; their order rests on those hosts' clocks agreeing"
+        )
+    if len(comparison.world_sizes) > 1:
+        found.append(f"the dumps record different world sizes ({', '.join(map(str, comparison.world_sizes))})")
+    missing = comparison.missing_ranks
+    if missing:
+        shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        found.append(f"{len(missing)} rank(s) left no dump here: {shown}")
+    if comparison.repeated_ranks:
+        found.append(
+            f"rank(s) {', '.join(map(str, comparison.repeated_ranks))} left more than one dump; each file is a row"
+        )
+    if any(row.rank is None for row in rows):
+        found.append("some files say neither in their metadata nor in their name which rank wrote them")
+    if comparison.ran_out_count and comparison.ran_out_count < len(rows):
+        found.append("ranks that did not run out are compared at their peak, the others at the OOM")
+    return tuple(found)
 
 
 def featured(comparison: RankComparison, dumps: tuple[RankDump, ...]) -> RankDump:
@@ -56,7 +161,7 @@ def _difference_lines(comparison: RankComparison) -> list[str]:
         more = "more" if item.difference_bytes > 0 else "less"
         what = "allocated memory" if item.what == ALLOCATED else component_label(item.what)
         lines.append(
-            f"{item.label}: {human(abs(item.difference_bytes), decimals=1)} {more} {what} than the median "
+            f"{label(item)}: {human(abs(item.difference_bytes), decimals=1)} {more} {what} than the median "
             f"({human(item.bytes, decimals=1)} against {human(item.median_bytes, decimals=1)})"
         )
     if len(comparison.differences) > DIFFERENCE_LIMIT:
@@ -160,7 +265,7 @@ def render_text(
 ) -> str:
     from oomdoctor.views.text_report import render as render_report
 
-    lines = [comparison.headline, _folder_line(directory, comparison, skipped), "", "Ranks"]
+    lines = [headline(comparison), _folder_line(directory, comparison, skipped), "", "Ranks"]
     lines += _text_table(_HEADER, [_row_cells(row, comparison) for row in comparison.rows], {4, 5, 6})
     header, rows = _component_table(comparison)
     lines += ["", "Live memory by component " + _moment_words(comparison)]
@@ -169,10 +274,10 @@ def render_text(
     lines.append("How the ranks differ")
     lines.extend(f"  - {line}" for line in _summary_lines(comparison))
     lines.append("")
-    notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
-    if notes:
+    shown_notes = list(notes(comparison)) + [f"skipped {item.name}: {item.reason}" for item in skipped]
+    if shown_notes:
         lines.append("Notes")
-        lines.extend(f"  - {note}" for note in notes)
+        lines.extend(f"  - {note}" for note in shown_notes)
         lines.append("")
     dump = featured(comparison, dumps)
     title = "ran out first" if comparison.first is not None else "the largest"
@@ -207,7 +312,7 @@ def render_markdown(
 
     lines = [f"## oomdoctor: {len(comparison.rows)} ranks", ""]
     lines += [
-        f"> {_md_text(comparison.headline)}",
+        f"> {_md_text(headline(comparison))}",
         "",
         _md_text(_folder_line(directory, comparison, skipped)) + ".",
         "",
@@ -224,9 +329,9 @@ def render_markdown(
     lines += _md_table(header, rows, set(range(1, len(header))))
     lines += ["", "### How the ranks differ", ""]
     lines += [f"- {_md_text(line)}" for line in _summary_lines(comparison)]
-    notes = list(comparison.notes) + [f"skipped {item.name}: {item.reason}" for item in skipped]
-    if notes:
-        lines += ["", "### Notes", ""] + [f"- {_md_text(note)}" for note in notes]
+    shown_notes = list(notes(comparison)) + [f"skipped {item.name}: {item.reason}" for item in skipped]
+    if shown_notes:
+        lines += ["", "### Notes", ""] + [f"- {_md_text(note)}" for note in shown_notes]
     dump = featured(comparison, dumps)
     lines += ["", f"### {_label(dump)}: the full report", ""]
     report = render_report(dump.analysis, source=dump.file, environment=dump.environment)
@@ -267,7 +372,7 @@ def to_dict(
         "schema_version": RANKS_SCHEMA_VERSION,
         "kind": "ranks",
         "directory": directory,
-        "headline": comparison.headline,
+        "headline": headline(comparison),
         "file_count": len(comparison.rows),
         "world_size": comparison.world_size,
         "ran_out_count": comparison.ran_out_count,
@@ -293,7 +398,7 @@ def to_dict(
         "verdicts_agree": comparison.verdicts_agree,
         "missing_ranks": list(comparison.missing_ranks),
         "repeated_ranks": list(comparison.repeated_ranks),
-        "notes": list(comparison.notes),
+        "notes": list(notes(comparison)),
         "skipped": [{"file": item.name, "reason": item.reason} for item in skipped],
         "report": report,
     }
