@@ -1,6 +1,6 @@
 """Read a folder of per-rank dumps: each file loaded and analysed in a worker process, then compared.
 
-    folder = read_folder("oom-dumps")          # RankFolder: dumps, skipped files, per-file notes
+    folder = read_folder("oom-dumps")          # RankFolder: dumps and skipped files
     comparison = compare_ranks(folder.dumps)   # oomdoctor.analysis.ranks
 
     rows = read_folder_info("oom-dumps")       # what `oomdoctor info DIR` shows: one build_info per file
@@ -19,7 +19,6 @@ import functools
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from oomdoctor.analysis.ranks import (
@@ -27,20 +26,11 @@ from oomdoctor.analysis.ranks import (
     RANK_FROM_METADATA,
     RANK_UNKNOWN,
     RankDump,
+    RankFolder,
+    SkippedFile,
 )
 from oomdoctor.errors import LoadError
-from oomdoctor.load.folder import FileOutcome, SkippedFile, find_dump_files, map_files, rank_from_name
-
-
-@dataclass(frozen=True, slots=True)
-class RankFolder:
-    directory: str
-    dumps: tuple[RankDump, ...]
-    skipped: tuple[SkippedFile, ...]  # not snapshots, sub-folders, temporary files, unreadable files
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return tuple(f"skipped {item.name}: {item.reason}" for item in self.skipped)
+from oomdoctor.load.folder import FileOutcome, find_dump_files, map_files, rank_from_name
 
 
 def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False) -> RankDump:
@@ -93,10 +83,10 @@ def read_folder(
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact)
     outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel)
     dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    failures = _failures(outcomes)
+    failures = _skipped(outcomes)
     if not dumps:
-        raise LoadError(_nothing_read(listing.directory, failures + listing.skipped))
-    skipped = listing.skipped + failures
+        raise LoadError(_nothing_read(listing.directory, failures + _skipped(listing.skipped)))
+    skipped = _skipped(listing.skipped) + failures
     if redact:
         skipped = tuple(SkippedFile(_redacted_name(item.name), item.reason) for item in skipped)
     return RankFolder(listing.directory, dumps, skipped)
@@ -122,10 +112,10 @@ def read_folder_info(
     listing = find_dump_files(directory)
     outcomes = map_files(listing.paths, functools.partial(info_row, max_bytes=max_bytes), parallel=parallel)
     rows = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    failures = _failures(outcomes)
+    failures = _skipped(outcomes)
     if not rows:
-        raise LoadError(_nothing_read(listing.directory, failures + listing.skipped))
-    return listing.directory, rows, listing.skipped + failures
+        raise LoadError(_nothing_read(listing.directory, failures + _skipped(listing.skipped)))
+    return listing.directory, rows, _skipped(listing.skipped) + failures
 
 
 def report_folder(directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None) -> bytes:
@@ -146,7 +136,8 @@ def info_folder(directory: str, output_format: str, *, max_bytes: int | None = N
     return info_json(shown, rows, skipped) + "\n" if output_format == "json" else info_text(shown, rows, skipped)
 
 
-def _failures(outcomes: tuple[FileOutcome, ...]) -> tuple[SkippedFile, ...]:
+def _skipped(outcomes: tuple[FileOutcome, ...]) -> tuple[SkippedFile, ...]:
+    """The files not read (a listing's skipped entries, or files whose `work` failed), by name."""
     return tuple(SkippedFile(os.path.basename(o.path), o.error) for o in outcomes if o.error is not None)
 
 

@@ -133,7 +133,7 @@ def test_listing_puts_oomdoctor_dumps_first_in_rank_order_and_skips_with_notes(t
         "oom-rank10-node5-4010-20260101T000000Z.pickle",
     ]
     assert names[3:] == ["a-snapshot.pickle.gz"]
-    skipped = {item.name: item.reason for item in listing.skipped}
+    skipped = {Path(item.path).name: item.error for item in listing.skipped}
     assert set(skipped) == {"notes.txt", "empty.pickle", ".oom-rank4-h-1-20260101T000000Z.pickle.77.tmp", "older"}
     assert "not a snapshot" in skipped["notes.txt"]
     assert "empty" in skipped["empty.pickle"]
@@ -265,7 +265,7 @@ def test_a_broken_file_is_a_note_and_the_others_are_read(tmp_path):
     )
     folder = read_folder(tmp_path)
     assert [dump.rank for dump in folder.dumps] == [0, 1]
-    (note,) = folder.notes
+    (note,) = [ranks_view.skipped_note(item) for item in folder.skipped]
     assert note.startswith("skipped oom-rank2-node1-4002-20260101T000000Z.pickle: ")
     assert str(tmp_path) not in note
 
@@ -391,6 +391,16 @@ def test_folder_modules_stay_light(module):
     from tests.test_layering import _heavy_modules_after_import
 
     assert _heavy_modules_after_import(module) == []
+
+
+def test_the_folder_views_need_nothing_from_the_loader():
+    """views/ranks.py renders analysis results (SkippedFile included): importing it reads no loader module."""
+    import subprocess
+    import sys
+
+    code = "import sys, oomdoctor.views.ranks\nprint(sorted(m for m in sys.modules if m.startswith('oomdoctor.load')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_max_bytes_reaches_every_file(uneven, capsys):

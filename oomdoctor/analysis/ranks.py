@@ -1,5 +1,6 @@
 """Rank comparison: which rank of a distributed run ran out first, and how the ranks differ.
 
+    folder = RankFolder(directory, dumps, skipped)   # what reading a folder gave (oomdoctor.pipeline)
     comparison = compare_ranks(dumps)     # dumps: one RankDump per file of the folder
     comparison.rows, comparison.first_index, comparison.differences, comparison.verdicts_agree
     standout(comparison, index)           # what stands out most in one file, against the median
@@ -45,6 +46,23 @@ class RankDump:
     oom_time_us: int | None  # epoch microseconds of the OOM; None when not recorded or no OOM
     analysis: Analysis
     environment: Environment
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedFile:
+    """An entry of a folder that was not compared, and why."""
+
+    name: str  # relative to the folder
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankFolder:
+    """A folder of per-rank dumps, read: one RankDump per readable file, the rest skipped."""
+
+    directory: str
+    dumps: tuple[RankDump, ...]
+    skipped: tuple[SkippedFile, ...]  # not snapshots, sub-folders, temporary files, unreadable files
 
 
 @dataclass(frozen=True, slots=True)

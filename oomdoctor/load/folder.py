@@ -6,7 +6,8 @@
 oomdoctor names its dumps `{kind}-rank{R}-{host}-{pid}-{UTC time}.pickle` (kind: oom, manual,
 peak); those come first, in rank order. Any other file is kept when its first bytes look like a
 container the loader reads (pickle, gzip, JSON, memory_viz HTML) and skipped with a note otherwise,
-as are sub-folders and dumps still being written (capture's `.NAME.PID.tmp`). Hidden files are
+as are sub-folders and dumps still being written (capture's `.NAME.PID.tmp`): each such entry is a
+FileOutcome with its reason as the error, like a file `map_files` could not read. Hidden files are
 left out silently.
 
 `map_files` runs `work` (a picklable top-level function) on each path in a process pool of
@@ -45,23 +46,17 @@ def rank_from_name(name: str) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class SkippedFile:
-    name: str  # relative to the folder
-    reason: str
+class FileOutcome:
+    path: str
+    value: Any  # what `work` returned; None when it failed
+    error: str | None  # one line saying why the file could not be read (or was not read)
 
 
 @dataclass(frozen=True, slots=True)
 class FolderListing:
     directory: str
     paths: tuple[str, ...]  # files to read: oomdoctor's dumps by rank, then the rest by name
-    skipped: tuple[SkippedFile, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class FileOutcome:
-    path: str
-    value: Any  # what `work` returned; None when it failed
-    error: str | None  # one line saying why the file could not be read
+    skipped: tuple[FileOutcome, ...]  # entries not read, each with why (value None)
 
 
 def _content_note(path: str) -> str | None:
@@ -89,16 +84,16 @@ def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
         raise access_error(shown, error, folder=True) from None
     dumps: list[tuple[int, str]] = []
     others: list[str] = []
-    skipped: list[SkippedFile] = []
+    skipped: list[FileOutcome] = []
     for name in names:
         path = os.path.join(shown, name)
         if _TEMPORARY.match(name):
-            skipped.append(SkippedFile(name, "a dump still being written (temporary file)"))
+            skipped.append(FileOutcome(path, None, "a dump still being written (temporary file)"))
             continue
         if name.startswith("."):
             continue
         if os.path.isdir(path):
-            skipped.append(SkippedFile(name, "a folder (only files directly inside are read)"))
+            skipped.append(FileOutcome(path, None, "a folder (only files directly inside are read)"))
             continue
         match = DUMP_NAME.match(name)
         if match:
@@ -108,7 +103,7 @@ def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
         if note is None:
             others.append(path)
         else:
-            skipped.append(SkippedFile(name, note))
+            skipped.append(FileOutcome(path, None, note))
     paths = tuple(path for _, path in sorted(dumps)) + tuple(others)
     return FolderListing(shown, paths, tuple(skipped))
 

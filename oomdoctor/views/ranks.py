@@ -18,8 +18,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from oomdoctor.analysis.ranks import ALLOCATED, RankComparison, RankDifference, RankDump, RankRow, standout
-from oomdoctor.load.folder import SkippedFile
+from oomdoctor.analysis.ranks import (
+    ALLOCATED,
+    RankComparison,
+    RankDifference,
+    RankDump,
+    RankRow,
+    SkippedFile,
+    standout,
+)
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size as human
 
@@ -128,6 +135,10 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
     if comparison.ran_out_count and comparison.ran_out_count < len(rows):
         found.append("ranks that did not run out are compared at their peak, the others at the OOM")
     return tuple(found)
+
+
+def skipped_note(item: SkippedFile) -> str:
+    return f"skipped {item.name}: {item.reason}"
 
 
 def featured(comparison: RankComparison, dumps: tuple[RankDump, ...]) -> RankDump:
@@ -274,7 +285,7 @@ def render_text(
     lines.append("How the ranks differ")
     lines.extend(f"  - {line}" for line in _summary_lines(comparison))
     lines.append("")
-    shown_notes = list(notes(comparison)) + [f"skipped {item.name}: {item.reason}" for item in skipped]
+    shown_notes = list(notes(comparison)) + [skipped_note(item) for item in skipped]
     if shown_notes:
         lines.append("Notes")
         lines.extend(f"  - {note}" for note in shown_notes)
@@ -329,7 +340,7 @@ def render_markdown(
     lines += _md_table(header, rows, set(range(1, len(header))))
     lines += ["", "### How the ranks differ", ""]
     lines += [f"- {_md_text(line)}" for line in _summary_lines(comparison)]
-    shown_notes = list(notes(comparison)) + [f"skipped {item.name}: {item.reason}" for item in skipped]
+    shown_notes = list(notes(comparison)) + [skipped_note(item) for item in skipped]
     if shown_notes:
         lines += ["", "### Notes", ""] + [f"- {_md_text(note)}" for note in shown_notes]
     dump = featured(comparison, dumps)
