@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from oomdoctor.dump_metadata import DumpMetadata
 
 # Block states as torch emits them; the loader maps the documented alias
 # `active_awaiting_free` onto ACTIVE_PENDING_FREE.
@@ -336,9 +339,12 @@ class Snapshot:
     traces: tuple[DeviceTrace, ...]  # index = device ordinal, oldest event first
     allocator_settings: AllocatorSettings | None = None  # None: not recorded (torch < 2.3)
     annotations: tuple[Annotation, ...] = ()
-    # oomdoctor's own metadata key (DESIGN §4, oomdoctor/metadata.py) as read-only plain data:
-    # dicts are FrozenDicts, lists tuples; None for plain torch dumps or when it is malformed
-    oomdoctor: Mapping[str, Any] | None = None
+    # oomdoctor's own metadata key (DESIGN §4, oomdoctor/metadata.py), typed and validated by the
+    # loader (oomdoctor/dump_metadata.py); None for plain torch dumps or when it is malformed
+    oomdoctor: DumpMetadata | None = None
+    # the same key as written, as read-only plain data (dicts are FrozenDicts, lists tuples), for
+    # what needs it as written (info, redact); None exactly when `oomdoctor` is None
+    oomdoctor_raw: Mapping[str, Any] | None = None
     source_format: str = "dict"  # shape: dict | segment-list | legacy-history (torch 2.0 blocks)
     era_hints: tuple[str, ...] = ()  # e.g. "time_us on trace events: torch >= 2.2", from the keys
     container: str = "pickle"  # how the bytes held it: pickle-protocol-N, gzip, json, html (memory_viz)

@@ -6,6 +6,7 @@ import copy
 import pickle
 from pathlib import Path
 
+import orjson
 import pytest
 
 from oomdoctor.dump_metadata import (
@@ -350,3 +351,25 @@ def test_a_full_fixture_dump_parses_with_every_field():
         assert parsed == Marker(**written)
     for parsed, written in zip(meta.tensors, raw["tensors"], strict=True):
         assert parsed == RegisteredTensor(**{**written, "shape": tuple(written["shape"])})
+
+
+def test_load_gives_the_typed_key_and_the_raw_key_as_written():
+    from oomdoctor.load import load
+
+    data = {"segments": [], "device_traces": [[]], "oomdoctor": {**FULL, "pid": "not an int", "extra": [1, {"a": 2}]}}
+    snapshot = load(pickle.dumps(data, protocol=4))
+    assert snapshot.oomdoctor == parse_metadata(freeze_builtins(data["oomdoctor"]))
+    assert snapshot.oomdoctor.pid is None and snapshot.oomdoctor.dropped == ("pid",) and snapshot.notes == ()
+    raw = snapshot.oomdoctor_raw
+    assert type(raw) is FrozenDict and raw == freeze_builtins(data["oomdoctor"])
+    assert orjson.loads(orjson.dumps(raw)) == data["oomdoctor"]
+    assert raw["pid"] == "not an int" and raw["extra"] == (1, {"a": 2})
+
+
+def test_no_key_or_a_dropped_key_is_none_in_both_fields():
+    from oomdoctor.load import load
+
+    plain = load(pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4))
+    assert plain.oomdoctor is None and plain.oomdoctor_raw is None
+    bad = load(pickle.dumps({"segments": [], "device_traces": [[]], "oomdoctor": {1: "int key"}}, protocol=4))
+    assert bad.oomdoctor is None and bad.oomdoctor_raw is None and bad.notes

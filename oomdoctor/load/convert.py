@@ -18,6 +18,7 @@ from itertools import repeat
 from typing import Any
 
 from oomdoctor.errors import LoadError
+from oomdoctor.load.metadata import parse_metadata
 from oomdoctor.load.stacks import StackTable
 from oomdoctor.metadata import METADATA_KEY
 from oomdoctor.model import (
@@ -141,12 +142,14 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     if full_dict:
         _era_from_top_level(top, era)
 
+    metadata = _build_metadata(top.get(METADATA_KEY), notes)
     return Snapshot(
         segments=segments,
         traces=tuple(traces),
         allocator_settings=_build_allocator_settings(top.get("allocator_settings"), describe, era),
         annotations=_build_annotations(top.get("external_annotations"), describe),
-        oomdoctor=_build_metadata(top.get(METADATA_KEY), notes),
+        oomdoctor=parse_metadata(metadata),
+        oomdoctor_raw=metadata,
         source_format=source_format,
         era_hints=tuple(era.hints),
         container=container,
