@@ -11,7 +11,7 @@ from oomdoctor.load import load
 
 def test_the_example_ships_inside_the_package_and_loads():
     snapshot = load(EXAMPLE_DUMP)
-    assert snapshot.oomdoctor is not None and snapshot.oomdoctor["reason"] == "oom"
+    assert snapshot.oomdoctor is not None and snapshot.oomdoctor.reason == "oom"
 
 
 def test_demo_leads_with_the_verdict(capsys):

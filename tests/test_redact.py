@@ -202,7 +202,7 @@ def test_redact_refuses_to_overwrite(personal_dump, tmp_path, capsys):
     assert out.read_bytes() == b"keep me"
     assert "already exists (--force replaces it)" in capsys.readouterr().err
     assert main(["redact", str(personal_dump), str(out), "--force"]) == 0
-    assert load(out).oomdoctor["host"] == "<host>"
+    assert load(out).oomdoctor.host == "<host>"
     before = personal_dump.read_bytes()
     assert main(["redact", str(personal_dump), str(personal_dump), "--force"]) == 2
     assert personal_dump.read_bytes() == before

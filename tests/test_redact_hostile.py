@@ -496,7 +496,7 @@ def test_a_dangling_link_at_out_is_kept_without_force(tmp_path, capsys):
     assert os.readlink(out) == str(tmp_path / "nowhere.pickle") and not (tmp_path / "nowhere.pickle").exists()
     assert main(["redact", source, str(out), "--force"]) == 0
     assert not out.is_symlink() and not (tmp_path / "nowhere.pickle").exists()
-    assert load(out).oomdoctor["host"] == "<host>"
+    assert load(out).oomdoctor.host == "<host>"
 
 
 def test_a_link_to_a_file_is_replaced_with_force_and_the_file_kept(tmp_path):
