@@ -1,22 +1,27 @@
 """The CUDA caching allocator's rules and settings (spec §4.1), in one place for every layer.
 
-Pure Python, no torch: analysis, rehearsal and the loader all read the allocator through this module.
+Pure Python, no torch: the loader, analysis and rehearsal all read the allocator through this module.
 
-* Sizing: request rounding (`round_size`, with roundup_power2_divisions), the pool a block comes
-  from (`pool_of`), and the segment cudaMalloc is asked for (`segment_size`).
+* Sizing: request rounding (`round_size`, with the roundup_power2_divisions `divisions_for` picks
+  for a request's interval), the pool a block comes from (`pool_of`), and the segment cudaMalloc is
+  asked for (`segment_size`).
 * Settings: `parse_alloc_conf` reads a `PYTORCH_CUDA_ALLOC_CONF`-style string with torch 2.13's
   rules into an `AllocatorConfig`. It follows c10's ConfigTokenizer: `key:value` pairs separated by
-  commas, a value may be a bracketed list (`roundup_power2_divisions:[256:1,512:2,>:4]`). Options
-  that only concern the pinned host allocator are accepted and echoed in `allocator_settings`;
-  unknown keys raise AllocatorConfigError (torch rejects them too), so a typo is not silently ignored.
+  commas, a value may be a bracketed list (`roundup_power2_divisions:[256:1,512:2,>:4]`, or one
+  number for every interval). Options that only concern the pinned host allocator are accepted
+  and echoed in `allocator_settings`; unknown keys raise AllocatorConfigError (torch rejects them
+  too), so a typo is not silently ignored. Numbers must be ASCII and of bounded length.
+* A dump's settings: `read_alloc_conf` reads a recorded conf string without ever refusing it, and
+  `recorded_settings` turns a snapshot's raw `allocator_settings` entry into `RecordedSettings`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from oomdoctor.units import MIB
 
@@ -154,19 +159,26 @@ def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
+_TOKEN = re.compile(r"[\[\]:,]|[^\[\]:,\s]+")
+_ITEM_MAX_TOKENS = 256  # torch's longest item, a full roundup_power2_divisions list, has about 70
+_CONF_MAX_CHARS = 128 * 1024  # MAX_ARG_STRLEN: the longest environment string Linux passes a process
+
+
 class _Tokens:
-    def __init__(self, text: str) -> None:
-        self.items = [t for t in re.findall(r"[\[\]:,]|[^\[\]:,\s]+", text)]
-        self.position = 0
+    """c10's ConfigTokenizer over a string (read lazily) or a list of tokens: one token of lookahead."""
+
+    def __init__(self, source: str | list[str]) -> None:
+        self._tokens = iter(source) if isinstance(source, list) else (m.group() for m in _TOKEN.finditer(source))
+        self._next = next(self._tokens, None)
 
     def peek(self) -> str | None:
-        return self.items[self.position] if self.position < len(self.items) else None
+        return self._next
 
     def take(self) -> str:
-        token = self.peek()
+        token = self._next
         if token is None:
             raise AllocatorConfigError("allocator config ends early")
-        self.position += 1
+        self._next = next(self._tokens, None)
         return token
 
     def expect(self, token: str, after: str) -> None:
@@ -176,6 +188,7 @@ class _Tokens:
 
     def take_int(self, key: str) -> int:
         token = self.take()
+        # ASCII digits only ("²".isdigit() is true), and few enough for a 64-bit value
         if not (token.isascii() and token.isdigit()) or len(token) > 18:
             raise AllocatorConfigError(f"allocator config: {key} needs a whole number, got '{token}'")
         return int(token)
@@ -183,6 +196,8 @@ class _Tokens:
     def take_float(self, key: str) -> float:
         token = self.take()
         try:
+            if not token.isascii():  # float() reads other scripts' digits too ("１.５")
+                raise ValueError(token)
             return float(token)
         except ValueError:
             raise AllocatorConfigError(f"allocator config: {key} needs a number, got '{token}'") from None
@@ -196,13 +211,14 @@ class _Tokens:
         raise AllocatorConfigError(f"allocator config: {key} needs True or False, got '{token}'")
 
 
-def _parse_divisions(tokens: _Tokens, divisions: list[int]) -> None:
+def _parse_divisions(tokens: _Tokens, current: list[int]) -> list[int]:
+    """The intervals' divisions after a roundup_power2_divisions value (current: before it)."""
+    divisions = list(current)
     if tokens.peek() != "[":
         value = tokens.take_int("roundup_power2_divisions")
         if not _is_power_of_two(value):
             raise AllocatorConfigError("roundup_power2_divisions: the divisions have to be a power of 2")
-        divisions[:] = [value] * ROUNDUP_INTERVALS
-        return
+        return [value] * ROUNDUP_INTERVALS
     tokens.take()
     first_value = True
     last_index = 0
@@ -230,64 +246,196 @@ def _parse_divisions(tokens: _Tokens, divisions: list[int]) -> None:
         if tokens.peek() == ",":
             tokens.take()
     tokens.expect("]", "roundup_power2_divisions list")
+    return divisions
+
+
+def _read_item(tokens: _Tokens, config: AllocatorConfig) -> tuple[str, dict[str, Any]]:
+    """One `key:value` item: its key and the fields it sets, validated as torch 2.13 validates them."""
+    key = tokens.take()
+    tokens.expect(":", f"key {key}")
+    if key == "max_split_size_mb":
+        value = tokens.take_int(key)
+        if value < LARGE_SEGMENT_BYTES // MIB:
+            raise AllocatorConfigError("max_split_size_mb too small, must be >= 20")
+        return key, {"max_split_size_bytes": value * MIB}
+    if key == "max_non_split_rounding_mb":
+        value = tokens.take_int(key)
+        if value < LARGE_SEGMENT_BYTES // MIB:
+            raise AllocatorConfigError("max_non_split_rounding_mb too small, must be >= 20")
+        return key, {"max_non_split_rounding_bytes": value * MIB}
+    if key == "large_segment_size_mb":
+        value = tokens.take_int(key)
+        if value <= MIN_LARGE_ALLOC_BYTES // MIB:
+            raise AllocatorConfigError("large_segment_size_mb must be larger than 10")
+        return key, {"large_segment_size_bytes": value * MIB}
+    if key == "garbage_collection_threshold":
+        value = tokens.take_float(key)
+        if not 0.0 < value < 1.0:
+            raise AllocatorConfigError("garbage_collection_threshold must be in (0.0, 1.0)")
+        return key, {"garbage_collection_threshold": value}
+    if key == "roundup_power2_divisions":
+        return key, {"roundup_power2_divisions": _parse_divisions(tokens, config.roundup_power2_divisions)}
+    if key == "per_process_memory_fraction":
+        value = tokens.take_float(key)
+        if not 0.0 <= value <= 1.0:
+            raise AllocatorConfigError("per_process_memory_fraction must be in [0.0, 1.0]")
+        return key, {"per_process_memory_fraction": value}
+    if key == "backend":
+        value = tokens.take()
+        if value != "native":
+            raise AllocatorConfigError(f"the simulator models the native allocator only, not backend:{value}")
+        return key, {}
+    if key in _BOOL_FIELDS:
+        value = tokens.take_bool(key)
+        return key, {_BOOL_FIELDS[key]: value} if _BOOL_FIELDS[key] else {}
+    if key == "pinned_num_register_threads":
+        return key, {"pinned_num_register_threads": tokens.take_int(key)}
+    if key == "pinned_max_round_threshold_mb":
+        return key, {"pinned_max_round_threshold_bytes": tokens.take_int(key) * MIB}
+    if key == "pinned_max_cached_size_mb":
+        return key, {"pinned_max_cached_size_bytes": tokens.take_int(key) * MIB}
+    raise AllocatorConfigError(f"unrecognized allocator config key '{key}'")
+
+
+_BOOL_FIELDS = {  # key -> the field it sets ("": accepted, not modelled)
+    "expandable_segments": "expandable_segments",
+    "release_lock_on_cudamalloc": "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register": "pinned_use_cuda_host_register",
+    "graph_capture_record_stream_reuse": "graph_capture_record_stream_reuse",
+    "pinned_use_background_threads": "",
+    "throw_on_cudamalloc_oom": "",
+}
+
+
+_KEYS = frozenset(
+    (
+        "max_split_size_mb",
+        "max_non_split_rounding_mb",
+        "large_segment_size_mb",
+        "garbage_collection_threshold",
+        "roundup_power2_divisions",
+        "per_process_memory_fraction",
+        "backend",
+        "pinned_num_register_threads",
+        "pinned_max_round_threshold_mb",
+        "pinned_max_cached_size_mb",
+        *_BOOL_FIELDS,
+    )
+)
+
+
+def _set(config: AllocatorConfig, fields: dict[str, Any]) -> None:
+    for name, value in fields.items():
+        setattr(config, name, value)
 
 
 def parse_alloc_conf(text: str) -> AllocatorConfig:
-    """Parse a `PYTORCH_CUDA_ALLOC_CONF` string the way torch 2.13 does."""
+    """Parse a `PYTORCH_CUDA_ALLOC_CONF` string the way torch 2.13 does; AllocatorConfigError if it would refuse it."""
     config = AllocatorConfig(raw=text)
     tokens = _Tokens(text)
     while tokens.peek() is not None:
-        key = tokens.take()
-        tokens.expect(":", f"key {key}")
-        if key == "max_split_size_mb":
-            value = tokens.take_int(key)
-            if value < LARGE_SEGMENT_BYTES // MIB:
-                raise AllocatorConfigError("max_split_size_mb too small, must be >= 20")
-            config.max_split_size_bytes = value * MIB
-        elif key == "max_non_split_rounding_mb":
-            value = tokens.take_int(key)
-            if value < LARGE_SEGMENT_BYTES // MIB:
-                raise AllocatorConfigError("max_non_split_rounding_mb too small, must be >= 20")
-            config.max_non_split_rounding_bytes = value * MIB
-        elif key == "large_segment_size_mb":
-            value = tokens.take_int(key)
-            if value <= MIN_LARGE_ALLOC_BYTES // MIB:
-                raise AllocatorConfigError("large_segment_size_mb must be larger than 10")
-            config.large_segment_size_bytes = value * MIB
-        elif key == "garbage_collection_threshold":
-            value = tokens.take_float(key)
-            if not 0.0 < value < 1.0:
-                raise AllocatorConfigError("garbage_collection_threshold must be in (0.0, 1.0)")
-            config.garbage_collection_threshold = value
-        elif key == "roundup_power2_divisions":
-            _parse_divisions(tokens, config.roundup_power2_divisions)
-        elif key == "expandable_segments":
-            config.expandable_segments = tokens.take_bool(key)
-        elif key == "per_process_memory_fraction":
-            value = tokens.take_float(key)
-            if not 0.0 <= value <= 1.0:
-                raise AllocatorConfigError("per_process_memory_fraction must be in [0.0, 1.0]")
-            config.per_process_memory_fraction = value
-        elif key == "backend":
-            value = tokens.take()
-            if value != "native":
-                raise AllocatorConfigError(f"the simulator models the native allocator only, not backend:{value}")
-        elif key == "release_lock_on_cudamalloc":
-            config.release_lock_on_cudamalloc = tokens.take_bool(key)
-        elif key == "pinned_use_cuda_host_register":
-            config.pinned_use_cuda_host_register = tokens.take_bool(key)
-        elif key == "graph_capture_record_stream_reuse":
-            config.graph_capture_record_stream_reuse = tokens.take_bool(key)
-        elif key in ("pinned_use_background_threads", "throw_on_cudamalloc_oom"):
-            tokens.take_bool(key)
-        elif key == "pinned_num_register_threads":
-            config.pinned_num_register_threads = tokens.take_int(key)
-        elif key == "pinned_max_round_threshold_mb":
-            config.pinned_max_round_threshold_bytes = tokens.take_int(key) * MIB
-        elif key == "pinned_max_cached_size_mb":
-            config.pinned_max_cached_size_bytes = tokens.take_int(key) * MIB
-        else:
-            raise AllocatorConfigError(f"unrecognized allocator config key '{key}'")
+        key, fields = _read_item(tokens, config)
+        _set(config, fields)
         if tokens.peek() is not None:
             tokens.expect(",", f"the value of {key}")
     return config
+
+
+def read_alloc_conf(text: str) -> AllocatorConfig:
+    """A `PYTORCH_CUDA_ALLOC_CONF` as a dump records it, read and never refused.
+
+    Each comma-separated item is read on its own with `parse_alloc_conf`'s rules; one that torch
+    2.13 would refuse (malformed, out of range, non-ASCII digits, a key it does not know, another
+    backend, more than a few hundred tokens) is left out and the default stands; a list left open
+    runs to the end of the string. A string torch accepts reads exactly as `parse_alloc_conf` reads
+    it. One longer than any environment variable (128 KiB) reads as all defaults, so a hostile
+    dump's string costs a bounded time.
+    """
+    config = AllocatorConfig(raw=text)
+    if len(text) > _CONF_MAX_CHARS:
+        return config
+    item: list[str] = []
+    in_list = False  # inside a bracketed value, where commas separate the list's entries
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token == "," and not in_list:
+            _read_lenient(item, config)
+            item = []
+            continue
+        if token == "[" and len(item) == 2 and item[1] == ":":  # a list opens only as a value
+            in_list = True
+        elif token == "]":
+            in_list = False
+        if len(item) <= _ITEM_MAX_TOKENS:
+            item.append(token)
+    _read_lenient(item, config)
+    return config
+
+
+def _read_lenient(item: list[str], config: AllocatorConfig) -> None:
+    if not 3 <= len(item) <= _ITEM_MAX_TOKENS or item[0] not in _KEYS or item[1] != ":":
+        return
+    tokens = _Tokens(item)
+    try:
+        _, fields = _read_item(tokens, config)
+    except AllocatorConfigError:
+        return
+    if tokens.peek() is None:
+        _set(config, fields)
+
+
+# ------------------------------------------------------- a dump's recorded settings
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedSettings:
+    """The allocator settings a snapshot records (its `allocator_settings`), as typed values."""
+
+    raw_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF as the allocator last parsed it
+    max_split_size: int = -1  # bytes; -1: unlimited
+    expandable_segments: bool = False
+    garbage_collection_threshold: float = 0.0
+    roundup_power2_divisions: tuple[tuple[int, int], ...] = ()  # (MiB lower bound, divisions), by bound
+    large_segment_size_bytes: int = LARGE_SEGMENT_BYTES  # from the conf string: torch records no field for it
+
+
+def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
+    """A snapshot's `allocator_settings` entry (plain data, as unpickled) as the values analysis needs.
+
+    The recorded fields are taken as torch wrote them, the defaults where one is missing or not of
+    the type torch writes (an int outside 64 bits is not one); what only the conf string holds
+    (large_segment_size_mb, torch 2.11+) is read from it with `read_alloc_conf`. The divisions table
+    keeps the entries keyed by ASCII digits (at most 18: a longer bound covers no interval) with a
+    64-bit int value, sorted by bound. Never raises; checking the entry's structure is the loader's.
+    """
+    raw_conf = raw.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    raw_conf = raw_conf if type(raw_conf) is str else ""
+    max_split_size = raw.get("max_split_size", -1)
+    threshold = raw.get("garbage_collection_threshold", 0.0)
+    if type(threshold) is int and _INT64_MIN <= threshold <= _INT64_MAX:
+        threshold = float(threshold)
+    divisions = []
+    table = raw.get("roundup_power2_divisions")
+    if type(table) is dict:
+        for key, value in table.items():
+            if (
+                type(key) is str
+                and key.isascii()
+                and key.isdigit()
+                and len(key) <= 18
+                and type(value) is int
+                and _INT64_MIN <= value <= _INT64_MAX
+            ):
+                divisions.append((int(key), value))
+    return RecordedSettings(
+        raw_conf=raw_conf,
+        max_split_size=max_split_size
+        if type(max_split_size) is int and _INT64_MIN <= max_split_size <= _INT64_MAX
+        else -1,
+        expandable_segments=bool(raw.get("expandable_segments", False)),
+        garbage_collection_threshold=threshold if type(threshold) is float else 0.0,
+        roundup_power2_divisions=tuple(sorted(divisions)),
+        large_segment_size_bytes=read_alloc_conf(raw_conf).large_segment_size_bytes,
+    )

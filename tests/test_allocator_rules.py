@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -10,10 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oomdoctor.allocator_rules import (
+    AllocatorConfig,
+    AllocatorConfigError,
+    RecordedSettings,
     division_intervals,
     divisions_for,
     parse_alloc_conf,
     pool_of,
+    read_alloc_conf,
+    recorded_settings,
     round_size,
     roundup_power2_next_division,
     segment_size,
@@ -115,3 +121,119 @@ def test_division_intervals_of_torch_table_and_config_agree():
     assert division_intervals(table) == tuple(config.roundup_power2_divisions)
     assert division_intervals(((3, 4),)) == (0, 0) + (4,) * 14  # a bound between keys: from the next key on
     assert division_intervals(()) == (0,) * 16
+
+
+# ------------------------------------------------------------------ settings
+
+VALID_ITEMS = [
+    "max_split_size_mb:128",
+    "max_non_split_rounding_mb:40",
+    "large_segment_size_mb:64",
+    "garbage_collection_threshold:0.6",
+    "expandable_segments:True",
+    "expandable_segments:false",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:[256:1,512:2,>:4]",
+    "roundup_power2_divisions:[2:2,64:4,>:8]",
+    "per_process_memory_fraction:0.5",
+    "backend:native",
+    "release_lock_on_cudamalloc:1",
+    "pinned_use_cuda_host_register:True",
+    "pinned_num_register_threads:8",
+    "pinned_use_background_threads:False",
+    "graph_capture_record_stream_reuse:true",
+    "throw_on_cudamalloc_oom:0",
+    "pinned_max_round_threshold_mb:16",
+    "pinned_max_cached_size_mb:512",
+]
+HOSTILE_ITEMS = [
+    "large_segment_size_mb:\u00b2",
+    "large_segment_size_mb:0",
+    "large_segment_size_mb:-3",
+    "max_split_size_mb:99999999999999999999999999999",
+    "roundup_power2_divisions:[256:\u00b2,>:4]",
+    "roundup_power2_divisions:3",
+    "garbage_collection_threshold:nan",
+    "garbage_collection_threshold:\uff10.\uff15",
+    "expandable_segments:\x1b[2J",
+    "backend:cudaMallocAsync",
+    "no_such_key:1",
+    "large_segment_size_mb:6 4",
+    "]]",
+    "",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(VALID_ITEMS), max_size=6))
+def test_a_conf_torch_accepts_reads_as_it_parses(items):
+    text = ",".join(items)
+    assert read_alloc_conf(text) == parse_alloc_conf(text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(VALID_ITEMS + HOSTILE_ITEMS), max_size=6))
+def test_reading_a_recorded_conf_never_refuses_and_keeps_the_items_torch_accepts(items):
+    config = read_alloc_conf(",".join(items))
+    valid = ",".join(item for item in items if item in VALID_ITEMS)
+    assert config == dataclasses.replace(parse_alloc_conf(valid), raw=",".join(items))
+
+
+@pytest.mark.parametrize("conf", [item for item in HOSTILE_ITEMS if item not in ("", "]]")])
+def test_the_strict_parser_refuses_what_the_reader_leaves_out(conf):
+    with pytest.raises(AllocatorConfigError):
+        parse_alloc_conf(conf)
+
+
+def test_an_overlong_conf_reads_as_defaults_in_bounded_time():
+    text = "expandable_segments:True," + "x," * 100_000 + "large_segment_size_mb:64"
+    assert read_alloc_conf(text) == AllocatorConfig(raw=text)
+
+
+def test_an_unclosed_list_runs_to_the_end_of_the_conf():
+    text = "large_segment_size_mb:64,roundup_power2_divisions:[1:2,max_split_size_mb:128"
+    assert read_alloc_conf(text) == dataclasses.replace(parse_alloc_conf("large_segment_size_mb:64"), raw=text)
+    with pytest.raises(AllocatorConfigError):
+        parse_alloc_conf(text)
+
+
+def test_the_last_of_repeated_keys_wins_as_in_torch():
+    assert read_alloc_conf("large_segment_size_mb:40,large_segment_size_mb:80").large_segment_size_bytes == 80 * MiB
+
+
+def test_recorded_settings_of_a_torch_entry():
+    config = parse_alloc_conf("max_split_size_mb:512,expandable_segments:True,roundup_power2_divisions:[2:4,>:8],"
+                              "garbage_collection_threshold:0.5,large_segment_size_mb:64")  # fmt: skip
+    recorded = recorded_settings(config.settings_dict())
+    assert recorded == RecordedSettings(
+        raw_conf=config.raw,
+        max_split_size=512 * MiB,
+        expandable_segments=True,
+        garbage_collection_threshold=0.5,
+        roundup_power2_divisions=tuple((1 << k, 4 if k < 2 else 8) for k in range(16)),
+        large_segment_size_bytes=64 * MiB,
+    )
+    assert division_intervals(recorded.roundup_power2_divisions) == tuple(config.roundup_power2_divisions)
+    assert recorded_settings({}) == RecordedSettings()
+
+
+def test_recorded_settings_of_a_hostile_entry_are_the_defaults():
+    raw = {
+        "PYTORCH_CUDA_ALLOC_CONF": 7,
+        "max_split_size": 1 << 70,
+        "garbage_collection_threshold": 1 << 2000,
+        "roundup_power2_divisions": {"\u00b2": 4, "2": "4", 4: 4, "9" * 5000: 4, "8": 1 << 64, "16": 2},
+    }
+    assert recorded_settings(raw) == RecordedSettings(roundup_power2_divisions=((16, 2),))
+    assert recorded_settings({"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:\u00b2"}).large_segment_size_bytes == (
+        20 * MiB
+    )
+    assert recorded_settings({"garbage_collection_threshold": 3}).garbage_collection_threshold == 3.0
+
+
+def test_the_reader_knows_every_key_the_parser_does():
+    from oomdoctor import allocator_rules
+
+    assert {item.split(":")[0] for item in VALID_ITEMS} == allocator_rules._KEYS
+    for item in VALID_ITEMS:
+        parse_alloc_conf(item)

@@ -1,8 +1,8 @@
 """The caching allocator's sizing rules (spec §4.1), for estimating what a request really occupied.
 
-The rules themselves are `oomdoctor.allocator_rules`, shared with the rehearsal simulator; this
-module reads their inputs the way a dump records them: roundup_power2_divisions as the model's
-(MiB lower bound, divisions) pairs, and large_segment_size_mb from the raw configuration string.
+The rules and the parsing of the settings are `oomdoctor.allocator_rules`, shared with the loader
+and the rehearsal simulator; this module hands them what analysis holds: roundup_power2_divisions
+as the model's (MiB lower bound, divisions) pairs, and the raw configuration string.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from oomdoctor.allocator_rules import (
     division_intervals,
     divisions_for,
     pool_of,
+    read_alloc_conf,
     segment_size,
 )
 from oomdoctor.allocator_rules import round_size as _round_size
@@ -50,10 +51,4 @@ def round_size(size_bytes: int, divisions: tuple[tuple[int, int], ...] = ()) -> 
 
 def large_segment_bytes(raw_conf: str | None) -> int:
     """`large_segment_size_mb` from PYTORCH_CUDA_ALLOC_CONF (torch 2.11+), else the 20 MiB default."""
-    for part in (raw_conf or "").split(","):
-        key, _, value = part.partition(":")
-        value = value.strip()
-        # ASCII digits only ("²".isdigit() is true), and few enough to be a real size in MiB
-        if key.strip() == "large_segment_size_mb" and value.isascii() and value.isdigit() and len(value) <= 9:
-            return int(value.strip()) << 20
-    return LARGE_SEGMENT_BYTES
+    return read_alloc_conf(raw_conf or "").large_segment_size_bytes
