@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
-from oomdoctor.rehearse.allocator_fidelity import replay_snapshot
+from oomdoctor.rehearse.allocator_fidelity import as_snapshot, replay_snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import simulator_fidelity  # noqa: E402
@@ -78,7 +78,7 @@ def test_the_simulator_agrees_with_its_own_trace(conf, capacity_bytes):
     snapshot = simulator.snapshot()
     if capacity_bytes < 1 << 40:
         assert any(event["action"] == "oom" for event in snapshot["device_traces"][0])
-    (replay,) = replay_snapshot(snapshot)
+    (replay,) = replay_snapshot(as_snapshot(snapshot))
     assert replay.qualifies, replay.reason
     assert replay.mismatches == []
     assert replay.segment_events_matched == replay.segment_events_total > 0
@@ -94,7 +94,7 @@ def test_a_trace_that_starts_mid_run_does_not_qualify():
     simulator.free(kept_small)
     simulator.malloc(MiB)
     simulator.malloc(5 * MiB)
-    (replay,) = replay_snapshot(simulator.snapshot())
+    (replay,) = replay_snapshot(as_snapshot(simulator.snapshot()))
     assert not replay.qualifies
     assert "starts mid-run" in replay.reason
 
@@ -106,7 +106,7 @@ def test_a_segment_from_before_the_trace_leaves_the_other_pool_to_replay():
     simulator.malloc(30 * MiB)
     simulator.free(simulator.malloc(3 * MiB))
     simulator.malloc(200)
-    (replay,) = replay_snapshot(simulator.snapshot())
+    (replay,) = replay_snapshot(as_snapshot(simulator.snapshot()))
     assert replay.qualifies and replay.scope == "large pool"
     assert replay.segment_events_matched == replay.segment_events_total == 2
     assert replay.blocks_matched == replay.blocks_total == 2
@@ -119,7 +119,7 @@ def test_segments_from_before_the_trace_in_both_pools_disqualify():
     simulator.record_history(True)
     simulator.malloc(200)
     simulator.malloc(40 * MiB)
-    (replay,) = replay_snapshot(simulator.snapshot())
+    (replay,) = replay_snapshot(as_snapshot(simulator.snapshot()))
     assert not replay.qualifies
     assert "starts mid-run" in replay.reason
 
@@ -131,7 +131,7 @@ def test_a_diverging_replay_is_scored_below_one():
     simulator.malloc(5 * MiB)
     snapshot = simulator.snapshot()
     snapshot["device_traces"][0][1]["size"] = 30 * MiB  # as if torch had asked for more
-    (replay,) = replay_snapshot(snapshot)
+    (replay,) = replay_snapshot(as_snapshot(snapshot))
     assert replay.segment_events_matched < replay.segment_events_total
     assert replay.blocks_matched < replay.blocks_total
     assert replay.mismatches
@@ -146,7 +146,7 @@ def test_empty_cache_before_an_oom_is_not_mistaken_for_the_flush(conf):
     simulator.malloc(20 * MiB + 1)
     with pytest.raises(SimulatedOutOfMemory):
         simulator.malloc(40 * MiB + 513)
-    (replay,) = replay_snapshot(simulator.snapshot())
+    (replay,) = replay_snapshot(as_snapshot(simulator.snapshot()))
     assert replay.mismatches == []
     assert replay.release_events_matched == replay.release_events_total == 1
 

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
-from oomdoctor.rehearse.allocator_fidelity import replay_snapshot
+from oomdoctor.rehearse.allocator_fidelity import as_snapshot, replay_snapshot
 
 MiB = 1024 * 1024
 
@@ -90,7 +90,7 @@ def check_invariants(simulator: CachingAllocatorSimulator, conf: str, capacity_b
 def test_random_workloads_keep_the_invariants_and_replay_exactly(conf, capacity_bytes, steps):
     simulator = run(conf, capacity_bytes, steps)
     snapshot = simulator.snapshot()
-    (replay,) = replay_snapshot(snapshot)
+    (replay,) = replay_snapshot(as_snapshot(snapshot))
     if replay.qualifies:
         assert replay.mismatches == []
         assert replay.segment_events_matched == replay.segment_events_total

@@ -33,12 +33,15 @@ on the final layout: per segment, the sequence of (size, state, requested_size) 
 (requested_size even where it is stale, on inactive blocks), with addresses relabelled: segments
 are matched as a multiset; unmatched ones are paired in address order and compared block by block.
 
-This module is pure: it takes plain snapshot dicts (or the project's model objects) and returns
-result objects.
+This module is pure: it reads snapshots as the project's model (`oomdoctor.model.Snapshot`, what
+`oomdoctor.load.load` returns) and returns result objects. The simulator's own snapshot, a dict in
+torch's shape, is read back through the same loader (`as_snapshot`), so both sides of a comparison
+are read by one reader.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -46,6 +49,8 @@ from difflib import SequenceMatcher
 from typing import Any
 
 from oomdoctor.allocator_rules import SMALL_REQUEST_BYTES, SMALL_SEGMENT_BYTES, AllocatorConfig, parse_alloc_conf
+from oomdoctor.load import load
+from oomdoctor.model import DeviceTrace, Segment, Snapshot
 from oomdoctor.rehearse.allocator import AddressSpace, CachingAllocatorSimulator, SimulatedOutOfMemory
 
 UNLIMITED_CAPACITY_BYTES = 1 << 40  # 1 TiB: larger than any device in the corpus
@@ -93,50 +98,34 @@ class DeviceReplay:
     mismatches: list[str] = field(default_factory=list)
 
 
-def _get(item: Any, key: str, default: Any = None) -> Any:
-    if isinstance(item, dict):
-        return item.get(key, default)
-    return getattr(item, key, default)
+def as_snapshot(raw_snapshot: dict[str, Any]) -> Snapshot:
+    """A snapshot in torch's shape (the simulator's `snapshot()`) read by the project's loader."""
+    return load(pickle.dumps(raw_snapshot, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def events_of(raw_trace: Iterable[Any]) -> list[Event]:
-    events = []
-    for entry in raw_trace:
-        events.append(
-            Event(
-                action=_get(entry, "action"),
-                addr=_get(entry, "addr", 0) or 0,
-                size=_get(entry, "size", 0) or 0,
-                stream=_get(entry, "stream", 0) or 0,
-                device_free=_get(entry, "device_free"),
-            )
+def events_of(trace: DeviceTrace) -> list[Event]:
+    device_free = trace.device_free
+    return [
+        Event(action, addr, size, stream, device_free.get(index))
+        for index, (action, addr, size, stream) in enumerate(
+            zip(trace.actions, trace.addrs, trace.sizes, trace.streams)
         )
-    return events
+    ]
 
 
-def final_segments_of(raw_segments: Iterable[Any], device: int) -> list[FinalSegment]:
-    result = []
-    for segment in raw_segments:
-        if (_get(segment, "device", 0) or 0) != device:
-            continue
-        blocks = tuple(
-            (
-                _get(block, "size"),
-                "active_pending_free" if _get(block, "state") == "active_awaiting_free" else _get(block, "state"),
-                _get(block, "requested_size", 0),
-            )
-            for block in _get(segment, "blocks", ())
+def final_segments_of(segments: Iterable[Segment], device: int) -> list[FinalSegment]:
+    result = [
+        FinalSegment(
+            address=segment.address,
+            total_size=segment.total_size,
+            stream=segment.stream,
+            segment_type=segment.segment_type,
+            is_expandable=segment.is_expandable,
+            blocks=tuple((block.size, block.state, block.requested_size) for block in segment.blocks),
         )
-        result.append(
-            FinalSegment(
-                address=_get(segment, "address"),
-                total_size=_get(segment, "total_size"),
-                stream=_get(segment, "stream", 0) or 0,
-                segment_type=_get(segment, "segment_type"),
-                is_expandable=bool(_get(segment, "is_expandable", False)),
-                blocks=blocks,
-            )
-        )
+        for segment in segments
+        if segment.device == device
+    ]
     return sorted(result, key=lambda segment: segment.address)
 
 
@@ -269,10 +258,6 @@ def _release_runs(events: list[Event]) -> dict[int, tuple[list[int], Event | Non
     return runs
 
 
-def _simulated_final(snapshot: dict[str, Any], device: int) -> list[FinalSegment]:
-    return final_segments_of(snapshot["segments"], device)
-
-
 def _sequence_agreement(real: list, simulated: list) -> int:
     matcher = SequenceMatcher(None, real, simulated, autojunk=False)
     return sum(block.size for block in matcher.get_matching_blocks())
@@ -325,24 +310,18 @@ def _pool_events(events: list[Event], pool: str, config: AllocatorConfig) -> lis
     return kept
 
 
-def replay_device(snapshot: Any, device: int, traced_addresses: bool = True) -> list[DeviceReplay]:
+def replay_device(snapshot: Snapshot, device: int, traced_addresses: bool = True) -> list[DeviceReplay]:
     """Replay one device's trace; when it is not whole, each pool whose own history is whole.
 
     Pools are independent as long as the capacity is unlimited (no flush, no garbage collection):
     a trace that began after a small segment existed still replays its large pool exactly.
     """
-    traces = _get(snapshot, "device_traces", None)
-    if traces is None:
-        traces = _get(snapshot, "traces", ())
-    if device >= len(traces):
+    if device >= len(snapshot.traces):
         return [DeviceReplay(device, False, "no trace for this device")]
-    events = events_of(traces[device])
-    final = final_segments_of(_get(snapshot, "segments", ()), device)
-    settings = _get(snapshot, "allocator_settings", None) or {}
-    if isinstance(settings, dict):
-        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or ""
-    else:
-        conf = _get(settings, "raw_conf", "") or ""
+    events = events_of(snapshot.traces[device])
+    final = final_segments_of(snapshot.segments, device)
+    settings = snapshot.allocator_settings
+    conf = settings.raw_conf if settings is not None else ""
     reason = qualification(events, final)
     if not reason:
         return [_replay(events, final, conf, device, traced_addresses, "all pools")]
@@ -409,8 +388,8 @@ def _replay(
     result.simulated_retries = stats["num_alloc_retries"]
     result.simulated_ooms = stats["num_ooms"]
     result.real_ooms = sum(1 for event in events if event.action == "oom")
-    simulated_snapshot = simulator.snapshot()
-    simulated_events = events_of(simulated_snapshot["device_traces"][device])
+    simulated_snapshot = as_snapshot(simulator.snapshot())
+    simulated_events = events_of(simulated_snapshot.traces[device])
     result.real_segment_sizes = [(e.action, e.size) for e in events if e.action in SEGMENT_CREATE_ACTIONS]
     result.simulated_segment_sizes = [
         (e.action, e.size) for e in simulated_events if e.action in SEGMENT_CREATE_ACTIONS
@@ -422,7 +401,7 @@ def _replay(
     result.release_events_matched = _sequence_agreement(real_releases, simulated_releases)
     result.release_events_total = max(len(real_releases), len(simulated_releases))
     result.blocks_matched, result.blocks_total = _layout_agreement(
-        final, _simulated_final(simulated_snapshot, device), result.mismatches
+        final, final_segments_of(simulated_snapshot.segments, device), result.mismatches
     )
     if result.segment_events_matched < result.segment_events_total:
         result.mismatches.append(
@@ -431,8 +410,7 @@ def _replay(
     return result
 
 
-def replay_snapshot(snapshot: Any, traced_addresses: bool = True) -> list[DeviceReplay]:
-    traces = _get(snapshot, "device_traces", None)
-    if traces is None:
-        traces = _get(snapshot, "traces", ())
-    return [replay for device in range(len(traces)) for replay in replay_device(snapshot, device, traced_addresses)]
+def replay_snapshot(snapshot: Snapshot, traced_addresses: bool = True) -> list[DeviceReplay]:
+    return [
+        replay for device in range(len(snapshot.traces)) for replay in replay_device(snapshot, device, traced_addresses)
+    ]
