@@ -15,10 +15,10 @@ from oomdoctor.allocator_rules import (
     roundup_power2_next_division,
 )
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
+from oomdoctor.units import GIB as GiB
+from oomdoctor.units import MIB as MiB
 from oomdoctor.units import format_size
 
-MiB = 1024 * 1024
-GiB = 1024 * MiB
 DEVICE_BYTES = 8 * GiB
 
 

@@ -11,11 +11,10 @@ import pytest
 
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
 from oomdoctor.rehearse.allocator_fidelity import as_snapshot, replay_snapshot
+from oomdoctor.units import MIB as MiB
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import simulator_fidelity  # noqa: E402
-
-MiB = 1024 * 1024
 
 # device traces of the corpus whose history starts from an empty allocator
 QUALIFYING = {

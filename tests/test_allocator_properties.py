@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from oomdoctor.rehearse.allocator import CachingAllocatorSimulator, SimulatedOutOfMemory
 from oomdoctor.rehearse.allocator_fidelity import as_snapshot, replay_snapshot
-
-MiB = 1024 * 1024
+from oomdoctor.units import MIB as MiB
 
 request_sizes = st.one_of(
     st.integers(1, 4096),

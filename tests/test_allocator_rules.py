@@ -25,8 +25,7 @@ from oomdoctor.allocator_rules import (
     segment_size,
 )
 from oomdoctor.analysis import sizing
-
-MiB = 1024 * 1024
+from oomdoctor.units import MIB as MiB
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from oomdoctor import units
 from oomdoctor.units import format_size, human_size, parse_size
 
-KiB = 1024
+KiB = 1024  # the test's own figures, checked against units' below
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
+
+
+def test_the_byte_units_are_binary():
+    assert (units.KIB, units.MIB, units.GIB) == (1 << 10, 1 << 20, 1 << 30) == (KiB, MiB, GiB)
 
 
 @pytest.mark.parametrize(
