@@ -84,6 +84,7 @@ _NAME_MAX = 255  # longer is no file-name component (NAME_MAX) and no host name 
 _ROOT_MAX = 4096  # PATH_MAX: a longer directory is no project root
 _ROOTS_MAX = 32  # more script directories than this: no project root, every own file is <path>/name
 _PID_MIN = 1000  # smaller pids are replaced only where text says "pid" or "Process"
+_PID_LIMIT = 1 << 32  # above any operating system's process ids
 _PREFILTER_NAMES = 16  # up to this many names, a text that holds none of them is passed over at C speed
 _NAMES_PER_PATTERN = 256  # names in one trie pattern; each step of the engine tries at most this many ways on
 _DEPTH_MAX = 40  # nesting kept under keys nobody knows; anything deeper becomes "<redacted>"
@@ -251,7 +252,8 @@ class Redactor:
         return cls(
             hosts=tuple(sorted(hosts, key=len, reverse=True)),
             users=tuple(sorted(users, key=len, reverse=True)),
-            pids=(pid,) if isinstance(pid, int) and not isinstance(pid, bool) else (),
+            # a process id is a small positive int (a hostile one can have 16,000 bits)
+            pids=(pid,) if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < _PID_LIMIT else (),
             project_roots=tuple(sorted(roots, key=len, reverse=True)),
         )
 

@@ -532,3 +532,21 @@ def test_the_copy_of_a_bare_segment_list_still_loads(tmp_path):
     source, out = _write(tmp_path / "segments.pickle", segments), tmp_path / "out.pickle"
     assert main(["redact", source, str(out)]) == 0
     assert b"alice" not in out.read_bytes() and load(out).source_format == "segment-list"
+
+
+def test_a_pid_beyond_any_process_id_is_not_formatted(tmp_path):
+    """A hostile pid of 16,000 bits (more digits than int->str allows) is no pid: redact still works."""
+    import pickle
+
+    from oomdoctor.cli import main
+
+    data = {
+        "segments": [{"device": 0, "address": 1 << 40, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
+                      "blocks": [{"address": 1 << 40, "size": 2 << 20, "requested_size": 2 << 20,
+                                  "state": "active_allocated", "frames": []}]}],
+        "device_traces": [[]],
+        "oomdoctor": {"pid": 1 << 16000, "host": "node7"},
+    }  # fmt: skip
+    source = tmp_path / "in.pickle"
+    source.write_bytes(pickle.dumps(data, protocol=4))
+    assert main(["redact", str(source), str(tmp_path / "out.pickle")]) == 0
