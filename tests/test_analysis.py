@@ -1,4 +1,4 @@
-"""The analysis engine on model objects with a known story (tests/analysis_builder.py)."""
+"""The analysis engine on model objects with a known story (tests/builders.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from oomdoctor.model import (
     Snapshot,
     TraceEvent,
 )
-from tests.analysis_builder import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
+from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
 
 
 def _train_until_optimizer_oom(sim: Sim, *, frames: bool = False) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 from oomdoctor.analysis import analyse
 from oomdoctor.load import load
 from oomdoctor.views import text_report
-from tests.analysis_builder import FORWARD_STACK, SETUP_STACK, MiB, Sim
+from tests.builders import FORWARD_STACK, SETUP_STACK, MiB, Sim
 from tests.conftest import CORPUS_SNAPSHOTS, FIXTURES
 
 REAL_OOM_PREFIXES = ("oom_action__", "multi_device_expandable__")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from oomdoctor.analysis import analyse
-from tests.analysis_builder import FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
+from tests.builders import FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
 
 def _first_forward_oom(sim: Sim, *, frames: bool) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from oomdoctor.analysis import analyse, replayer
 from oomdoctor.analysis.sizing import round_size
-from tests.analysis_builder import USER_STACK, MiB, Sim
+from tests.builders import USER_STACK, MiB, Sim
 
 OPS = st.lists(
     st.one_of(

@@ -22,29 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import BASE, one_block_snapshot
+
 pytestmark = pytest.mark.slow
 
-ADDRESS = 0x7F0000000000
 MEMORY_LIMIT_BYTES = 3 * 1024**3
 TIME_LIMIT_S = 60
 # Raw C0 (but newline), DEL, C1: what must never reach a terminal from a file.
 RAW_CONTROL = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
 EVIL = "\x1b]0;pwned\x07\x1b]52;c;cHduZWQ=\x07\x1b[2J"
-
-
-def snapshot(**top):
-    segment = {
-        "device": 0, "address": ADDRESS, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
-        "blocks": [{"address": ADDRESS, "size": 2 << 20, "requested_size": 2 << 20, "state": "active_allocated", "frames": []}],
-    }  # fmt: skip
-    data = {
-        "segments": [segment],
-        "device_traces": [
-            [{"action": "alloc", "addr": ADDRESS, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": []}]
-        ],
-    }
-    data.update(top)
-    return data
 
 
 def laughs(levels):
@@ -74,7 +60,7 @@ def _framed_stack(data, stack):
 
 
 def _forward_frames_deep():
-    data = snapshot()
+    data = one_block_snapshot()
     data["device_traces"][0][0].update(
         user_metadata="", compile_context="", pool_id=(0, 0), forward_frames=["PLACEHOLDER"], k1=1, k2=2
     )
@@ -83,14 +69,14 @@ def _forward_frames_deep():
 
 
 def _negative_device():
-    data = snapshot()
+    data = one_block_snapshot()
     data["segments"][0]["device"] = -5
     data["device_traces"] = [[], []]
     return data
 
 
 def _history_not_list():
-    data = snapshot()
+    data = one_block_snapshot()
     block = data["segments"][0]["blocks"][0]
     del block["frames"]
     block["history"] = 7
@@ -98,7 +84,7 @@ def _history_not_list():
 
 
 def _sum_overflow():
-    data = snapshot()
+    data = one_block_snapshot()
     block = data["segments"][0]["blocks"][0]
     data["segments"][0]["blocks"] = [
         dict(block, address=block["address"] + i, size=2**63 - 1, requested_size=2**63 - 1) for i in range(3)
@@ -119,25 +105,25 @@ def _frame_amplification():
     big = "/src/" + "a" * (3 << 19) + ".py"
     stack = [{"filename": big, "line": 1, "name": "f"}] * 8
     blocks = [
-        {"address": ADDRESS + i * 512, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": stack}
+        {"address": BASE + i * 512, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": stack}
         for i in range(300)
     ]
     segment = {
         "device": 0,
-        "address": ADDRESS,
+        "address": BASE,
         "total_size": 512 * 300,
         "stream": 0,
         "segment_type": "small",
         "blocks": blocks,
     }
     events = [
-        {"action": "alloc", "addr": ADDRESS + i * 512, "size": 512, "stream": 0, "frames": stack} for i in range(300)
+        {"action": "alloc", "addr": BASE + i * 512, "size": 512, "stream": 0, "frames": stack} for i in range(300)
     ]
     return {"segments": [segment], "device_traces": [events]}
 
 
 def _markdown_breakout():
-    data = snapshot(
+    data = one_block_snapshot(
         oomdoctor={
             "argv": ['x`` </details><img src="https://evil.example/p.png"> @someone [click](https://evil.example) ``']
         }
@@ -147,8 +133,8 @@ def _markdown_breakout():
 
 
 def _evidence_image():
-    data = snapshot(oomdoctor={
-        "tensors": [{"address": ADDRESS, "device": 0, "component": "optimizer_state",
+    data = one_block_snapshot(oomdoctor={
+        "tensors": [{"address": BASE, "device": 0, "component": "optimizer_state",
                      "name": "w.exp_avg ![x](https://evil.example/pixel.png) @someone", "size_bytes": 2 << 20}],
         "oom": {"device": 0, "alloc_bytes": 1 << 30},
     })  # fmt: skip
@@ -159,33 +145,36 @@ def _evidence_image():
 
 
 def _segment_type(value):
-    data = snapshot()
+    data = one_block_snapshot()
     data["segments"][0]["segment_type"] = value
     return data
 
 
 # name -> (the file's bytes or data, the file's suffix)
 REPRODUCERS = {
-    "r01_json_bigint": (snapshot(oomdoctor={"rank": 2**64}), ".pickle"),
+    "r01_json_bigint": (one_block_snapshot(oomdoctor={"rank": 2**64}), ".pickle"),
     "r01b_json_sum_overflow": (_sum_overflow(), ".pickle"),
     "r02_alloc_conf_digit": (
-        snapshot(allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:\u00b2"}),
+        one_block_snapshot(allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:\u00b2"}),
         ".pickle",
     ),
-    "r03_divisions_digit": (snapshot(allocator_settings={"roundup_power2_divisions": {"\u00b2": 4}}), ".pickle"),
+    "r03_divisions_digit": (
+        one_block_snapshot(allocator_settings={"roundup_power2_divisions": {"\u00b2": 4}}),
+        ".pickle",
+    ),
     "r04_negative_device": (_negative_device(), ".pickle"),
     "r05_history_not_list": (_history_not_list(), ".pickle"),
-    "r06_hugeint_human": (snapshot(oomdoctor={"device": {"total_memory_bytes": 2**1100}}), ".pickle"),
+    "r06_hugeint_human": (one_block_snapshot(oomdoctor={"device": {"total_memory_bytes": 2**1100}}), ".pickle"),
     "r07_deep_tuple_segv": (b"\x80\x04}" + b")" + b"\x85" * 10**6 + b"K\x01s.", ".pickle"),
     "r08_tuple_bomb_hash": (_tuple_bomb(), ".pickle"),
-    "r09_recording_bomb": (snapshot(oomdoctor={"recording": {"max_entries": laughs(28)}}), ".pickle"),
+    "r09_recording_bomb": (one_block_snapshot(oomdoctor={"recording": {"max_entries": laughs(28)}}), ".pickle"),
     "r10_forward_frames_deep": (_forward_frames_deep(), ".pickle"),
     "r11_key_repr": (b"\x80\x04}" + b")" + b"\x85" * 100000 + b"K\x01s.", ".pickle"),
     "r12_tui_markup": (_segment_type("[/bold]"), ".pickle"),
     "r13_tensor_name_bomb": (
-        snapshot(
+        one_block_snapshot(
             oomdoctor={
-                "tensors": [{"address": ADDRESS, "component": "parameter", "name": laughs(27), "size_bytes": 2 << 20}]
+                "tensors": [{"address": BASE, "component": "parameter", "name": laughs(27), "size_bytes": 2 << 20}]
             }
         ),
         ".pickle",
@@ -196,12 +185,12 @@ REPRODUCERS = {
         ".pickle",
     ),
     "r16_text_report_ansi": (
-        _framed_stack(snapshot(), [{"filename": f"/src/{EVIL}train.py", "line": 1, "name": "main"}]),
+        one_block_snapshot(filename=f"/src/{EVIL}train.py"),
         ".pickle",
     ),
     "r17_markdown_breakout": (_markdown_breakout(), ".pickle"),
     "r18_redact_regex_dos": (
-        _framed_stack(snapshot(), [{"filename": "/src/" + "a-rank0-" * 16000 + ".py", "line": 1, "name": "main"}]),
+        one_block_snapshot(filename="/src/" + "a-rank0-" * 16000 + ".py"),
         ".pickle",
     ),
     "r19_markdown_evidence_image": (_evidence_image(), ".pickle"),
@@ -211,7 +200,7 @@ REPRODUCERS = {
         ".pickle",
     ),
     "r22_redact_leaks": (
-        snapshot(oomdoctor={"host": "node7", "pid": 4242, "argv": ["/home/alice/proj/train.py"]}),
+        one_block_snapshot(oomdoctor={"host": "node7", "pid": 4242, "argv": ["/home/alice/proj/train.py"]}),
         ".pickle",
     ),
 }

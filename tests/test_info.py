@@ -11,7 +11,7 @@ import pytest
 from oomdoctor.cli import main
 from oomdoctor.load import load
 from oomdoctor.views.info import build_info, format_bytes
-from tests.test_load import MiB, make_snapshot
+from tests.builders import MiB, make_snapshot
 
 
 def _write(tmp_path: Path, data, name: str = "snapshot.pickle") -> Path:

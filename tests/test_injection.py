@@ -8,16 +8,13 @@ link, raw HTML or mention that the payload brought; the terminal app's builders 
 from __future__ import annotations
 
 import json
-import pickle
 import re
 
 import pytest
 from markdown_it import MarkdownIt
 
 from oomdoctor.cli import main
-
-MIB = 1 << 20
-BASE = 0x7F0000000000
+from tests.builders import payload_dump, write_pickle
 
 PAYLOADS = {
     "escape": "\x1b]0;pwned\x07\x1b]52;c;cHduZWQ=\x07\x1b[2J\x1b]8;;https://evil.example\x1b\\\x9b31m\u202e",
@@ -28,94 +25,9 @@ PAYLOADS = {
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")
 
 
-def _dump(payload: str) -> dict:
-    """A small dump that runs out of memory, with `payload` in every string field torch or
-    oomdoctor writes (frames, segment type, annotations, event metadata, every metadata text)."""
-
-    def v(field):
-        return f"{field}:{payload}:end"
-
-    frames = [
-        {"filename": v("filename") + ".py", "line": 7, "name": v("function")},
-        {"filename": "train.py", "line": 3, "name": "main"},
-    ]
-    blocks, events = [], []
-    for i in range(3):
-        address = BASE + i * 2 * MIB
-        blocks.append(
-            {
-                "address": address,
-                "size": 2 * MIB,
-                "requested_size": 2 * MIB,
-                "state": "active_allocated",
-                "frames": frames,
-            }
-        )
-        events.append({
-            "action": "alloc", "addr": address, "size": 2 * MIB, "stream": 0, "time_us": i + 1, "frames": frames,
-            "compile_context": v("compile_context"), "user_metadata": v("user_metadata"),
-        })  # fmt: skip
-    events.append({
-        "action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": frames, "device_free": 0,
-        "compile_context": v("compile_context"), "user_metadata": v("user_metadata"),
-    })  # fmt: skip
-    segment = {
-        "device": 0,
-        "address": BASE,
-        "total_size": 6 * MIB,
-        "stream": 0,
-        "segment_type": v("segment_type"),
-        "blocks": blocks,
-        "frames": frames,
-    }
-    tensors = [
-        {
-            "address": BASE,
-            "device": 0,
-            "component": "parameter",
-            "name": v("tensor"),
-            "shape": [512, 1024],
-            "dtype": v("dtype"),
-            "size_bytes": 2 * MIB,
-        },
-        {"address": BASE + 2 * MIB, "device": 0, "component": "gradient", "name": v("gradient"), "size_bytes": 2 * MIB},
-        {
-            "address": BASE + 4 * MIB,
-            "device": 0,
-            "component": "optimizer_state",
-            "name": v("optimizer_state"),
-            "size_bytes": 2 * MIB,
-        },
-    ]
-    meta = {
-        "schema_version": 1, "argv": ["train.py", v("argv")], "host": v("host"), "pid": 4242,
-        "versions": {"torch": v("torch"), "cuda": v("cuda"), "python": v("python"), "oomdoctor": v("oomdoctor")},
-        "device": {"index": 0, "name": v("device"), "total_memory_bytes": 6 * MIB},
-        "exception": {"type": v("exception_type"), "message": v("exception_message"), "traceback": v("traceback")},
-        "alloc_conf": {"PYTORCH_CUDA_ALLOC_CONF": v("alloc_conf")},
-        "recording": {"max_entries": 100, "stacks": v("stacks"), "context": v("context")},
-        "reason": v("reason"), "oom": {"device": 0, "alloc_bytes": 1 << 30}, "tensors": tensors,
-        "markers": [{"phase": v("phase"), "edge": v("edge"), "step": 0, "time_us": 1}],
-        v("extra_key"): v("extra_value"),
-    }  # fmt: skip
-    return {
-        "segments": [segment],
-        "device_traces": [events],
-        "allocator_settings": {
-            "PYTORCH_CUDA_ALLOC_CONF": v("settings_conf"),
-            "max_split_size": -1,
-            v("settings_key"): v("settings_value"),
-        },
-        "external_annotations": [{"name": v("annotation"), "stage": "START", "device": 0, "time_us": 2}],
-        "oomdoctor": meta,
-    }
-
-
 def _write(tmp_path, payload):
     name = f"dump-{list(PAYLOADS.values()).index(payload)}.pickle"
-    path = tmp_path / name
-    path.write_bytes(pickle.dumps(_dump(payload), protocol=4))
-    return path
+    return write_pickle(tmp_path / name, payload_dump(payload))
 
 
 def _run(capsysbinary, *arguments):
@@ -159,8 +71,7 @@ def test_json_keeps_strings_as_data(tmp_path, capsysbinary, kind):
 def test_markdown_brings_no_live_construct(tmp_path, capsysbinary, kind):
     path = _write(tmp_path, PAYLOADS[kind])
     _, markdown, _ = _run(capsysbinary, "report", str(path), "--format", "md")
-    clean = tmp_path / "clean.pickle"
-    clean.write_bytes(pickle.dumps(_dump("plain"), protocol=4))
+    clean = write_pickle(tmp_path / "clean.pickle", payload_dump("plain"))
     _, plain, _ = _run(capsysbinary, "report", str(clean), "--format", "md")
     parser = MarkdownIt("commonmark", {"html": True}).enable("table")
 

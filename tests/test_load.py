@@ -21,48 +21,7 @@ from oomdoctor.model import (
     Snapshot,
     TraceEvent,
 )
-
-MiB = 1024**2
-
-
-def make_snapshot() -> dict:
-    """A small snapshot in torch 2.13's shape, frames shared the way torch shares them."""
-    inner = {"filename": "train.py", "line": 10, "name": "forward"}
-    outer = {"filename": "train.py", "line": 50, "name": "<module>"}
-    stack = [inner, outer]
-    base = 0x7F0000000000
-    return {
-        "segments": [
-            {
-                "device": 0, "address": base, "total_size": 2 * MiB, "allocated_size": 1024,
-                "active_size": 1024, "requested_size": 1000, "stream": 0, "segment_type": "small",
-                "segment_pool_id": (0, 0), "is_expandable": False, "frames": stack,
-                "blocks": [
-                    {"address": base, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": stack},
-                    {"address": base + 1024, "size": 2 * MiB - 1024, "requested_size": 0, "state": "inactive", "frames": []},
-                ],
-            }
-        ],
-        "device_traces": [
-            [
-                {"action": "segment_alloc", "addr": base, "size": 2 * MiB, "stream": 0, "time_us": 100, "frames": stack},
-                {"action": "alloc", "addr": base, "size": 1000, "stream": 0, "time_us": 101, "frames": stack},
-                {"action": "alloc", "addr": base + 1024, "size": 512, "stream": 0, "time_us": 102, "frames": [inner]},
-                {"action": "free_requested", "addr": base + 1024, "size": 512, "stream": 0, "time_us": 103, "frames": [inner]},
-                {"action": "free_completed", "addr": base + 1024, "size": 512, "stream": 0, "time_us": 104, "frames": [inner]},
-                {"action": "oom", "device_free": 5 * MiB, "size": 40 * MiB, "stream": 0, "time_us": 105, "frames": stack},
-            ]
-        ],
-        "allocator_settings": {
-            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "max_split_size": -1,
-            "garbage_collection_threshold": 0.0, "expandable_segments": False,
-            "roundup_power2_divisions": {"1": 0, "2": 4}, "release_lock_on_cudamalloc": False,
-        },
-        "external_annotations": [
-            {"name": "Optimizer.step#Adam.step", "stage": "START", "device": 0, "time_us": 101},
-            {"name": "Optimizer.step#Adam.step", "stage": "END", "device": 0, "time_us": 104},
-        ],
-    }  # fmt: skip
+from tests.builders import MiB, make_snapshot
 
 
 def _check_contents(snapshot: Snapshot) -> None:

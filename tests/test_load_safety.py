@@ -19,8 +19,8 @@ from oomdoctor.cli import main
 from oomdoctor.errors import LoadError
 from oomdoctor.load import load
 from oomdoctor.views.info import build_info, to_json, to_text
+from tests.builders import make_snapshot
 from tests.conftest import CORPUS
-from tests.test_load import make_snapshot
 
 
 class _RunsCommand:

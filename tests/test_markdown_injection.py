@@ -12,7 +12,6 @@ outside code, no control character; and each payload is still there, as text.
 
 from __future__ import annotations
 
-import pickle
 import re
 
 import pytest
@@ -21,9 +20,7 @@ from markdown_it import MarkdownIt
 from oomdoctor.cli import main
 from oomdoctor.safetext import printable
 from oomdoctor.views.markdown_report import code_block, code_span, inline_text
-
-MiB = 1 << 20
-BASE = 0x7F0000000000
+from tests.builders import payload_dump, tagged, write_pickle
 
 PAYLOADS = {
     "backtick": "a`b",
@@ -45,82 +42,15 @@ PAYLOADS = {
 }
 
 # the fields a payload is put in, each under its own tag so that its text can be found again
+# (the tags payload_dump gives them; the allocator settings' conf is shown rather than the metadata's)
 FIELDS = (
-    "argv", "host", "torch", "cuda", "python", "oomdoctor", "device", "exception", "alloc_conf",
-    "recording_stacks", "recording_context", "reason", "filename", "function", "tensor", "gradient", "optimizer_state",
+    "argv", "host", "torch", "cuda", "python", "oomdoctor", "device", "exception_type", "settings_conf",
+    "stacks", "context", "reason", "filename", "function", "tensor", "gradient", "optimizer_state",
 )  # fmt: skip
 
 
-def _value(field: str, payload: str) -> str:
-    return f"{field}:{payload}:end"
-
-
-def _dump(payload: str) -> dict:
-    """A small dump with `payload` in every string field: a parameter, its gradient and its
-    optimizer state fill the device (model-states-too-large, whose evidence names the tensors and
-    their frame), then a request for 1 GiB fails."""
-    v = lambda field: _value(field, payload)  # noqa: E731
-    frames = [
-        {"filename": v("filename") + ".py", "line": 7, "name": v("function")},
-        {"filename": "train.py", "line": 3, "name": "main"},
-    ]
-    blocks, events = [], []
-    for i in range(3):
-        address = BASE + i * 2 * MiB
-        blocks.append(
-            {
-                "address": address,
-                "size": 2 * MiB,
-                "requested_size": 2 * MiB,
-                "state": "active_allocated",
-                "frames": frames,
-            }
-        )
-        events.append(
-            {"action": "alloc", "addr": address, "size": 2 * MiB, "stream": 0, "time_us": i + 1, "frames": frames}
-        )
-    events.append(
-        {"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": [], "device_free": 0}
-    )
-    segment = {
-        "device": 0,
-        "address": BASE,
-        "total_size": 6 * MiB,
-        "stream": 0,
-        "segment_type": "large",
-        "blocks": blocks,
-    }
-    tensors = [
-        {"address": BASE, "device": 0, "component": "parameter", "name": v("tensor"), "size_bytes": 2 * MiB},
-        {"address": BASE + 2 * MiB, "device": 0, "component": "gradient", "name": v("gradient"), "size_bytes": 2 * MiB},
-        {
-            "address": BASE + 4 * MiB,
-            "device": 0,
-            "component": "optimizer_state",
-            "name": v("optimizer_state"),
-            "size_bytes": 2 * MiB,
-        },
-    ]
-    meta = {
-        "schema_version": 1,
-        "argv": ["train.py", v("argv")],
-        "host": v("host"),
-        "pid": 4242,
-        "versions": {"torch": v("torch"), "cuda": v("cuda"), "python": v("python"), "oomdoctor": v("oomdoctor")},
-        "device": {"index": 0, "name": v("device"), "total_memory_bytes": 6 * MiB},
-        "exception": {"type": v("exception"), "message": v("exception"), "traceback": v("exception")},
-        "alloc_conf": {"PYTORCH_CUDA_ALLOC_CONF": v("alloc_conf")},
-        "recording": {"max_entries": 100, "stacks": v("recording_stacks"), "context": v("recording_context")},
-        "reason": v("reason"),
-        "oom": {"device": 0, "alloc_bytes": 1 << 30},
-        "tensors": tensors,
-    }
-    return {"segments": [segment], "device_traces": [events], "oomdoctor": meta}
-
-
 def _report(tmp_path, capsysbinary, data: dict, *options: str, name: str = "dump.pickle") -> str:
-    path = tmp_path / name
-    path.write_bytes(pickle.dumps(data, protocol=4))
+    path = write_pickle(tmp_path / name, data)
     assert main(["report", str(path), "--format", "md", *options]) == 0
     return capsysbinary.readouterr().out.decode("utf-8")
 
@@ -183,7 +113,7 @@ def _assert_safe(markdown: str, clean: str) -> list:
 
 @pytest.fixture(scope="module")
 def clean_dump() -> dict:
-    return _dump("plain")
+    return payload_dump("plain")
 
 
 @pytest.mark.parametrize("redact", [False, True], ids=["plain", "redacted"])
@@ -191,28 +121,28 @@ def clean_dump() -> dict:
 def test_no_payload_escapes_into_markdown(tmp_path, capsysbinary, clean_dump, payload, redact):
     options = ("--redact",) if redact else ()
     clean = _report(tmp_path, capsysbinary, clean_dump, *options)
-    markdown = _report(tmp_path, capsysbinary, _dump(payload), *options)
+    markdown = _report(tmp_path, capsysbinary, payload_dump(payload), *options)
     tokens = _assert_safe(markdown, clean)
     if redact:
         return
     seen = _visible(tokens)
     for field in FIELDS:
         # still there as the reader sees it: nothing dropped, controls shown as \\x escapes
-        assert printable(_value(field, payload)) in seen, field
+        assert printable(tagged(field, payload)) in seen, field
 
 
 def test_the_fields_reach_the_report(tmp_path, capsysbinary):
     """Each field tested above does appear in the report (else the test would prove nothing)."""
-    markdown = _report(tmp_path, capsysbinary, _dump("plain"))
+    markdown = _report(tmp_path, capsysbinary, payload_dump("plain"))
     for field in FIELDS:
-        assert _value(field, "plain") in markdown, field
+        assert tagged(field, "plain") in markdown, field
     evidence = markdown.split("### Evidence", 1)[1].split("###", 1)[0]
-    assert _value("optimizer_state", "plain") in evidence  # a registry name in the running text
+    assert tagged("optimizer_state", "plain") in evidence  # a registry name in the running text
     assert (
-        f"`{_value('filename', 'plain')}.py:7 in {_value('function', 'plain')}`" in evidence
+        f"`{tagged('filename', 'plain')}.py:7 in {tagged('function', 'plain')}`" in evidence
     )  # a frame in a code span
     stack = markdown.split("<details>", 1)[1]
-    assert f"\n```\n{_value('filename', 'plain')}.py:7 in {_value('function', 'plain')}\n" in stack
+    assert f"\n```\n{tagged('filename', 'plain')}.py:7 in {tagged('function', 'plain')}\n" in stack
 
 
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=PAYLOADS.keys())

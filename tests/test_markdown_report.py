@@ -12,33 +12,9 @@ from oomdoctor.analysis.environment import environment_of
 from oomdoctor.cli import main
 from oomdoctor.load import load
 from oomdoctor.views import markdown_report
+from tests.builders import plain_oom_snapshot
 from tests.conftest import FIXTURES
 from tests.golden.update import HERE
-
-MiB = 1 << 20
-
-
-def _snapshot_dict(filename: str = "train.py") -> dict:
-    """A plain torch snapshot (no oomdoctor key): one live 300 MiB block and an OOM for 600 MiB."""
-    frames = [{"filename": filename, "line": 3, "name": "main"}]
-    return {
-        "segments": [
-            {
-                "device": 0, "address": 0x1000, "total_size": 300 * MiB, "allocated_size": 300 * MiB,
-                "active_size": 300 * MiB, "requested_size": 300 * MiB, "stream": 0, "segment_type": "large",
-                "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
-                "blocks": [{"address": 0x1000, "size": 300 * MiB, "requested_size": 300 * MiB, "state": "active_allocated", "frames": frames}],
-            }
-        ],
-        "device_traces": [
-            [
-                {"action": "segment_alloc", "addr": 0x1000, "size": 300 * MiB, "stream": 0, "time_us": 1, "frames": frames},
-                {"action": "alloc", "addr": 0x1000, "size": 300 * MiB, "stream": 0, "time_us": 2, "frames": frames},
-                {"action": "oom", "size": 600 * MiB, "device_free": 100 * MiB, "stream": 0, "time_us": 3},
-            ]
-        ],
-        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False, "max_split_size": -1},
-    }  # fmt: skip
 
 
 def _markdown(snapshot_dict: dict, source: str | None = None) -> str:
@@ -79,14 +55,14 @@ def test_golden_markdown_tables_are_well_formed(path):
 
 
 def test_cells_escape_pipes_and_angle_brackets():
-    text = _markdown(_snapshot_dict(filename="a|b<c>.py"))
+    text = _markdown(plain_oom_snapshot(filename="a|b<c>.py"))
     _assert_tables_are_well_formed(text)
     assert "`a\\|b<c>.py:3 in main`" in text  # inside code: pipes escaped for the table, brackets kept
     assert "a|b<c>" not in text.replace("```", "").split("<details>")[0]
 
 
 def test_plain_torch_snapshot_reports_what_it_can():
-    text = _markdown(_snapshot_dict(), source="snapshot.pickle")
+    text = _markdown(plain_oom_snapshot(), source="snapshot.pickle")
     assert text.startswith("## oomdoctor: `")
     assert "File: `snapshot.pickle`." in text
     assert "| **failed request** | **600.00 MiB** | 629,145,600 |" in text
@@ -122,7 +98,7 @@ def test_recommendations_table_says_whether_each_change_fits_alone():
 
 def test_cli_prints_markdown(tmp_path, capsys):
     path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(_snapshot_dict(), protocol=4))
+    path.write_bytes(pickle.dumps(plain_oom_snapshot(), protocol=4))
     assert main(["report", str(path), "--format", "md"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("## oomdoctor: `") and "### Live memory by component" in out

@@ -11,57 +11,13 @@ from oomdoctor.analysis import analyse
 from oomdoctor.cli import main
 from oomdoctor.metadata import COMPONENTS, VERDICTS
 from oomdoctor.views import json_report, text_report
-from tests.analysis_builder import USER_STACK, MiB, Sim
-
-
-def _raw_snapshot(events=(("alloc", 0x1000, 300 * MiB),)) -> dict:
-    """A torch-shaped snapshot dict: one segment holding one live block, and an oom event."""
-    return {
-        "segments": [
-            {
-                "device": 0,
-                "address": 0x1000,
-                "total_size": 300 * MiB,
-                "allocated_size": 300 * MiB,
-                "active_size": 300 * MiB,
-                "requested_size": 300 * MiB,
-                "stream": 0,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": [
-                    {
-                        "address": 0x1000,
-                        "size": 300 * MiB,
-                        "requested_size": 300 * MiB,
-                        "state": "active_allocated",
-                        "frames": [],
-                    }
-                ],
-            }
-        ],
-        "device_traces": [
-            [
-                {"action": "segment_alloc", "addr": 0x1000, "size": 300 * MiB, "stream": 0, "time_us": 1},
-                {
-                    "action": "alloc",
-                    "addr": 0x1000,
-                    "size": 300 * MiB,
-                    "stream": 0,
-                    "time_us": 2,
-                    "frames": [{"filename": "train.py", "line": 3, "name": "main"}],
-                },
-                {"action": "oom", "size": 600 * MiB, "device_free": 100 * MiB, "stream": 0, "time_us": 3},
-            ]
-        ],
-    }
+from tests.builders import USER_STACK, MiB, Sim, plain_oom_snapshot
 
 
 @pytest.fixture
 def snapshot_file(tmp_path):
     path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(_raw_snapshot(), protocol=4))
+    path.write_bytes(pickle.dumps(plain_oom_snapshot(), protocol=4))
     return path
 
 
@@ -99,7 +55,12 @@ def test_text_and_json_agree_on_the_headline(snapshot_file):
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"not a pickle at all", pickle.dumps({"segments": "nope"}, protocol=4), pickle.dumps(_raw_snapshot())[:40]],
+    [
+        b"",
+        b"not a pickle at all",
+        pickle.dumps({"segments": "nope"}, protocol=4),
+        pickle.dumps(plain_oom_snapshot())[:40],
+    ],
     ids=["empty", "garbage", "wrong-shape", "truncated"],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content):

@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("textual")
 
-from conftest import FIXTURES  # noqa: E402
 from textual.widgets import DataTable, Input, Static, TabbedContent, Tree  # noqa: E402
 
 from oomdoctor.analysis import analyse, replayer  # noqa: E402
@@ -25,6 +24,7 @@ from oomdoctor.tui import content  # noqa: E402
 from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  # noqa: E402
 from oomdoctor.tui.timeline import TimelineChart, TimelinePane  # noqa: E402
 from oomdoctor.units import human_size  # noqa: E402
+from tests.conftest import FIXTURES  # noqa: E402
 
 DUMPS = FIXTURES / "dumps"
 LEAK = DUMPS / "creeping-leak-gpt-adamw.pickle"  # six steps, a few thousand events

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pickle
 import re
 
 import pytest
@@ -23,49 +22,11 @@ from oomdoctor.load import load  # noqa: E402
 from oomdoctor.model import ACTIVE_ALLOCATED, Block, Frame, Segment  # noqa: E402
 from oomdoctor.tui import content  # noqa: E402
 from oomdoctor.tui.app import Browser, make_app, make_loading_app  # noqa: E402
+from tests.builders import BASE, MiB, one_block_snapshot, write_pickle  # noqa: E402
 
 ESCAPES = "\x1b]0;pwned\x07\x1b]52;c;cHduZWQ=\x07\x1b[2J"
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what must never reach the screen (tab and newline aside)
-BASE = 0x7F0000000000
-MIB = 1 << 20
-
-
-def snapshot_dict(*, segment_type="large", filename="/src/train.py", name="main", tensor_name=None):
-    """A minimal valid snapshot: one 2 MiB segment holding one allocated block, one alloc event."""
-    stack = [{"filename": filename, "line": 1, "name": name}]
-    segment = {
-        "device": 0,
-        "address": BASE,
-        "total_size": 2 * MIB,
-        "stream": 0,
-        "segment_type": segment_type,
-        "blocks": [
-            {"address": BASE, "size": 2 * MIB, "requested_size": 2 * MIB, "state": "active_allocated", "frames": stack}
-        ],
-    }
-    data = {
-        "segments": [segment],
-        "device_traces": [
-            [{"action": "alloc", "addr": BASE, "size": 2 * MIB, "stream": 0, "time_us": 1, "frames": stack}]
-        ],
-    }
-    if tensor_name is not None:
-        tensor = {
-            "address": BASE,
-            "device": 0,
-            "component": "parameter",
-            "name": tensor_name,
-            "shape": [512, 1024],
-            "dtype": "float32",
-            "size_bytes": 2 * MIB,
-        }
-        data["oomdoctor"] = {"tensors": [tensor]}
-    return data
-
-
-def write_dump(path, data):
-    path.write_bytes(pickle.dumps(data, protocol=4))
-    return path
+SOURCE = "/src/train.py"
 
 
 def with_segment_type(snapshot, segment_type):
@@ -121,7 +82,7 @@ def test_a_click_on_a_segment_type_that_is_an_action_runs_nothing(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's file\n")
     hostile = f"[@click=app.screenshot('victim.txt','{tmp_path}')]click to see blocks[/]"
-    dump = write_dump(tmp_path / "click.pickle", snapshot_dict(segment_type=hostile))
+    dump = write_pickle(tmp_path / "click.pickle", one_block_snapshot(filename=SOURCE, segment_type=hostile))
     snapshot = with_segment_type(load(dump), hostile)
     analysis = analyse(snapshot)
 
@@ -153,7 +114,7 @@ def test_a_click_on_a_segment_type_that_is_an_action_runs_nothing(tmp_path):
 
 @pytest.mark.parametrize("hostile", ["[/bold]", "[bold red]red[/]", "[link=file:///etc/passwd]x[/link]", "[", "[/]"])
 def test_segment_types_that_look_like_markup_show_as_written(tmp_path, hostile):
-    dump = write_dump(tmp_path / "markup.pickle", snapshot_dict(segment_type=hostile))
+    dump = write_pickle(tmp_path / "markup.pickle", one_block_snapshot(filename=SOURCE, segment_type=hostile))
     snapshot = with_segment_type(load(dump), hostile)
 
     async def scenario(app, pilot):
@@ -172,7 +133,7 @@ def test_segment_types_that_look_like_markup_show_as_written(tmp_path, hostile):
 
 
 def test_every_cell_of_every_table_is_text_never_a_markup_string(tmp_path):
-    dump = write_dump(tmp_path / "plain.pickle", snapshot_dict(tensor_name="model.fc1.weight"))
+    dump = write_pickle(tmp_path / "plain.pickle", one_block_snapshot(filename=SOURCE, tensor_name="model.fc1.weight"))
     snapshot = load(dump)
 
     async def scenario(app, pilot):
@@ -203,7 +164,7 @@ def test_content_builders_escape_control_characters():
     assert not RAW.search(content.describe_block(f"model.{ESCAPES}weight", (), 0))
     assert not RAW.search(content.describe_block(None, (frame,), 0))
     segment = Segment(
-        0, BASE, 2 * MIB, 0, f"large{ESCAPES}", (Block(BASE, 2 * MIB, 2 * MIB, ACTIVE_ALLOCATED, (frame,)),)
+        0, BASE, 2 * MiB, 0, f"large{ESCAPES}", (Block(BASE, 2 * MiB, 2 * MiB, ACTIVE_ALLOCATED, (frame,)),)
     )
     assert content.segment_pool(segment).startswith("large\\x1b]0;pwned")
     assert not RAW.search(content.segment_pool(segment))
@@ -213,9 +174,11 @@ def test_content_builders_escape_control_characters():
 
 
 def test_content_builders_escape_names_from_the_file(tmp_path):
-    dump = write_dump(
+    dump = write_pickle(
         tmp_path / "escapes.pickle",
-        snapshot_dict(filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"),
+        one_block_snapshot(
+            filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"
+        ),
     )
     snapshot = load(dump)
     analysis = analyse(snapshot)
@@ -238,9 +201,11 @@ def test_content_builders_escape_names_from_the_file(tmp_path):
 def test_no_tab_shows_a_raw_escape_from_frames_tensor_names_or_the_file_name(tmp_path):
     folder = tmp_path / f"dir{ESCAPES}"
     folder.mkdir()
-    dump = write_dump(
+    dump = write_pickle(
         folder / f"dump{ESCAPES}.pickle",
-        snapshot_dict(filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"),
+        one_block_snapshot(
+            filename=f"/src/{ESCAPES}train.py", name=f"main{ESCAPES}", tensor_name=f"model.{ESCAPES}.weight"
+        ),
     )
     snapshot = with_segment_type(load(dump), f"large{ESCAPES}")
     analysis = analyse(snapshot)
@@ -267,7 +232,7 @@ def test_no_tab_shows_a_raw_escape_from_frames_tensor_names_or_the_file_name(tmp
 def test_the_loading_view_shows_the_file_name_escaped(tmp_path):
     folder = tmp_path / f"dir{ESCAPES}"
     folder.mkdir()
-    dump = write_dump(folder / f"dump{ESCAPES}.pickle", snapshot_dict(filename=f"/src/{ESCAPES}train.py"))
+    dump = write_pickle(folder / f"dump{ESCAPES}.pickle", one_block_snapshot(filename=f"/src/{ESCAPES}train.py"))
     app = make_loading_app(open_command.loader_for(str(dump), device=None, max_bytes=None), source=str(dump))
 
     async def scenario(app, pilot):
@@ -287,7 +252,7 @@ def test_an_unexpected_error_in_the_analysis_ends_the_app_with_one_line_and_a_no
         raise RuntimeError("boom\x1b]0;pwned\x07\nsecond line")
 
     monkeypatch.setattr(oomdoctor.analysis, "analyse", broken)
-    dump = write_dump(tmp_path / "fine.pickle", snapshot_dict())
+    dump = write_pickle(tmp_path / "fine.pickle", one_block_snapshot(filename=SOURCE))
     app = make_loading_app(open_command.loader_for(str(dump), device=None, max_bytes=None), source=str(dump))
 
     async def scenario(app, pilot):
@@ -308,7 +273,7 @@ def test_a_tab_that_cannot_be_built_shows_one_line_and_the_others_still_work(tmp
         raise ValueError("no pool for you")
 
     monkeypatch.setattr(oomdoctor.tui.segments, "segment_pool", broken)
-    dump = write_dump(tmp_path / "fine.pickle", snapshot_dict())
+    dump = write_pickle(tmp_path / "fine.pickle", one_block_snapshot(filename=SOURCE))
     snapshot = load(dump)
 
     async def scenario(app, pilot):
@@ -333,7 +298,7 @@ def test_an_error_in_a_handler_ends_the_app_cleanly(tmp_path, monkeypatch):
         raise KeyError("surprise")
 
     monkeypatch.setattr(OomdoctorApp, "action_show_tab", broken)
-    dump = write_dump(tmp_path / "fine.pickle", snapshot_dict())
+    dump = write_pickle(tmp_path / "fine.pickle", one_block_snapshot(filename=SOURCE))
     snapshot = load(dump)
 
     async def scenario(app, pilot):
@@ -357,7 +322,7 @@ def test_open_turns_an_exception_out_of_the_app_into_one_line(tmp_path, monkeypa
         def run(self):
             raise RuntimeError("the terminal went away")
 
-    dump = write_dump(tmp_path / "fine.pickle", snapshot_dict())
+    dump = write_pickle(tmp_path / "fine.pickle", one_block_snapshot(filename=SOURCE))
     monkeypatch.setattr(oomdoctor.tui.app, "make_loading_app", lambda loader, source: Exploding())
     monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
