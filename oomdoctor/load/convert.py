@@ -505,6 +505,7 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
                 type(key) is str
                 and key.isascii()
                 and key.isdigit()
+                and len(key) <= 18  # int() refuses over 4300 digits; no interval bound is that large
                 and type(value) is int
                 and _INT64_MIN <= value <= _INT64_MAX
             ):
