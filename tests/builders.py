@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from oomdoctor.analysis.sizing import round_size
+from oomdoctor.load import freeze_builtins
+from oomdoctor.load.metadata import parse_metadata
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
     INACTIVE,
@@ -56,6 +58,13 @@ SETUP_STACK = (
     Frame("train.py", 20, "main"),
 )
 USER_STACK = (Frame("train.py", 38, "train_step"),)
+
+
+def metadata_fields(meta: Any) -> dict[str, Any]:
+    """`Snapshot(**metadata_fields(meta))`: a metadata dict typed by the loader's parser, and frozen
+    as the raw key. The parser reads it as written (without the loader's whole-key checks first), so
+    that its own checks of each field are what a test exercises."""
+    return {"oomdoctor": parse_metadata(meta), "oomdoctor_raw": freeze_builtins(meta) if meta is not None else None}
 
 
 class Sim:
@@ -142,7 +151,7 @@ class Sim:
                 "markers": list(self.markers),
                 "tensors": list(self.tensors) if registry else [],
             }
-        return Snapshot(segments=segments, traces=(DeviceTrace.from_events(0, self.events),), oomdoctor=meta)
+        return Snapshot(segments=segments, traces=(DeviceTrace.from_events(0, self.events),), **metadata_fields(meta))
 
 
 # --- snapshot dicts in torch's shape ------------------------------------------------------------

@@ -20,7 +20,17 @@ from oomdoctor.model import (
     Snapshot,
     TraceEvent,
 )
-from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
+from tests.builders import (
+    ADAM_INIT_STACK,
+    FOREACH_STACK,
+    FORWARD_STACK,
+    SETUP_STACK,
+    USER_STACK,
+    GiB,
+    MiB,
+    Sim,
+    metadata_fields,
+)
 
 
 def _train_until_optimizer_oom(sim: Sim, *, frames: bool = False) -> list[int]:
@@ -436,7 +446,7 @@ def test_malformed_metadata_never_breaks_the_analysis(metadata):
     snapshot = sim.snapshot(metadata=False)
     from dataclasses import replace
 
-    result = analyse(replace(snapshot, oomdoctor=metadata))
+    result = analyse(replace(snapshot, **metadata_fields(metadata)))
     assert result.device == 0
     assert result.verdict in {"oversized-request", "outside-pytorch", "unknown"}
 

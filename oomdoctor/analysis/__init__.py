@@ -23,8 +23,7 @@ recommendations' "would fit on its own" and the what-if are both judged against.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
 
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
@@ -43,6 +42,7 @@ from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
 from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
+from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
 from oomdoctor.units import human_size
@@ -52,10 +52,10 @@ __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION
 RESULT_SCHEMA_VERSION = 1
 
 
-def _pick_device(snapshot: Snapshot, metadata: Mapping[str, Any] | None) -> int:
-    oom = (metadata or {}).get("oom")
-    if isinstance(oom, Mapping) and type(oom.get("device")) is int and oom["device"] in snapshot.devices:
-        return oom["device"]
+def _pick_device(snapshot: Snapshot, metadata: DumpMetadata) -> int:
+    oom = metadata.oom
+    if oom is not None and oom.device is not None and oom.device in snapshot.devices:
+        return oom.device
     latest: tuple[int, int] | None = None
     for device, trace in enumerate(snapshot.traces):
         trace = columns(trace)
@@ -76,13 +76,13 @@ def _pick_device(snapshot: Snapshot, metadata: Mapping[str, Any] | None) -> int:
     return devices[0] if devices else 0
 
 
-def _fatal_oom(trace: DeviceTrace, oom_indices: list[int], metadata: Mapping[str, Any] | None) -> int | None:
+def _fatal_oom(trace: DeviceTrace, oom_indices: list[int], metadata: DumpMetadata) -> int | None:
     if not oom_indices:
         return None
-    oom = (metadata or {}).get("oom")
+    oom = metadata.oom
     times = trace.times_us
-    if isinstance(oom, Mapping) and isinstance(oom.get("time_us"), int) and times is not None:
-        wanted = oom["time_us"]
+    if oom is not None and oom.time_us is not None and times is not None:
+        wanted = oom.time_us
         return min(oom_indices, key=lambda i: (abs((times[i] or 0) - wanted), -i))
     return oom_indices[-1]
 
@@ -112,7 +112,7 @@ def replayer(snapshot: Snapshot, device: int) -> Replayer:
 
 
 def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int = 480) -> Analysis:
-    metadata = snapshot.oomdoctor if isinstance(snapshot.oomdoctor, Mapping) else None
+    metadata = snapshot.oomdoctor if snapshot.oomdoctor is not None else NO_METADATA
     if device is None:
         device = _pick_device(snapshot, metadata)
     trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
@@ -122,7 +122,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     unknowns: list[str] = []
 
     registry = _attribution.Registry(metadata, device)
-    markers = (metadata or {}).get("markers") or ()
+    markers = metadata.markers
     spans, phase_source = build_spans(trace, markers=markers, annotations=snapshot.annotations, device=device)
     phase_index = PhaseIndex(spans)
     component_of_alloc, component_of_pre_existing = _attribution.series_classifier(registry)
@@ -139,12 +139,12 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         _attribution.PHASE_COMPONENT,
     )
 
-    recording = (metadata or {}).get("recording")
-    if isinstance(recording, Mapping) and isinstance(recording.get("max_entries"), int):
-        state.ring_buffer_wrapped = len(trace) >= recording["max_entries"] > 0
+    recording = metadata.recording
+    if recording is not None and recording.max_entries is not None:
+        state.ring_buffer_wrapped = len(trace) >= recording.max_entries > 0
     fatal_index = _fatal_oom(trace, state.oom_indices, metadata)
     final_blocks = {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
-    reason = (metadata or {}).get("reason")
+    reason = metadata.reason
     if fatal_index is not None:
         target_index, target_kind = fatal_index, "oom"
     elif (
@@ -166,14 +166,10 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     fatal = next((o for o in oom_events if o.fatal), None)
     device_total = _accounting.device_total(metadata)
     device_free = fatal.device_free_bytes if fatal is not None else None
-    if device_free is None and fatal is not None:
-        meta_oom = (metadata or {}).get("oom")
-        if isinstance(meta_oom, Mapping) and isinstance(meta_oom.get("device_free_bytes"), int):
-            device_free = meta_oom["device_free_bytes"]
-    if device_free is None and target_index is None:
-        info = (metadata or {}).get("mem_get_info")
-        if isinstance(info, Mapping) and isinstance(info.get("free_bytes"), int):
-            device_free = info["free_bytes"]
+    if device_free is None and fatal is not None and metadata.oom is not None:
+        device_free = metadata.oom.device_free_bytes
+    if device_free is None and target_index is None and metadata.mem_get_info is not None:
+        device_free = metadata.mem_get_info.free_bytes
     if device_free is not None and device_total is not None:
         # Under set_per_process_memory_fraction torch reports the allowed bytes as the total but the
         # whole GPU's free memory: what PyTorch could still get is what the fraction leaves.
@@ -294,8 +290,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         pre_count = len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
         unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
     unknowns.extend(accounting.unknowns)
-    meta_oom = (metadata or {}).get("oom")
-    if fatal is not None and isinstance(meta_oom, Mapping) and meta_oom.get("surfaced") is False:
+    if fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(
             "torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run"
         )
@@ -375,22 +370,16 @@ def _sizes_from_layout(live, layout):
     return result, len(live) - len(result)
 
 
-def _phase_after_markers(markers, phase: str, step: int | None) -> tuple[str, int | None]:
+def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None) -> tuple[str, int | None]:
     """The phase at dump time: the markers may have moved on after the last recorded event."""
-    if not isinstance(markers, (list, tuple)):
-        return phase, step
-    timed = [
-        m
-        for m in markers
-        if isinstance(m, Mapping) and type(m.get("time_us")) is int and isinstance(m.get("phase"), str)
-    ]
+    timed = [m for m in markers if m.time_us is not None and m.phase is not None]
     if not timed:
         return phase, step
-    last = max(timed, key=lambda m: m["time_us"])
-    last_step = last.get("step") if isinstance(last.get("step"), int) else step
-    if last.get("edge") == "start":
-        return str(last.get("phase")), last_step
-    if last.get("phase") == "optimizer_step" and last_step is not None:
+    last = max(timed, key=lambda m: m.time_us)
+    last_step = last.step if last.step is not None else step
+    if last.edge == "start":
+        return last.phase, last_step
+    if last.phase == "optimizer_step" and last_step is not None:
         last_step += 1
     return PHASE_BETWEEN, last_step
 

@@ -8,8 +8,7 @@ Sources, in order of trust: oomdoctor's markers, `external_annotations` windows 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -26,6 +25,7 @@ from oomdoctor.analysis.results import (
     SOURCE_USER_METADATA,
     PhaseSpan,
 )
+from oomdoctor.dump_metadata import Marker
 from oomdoctor.model import ALLOC, OOM, Annotation, DeviceTrace, Stack
 
 # Stack classes, from the innermost frame that says something (spec §6.3).
@@ -135,21 +135,21 @@ def _fill(windows: list[tuple[int, int, str, int, str]], event_count: int) -> li
     return spans
 
 
-def spans_from_markers(trace: DeviceTrace, markers: Sequence[Mapping[str, Any]]) -> list[PhaseSpan] | None:
-    if not isinstance(markers, (list, tuple)) or not markers or not _times_usable(trace):
+def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[PhaseSpan] | None:
+    if not markers or not _times_usable(trace):
         return None
-    usable = [m for m in markers if isinstance(m, Mapping) and type(m.get("time_us")) is int]
+    usable = [m for m in markers if m.time_us is not None]
     open_starts: dict[str, tuple[int, int]] = {}
     windows: list[tuple[int, int, str, int, str]] = []
-    for marker in sorted(usable, key=lambda m: m["time_us"]):
-        phase = marker.get("phase")
-        time_us = marker.get("time_us")
-        if not isinstance(phase, str) or not isinstance(time_us, int):
+    for marker in sorted(usable, key=lambda m: m.time_us):
+        phase = marker.phase
+        time_us = marker.time_us
+        if phase is None:
             continue
-        step = marker.get("step") if type(marker.get("step")) is int else 0
-        if marker.get("edge") == "start":
+        step = marker.step if marker.step is not None else 0
+        if marker.edge == "start":
             open_starts[phase] = (time_us, step)
-        elif marker.get("edge") == "end" and phase in open_starts:
+        elif marker.edge == "end" and phase in open_starts:
             start_us, start_step = open_starts.pop(phase)
             first, last = _index_window(trace, start_us, time_us)
             windows.append((first, last, phase, start_step, SOURCE_MARKERS))
@@ -253,7 +253,7 @@ def _frame_phases(trace: DeviceTrace) -> tuple[list[tuple[int, str, str]], bool]
 def build_spans(
     trace: DeviceTrace,
     *,
-    markers: Sequence[Mapping[str, Any]] | None,
+    markers: Sequence[Marker] | None,
     annotations: Sequence[Annotation],
     device: int,
 ) -> tuple[list[PhaseSpan], str]:
