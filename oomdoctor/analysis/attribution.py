@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
@@ -33,6 +32,7 @@ from oomdoctor.analysis.results import (
     Group,
     LiveBlock,
 )
+from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import DeviceTrace, Stack
 
@@ -71,26 +71,14 @@ _TORCH_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/
 class Registry:
     """oomdoctor's named tensors on one device: storage address -> (component index, name, bytes)."""
 
-    def __init__(self, metadata: Mapping[str, Any] | None, device: int):
+    def __init__(self, metadata: DumpMetadata | None, device: int):
         self.by_address: dict[int, tuple[int, str, int]] = {}
-        tensors = (metadata or {}).get("tensors") or ()
-        if not isinstance(tensors, (list, tuple)):
-            tensors = ()
-        for tensor in tensors:
-            if not isinstance(tensor, Mapping):
+        for tensor in metadata.tensors if metadata is not None else ():
+            component = _REGISTRY_COMPONENT.get(tensor.component)
+            if component is None or tensor.device not in (None, device):
                 continue
-            address = tensor.get("address")
-            component = (
-                _REGISTRY_COMPONENT.get(tensor.get("component")) if isinstance(tensor.get("component"), str) else None
-            )
-            if not isinstance(address, int) or component is None:
-                continue
-            if tensor.get("device") not in (None, device):
-                continue
-            size = tensor.get("size_bytes") if isinstance(tensor.get("size_bytes"), int) else 0
-            self.by_address.setdefault(
-                address, (component, name if type(name := tensor.get("name")) is str else "", size)
-            )
+            size = tensor.size_bytes if tensor.size_bytes is not None else 0
+            self.by_address.setdefault(tensor.address, (component, tensor.name or "", size))
 
     def __bool__(self) -> bool:
         return bool(self.by_address)
