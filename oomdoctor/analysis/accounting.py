@@ -7,11 +7,11 @@ allocated    = requested + rounding
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from oomdoctor.analysis.results import Accounting, Fragmentation, PoolFree, SegmentDetail
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, pool_of, segment_size
+from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, AllocatorSettings, Segment
 
 
@@ -21,22 +21,20 @@ def pool_label(segment: Segment) -> str:
     return segment.segment_type
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def device_total(metadata: Mapping[str, Any] | None) -> int | None:
-    if not metadata:
+def device_total(metadata: DumpMetadata | None) -> int | None:
+    """The device's total memory as the metadata records it (the first non-zero of the OOM's, the
+    device's, mem_get_info's, a rehearsal's), or None."""
+    if metadata is None:
         return None
-    for key, field in (
-        ("oom", "device_total_bytes"),
-        ("device", "total_memory_bytes"),
-        ("mem_get_info", "total_bytes"),
-        ("rehearsal", "device_memory_bytes"),
+    oom, device, info, rehearsal = metadata.oom, metadata.device, metadata.mem_get_info, metadata.rehearsal
+    for total in (
+        oom.device_total_bytes if oom is not None else None,
+        device.total_memory_bytes if device is not None else None,
+        info.total_bytes if info is not None else None,
+        rehearsal.device_memory_bytes if rehearsal is not None else None,
     ):
-        section = metadata.get(key)
-        if isinstance(section, Mapping) and _int(section.get(field)):
-            return section[field]
+        if total:
+            return total
     return None
 
 
