@@ -7,10 +7,9 @@ optional: plain torch snapshots carry no versions, host or device name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from oomdoctor.dump_metadata import NO_METADATA, DeviceInfo, Recording, Versions
 from oomdoctor.model import Snapshot
 
 
@@ -39,63 +38,50 @@ class Environment:
     source_format: str | None = None
 
 
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def environment_of(snapshot: Snapshot) -> Environment:
-    meta = _mapping(snapshot.oomdoctor)
-    versions = _mapping(meta.get("versions"))
-    device = _mapping(meta.get("device"))
-    capability = device.get("capability")
-    capability_text = None
-    if isinstance(capability, (list, tuple)) and len(capability) == 2 and all(_int(c) is not None for c in capability):
-        capability_text = f"{capability[0]}.{capability[1]}"
-    argv = meta.get("argv")
-    recording = _mapping(meta.get("recording"))
+    meta = snapshot.oomdoctor if snapshot.oomdoctor is not None else NO_METADATA
+    versions = meta.versions if meta.versions is not None else Versions()
+    device = meta.device if meta.device is not None else DeviceInfo()
+    capability = device.capability
+    recording = meta.recording if meta.recording is not None else Recording()
     recording_text = (
         ", ".join(
-            f"{key} {recording[key]}"
-            for key in ("max_entries", "stacks", "context")
-            if type(recording.get(key)) in (str, int)
+            f"{key} {value}"
+            for key, value in (
+                ("max_entries", recording.max_entries),
+                ("stacks", recording.stacks),
+                ("context", recording.context),
+            )
+            if value is not None
         )
         or None
     )
     alloc_conf = None
     if snapshot.allocator_settings is not None:
         alloc_conf = snapshot.allocator_settings.raw_conf
-    else:
-        conf = _mapping(meta.get("alloc_conf"))
-        alloc_conf = _text(conf.get("PYTORCH_CUDA_ALLOC_CONF")) or _text(conf.get("PYTORCH_ALLOC_CONF"))
-    exception = _mapping(meta.get("exception"))
+    elif meta.alloc_conf is not None:
+        alloc_conf = meta.alloc_conf.get("PYTORCH_CUDA_ALLOC_CONF") or meta.alloc_conf.get("PYTORCH_ALLOC_CONF") or None
+    # an empty text reads as not recorded (`or None`)
     return Environment(
-        torch_version=_text(versions.get("torch")),
+        torch_version=versions.torch or None,
         torch_version_hint=snapshot.torch_version_hint or None,
-        cuda_version=_text(versions.get("cuda")),
-        python_version=_text(versions.get("python")),
-        oomdoctor_version=_text(versions.get("oomdoctor")),
-        device_name=_text(device.get("name")),
-        device_capability=capability_text,
-        device_total_bytes=_int(device.get("total_memory_bytes")),
-        host=_text(meta.get("host")),
-        pid=_int(meta.get("pid")),
-        argv=tuple(a for a in argv if isinstance(a, str)) if isinstance(argv, (list, tuple)) else (),
-        rank=_int(meta.get("rank")),
-        local_rank=_int(meta.get("local_rank")),
-        world_size=_int(meta.get("world_size")),
+        cuda_version=versions.cuda or None,
+        python_version=versions.python or None,
+        oomdoctor_version=versions.oomdoctor or None,
+        device_name=device.name or None,
+        device_capability=f"{capability[0]}.{capability[1]}" if capability is not None else None,
+        device_total_bytes=device.total_memory_bytes,
+        host=meta.host or None,
+        pid=meta.pid,
+        argv=meta.argv,
+        rank=meta.rank,
+        local_rank=meta.local_rank,
+        world_size=meta.world_size,
         alloc_conf=alloc_conf,
         recording=recording_text,
-        reason=_text(meta.get("reason")),
-        exception_type=_text(exception.get("type")),
-        rehearsed="rehearsal" in meta,
+        reason=meta.reason or None,
+        exception_type=(meta.exception.type or None) if meta.exception is not None else None,
+        rehearsed=meta.rehearsal is not None,
         container=snapshot.container or None,
         source_format=snapshot.source_format or None,
     )
