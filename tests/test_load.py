@@ -197,14 +197,19 @@ def test_oomdoctor_metadata_passes_through_read_only() -> None:
     data = make_snapshot()
     data["oomdoctor"] = {"schema_version": 1, "versions": {"torch": "2.13.0"}, "markers": [{"phase": "forward"}]}
     snapshot = load(pickle.dumps(data, protocol=4))
-    assert snapshot.oomdoctor["versions"]["torch"] == "2.13.0"
-    assert snapshot.oomdoctor["markers"][0]["phase"] == "forward"
-    assert isinstance(snapshot.oomdoctor["markers"], tuple) and isinstance(snapshot.oomdoctor, dict)
+    assert snapshot.oomdoctor.versions.torch == "2.13.0"
+    assert snapshot.oomdoctor.markers[0].phase == "forward"
+    raw = snapshot.oomdoctor_raw  # the key as written
+    assert raw["versions"]["torch"] == "2.13.0"
+    assert raw["markers"][0]["phase"] == "forward"
+    assert isinstance(raw["markers"], tuple) and isinstance(raw, dict)
     with pytest.raises(TypeError):
-        snapshot.oomdoctor["schema_version"] = 2  # type: ignore[index]
+        raw["schema_version"] = 2  # type: ignore[index]
     with pytest.raises(TypeError):
-        snapshot.oomdoctor["versions"].update(torch="2.0")
-    assert orjson.loads(orjson.dumps(snapshot.oomdoctor)) == data["oomdoctor"]
+        raw["versions"].update(torch="2.0")
+    with pytest.raises(AttributeError):
+        snapshot.oomdoctor.versions.torch = "2.0"  # type: ignore[misc]
+    assert orjson.loads(orjson.dumps(raw)) == data["oomdoctor"]
 
 
 @pytest.mark.parametrize("bad", ["not a dict", [1, 2], {"a": {1, 2}}, {1: "int key"}])

@@ -79,8 +79,8 @@ def test_environment_from_the_metadata():
     text = markdown_report.render(analyse(snapshot), environment=environment_of(snapshot))
     environment = text.split("### Environment", 1)[1].split("<details>", 1)[0]
     meta = snapshot.oomdoctor
-    assert f"| torch | `{meta['versions']['torch']}` |" in environment
-    assert f"| host | `{meta['host']}` |" in environment and f"| pid | `{meta['pid']}` |" in environment
+    assert f"| torch | `{meta.versions.torch}` |" in environment
+    assert f"| host | `{meta.host}` |" in environment and f"| pid | `{meta.pid}` |" in environment
     assert "| GPU | `Simulated GPU" in environment
 
 
