@@ -33,6 +33,7 @@ LARGE_POOL_ONLY = {
 }
 
 
+@pytest.mark.slow
 def test_corpus_agreement_is_total(corpus_dir):
     out = io.StringIO()
     agreement = simulator_fidelity.run(corpus_dir, out=out)

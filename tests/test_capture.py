@@ -329,6 +329,7 @@ def test_history_already_on_is_kept(fake):
 # -- markers and registry -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_markers_bracket_phases_with_step_numbers(fake):
     oomdoctor.install()
     small_training(2, None, fake)
@@ -390,6 +391,7 @@ def test_memory_viz_reads_the_dump_unchanged(fake):
     assert "Summary of segments" in _memory_viz.segsum(data)
 
 
+@pytest.mark.slow
 def test_uncaught_oom_adds_exception_through_chained_excepthook(fake, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(

@@ -163,6 +163,7 @@ def test_optimizer_state_buildup_leaves_one_dump_that_everything_reads(script, c
     assert report["verdict"] == "optimizer-state-buildup"
 
 
+@pytest.mark.slow
 def test_activation_spike_in_a_later_forward(script):
     result, dumps = rehearse(script, ["--big-batch-at", "2"], 200 * MiB)
     assert result.exit_code == 1 and len(dumps) == 1
@@ -178,6 +179,7 @@ def test_a_script_that_fits_leaves_no_dump(script):
     assert result.exit_code == 0 and dumps == []
 
 
+@pytest.mark.slow
 def test_uncaught_oom_in_a_plain_process_gets_its_traceback(script, tmp_path):
     runner = tmp_path / "run_rehearsed.py"
     runner.write_text(
@@ -226,6 +228,7 @@ RETRY_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_caught_and_retried_oom_leaves_two_useful_dumps(script, capsys):
     retry = script.parent / "retry.py"
     retry.write_text(RETRY_SCRIPT)

@@ -164,6 +164,7 @@ def test_unreadable_paths(tmp_path, capsys) -> None:
         assert "permission denied" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_process_prints_no_traceback_and_runs_nothing(tmp_path) -> None:
     marker = tmp_path / "ran"
     cases = {

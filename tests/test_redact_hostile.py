@@ -402,6 +402,7 @@ def _seconds(function, *args) -> float:
     return time.perf_counter() - started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_one_megabyte_of_adversarial_text_is_fast(redactor, name):
     text = ADVERSARIAL[name]
@@ -411,6 +412,7 @@ def test_one_megabyte_of_adversarial_text_is_fast(redactor, name):
     assert _seconds(lambda: Redactor.learn(filenames=[text], script_filenames=[text], texts=[text])) < 2
 
 
+@pytest.mark.slow
 def test_time_grows_with_the_text_not_faster():
     many = Redactor.learn(
         host="a-b-c",
@@ -450,6 +452,7 @@ def _megabyte_everywhere(size: int) -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_dump_with_a_megabyte_in_every_string_redacts_in_linear_time(tmp_path):
     def seconds(size: int) -> float:
         data = _megabyte_everywhere(size)

@@ -150,6 +150,7 @@ def test_the_content_module_imports_no_textual_or_rich():
 # --- the app --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_overview_shows_the_verdict_and_every_tab_fits_80_by_24():
     snapshot, analysis = loaded(EXAMPLE_DUMP)
 
@@ -172,6 +173,7 @@ def test_overview_shows_the_verdict_and_every_tab_fits_80_by_24():
     assert len(run_app(app, scenario)) == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [LEAK, DUMPS / "no-oom-expandable-segments.pickle"], ids=lambda p: p.stem)
 def test_other_dumps_open_and_every_tab_renders_at_80_by_24(path):
     snapshot, analysis = loaded(path)
@@ -186,6 +188,7 @@ def test_other_dumps_open_and_every_tab_renders_at_80_by_24(path):
     assert state is not None
 
 
+@pytest.mark.slow
 def test_timeline_keys_move_the_cursor_and_the_label_shows_the_replayed_state():
     snapshot, analysis = loaded(LEAK)
     fresh = replayer(snapshot, analysis.device)
@@ -245,6 +248,7 @@ def test_clicking_the_chart_moves_the_cursor_there():
     assert state.event_index == index
 
 
+@pytest.mark.slow
 def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
     snapshot, analysis = loaded(EXAMPLE_DUMP)
     expected = content.filter_rows(content.allocation_rows(analysis), "exp_avg_sq")
@@ -408,6 +412,7 @@ def test_demo_prints_the_report_when_not_in_a_terminal_or_with_text(capsys):
     assert json.loads(capsys.readouterr().out)["verdict"] == "optimizer-state-buildup"
 
 
+@pytest.mark.slow
 def test_a_dump_with_thousands_of_live_blocks_lists_the_largest_and_still_searches(corpus_dir):
     from oomdoctor.tui.allocations import SHOWN_ROWS
 

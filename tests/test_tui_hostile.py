@@ -132,6 +132,7 @@ def test_segment_types_that_look_like_markup_show_as_written(tmp_path, hostile):
     assert app.return_code in (None, 0) and app.error is None
 
 
+@pytest.mark.slow
 def test_every_cell_of_every_table_is_text_never_a_markup_string(tmp_path):
     dump = write_pickle(tmp_path / "plain.pickle", one_block_snapshot(filename=SOURCE, tensor_name="model.fc1.weight"))
     snapshot = load(dump)
@@ -198,6 +199,7 @@ def test_content_builders_escape_names_from_the_file(tmp_path):
     assert any("\\x1b]0;pwned" in text for text in texts)
 
 
+@pytest.mark.slow
 def test_no_tab_shows_a_raw_escape_from_frames_tensor_names_or_the_file_name(tmp_path):
     folder = tmp_path / f"dir{ESCAPES}"
     folder.mkdir()
