@@ -3,7 +3,7 @@
     folder = read_folder("oom-dumps")          # RankFolder: dumps and skipped files
     comparison = compare_ranks(folder.dumps)   # oomdoctor.analysis.ranks
 
-    rows = read_folder_info("oom-dumps")       # what `oomdoctor info DIR` shows: one build_info per file
+    rows = read_folder_info("oom-dumps")       # what `oomdoctor info DIR` shows: one RankContents per file
 
 The rank of a file is the one its oomdoctor metadata records, else the one its name states
 (`oom-rank5-...`, `snapshot_rank5.pickle`), else unknown. A file that cannot be read becomes a
@@ -19,12 +19,12 @@ import functools
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from oomdoctor.analysis.ranks import (
     RANK_FROM_FILE_NAME,
     RANK_FROM_METADATA,
     RANK_UNKNOWN,
+    RankContents,
     RankDump,
     RankFolder,
     SkippedFile,
@@ -92,22 +92,20 @@ def read_folder(
     return RankFolder(listing.directory, dumps, skipped)
 
 
-def info_row(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
-    """`build_info` of one file, with the rank it was written by (what each worker runs for info)."""
+def info_row(path: str, *, max_bytes: int | None = None) -> RankContents:
+    """What one file holds, with the rank it was written by (what each worker runs for info)."""
+    from oomdoctor.analysis.contents import describe
     from oomdoctor.load import load
-    from oomdoctor.views.info import build_info
 
     name = os.path.basename(path)
-    info = build_info(load(path, max_bytes=max_bytes), name)
-    metadata = info.get("oomdoctor_metadata") or {}
-    rank = metadata.get("rank") if type(metadata.get("rank")) is int else None
-    info["rank"] = rank if rank is not None else rank_from_name(name)
-    return info
+    contents = describe(load(path, max_bytes=max_bytes), name)
+    recorded = contents.metadata.get("rank") if contents.metadata is not None else None
+    return RankContents(contents, recorded if type(recorded) is int else rank_from_name(name))
 
 
 def read_folder_info(
     directory: str | os.PathLike[str], *, max_bytes: int | None = None, parallel: bool = True
-) -> tuple[str, tuple[dict[str, Any], ...], tuple[SkippedFile, ...]]:
+) -> tuple[str, tuple[RankContents, ...], tuple[SkippedFile, ...]]:
     """(folder, one `info_row` per readable file, skipped files) for `oomdoctor info DIR`."""
     listing = find_dump_files(directory)
     outcomes = map_files(listing.paths, functools.partial(info_row, max_bytes=max_bytes), parallel=parallel)

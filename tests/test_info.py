@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from oomdoctor.analysis.contents import describe
 from oomdoctor.cli import main
 from oomdoctor.load import load
-from oomdoctor.views.info import build_info, format_bytes
+from oomdoctor.views.info import format_bytes, to_dict
 from tests.builders import MiB, make_snapshot
 
 
@@ -134,5 +135,5 @@ def test_format_bytes() -> None:
 
 
 def test_build_info_is_plain_data() -> None:
-    info = build_info(load(pickle.dumps(make_snapshot(), protocol=4)), "x")
+    info = to_dict(describe(load(pickle.dumps(make_snapshot(), protocol=4)), "x"))
     assert json.loads(json.dumps(info)) == info

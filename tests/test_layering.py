@@ -38,8 +38,9 @@ def test_loading_a_snapshot_loads_no_heavy_module(tmp_path) -> None:
         f"path = {str(path)!r}\n"
         "pickle.dump({'segments': [], 'device_traces': [[]]}, open(path, 'wb'), protocol=4)\n"
         "import oomdoctor\n"
-        "from oomdoctor.views.info import build_info\n"
-        "build_info(oomdoctor.load(path), path)\n"
+        "from oomdoctor.analysis.contents import describe\n"
+        "from oomdoctor.views.info import to_text\n"
+        "to_text(describe(oomdoctor.load(path), path))\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

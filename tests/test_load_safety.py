@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from oomdoctor.analysis.contents import describe
 from oomdoctor.cli import main
 from oomdoctor.errors import LoadError
 from oomdoctor.load import load
-from oomdoctor.views.info import build_info, to_json, to_text
+from oomdoctor.views.info import to_json, to_text
 from tests.builders import make_snapshot
 from tests.conftest import CORPUS
 
@@ -239,9 +240,9 @@ def _mutate(data: bytes, mutations) -> bytes:
 
 
 def _exercise(snapshot) -> None:
-    info = build_info(snapshot, "fuzzed")
-    to_json(info)
-    to_text(info)
+    contents = describe(snapshot, "fuzzed")
+    to_json(contents)
+    to_text(contents)
     for trace in snapshot.traces:
         for index, event in enumerate(trace):
             assert event.frames == trace.frames_at(index)

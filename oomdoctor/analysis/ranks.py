@@ -22,6 +22,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from oomdoctor.analysis.contents import Contents
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.metadata import COMPONENTS
@@ -63,6 +64,14 @@ class RankFolder:
     directory: str
     dumps: tuple[RankDump, ...]
     skipped: tuple[SkippedFile, ...]  # not snapshots, sub-folders, temporary files, unreadable files
+
+
+@dataclass(frozen=True, slots=True)
+class RankContents:
+    """One readable file of a folder as `oomdoctor info DIR` shows it: what it holds, who wrote it."""
+
+    contents: Contents
+    rank: int | None  # its metadata's rank, else the one its name states
 
 
 @dataclass(frozen=True, slots=True)

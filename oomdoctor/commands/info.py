@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.views.info import build_info, to_json, to_text
+    from oomdoctor.analysis.contents import describe
+    from oomdoctor.views.info import to_json, to_text
 
     max_bytes = max_bytes_argument(args)
     if os.path.isdir(args.file):
@@ -50,6 +51,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(info_folder(args.file, args.format, max_bytes=max_bytes))
         return 0
     snapshot = load(args.file, max_bytes=max_bytes)
-    info = build_info(snapshot, args.file)
-    sys.stdout.write(to_json(info) + "\n" if args.format == "json" else to_text(info))
+    contents = describe(snapshot, args.file)
+    sys.stdout.write(to_json(contents) + "\n" if args.format == "json" else to_text(contents))
     return 0

@@ -1,151 +1,86 @@
-"""What a snapshot file holds, as plain data (`build_info`) and as text or JSON.
-
-Byte totals follow torch's own accounting (`torch.cuda._memory_viz.segsum`, spec §1.10):
-
-    reserved_bytes   = Σ segment total_size                     (segsum total_reserved)
-    allocated_bytes  = Σ size of active_allocated blocks        (memory_stats allocated_bytes)
-    requested_bytes  = Σ requested_size of those blocks         (segsum total_allocated)
-    rounding_bytes   = allocated_bytes − requested_bytes        (free inside allocated blocks)
-    free_bytes       = reserved_bytes − allocated_bytes         (cached, not allocated)
-    active_bytes     = allocated + active_pending_free blocks   (memory_stats active_bytes)
-
-so segsum's total_free, which counts rounding inside allocated blocks as free, is
-free_bytes + rounding_bytes.
+"""What a snapshot file holds (oomdoctor.analysis.contents) as plain data, JSON or text: what
+`oomdoctor info FILE` prints. The byte totals and how they relate to torch's own accounting are
+described in oomdoctor.analysis.contents.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import orjson
 
-from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, OOM, Segment, Snapshot, Stack
+from oomdoctor.analysis.contents import ByteTotals, Contents
+from oomdoctor.model import AllocatorSettings
 from oomdoctor.safetext import json_printable, printable
 from oomdoctor.units import human_size as format_bytes
 
 INFO_SCHEMA_VERSION = 1
-_STACK_SAMPLE_EVENTS = 256
 
 
-def _byte_totals(segments: list[Segment] | tuple[Segment, ...]) -> dict[str, int]:
-    reserved = allocated = requested = active = blocks = 0
-    for segment in segments:
-        reserved += segment.total_size
-        blocks += len(segment.blocks)
-        for block in segment.blocks:
-            state = block.state
-            if state == ACTIVE_ALLOCATED:
-                allocated += block.size
-                requested += block.requested_size
-                active += block.size
-            elif state != INACTIVE:
-                active += block.size
+def _totals(totals: ByteTotals) -> dict[str, int]:
     return {
-        "segments": len(segments),
-        "blocks": blocks,
-        "reserved_bytes": reserved,
-        "allocated_bytes": allocated,
-        "requested_bytes": requested,
-        "rounding_bytes": allocated - requested,
-        "active_bytes": active,
-        "free_bytes": reserved - allocated,
+        "segments": totals.segments,
+        "blocks": totals.blocks,
+        "reserved_bytes": totals.reserved_bytes,
+        "allocated_bytes": totals.allocated_bytes,
+        "requested_bytes": totals.requested_bytes,
+        "rounding_bytes": totals.rounding_bytes,
+        "active_bytes": totals.active_bytes,
+        "free_bytes": totals.free_bytes,
     }
 
 
-def _stack_kind(stack: Stack, kinds: set[str]) -> None:
-    for frame in stack:
-        filename = frame.filename
-        if filename.endswith(".py") or filename.startswith("<"):
-            kinds.add("python")
-        elif filename == "??" or "::" in frame.name or filename.endswith((".cpp", ".h", ".cc", ".cu", ".hpp", ".so")):
-            kinds.add("c++")
-        else:
-            kinds.add("python")
-
-
-def build_info(snapshot: Snapshot, name: str) -> dict[str, Any]:
-    """Plain data (str, int, float, bool, None, lists, dicts) describing `snapshot`."""
+def to_dict(contents: Contents) -> dict[str, Any]:
+    """Plain data (str, int, float, bool, None, lists, dicts): the JSON `info` writes."""
     devices = []
-    ooms = []
-    stack_kinds: set[str] = set()
-    first_times, last_times = [], []
-    for segment in snapshot.segments:
-        _stack_kind(segment.frames, stack_kinds)
-        for block in segment.blocks:
-            _stack_kind(block.frames, stack_kinds)
-    for device in snapshot.devices:
-        part = snapshot.device(device)
-        trace = part.trace
-        row: dict[str, Any] = {"device": device}
-        row.update(_byte_totals(part.segments))
-        count = len(trace)
-        row["trace_events"] = count
-        row["actions"] = dict(sorted(Counter(trace.actions).items())) if count else {}
-        row["events_with_stacks"] = trace.events_with_frames if count else 0
-        times = [t for t in trace.times_us if t is not None] if count and trace.times_us else []
-        row["first_time_us"] = min(times) if times else None
-        row["last_time_us"] = max(times) if times else None
-        if times:
-            first_times.append(row["first_time_us"])
-            last_times.append(row["last_time_us"])
-        if count:
-            step = max(1, count // _STACK_SAMPLE_EVENTS)
-            for index in range(0, count, step):
-                _stack_kind(trace.frames_at(index), stack_kinds)
-            if OOM in row["actions"]:
-                for index, action in enumerate(trace.actions):
-                    if action == OOM:
-                        ooms.append(
-                            {
-                                "device": device,
-                                "event_index": index,
-                                "request_bytes": trace.sizes[index],
-                                "device_free_bytes": trace.device_free.get(index),
-                                "stream": trace.streams[index],
-                                "time_us": trace.times_us[index] if trace.times_us else None,
-                            }
-                        )
+    for part in contents.devices:
+        row: dict[str, Any] = {"device": part.device}
+        row.update(_totals(part.totals))
+        row["trace_events"] = part.trace_events
+        row["actions"] = dict(part.actions)
+        row["events_with_stacks"] = part.events_with_stacks
+        row["first_time_us"] = part.first_time_us
+        row["last_time_us"] = part.last_time_us
         devices.append(row)
-
-    trace_counts = [len(t) for t in snapshot.traces]
     info: dict[str, Any] = {
         "schema_version": INFO_SCHEMA_VERSION,
-        "file": name,
-        "container": snapshot.container,
-        "format": snapshot.source_format,
-        "torch_version_hint": snapshot.torch_version_hint or None,
-        "era_hints": list(snapshot.era_hints),
-        "torch_version": _recorded_torch_version(snapshot),
-        "device_list": [row["device"] for row in devices],
+        "file": contents.file,
+        "container": contents.container,
+        "format": contents.format,
+        "torch_version_hint": contents.torch_version_hint,
+        "era_hints": list(contents.era_hints),
+        "torch_version": contents.torch_version,
+        "device_list": list(contents.device_list),
     }
-    info.update(_byte_totals(snapshot.segments))
-    info["trace_events"] = trace_counts
+    info.update(_totals(contents.totals))
+    info["trace_events"] = list(contents.trace_events)
+    span = contents.time_span_us
     info["time_span_us"] = (
-        {"first": min(first_times), "last": max(last_times), "seconds": (max(last_times) - min(first_times)) / 1e6}
-        if first_times
-        else None
+        {"first": span[0], "last": span[1], "seconds": (span[1] - span[0]) / 1e6} if span is not None else None
     )
-    info["stacks_recorded"] = bool(stack_kinds)
-    info["stack_kinds"] = sorted(stack_kinds)
-    info["oom_events"] = ooms
-    info["annotations"] = len(snapshot.annotations)
-    info["allocator_settings"] = _settings(snapshot)
-    info["oomdoctor_metadata"] = _metadata_summary(snapshot)
+    info["stacks_recorded"] = bool(contents.stack_kinds)
+    info["stack_kinds"] = list(contents.stack_kinds)
+    info["oom_events"] = [
+        {
+            "device": oom.device,
+            "event_index": oom.event_index,
+            "request_bytes": oom.request_bytes,
+            "device_free_bytes": oom.device_free_bytes,
+            "stream": oom.stream,
+            "time_us": oom.time_us,
+        }
+        for oom in contents.ooms
+    ]
+    info["annotations"] = contents.annotations
+    info["allocator_settings"] = _settings(contents.allocator_settings)
+    meta = contents.metadata
+    info["oomdoctor_metadata"] = None if meta is None else {"keys": list(meta.keys), **dict(meta.fields)}
     info["devices"] = devices
     return info
 
 
-def _recorded_torch_version(snapshot: Snapshot) -> str | None:
-    meta = snapshot.oomdoctor
-    versions = meta.get("versions") if meta else None
-    version = versions.get("torch") if hasattr(versions, "get") else None
-    return version if isinstance(version, str) else None
-
-
-def _settings(snapshot: Snapshot) -> dict[str, Any] | None:
-    settings = snapshot.allocator_settings
+def _settings(settings: AllocatorSettings | None) -> dict[str, Any] | None:
     if settings is None:
         return None
     extra = {k: v for k, v in settings.extra.items() if isinstance(v, (str, int, float, bool)) or v is None}
@@ -159,23 +94,16 @@ def _settings(snapshot: Snapshot) -> dict[str, Any] | None:
     }
 
 
-def _metadata_summary(snapshot: Snapshot) -> dict[str, Any] | None:
-    meta = snapshot.oomdoctor
-    if meta is None:
-        return None
-    summary: dict[str, Any] = {"keys": sorted(meta)}
-    for key in ("schema_version", "reason", "host", "pid", "rank", "world_size"):
-        value = meta.get(key)
-        if isinstance(value, (str, int, float, bool)):
-            summary[key] = value
-    return summary
-
-
-def to_json(info: dict[str, Any]) -> str:
+def json_text(document: dict[str, Any]) -> str:
+    """`document` as indented JSON, every string printable."""
     try:
-        return json_printable(orjson.dumps(info, option=orjson.OPT_INDENT_2)).decode()
+        return json_printable(orjson.dumps(document, option=orjson.OPT_INDENT_2)).decode()
     except TypeError:  # an int beyond 64 bits in a strange file: the stdlib encoder copes
-        return json.dumps(info, indent=2)
+        return json.dumps(document, indent=2)
+
+
+def to_json(contents: Contents) -> str:
+    return json_text(to_dict(contents))
 
 
 _FORMAT_WORDS = {
@@ -185,44 +113,46 @@ _FORMAT_WORDS = {
 }
 
 
-def to_text(info: dict[str, Any]) -> str:
+def to_text(contents: Contents) -> str:
     lines = []
 
     def add(label: str, text: str) -> None:
         lines.append(f"{label:<20}{text}")
 
-    add("file", info["file"])
-    add("container", info["container"])
-    add("format", _FORMAT_WORDS.get(info["format"], info["format"]))
-    if info["torch_version"]:
-        add("torch", f"{info['torch_version']} (recorded by oomdoctor)")
-    elif info["torch_version_hint"]:
-        add("torch", f"{info['torch_version_hint']} (inferred from the keys present)")
-    add("devices", ", ".join(map(str, info["device_list"])) or "none")
-    add("segments", f"{info['segments']} ({info['blocks']} blocks)")
+    add("file", contents.file)
+    add("container", contents.container)
+    add("format", _FORMAT_WORDS.get(contents.format, contents.format))
+    if contents.torch_version:
+        add("torch", f"{contents.torch_version} (recorded by oomdoctor)")
+    elif contents.torch_version_hint:
+        add("torch", f"{contents.torch_version_hint} (inferred from the keys present)")
+    add("devices", ", ".join(map(str, contents.device_list)) or "none")
+    totals = contents.totals
+    add("segments", f"{totals.segments} ({totals.blocks} blocks)")
     for key in ("reserved_bytes", "allocated_bytes", "requested_bytes", "rounding_bytes", "active_bytes", "free_bytes"):
-        exact = f" ({info[key]} bytes)" if abs(info[key]) >= 1024 else ""
-        add(key.removesuffix("_bytes"), format_bytes(info[key]) + exact)
+        value = getattr(totals, key)
+        exact = f" ({value} bytes)" if abs(value) >= 1024 else ""
+        add(key.removesuffix("_bytes"), format_bytes(value) + exact)
     add(
         "trace events",
-        " + ".join(map(str, info["trace_events"])) + " (per device)" if info["trace_events"] else "none recorded",
+        " + ".join(map(str, contents.trace_events)) + " (per device)" if contents.trace_events else "none recorded",
     )
-    span = info["time_span_us"]
+    span = contents.time_span_us
     if span:
-        add("time span", f"{span['seconds']:.3f} s")
-    add("stacks", ", ".join(info["stack_kinds"]) if info["stacks_recorded"] else "none recorded")
-    add("annotations", str(info["annotations"]))
-    if info["oom_events"]:
-        for oom in info["oom_events"]:
-            free = oom["device_free_bytes"]
+        add("time span", f"{(span[1] - span[0]) / 1e6:.3f} s")
+    add("stacks", ", ".join(contents.stack_kinds) if contents.stack_kinds else "none recorded")
+    add("annotations", str(contents.annotations))
+    if contents.ooms:
+        for oom in contents.ooms:
+            free = oom.device_free_bytes
             add(
                 "OOM",
-                f"device {oom['device']}, event {oom['event_index']}: request {format_bytes(oom['request_bytes'])}"
+                f"device {oom.device}, event {oom.event_index}: request {format_bytes(oom.request_bytes)}"
                 + (f", device free {format_bytes(free)}" if free is not None else ""),
             )
     else:
         add("OOM events", "none")
-    settings = info["allocator_settings"]
+    settings = _settings(contents.allocator_settings)
     if settings is None:
         add("allocator settings", "not recorded (torch < 2.3 or a segment list)")
     else:
@@ -234,17 +164,17 @@ def to_text(info: dict[str, Any]) -> str:
             f"max_split_size {'unlimited' if split is None else format_bytes(split)}; "
             f"garbage_collection_threshold {settings['garbage_collection_threshold']}",
         )
-    meta = info["oomdoctor_metadata"]
-    add("oomdoctor metadata", "none (a plain torch snapshot)" if meta is None else ", ".join(meta["keys"]))
-    for row in info["devices"]:
-        actions = ", ".join(f"{name} {count}" for name, count in row["actions"].items())
+    meta = contents.metadata
+    add("oomdoctor metadata", "none (a plain torch snapshot)" if meta is None else ", ".join(meta.keys))
+    for row in contents.devices:
+        actions = ", ".join(f"{name} {count}" for name, count in row.actions)
         lines.append("")
-        lines.append(f"device {row['device']}")
-        add("  segments", f"{row['segments']} ({row['blocks']} blocks)")
-        add("  reserved", format_bytes(row["reserved_bytes"]))
-        add("  allocated", format_bytes(row["allocated_bytes"]))
-        add("  free (cached)", format_bytes(row["free_bytes"]))
-        add("  trace events", f"{row['trace_events']}" + (f" ({actions})" if actions else ""))
-        if row["trace_events"]:
-            add("  with stacks", str(row["events_with_stacks"]))
+        lines.append(f"device {row.device}")
+        add("  segments", f"{row.totals.segments} ({row.totals.blocks} blocks)")
+        add("  reserved", format_bytes(row.totals.reserved_bytes))
+        add("  allocated", format_bytes(row.totals.allocated_bytes))
+        add("  free (cached)", format_bytes(row.totals.free_bytes))
+        add("  trace events", f"{row.trace_events}" + (f" ({actions})" if actions else ""))
+        if row.trace_events:
+            add("  with stacks", str(row.events_with_stacks))
     return "\n".join(printable(line, 8192) for line in lines) + "\n"

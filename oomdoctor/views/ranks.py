@@ -21,6 +21,7 @@ from typing import Any
 from oomdoctor.analysis.ranks import (
     ALLOCATED,
     RankComparison,
+    RankContents,
     RankDifference,
     RankDump,
     RankRow,
@@ -438,35 +439,37 @@ def render(
     return render_text(directory, comparison, dumps, skipped).encode()
 
 
-def info_line(info: dict[str, Any]) -> str:
+def info_line(row: RankContents) -> str:
     """One line of `oomdoctor info DIR` for a readable file."""
-    rank = info.get("rank")
-    ooms = info["oom_events"]
-    oom = f"{len(ooms)} OOM (request {human(ooms[-1]['request_bytes'], decimals=1)})" if ooms else "no OOM"
-    events = sum(info["trace_events"])
-    torch = info["torch_version"] or info["torch_version_hint"] or "unknown"
-    devices = ",".join(map(str, info["device_list"])) or "none"
+    contents, rank = row.contents, row.rank
+    ooms = contents.ooms
+    oom = f"{len(ooms)} OOM (request {human(ooms[-1].request_bytes, decimals=1)})" if ooms else "no OOM"
+    events = sum(contents.trace_events)
+    torch = contents.torch_version or contents.torch_version_hint or "unknown"
+    devices = ",".join(map(str, contents.device_list)) or "none"
     return (
-        f"{info['file']}  rank {'?' if rank is None else rank}  {info['container']} {info['format']}  torch {torch}  "
-        f"devices {devices}  reserved {human(info['reserved_bytes'], decimals=1)}  "
-        f"allocated {human(info['allocated_bytes'], decimals=1)}  {events} events  {oom}"
+        f"{contents.file}  rank {'?' if rank is None else rank}  {contents.container} {contents.format}  "
+        f"torch {torch}  devices {devices}  reserved {human(contents.totals.reserved_bytes, decimals=1)}  "
+        f"allocated {human(contents.totals.allocated_bytes, decimals=1)}  {events} events  {oom}"
     )
 
 
-def info_text(directory: str, rows: tuple[dict[str, Any], ...], skipped: tuple[SkippedFile, ...]) -> str:
-    lines = [info_line(info) for info in rows]
+def info_text(directory: str, rows: tuple[RankContents, ...], skipped: tuple[SkippedFile, ...]) -> str:
+    lines = [info_line(row) for row in rows]
     lines += [f"{item.name}  skipped: {item.reason}" for item in skipped]
     return "\n".join(printable(line, 8192) for line in lines) + "\n"
 
 
-def info_json(directory: str, rows: tuple[dict[str, Any], ...], skipped: tuple[SkippedFile, ...]) -> str:
-    from oomdoctor.views.info import to_json
+def info_json(directory: str, rows: tuple[RankContents, ...], skipped: tuple[SkippedFile, ...]) -> str:
+    """Every readable file's full info (as `oomdoctor info FILE --format json`, with its rank)."""
+    from oomdoctor.views.info import json_text
+    from oomdoctor.views.info import to_dict as info_dict
 
     document = {
         "schema_version": RANKS_SCHEMA_VERSION,
         "kind": "folder-info",
         "directory": directory,
-        "files": list(rows),
+        "files": [{**info_dict(row.contents), "rank": row.rank} for row in rows],
         "skipped": [{"file": item.name, "reason": item.reason} for item in skipped],
     }
-    return to_json(document)
+    return json_text(document)
