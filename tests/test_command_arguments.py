@@ -28,9 +28,9 @@ def test_max_bytes_is_parsed_and_applied(capsys):
 
 
 def test_an_unknown_device_names_the_devices_there(capsys):
-    from oomdoctor.commands import require_device
     from oomdoctor.errors import OomdoctorError
     from oomdoctor.load import load
+    from oomdoctor.pipeline import require_device
 
     snapshot = load(sorted((FIXTURES / "dumps").glob("*.pickle"))[0])
     require_device(snapshot, None, "dump.pickle")

@@ -324,15 +324,14 @@ def test_pipes_and_devices_are_sniffed_before_they_are_read(tmp_path):
 
 def test_internal_errors_are_one_line(monkeypatch, capsys, tmp_path):
     """An exception oomdoctor did not foresee still ends in one line and exit 2."""
-    from oomdoctor import cli
-    from oomdoctor.commands import report
+    from oomdoctor import cli, pipeline
 
     path = write_reproducer("r16_text_report_ansi", tmp_path)
 
     def broken(*_args, **_kwargs):
         raise ZeroDivisionError("made up for the test")
 
-    monkeypatch.setattr(report, "render_report", broken)
+    monkeypatch.setattr(pipeline, "render_report", broken)
     assert cli.main(["report", str(path)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "internal error (ZeroDivisionError: made up for the test" in err[0]

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from oomdoctor.analysis import analyse
-from oomdoctor.commands.report import render_report
 from oomdoctor.load import load, load_raw
+from oomdoctor.pipeline import render_report
 from oomdoctor.redact import Redactor, redact_snapshot_data, redactor_for_data
 from tests.conftest import corpus_params
 

@@ -1,6 +1,6 @@
 """The CLI's verbs, one module each; helpers here are what several verbs share: the arguments
 they have in common (FILE, --format, --redact, --device, --max-bytes), reading --max-bytes back,
-checking --device, and writing a report out whole.
+and writing a report out whole. Loading, analysing and rendering is oomdoctor.pipeline's.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def add_redact_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_device_argument(parser: argparse.ArgumentParser, help: str) -> None:
-    """--device N (None: the device that ran out of memory); check it with `require_device`."""
+    """--device N (None: the device that ran out of memory; oomdoctor.pipeline refuses one not there)."""
     parser.add_argument("--device", type=int, default=None, help=help)
 
 
@@ -69,13 +69,6 @@ def max_bytes_argument(args: argparse.Namespace) -> int | None:
         return parse_size(args.max_bytes)
     except (ValueError, TypeError) as error:
         raise OomdoctorError(f"--max-bytes: {error}") from None
-
-
-def require_device(snapshot, device: int | None, source: str) -> None:
-    """Refuse a --device the snapshot has no memory of (None: the failing one, always there)."""
-    if device is not None and (device < 0 or device not in snapshot.devices):
-        known = ", ".join(str(d) for d in snapshot.devices) or "none"
-        raise OomdoctorError(f"{source}: no device {device} in this snapshot (devices: {known})")
 
 
 def write_output(data: bytes) -> None:

@@ -37,10 +37,9 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             pass  # no Textual: the report below says the same
         else:
-            from oomdoctor.analysis import analyse
-            from oomdoctor.load import load
+            from oomdoctor.pipeline import load_and_analyse
 
-            snapshot = load(EXAMPLE_DUMP)
-            make_app(analyse(snapshot), snapshot, source=EXAMPLE_DUMP.name).run()
+            snapshot, analysis = load_and_analyse(EXAMPLE_DUMP)
+            make_app(analysis, snapshot, source=EXAMPLE_DUMP.name).run()
             return 0
     return report.run(argparse.Namespace(file=str(EXAMPLE_DUMP), format=args.format, device=None, max_bytes=None))

@@ -31,7 +31,6 @@ import os
 import sys
 
 from oomdoctor.commands import add_file_argument, add_format_argument, add_max_bytes_argument, max_bytes_argument
-from oomdoctor.load import load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.analysis.contents import describe
-    from oomdoctor.views.info import to_json, to_text
+    from oomdoctor import pipeline
 
     max_bytes = max_bytes_argument(args)
     if os.path.isdir(args.file):
@@ -50,7 +48,5 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(info_folder(args.file, args.format, max_bytes=max_bytes))
         return 0
-    snapshot = load(args.file, max_bytes=max_bytes)
-    contents = describe(snapshot, args.file)
-    sys.stdout.write(to_json(contents) + "\n" if args.format == "json" else to_text(contents))
+    sys.stdout.write(pipeline.info_file(args.file, args.format, max_bytes=max_bytes))
     return 0

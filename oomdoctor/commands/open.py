@@ -27,13 +27,7 @@ import argparse
 import os
 import sys
 
-from oomdoctor.commands import (
-    add_device_argument,
-    add_file_argument,
-    add_max_bytes_argument,
-    max_bytes_argument,
-    require_device,
-)
+from oomdoctor.commands import add_device_argument, add_file_argument, add_max_bytes_argument, max_bytes_argument
 from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.safetext import is_printable, printable
 
@@ -68,18 +62,14 @@ def check_readable(path: str, max_bytes: int | None) -> None:
 
 
 def loader_for(path: str, *, device: int | None, max_bytes: int | None):
-    """The loader the app runs in its worker: read the file, then analyse the chosen device."""
+    """The loader the app runs in its worker: read the file, then analyse the chosen device
+    (oomdoctor.pipeline.load_and_analyse)."""
+    from oomdoctor.pipeline import load_and_analyse
 
-    def load_and_analyse(enter_stage):
-        from oomdoctor.analysis import analyse
-        from oomdoctor.load import load
+    def loader(enter_stage):
+        return load_and_analyse(path, device=device, max_bytes=max_bytes, enter_stage=enter_stage)
 
-        snapshot = load(path, max_bytes=max_bytes)
-        require_device(snapshot, device, path)
-        enter_stage("analysing")
-        return snapshot, analyse(snapshot, device=device)
-
-    return load_and_analyse
+    return loader
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,7 +40,6 @@ from oomdoctor.commands import (
     add_max_bytes_argument,
     add_redact_argument,
     max_bytes_argument,
-    require_device,
     write_output,
 )
 from oomdoctor.errors import OomdoctorError
@@ -54,52 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_max_bytes_argument(parser)
 
 
-def render_report(
-    snapshot, output_format: str, *, source: str | None = None, redact: bool = False, device: int | None = None
-) -> bytes:
-    """The report of a loaded snapshot in one format ("text", "md", "json"), as `run` prints it."""
-    from oomdoctor.analysis import analyse
-    from oomdoctor.analysis.environment import environment_of
-
-    analysis = analyse(snapshot, device=device)
-    environment = environment_of(snapshot)
-    if redact:
-        from oomdoctor.redact import Redactor, redact_analysis, redact_environment
-
-        redactor = Redactor.from_snapshot(snapshot)
-        analysis = redact_analysis(analysis, redactor)
-        environment = redact_environment(environment, redactor)
-        source = redactor.source(source) if source else source
-    if output_format == "json":
-        from oomdoctor.views.json_report import render as render_json
-
-        return render_json(analysis, environment=environment)
-    if output_format == "md":
-        from oomdoctor.views.markdown_report import render as render_markdown
-
-        return render_markdown(analysis, source=source, environment=environment).encode()
-    from oomdoctor.views.text_report import render as render_text
-
-    return render_text(analysis, source=source).encode()
-
-
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.load import load
+    from oomdoctor import pipeline
 
     max_bytes = max_bytes_argument(args)
+    redact = getattr(args, "redact", False)
     if os.path.isdir(args.file):
-        from oomdoctor.rank_folder import report_folder
-
         if args.device is not None:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        write_output(report_folder(args.file, args.format, redact=getattr(args, "redact", False), max_bytes=max_bytes))
+        from oomdoctor.rank_folder import report_folder
+
+        write_output(report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes))
         return 0
-    snapshot = load(args.file, max_bytes=max_bytes)
-    require_device(snapshot, args.device, args.file)
-    report = render_report(
-        snapshot, args.format, source=str(args.file), redact=getattr(args, "redact", False), device=args.device
-    )
-    write_output(report)
+    write_output(pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes))
     return 0

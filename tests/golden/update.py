@@ -31,8 +31,8 @@ def expected_reports() -> dict[str, bytes]:
     """Golden file name -> the bytes `oomdoctor report` prints for it (the dump named by its file name only)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from oomdoctor.commands.report import render_report
     from oomdoctor.load import load
+    from oomdoctor.pipeline import render_report
 
     reports = {}
     for name in GOLDEN_FIXTURES:
