@@ -22,7 +22,7 @@ from oomdoctor.errors import LoadError
 from oomdoctor.load import load_raw
 from oomdoctor.load.folder import find_dump_files, map_files, rank_from_name
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.rank_folder import read_folder
+from oomdoctor.pipeline import read_folder
 from oomdoctor.units import human_size
 from oomdoctor.views import ranks as ranks_view
 from tests.conftest import FIXTURES
@@ -385,7 +385,7 @@ def test_report_folder_refuses_device_and_open_stays_single_file(uneven, capsys)
 
 
 @pytest.mark.parametrize(
-    "module", ["oomdoctor.rank_folder", "oomdoctor.analysis.ranks", "oomdoctor.load.folder", "oomdoctor.views.ranks"]
+    "module", ["oomdoctor.pipeline", "oomdoctor.analysis.ranks", "oomdoctor.load.folder", "oomdoctor.views.ranks"]
 )
 def test_folder_modules_stay_light(module):
     from tests.test_layering import _heavy_modules_after_import

@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     max_bytes = max_bytes_argument(args)
     if os.path.isdir(args.file):
-        from oomdoctor.rank_folder import info_folder
-
-        sys.stdout.write(info_folder(args.file, args.format, max_bytes=max_bytes))
+        sys.stdout.write(pipeline.info_folder(args.file, args.format, max_bytes=max_bytes))
         return 0
     sys.stdout.write(pipeline.info_file(args.file, args.format, max_bytes=max_bytes))
     return 0

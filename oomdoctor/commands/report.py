@@ -63,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        from oomdoctor.rank_folder import report_folder
-
-        write_output(report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes))
+        write_output(pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes))
         return 0
     write_output(pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes))
     return 0
