@@ -41,7 +41,8 @@ _FOCUS_IN_TAB = {
     "allocations": "#allocation-search",
 }
 
-# A loader reports each stage it enters (a short phrase) and returns the snapshot and its analysis.
+# A loader reports each stage it enters (a short phrase) and returns the snapshot and its analysis:
+# oomdoctor.pipeline.load_and_analyse bound to one file (commands/open.py); the app only runs it.
 Loader = Callable[[Callable[[str], None]], tuple[Snapshot, Analysis]]
 LOAD_STAGES = 3  # reading the file, analysing it, preparing the timeline
 
