@@ -177,6 +177,16 @@ def _exception(raw: Mapping[str, Any], path: str, read: _Fields) -> ExceptionInf
 
 
 def _marker(raw: Mapping[str, Any], path: str, read: _Fields) -> Marker:
+    phase, edge, step, time_us = raw.get("phase"), raw.get("edge"), raw.get("step"), raw.get("time_us")
+    if (  # the common case, checked at once: markers can number in the hundreds of thousands
+        type(phase) is str
+        and type(edge) is str
+        and type(step) is int
+        and type(time_us) is int
+        and 0 <= step <= _INT64_MAX
+        and _INT64_MIN <= time_us <= _INT64_MAX
+    ):
+        return Marker(phase, edge, step, time_us)
     return Marker(
         phase=read.text(raw.get("phase"), path + ".phase"),
         edge=read.text(raw.get("edge"), path + ".edge"),
@@ -195,6 +205,23 @@ def _shape(value: Any, path: str, read: _Fields) -> tuple[int, ...] | None:
 
 
 def _tensor(raw: Mapping[str, Any], path: str, read: _Fields) -> RegisteredTensor | None:
+    get = raw.get
+    address, device, component, name = get("address"), get("device"), get("component"), get("name")
+    shape, dtype, size = get("shape"), get("dtype"), get("size_bytes")
+    if (  # the common case, checked at once: a large model registers hundreds of thousands
+        type(address) is int
+        and type(device) is int
+        and type(size) is int
+        and type(component) is str
+        and type(name) is str
+        and type(dtype) is str
+        and type(shape) in _LISTS
+        and 0 <= address <= _INT64_MAX
+        and 0 <= device <= _INT64_MAX
+        and 0 <= size <= _INT64_MAX
+        and all(type(v) is int and 0 <= v <= _INT64_MAX for v in shape)
+    ):
+        return RegisteredTensor(address, device, component, name, tuple(shape), dtype, size)
     address = read.integer(raw.get("address"), path + ".address")
     if address is None:
         read.drop(path + ".address")  # a missing address drops the entry too
