@@ -409,6 +409,7 @@ def test_max_bytes_reaches_every_file(uneven, capsys):
     assert err.count("\n") == 1 and "larger than" in err
 
 
+@pytest.mark.slow
 def test_a_folder_of_real_snapshots(corpus_dir):
     """The corpus is no rank folder, but every file in it must be read or skipped with a reason."""
     folder = read_folder(corpus_dir / "snapshots")

@@ -17,6 +17,7 @@ from tests.conftest import corpus_params
 _PERSONAL_PREFIX = re.compile(r"(?:/home/|/Users/|[A-Za-z]:[\\/]Users[\\/])[^<]")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", corpus_params())
 def test_real_snapshot_redacts_cleanly(path):
     snapshot = load(path)
