@@ -373,3 +373,15 @@ def test_no_key_or_a_dropped_key_is_none_in_both_fields():
     assert plain.oomdoctor is None and plain.oomdoctor_raw is None
     bad = load(pickle.dumps({"segments": [], "device_traces": [[]], "oomdoctor": {1: "int key"}}, protocol=4))
     assert bad.oomdoctor is None and bad.oomdoctor_raw is None and bad.notes
+
+
+def test_marker_words_outside_captures_vocabulary_are_dropped():
+    from oomdoctor.load.metadata import parse_metadata
+
+    parsed = parse_metadata({"markers": [
+        {"phase": "\x1b[31mred", "edge": "start", "step": 0, "time_us": 1},
+        {"phase": "forward", "edge": ["x"], "step": 0, "time_us": 2},
+        {"phase": "backward", "edge": "end", "step": 0, "time_us": 3},
+    ]})  # fmt: skip
+    assert [(m.phase, m.edge) for m in parsed.markers] == [(None, "start"), ("forward", None), ("backward", "end")]
+    assert parsed.dropped

@@ -31,6 +31,7 @@ from oomdoctor.dump_metadata import (
     Rehearsal,
     Versions,
 )
+from oomdoctor.metadata import PHASES
 from oomdoctor.model import FrozenDict
 
 __all__ = ["parse_metadata"]
@@ -40,6 +41,12 @@ _LISTS = (list, tuple)
 _MEMORY_STATS = tuple(f.name for f in fields(MemoryStats))
 
 T = TypeVar("T")
+
+
+# A marker's words are capture's: a phase name from a stranger's file is no phase (and would reach
+# the views as text).
+_MARKER_PHASES = frozenset(PHASES)
+_MARKER_EDGES = frozenset(("start", "end"))
 
 
 class _Fields:
@@ -61,6 +68,13 @@ class _Fields:
 
     def text(self, value: Any, path: str) -> str | None:
         if value is None or type(value) is str:
+            return value
+        self.drop(path)
+        return None
+
+    def word(self, value: Any, path: str, vocabulary: frozenset[str]) -> str | None:
+        """A str that must be one of `vocabulary` (a marker's phase or edge); anything else is dropped."""
+        if value is None or (type(value) is str and value in vocabulary):
             return value
         self.drop(path)
         return None
@@ -181,6 +195,8 @@ def _marker(raw: Mapping[str, Any], path: str, read: _Fields) -> Marker:
     if (  # the common case, checked at once: markers can number in the hundreds of thousands
         type(phase) is str
         and type(edge) is str
+        and phase in _MARKER_PHASES
+        and edge in _MARKER_EDGES
         and type(step) is int
         and type(time_us) is int
         and 0 <= step <= _INT64_MAX
@@ -188,8 +204,8 @@ def _marker(raw: Mapping[str, Any], path: str, read: _Fields) -> Marker:
     ):
         return Marker(phase, edge, step, time_us)
     return Marker(
-        phase=read.text(raw.get("phase"), path + ".phase"),
-        edge=read.text(raw.get("edge"), path + ".edge"),
+        phase=read.word(raw.get("phase"), path + ".phase", _MARKER_PHASES),
+        edge=read.word(raw.get("edge"), path + ".edge", _MARKER_EDGES),
         step=read.integer(raw.get("step"), path + ".step"),
         time_us=read.integer(raw.get("time_us"), path + ".time_us", signed=True),
     )
