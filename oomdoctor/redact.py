@@ -285,11 +285,12 @@ class Redactor:
             for lines in trace.forward_frames.values():
                 texts.update(lines)
         texts.update(a.name for a in snapshot.annotations)
-        meta = snapshot.oomdoctor if isinstance(snapshot.oomdoctor, Mapping) else {}
-        texts.update(_strings_in(meta))
+        # every string of the key as written (unknown keys included), host and pid as parsed
+        texts.update(_strings_in(snapshot.oomdoctor_raw or {}))
+        metadata = snapshot.oomdoctor
         return cls.learn(
-            host=meta.get("host") if isinstance(meta.get("host"), str) else None,
-            pid=meta.get("pid") if isinstance(meta.get("pid"), int) else None,
+            host=metadata.host if metadata is not None else None,
+            pid=metadata.pid if metadata is not None else None,
             texts=texts,
             filenames=filenames,
             script_filenames=scripts,

@@ -395,22 +395,25 @@ def capture_problems(snapshot: Any, record: dict[str, Any], log_text: str) -> li
         return ["the dump has no oomdoctor metadata"]
     problems = []
     if record["status"] == "oom":
-        oom = meta.get("oom") or {}
-        if oom.get("surfaced") is not True:
-            problems.append(f"oom.surfaced is {oom.get('surfaced')!r}, not True")
-        exception = meta.get("exception") or {}
-        if not str(exception.get("type", "")).endswith("OutOfMemoryError"):
-            problems.append(f"exception recorded as {exception.get('type')!r}")
-        elif not exception.get("traceback"):
+        oom = meta.oom
+        surfaced = oom.surfaced if oom is not None else None
+        if surfaced is not True:
+            problems.append(f"oom.surfaced is {surfaced!r}, not True")
+        exception = meta.exception
+        exception_type = exception.type if exception is not None else None
+        if not (exception_type or "").endswith("OutOfMemoryError"):
+            problems.append(f"exception recorded as {exception_type!r}")
+        elif not exception.traceback:
             problems.append("no traceback in the dump")
-        device = oom.get("device", 0) if isinstance(oom.get("device"), int) else 0
+        device = oom.device if oom is not None and oom.device is not None else 0
         if not any(event.action == "oom" for event in snapshot.trace_of(device)):
             problems.append("no oom event in the trace")
-    if (meta.get("recording") or {}).get("started_by") != "oomdoctor":
-        problems.append(f"recording started by {(meta.get('recording') or {}).get('started_by')!r}")
-    if not meta.get("tensors"):
+    started_by = meta.recording.started_by if meta.recording is not None else None
+    if started_by != "oomdoctor":
+        problems.append(f"recording started by {started_by!r}")
+    if not meta.tensors:
         problems.append("empty tensor registry")
-    if not meta.get("markers"):
+    if not meta.markers:
         problems.append("no phase markers")
     if record.get("note"):
         problems.append(record["note"])
