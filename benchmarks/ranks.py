@@ -60,7 +60,7 @@ def cpu_seconds() -> float:
 
 def timed(folder: Path, parallel: bool, repeats: int):
     """(best wall seconds, CPU seconds of that run, the RankFolder read)."""
-    from oomdoctor.rank_folder import read_folder
+    from oomdoctor.pipeline import read_folder
 
     best = None
     result = None
