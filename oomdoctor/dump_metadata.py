@@ -23,10 +23,7 @@ Unknown keys are ignored here; the key exactly as written is `Snapshot.oomdoctor
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
-
-from oomdoctor.model import FrozenDict
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +123,8 @@ class Rehearsal:
     alloc_conf: str | None = None
 
 
-# TRANSITIONAL: a DumpMetadata is also, read-only, the raw mapping it was parsed from (it subclasses
-# FrozenDict and holds the same items as Snapshot.oomdoctor_raw), so that readers not yet moved to
-# the typed attributes (views/info.py, rank_folder.py, redact.py) keep working unchanged. Once they
-# read `Snapshot.oomdoctor_raw` or the attributes, the base class becomes `object`, `_restore` and
-# `__reduce__` go, and the parser stops copying the items in.
 @dataclass(frozen=True, slots=True)
-class DumpMetadata(FrozenDict):
+class DumpMetadata:
     """The `oomdoctor` key of a dump, validated (see the module docstring for the rules).
 
     Equality compares the typed fields (not the raw items: a list and a tuple parse alike).
@@ -159,15 +151,6 @@ class DumpMetadata(FrozenDict):
     reason: str | None = None  # "oom" | "manual" | "peak"
     rehearsal: Rehearsal | None = None
     dropped: tuple[str, ...] = field(default=(), repr=False)  # fields left out as malformed
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, ({f.name: getattr(self, f.name) for f in fields(self)}, dict(self)))
-
-
-def _restore(values: dict[str, Any], raw: dict[str, Any]) -> DumpMetadata:
-    metadata = DumpMetadata(**values)
-    dict.update(metadata, raw)
-    return metadata
 
 
 # What readers use when a dump has no metadata, so that they need no None checks of their own.

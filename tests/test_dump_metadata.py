@@ -310,17 +310,9 @@ def test_the_parsed_metadata_is_read_only_and_pickles():
     assert copy.deepcopy(meta).markers == meta.markers
 
 
-def test_transitional_mapping_view_is_the_raw_key():
-    """Until views/info.py, rank_folder.py and redact.py read Snapshot.oomdoctor_raw, the typed
-    object is also the raw mapping: same items, read-only."""
-    frozen = freeze_builtins(FULL)
-    meta = parse_metadata(frozen)
-    assert dict(meta) == dict(frozen) and meta["oom"] is frozen["oom"]
-    assert isinstance(meta, dict)
-    with pytest.raises(TypeError):
-        meta["host"] = "other"  # type: ignore[index]
-    assert pickle.loads(pickle.dumps(meta)) == frozen
-    assert NO_METADATA.oom is None and NO_METADATA.tensors == () and len(NO_METADATA) == 0
+def test_no_metadata_is_empty():
+    assert NO_METADATA.oom is None and NO_METADATA.tensors == () and NO_METADATA.markers == ()
+    assert pickle.loads(pickle.dumps(parse_metadata(freeze_builtins(FULL)))) == parse_metadata(freeze_builtins(FULL))
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.pickle")))

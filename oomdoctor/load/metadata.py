@@ -316,5 +316,4 @@ def parse_metadata(raw: Any) -> DumpMetadata | None:
         rehearsal=_sub(raw, "rehearsal", read, _rehearsal),
         dropped=tuple(read.dropped),
     )
-    dict.update(metadata, raw)  # TRANSITIONAL: see DumpMetadata in oomdoctor.dump_metadata
     return metadata
