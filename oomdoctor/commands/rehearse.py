@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_alloc_conf(alloc_conf: str) -> None:
-    from oomdoctor.rehearse.allocator_config import AllocatorConfigError, parse_alloc_conf
+    from oomdoctor.allocator_rules import AllocatorConfigError, parse_alloc_conf
 
     try:
         parse_alloc_conf(alloc_conf)
