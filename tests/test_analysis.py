@@ -299,11 +299,11 @@ def test_state_at_any_event_walks_back_from_the_dump():
     alloc_b = 3  # segment_alloc a, alloc a, segment_alloc b, alloc b
     state = replay.state_at(alloc_b)
     assert state.allocated_bytes == 150 * MiB and state.reserved_bytes == 150 * MiB
-    assert {row[0] for row in state.live} == {a, b}
+    assert {live.address for live in state.live} == {a, b}
     after_free = replay.state_at(alloc_b + 2)
     assert after_free.allocated_bytes == 50 * MiB and after_free.reserved_bytes == 150 * MiB
     final = replay.state_at(len(snapshot.traces[0]) - 1)
-    assert final.exact and {row[0] for row in final.live} == {b, c}
+    assert final.exact and {live.address for live in final.live} == {b, c}
     assert final.allocated_bytes == 80 * MiB
 
 

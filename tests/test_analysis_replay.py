@@ -64,7 +64,7 @@ def test_state_at_every_event_matches_a_forward_replay(ops):
         state = replay.state_at(index)
         assert state.allocated_bytes == allocated
         assert state.reserved_bytes == reserved
-        assert {row[0] for row in state.live} == addresses
+        assert {live.address for live in state.live} == addresses
         for segment in state.segments:
             assert sum(b.size for b in segment.blocks) == segment.total_size
 

@@ -35,6 +35,7 @@ from oomdoctor.analysis.results import (
     PHASE_UNKNOWN,
     SOURCE_NONE,
     Analysis,
+    LiveAllocation,
     ReplaySummary,
     StepSummary,
 )
@@ -190,7 +191,12 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     )
 
     blocks = _attribution.attribute(
-        live, trace=trace, frames_of=frames_of, phases=phase_index, registry=registry, target_index=target_index
+        live.values(),
+        trace=trace,
+        frames_of=frames_of,
+        phases=phase_index,
+        registry=registry,
+        target_index=target_index,
     )
     shares = _attribution.shares(blocks)
     components = {s.name: s.bytes for s in shares}
@@ -351,11 +357,12 @@ def _touches_blocks(trace: DeviceTrace, target_index: int) -> bool:
     return "alloc" in later or "free_requested" in later or "free_completed" in later
 
 
-def _live_from_final(final_blocks, live_at_end) -> dict[int, tuple[int | None, int, int]]:
+def _live_from_final(final_blocks, live_at_end) -> dict[int, LiveAllocation]:
     live = {}
     for address, block in final_blocks.items():
         entry = live_at_end.get(address)
-        live[address] = (entry[0] if entry is not None else None, block.size, block.requested_size)
+        alloc_index = entry[0] if entry is not None else None
+        live[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
     return live
 
 
@@ -363,10 +370,11 @@ def _sizes_from_layout(live, layout):
     """Block sizes as the rebuilt layout settled them (unsplit remainders included)."""
     placed = {b.address: b for seg in layout for b in seg.blocks if b.state == ACTIVE_ALLOCATED}
     result = {}
-    for address, (alloc_index, _, requested) in live.items():
+    for address, allocation in live.items():
         block = placed.get(address)
         if block is not None:
-            result[address] = (alloc_index, block.size, requested)
+            same = block.size == allocation.size_bytes
+            result[address] = allocation if same else allocation._replace(size_bytes=block.size)
     return result, len(live) - len(result)
 
 
@@ -385,8 +393,8 @@ def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None
 
 
 def _live_at_target(trace, segments, state, target_index, final_blocks, divisions):
-    """(live, layout, notes): the live set (address -> (alloc index, bytes, requested)) and the
-    segment layout right after the target; exact from the dump when nothing was allocated or freed
+    """(live, layout, notes): the live set (address -> LiveAllocation) and the segment layout
+    right after the target; exact from the dump when nothing was allocated or freed
     after it, otherwise replayed back from the final state."""
     notes: list[str] = []
     if target_index is None or not _touches_blocks(trace, target_index):
@@ -396,7 +404,7 @@ def _live_at_target(trace, segments, state, target_index, final_blocks, division
         layout, exact = segments_at(trace, segments, target_index)
         if exact:
             return live, layout, notes
-        layout = lay_out(layout, live, {})
+        layout = lay_out(layout, live.values(), {})
     else:
         if target_index in state.oom_live:
             live_entries, pending_entries = state.oom_live[target_index]
@@ -407,18 +415,18 @@ def _live_at_target(trace, segments, state, target_index, final_blocks, division
             end_entry = state.live_at_end.get(address)
             if end_entry is not None and end_entry[0] == alloc_index and address in final_blocks:
                 block = final_blocks[address]
-                live[address] = (alloc_index, block.size, block.requested_size)
+                live[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
             else:
-                live[address] = (alloc_index, size, requested)
+                live[address] = LiveAllocation(address, alloc_index, size, requested)
         for address, block in final_blocks.items():  # allocated before the trace and never freed
             if address not in state.live_at_end and address not in live:
-                live[address] = (None, block.size, block.requested_size)
+                live[address] = LiveAllocation(address, None, block.size, block.requested_size)
         for index, address, size in state.pre_existing_frees:  # allocated before the trace, freed after the target
             if index > target_index and address not in live:
-                live[address] = (None, size, size)
+                live[address] = LiveAllocation(address, None, size, size)
         pending = {a: e[2] for a, e in pending_entries.items()}
         seg_list, _ = segments_at(trace, segments, target_index)
-        layout = lay_out(seg_list, live, pending)
+        layout = lay_out(seg_list, live.values(), pending)
         after = len(trace) - 1 - target_index
         notes.append(
             f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"

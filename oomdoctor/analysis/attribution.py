@@ -11,7 +11,7 @@ step. Each live block records the method that placed it and a confidence.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
@@ -30,6 +30,7 @@ from oomdoctor.analysis.results import (
     PHASE_ZERO_GRAD,
     ComponentShare,
     Group,
+    LiveAllocation,
     LiveBlock,
 )
 from oomdoctor.dump_metadata import DumpMetadata
@@ -130,7 +131,7 @@ def _stack_mentions(stack: Stack, names: tuple[str, ...]) -> bool:
 
 
 def attribute(
-    live: Mapping[int, tuple[int | None, int, int]],
+    live: Collection[LiveAllocation],
     *,
     trace: DeviceTrace,
     frames_of: Mapping[int, Stack],
@@ -138,14 +139,15 @@ def attribute(
     registry: Registry,
     target_index: int | None,
 ) -> list[LiveBlock]:
-    """Place every live block at the target: `live` is address -> (alloc index, bytes, requested)."""
+    """Place every block live at the target (in `live`'s order, then largest first)."""
     exact = bool(registry)
     after_target = target_index if target_index is not None else len(trace) - 1
     parameter_sizes: set[int] = set()
     if not exact:
-        for alloc_index, _size, requested in live.values():
+        for allocation in live:
+            alloc_index = allocation.alloc_index
             if alloc_index is None:
-                parameter_sizes.add(requested)
+                parameter_sizes.add(allocation.requested_bytes)
             else:
                 span = phases.span_of(alloc_index)
                 if (
@@ -153,10 +155,10 @@ def attribute(
                     and span.phase == PHASE_BEFORE
                     and classify_stack(trace.frames_at(alloc_index)) == "module-setup"
                 ):
-                    parameter_sizes.add(requested)
+                    parameter_sizes.add(allocation.requested_bytes)
 
     blocks: list[LiveBlock] = []
-    for address, (alloc_index, size, requested) in live.items():
+    for address, alloc_index, size, requested in live:  # LiveAllocation's fields
         span = phases.span_of(alloc_index) if alloc_index is not None else None
         phase = span.phase if span is not None else PHASE_BEFORE
         step = span.step if span is not None else None

@@ -9,10 +9,10 @@ operation and a few integer additions; it creates no per-event objects.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from oomdoctor.analysis.results import OomEvent, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.results import LiveAllocation, OomEvent, PhaseSpan, SeriesPoint
 from oomdoctor.analysis.sizing import (
     LARGE_SEGMENT_BYTES,
     SMALL_REQUEST_BYTES,
@@ -355,9 +355,7 @@ def _merge_ranges(ranges: list[list[int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in merged]
 
 
-def lay_out(
-    segments: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], pending: dict[int, int]
-) -> list[Segment]:
+def lay_out(segments: Sequence[Segment], live: Iterable[LiveAllocation], pending: dict[int, int]) -> list[Segment]:
     """Rebuild each segment's blocks from the live and pending allocations; gaps are free blocks.
 
     A free gap of at most 1 MiB right after a block in a large, non-expandable segment is that
@@ -366,7 +364,7 @@ def lay_out(
     """
     starts = [s.address for s in segments]
     contents: dict[int, list[tuple[int, int, int, str]]] = {s.address: [] for s in segments}
-    for address, (_, size, requested) in live.items():
+    for address, _, size, requested in live:  # LiveAllocation's fields
         position = bisect.bisect_right(starts, address) - 1
         if position >= 0 and address < starts[position] + segments[position].total_size:
             contents[starts[position]].append((address, size, requested, ACTIVE_ALLOCATED))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from oomdoctor.model import Segment, Stack
 from oomdoctor.vocabulary import Method, Phase, PhaseSource
@@ -84,6 +85,18 @@ class ReplaySummary:
     has_time: bool
 
 
+class LiveAllocation(NamedTuple):
+    """One allocation live right after an event, as the replay rebuilt it.
+
+    A named tuple rather than a dataclass: a replay makes one per live block at every cursor move.
+    """
+
+    address: int
+    alloc_index: int | None  # its alloc event; None: allocated before the trace began
+    size_bytes: int  # block bytes
+    requested_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class EventState:
     """The allocator's state right after one event, rebuilt by `Replayer.state_at`."""
@@ -92,7 +105,7 @@ class EventState:
     allocated_bytes: int
     active_bytes: int  # allocated + pending free
     reserved_bytes: int
-    live: tuple[tuple[int, int, int | None], ...]  # (address, block bytes, alloc event index or None)
+    live: tuple[LiveAllocation, ...]  # the allocated blocks of `segments`, block bytes as laid out there
     segments: tuple[Segment, ...]  # the layout, with free gaps as inactive blocks
     exact: bool  # True when this is the dump's own state
 

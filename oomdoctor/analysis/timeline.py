@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomdoctor.analysis.replay import columns, final_live_blocks, lay_out, segments_at
-from oomdoctor.analysis.results import EventState
+from oomdoctor.analysis.results import EventState, LiveAllocation
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
@@ -87,34 +87,35 @@ class Replayer:
                 pending[addr] = entry[1] if entry is not None else round_size(size, self.divisions)
             elif action == FREE_COMPLETED:
                 pending.pop(addr, None)
-        merged: dict[int, tuple[int | None, int, int]] = {}
+        merged: dict[int, LiveAllocation] = {}
         for address, (alloc_index, size, requested) in live.items():
             end_entry = self._live_at_end.get(address)
             block = self._final.get(address)
             if end_entry is not None and end_entry[0] == alloc_index and block is not None:
-                merged[address] = (alloc_index, block.size, block.requested_size)
+                merged[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
             else:
-                merged[address] = (alloc_index, size, requested)
+                merged[address] = LiveAllocation(address, alloc_index, size, requested)
         for address, block in self._final.items():
             if address not in self._live_at_end and address not in merged:
-                merged[address] = (None, block.size, block.requested_size)
+                merged[address] = LiveAllocation(address, None, block.size, block.requested_size)
         for index, address, size in self._pre_existing_frees:
             if index > event_index and address not in merged:
-                merged[address] = (None, size, size)
+                merged[address] = LiveAllocation(address, None, size, size)
         segments, _ = segments_at(trace, self.segments, event_index)
-        layout = lay_out(segments, merged, pending)
+        layout = lay_out(segments, merged.values(), pending)
         return _state_from_layout(event_index, layout, merged, exact=False)
 
     def _final_state(self, event_index: int) -> EventState:
         merged = {}
         for address, block in self._final.items():
             entry = self._live_at_end.get(address)
-            merged[address] = (entry[0] if entry is not None else None, block.size, block.requested_size)
+            alloc_index = entry[0] if entry is not None else None
+            merged[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
         return _state_from_layout(event_index, list(self.segments), merged, exact=True)
 
 
 def _state_from_layout(
-    event_index: int, layout: Sequence[Segment], live: dict[int, tuple[int | None, int, int]], exact: bool
+    event_index: int, layout: Sequence[Segment], live: dict[int, LiveAllocation], exact: bool
 ) -> EventState:
     allocated = active = reserved = 0
     rows = []
@@ -124,7 +125,12 @@ def _state_from_layout(
             if block.state == ACTIVE_ALLOCATED:
                 allocated += block.size
                 active += block.size
-                rows.append((block.address, block.size, live.get(block.address, (None,))[0]))
+                allocation = live.get(block.address)
+                if allocation is None:
+                    allocation = LiveAllocation(block.address, None, block.size, block.requested_size)
+                elif allocation.size_bytes != block.size:
+                    allocation = allocation._replace(size_bytes=block.size)
+                rows.append(allocation)
             elif block.state == ACTIVE_PENDING_FREE:
                 active += block.size
     return EventState(

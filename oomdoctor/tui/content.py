@@ -278,9 +278,8 @@ def live_rows_at(
     known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
     final_frames = {b.address: b.frames for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
     rows = []
-    for address, size_bytes, alloc_index in sorted(state.live, key=lambda row: (-row[1], row[0]))[
-        : limit if limit else None
-    ]:
+    largest = sorted(state.live, key=lambda live: (-live.size_bytes, live.address))[: limit if limit else None]
+    for address, alloc_index, size_bytes, _requested in largest:  # LiveAllocation's fields
         block = known.get((address, alloc_index))
         if alloc_index is not None and 0 <= alloc_index < len(trace):
             frames = trace.frames_at(alloc_index)
