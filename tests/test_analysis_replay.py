@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from oomdoctor.analysis import analyse, replayer
 from oomdoctor.analysis.sizing import round_size
+from oomdoctor.model import DeviceTrace, Snapshot
 from tests.builders import USER_STACK, MiB, Sim
 
 OPS = st.lists(
@@ -98,3 +99,43 @@ def test_the_last_oom_is_judged_on_its_own_state(ops):
     assert analysis.accounting.reserved_bytes == reserved
     assert {b.address for b in analysis.live_blocks} == addresses
     assert analysis.verdict != "no-oom"
+
+
+BLOCK_EVENTS = ("alloc", "free_requested", "free_completed")
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPS, st.integers(min_value=0, max_value=30), st.lists(st.booleans(), max_size=40))
+def test_the_analysis_and_the_cursor_rebuild_the_same_state_at_the_target(ops, dropped, completes):
+    """One reconstruction: when the target must be replayed (blocks change after it), the report's
+    state there is the cursor's, also for a wrapped trace whose frees never completed."""
+    sim = _run(ops)
+    events = sim.events[min(dropped, len(sim.events) // 2) :]  # the ring buffer lost the oldest
+    frees = iter(completes)
+    events = [e for e in events if e.action != "free_completed" or next(frees, True)]
+    snapshot = Snapshot(segments=sim.snapshot(metadata=False).segments, traces=(DeviceTrace.from_events(0, events),))
+    analysis = analyse(snapshot)
+    target = analysis.replay.target_index
+    if target is None or not any(e.action in BLOCK_EVENTS for e in events[target + 1 :]):
+        return
+    state = replayer(snapshot, analysis.device).state_at(target)
+    assert analysis.accounting.allocated_bytes == state.allocated_bytes
+    assert analysis.accounting.pending_free_bytes == state.active_bytes - state.allocated_bytes
+    assert analysis.accounting.reserved_bytes == state.reserved_bytes
+    assert [(b.address, b.alloc_index) for b in analysis.live_blocks] == [
+        (live.address, live.alloc_index) for live in sorted(state.live, key=lambda live: -live.size_bytes)
+    ]
+
+
+def test_a_free_of_an_allocation_older_than_the_trace_is_pending_at_a_replayed_peak():
+    sim = Sim(total_bytes=1 << 40)
+    older = sim.alloc(10 * MiB, USER_STACK)
+    sim.alloc(30 * MiB, USER_STACK)
+    sim.free(older)
+    sim.free(sim.alloc(40 * MiB, USER_STACK))  # the peak, freed again before the dump
+    events = [e for e in sim.events[2:] if not (e.action == "free_completed" and e.addr == older)]
+    snapshot = Snapshot(segments=sim.snapshot(metadata=False).segments, traces=(DeviceTrace.from_events(0, events),))
+    analysis = analyse(snapshot)
+    assert analysis.replay.target_kind == "peak" and analysis.replay.events_after_target > 0
+    state = replayer(snapshot, 0).state_at(analysis.replay.target_index)
+    assert analysis.accounting.pending_free_bytes == state.active_bytes - state.allocated_bytes == 10 * MiB

@@ -29,13 +29,13 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.recommendations import recommend, requirement
-from oomdoctor.analysis.replay import columns, lay_out, live_until, ooms_of, segments_at, walk
+from oomdoctor.analysis.replay import columns, event_state, lay_out, ooms_of, segments_at, walk
 from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
     PHASE_UNKNOWN,
     SOURCE_NONE,
     Analysis,
-    LiveAllocation,
+    EventState,
     ReplaySummary,
     StepSummary,
 )
@@ -159,7 +159,8 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
 
     after = len(trace) - 1 - target_index if target_index is not None else 0
     frames_of = {a: b.frames for a, b in final_blocks.items()}
-    live, layout, note = _live_at_target(trace, segments, state, target_index, final_blocks, divisions)
+    at_target, note = _state_at_target(trace, segments, state.history, target_index)
+    layout = at_target.segments
     unknowns.extend(note)
 
     large_segment = large_segment_bytes(settings.raw_conf if settings is not None else None)
@@ -191,7 +192,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     )
 
     blocks = _attribution.attribute(
-        live.values(),
+        at_target.live,
         trace=trace,
         frames_of=frames_of,
         phases=phase_index,
@@ -292,8 +293,8 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         unknowns.append(
             f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
         )
-    if state.pre_existing_frees or any(b.alloc_index is None for b in blocks):
-        pre_count = len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
+    if state.history.pre_existing_frees or any(b.alloc_index is None for b in blocks):
+        pre_count = len(state.history.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
         unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
     unknowns.extend(accounting.unknowns)
     if fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
@@ -311,8 +312,9 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         ooms=oom_events,
         series=tuple(state.series),
         events_after_target=after,
-        pre_existing_allocations=len(state.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None),
-        pre_existing_bytes=sum(s for _, _, s in state.pre_existing_frees)
+        pre_existing_allocations=len(state.history.pre_existing_frees)
+        + sum(1 for b in blocks if b.alloc_index is None),
+        pre_existing_bytes=sum(s for _, _, s in state.history.pre_existing_frees)
         + sum(b.size_bytes for b in blocks if b.alloc_index is None),
         ring_buffer_wrapped=state.ring_buffer_wrapped,
         has_frames=state.has_frames,
@@ -357,27 +359,6 @@ def _touches_blocks(trace: DeviceTrace, target_index: int) -> bool:
     return "alloc" in later or "free_requested" in later or "free_completed" in later
 
 
-def _live_from_final(final_blocks, live_at_end) -> dict[int, LiveAllocation]:
-    live = {}
-    for address, block in final_blocks.items():
-        entry = live_at_end.get(address)
-        alloc_index = entry[0] if entry is not None else None
-        live[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
-    return live
-
-
-def _sizes_from_layout(live, layout):
-    """Block sizes as the rebuilt layout settled them (unsplit remainders included)."""
-    placed = {b.address: b for seg in layout for b in seg.blocks if b.state == ACTIVE_ALLOCATED}
-    result = {}
-    for address, allocation in live.items():
-        block = placed.get(address)
-        if block is not None:
-            same = block.size == allocation.size_bytes
-            result[address] = allocation if same else allocation._replace(size_bytes=block.size)
-    return result, len(live) - len(result)
-
-
 def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None) -> tuple[str, int | None]:
     """The phase at dump time: the markers may have moved on after the last recorded event."""
     timed = [m for m in markers if m.time_us is not None and m.phase is not None]
@@ -392,46 +373,27 @@ def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None
     return PHASE_BETWEEN, last_step
 
 
-def _live_at_target(trace, segments, state, target_index, final_blocks, divisions):
-    """(live, layout, notes): the live set (address -> LiveAllocation) and the segment layout
-    right after the target; exact from the dump when nothing was allocated or freed
-    after it, otherwise replayed back from the final state."""
+def _state_at_target(trace, segments, history, target_index) -> tuple[EventState, list[str]]:
+    """(state, notes): the state right after the target; the dump's own when nothing was allocated
+    or freed after it, otherwise replayed back from the final state."""
     notes: list[str] = []
-    if target_index is None or not _touches_blocks(trace, target_index):
-        live = _live_from_final(final_blocks, state.live_at_end)
-        if target_index is None:
-            return live, list(segments), notes
+    if target_index is None:
+        return event_state(len(trace) - 1, list(segments), history.at_end(), exact=True), notes
+    if not _touches_blocks(trace, target_index):
+        live = history.at_end()
         layout, exact = segments_at(trace, segments, target_index)
-        if exact:
-            return live, layout, notes
-        layout = lay_out(layout, live.values(), {})
+        if not exact:
+            layout = lay_out(layout, live.values(), {})
     else:
-        if target_index in state.oom_live:
-            live_entries, pending_entries = state.oom_live[target_index]
-        else:
-            live_entries, pending_entries = live_until(trace, target_index, state, divisions)
-        live = {}
-        for address, (alloc_index, _, size, requested) in live_entries.items():
-            end_entry = state.live_at_end.get(address)
-            if end_entry is not None and end_entry[0] == alloc_index and address in final_blocks:
-                block = final_blocks[address]
-                live[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
-            else:
-                live[address] = LiveAllocation(address, alloc_index, size, requested)
-        for address, block in final_blocks.items():  # allocated before the trace and never freed
-            if address not in state.live_at_end and address not in live:
-                live[address] = LiveAllocation(address, None, block.size, block.requested_size)
-        for index, address, size in state.pre_existing_frees:  # allocated before the trace, freed after the target
-            if index > target_index and address not in live:
-                live[address] = LiveAllocation(address, None, size, size)
-        pending = {a: e[2] for a, e in pending_entries.items()}
+        live, pending = history.at(target_index)
         seg_list, _ = segments_at(trace, segments, target_index)
-        layout = lay_out(seg_list, live.values(), pending)
+        layout, exact = lay_out(seg_list, live.values(), pending), False
         after = len(trace) - 1 - target_index
         notes.append(
             f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"
         )
-    live, unplaced = _sizes_from_layout(live, layout)
+    state = event_state(target_index, layout, live, exact)
+    unplaced = len(live) - len(state.live)
     if unplaced:
         notes.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")
-    return live, layout, notes
+    return state, notes

@@ -4,15 +4,19 @@ One forward pass over the events keeps the live allocations (address -> allocati
 running totals; absolute values come from the final state, walking back from the end as memory_viz
 does, so bytes allocated before the trace began are still counted. Per event the pass does a dict
 operation and a few integer additions; it creates no per-event objects.
+
+The live set at any event has one home, `LiveHistory`: the pass (`walk`, or the lighter
+`LiveHistory.record` a cursor uses) leaves copies of the live set along the way, and `at(i)`
+replays from the nearest one and merges the result with the dump's own blocks.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from oomdoctor.analysis.results import LiveAllocation, OomEvent, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.results import EventState, LiveAllocation, OomEvent, PhaseSpan, SeriesPoint
 from oomdoctor.analysis.sizing import (
     LARGE_SEGMENT_BYTES,
     SMALL_REQUEST_BYTES,
@@ -38,8 +42,12 @@ from oomdoctor.model import (
     TraceEvent,
 )
 
-# (alloc event index, component index, block bytes, requested bytes)
+# An allocation as the passes keep it, one per alloc event of a million-event trace (so a plain
+# tuple): (alloc event index, component index, block bytes, requested bytes). The component is
+# walk's, for its totals; elsewhere it is 0. `LiveHistory` hands them out as `LiveAllocation`s.
 LiveEntry = tuple[int, int, int, int]
+# (event index, live: address -> entry, pending free: address -> block bytes) right after that event
+LiveCopy = tuple[int, dict[int, LiveEntry], dict[int, int]]
 
 _CHECKPOINT_EVERY = 60  # samples between copies of the live set (about eight per trace)
 _ROUND_RING_SIZES = frozenset([10**k for k in range(3, 9)] + [2**k for k in range(10, 27)])
@@ -54,6 +62,144 @@ class StepStats:
     peak_activation_bytes: int
 
 
+def final_live_blocks(segments: Sequence[Segment]) -> dict[int, Block]:
+    return {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
+
+
+class LiveHistory:
+    """Where one device's allocations lived along its trace: enough to rebuild the live set at any event.
+
+    `copies` are the live and pending sets right after some events, in event order; `live_at_end`
+    is the live set after the last event; `pre_existing_frees` are the frees of allocations made
+    before the trace began, as (event index, address, block bytes). The dump's own blocks settle
+    what the trace cannot know: the sizes of blocks still live at the end, and the blocks allocated
+    before the trace and never freed.
+    """
+
+    __slots__ = (
+        "trace",
+        "final_blocks",
+        "divisions",
+        "copies",
+        "_copy_indices",
+        "live_at_end",
+        "pre_existing_frees",
+        "rounded_sizes",
+    )
+
+    def __init__(
+        self,
+        trace: DeviceTrace,
+        final_blocks: dict[int, Block],
+        divisions: tuple[tuple[int, int], ...],
+        copies: list[LiveCopy],
+        live_at_end: dict[int, LiveEntry],
+        pre_existing_frees: list[tuple[int, int, int]],
+        rounded_sizes: dict[int, int],
+    ):
+        self.trace = trace
+        self.final_blocks = final_blocks
+        self.divisions = divisions
+        self.copies = copies
+        self._copy_indices = [copy[0] for copy in copies]
+        self.live_at_end = live_at_end
+        self.pre_existing_frees = pre_existing_frees
+        self.rounded_sizes = rounded_sizes  # request -> block bytes, as the pass rounded them
+
+    @classmethod
+    def record(
+        cls,
+        trace: DeviceTrace,
+        segments: Sequence[Segment],
+        divisions: tuple[tuple[int, int], ...] = (),
+        copies: int = 32,
+    ) -> LiveHistory:
+        """One pass that keeps only the live set, with a copy every `len(trace) / copies` events."""
+        count = len(trace)
+        every = max(1, -(-count // copies)) if count else 1
+        live: dict[int, LiveEntry] = {}
+        pending: dict[int, int] = {}
+        kept: list[LiveCopy] = []
+        pre_existing_frees: list[tuple[int, int, int]] = []
+        rounded: dict[int, int] = {}
+        for index, action, addr, size in zip(range(count), trace.actions, trace.addrs, trace.sizes):
+            if action == ALLOC:
+                block_size = rounded.get(size)
+                if block_size is None:
+                    block_size = rounded[size] = round_size(size, divisions)
+                live[addr] = (index, 0, block_size, size)
+            elif action == FREE_REQUESTED:
+                entry = live.pop(addr, None)
+                if entry is None:
+                    block_size = round_size(size, divisions)
+                    pre_existing_frees.append((index, addr, block_size))
+                    pending[addr] = block_size
+                else:
+                    pending[addr] = entry[2]
+            elif action == FREE_COMPLETED:
+                pending.pop(addr, None)
+            if index % every == every - 1:
+                kept.append((index, dict(live), dict(pending)))
+        return cls(trace, final_live_blocks(segments), divisions, kept, live, pre_existing_frees, rounded)
+
+    def at_end(self) -> dict[int, LiveAllocation]:
+        """The dump's own live blocks (address -> allocation), with their alloc events where the
+        trace has them."""
+        live_at_end = self.live_at_end
+        live = {}
+        for address, block in self.final_blocks.items():
+            entry = live_at_end.get(address)
+            alloc_index = entry[0] if entry is not None else None
+            live[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
+        return live
+
+    def at(self, event_index: int) -> tuple[dict[int, LiveAllocation], dict[int, int]]:
+        """(live, pending) right after `event_index`: address -> allocation, and address -> block
+        bytes of each block whose free was requested but not completed. Replayed from the nearest
+        copy at or before the event; a block still live at the end has the dump's size, a block
+        allocated before the trace is live until its free (or for good)."""
+        position = bisect.bisect_right(self._copy_indices, event_index)
+        if position:
+            copy_index, live, pending = self.copies[position - 1]
+            start = copy_index + 1
+        else:
+            start, live, pending = 0, {}, {}
+        end = event_index + 1
+        pending = dict(pending)
+        if start < end:
+            live = dict(live)
+            trace = self.trace
+            rounded = self.rounded_sizes
+            divisions = self.divisions
+            for index, action, addr, size in zip(
+                range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]
+            ):
+                if action == ALLOC:
+                    live[addr] = (index, 0, rounded.get(size) or round_size(size, divisions), size)
+                elif action == FREE_REQUESTED:
+                    entry = live.pop(addr, None)
+                    pending[addr] = entry[2] if entry is not None else round_size(size, divisions)
+                elif action == FREE_COMPLETED:
+                    pending.pop(addr, None)
+        live_at_end = self.live_at_end
+        final = self.final_blocks
+        merged: dict[int, LiveAllocation] = {}
+        for address, (alloc_index, _, size, requested) in live.items():
+            end_entry = live_at_end.get(address)
+            block = final.get(address)
+            if end_entry is not None and end_entry[0] == alloc_index and block is not None:
+                merged[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
+            else:
+                merged[address] = LiveAllocation(address, alloc_index, size, requested)
+        for address, block in final.items():  # allocated before the trace and never freed
+            if address not in live_at_end and address not in merged:
+                merged[address] = LiveAllocation(address, None, block.size, block.requested_size)
+        for index, address, size in self.pre_existing_frees:  # allocated before the trace, freed later
+            if index > event_index and address not in merged:
+                merged[address] = LiveAllocation(address, None, size, size)
+        return merged, pending
+
+
 @dataclass
 class ReplayState:
     """What the pass learned; `analysis` turns it into result objects."""
@@ -63,20 +209,12 @@ class ReplayState:
     peak_index: int | None
     peak_allocated_bytes: int
     oom_indices: list[int]
-    oom_live: dict[int, tuple[dict[int, LiveEntry], dict[int, LiveEntry]]]
-    live_at_end: dict[int, LiveEntry]
-    pre_existing_frees: list[tuple[int, int, int]]  # (event index, address, block bytes)
+    history: LiveHistory  # copies of the live set about every eighth of the trace and at every OOM
     steps: dict[int, StepStats]
     allocated_offset_bytes: int
-    checkpoints: list[tuple[int, dict[int, LiveEntry], dict[int, LiveEntry]]]  # live sets along the way
-    rounded_sizes: dict[int, int]  # request -> block bytes, as the pass estimated them
     ring_buffer_wrapped: bool
     has_frames: bool
     has_time: bool
-
-
-def final_live_blocks(segments: Sequence[Segment]) -> dict[int, Block]:
-    return {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
 
 
 def columns(trace: Sequence[TraceEvent]) -> DeviceTrace:
@@ -103,7 +241,7 @@ def walk(
     count = len(trace)
     times = trace.times_us
     live: dict[int, LiveEntry] = {}
-    pending: dict[int, LiveEntry] = {}
+    pending: dict[int, int] = {}
     totals = [0] * component_count
     allocated = 0
     reserved = 0
@@ -113,11 +251,10 @@ def walk(
     stride = max(1, -(-count // max_points)) if count else 1
     next_sample = 0
     oom_indices: list[int] = []
-    oom_live: dict[int, tuple[dict[int, LiveEntry], dict[int, LiveEntry]]] = {}
     pre_existing_frees: list[tuple[int, int, int]] = []
     rounded_cache: dict[int, int] = {}
     steps: dict[int, StepStats] = {}
-    checkpoints: list[tuple[int, dict[int, LiveEntry], dict[int, LiveEntry]]] = []
+    copies: list[LiveCopy] = []  # at every OOM and every _CHECKPOINT_EVERY samples
 
     span_position = 0
     next_boundary = spans[1].first_index if len(spans) > 1 else count
@@ -167,7 +304,7 @@ def walk(
                 pre_existing_frees.append((index, addr, block_size))
             allocated -= entry[2]
             totals[entry[1]] -= entry[2]
-            pending[addr] = entry
+            pending[addr] = entry[2]
         elif action == FREE_COMPLETED:
             pending.pop(addr, None)
         elif action == SEGMENT_ALLOC or action == SEGMENT_MAP:
@@ -176,12 +313,12 @@ def walk(
             reserved -= size
         elif action == OOM:
             oom_indices.append(index)
-            oom_live[index] = (dict(live), dict(pending))
+            copies.append((index, dict(live), dict(pending)))
         if index == next_sample:
             samples.append((index, times[index] if times is not None else None, allocated, reserved, tuple(totals)))
             next_sample += stride
             if len(samples) % _CHECKPOINT_EVERY == 0:
-                checkpoints.append((index, dict(live), dict(pending)))
+                copies.append((index, dict(live), dict(pending)))
     if count and samples[-1][0] != count - 1:
         samples.append((count - 1, times[count - 1] if times is not None else None, allocated, reserved, tuple(totals)))
     stats.last_index = max(count - 1, 0)
@@ -223,48 +360,13 @@ def walk(
         peak_index=peak_index,
         peak_allocated_bytes=(peak_value + allocated_offset) if peak_index is not None else final_allocated,
         oom_indices=oom_indices,
-        oom_live=oom_live,
-        live_at_end=live,
-        pre_existing_frees=pre_existing_frees,
+        history=LiveHistory(trace, final_blocks, divisions, copies, live, pre_existing_frees, rounded_cache),
         steps=steps,
         allocated_offset_bytes=allocated_offset,
-        checkpoints=checkpoints,
-        rounded_sizes=rounded_cache,
         ring_buffer_wrapped=count in _ROUND_RING_SIZES,
         has_frames=trace.events_with_frames > 0,
         has_time=times is not None,
     )
-
-
-def live_until(
-    trace: DeviceTrace,
-    target_index: int,
-    state: ReplayState,
-    divisions: tuple[tuple[int, int], ...] = (),
-) -> tuple[dict[int, LiveEntry], dict[int, LiveEntry]]:
-    """Live and pending allocations just after `target_index`, replayed from the nearest checkpoint."""
-    start = 0
-    live: dict[int, LiveEntry] = {}
-    pending: dict[int, LiveEntry] = {}
-    for index, saved_live, saved_pending in state.checkpoints:
-        if index > target_index:
-            break
-        start, live, pending = index + 1, dict(saved_live), dict(saved_pending)
-    rounded = state.rounded_sizes
-    end = target_index + 1
-    for index, action, addr, size in zip(
-        range(start, end), trace.actions[start:end], trace.addrs[start:end], trace.sizes[start:end]
-    ):
-        if action == ALLOC:
-            block_size = rounded.get(size) or round_size(size, divisions)
-            live[addr] = (index, 0, block_size, size)
-        elif action == FREE_REQUESTED:
-            entry = live.pop(addr, None)
-            if entry is not None:
-                pending[addr] = entry
-        elif action == FREE_COMPLETED:
-            pending.pop(addr, None)
-    return live, pending
 
 
 def ooms_of(
@@ -405,3 +507,36 @@ def lay_out(segments: Sequence[Segment], live: Iterable[LiveAllocation], pending
             )
         )
     return result
+
+
+def event_state(
+    event_index: int, layout: Sequence[Segment], live: Mapping[int, LiveAllocation], exact: bool
+) -> EventState:
+    """The state right after an event, from its segment layout and the live set laid out in it:
+    the allocations the layout placed, in `live`'s order, with the block bytes it settled (unsplit
+    remainders included)."""
+    allocated = active = reserved = 0
+    placed: dict[int, int] = {}
+    for segment in layout:
+        reserved += segment.total_size
+        for block in segment.blocks:
+            if block.state == ACTIVE_ALLOCATED:
+                allocated += block.size
+                active += block.size
+                placed[block.address] = block.size
+            elif block.state == ACTIVE_PENDING_FREE:
+                active += block.size
+    rows = []
+    for address, allocation in live.items():
+        size = placed.get(address)
+        if size is not None:
+            rows.append(allocation if size == allocation.size_bytes else allocation._replace(size_bytes=size))
+    return EventState(
+        event_index=event_index,
+        allocated_bytes=allocated,
+        active_bytes=active,
+        reserved_bytes=reserved,
+        live=tuple(rows),
+        segments=tuple(layout),
+        exact=exact,
+    )
