@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oomdoctor.analysis import analyse, replayer
+from oomdoctor.analysis.replay import ring_buffer_wrapped
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.model import DeviceTrace, Snapshot
-from tests.builders import USER_STACK, MiB, Sim
+from tests.builders import USER_STACK, MiB, Sim, metadata_fields
 
 OPS = st.lists(
     st.one_of(
@@ -139,3 +140,17 @@ def test_a_free_of_an_allocation_older_than_the_trace_is_pending_at_a_replayed_p
     assert analysis.replay.target_kind == "peak" and analysis.replay.events_after_target > 0
     state = replayer(snapshot, 0).state_at(analysis.replay.target_index)
     assert analysis.accounting.pending_free_bytes == state.active_bytes - state.allocated_bytes == 10 * MiB
+
+
+def test_the_ring_buffer_wrapped_when_the_trace_is_as_long_as_the_recording_kept():
+    assert ring_buffer_wrapped(5000, 5000) and ring_buffer_wrapped(5001, 5000)
+    assert not ring_buffer_wrapped(4999, 5000) and not ring_buffer_wrapped(1024, 0)
+    assert not ring_buffer_wrapped(1000, 100_000)  # the recording's size wins over a round count
+    assert ring_buffer_wrapped(1000, None) and ring_buffer_wrapped(2**20, None)  # the guess without it
+    assert not ring_buffer_wrapped(1001, None)
+    sim = _run([("alloc", MiB)] * 4)  # 8 events, as many as a recording of 8 keeps
+    metadata = {"schema_version": 1, "recording": {"max_entries": 8}}
+    snapshot = Snapshot(segments=sim.snapshot().segments, traces=sim.snapshot().traces, **metadata_fields(metadata))
+    analysis = analyse(snapshot)
+    assert analysis.replay.ring_buffer_wrapped
+    assert any("ring buffer keeps" in line for line in analysis.unknowns)

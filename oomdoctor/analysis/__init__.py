@@ -29,7 +29,15 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.recommendations import recommend, requirement
-from oomdoctor.analysis.replay import columns, event_state, lay_out, ooms_of, segments_at, walk
+from oomdoctor.analysis.replay import (
+    columns,
+    event_state,
+    lay_out,
+    ooms_of,
+    ring_buffer_wrapped,
+    segments_at,
+    walk,
+)
 from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
     PHASE_UNKNOWN,
@@ -141,8 +149,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     )
 
     recording = metadata.recording
-    if recording is not None and recording.max_entries is not None:
-        state.ring_buffer_wrapped = len(trace) >= recording.max_entries > 0
+    wrapped = ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None)
     fatal_index = _fatal_oom(trace, state.oom_indices, metadata)
     final_blocks = {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
     reason = metadata.reason
@@ -289,7 +296,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         unknowns.append("no markers, annotations or frames mark the phases, so steps and phases are unknown")
     if not registry:
         unknowns.append("no oomdoctor registry of named tensors: components are inferred, not exact")
-    if state.ring_buffer_wrapped:
+    if wrapped:
         unknowns.append(
             f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
         )
@@ -316,7 +323,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         + sum(1 for b in blocks if b.alloc_index is None),
         pre_existing_bytes=sum(s for _, _, s in state.history.pre_existing_frees)
         + sum(b.size_bytes for b in blocks if b.alloc_index is None),
-        ring_buffer_wrapped=state.ring_buffer_wrapped,
+        ring_buffer_wrapped=wrapped,
         has_frames=state.has_frames,
         has_time=state.has_time,
     )

@@ -212,7 +212,6 @@ class ReplayState:
     history: LiveHistory  # copies of the live set about every eighth of the trace and at every OOM
     steps: dict[int, StepStats]
     allocated_offset_bytes: int
-    ring_buffer_wrapped: bool
     has_frames: bool
     has_time: bool
 
@@ -363,10 +362,18 @@ def walk(
         history=LiveHistory(trace, final_blocks, divisions, copies, live, pre_existing_frees, rounded_cache),
         steps=steps,
         allocated_offset_bytes=allocated_offset,
-        ring_buffer_wrapped=count in _ROUND_RING_SIZES,
         has_frames=trace.events_with_frames > 0,
         has_time=times is not None,
     )
+
+
+def ring_buffer_wrapped(event_count: int, max_entries: int | None) -> bool:
+    """Whether the recording's ring buffer wrapped, losing the oldest events: the trace holds as
+    many events as the buffer keeps, when the recording says how many (`max_entries`); otherwise a
+    guess from a round count (10^k or 2^k events, the sizes people pass)."""
+    if max_entries is not None:
+        return event_count >= max_entries > 0
+    return event_count in _ROUND_RING_SIZES
 
 
 def ooms_of(
