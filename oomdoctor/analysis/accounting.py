@@ -16,7 +16,7 @@ from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, All
 
 
 def pool_label(segment: Segment) -> str:
-    if segment.pool_id and tuple(segment.pool_id) != (0, 0):
+    if tuple(segment.pool_id) != (0, 0):
         return f"private {tuple(segment.pool_id)} {segment.segment_type}"
     return segment.segment_type
 
@@ -149,7 +149,11 @@ def fragmentation_of(
             )
         )
     request_pool = pool_of(request_bytes) if request_bytes is not None else None
-    usable = pools.get((request_pool, request_stream), [0, 0, 0]) if request_pool else [0, 0, 0]
+    usable = (
+        pools.get((request_pool, request_stream), [0, 0, 0])
+        if request_pool and request_stream is not None
+        else [0, 0, 0]
+    )
     if request_pool and request_stream is None:
         matching = [v for (label, _), v in pools.items() if label == request_pool]
         usable = [sum(v[0] for v in matching), sum(v[1] for v in matching), max((v[2] for v in matching), default=0)]

@@ -20,6 +20,7 @@ free_bytes + rounding_bytes. A pure function of the snapshot; oomdoctor.views.in
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,7 +138,8 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
     devices = []
     ooms = []
     stack_kinds: set[str] = set()
-    first_times, last_times = [], []
+    first_times: list[int] = []
+    last_times: list[int] = []
     for segment in snapshot.segments:
         _stack_kind(segment.frames, stack_kinds)
         for block in segment.blocks:
@@ -150,7 +152,7 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
         times = [t for t in trace.times_us if t is not None] if count and trace.times_us else []
         first_time = min(times) if times else None
         last_time = max(times) if times else None
-        if times:
+        if first_time is not None and last_time is not None:
             first_times.append(first_time)
             last_times.append(last_time)
         if count:
@@ -203,7 +205,7 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
 def _recorded_torch_version(snapshot: Snapshot) -> str | None:
     meta = snapshot.oomdoctor_raw  # the key as written: info shows what the file holds
     versions = meta.get("versions") if meta else None
-    version = versions.get("torch") if hasattr(versions, "get") else None
+    version = versions.get("torch") if isinstance(versions, Mapping) else None
     return version if isinstance(version, str) else None
 
 

@@ -94,7 +94,7 @@ def _phase_from_metadata(text: str | None) -> str | None:
 
 def _times_usable(trace: DeviceTrace) -> bool:
     times = trace.times_us
-    return bool(times) and times[0] is not None and times[-1] is not None
+    return times is not None and bool(times) and times[0] is not None and times[-1] is not None
 
 
 def _time_key(time_us: int | None) -> int:
@@ -102,7 +102,7 @@ def _time_key(time_us: int | None) -> int:
 
 
 def _index_window(trace: DeviceTrace, start_us: int, end_us: int) -> tuple[int, int]:
-    times = trace.times_us
+    times = trace.times_us or ()
     first = bisect.bisect_left(times, start_us, key=_time_key)
     last = bisect.bisect_right(times, end_us, key=_time_key) - 1
     return first, last
@@ -141,10 +141,10 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
     usable = [m for m in markers if m.time_us is not None]
     open_starts: dict[str, tuple[int, int]] = {}
     windows: list[tuple[int, int, str, int, str]] = []
-    for marker in sorted(usable, key=lambda m: m.time_us):
+    for marker in sorted(usable, key=lambda m: _time_key(m.time_us)):
         phase = marker.phase
         time_us = marker.time_us
-        if phase is None:
+        if phase is None or time_us is None:  # (usable markers all have a time)
             continue
         step = marker.step if marker.step is not None else 0
         if marker.edge == "start":

@@ -186,8 +186,8 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
         first_index = min(timed, key=lambda i: (rows[i].oom_time_us, _sort_key(rows[i])))
     elif failed:
         first_index = failed[0]
-    if first_index is not None and rows[first_index].oom_time_us is not None:
-        start = rows[first_index].oom_time_us
+    start = rows[first_index].oom_time_us if first_index is not None else None
+    if start is not None:
         rows = [
             _with_offset(row, (row.oom_time_us - start) / 1e6 if row.oom_time_us is not None else None) for row in rows
         ]
@@ -258,4 +258,5 @@ def standout(comparison: RankComparison, index: int) -> RankDifference | None:
     """The largest excess of one file over the median: a component when one stands out, else its total."""
     excess = [d for d in comparison.differences if d.index == index and d.difference_bytes > 0]
     components = [d for d in excess if d.what != ALLOCATED]
-    return (components or excess or [None])[0]
+    found = components or excess
+    return found[0] if found else None

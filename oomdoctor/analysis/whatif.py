@@ -84,7 +84,7 @@ def what_if(
     if not (scales_request and request_bytes):
         placement_limit = None
     calibrated = placement_limit is None and capacity_bytes is not None and shortfall_bytes is not None
-    if calibrated:
+    if placement_limit is None and capacity_bytes is not None and shortfall_bytes is not None:
         # at 1.00x the demand (fixed + scalable) must exceed the capacity by the shortfall, as it did
         unusable = max(0, capacity_bytes + shortfall_bytes - (fixed + scalable))
         fixed += unusable

@@ -168,7 +168,8 @@ def _from_gzip(
     ratio_capped = False
     if not limit_chosen and max(GZIP_MIN_EXPANDED_BYTES, GZIP_MAX_RATIO * size_bytes) < limit_bytes:
         limit_bytes, ratio_capped = max(GZIP_MIN_EXPANDED_BYTES, GZIP_MAX_RATIO * size_bytes), True
-    decompressed = CappedReader(gzip.GzipFile(fileobj=stream, mode="rb"), limit_bytes, "the decompressed data")
+    gunzipped: Any = gzip.GzipFile(fileobj=stream, mode="rb")
+    decompressed = CappedReader(gunzipped, limit_bytes, "the decompressed data")
     buffered = io.BufferedReader(decompressed, buffer_size=_BUFFER_BYTES)
     try:
         estimate = min(limit_bytes, size_bytes * _GZIP_RATIO_ESTIMATE)

@@ -104,7 +104,9 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
                 describe, f"the file holds a list of {_type_name(raw[0])}s, not a list of segments{hint}"
             )
         source_format = "segment-list"
-        raw_segments, raw_traces, top = raw, [], {}
+        raw_segments: Any = raw
+        raw_traces: Any = []
+        top: dict[str, Any] = {}
     elif type(raw) is dict:
         top = raw
         raw_segments = raw.get("segments")

@@ -221,7 +221,7 @@ def _shape(value: Any, path: str, read: _Fields) -> tuple[int, ...] | None:
 
 
 def _tensor(raw: Mapping[str, Any], path: str, read: _Fields) -> RegisteredTensor | None:
-    get = raw.get
+    get: Callable[[str], Any] = raw.get
     address, device, component, name = get("address"), get("device"), get("component"), get("name")
     shape, dtype, size = get("shape"), get("dtype"), get("size_bytes")
     if (  # the common case, checked at once: a large model registers hundreds of thousands

@@ -72,7 +72,7 @@ class CappedReader(io.RawIOBase):
             raise SizeLimitExceeded(self._limit_bytes, self._what)
         return data
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0 or size > self._left:
             # one byte past the limit tells "exactly at the limit" from "over it"
             size = self._left + 1
@@ -141,7 +141,7 @@ def _mapped_bytes() -> int | None:
 @contextlib.contextmanager
 def address_space_cap(size_hint_bytes: int) -> Iterator[None]:
     """Lower RLIMIT_AS for the duration of one unpickling or JSON parse (Linux; elsewhere a no-op)."""
-    mapped = _mapped_bytes() if resource is not None else None
+    mapped = _mapped_bytes() if resource is not None else None  # type: ignore[redundant-expr]
     if mapped is None:
         yield
         return

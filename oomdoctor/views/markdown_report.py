@@ -206,8 +206,8 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     if analysis.unknowns:
         add("### Not determined from this file")
         add("")
-        for item in analysis.unknowns:
-            add(f"- {_escape(item)}")
+        for unknown in analysis.unknowns:
+            add(f"- {_escape(unknown)}")
         add("")
 
     if environment is not None:

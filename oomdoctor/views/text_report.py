@@ -115,8 +115,8 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add("")
     if analysis.unknowns:
         add("Not determined from this file")
-        for item in analysis.unknowns:
-            add(f"  - {item}")
+        for unknown in analysis.unknowns:
+            add(f"  - {unknown}")
     # file names, frames, tensor names and settings come from the file: no line may carry a control
     # character to the terminal, or run on without bound
     return "\n".join(printable(line, LINE_LIMIT) for line in lines).rstrip() + "\n"
