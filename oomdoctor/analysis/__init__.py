@@ -24,12 +24,15 @@ recommendations' "would fit on its own" and the what-if are both judged against.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
-from oomdoctor.analysis.recommendations import recommend, requirement
+from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
 from oomdoctor.analysis.replay import (
+    LiveHistory,
+    ReplayState,
     columns,
     event_state,
     lay_out,
@@ -42,10 +45,19 @@ from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
     PHASE_UNKNOWN,
     SOURCE_NONE,
+    Accounting,
     Analysis,
+    ComponentShare,
     EventState,
+    Finding,
+    Fragmentation,
+    LiveBlock,
+    OomEvent,
+    PhaseSpan,
+    Recommendation,
     ReplaySummary,
     StepSummary,
+    WhatIf,
 )
 from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
 from oomdoctor.analysis.timeline import Replayer
@@ -53,7 +65,7 @@ from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import ACTIVE_ALLOCATED, OOM, DeviceTrace, Snapshot
+from oomdoctor.model import OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
 from oomdoctor.units import human_size
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
@@ -120,71 +132,152 @@ def replayer(snapshot: Snapshot, device: int) -> Replayer:
     return Replayer(trace, snapshot.segments_on(device), divisions)
 
 
+@dataclass(frozen=True, slots=True)
+class _DeviceDump:
+    """What the dump says about the device judged: its trace and segments, the allocator's settings,
+    oomdoctor's registry of named tensors and the phases its events fall in."""
+
+    index: int
+    metadata: DumpMetadata
+    trace: DeviceTrace
+    segments: tuple[Segment, ...]
+    settings: AllocatorSettings | None
+    registry: _attribution.Registry
+    spans: list[PhaseSpan]
+    phase_source: str
+    phase_index: PhaseIndex
+    ring_buffer_wrapped: bool  # older events are lost
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The moment judged and the allocator's state right after it."""
+
+    index: int | None  # None: the dump's own state
+    kind: str  # "oom" | "peak" | "dump"
+    fatal_index: int | None  # the OOM that stopped the run
+    state: EventState
+    notes: tuple[str, ...]  # what rebuilding the state could not know
+
+
+@dataclass(frozen=True, slots=True)
+class _Accounted:
+    """Every byte at the target: the OOM events, the failed request, fragmentation and accounting."""
+
+    ooms: tuple[OomEvent, ...]
+    fatal: OomEvent | None
+    request_bytes: int | None
+    large_segment_bytes: int
+    fragmentation: Fragmentation
+    accounting: Accounting
+    capacity_bytes: int | None  # what PyTorch could have had: reserved + device free, else the device total
+
+
+@dataclass(frozen=True, slots=True)
+class _Moment:
+    """Where in the training loop the target fell, and the steps the trace holds."""
+
+    phase: str
+    step: int | None
+    steps: tuple[StepSummary, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Judgement:
+    """The verdict and the changes recommended for it."""
+
+    primary: Finding
+    secondary: tuple[Finding, ...]
+    recommendations: tuple[Recommendation, ...]
+    what_if: WhatIf
+
+
 def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int = 480) -> Analysis:
+    """Judge one device of `snapshot`, the failing one unless `device` is given (see the module's
+    docstring); `series_points` bounds the memory-over-time series."""
+    dump = _read_device(snapshot, device)
+    state = _replay(dump, series_points)
+    target = _pick_target(dump, state)
+    accounted = _account(dump, state, target)
+    blocks, shares = _attribute(dump, state, target)
+    moment = _judge_moment(dump, state, target)
+    ctx = _context(dump, target, accounted, blocks, shares, moment)
+    judgement = _diagnose(ctx, target, moment)
+    unknowns = _unknowns(dump, state, target, accounted, blocks)
+    return _result(snapshot, dump, state, target, accounted, ctx, shares, judgement, unknowns)
+
+
+def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:
+    """Pick the device (the failing one unless given) and read what the dump holds for it."""
     metadata = snapshot.oomdoctor if snapshot.oomdoctor is not None else NO_METADATA
     if device is None:
         device = _pick_device(snapshot, metadata)
     trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
-    segments = snapshot.segments_on(device)
-    settings = snapshot.allocator_settings
-    divisions = roundup_divisions(settings)
-    unknowns: list[str] = []
+    spans, phase_source = build_spans(trace, markers=metadata.markers, annotations=snapshot.annotations, device=device)
+    recording = metadata.recording
+    return _DeviceDump(
+        index=device,
+        metadata=metadata,
+        trace=trace,
+        segments=snapshot.segments_on(device),
+        settings=snapshot.allocator_settings,
+        registry=_attribution.Registry(metadata, device),
+        spans=spans,
+        phase_source=phase_source,
+        phase_index=PhaseIndex(spans),
+        ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
+    )
 
-    registry = _attribution.Registry(metadata, device)
-    markers = metadata.markers
-    spans, phase_source = build_spans(trace, markers=markers, annotations=snapshot.annotations, device=device)
-    phase_index = PhaseIndex(spans)
-    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(registry)
-    state = walk(
-        trace,
-        segments,
-        spans,
-        component_of_alloc if registry else None,
+
+def _replay(dump: _DeviceDump, series_points: int) -> ReplayState:
+    """One pass over the trace: the series by component, the peak, the OOMs, the steps and the
+    history of the live set."""
+    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(dump.registry)
+    return walk(
+        dump.trace,
+        dump.segments,
+        dump.spans,
+        component_of_alloc if dump.registry else None,
         component_of_pre_existing,
         len(COMPONENTS),
         _attribution.ACTIVATIONS,
-        divisions,
+        roundup_divisions(dump.settings),
         series_points,
         _attribution.PHASE_COMPONENT,
     )
 
-    recording = metadata.recording
-    wrapped = ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None)
-    fatal_index = _fatal_oom(trace, state.oom_indices, metadata)
-    final_blocks = {b.address: b for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
-    reason = metadata.reason
+
+def _pick_target(dump: _DeviceDump, state: ReplayState) -> _Target:
+    """The moment to judge, and the state right after it: the fatal OOM; else the peak, when the
+    dump holds less than it and was not written for the peak or by hand; else the dump itself."""
+    fatal_index = _fatal_oom(dump.trace, state.oom_indices, dump.metadata)
     if fatal_index is not None:
-        target_index, target_kind = fatal_index, "oom"
+        index, kind = fatal_index, "oom"
     elif (
         state.peak_index is not None
-        and reason not in ("peak", "manual")
-        and state.peak_allocated_bytes > sum(b.size for b in final_blocks.values())
+        and dump.metadata.reason not in ("peak", "manual")
+        and state.peak_allocated_bytes > sum(b.size for b in state.history.final_blocks.values())
     ):
-        target_index, target_kind = state.peak_index, "peak"
+        index, kind = state.peak_index, "peak"
     else:
-        target_index, target_kind = None, "dump"
+        index, kind = None, "dump"
+    at_target, notes = _state_at_target(dump.trace, dump.segments, state.history, index)
+    return _Target(index, kind, fatal_index, at_target, tuple(notes))
 
-    after = len(trace) - 1 - target_index if target_index is not None else 0
-    frames_of = {a: b.frames for a, b in final_blocks.items()}
-    at_target, note = _state_at_target(trace, segments, state.history, target_index)
-    layout = at_target.segments
-    unknowns.extend(note)
 
+def _account(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Accounted:
+    """Account for every byte at the target: the OOM events, what the device had free, the
+    fragmentation the failed request met and what PyTorch could have had in all."""
+    settings = dump.settings
+    metadata = dump.metadata
+    layout = target.state.segments
     large_segment = large_segment_bytes(settings.raw_conf if settings is not None else None)
-    oom_events = ooms_of(trace, state.oom_indices, fatal_index, large_segment)
+    oom_events = ooms_of(dump.trace, state.oom_indices, target.fatal_index, large_segment)
     fatal = next((o for o in oom_events if o.fatal), None)
     device_total = _accounting.device_total(metadata)
-    device_free = fatal.device_free_bytes if fatal is not None else None
-    if device_free is None and fatal is not None and metadata.oom is not None:
-        device_free = metadata.oom.device_free_bytes
-    if device_free is None and target_index is None and metadata.mem_get_info is not None:
-        device_free = metadata.mem_get_info.free_bytes
-    if device_free is not None and device_total is not None:
-        # Under set_per_process_memory_fraction torch reports the allowed bytes as the total but the
-        # whole GPU's free memory: what PyTorch could still get is what the fraction leaves.
-        device_free = min(device_free, max(0, device_total - sum(s.total_size for s in layout)))
+    device_free = _device_free(metadata, fatal, target, device_total)
     request = fatal.request_bytes if fatal is not None else None
-    request_stream = trace.streams[fatal.event_index] if fatal is not None else None
+    request_stream = dump.trace.streams[fatal.event_index] if fatal is not None else None
     fragmentation = _accounting.fragmentation_of(
         layout, request_bytes=request, request_stream=request_stream, settings=settings, device_free_bytes=device_free
     )
@@ -197,29 +290,60 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
         fragmentation=fragmentation,
         large_segment=large_segment,
     )
+    capacity = None
+    if device_free is not None:
+        capacity = accounting.reserved_bytes + device_free
+    elif device_total is not None:
+        capacity = device_total
+    return _Accounted(oom_events, fatal, request, large_segment, fragmentation, accounting, capacity)
 
+
+def _device_free(
+    metadata: DumpMetadata, fatal: OomEvent | None, target: _Target, device_total: int | None
+) -> int | None:
+    """What the device had free at the target: as the fatal OOM's event or oomdoctor's record of
+    it says, or for the dump itself as mem_get_info said; at most what the device total leaves."""
+    device_free = fatal.device_free_bytes if fatal is not None else None
+    if device_free is None and fatal is not None and metadata.oom is not None:
+        device_free = metadata.oom.device_free_bytes
+    if device_free is None and target.index is None and metadata.mem_get_info is not None:
+        device_free = metadata.mem_get_info.free_bytes
+    if device_free is not None and device_total is not None:
+        # Under set_per_process_memory_fraction torch reports the allowed bytes as the total but the
+        # whole GPU's free memory: what PyTorch could still get is what the fraction leaves.
+        device_free = min(device_free, max(0, device_total - target.state.reserved_bytes))
+    return device_free
+
+
+def _attribute(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[list[LiveBlock], list[ComponentShare]]:
+    """Place every block live at the target in a component (largest first), and sum the components."""
     blocks = _attribution.attribute(
-        at_target.live,
-        trace=trace,
-        frames_of=frames_of,
-        phases=phase_index,
-        registry=registry,
-        target_index=target_index,
+        target.state.live,
+        trace=dump.trace,
+        frames_of={a: b.frames for a, b in state.history.final_blocks.items()},
+        phases=dump.phase_index,
+        registry=dump.registry,
+        target_index=target.index,
     )
-    shares = _attribution.shares(blocks)
-    components = {s.name: s.bytes for s in shares}
+    return blocks, _attribution.shares(blocks)
 
-    if target_index is not None:
-        target_span = phase_index.span_of(target_index)
+
+def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Moment:
+    """The phase and step the target fell in (for the dump, the last span, or where the markers
+    moved on to since), and a summary of every step when something marks them."""
+    spans = dump.spans
+    if target.index is not None:
+        target_span = dump.phase_index.span_of(target.index)
     else:
         target_span = spans[-1] if spans else None
-    target_phase = target_span.phase if target_span is not None else PHASE_UNKNOWN
-    target_step = target_span.step if target_span is not None and phase_source != SOURCE_NONE else None
-    if target_index is None and markers:
-        target_phase, target_step = _phase_after_markers(markers, target_phase, target_step)
-
-    steps = (
-        tuple(
+    phase = target_span.phase if target_span is not None else PHASE_UNKNOWN
+    step = target_span.step if target_span is not None and dump.phase_source != SOURCE_NONE else None
+    markers = dump.metadata.markers
+    if target.index is None and markers:
+        phase, step = _phase_after_markers(markers, phase, step)
+    steps = ()
+    if dump.phase_source != SOURCE_NONE:
+        steps = tuple(
             StepSummary(
                 step,
                 s.first_index,
@@ -230,126 +354,171 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
             )
             for step, s in sorted(state.steps.items())
         )
-        if phase_source != SOURCE_NONE
-        else ()
-    )
+    return _Moment(phase, step, steps)
 
-    capacity = None
-    if device_free is not None:
-        capacity = accounting.reserved_bytes + device_free
-    elif device_total is not None:
-        capacity = device_total
 
-    ctx = Context(
-        oom=fatal,
-        accounting=accounting,
-        fragmentation=fragmentation,
-        components=components,
+def _context(
+    dump: _DeviceDump,
+    target: _Target,
+    accounted: _Accounted,
+    blocks: list[LiveBlock],
+    shares: list[ComponentShare],
+    moment: _Moment,
+) -> Context:
+    """Everything the verdict tests read."""
+    return Context(
+        oom=accounted.fatal,
+        accounting=accounted.accounting,
+        fragmentation=accounted.fragmentation,
+        components={s.name: s.bytes for s in shares},
         live_blocks=blocks,
-        phases=spans,
-        phase_source=phase_source,
-        target_phase=target_phase,
-        target_step=target_step,
-        target_index=target_index,
-        steps=steps,
-        optimizer_kind=_optimizer_kind(registry, blocks),
-        exact=bool(registry),
-        expandable_on=fragmentation.expandable_segments,
-        capacity_bytes=capacity,
-        large_segment_bytes=large_segment,
+        phases=dump.spans,
+        phase_source=dump.phase_source,
+        target_phase=moment.phase,
+        target_step=moment.step,
+        target_index=target.index,
+        steps=moment.steps,
+        optimizer_kind=_optimizer_kind(dump.registry, blocks),
+        exact=bool(dump.registry),
+        expandable_on=accounted.fragmentation.expandable_segments,
+        capacity_bytes=accounted.capacity_bytes,
+        large_segment_bytes=accounted.large_segment_bytes,
         scalable_bytes=scalable_bytes(blocks),
-        request_scales=request_scales(target_phase, request or 0, blocks),
+        request_scales=request_scales(moment.phase, accounted.request_bytes or 0, blocks),
     )
+
+
+def _diagnose(ctx: Context, target: _Target, moment: _Moment) -> _Judgement:
+    """The verdicts, the what-if for the batch size and the recommendations, all judged against
+    the one requirement (`recommendations.requirement`)."""
     primary, secondary = diagnose(ctx)
     verdicts = {primary.verdict, *(f.verdict for f in secondary)}
     need = requirement(ctx, verdicts)
-    peak_step = _peak_step(steps, sum(components.values())) if fatal is None and target_kind == "dump" else None
+    whatif = _what_if(ctx, target, moment, need)
+    return _Judgement(primary, secondary, recommend(ctx, verdicts, need, whatif), whatif)
+
+
+def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) -> WhatIf:
+    """The batch-size what-if: of the state at the target, or of the recorded peak step when the
+    dump came after it (between steps, say) and no OOM says otherwise."""
+    components = ctx.components
+    request = ctx.oom.request_bytes if ctx.oom is not None else 0
+    peak_step = None
+    if ctx.oom is None and target.kind == "dump":
+        peak_step = _peak_step(moment.steps, sum(components.values()))
     if peak_step is not None:
-        # the dump came after the peak (between steps, say): scale the recorded peak, not the dump
-        whatif = what_if(
-            {"peak": peak_step.peak_allocated_bytes},
-            scalable_bytes=peak_step.peak_activation_bytes,
+        peak, activations = peak_step.peak_allocated_bytes, peak_step.peak_activation_bytes
+        return what_if(
+            {"peak": peak},
+            scalable_bytes=activations,
             request_bytes=0,
             target_phase=PHASE_BETWEEN,
-            capacity_bytes=capacity,
-            basis=f"from step {peak_step.step}'s peak ({human_size(peak_step.peak_allocated_bytes)} allocated, activations up to {human_size(peak_step.peak_activation_bytes)})",
+            capacity_bytes=ctx.capacity_bytes,
+            basis=f"from step {peak_step.step}'s peak ({human_size(peak)} allocated, activations up to {human_size(activations)})",
         )
-    else:
-        whatif = what_if(
-            components,
-            scalable_bytes=ctx.scalable_bytes,
-            request_bytes=request or 0,
-            target_phase=target_phase,
-            capacity_bytes=capacity,
-            shortfall_bytes=need.shortfall_bytes,
-            projected_need_bytes=need.projected_need_bytes,
-            scales_request=ctx.request_scales,
-            placement_limit=need.placement_limit,
-        )
-    recommendations = recommend(ctx, verdicts, need, whatif)
+    return what_if(
+        components,
+        scalable_bytes=ctx.scalable_bytes,
+        request_bytes=request,
+        target_phase=moment.phase,
+        capacity_bytes=ctx.capacity_bytes,
+        shortfall_bytes=need.shortfall_bytes,
+        projected_need_bytes=need.projected_need_bytes,
+        scales_request=ctx.request_scales,
+        placement_limit=need.placement_limit,
+    )
 
+
+def _pre_existing(state: ReplayState, blocks: Sequence[LiveBlock]) -> tuple[int, int]:
+    """(allocations, bytes) made before the trace began: freed during it, or live at the target."""
+    frees = state.history.pre_existing_frees
+    older = [b for b in blocks if b.alloc_index is None]
+    return len(frees) + len(older), sum(s for _, _, s in frees) + sum(b.size_bytes for b in older)
+
+
+def _unknowns(
+    dump: _DeviceDump, state: ReplayState, target: _Target, accounted: _Accounted, blocks: Sequence[LiveBlock]
+) -> tuple[str, ...]:
+    """What the dump could not tell, in the order a report lists it."""
+    trace, metadata = dump.trace, dump.metadata
+    unknowns = list(target.notes)
     if not trace:
         unknowns.append("no allocation history was recorded: phases, steps, the OOM event and the series are unknown")
     elif not state.has_frames:
         unknowns.append("no stack frames were recorded: phases come from markers or annotations only")
-    if phase_source == SOURCE_NONE and trace:
+    if dump.phase_source == SOURCE_NONE and trace:
         unknowns.append("no markers, annotations or frames mark the phases, so steps and phases are unknown")
-    if not registry:
+    if not dump.registry:
         unknowns.append("no oomdoctor registry of named tensors: components are inferred, not exact")
-    if wrapped:
+    if dump.ring_buffer_wrapped:
         unknowns.append(
             f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
         )
-    if state.history.pre_existing_frees or any(b.alloc_index is None for b in blocks):
-        pre_count = len(state.history.pre_existing_frees) + sum(1 for b in blocks if b.alloc_index is None)
+    pre_count, _ = _pre_existing(state, blocks)
+    if pre_count:
         unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
-    unknowns.extend(accounting.unknowns)
-    if fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
+    unknowns.extend(accounted.accounting.unknowns)
+    if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(
             "torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run"
         )
+    return tuple(unknowns)
 
+
+def _result(
+    snapshot: Snapshot,
+    dump: _DeviceDump,
+    state: ReplayState,
+    target: _Target,
+    accounted: _Accounted,
+    ctx: Context,
+    shares: list[ComponentShare],
+    judgement: _Judgement,
+    unknowns: tuple[str, ...],
+) -> Analysis:
+    """The steps' findings as one `Analysis`."""
+    trace = dump.trace
+    pre_count, pre_bytes = _pre_existing(state, ctx.live_blocks)
     replay = ReplaySummary(
-        device=device,
+        device=dump.index,
         event_count=len(trace),
-        target_index=target_index,
-        target_kind=target_kind,
+        target_index=target.index,
+        target_kind=target.kind,
         peak_index=state.peak_index,
         peak_allocated_bytes=state.peak_allocated_bytes,
-        ooms=oom_events,
+        ooms=accounted.ooms,
         series=tuple(state.series),
-        events_after_target=after,
-        pre_existing_allocations=len(state.history.pre_existing_frees)
-        + sum(1 for b in blocks if b.alloc_index is None),
-        pre_existing_bytes=sum(s for _, _, s in state.history.pre_existing_frees)
-        + sum(b.size_bytes for b in blocks if b.alloc_index is None),
-        ring_buffer_wrapped=wrapped,
+        events_after_target=len(trace) - 1 - target.index if target.index is not None else 0,
+        pre_existing_allocations=pre_count,
+        pre_existing_bytes=pre_bytes,
+        ring_buffer_wrapped=dump.ring_buffer_wrapped,
         has_frames=state.has_frames,
         has_time=state.has_time,
     )
+    primary = judgement.primary
     return Analysis(
         schema_version=RESULT_SCHEMA_VERSION,
-        device=device,
+        device=dump.index,
         devices=snapshot.devices,
         source_format=snapshot.source_format,
         replay=replay,
-        accounting=accounting,
-        fragmentation=fragmentation,
-        phase_source=phase_source,
-        phases=tuple(spans),
-        target_phase=target_phase,
-        target_step=target_step,
-        steps=steps,
+        accounting=accounted.accounting,
+        fragmentation=accounted.fragmentation,
+        phase_source=dump.phase_source,
+        phases=tuple(dump.spans),
+        target_phase=ctx.target_phase,
+        target_step=ctx.target_step,
+        steps=ctx.steps,
         components=tuple(shares),
-        live_blocks=tuple(blocks),
+        live_blocks=tuple(ctx.live_blocks),
         verdict=primary.verdict,
         confidence=primary.confidence,
         summary=primary.summary,
         evidence=primary.evidence,
-        secondary=secondary,
-        recommendations=recommendations,
-        what_if=whatif,
-        unknowns=tuple(unknowns),
+        secondary=judgement.secondary,
+        recommendations=judgement.recommendations,
+        what_if=judgement.what_if,
+        unknowns=unknowns,
     )
 
 
@@ -380,7 +549,9 @@ def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None
     return PHASE_BETWEEN, last_step
 
 
-def _state_at_target(trace, segments, history, target_index) -> tuple[EventState, list[str]]:
+def _state_at_target(
+    trace: DeviceTrace, segments: Sequence[Segment], history: LiveHistory, target_index: int | None
+) -> tuple[EventState, list[str]]:
     """(state, notes): the state right after the target; the dump's own when nothing was allocated
     or freed after it, otherwise replayed back from the final state."""
     notes: list[str] = []
