@@ -92,7 +92,7 @@ def _pick_device(snapshot: Snapshot, metadata: DumpMetadata) -> int:
     for segment in snapshot.segments:
         reserved[segment.device] = reserved.get(segment.device, 0) + segment.total_size
     if reserved:
-        return max(reserved, key=reserved.get)
+        return max(reserved, key=lambda d: reserved[d])
     devices = snapshot.devices
     return devices[0] if devices else 0
 
@@ -204,7 +204,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     ctx = _context(dump, target, accounted, blocks, shares, moment)
     judgement = _diagnose(ctx, target, moment)
     unknowns = _unknowns(dump, state, target, accounted, blocks)
-    return _result(snapshot, dump, state, target, accounted, ctx, shares, judgement, unknowns)
+    return _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
 
 
 def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:
@@ -341,7 +341,7 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
     markers = dump.metadata.markers
     if target.index is None and markers:
         phase, step = _phase_after_markers(markers, phase, step)
-    steps = ()
+    steps: tuple[StepSummary, ...] = ()
     if dump.phase_source != SOURCE_NONE:
         steps = tuple(
             StepSummary(
@@ -471,14 +471,15 @@ def _result(
     state: ReplayState,
     target: _Target,
     accounted: _Accounted,
-    ctx: Context,
+    blocks: list[LiveBlock],
     shares: list[ComponentShare],
+    moment: _Moment,
     judgement: _Judgement,
     unknowns: tuple[str, ...],
 ) -> Analysis:
     """The steps' findings as one `Analysis`."""
     trace = dump.trace
-    pre_count, pre_bytes = _pre_existing(state, ctx.live_blocks)
+    pre_count, pre_bytes = _pre_existing(state, blocks)
     replay = ReplaySummary(
         device=dump.index,
         event_count=len(trace),
@@ -506,11 +507,11 @@ def _result(
         fragmentation=accounted.fragmentation,
         phase_source=dump.phase_source,
         phases=tuple(dump.spans),
-        target_phase=ctx.target_phase,
-        target_step=ctx.target_step,
-        steps=ctx.steps,
+        target_phase=moment.phase,
+        target_step=moment.step,
+        steps=moment.steps,
         components=tuple(shares),
-        live_blocks=tuple(ctx.live_blocks),
+        live_blocks=tuple(blocks),
         verdict=primary.verdict,
         confidence=primary.confidence,
         summary=primary.summary,
@@ -537,14 +538,14 @@ def _touches_blocks(trace: DeviceTrace, target_index: int) -> bool:
 
 def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None) -> tuple[str, int | None]:
     """The phase at dump time: the markers may have moved on after the last recorded event."""
-    timed = [m for m in markers if m.time_us is not None and m.phase is not None]
+    timed = [(m.time_us, m.phase, m) for m in markers if m.time_us is not None and m.phase is not None]
     if not timed:
         return phase, step
-    last = max(timed, key=lambda m: m.time_us)
+    _, last_phase, last = max(timed, key=lambda t: t[0])
     last_step = last.step if last.step is not None else step
     if last.edge == "start":
-        return last.phase, last_step
-    if last.phase == "optimizer_step" and last_step is not None:
+        return last_phase, last_step
+    if last_phase == "optimizer_step" and last_step is not None:
         last_step += 1
     return PHASE_BETWEEN, last_step
 
