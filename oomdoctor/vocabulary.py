@@ -9,14 +9,15 @@ Pure Python; every layer may import it.
 from __future__ import annotations
 
 import enum
+import sys
 
-try:
+if sys.version_info >= (3, 11):
     from enum import StrEnum
-except ImportError:  # Python 3.10
+else:  # Python 3.10
 
-    class StrEnum(str, enum.Enum):  # type: ignore[no-redef]
+    class StrEnum(str, enum.Enum):
         __str__ = str.__str__
-        __format__ = str.__format__  # type: ignore[assignment]
+        __format__ = str.__format__
 
 
 class Verdict(StrEnum):

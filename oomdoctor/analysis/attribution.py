@@ -75,7 +75,7 @@ class Registry:
     def __init__(self, metadata: DumpMetadata | None, device: int):
         self.by_address: dict[int, tuple[int, str, int]] = {}
         for tensor in metadata.tensors if metadata is not None else ():
-            component = _REGISTRY_COMPONENT.get(tensor.component)
+            component = _REGISTRY_COMPONENT.get(tensor.component) if tensor.component is not None else None
             if component is None or tensor.device not in (None, device):
                 continue
             size = tensor.size_bytes if tensor.size_bytes is not None else 0
@@ -284,7 +284,7 @@ def shares(blocks: Sequence[LiveBlock], group_limit: int = 12) -> list[Component
     for component in COMPONENTS:
         total = totals.get(component, 0)
         methods = by_method.get(component) or {}
-        method = max(methods, key=methods.get) if methods else METHOD_NONE
+        method = max(methods, key=methods.__getitem__) if methods else METHOD_NONE
         result.append(
             ComponentShare(
                 name=component,
