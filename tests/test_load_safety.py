@@ -288,3 +288,16 @@ def test_memo_index_bomb_is_refused_without_taking_the_memory() -> None:
     assert "ran out of memory" in message
     assert int(peak_mib) < 1024
     assert limit_restored == "True"
+
+
+def test_a_trace_stream_beyond_64_bits_is_refused_in_one_line():
+    """Every int the loader passes on fits in 64 bits (a 16,000-bit stream reached the JSON report)."""
+    import pickle
+
+    from oomdoctor.errors import LoadError
+    from oomdoctor.load import load
+
+    events = [{"action": "alloc", "addr": 1 << 40, "size": 512, "stream": 1 << 16000}]
+    data = {"segments": [], "device_traces": [events]}
+    with pytest.raises(LoadError, match="does not fit in 64 bits"):
+        load(pickle.dumps(data, protocol=4))

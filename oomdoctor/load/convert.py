@@ -326,7 +326,7 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     addrs = _int_column(column("addr"), describe, device, "addr", missing=0, ranged=True)  # `oom` has no addr
     streams = column("stream")
     if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
-        streams = _int_column(streams, describe, device, "stream", missing=0)
+        streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
 
     times_us = None
     if _present(events, "time_us"):
