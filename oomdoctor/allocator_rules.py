@@ -401,6 +401,26 @@ class RecordedSettings:
     large_segment_size_bytes: int = LARGE_SEGMENT_BYTES  # from the conf string: torch records no field for it
 
 
+def recorded_divisions(table: Any) -> tuple[tuple[int, int], ...]:
+    """A snapshot's `roundup_power2_divisions` table as (MiB lower bound, divisions), by bound: the
+    entries keyed by ASCII digits ("²".isdigit() is true; at most 18 digits, since int() refuses over
+    4300 and no interval bound is that large) with a 64-bit int value; nothing else."""
+    if type(table) is not dict:
+        return ()
+    divisions = []
+    for key, value in table.items():
+        if (
+            type(key) is str
+            and key.isascii()
+            and key.isdigit()
+            and len(key) <= 18
+            and type(value) is int
+            and _INT64_MIN <= value <= _INT64_MAX
+        ):
+            divisions.append((int(key), value))
+    return tuple(sorted(divisions))
+
+
 def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
     """A snapshot's `allocator_settings` entry (plain data, as unpickled) as the values analysis needs.
 
@@ -416,19 +436,6 @@ def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
     threshold = raw.get("garbage_collection_threshold", 0.0)
     if type(threshold) is int and _INT64_MIN <= threshold <= _INT64_MAX:
         threshold = float(threshold)
-    divisions = []
-    table = raw.get("roundup_power2_divisions")
-    if type(table) is dict:
-        for key, value in table.items():
-            if (
-                type(key) is str
-                and key.isascii()
-                and key.isdigit()
-                and len(key) <= 18
-                and type(value) is int
-                and _INT64_MIN <= value <= _INT64_MAX
-            ):
-                divisions.append((int(key), value))
     return RecordedSettings(
         raw_conf=raw_conf,
         max_split_size=max_split_size
@@ -436,6 +443,6 @@ def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
         else -1,
         expandable_segments=bool(raw.get("expandable_segments", False)),
         garbage_collection_threshold=threshold if type(threshold) is float else 0.0,
-        roundup_power2_divisions=tuple(sorted(divisions)),
+        roundup_power2_divisions=recorded_divisions(raw.get("roundup_power2_divisions")),
         large_segment_size_bytes=read_alloc_conf(raw_conf).large_segment_size_bytes,
     )

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from itertools import repeat
 from typing import Any
 
+from oomdoctor.allocator_rules import recorded_divisions
 from oomdoctor.errors import LoadError
 from oomdoctor.load.metadata import parse_metadata
 from oomdoctor.load.stacks import StackTable
@@ -499,19 +500,6 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
         _int(gc_threshold, describe, "allocator_settings 'garbage_collection_threshold'")
     elif type(gc_threshold) is not float:
         raise _shape_error(describe, "allocator_settings 'garbage_collection_threshold' is not a number")
-    divisions = []
-    raw_divisions = raw.get("roundup_power2_divisions")
-    if type(raw_divisions) is dict:
-        for key, value in raw_divisions.items():
-            if (
-                type(key) is str
-                and key.isascii()
-                and key.isdigit()
-                and len(key) <= 18  # int() refuses over 4300 digits; no interval bound is that large
-                and type(value) is int
-                and _INT64_MIN <= value <= _INT64_MAX
-            ):
-                divisions.append((int(key), value))
     extra = {k: v for k, v in raw.items() if k not in _NAMED_SETTINGS and type(k) is str}
     frozen_extra = freeze_builtins(extra)
     return AllocatorSettings(
@@ -519,7 +507,7 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
         max_split_size=max_split_size,
         expandable_segments=bool(expandable),
         garbage_collection_threshold=float(gc_threshold),
-        roundup_power2_divisions=tuple(sorted(divisions)),
+        roundup_power2_divisions=recorded_divisions(raw.get("roundup_power2_divisions")),
         extra=frozen_extra if isinstance(frozen_extra, Mapping) else FrozenDict({}),
     )
 
