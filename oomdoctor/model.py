@@ -27,26 +27,28 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
+from oomdoctor.vocabulary import Action, BlockState
+
 if TYPE_CHECKING:
     from oomdoctor.dump_metadata import DumpMetadata
 
-# Block states as torch emits them; the loader maps the documented alias
-# `active_awaiting_free` onto ACTIVE_PENDING_FREE.
-ACTIVE_ALLOCATED = "active_allocated"
-ACTIVE_PENDING_FREE = "active_pending_free"
-INACTIVE = "inactive"
+# Block states as torch emits them (plain-string aliases of oomdoctor.vocabulary, where they are
+# defined); the loader maps the documented alias `active_awaiting_free` onto ACTIVE_PENDING_FREE.
+ACTIVE_ALLOCATED = BlockState.ACTIVE_ALLOCATED.value
+ACTIVE_PENDING_FREE = BlockState.ACTIVE_PENDING_FREE.value
+INACTIVE = BlockState.INACTIVE.value
 
 # Trace actions (spec §1.6).
-ALLOC = "alloc"
-FREE_REQUESTED = "free_requested"
-FREE_COMPLETED = "free_completed"
-SEGMENT_ALLOC = "segment_alloc"
-SEGMENT_FREE = "segment_free"
-SEGMENT_MAP = "segment_map"
-SEGMENT_UNMAP = "segment_unmap"
-SNAPSHOT = "snapshot"
-OOM = "oom"
-ANNOTATE = "annotate"
+ALLOC = Action.ALLOC.value
+FREE_REQUESTED = Action.FREE_REQUESTED.value
+FREE_COMPLETED = Action.FREE_COMPLETED.value
+SEGMENT_ALLOC = Action.SEGMENT_ALLOC.value
+SEGMENT_FREE = Action.SEGMENT_FREE.value
+SEGMENT_MAP = Action.SEGMENT_MAP.value
+SEGMENT_UNMAP = Action.SEGMENT_UNMAP.value
+SNAPSHOT = Action.SNAPSHOT.value
+OOM = Action.OOM.value
+ANNOTATE = Action.ANNOTATE.value
 
 DEFAULT_POOL: tuple[int, int] = (0, 0)
 
