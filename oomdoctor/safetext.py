@@ -13,6 +13,7 @@ Pure Python; every layer may use it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 # C0 controls (tab and newline included: a report line must stay one line), DEL, C1 controls,
@@ -93,4 +94,21 @@ def json_printable(encoded: bytes) -> bytes:
     return _JSON_UNSAFE.sub(_json_escape, encoded)
 
 
-__all__ = ["DEFAULT_LIMIT", "clip", "describe_value", "is_printable", "json_printable", "printable"]
+LINE_LIMIT = 8192  # a line of a text view: longer ones (a stranger's 1 MB frame name) are cut
+
+
+def printable_lines(lines: Iterable[str]) -> str:
+    """Lines of a text view joined with newlines, each through `printable` (cut at LINE_LIMIT)."""
+    return "\n".join(printable(line, LINE_LIMIT) for line in lines)
+
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "LINE_LIMIT",
+    "printable_lines",
+    "clip",
+    "describe_value",
+    "is_printable",
+    "json_printable",
+    "printable",
+]

@@ -10,7 +10,7 @@ import orjson
 
 from oomdoctor.messages.explain import Explanation
 from oomdoctor.messages.figures import Figure
-from oomdoctor.safetext import json_printable, printable
+from oomdoctor.safetext import json_printable, printable_lines
 from oomdoctor.units import human_size
 
 JSON_SCHEMA_VERSION = 1
@@ -96,7 +96,7 @@ def to_text(explanations: list[Explanation], highlighted: int, reason: str, sour
         lines += _section("What to do", e.recommendations, numbered=True)
         lines += _section("Not known from a message", e.unknowns)
     # the messages come from a log or pasted text: no control character reaches the terminal
-    return "\n".join(printable(line, 8192) for line in lines) + "\n"
+    return printable_lines(lines) + "\n"
 
 
 def _plain(value: Any) -> Any:

@@ -12,7 +12,7 @@ import orjson
 
 from oomdoctor.analysis.contents import ByteTotals, Contents
 from oomdoctor.model import AllocatorSettings
-from oomdoctor.safetext import json_printable, printable
+from oomdoctor.safetext import json_printable, printable_lines
 from oomdoctor.units import human_size as format_bytes
 
 INFO_SCHEMA_VERSION = 1
@@ -177,4 +177,4 @@ def to_text(contents: Contents) -> str:
         add("  trace events", f"{row.trace_events}" + (f" ({actions})" if actions else ""))
         if row.trace_events:
             add("  with stacks", str(row.events_with_stacks))
-    return "\n".join(printable(line, 8192) for line in lines) + "\n"
+    return printable_lines(lines) + "\n"

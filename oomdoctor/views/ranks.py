@@ -28,7 +28,7 @@ from oomdoctor.analysis.ranks import (
     SkippedFile,
     standout,
 )
-from oomdoctor.safetext import printable
+from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
 
 RANKS_SCHEMA_VERSION = 1
@@ -297,7 +297,7 @@ def render_text(
     lines.append(banner)
     lines.append("=" * len(banner))
     # file names in a stranger's folder are data: no control character reaches the terminal
-    return "\n".join(printable(line, 8192) for line in lines) + "\n" + render_report(dump.analysis, source=dump.file)
+    return printable_lines(lines) + "\n" + render_report(dump.analysis, source=dump.file)
 
 
 def _label(dump: RankDump) -> str:
@@ -457,7 +457,7 @@ def info_line(row: RankContents) -> str:
 def info_text(directory: str, rows: tuple[RankContents, ...], skipped: tuple[SkippedFile, ...]) -> str:
     lines = [info_line(row) for row in rows]
     lines += [f"{item.name}  skipped: {item.reason}" for item in skipped]
-    return "\n".join(printable(line, 8192) for line in lines) + "\n"
+    return printable_lines(lines) + "\n"
 
 
 def info_json(directory: str, rows: tuple[RankContents, ...], skipped: tuple[SkippedFile, ...]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oomdoctor.analysis.results import Analysis
-from oomdoctor.safetext import printable
+from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
@@ -13,8 +13,6 @@ from oomdoctor.views.report_rows import (
     target_context,
     where_label,
 )
-
-LINE_LIMIT = 8192
 
 
 def render(analysis: Analysis, *, source: str | None = None) -> str:
@@ -119,7 +117,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             add(f"  - {unknown}")
     # file names, frames, tensor names and settings come from the file: no line may carry a control
     # character to the terminal, or run on without bound
-    return "\n".join(printable(line, LINE_LIMIT) for line in lines).rstrip() + "\n"
+    return printable_lines(lines).rstrip() + "\n"
 
 
 def _flag(value: bool | None) -> str:
