@@ -68,6 +68,8 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
+from oomdoctor.supervise import REFUSED_AFTER_CRASH, REFUSED_AFTER_LIMIT  # noqa: E402
+
 PACKAGE_DIR = ROOT / "oomdoctor"
 STRATEGIES = ("byte", "opcode", "value", "splice", "container")
 STRATEGY_WEIGHTS = (25, 25, 35, 7, 8)
@@ -1258,7 +1260,7 @@ def _cache_cli_parser() -> None:
 
 
 # The watcher's lines for a file that hung or crashed the unpickler (oomdoctor/supervise.py).
-WATCHER_REFUSALS = ("refused: unpickling it did not finish", "refused: the unpickler crashed")
+WATCHER_REFUSALS = (REFUSED_AFTER_LIMIT, REFUSED_AFTER_CRASH)
 IN_PROCESS = False  # --case: run main() in this process, so that an exception shows its traceback
 
 

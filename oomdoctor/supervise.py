@@ -25,6 +25,9 @@ from oomdoctor.safetext import printable
 
 IN_PROCESS_ENV = "OOMDOCTOR_IN_PROCESS"  # "1": run the command in this process (debugging)
 INTERRUPT_GRACE_SECONDS = 2.0
+# How the parent's line for a file that hung or crashed the unpickler begins (after the file's name).
+REFUSED_AFTER_LIMIT = "refused: unpickling it did not finish"
+REFUSED_AFTER_CRASH = "refused: the unpickler crashed"
 # What puts a terminal back after a full-screen app died: leave the alternate screen, show the
 # cursor, stop mouse reporting (all modes), bracketed paste and focus events.
 TERMINAL_RESET = (
@@ -118,13 +121,13 @@ def _death_line(signum: int, reading: tuple[float, str] | None, argv: Sequence[s
         limit, source = reading
         if signum == getattr(signal, "SIGALRM", None):
             return (
-                f"{source}: refused: unpickling it did not finish within {limit:.0f} s, far longer than a "
+                f"{source}: {REFUSED_AFTER_LIMIT} within {limit:.0f} s, far longer than a "
                 "snapshot of its size needs (a structure built to make the unpickler work without bound, "
                 f"such as nested shared tuples; nothing from the file was run; {guard.READ_SECONDS_ENV} "
                 "sets the limit)"
             )
         return (
-            f"{source}: refused: the unpickler crashed on this file ({name}), as a damaged file or one "
+            f"{source}: {REFUSED_AFTER_CRASH} on this file ({name}), as a damaged file or one "
             "built to crash readers makes it do (for example tuples nested a million deep); nothing "
             "from the file was run"
         )
