@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from oomdoctor.analysis import analyse, replayer
 from oomdoctor.analysis.replay import ring_buffer_wrapped
+from oomdoctor.analysis.results import Unknown, UnknownKind
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.model import DeviceTrace, Snapshot
 from tests.builders import USER_STACK, MiB, Sim, metadata_fields
@@ -153,4 +154,4 @@ def test_the_ring_buffer_wrapped_when_the_trace_is_as_long_as_the_recording_kept
     snapshot = Snapshot(segments=sim.snapshot().segments, traces=sim.snapshot().traces, **metadata_fields(metadata))
     analysis = analyse(snapshot)
     assert analysis.replay.ring_buffer_wrapped
-    assert any("ring buffer keeps" in line for line in analysis.unknowns)
+    assert Unknown(UnknownKind.RING_BUFFER_WRAPPED, 8) in analysis.unknowns

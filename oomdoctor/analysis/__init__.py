@@ -57,6 +57,8 @@ from oomdoctor.analysis.results import (
     Recommendation,
     ReplaySummary,
     StepSummary,
+    Unknown,
+    UnknownKind,
     WhatIf,
 )
 from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
@@ -157,7 +159,7 @@ class _Target:
     kind: str  # "oom" | "peak" | "dump"
     fatal_index: int | None  # the OOM that stopped the run
     state: EventState
-    notes: tuple[str, ...]  # what rebuilding the state could not know
+    notes: tuple[Unknown, ...]  # what rebuilding the state could not know
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,30 +440,26 @@ def _pre_existing(state: ReplayState, blocks: Sequence[LiveBlock]) -> tuple[int,
 
 def _unknowns(
     dump: _DeviceDump, state: ReplayState, target: _Target, accounted: _Accounted, blocks: Sequence[LiveBlock]
-) -> tuple[str, ...]:
-    """What the dump could not tell, in the order a report lists it."""
+) -> tuple[Unknown, ...]:
+    """What the dump could not tell, in the order a report lists it (views.phrasing words them)."""
     trace, metadata = dump.trace, dump.metadata
     unknowns = list(target.notes)
     if not trace:
-        unknowns.append("no allocation history was recorded: phases, steps, the OOM event and the series are unknown")
+        unknowns.append(Unknown(UnknownKind.NO_HISTORY))
     elif not state.has_frames:
-        unknowns.append("no stack frames were recorded: phases come from markers or annotations only")
+        unknowns.append(Unknown(UnknownKind.NO_FRAMES))
     if dump.phase_source == SOURCE_NONE and trace:
-        unknowns.append("no markers, annotations or frames mark the phases, so steps and phases are unknown")
+        unknowns.append(Unknown(UnknownKind.NO_PHASES))
     if not dump.registry:
-        unknowns.append("no oomdoctor registry of named tensors: components are inferred, not exact")
+        unknowns.append(Unknown(UnknownKind.NO_REGISTRY))
     if dump.ring_buffer_wrapped:
-        unknowns.append(
-            f"the trace holds {len(trace)} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
-        )
+        unknowns.append(Unknown(UnknownKind.RING_BUFFER_WRAPPED, len(trace)))
     pre_count, _ = _pre_existing(state, blocks)
     if pre_count:
-        unknowns.append(f"{pre_count} allocations predate the trace; their phase and stack are unknown")
+        unknowns.append(Unknown(UnknownKind.PRE_EXISTING, pre_count))
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
-        unknowns.append(
-            "torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run"
-        )
+        unknowns.append(Unknown(UnknownKind.OOM_RETRIED))
     return tuple(unknowns)
 
 
@@ -475,7 +473,7 @@ def _result(
     shares: list[ComponentShare],
     moment: _Moment,
     judgement: _Judgement,
-    unknowns: tuple[str, ...],
+    unknowns: tuple[Unknown, ...],
 ) -> Analysis:
     """The steps' findings as one `Analysis`."""
     trace = dump.trace
@@ -552,10 +550,10 @@ def _phase_after_markers(markers: Sequence[Marker], phase: str, step: int | None
 
 def _state_at_target(
     trace: DeviceTrace, segments: Sequence[Segment], history: LiveHistory, target_index: int | None
-) -> tuple[EventState, list[str]]:
+) -> tuple[EventState, list[Unknown]]:
     """(state, notes): the state right after the target; the dump's own when nothing was allocated
     or freed after it, otherwise replayed back from the final state."""
-    notes: list[str] = []
+    notes: list[Unknown] = []
     if target_index is None:
         return event_state(len(trace) - 1, list(segments), history.at_end(), exact=True), notes
     if not _touches_blocks(trace, target_index):
@@ -567,12 +565,9 @@ def _state_at_target(
         live, pending = history.at(target_index)
         seg_list, _ = segments_at(trace, segments, target_index)
         layout, exact = lay_out(seg_list, live.values(), pending), False
-        after = len(trace) - 1 - target_index
-        notes.append(
-            f"the dump was written {after} events after the target; block sizes freed since then are estimated from their requests"
-        )
+        notes.append(Unknown(UnknownKind.REPLAYED_AFTER_TARGET, len(trace) - 1 - target_index))
     state = event_state(target_index, layout, live, exact)
     unplaced = len(live) - len(state.live)
     if unplaced:
-        notes.append(f"{unplaced} blocks live at the target lie in no segment the replay could rebuild; left out")
+        notes.append(Unknown(UnknownKind.UNPLACED_BLOCKS, unplaced))
     return state, notes

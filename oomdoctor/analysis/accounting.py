@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oomdoctor.analysis.results import Accounting, Fragmentation, PoolFree, SegmentDetail
+from oomdoctor.analysis.results import Accounting, Fragmentation, PoolFree, SegmentDetail, Unknown, UnknownKind
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, pool_of, segment_size
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE, AllocatorSettings, Segment
@@ -76,9 +76,9 @@ def account(
     unknowns = []
     non_pytorch = None
     if device_total_bytes is None:
-        unknowns.append("device total memory (not in a plain snapshot), so memory outside PyTorch is unknown")
+        unknowns.append(Unknown(UnknownKind.NO_DEVICE_TOTAL))
     elif device_free_bytes is None:
-        unknowns.append("free device memory at the target event, so memory outside PyTorch is unknown")
+        unknowns.append(Unknown(UnknownKind.NO_DEVICE_FREE))
     else:
         non_pytorch = device_total_bytes - device_free_bytes - reserved
     headroom = missing = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from oomdoctor.model import Segment, Stack
-from oomdoctor.vocabulary import Method, Phase, PhaseSource
+from oomdoctor.vocabulary import Method, Phase, PhaseSource, StrEnum
 
 # Where a phase or a component assignment came from, most trusted first.
 # Plain-string aliases of the words in oomdoctor.vocabulary, where they are defined.
@@ -35,6 +35,30 @@ PHASE_ZERO_GRAD = Phase.ZERO_GRAD.value
 PHASE_BETWEEN = Phase.BETWEEN_STEPS.value
 PHASE_BEFORE = Phase.BEFORE_FIRST_STEP.value
 PHASE_UNKNOWN = Phase.UNKNOWN.value
+
+
+class UnknownKind(StrEnum):
+    """What a dump could not tell; `oomdoctor.views.phrasing` words each one."""
+
+    REPLAYED_AFTER_TARGET = "replayed-after-target"  # count: events written after the target
+    UNPLACED_BLOCKS = "unplaced-blocks"  # count: live blocks in no rebuilt segment
+    NO_HISTORY = "no-history"
+    NO_FRAMES = "no-frames"
+    NO_PHASES = "no-phases"
+    NO_REGISTRY = "no-registry"
+    RING_BUFFER_WRAPPED = "ring-buffer-wrapped"  # count: events the trace holds
+    PRE_EXISTING = "pre-existing"  # count: allocations older than the trace
+    NO_DEVICE_TOTAL = "no-device-total"
+    NO_DEVICE_FREE = "no-device-free"
+    OOM_RETRIED = "oom-retried"  # torch caught and retried the OOM judged
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """Something the dump could not tell, with the one number its sentence names (if any)."""
+
+    kind: str  # an UnknownKind
+    count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +168,7 @@ class Accounting:
     message_bytes: int | None  # what the OOM message called "Tried to allocate"
     headroom_bytes: int | None  # what a request could have had: device free + usable cache
     missing_bytes: int | None  # request - headroom when positive
-    unknowns: tuple[str, ...]
+    unknowns: tuple[Unknown, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +315,7 @@ class Analysis:
     secondary: tuple[Finding, ...]
     recommendations: tuple[Recommendation, ...]
     what_if: WhatIf
-    unknowns: tuple[str, ...] = field(default=())
+    unknowns: tuple[Unknown, ...] = field(default=())
 
     def component_bytes(self) -> dict[str, int]:
         return {c.name: c.bytes for c in self.components}

@@ -21,6 +21,7 @@ from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size
+from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import COMPONENT_LABELS, evidence_line, where_label
 
 PHASE_LETTERS = {
@@ -85,7 +86,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
     if analysis.secondary:
         sections.append(_section("Also found", tuple(f"{f.verdict}: {f.summary}" for f in analysis.secondary)))
     if analysis.unknowns:
-        sections.append(_section("Not determined from this file", analysis.unknowns))
+        sections.append(_section("Not determined from this file", phrasing.unknowns(analysis.unknowns)))
     return sections
 
 

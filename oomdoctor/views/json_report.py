@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.analysis.results import Analysis, LiveBlock
+from oomdoctor.analysis.results import Accounting, Analysis, LiveBlock
 from oomdoctor.model import Stack
 from oomdoctor.safetext import clip, json_printable
+from oomdoctor.views import phrasing
 
 JSON_SCHEMA_VERSION = 1
 LIVE_BLOCK_LIMIT = 200
@@ -53,6 +54,12 @@ def _block(block: LiveBlock) -> dict[str, Any]:
     return row
 
 
+def _accounting(accounting: Accounting) -> dict[str, Any]:
+    row = _plain(accounting)
+    row["unknowns"] = list(phrasing.unknowns(accounting.unknowns))
+    return row
+
+
 def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
     result = {
         "schema_version": JSON_SCHEMA_VERSION,
@@ -69,7 +76,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "recommendations": _plain(analysis.recommendations),
         "what_if": _plain(analysis.what_if),
         "secondary": _plain(analysis.secondary),
-        "accounting": _plain(analysis.accounting),
+        "accounting": _accounting(analysis.accounting),
         "fragmentation": _plain(analysis.fragmentation),
         "replay": _plain(analysis.replay),
         "phase_source": analysis.phase_source,
@@ -79,7 +86,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "steps": _plain(analysis.steps),
         "live_block_count": len(analysis.live_blocks),
         "live_blocks": [_block(b) for b in analysis.live_blocks[:LIVE_BLOCK_LIMIT]],
-        "unknowns": list(analysis.unknowns),
+        "unknowns": list(phrasing.unknowns(analysis.unknowns)),
     }
     if environment is not None:
         result["environment"] = _plain(environment)

@@ -21,6 +21,7 @@ from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size as human
+from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     component_rows,
@@ -206,7 +207,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     if analysis.unknowns:
         add("### Not determined from this file")
         add("")
-        for unknown in analysis.unknowns:
+        for unknown in phrasing.unknowns(analysis.unknowns):
             add(f"- {_escape(unknown)}")
         add("")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
+from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     component_rows,
@@ -113,7 +114,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add("")
     if analysis.unknowns:
         add("Not determined from this file")
-        for unknown in analysis.unknowns:
+        for unknown in phrasing.unknowns(analysis.unknowns):
             add(f"  - {unknown}")
     # file names, frames, tensor names and settings come from the file: no line may carry a control
     # character to the terminal, or run on without bound

@@ -1,0 +1,45 @@
+"""Every sentence a report says about an analysis, in one place: the analysis returns data (a kind
+and the numbers and names its sentence needs), and these functions word it. The text, Markdown and
+JSON reports and the terminal app all take their words from here, so they never disagree.
+
+Plain strings; a name from the file (a tensor's registry name, say) goes in as it is, and each view
+escapes the whole sentence its own way (`safetext.printable`, Markdown's `inline_text`).
+
+To word a new kind: add it to its enum in `oomdoctor.analysis.results` and its sentence here;
+`tests/test_phrasing.py` checks that every kind has one.
+"""
+
+from __future__ import annotations
+
+from oomdoctor.analysis.results import Unknown, UnknownKind
+
+# --- what the dump could not tell -----------------------------------------------------------------
+
+UNKNOWNS: dict[str, str] = {
+    UnknownKind.REPLAYED_AFTER_TARGET: (
+        "the dump was written {count} events after the target; block sizes freed since then are estimated from their requests"
+    ),
+    UnknownKind.UNPLACED_BLOCKS: "{count} blocks live at the target lie in no segment the replay could rebuild; left out",
+    UnknownKind.NO_HISTORY: "no allocation history was recorded: phases, steps, the OOM event and the series are unknown",
+    UnknownKind.NO_FRAMES: "no stack frames were recorded: phases come from markers or annotations only",
+    UnknownKind.NO_PHASES: "no markers, annotations or frames mark the phases, so steps and phases are unknown",
+    UnknownKind.NO_REGISTRY: "no oomdoctor registry of named tensors: components are inferred, not exact",
+    UnknownKind.RING_BUFFER_WRAPPED: (
+        "the trace holds {count} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
+    ),
+    UnknownKind.PRE_EXISTING: "{count} allocations predate the trace; their phase and stack are unknown",
+    UnknownKind.NO_DEVICE_TOTAL: "device total memory (not in a plain snapshot), so memory outside PyTorch is unknown",
+    UnknownKind.NO_DEVICE_FREE: "free device memory at the target event, so memory outside PyTorch is unknown",
+    UnknownKind.OOM_RETRIED: (
+        "torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run"
+    ),
+}
+
+
+def unknown(item: Unknown) -> str:
+    """One thing the dump could not tell, as a sentence (without its full stop)."""
+    return UNKNOWNS[item.kind].format(count=item.count)
+
+
+def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
+    return tuple(unknown(item) for item in items)
