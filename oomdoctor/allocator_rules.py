@@ -349,17 +349,23 @@ def read_alloc_conf(text: str) -> AllocatorConfig:
     backend, more than a few hundred tokens) is left out and the default stands; a list left open
     runs to the end of the string. A string torch accepts reads exactly as `parse_alloc_conf` reads
     it. One longer than any environment variable (128 KiB) reads as all defaults, so a hostile
-    dump's string costs a bounded time.
+    dump's string costs a bounded time. `recorded_settings` also counts the items left out.
     """
+    return _read_alloc_conf(text)[0]
+
+
+def _read_alloc_conf(text: str) -> tuple[AllocatorConfig, int]:
+    """`read_alloc_conf`'s config, and how many items it left out (an overlong string counts one)."""
     config = AllocatorConfig(raw=text)
     if len(text) > _CONF_MAX_CHARS:
-        return config
+        return config, 1
+    left_out = 0
     item: list[str] = []
     in_list = False  # inside a bracketed value, where commas separate the list's entries
     for match in _TOKEN.finditer(text):
         token = match.group()
         if token == "," and not in_list:
-            _read_lenient(item, config)
+            left_out += not _read_lenient(item, config, last=False)
             item = []
             continue
         if token == "[" and len(item) == 2 and item[1] == ":":  # a list opens only as a value
@@ -368,20 +374,26 @@ def read_alloc_conf(text: str) -> AllocatorConfig:
             in_list = False
         if len(item) <= _ITEM_MAX_TOKENS:
             item.append(token)
-    _read_lenient(item, config)
-    return config
+    left_out += not _read_lenient(item, config, last=True)
+    return config, left_out
 
 
-def _read_lenient(item: list[str], config: AllocatorConfig) -> None:
+def _read_lenient(item: list[str], config: AllocatorConfig, *, last: bool) -> bool:
+    """Apply one item to config if torch would accept it; whether it did (an empty last item, after
+    a trailing comma or in an empty string, is accepted as torch accepts it)."""
+    if not item:
+        return last
     if not 3 <= len(item) <= _ITEM_MAX_TOKENS or item[0] not in _KEYS or item[1] != ":":
-        return
+        return False
     tokens = _Tokens(item)
     try:
         _, fields = _read_item(tokens, config)
     except AllocatorConfigError:
-        return
-    if tokens.peek() is None:
-        _set(config, fields)
+        return False
+    if tokens.peek() is not None:
+        return False
+    _set(config, fields)
+    return True
 
 
 # ------------------------------------------------------- a dump's recorded settings
@@ -399,6 +411,7 @@ class RecordedSettings:
     garbage_collection_threshold: float = 0.0
     roundup_power2_divisions: tuple[tuple[int, int], ...] = ()  # (MiB lower bound, divisions), by bound
     large_segment_size_bytes: int = LARGE_SEGMENT_BYTES  # from the conf string: torch records no field for it
+    conf_items_left_out: int = 0  # items of the conf string torch 2.13 would refuse, read as the defaults
 
 
 def recorded_divisions(table: Any) -> tuple[tuple[int, int], ...]:
@@ -426,7 +439,8 @@ def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
 
     The recorded fields are taken as torch wrote them, the defaults where one is missing or not of
     the type torch writes (an int outside 64 bits is not one); what only the conf string holds
-    (large_segment_size_mb, torch 2.11+) is read from it with `read_alloc_conf`. The divisions table
+    (large_segment_size_mb, torch 2.11+) is read from it with `read_alloc_conf`, which counts the
+    items it leaves out (`conf_items_left_out`: for the loader's note). The divisions table
     keeps the entries keyed by ASCII digits (at most 18: a longer bound covers no interval) with a
     64-bit int value, sorted by bound. Never raises; checking the entry's structure is the loader's.
     """
@@ -434,6 +448,7 @@ def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
     raw_conf = raw_conf if type(raw_conf) is str else ""
     max_split_size = raw.get("max_split_size", -1)
     threshold = raw.get("garbage_collection_threshold", 0.0)
+    conf, left_out = _read_alloc_conf(raw_conf)
     if type(threshold) is int and _INT64_MIN <= threshold <= _INT64_MAX:
         threshold = float(threshold)
     return RecordedSettings(
@@ -444,5 +459,6 @@ def recorded_settings(raw: Mapping[str, Any]) -> RecordedSettings:
         expandable_segments=bool(raw.get("expandable_segments", False)),
         garbage_collection_threshold=threshold if type(threshold) is float else 0.0,
         roundup_power2_divisions=recorded_divisions(raw.get("roundup_power2_divisions")),
-        large_segment_size_bytes=read_alloc_conf(raw_conf).large_segment_size_bytes,
+        large_segment_size_bytes=conf.large_segment_size_bytes,
+        conf_items_left_out=left_out,
     )

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
+from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
 from oomdoctor.vocabulary import Action, BlockState
 
 if TYPE_CHECKING:
@@ -327,12 +328,22 @@ class Annotation:
 
 @dataclass(frozen=True, slots=True)
 class AllocatorSettings:
-    raw_conf: str = ""
+    """The allocator's settings a snapshot records, typed by the loader with
+    `allocator_rules.recorded_settings`: analysis reads these fields, never the conf string."""
+
+    raw_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF as recorded: for showing, not for parsing past load
     max_split_size: int = -1  # -1: unlimited
     expandable_segments: bool = False
     garbage_collection_threshold: float = 0.0
-    roundup_power2_divisions: tuple[tuple[int, int], ...] = ()  # (MiB lower bound, divisions)
+    roundup_power2_divisions: tuple[tuple[int, int], ...] = ()  # (MiB lower bound, divisions), by bound
+    large_segment_size_bytes: int = LARGE_SEGMENT_BYTES  # large_segment_size_mb from the conf (torch 2.11+)
     extra: Mapping[str, Any] = field(default_factory=FrozenDict)  # every other key, read-only
+
+    @property
+    def rounding_divisions(self) -> tuple[tuple[int, int], ...]:
+        """The roundup_power2_divisions table for request rounding; () when no interval rounds."""
+        table = self.roundup_power2_divisions
+        return () if all(count <= 1 for _, count in table) else table
 
 
 @dataclass(frozen=True, slots=True)

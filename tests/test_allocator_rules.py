@@ -76,13 +76,13 @@ def test_analysis_does_not_import_the_simulator():
     assert done.stdout.strip() == "[]"
 
 
-def test_roundup_divisions_of_a_dump():
+def test_rounding_divisions_of_a_dump():
     from oomdoctor.model import AllocatorSettings
 
-    assert sizing.roundup_divisions(None) == ()
-    assert sizing.roundup_divisions(AllocatorSettings(roundup_power2_divisions=((1, 0), (2, 1)))) == ()
+    assert AllocatorSettings().rounding_divisions == ()
+    assert AllocatorSettings(roundup_power2_divisions=((1, 0), (2, 1))).rounding_divisions == ()
     table = ((1, 0), (2, 4))
-    assert sizing.roundup_divisions(AllocatorSettings(roundup_power2_divisions=table)) == table
+    assert AllocatorSettings(roundup_power2_divisions=table).rounding_divisions == table
 
 
 def test_analysis_rounds_small_requests_with_the_first_interval_like_the_simulator():
@@ -176,6 +176,31 @@ def test_reading_a_recorded_conf_never_refuses_and_keeps_the_items_torch_accepts
     config = read_alloc_conf(",".join(items))
     valid = ",".join(item for item in items if item in VALID_ITEMS)
     assert config == dataclasses.replace(parse_alloc_conf(valid), raw=",".join(items))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(VALID_ITEMS + HOSTILE_ITEMS), max_size=6))
+def test_the_recorded_settings_count_an_item_left_out_exactly_when_torch_refuses_the_conf(items):
+    text = ",".join(items)
+    try:
+        parse_alloc_conf(text)
+        accepted = True
+    except AllocatorConfigError:
+        accepted = False
+    left_out = recorded_settings({"PYTORCH_CUDA_ALLOC_CONF": text}).conf_items_left_out
+    assert (left_out == 0) == accepted
+    assert left_out <= max(1, len(items))
+
+
+def test_items_left_out_of_a_recorded_conf():
+    def left_out(text: str) -> int:
+        return recorded_settings({"PYTORCH_CUDA_ALLOC_CONF": text}).conf_items_left_out
+
+    assert left_out("") == left_out("large_segment_size_mb:64,") == 0  # a trailing comma: torch accepts it
+    assert left_out(",large_segment_size_mb:64") == 1
+    assert left_out("large_segment_size_mb:\u00b2,no_such_key:1,expandable_segments:True") == 2
+    assert left_out("expandable_segments:True," + "x," * 100_000) == 1  # overlong: the whole string
+    assert recorded_settings({"PYTORCH_CUDA_ALLOC_CONF": 7}).conf_items_left_out == 0  # not a str: no conf
 
 
 @pytest.mark.parametrize("conf", [item for item in HOSTILE_ITEMS if item not in ("", "]]")])

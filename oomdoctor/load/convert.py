@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from itertools import repeat
 from typing import Any
 
-from oomdoctor.allocator_rules import recorded_divisions
+from oomdoctor.allocator_rules import recorded_settings
 from oomdoctor.errors import LoadError
 from oomdoctor.load.metadata import parse_metadata
 from oomdoctor.load.stacks import StackTable
@@ -149,7 +149,7 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     return Snapshot(
         segments=segments,
         traces=tuple(traces),
-        allocator_settings=_build_allocator_settings(top.get("allocator_settings"), describe, era),
+        allocator_settings=_build_allocator_settings(top.get("allocator_settings"), describe, era, notes),
         annotations=_build_annotations(top.get("external_annotations"), describe),
         oomdoctor=parse_metadata(metadata),
         oomdoctor_raw=metadata,
@@ -476,7 +476,7 @@ def _build_annotations(raw: Any, describe: str) -> tuple[Annotation, ...]:
     return tuple(annotations)
 
 
-def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSettings | None:
+def _build_allocator_settings(raw: Any, describe: str, era: _Era, notes: list[str]) -> AllocatorSettings | None:
     if raw is None:
         return None
     if type(raw) is not dict:
@@ -489,27 +489,33 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era) -> AllocatorSe
         era.at_least(13, "max_round_threshold in allocator_settings")
     else:
         era.at_most(12, "no max_round_threshold in allocator_settings")
-    raw_conf = raw.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    max_split_size = raw.get("max_split_size", -1)
-    expandable = raw.get("expandable_segments", False)
+    # the entry's shape is checked here; its values are typed by the one reader of allocator settings
+    _int(raw.get("max_split_size", -1), describe, "allocator_settings 'max_split_size'")
     gc_threshold = raw.get("garbage_collection_threshold", 0.0)
-    if type(raw_conf) is not str:
-        raw_conf = ""
-    _int(max_split_size, describe, "allocator_settings 'max_split_size'")
     if type(gc_threshold) is int:
         _int(gc_threshold, describe, "allocator_settings 'garbage_collection_threshold'")
     elif type(gc_threshold) is not float:
         raise _shape_error(describe, "allocator_settings 'garbage_collection_threshold' is not a number")
+    recorded = recorded_settings(raw)
+    if recorded.conf_items_left_out:
+        notes.append(ALLOC_CONF_ITEMS_LEFT_OUT_NOTE.format(count=recorded.conf_items_left_out))
     extra = {k: v for k, v in raw.items() if k not in _NAMED_SETTINGS and type(k) is str}
     frozen_extra = freeze_builtins(extra)
     return AllocatorSettings(
-        raw_conf=raw_conf,
-        max_split_size=max_split_size,
-        expandable_segments=bool(expandable),
-        garbage_collection_threshold=float(gc_threshold),
-        roundup_power2_divisions=recorded_divisions(raw.get("roundup_power2_divisions")),
+        raw_conf=recorded.raw_conf,
+        max_split_size=recorded.max_split_size,
+        expandable_segments=recorded.expandable_segments,
+        garbage_collection_threshold=recorded.garbage_collection_threshold,
+        roundup_power2_divisions=recorded.roundup_power2_divisions,
+        large_segment_size_bytes=recorded.large_segment_size_bytes,
         extra=frozen_extra if isinstance(frozen_extra, Mapping) else FrozenDict({}),
     )
+
+
+ALLOC_CONF_ITEMS_LEFT_OUT_NOTE = (
+    "the recorded PYTORCH_CUDA_ALLOC_CONF holds {count} item(s) torch 2.13 would refuse (malformed, out of "
+    "range or an unknown key) and they were left out: the allocator's defaults stand for them"
+)
 
 
 class _Malformed(Exception):
