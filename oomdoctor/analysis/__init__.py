@@ -61,7 +61,7 @@ from oomdoctor.analysis.results import (
     UnknownKind,
     WhatIf,
 )
-from oomdoctor.analysis.sizing import large_segment_bytes, roundup_divisions
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
 from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
@@ -129,7 +129,8 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
 
 def replayer(snapshot: Snapshot, device: int) -> Replayer:
     """A `Replayer` for one device: `replayer(s, d).state_at(i)` is the state right after event i."""
-    divisions = roundup_divisions(snapshot.allocator_settings)
+    settings = snapshot.allocator_settings
+    divisions = settings.rounding_divisions if settings is not None else ()
     trace = snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ()
     return Replayer(trace, snapshot.segments_on(device), divisions)
 
@@ -243,7 +244,7 @@ def _replay(dump: _DeviceDump, series_points: int) -> ReplayState:
         component_of_pre_existing,
         len(COMPONENTS),
         _attribution.ACTIVATIONS,
-        roundup_divisions(dump.settings),
+        dump.settings.rounding_divisions if dump.settings is not None else (),
         series_points,
         _attribution.PHASE_COMPONENT,
     )
@@ -273,7 +274,7 @@ def _account(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Account
     settings = dump.settings
     metadata = dump.metadata
     layout = target.state.segments
-    large_segment = large_segment_bytes(settings.raw_conf if settings is not None else None)
+    large_segment = settings.large_segment_size_bytes if settings is not None else LARGE_SEGMENT_BYTES
     oom_events = ooms_of(dump.trace, state.oom_indices, target.fatal_index, large_segment)
     fatal = next((o for o in oom_events if o.fatal), None)
     device_total = _accounting.device_total(metadata)
