@@ -309,11 +309,8 @@ def test_state_at_any_event_walks_back_from_the_dump():
 
 
 def test_message_figure_follows_large_segment_size():
-    from oomdoctor.analysis.sizing import large_segment_bytes
-
-    assert large_segment_bytes("expandable_segments:True,large_segment_size_mb:64") == 64 * MiB
-    assert large_segment_bytes("") == 20 * MiB
-    assert segment_size(3 * MiB, large_segment_bytes("large_segment_size_mb:64")) == 64 * MiB
+    assert segment_size(3 * MiB, 64 * MiB) == 64 * MiB
+    assert segment_size(3 * MiB) == 20 * MiB
 
 
 def _forward_pass(sim: Sim, sizes) -> list[int]:

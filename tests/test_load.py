@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import pickle
 import sys
@@ -21,7 +22,7 @@ from oomdoctor.model import (
     Snapshot,
     TraceEvent,
 )
-from tests.builders import MiB, make_snapshot
+from tests.builders import MiB, make_snapshot, plain_oom_snapshot
 
 
 def _check_contents(snapshot: Snapshot) -> None:
@@ -294,3 +295,49 @@ def test_bad_max_bytes_setting_is_one_line(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("OOMDOCTOR_MAX_BYTES", "plenty")
     with pytest.raises(LoadError, match="OOMDOCTOR_MAX_BYTES: not a size"):
         load(pickle.dumps(make_snapshot(), protocol=4))
+
+
+def _conf_snapshot(conf: str) -> dict:
+    """plain_oom_snapshot with a 3 MiB + 7 request that comes and goes, an OOM for 3 MiB and `conf`
+    recorded as torch records it (with the divisions table of 4 up to 4 MiB, then 8)."""
+    data = plain_oom_snapshot()
+    trace = data["device_traces"][0]
+    trace[2:2] = [
+        {"action": action, "addr": 0x9000000, "size": 3 * MiB + 7, "stream": 0, "time_us": 2}
+        for action in ("alloc", "free_requested", "free_completed")
+    ]
+    trace[-1]["size"] = 3 * MiB
+    data["allocator_settings"] = {
+        "PYTORCH_CUDA_ALLOC_CONF": conf, "expandable_segments": False, "max_split_size": -1,
+        "roundup_power2_divisions": {str(1 << k): 4 if k < 2 else 8 for k in range(16)},
+    }  # fmt: skip
+    return data
+
+
+def test_allocator_settings_reach_analysis_typed_by_the_loader() -> None:
+    from oomdoctor.analysis import analyse, replayer
+
+    snapshot = load(pickle.dumps(_conf_snapshot("large_segment_size_mb:64,roundup_power2_divisions:[2:4,>:8]")))
+    settings = snapshot.allocator_settings
+    assert settings.large_segment_size_bytes == 64 * MiB and snapshot.notes == ()
+    assert settings.rounding_divisions == tuple((1 << k, 4 if k < 2 else 8) for k in range(16))
+    assert analyse(snapshot).accounting.message_bytes == 64 * MiB  # "Tried to allocate": a large segment
+    live = {entry.alloc_index: entry.size_bytes for entry in replayer(snapshot, 0).state_at(2).live}
+    assert live[2] == 3 * MiB + 512 * 1024  # rounded to the next of 4 divisions in [2, 4) MiB
+    # analysis reads the typed fields, never the conf string: the same text with the default field
+    untyped = dataclasses.replace(settings, large_segment_size_bytes=20 * MiB, roundup_power2_divisions=())
+    plain = dataclasses.replace(snapshot, allocator_settings=untyped)
+    assert analyse(plain).accounting.message_bytes == 20 * MiB
+    assert {e.alloc_index: e.size_bytes for e in replayer(plain, 0).state_at(2).live}[2] == 3 * MiB + 512
+
+
+def test_a_malformed_alloc_conf_is_a_loader_note_not_an_analysis_error() -> None:
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load.convert import ALLOC_CONF_ITEMS_LEFT_OUT_NOTE
+
+    conf = "large_segment_size_mb:\u00b2,roundup_power2_divisions:[2:3],no_such_key:1,expandable_segments:True"
+    snapshot = load(pickle.dumps(_conf_snapshot(conf)))
+    assert snapshot.notes == (ALLOC_CONF_ITEMS_LEFT_OUT_NOTE.format(count=3),)
+    assert snapshot.allocator_settings.raw_conf == conf  # kept as recorded, for showing
+    assert snapshot.allocator_settings.large_segment_size_bytes == 20 * MiB  # the default stands
+    assert analyse(snapshot).accounting.message_bytes == 20 * MiB
