@@ -90,7 +90,7 @@ _NAMES_PER_PATTERN = 256  # names in one trie pattern; each step of the engine t
 _DEPTH_MAX = 40  # nesting kept under keys nobody knows; anything deeper becomes "<redacted>"
 # Fields of result objects that hold fixed vocabulary (verdicts, phases, methods), never a path or name.
 _VOCABULARY_FIELDS = frozenset(
-    {"verdict", "kind", "phase", "target_phase", "phase_source", "source", "component", "method", "metric", "pool",
+    {"verdict", "kind", "case", "phase", "target_phase", "phase_source", "source", "component", "method", "metric", "pool",
      "target_kind", "id", "source_format"}
 )  # fmt: skip
 

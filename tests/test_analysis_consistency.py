@@ -13,7 +13,7 @@ import pytest
 
 from oomdoctor.analysis import analyse
 from oomdoctor.load import load
-from oomdoctor.views import text_report
+from oomdoctor.views import phrasing, text_report
 from tests.builders import FORWARD_STACK, SETUP_STACK, MiB, Sim
 from tests.conftest import CORPUS_SNAPSHOTS, FIXTURES
 
@@ -120,7 +120,7 @@ def test_first_step_judged_against_the_projected_model_states():
     assert by_id["foreach-false"].would_fit_alone is False
     assert by_id["shard-model-states"].would_fit_alone is True
     assert analysis.what_if.projected_states
-    assert "projected at full size" in analysis.what_if.note
+    assert "projected at full size" in phrasing.what_if_note(analysis.what_if)
     text = text_report.render(analysis)
     assert "foreach=False" in text and text.count("would fit on its own") == 1
 
@@ -199,7 +199,8 @@ def test_no_oom_dump_after_the_peak_scales_the_recorded_peak():
     assert peak.peak_allocated_bytes > analysis.accounting.allocated_bytes
     assert analysis.what_if.predicted_peak_bytes(1.0) == peak.peak_allocated_bytes
     assert analysis.what_if.scalable_bytes == peak.peak_activation_bytes
-    assert f"step {peak.step}'s peak" in analysis.what_if.note
+    assert analysis.what_if.basis is not None and analysis.what_if.basis.step == peak.step
+    assert f"step {peak.step}'s peak" in phrasing.what_if_note(analysis.what_if)
 
 
 def test_evaluation_is_not_told_to_accumulate_gradients():

@@ -60,6 +60,7 @@ from oomdoctor.analysis.results import (
     Unknown,
     UnknownKind,
     WhatIf,
+    WhatIfBasis,
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
 from oomdoctor.analysis.timeline import Replayer
@@ -68,7 +69,6 @@ from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
-from oomdoctor.units import human_size
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
@@ -417,7 +417,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
             request_bytes=0,
             target_phase=PHASE_BETWEEN,
             capacity_bytes=ctx.capacity_bytes,
-            basis=f"from step {peak_step.step}'s peak ({human_size(peak)} allocated, activations up to {human_size(activations)})",
+            basis=WhatIfBasis(peak_step.step, peak, activations),
         )
     return what_if(
         components,

@@ -268,6 +268,25 @@ class Finding:
     evidence: tuple[Evidence, ...]
 
 
+class WhatIfCase(StrEnum):
+    """What the batch-size what-if found; `oomdoctor.views.phrasing` words each one."""
+
+    CAPACITY_UNKNOWN = "capacity-unknown"  # the dump does not say how large the device is
+    FIXED_TOO_LARGE = "fixed-too-large"  # the fixed part alone does not fit: no batch size would
+    NO_BUDGET = "no-budget"  # nothing at the target grows with the batch
+    LINEAR = "linear"  # the peak fits up to largest_fitting_scale
+    PLACEMENT = "placement"  # a placement failure: the scaled request finds a place up to largest_fitting_scale
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfBasis:
+    """The recorded step the what-if was made from, when not the target event."""
+
+    step: int
+    peak_allocated_bytes: int
+    activation_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class WhatIf:
     scalable_bytes: int  # activation budget at the target: activations + temporaries + inputs (+ request)
@@ -275,10 +294,14 @@ class WhatIf:
     capacity_bytes: int | None  # what the device could give PyTorch
     largest_fitting_scale: float | None
     predicted_peaks: tuple[tuple[float, int], ...]  # (scale, predicted peak bytes)
-    note: str
+    case: str  # a WhatIfCase
     unusable_bytes: int = 0  # cached memory the failed request could not use, counted in fixed_bytes
     projected_states: bool = False  # fixed_bytes holds the model states projected at full size
     placement_limit_scale: float | None = None  # a placement failure: where the scaled request fits today's free blocks
+    calibrated: bool = False  # at 1.00x the model falls short by exactly what the failed request lacked
+    request_fixed: bool = False  # the failed request counts in fixed_bytes (it does not grow with the batch)
+    rough: bool = False  # the largest fitting scale is so far from the measured batch that the model is rough
+    basis: WhatIfBasis | None = None  # made from a recorded step's peak rather than the target event
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None: capacity unknown)."""

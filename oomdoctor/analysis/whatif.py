@@ -14,7 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from oomdoctor.analysis.results import PHASE_BACKWARD, PHASE_BETWEEN, PHASE_FORWARD, LiveBlock, WhatIf
+from oomdoctor.analysis.results import (
+    PHASE_BACKWARD,
+    PHASE_BETWEEN,
+    PHASE_FORWARD,
+    LiveBlock,
+    WhatIf,
+    WhatIfBasis,
+    WhatIfCase,
+)
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, segment_size
 
 SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -56,7 +64,7 @@ def what_if(
     projected_need_bytes: int | None = None,
     scales_request: bool | None = None,
     placement_limit: float | None = None,
-    basis: str | None = None,
+    basis: WhatIfBasis | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -65,8 +73,8 @@ def what_if(
     counting the request when it scales; `scales_request`: whether the request grows with the batch
     (None: `request_scales(target_phase)`); `placement_limit`: when the request failed on placement
     although the free bytes added up to enough, the largest scale of the request that finds a place
-    today (`placement_limit`). `basis`: where the figures come from, when not the target event
-    (it opens the note).
+    today (`placement_limit`). `basis`: the recorded step the figures come from, when not the
+    target event.
 
     A placement failure is not a shortage of bytes, so when the request grows with the batch the
     largest fitting scale is where the scaled request fits today's largest free block, or its
@@ -93,31 +101,19 @@ def what_if(
         fixed = projected_need_bytes - scalable
         projected = True
     largest = None
-    fixed_text = "model states projected at full size" if projected else "model states"
     if capacity_bytes is None:
-        note = "capacity unknown (a plain snapshot without an OOM event does not say how large the device is)"
+        case = WhatIfCase.CAPACITY_UNKNOWN
     elif fixed >= capacity_bytes:
         largest = 0.0
-        request_text = ", the failed request" if request_bytes and not scales_request else ""
-        note = f"the fixed part alone ({fixed_text}, optimizer temporaries, buffers, other{request_text}) does not fit: no batch size would"
+        case = WhatIfCase.FIXED_TOO_LARGE
     elif scalable == 0:
-        note = "no activation budget at the target event: changing the batch would not change this peak"
+        case = WhatIfCase.NO_BUDGET
     else:
         largest = ((capacity_bytes - fixed) * 100 // scalable) / 100
-        note = f"activations scale linearly with batch size and (at least) with sequence length; at {largest:.2f}x the peak fits"
+        case = WhatIfCase.LINEAR
         if placement_limit is not None and placement_limit < largest:
             largest = placement_limit
-            note = (
-                f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
-                f" fits up to {largest:.2f}x (by bytes alone the peak would fit further)"
-            )
-        elif calibrated:
-            note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
-            note += f"{', with the model states projected at full size' if projected else ''})"
-    if largest is not None and largest > SCALES[-1] * 2:
-        note += "; that far from the measured batch the linear model is a rough guide only"
-    if basis:
-        note = f"{basis}: {note}"
+            case = WhatIfCase.PLACEMENT
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
     return WhatIf(
         scalable_bytes=scalable,
@@ -125,10 +121,14 @@ def what_if(
         capacity_bytes=capacity_bytes,
         largest_fitting_scale=largest,
         predicted_peaks=peaks,
-        note=note,
+        case=case,
         unusable_bytes=unusable,
         projected_states=projected,
         placement_limit_scale=placement_limit,
+        calibrated=calibrated,
+        request_fixed=bool(request_bytes) and not scales_request,
+        rough=largest is not None and largest > SCALES[-1] * 2,
+        basis=basis,
     )
 
 

@@ -80,7 +80,10 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
         sections.append(
             _section(
                 "What if the batch were scaled",
-                (f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x ({analysis.what_if.note})",),
+                (
+                    f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x"
+                    f" ({phrasing.what_if_note(analysis.what_if)})",
+                ),
             )
         )
     if analysis.secondary:

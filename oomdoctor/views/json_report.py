@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.analysis.results import Accounting, Analysis, LiveBlock
+from oomdoctor.analysis.results import Accounting, Analysis, LiveBlock, WhatIf
 from oomdoctor.model import Stack
 from oomdoctor.safetext import clip, json_printable
 from oomdoctor.views import phrasing
@@ -60,6 +60,20 @@ def _accounting(accounting: Accounting) -> dict[str, Any]:
     return row
 
 
+def _what_if(what_if: WhatIf) -> dict[str, Any]:
+    return {
+        "scalable_bytes": what_if.scalable_bytes,
+        "fixed_bytes": what_if.fixed_bytes,
+        "capacity_bytes": what_if.capacity_bytes,
+        "largest_fitting_scale": what_if.largest_fitting_scale,
+        "predicted_peaks": _plain(what_if.predicted_peaks),
+        "note": phrasing.what_if_note(what_if),
+        "unusable_bytes": what_if.unusable_bytes,
+        "projected_states": what_if.projected_states,
+        "placement_limit_scale": what_if.placement_limit_scale,
+    }
+
+
 def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
     result = {
         "schema_version": JSON_SCHEMA_VERSION,
@@ -74,7 +88,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "component_detail": _plain(analysis.components),
         "evidence": _plain(analysis.evidence),
         "recommendations": _plain(analysis.recommendations),
-        "what_if": _plain(analysis.what_if),
+        "what_if": _what_if(analysis.what_if),
         "secondary": _plain(analysis.secondary),
         "accounting": _accounting(analysis.accounting),
         "fragmentation": _plain(analysis.fragmentation),

@@ -172,7 +172,8 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     wi = analysis.what_if
     add("### What if the batch (or sequence) were scaled")
     add("")
-    note = _escape(wi.note[:1].upper() + wi.note[1:]) + ("" if wi.note.endswith(".") else ".")
+    words = phrasing.what_if_note(wi)
+    note = _escape(words[:1].upper() + words[1:]) + ("" if words.endswith(".") else ".")
     if wi.largest_fitting_scale is not None:
         add(f"Largest scale that fits: **{wi.largest_fitting_scale:.2f}x**. {note}")
     else:

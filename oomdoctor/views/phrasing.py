@@ -11,7 +11,8 @@ To word a new kind: add it to its enum in `oomdoctor.analysis.results` and its s
 
 from __future__ import annotations
 
-from oomdoctor.analysis.results import Unknown, UnknownKind
+from oomdoctor.analysis.results import Unknown, UnknownKind, WhatIf, WhatIfCase
+from oomdoctor.units import human_size
 
 # --- what the dump could not tell -----------------------------------------------------------------
 
@@ -43,3 +44,38 @@ def unknown(item: Unknown) -> str:
 
 def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
     return tuple(unknown(item) for item in items)
+
+
+# --- what if the batch were scaled ----------------------------------------------------------------
+
+
+def what_if_note(what_if: WhatIf) -> str:
+    """What the batch-size what-if found, as one clause (the views add the capital and full stop)."""
+    case = what_if.case
+    if case == WhatIfCase.CAPACITY_UNKNOWN:
+        note = "capacity unknown (a plain snapshot without an OOM event does not say how large the device is)"
+    elif case == WhatIfCase.FIXED_TOO_LARGE:
+        states = "model states projected at full size" if what_if.projected_states else "model states"
+        request = ", the failed request" if what_if.request_fixed else ""
+        note = f"the fixed part alone ({states}, optimizer temporaries, buffers, other{request}) does not fit: no batch size would"
+    elif case == WhatIfCase.NO_BUDGET:
+        note = "no activation budget at the target event: changing the batch would not change this peak"
+    elif case == WhatIfCase.PLACEMENT:
+        note = (
+            f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
+            f" fits up to {what_if.largest_fitting_scale:.2f}x (by bytes alone the peak would fit further)"
+        )
+    else:
+        note = f"activations scale linearly with batch size and (at least) with sequence length; at {what_if.largest_fitting_scale:.2f}x the peak fits"
+        if what_if.calibrated:
+            note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
+            note += f"{', with the model states projected at full size' if what_if.projected_states else ''})"
+    if what_if.rough:
+        note += "; that far from the measured batch the linear model is a rough guide only"
+    basis = what_if.basis
+    if basis is not None:
+        note = (
+            f"from step {basis.step}'s peak ({human_size(basis.peak_allocated_bytes)} allocated,"
+            f" activations up to {human_size(basis.activation_bytes)}): {note}"
+        )
+    return note

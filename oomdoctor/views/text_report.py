@@ -84,11 +84,12 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add("")
 
     wi = analysis.what_if
+    note = phrasing.what_if_note(wi)
     add("What if the batch (or sequence) were scaled")
     if wi.largest_fitting_scale is not None:
-        add(f"  largest scale that fits: {wi.largest_fitting_scale:.2f}x  ({wi.note})")
+        add(f"  largest scale that fits: {wi.largest_fitting_scale:.2f}x  ({note})")
     else:
-        add(f"  {wi.note}")
+        add(f"  {note}")
     add("")
 
     if len(replay.ooms) > 1:
