@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomdoctor.analysis.results import Unknown, UnknownKind, WhatIf, WhatIfBasis, WhatIfCase
+from oomdoctor.analysis.results import Change, Recommendation, Unknown, UnknownKind, WhatIf, WhatIfBasis, WhatIfCase
 from oomdoctor.views import phrasing
 
 
@@ -32,3 +32,9 @@ def test_a_what_if_from_a_recorded_step_says_so_first():
     note = phrasing.what_if_note(_what_if(WhatIfCase.LINEAR, largest=1.5, basis=basis, rough=True))
     assert note.startswith("from step 3's peak (3.00 GiB allocated, activations up to 1.00 GiB): ")
     assert "at 1.50x the peak fits" in note and note.endswith("a rough guide only")
+
+
+def test_every_change_is_worded():
+    assert set(phrasing.CHANGES) == set(Change)
+    for change in Change:
+        assert phrasing.recommendation(Recommendation(change, 1, None)).endswith(".")

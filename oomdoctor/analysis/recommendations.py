@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_OPTIMIZER,
+    Change,
     Recommendation,
     WhatIf,
 )
@@ -108,7 +109,6 @@ def recommend(
 
     def add(
         rec_id: str,
-        text: str,
         saved: float,
         saved_projected: float | None = None,
         scale: float | None = None,
@@ -127,7 +127,7 @@ def recommend(
             fits = request_scale <= need.placement_limit and projected >= need.projected_gap_bytes
         if fits and scale is not None:
             fits = what_if is not None and what_if.fits_at(scale) is True
-        found.append(Recommendation(rec_id, text, shown, fits))
+        found.append(Recommendation(rec_id, shown, fits))
 
     def scale_after(saved_bytes: float) -> float | None:
         """The batch scale whose what-if peak is this saving below today's."""
@@ -150,8 +150,7 @@ def recommend(
     ):
         saved = int(activations * CHECKPOINTING_SAVES)
         add(
-            "activation-checkpointing",
-            "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs.",
+            Change.ACTIVATION_CHECKPOINTING,
             saved,
             scale=scale_after(saved),
         )
@@ -159,20 +158,17 @@ def recommend(
         if (
             training and Verdict.INFERENCE_WITH_GRAD not in verdicts
         ):  # an evaluation pass has no gradients to accumulate
-            text = "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
-            add("smaller-micro-batch", text, scalable // 2, scale=0.5)
+            add(Change.SMALLER_MICRO_BATCH, scalable // 2, scale=0.5)
         else:
             add(
-                "smaller-batch",
-                "Halve the batch (or process the input in chunks): half the activations, inputs and forward/backward temporaries.",
+                Change.SMALLER_BATCH,
                 scalable // 2,
                 scale=0.5,
             )
     if Verdict.OPTIMIZER_STATE_BUILDUP in verdicts or Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         _, projected_state, _ = projected_parts(ctx)
         add(
-            "eight-bit-optimizer",
-            "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size.",
+            Change.EIGHT_BIT_OPTIMIZER,
             optimizer_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
             projected_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
         )
@@ -181,28 +177,24 @@ def recommend(
         )
         if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
             add(
-                "foreach-false",
-                "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries.",
+                Change.FOREACH_FALSE,
                 step_temporaries,
             )
     if Verdict.GRADIENTS_KEPT in verdicts:
         old, _, _ = ctx.old_bytes((Component.GRADIENTS,))
         add(
-            "zero-grad-set-to-none",
-            "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward.",
+            Change.ZERO_GRAD_SET_TO_NONE,
             old,
         )
     if Verdict.CREEPING_LEAK in verdicts:
         old, _, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
         add(
-            "free-kept-tensors",
-            "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs.",
+            Change.FREE_KEPT_TENSORS,
             old,
         )
     if Verdict.FRAGMENTATION in verdicts and ctx.expandable_on is not True:
         add(
-            "expandable-segments",
-            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range.",
+            Change.EXPANDABLE_SEGMENTS,
             ctx.fragmentation.usable_free_bytes,
         )
     if Verdict.INFERENCE_WITH_GRAD in verdicts:
@@ -214,8 +206,7 @@ def recommend(
             and b.step == ctx.target_step
         )
         add(
-            "no-grad",
-            "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`.",
+            Change.NO_GRAD,
             kept * NO_GRAD_SAVES,
         )
     if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
@@ -223,22 +214,19 @@ def recommend(
         states_needed, _, _ = projected_parts(ctx)
         buffers = c.get(Component.BUFFERS, 0)
         add(
-            "shard-model-states",
-            "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half.",
+            Change.SHARD_MODEL_STATES,
             states // 2,
             (states_needed - buffers) // 2,
         )
     if Verdict.OVERSIZED_REQUEST in verdicts:
         add(
-            "chunk-large-op",
-            "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much.",
+            Change.CHUNK_LARGE_OP,
             ctx.request * CHUNKING_SAVES_OF_FOUR // 4,
             request_scale=(4 - CHUNKING_SAVES_OF_FOUR) / 4,
         )
     if Verdict.OUTSIDE_PYTORCH in verdicts and ctx.accounting.non_pytorch_bytes:
         add(
-            "free-other-processes",
-            "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
+            Change.FREE_OTHER_PROCESSES,
             ctx.accounting.non_pytorch_bytes
             - min(
                 CUDA_CONTEXT_ALLOWANCE_BYTES, (ctx.accounting.device_total_bytes or 0) // CUDA_CONTEXT_ALLOWANCE_PART

@@ -252,10 +252,26 @@ class Evidence:
     value: float | int | None = None  # a number that is not a size (a count, a step, a ratio)
 
 
+class Change(StrEnum):
+    """A change a report recommends (`Recommendation.id`); `oomdoctor.views.phrasing` words each one."""
+
+    ACTIVATION_CHECKPOINTING = "activation-checkpointing"
+    SMALLER_MICRO_BATCH = "smaller-micro-batch"
+    SMALLER_BATCH = "smaller-batch"
+    EIGHT_BIT_OPTIMIZER = "eight-bit-optimizer"
+    FOREACH_FALSE = "foreach-false"
+    ZERO_GRAD_SET_TO_NONE = "zero-grad-set-to-none"
+    FREE_KEPT_TENSORS = "free-kept-tensors"
+    EXPANDABLE_SEGMENTS = "expandable-segments"
+    NO_GRAD = "no-grad"
+    SHARD_MODEL_STATES = "shard-model-states"
+    CHUNK_LARGE_OP = "chunk-large-op"
+    FREE_OTHER_PROCESSES = "free-other-processes"
+
+
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    id: str
-    text: str
+    id: str  # a Change
     estimated_saved_bytes: int
     would_fit_alone: bool | None  # None when there is no failed request to fit
 

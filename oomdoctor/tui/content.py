@@ -71,7 +71,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
         for position, rec in enumerate(analysis.recommendations, 1):
             fits = _FIT_WORDS[rec.would_fit_alone]
             lines.append(
-                f"{position}. {rec.text} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})"
+                f"{position}. {phrasing.recommendation(rec)} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})"
             )
         sections.append(_section("What to change (largest saving first)", tuple(lines)))
     sections.append(_section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.analysis.results import Accounting, Analysis, LiveBlock, WhatIf
+from oomdoctor.analysis.results import Accounting, Analysis, LiveBlock, Recommendation, WhatIf
 from oomdoctor.model import Stack
 from oomdoctor.safetext import clip, json_printable
 from oomdoctor.views import phrasing
@@ -60,6 +60,15 @@ def _accounting(accounting: Accounting) -> dict[str, Any]:
     return row
 
 
+def _recommendation(item: Recommendation) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "text": phrasing.recommendation(item),
+        "estimated_saved_bytes": item.estimated_saved_bytes,
+        "would_fit_alone": item.would_fit_alone,
+    }
+
+
 def _what_if(what_if: WhatIf) -> dict[str, Any]:
     return {
         "scalable_bytes": what_if.scalable_bytes,
@@ -87,7 +96,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "components": analysis.component_bytes(),
         "component_detail": _plain(analysis.components),
         "evidence": _plain(analysis.evidence),
-        "recommendations": _plain(analysis.recommendations),
+        "recommendations": [_recommendation(r) for r in analysis.recommendations],
         "what_if": _what_if(analysis.what_if),
         "secondary": _plain(analysis.secondary),
         "accounting": _accounting(analysis.accounting),

@@ -161,7 +161,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("|---:|---|---:|:---:|")
         for position, rec in enumerate(analysis.recommendations, 1):
             add(
-                f"| {position} | {_cell(rec.text)} | {human(rec.estimated_saved_bytes)} | {_fits(rec.would_fit_alone)} |"
+                f"| {position} | {_cell(phrasing.recommendation(rec))} | {human(rec.estimated_saved_bytes)} | {_fits(rec.would_fit_alone)} |"
             )
         add("")
 

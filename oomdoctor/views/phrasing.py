@@ -11,7 +11,7 @@ To word a new kind: add it to its enum in `oomdoctor.analysis.results` and its s
 
 from __future__ import annotations
 
-from oomdoctor.analysis.results import Unknown, UnknownKind, WhatIf, WhatIfCase
+from oomdoctor.analysis.results import Change, Recommendation, Unknown, UnknownKind, WhatIf, WhatIfCase
 from oomdoctor.units import human_size
 
 # --- what the dump could not tell -----------------------------------------------------------------
@@ -79,3 +79,48 @@ def what_if_note(what_if: WhatIf) -> str:
             f" activations up to {human_size(basis.activation_bytes)}): {note}"
         )
     return note
+
+
+# --- what to change --------------------------------------------------------------------------------
+
+CHANGES: dict[str, str] = {
+    Change.ACTIVATION_CHECKPOINTING: (
+        "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks so forward keeps only their inputs."
+    ),
+    Change.SMALLER_MICRO_BATCH: (
+        "Halve the micro-batch and accumulate gradients over two steps: same effective batch, half the activations, inputs and forward/backward temporaries."
+    ),
+    Change.SMALLER_BATCH: (
+        "Halve the batch (or process the input in chunks): half the activations, inputs and forward/backward temporaries."
+    ),
+    Change.EIGHT_BIT_OPTIMIZER: (
+        "Use an 8-bit optimizer (bitsandbytes) to keep optimizer state at about a quarter of the size."
+    ),
+    Change.FOREACH_FALSE: (
+        "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries."
+    ),
+    Change.ZERO_GRAD_SET_TO_NONE: (
+        "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward."
+    ),
+    Change.FREE_KEPT_TENSORS: (
+        "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs."
+    ),
+    Change.EXPANDABLE_SEGMENTS: (
+        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range."
+    ),
+    Change.NO_GRAD: (
+        "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`."
+    ),
+    Change.SHARD_MODEL_STATES: (
+        "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half."
+    ),
+    Change.CHUNK_LARGE_OP: (
+        "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much."
+    ),
+    Change.FREE_OTHER_PROCESSES: "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
+}
+
+
+def recommendation(item: Recommendation) -> str:
+    """The change a recommendation asks for, as one imperative sentence."""
+    return CHANGES[item.id]
