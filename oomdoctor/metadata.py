@@ -71,5 +71,11 @@ REGISTRY_COMPONENTS = tuple(c.value for c in RegistryComponent)
 
 # Components of live bytes that analysis reports and fixtures/manifest.json records, in this order.
 COMPONENTS = tuple(c.value for c in Component)
+# The components a fixture's ground truth records (fixtures/manifest.json): all but those only
+# inference names (a library workspace, a large pre-allocation, unknown), which a registry and
+# phase markers call "other".
+TRUTH_COMPONENTS = tuple(
+    c.value for c in Component if c not in (Component.WORKSPACE, Component.PREALLOCATED, Component.UNKNOWN)
+)
 
 VERDICTS = tuple(v.value for v in Verdict)

@@ -46,6 +46,8 @@ class Component(StrEnum):
     TEMPORARIES = "temporaries"
     INPUTS = "inputs"
     BUFFERS = "buffers"
+    WORKSPACE = "workspace"  # library workspaces (cuBLAS, cuDNN)
+    PREALLOCATED = "preallocated"  # large pre-allocations: KV caches, memory pools
     OTHER = "other"
     UNKNOWN = "unknown"
 

@@ -103,6 +103,11 @@ class Sim:
         entry[1] = INACTIVE
         self.tensors = [t for t in self.tensors if t["address"] != address]
 
+    def start_recording(self) -> None:
+        """Forget the events so far, as a trace recorded from here on would: the blocks live now
+        become allocations from before the trace, known only by their segments (and frames)."""
+        self.events = []
+
     def release_cache(self) -> None:
         for address, entry in list(self.segments.items()):
             if entry[1] == INACTIVE:

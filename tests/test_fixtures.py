@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from oomdoctor.metadata import COMPONENTS, METADATA_KEY, PHASES, VERDICTS
+from oomdoctor.metadata import METADATA_KEY, PHASES, TRUTH_COMPONENTS, VERDICTS
 from tests.conftest import FIXTURES
 
 MANIFEST = FIXTURES / "manifest.json"
 MAX_DUMP_BYTES = 1_000_000
-MANIFEST_COMPONENTS = [name for name in COMPONENTS if name != "unknown"]
+MANIFEST_COMPONENTS = list(TRUTH_COMPONENTS)
 ENTRY_KEYS = {
     "name", "file", "scenario", "args", "verdict", "oom", "phase", "step", "components",
     "allocated_bytes", "reserved_bytes", "request_bytes", "message_bytes", "pool_cached_free_bytes",

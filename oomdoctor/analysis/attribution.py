@@ -10,6 +10,7 @@ step. Each live block records the method that placed it and a confidence.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
@@ -35,7 +36,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import DeviceTrace, Stack
+from oomdoctor.model import FREE_COMPLETED, FREE_REQUESTED, DeviceTrace, Stack
 
 INDEX = {name: position for position, name in enumerate(COMPONENTS)}
 PARAMETERS = INDEX["parameters"]
@@ -45,6 +46,8 @@ ACTIVATIONS = INDEX["activations"]
 TEMPORARIES = INDEX["temporaries"]
 INPUTS = INDEX["inputs"]
 BUFFERS = INDEX["buffers"]
+WORKSPACE = INDEX["workspace"]
+PREALLOCATED = INDEX["preallocated"]
 OTHER = INDEX["other"]
 UNKNOWN = INDEX["unknown"]
 
@@ -130,6 +133,141 @@ def _stack_mentions(stack: Stack, names: tuple[str, ...]) -> bool:
     return any(frame.name in names for frame in stack)
 
 
+# ---- blocks from before the trace -------------------------------------------------------------
+#
+# A block allocated before recording began has no alloc event: what it is comes, in order of trust,
+# from its own frames (the dump's segments keep the stack of each live block; torch 2.0 keeps a
+# per-block history), from what the trace does to it (freed by zero_grad: a gradient; freed by
+# the optimizer step that replaces it: optimizer state), and from the shapes of the frame-less
+# blocks taken together (a model's parameter shapes repeat once per copy of the model states).
+# Nothing else makes it a parameter: without evidence it is "unknown".
+
+# torch's default cuBLAS workspace before Hopper (CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8"): one per
+# handle and stream, allocated through the caching allocator at the first matmul and never freed.
+CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+_WORKSPACE_FRAME_WORD = "workspace"  # in the C++ frame that allocates one (cuBLAS getNewWorkspace, cuDNN Workspace)
+# Words in the names of user code that allocates a kind of memory (frameworks name them so).
+_PREALLOCATED_WORDS = re.compile(r"kv_?cache|cache_engine|allocate_cache|init_cache|static_?cache|mem(ory_)?pool")
+_OPTIMIZER_WORDS = re.compile(r"optim|adam|sgd|lion|adafactor|lamb\b|shampoo|muon|sophia")
+_PARAMETER_WORDS = re.compile(r"weight|param|embedding|load_state_dict|from_pretrained|load_model|model_provider")
+_GRADIENT_WORDS = re.compile(r"grad")
+_DATA_WORDS = re.compile(r"batch|collate|__next__|data_?loader|pin_memory|prefetch|^to$|^cuda$|^to_device$")
+_NAME_CONFIDENCE = 0.4  # a kind read from the names of the user's functions and files
+_USER_FRAMES_READ = 4  # innermost user frames whose names are read
+# Copies of one parameter set that the frame-less blocks may hold: parameters, gradients and the
+# two moments of Adam-like optimizers (in that order of likelihood).
+_MODEL_STATE_KINDS = ("parameters", "gradients", "optimizer_state", "optimizer_state")
+_COPY_TOLERANCE = 0.01  # bytes in shapes that break a k-copy pattern, as a share of the frame-less bytes
+
+
+def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
+    """(file stem, function) of the innermost user frames, lower-cased."""
+    found = []
+    for frame in stack:
+        filename = frame.filename.replace("\\", "/")
+        if not filename.endswith(".py") or "/torch/" in filename or "<frozen" in filename:
+            continue
+        stem = filename.rsplit("/", 1)[-1][:-3].lower()
+        found.append((stem, frame.name.lower()))
+        if len(found) == _USER_FRAMES_READ:
+            break
+    return found
+
+
+def _workspace_frames(stack: Stack) -> bool:
+    """Whether a C++ frame of the stack (recorded with `stacks="all"`) allocates a library workspace."""
+    return any(_WORKSPACE_FRAME_WORD in frame.name.lower() for frame in stack if not frame.filename.endswith(".py"))
+
+
+def _by_names(stack: Stack) -> int | None:
+    """The kind of memory the user's own function and file names say they allocate, if any."""
+    for stem, function in _python_user_frames(stack):
+        text = f"{stem} {function}"
+        if _PREALLOCATED_WORDS.search(text):
+            return PREALLOCATED
+        if _OPTIMIZER_WORDS.search(stem) or _OPTIMIZER_WORDS.search(function):
+            return OPTIMIZER_STATE
+        if _PARAMETER_WORDS.search(text):
+            return PARAMETERS
+        if _GRADIENT_WORDS.search(function):
+            return GRADIENTS
+    return None
+
+
+def _loads_data(stack: Stack) -> bool:
+    """Whether the stack makes or moves a batch: torch's data loading, or user code named so."""
+    for frame in stack:
+        if frame.filename.replace("\\", "/").find("torch/utils/data/") >= 0:
+            return True
+    return any(_DATA_WORDS.search(function) for _, function in _python_user_frames(stack))
+
+
+def _in_constructor(stack: Stack) -> bool:
+    return any(function == "__init__" for _, function in _python_user_frames(stack))
+
+
+def _backward_made(stack: Stack) -> bool:
+    return any("AccumulateGrad" in frame.name for frame in stack if not frame.filename.endswith(".py"))
+
+
+def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tuple[int, str, float] | None:
+    """A pre-trace block placed by the stack the dump keeps for it."""
+    if _workspace_frames(stack):
+        return WORKSPACE, METHOD_FRAMES, 0.9
+    if never_freed and requested == CUBLAS_DEFAULT_WORKSPACE_BYTES:
+        return WORKSPACE, METHOD_SIZE_MATCH, 0.5
+    if not stack:
+        return None
+    cls = classify_stack(stack)
+    if cls == PHASE_OPTIMIZER:  # made by an optimizer step and outlived it: the optimizer's state
+        return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
+    if cls == PHASE_BACKWARD:  # made by the autograd engine and outlived the backward
+        return GRADIENTS, METHOD_FRAMES, 0.8 if _backward_made(stack) else 0.6
+    if cls == "module-setup":
+        return PARAMETERS, METHOD_FRAMES, 0.8
+    named = _by_names(stack)
+    if named is not None:
+        return named, METHOD_FRAMES, _NAME_CONFIDENCE
+    if cls == PHASE_FORWARD:  # a forward's output kept since before the trace
+        return ACTIVATIONS, METHOD_FRAMES, 0.6
+    if cls == PHASE_ZERO_GRAD:
+        return TEMPORARIES, METHOD_FRAMES, 0.4
+    return None
+
+
+def _place_by_fate(free_index: int | None, phases: PhaseIndex) -> tuple[int, str, float] | None:
+    """A pre-trace block placed by what the trace later does to it."""
+    if free_index is None:
+        return None
+    span = phases.span_of(free_index)
+    if span is None:
+        return None
+    if span.phase == PHASE_ZERO_GRAD:
+        return GRADIENTS, METHOD_LIFETIME, 0.7
+    if span.phase == PHASE_OPTIMIZER:  # replaced by the step that updates it
+        return OPTIMIZER_STATE, METHOD_LIFETIME, 0.5
+    return None
+
+
+def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) -> int:
+    """How many copies of one set of shapes the frame-less pre-trace blocks hold, from their
+    (requested bytes, block bytes): the largest k (at most `kinds_possible`) such that every shape
+    occurs a multiple of k times, but for shapes holding at most _COPY_TOLERANCE of the bytes."""
+    counts: dict[int, int] = defaultdict(int)
+    held: dict[int, int] = defaultdict(int)
+    for requested, size in sizes:
+        counts[requested] += 1
+        held[requested] += size
+    total = sum(held.values())
+    if not total:
+        return 1
+    for copies in range(min(kinds_possible, len(_MODEL_STATE_KINDS)), 1, -1):
+        broken = sum(held[r] for r, n in counts.items() if n % copies)
+        if broken <= total * _COPY_TOLERANCE:
+            return copies
+    return 1
+
+
 def attribute(
     live: Collection[LiveAllocation],
     *,
@@ -142,12 +280,18 @@ def attribute(
     """Place every block live at the target (in `live`'s order, then largest first)."""
     exact = bool(registry)
     after_target = target_index if target_index is not None else len(trace) - 1
+    frees = first_frees_after(trace, {a.address for a in live}, after_target + 1)
+    pre_trace: dict[int, tuple[int, str, float]] = {}
     parameter_sizes: set[int] = set()
     if not exact:
+        pre_trace = place_pre_trace(
+            [a for a in live if a.alloc_index is None], frames_of=frames_of, frees=frees, phases=phases
+        )
         for allocation in live:
             alloc_index = allocation.alloc_index
             if alloc_index is None:
-                parameter_sizes.add(allocation.requested_bytes)
+                if pre_trace[allocation.address][0] == PARAMETERS:
+                    parameter_sizes.add(allocation.requested_bytes)
             else:
                 span = phases.span_of(alloc_index)
                 if (
@@ -171,10 +315,18 @@ def attribute(
             component, method, confidence = PHASE_COMPONENT.get(phase, UNKNOWN), METHOD_PHASE, 0.9
             if alloc_index is None:
                 component, method = OTHER, METHOD_LIFETIME
+        elif alloc_index is None:
+            component, method, confidence = pre_trace[address]
         else:
-            component, method, confidence = _infer(
-                alloc_index, phase, span, stack, requested, parameter_sizes, after_target
-            )
+            freed_at = frees.get(address)
+            if _workspace_frames(stack):
+                component, method, confidence = WORKSPACE, METHOD_FRAMES, 0.9
+            elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
+                component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
+            else:
+                component, method, confidence = _infer(
+                    alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, len(trace) - 1
+                )
             if component == OTHER and span is not None and _spans_first_forward(span, phases, after_target):
                 component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
         blocks.append(
@@ -196,6 +348,88 @@ def attribute(
     return blocks
 
 
+def first_frees_after(trace: DeviceTrace, addresses: Collection[int], start: int) -> dict[int, int]:
+    """The index of the first free of each of `addresses` at or after event `start` (blocks live
+    at `start` - 1; an address freed and reused later counts its first free only)."""
+    wanted = set(addresses)
+    found: dict[int, int] = {}
+    if not wanted:
+        return found
+    actions, addrs = trace.actions, trace.addrs
+    for index in range(max(start, 0), len(trace)):
+        action = actions[index]
+        if action == FREE_REQUESTED or action == FREE_COMPLETED:
+            address = addrs[index]
+            if address in wanted:
+                wanted.discard(address)
+                found[address] = index
+                if not wanted:
+                    break
+    return found
+
+
+def place_pre_trace(
+    allocations: Sequence[LiveAllocation],
+    *,
+    frames_of: Mapping[int, Stack],
+    frees: Mapping[int, int],
+    phases: PhaseIndex,
+) -> dict[int, tuple[int, str, float]]:
+    """(component, method, confidence) of each block allocated before the trace began (see above)."""
+    placed: dict[int, tuple[int, str, float]] = {}
+    frameless: list[LiveAllocation] = []
+    for allocation in allocations:
+        address = allocation.address
+        freed_at = frees.get(address)
+        placement = _place_by_own_frames(frames_of.get(address, ()), allocation.requested_bytes, freed_at is None)
+        if placement is None:
+            placement = _place_by_fate(freed_at, phases)
+        if placement is None:
+            frameless.append(allocation)
+        else:
+            placed[address] = placement
+    if frameless:
+        placed.update(_place_model_states(frameless, placed.values(), phases))
+    return placed
+
+
+def _place_model_states(
+    frameless: Sequence[LiveAllocation], placed: Collection[tuple[int, str, float]], phases: PhaseIndex
+) -> dict[int, tuple[int, str, float]]:
+    """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
+    shows a model exists: the trace runs one, or the shapes repeat as copies of one set do."""
+    seen_phases = {span.phase for span in phases.spans}
+    traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
+    untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
+    placed_kinds = {component for component, _, _ in placed}
+    kinds = ["parameters"]
+    if GRADIENTS not in placed_kinds and (untraced or seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}):
+        kinds.append("gradients")
+    if OPTIMIZER_STATE not in placed_kinds and (untraced or PHASE_OPTIMIZER in seen_phases):
+        kinds += ["optimizer_state", "optimizer_state"]
+    copies = model_state_copies([(a.requested_bytes, a.size_bytes) for a in frameless], len(kinds))
+    if copies == 1 and not traced:  # one set of shapes, and nothing runs a model: cannot tell
+        return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
+    if copies == len(kinds):
+        order = kinds
+    elif copies == 3:  # gradients set to None, two optimizer moments
+        order = ["parameters", "optimizer_state", "optimizer_state"]
+    else:
+        order = kinds[:copies]
+    confidence = 0.5 if copies > 1 else 0.4
+    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
+    for allocation in frameless:
+        by_shape[allocation.requested_bytes].append(allocation)
+    result: dict[int, tuple[int, str, float]] = {}
+    for group in by_shape.values():
+        group.sort(key=lambda a: a.address)
+        per_copy = len(group) // copies if len(group) % copies == 0 else 0
+        for position, allocation in enumerate(group):
+            kind = order[position // per_copy] if per_copy else "parameters"
+            result[allocation.address] = (INDEX[kind], METHOD_SIZE_MATCH, confidence)
+    return result
+
+
 def _spans_first_forward(span, phases: PhaseIndex, after_target: int) -> bool:
     """Whether a block allocated in `span` (before the first phase) lives into the forward after it.
 
@@ -208,9 +442,15 @@ def _spans_first_forward(span, phases: PhaseIndex, after_target: int) -> bool:
     return following is not None and following.phase == PHASE_FORWARD and following.first_index <= after_target
 
 
-def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target):
-    if alloc_index is None:
-        return PARAMETERS, METHOD_LIFETIME, 0.5
+def _outlives(span, freed_at: int | None, trace_end: int) -> bool:
+    """Whether a block made in `span` lives past its end: freed after it, or never freed when the
+    span ended before the trace did (a span the trace ends in may have freed it still)."""
+    if span is None:
+        return False
+    return freed_at > span.last_index if freed_at is not None else span.last_index < trace_end
+
+
+def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, trace_end):
     stack_class = classify_stack(stack) if stack else "no-frames"
     span_over = span is not None and span.last_index < after_target
     if phase == PHASE_BEFORE:
@@ -218,11 +458,17 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
             return PARAMETERS, METHOD_FRAMES, 0.8
         if stack_class == PHASE_OPTIMIZER:
             return OPTIMIZER_STATE, METHOD_FRAMES, 0.7
+        named = _by_names(stack)
+        if named is not None:
+            return named, METHOD_FRAMES, _NAME_CONFIDENCE
+        if _in_constructor(stack):  # made by a constructor during setup: a module's parameters
+            return PARAMETERS, METHOD_FRAMES, 0.6
         if requested in parameter_sizes:
             return PARAMETERS, METHOD_SIZE_MATCH, 0.5
         return OTHER, METHOD_PHASE, 0.5
     if phase == PHASE_OPTIMIZER:
-        if span_over:
+        # outlives the step that made it (freed after the step ends, or never): the optimizer's state
+        if span_over or _outlives(span, freed_at, trace_end):
             return OPTIMIZER_STATE, METHOD_LIFETIME, 0.8
         if stack and _stack_mentions(stack, ("_init_group", "zeros_like", "_init_state")):
             return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
@@ -242,7 +488,12 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
     if phase == PHASE_BETWEEN:
         if stack_class == "module-setup":
             return PARAMETERS, METHOD_FRAMES, 0.6
-        return INPUTS, METHOD_PHASE, 0.6
+        named = _by_names(stack)
+        if named is not None:
+            return named, METHOD_FRAMES, _NAME_CONFIDENCE
+        if not stack or _loads_data(stack):
+            return INPUTS, METHOD_PHASE, 0.6 if stack else 0.4
+        return OTHER, METHOD_PHASE, 0.4
     if phase == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_PHASE, 0.6
     return UNKNOWN, METHOD_NONE, 0.0

@@ -29,12 +29,32 @@ from oomdoctor.tui.guard import GuardedPane, guarded, report_failure
 from oomdoctor.tui.safe import plain, row
 from oomdoctor.units import human_size
 
-COMPONENT_COLORS = dict(
-    zip(COMPONENTS, ("#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"))
-)
-SHORT_LABELS = dict(
-    zip(COMPONENTS, ("params", "grads", "optim", "activ", "temps", "inputs", "buffers", "other", "unknown"))
-)
+COMPONENT_COLORS = {
+    "parameters": "#4e79a7",
+    "gradients": "#f28e2b",
+    "optimizer_state": "#e15759",
+    "activations": "#59a14f",
+    "temporaries": "#76b7b2",
+    "inputs": "#edc948",
+    "buffers": "#b07aa1",
+    "workspace": "#86bcb6",
+    "preallocated": "#d37295",
+    "other": "#ff9da7",
+    "unknown": "#9c755f",
+}
+SHORT_LABELS = {
+    "parameters": "params",
+    "gradients": "grads",
+    "optimizer_state": "optim",
+    "activations": "activ",
+    "temporaries": "temps",
+    "inputs": "inputs",
+    "buffers": "buffers",
+    "workspace": "wkspace",
+    "preallocated": "prealloc",
+    "other": "other",
+    "unknown": "unknown",
+}
 PHASE_COLORS = {"forward": "#59a14f", "backward": "#f28e2b", "optimizer_step": "#e15759", "zero_grad": "#b07aa1"}
 CHART_ROWS = 8
 TOP_BLOCKS = 8

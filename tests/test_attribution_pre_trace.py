@@ -1,0 +1,160 @@
+"""Attribution of memory the trace does not explain: blocks from before recording began, library
+workspaces, large pre-allocations and user code between steps (issue 11, causes B and I)."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.attribution import CUBLAS_DEFAULT_WORKSPACE_BYTES, model_state_copies
+from oomdoctor.model import Frame
+from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
+
+ACCUMULATE_GRAD_STACK = (
+    Frame("", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),
+    Frame("", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+)
+KV_CACHE_STACK = (
+    Frame("/srv/engine/cache_engine.py", 88, "_allocate_kv_cache"),
+    Frame("/srv/engine/worker.py", 30, "init_engine"),
+)
+WORKSPACE_CPP_STACK = (
+    Frame("", 0, "at::cuda::(anonymous namespace)::getNewWorkspace()"),
+    Frame("", 0, "at::cuda::getCurrentCUDABlasHandle()"),
+)
+BATCH_STACK = (Frame("train.py", 30, "get_batch"),)
+
+
+def _components(sim: Sim, **kwargs) -> dict[str, int]:
+    return analyse(sim.snapshot(metadata=False), **kwargs).component_bytes()
+
+
+def _forward(sim: Sim, nbytes: int = 8 * MiB) -> None:
+    sim.free(sim.alloc(nbytes, FORWARD_STACK))
+
+
+def test_a_pre_trace_block_is_placed_by_its_own_frames():
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    sim.alloc(32 * MiB, ADAM_INIT_STACK)
+    sim.alloc(16 * MiB, ACCUMULATE_GRAD_STACK)
+    sim.alloc(40 * MiB, KV_CACHE_STACK)
+    sim.start_recording()
+    _forward(sim)
+    components = _components(sim)
+    assert components["parameters"] == 64 * MiB
+    assert components["optimizer_state"] == 32 * MiB
+    assert components["gradients"] == 16 * MiB
+    assert components["preallocated"] == 40 * MiB
+    assert components["unknown"] == 0
+
+
+def test_frameless_pre_trace_blocks_under_a_traced_forward_are_the_parameters():
+    sim = Sim()
+    for size in (4, 4, 4, 2, 2, 1):
+        sim.alloc(size * MiB)
+    sim.start_recording()
+    _forward(sim)
+    components = _components(sim)
+    assert components["parameters"] == 17 * MiB
+    assert components["gradients"] == 0
+
+
+def test_two_copies_of_the_shapes_with_a_backward_traced_are_parameters_and_gradients():
+    sim = Sim()
+    for _ in range(2):  # parameters, then their gradients: every shape twice
+        for size in (4, 4, 2, 1):
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    activation = sim.alloc(8 * MiB, FORWARD_STACK)
+    sim.free(activation)
+    sim.free(sim.alloc(2 * MiB, ()))  # an autograd thread's allocation: the backward
+    components = _components(sim)
+    assert components["parameters"] == 11 * MiB
+    assert components["gradients"] == 11 * MiB
+    assert components["optimizer_state"] == 0
+
+
+def test_copies_are_not_read_where_the_trace_shows_no_backward():
+    sim = Sim()
+    for _ in range(2):
+        for size in (4, 4, 2):
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    _forward(sim)  # a forward-only benchmark: nothing makes gradients
+    components = _components(sim)
+    assert components["parameters"] == 20 * MiB
+    assert components["gradients"] == 0
+
+
+def test_without_a_trace_four_copies_are_the_model_states_and_a_lone_block_is_unknown():
+    sim = Sim()
+    for _ in range(4):
+        for size in (4, 4, 2, 1):
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["parameters"] == 11 * MiB
+    assert components["gradients"] == 11 * MiB
+    assert components["optimizer_state"] == 22 * MiB
+
+    lone = Sim()
+    lone.alloc(22 * MiB)
+    lone.start_recording()
+    components = _components(lone)
+    assert components["unknown"] == 22 * MiB
+    assert components["parameters"] == 0
+
+
+def test_model_state_copies_reads_the_largest_consistent_count():
+    four = [(size, size) for size in (400, 400, 200, 100) for _ in range(4)]
+    assert model_state_copies(four, 4) == 4
+    assert model_state_copies(four, 2) == 2  # no more copies than kinds the trace allows
+    one_big_single = [*[(400, 400)] * 4, (1000, 1000)]
+    assert model_state_copies(one_big_single, 4) == 1
+    assert model_state_copies([], 4) == 1
+
+
+def test_what_the_trace_does_to_a_frameless_pre_trace_block_decides_it():
+    sim = Sim()
+    grad = sim.alloc(16 * MiB)
+    sim.alloc(32 * MiB, SETUP_STACK)
+    sim.start_recording()
+    sim.marker("forward", "start")
+    activation = sim.alloc(64 * MiB, FORWARD_STACK)  # the peak: the gradient is still live
+    sim.free(activation)
+    sim.marker("forward", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(grad)  # zero_grad frees it later: it was a gradient
+    sim.marker("zero_grad", "end")
+    sim.marker("forward", "start")
+    sim.alloc(4 * MiB, FORWARD_STACK)
+    sim.marker("forward", "end")
+    result = analyse(sim.snapshot(metadata=True, registry=False))
+    assert result.replay.target_kind == "peak"
+    components = result.component_bytes()
+    assert components["gradients"] == 16 * MiB
+    assert components["parameters"] == 32 * MiB
+
+
+def test_cublas_workspaces_are_their_own_kind():
+    sim = Sim()
+    sim.alloc(CUBLAS_DEFAULT_WORKSPACE_BYTES)
+    sim.start_recording()
+    sim.alloc(32 * MiB, FORWARD_STACK + WORKSPACE_CPP_STACK)
+    _forward(sim)
+    components = _components(sim)
+    assert components["workspace"] == CUBLAS_DEFAULT_WORKSPACE_BYTES + 32 * MiB
+
+
+def test_between_steps_user_code_is_inputs_only_when_it_makes_a_batch():
+    sim = Sim()
+    sim.marker("forward", "start")
+    sim.free(sim.alloc(8 * MiB, FORWARD_STACK))
+    sim.marker("forward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.alloc(6 * MiB, BATCH_STACK)
+    sim.alloc(3 * MiB, USER_STACK)
+    result = analyse(sim.snapshot(metadata=True, registry=False))
+    components = result.component_bytes()
+    assert components["inputs"] == 6 * MiB
+    assert components["other"] == 3 * MiB
