@@ -3,12 +3,20 @@
 Sources, in order of trust: oomdoctor's markers, `external_annotations` windows aligned by
 `time_us`, `user_metadata` strings, and the allocation stacks (spec §6.3). The result is a run of
 `PhaseSpan`s covering every event index exactly once, so the phase of any event is one bisect away.
+
+Stacks are read the way frameworks shape them: the innermost meaningful frame decides
+(`_stack_class`: Lightning's training step inside the optimizer's closure is no optimizer step, a
+`torch.autograd.grad` inside a forward no backward, torch.compile's Python backward a backward);
+code whose stack names no phase takes it from where it lies (`_gap_phase`: loss code is the
+forward's); and a step ends only after a completed backward or optimizer step, or at the loop's
+annotations, when more allocations follow (`_number_steps`).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Any
 
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -36,45 +44,148 @@ _CLASS_ZERO_GRAD = PHASE_ZERO_GRAD
 _CLASS_USER = "user"
 _CLASS_NO_FRAMES = "no-frames"
 _CLASS_MODULE_SETUP = "module-setup"  # parameters being created or moved (`.to`, `.cuda`, `__init__`)
+# an optimizer building or loading its state outside a step (`load_state_dict`, eager `__init__`):
+# optimizer state for attribution, but no step was taken
+_CLASS_OPTIMIZER_SETUP = "optimizer-setup"
+# a forward that called `torch.autograd.grad` (a gradient penalty, a jvp): the forward's
+_CLASS_FORWARD_GRAD = "forward-grad"
+# the autograd engine's own thread (no caller on the main thread): a backward's, unless a forward's
+# nested grad is running
+_CLASS_ENGINE = "engine"
+
+# What one frame says, read from the outermost frame inwards (`_stack_class`).
+_KIND_FORWARD = "forward"
+_KIND_BACKWARD = "backward"
+_KIND_OPTIMIZER = "optimizer"
+_KIND_OPTIMIZER_SETUP = "optimizer-setup"
+_KIND_ZERO_GRAD = "zero_grad"
+_KIND_CLOSURE = "closure"
+_KIND_SETUP = "setup"
 
 _FORWARD_FUNCTIONS = frozenset({"_wrapped_call_impl", "_call_impl"})
-_BACKWARD_FUNCTIONS = frozenset({"backward", "_engine_run_backward", "grad", "run_backward"})
+_AUTOGRAD_FUNCTIONS = frozenset({"backward", "_engine_run_backward", "grad", "run_backward"})
+# a frame of this name in any file runs a backward: torch's own (`Tensor.backward`), a custom
+# autograd.Function's, AOTAutograd's compiled backward (`torch/_functorch/_aot_autograd`), a
+# framework's wrapper (Lightning's `LightningModule.backward`, accelerate, DeepSpeed)
+_BACKWARD_NAMES = frozenset({"backward", "_backward_impl"})
+# the training step an optimizer runs as its closure (`optimizer.step(closure)`: Lightning's
+# automatic optimization, LBFGS): what runs inside it is the step's forward and backward
+_CLOSURE_NAMES = frozenset({"closure", "_wrap_closure"})
 _SETUP_FUNCTIONS = frozenset({"_apply", "to", "cuda", "convert", "load_state_dict", "reset_parameters"})
+_OPTIMIZER_SETUP_FUNCTIONS = frozenset(
+    {"__init__", "add_param_group", "load_state_dict", "_process_value_according_to_param_policy", "__setstate__"}
+)
 
 
 def _norm(filename: str) -> str:
     return filename.replace("\\", "/")
 
 
-def classify_stack(stack: Stack) -> str:
+def _frame_kind(filename: str, name: str) -> str | None:
+    """What one frame says about the phase, or None when it says nothing."""
+    if not filename.endswith(".py"):  # a C++ frame (stacks="all"); the autograd engine's thread
+        if "autograd::Engine" in name or "AccumulateGrad" in name or "Backward" in name:
+            return _KIND_BACKWARD
+        return None
+    if "torch/optim/" in filename:
+        if "lr_scheduler" in filename:
+            return None
+        if name == "zero_grad":
+            return _KIND_ZERO_GRAD
+        return _KIND_OPTIMIZER_SETUP if name in _OPTIMIZER_SETUP_FUNCTIONS else _KIND_OPTIMIZER
+    if filename.endswith("torch/nn/modules/module.py"):
+        if name in _FORWARD_FUNCTIONS:
+            return _KIND_FORWARD
+        return _KIND_SETUP if name in _SETUP_FUNCTIONS else None
+    if name in _BACKWARD_NAMES:
+        return _KIND_BACKWARD
+    if "torch/autograd/" in filename:
+        return _KIND_BACKWARD if name in _AUTOGRAD_FUNCTIONS else None
+    if "torch/_dynamo/compiled_autograd" in filename:  # compiled autograd runs the backward as Python
+        return _KIND_BACKWARD
+    if name == "forward":  # a module's forward, whether called through `__call__` or directly
+        return _KIND_FORWARD
+    if name in _CLOSURE_NAMES:
+        return _KIND_CLOSURE
+    if "torch/nn/modules/" in filename or "torch/nn/parameter.py" in filename:
+        return _KIND_SETUP
+    return None
+
+
+def _stack_class(stack: Stack) -> str:
+    """The class of an allocation's stack: walk it from the outermost frame in, so that each phase
+    frame decides for what runs inside it, with two exceptions that make it survive frameworks:
+
+    - the optimizer decides only for its own code: a closure it calls (Lightning runs the whole
+      training step inside `optimizer.step(closure)`) and a forward or backward inside it decide
+      for themselves;
+    - a backward inside a forward (`torch.autograd.grad` for a gradient penalty or a jvp) belongs
+      to the forward, and a forward inside a backward (activation-checkpoint recomputation,
+      torch.compile's backward showing the model's source lines) to the backward.
+    """
     if not stack:
         return _CLASS_NO_FRAMES
+    state: str | None = None
     setup = False
     python = False
-    for frame in stack:
+    nested_grad = False
+    for frame in reversed(stack):
         filename = _norm(frame.filename)
-        name = frame.name
-        if not filename.endswith(".py"):
-            if "autograd::Engine" in name or "AccumulateGrad" in name or "Backward" in name:
-                return _CLASS_BACKWARD
+        if filename.endswith(".py"):
+            python = True
+        kind = _frame_kind(filename, frame.name)
+        if kind is None:
             continue
-        python = True
-        if "torch/optim/" in filename:
-            return _CLASS_ZERO_GRAD if name == "zero_grad" else _CLASS_OPTIMIZER
-        if filename.endswith("torch/nn/modules/module.py"):
-            if name in _FORWARD_FUNCTIONS:
-                return _CLASS_FORWARD
-            if name in _SETUP_FUNCTIONS:
+        if kind == _KIND_FORWARD:
+            if state != _KIND_BACKWARD:
+                state = _KIND_FORWARD
+        elif kind == _KIND_BACKWARD:
+            if state == _KIND_FORWARD:
+                nested_grad = True
+            else:
+                state = _KIND_BACKWARD
+        elif kind == _KIND_CLOSURE:
+            if state in (_KIND_OPTIMIZER, _KIND_OPTIMIZER_SETUP):
+                state = None
+        elif kind == _KIND_SETUP:
+            if state is None:
                 setup = True
-        elif "torch/autograd/" in filename and name in _BACKWARD_FUNCTIONS:
-            return _CLASS_BACKWARD
-        elif filename.endswith("torch/_tensor.py") and name == "backward":
-            return _CLASS_BACKWARD
-        elif "torch/nn/modules/" in filename or "torch/nn/parameter.py" in filename:
-            setup = True
+        else:  # optimizer, its setup, zero_grad: whatever they run inside
+            state = kind
+    if state == _KIND_FORWARD:
+        return _CLASS_FORWARD_GRAD if nested_grad else _CLASS_FORWARD
+    if state == _KIND_BACKWARD:
+        return _CLASS_BACKWARD if python else _CLASS_ENGINE
+    if state == _KIND_OPTIMIZER:
+        return _CLASS_OPTIMIZER
+    if state == _KIND_OPTIMIZER_SETUP:
+        return _CLASS_OPTIMIZER_SETUP
+    if state == _KIND_ZERO_GRAD:
+        return _CLASS_ZERO_GRAD
     if not python:
         return _CLASS_NO_FRAMES
     return _CLASS_MODULE_SETUP if setup else _CLASS_USER
+
+
+def classify_stack(stack: Stack) -> str:
+    """The phase an allocation's stack names ("forward", "backward", "optimizer_step",
+    "zero_grad"), else "module-setup" (parameters created or moved), "user" (code outside any of
+    them: a loss, data, functional code) or "no-frames"."""
+    return _PUBLIC_CLASS.get(_stack_class(stack), _CLASS_USER)
+
+
+_PUBLIC_CLASS = {
+    _CLASS_FORWARD: _CLASS_FORWARD,
+    _CLASS_FORWARD_GRAD: _CLASS_FORWARD,
+    _CLASS_BACKWARD: _CLASS_BACKWARD,
+    _CLASS_ENGINE: _CLASS_BACKWARD,
+    _CLASS_OPTIMIZER: _CLASS_OPTIMIZER,
+    _CLASS_OPTIMIZER_SETUP: _CLASS_OPTIMIZER,
+    _CLASS_ZERO_GRAD: _CLASS_ZERO_GRAD,
+    _CLASS_USER: _CLASS_USER,
+    _CLASS_NO_FRAMES: _CLASS_NO_FRAMES,
+    _CLASS_MODULE_SETUP: _CLASS_MODULE_SETUP,
+}
 
 
 def _phase_from_metadata(text: str | None) -> str | None:
@@ -207,47 +318,172 @@ def annotation_windows(
     return windows, sorted(step_starts)
 
 
-def _frame_phases(trace: DeviceTrace) -> tuple[list[tuple[int, str, str]], bool]:
-    """(index, phase, source) where the phase changes, walking the allocation stacks; and whether
-    any allocation carried a stack at all."""
+_ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
+_WORK = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER})
+
+
+def _gap_phase(cls: str, before: str | None, after: str | None, work_seen: bool, has_optimizer: bool) -> str:
+    """The phase of an allocation whose stack names none (user code, module setup), from where it
+    lies: `before` and `after` are the phases named nearest before and after it (None: none, or a
+    step boundary between), `work_seen` whether any phase was named before it."""
+    if cls == _CLASS_MODULE_SETUP:
+        return PHASE_BETWEEN if work_seen else PHASE_BEFORE
+    if before == PHASE_FORWARD:  # the pass's own code outside modules: the loss, post-processing
+        return PHASE_FORWARD
+    if before == PHASE_BACKWARD:
+        if after == PHASE_OPTIMIZER:  # between backward() and step(): clipping, unscaling
+            return PHASE_BACKWARD
+        if not has_optimizer:  # the backward completed a step whose optimizer allocates nothing
+            return PHASE_BETWEEN
+        # gradient accumulation: the next micro-batch's own code up to its backward, else the tail
+        return PHASE_FORWARD if after in (PHASE_FORWARD, PHASE_BACKWARD) else PHASE_BACKWARD
+    if before == PHASE_OPTIMIZER and after == PHASE_OPTIMIZER:  # between two optimizers' steps
+        return PHASE_OPTIMIZER
+    if after == PHASE_BACKWARD:  # from a step's start up to backward(): its forward, outside modules
+        return PHASE_FORWARD
+    return PHASE_BETWEEN if work_seen else PHASE_BEFORE
+
+
+class _FramePhases:
+    """The allocations' phases read from their stacks (or `user_metadata`), as runs in trace order."""
+
+    __slots__ = ("indices", "runs", "seen", "any_frames", "boundaries")
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []  # event index of each allocation (and `oom`)
+        # (position in `indices` where the run starts, phase, source, whether a new forward pass starts)
+        self.runs: list[tuple[int, str, str, bool]] = []
+        self.seen: set[str] = set()  # the phases of the runs
+        self.any_frames = False
+        self.boundaries: list[int] = []  # the loop's marks that started steps (only in a run that trains)
+
+
+def _frame_phases(
+    trace: DeviceTrace, boundaries: Sequence[int] = (), *, optimizer_annotated: bool = False, trains: bool = False
+) -> _FramePhases:
+    """The phase of every allocation, walking the allocation stacks. A stack that names a phase
+    decides it (`_stack_class`); an allocation on the autograd thread (no Python frames) during a
+    forward or backward is the backward's, or the forward's while a nested grad runs; any other
+    allocation takes its phase from where it lies (`_gap_phase`). In a run that trains (`trains`,
+    or a backward, optimizer step or zero_grad among the stacks), `boundaries` (event indices where
+    the loop starts an iteration, from annotations) end what lies before them; `result.boundaries`
+    keeps those that were used."""
+    result = _FramePhases()
+    indices = result.indices
     classes: dict[int, str] = {}
-    changes: list[tuple[int, str, str]] = []
-    current = PHASE_BEFORE
-    any_frames = False
-    seen_work = False
     metadata = trace.user_metadata
     frames_at = trace.frames_at
+    raw: list[list[Any]] = []  # runs of equal class: [position of the first, class or named phase, source]
+    last_cls: str | None = None
+    last_source: str | None = None
     for index, action in enumerate(trace.actions):
         # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
         if action != ALLOC and action != OOM:
             continue
-        phase_hint = _phase_from_metadata(metadata[index]) if metadata is not None and metadata[index] else None
-        if phase_hint is not None:
-            if phase_hint != current:
-                changes.append((index, phase_hint, SOURCE_USER_METADATA))
-                current = phase_hint
-            seen_work = True
-            continue
-        stack = frames_at(index)
-        key = id(stack)
-        cls = classes.get(key)
-        if cls is None:
-            cls = classify_stack(stack)
-            classes[key] = cls
-        if stack:
-            any_frames = True
-        if cls == _CLASS_NO_FRAMES:
-            # Backward runs on autograd threads that record no Python frames (spec §6.3).
-            new = PHASE_BACKWARD if current in (PHASE_FORWARD, PHASE_BACKWARD) else current
-        elif cls in (_CLASS_USER, _CLASS_MODULE_SETUP):
-            new = PHASE_BETWEEN if seen_work else PHASE_BEFORE
+        hint = _phase_from_metadata(metadata[index]) if metadata is not None and metadata[index] else None
+        if hint is not None:
+            cls, source = hint, SOURCE_USER_METADATA
         else:
-            new = cls
-            seen_work = True
-        if new != current:
-            changes.append((index, new, SOURCE_FRAMES))
-            current = new
-    return changes, any_frames
+            stack = frames_at(index)
+            key = id(stack)
+            found = classes.get(key)
+            if found is None:
+                found = classes[key] = _stack_class(stack)
+                if stack:
+                    result.any_frames = True
+            cls, source = found, SOURCE_FRAMES
+        if cls is not last_cls or source is not last_source:
+            raw.append([len(indices), cls, source])
+            last_cls, last_source = cls, source
+        indices.append(index)
+    classes_seen = {run[1] for run in raw}
+    has_optimizer = optimizer_annotated or _CLASS_OPTIMIZER in classes_seen
+    if trains or classes_seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, _CLASS_ENGINE}:
+        result.boundaries = sorted(boundaries)
+        # a run the loop's mark falls inside is split there
+        for boundary in result.boundaries:
+            position = bisect.bisect_left(indices, boundary)
+            at = bisect.bisect_right(raw, position, key=lambda run: run[0]) - 1
+            if position < len(indices) and at >= 0 and raw[at][0] != position:
+                raw.insert(at + 1, [position, raw[at][1], raw[at][2]])
+    marks = {bisect.bisect_left(indices, boundary) for boundary in result.boundaries}
+
+    phases: list[str | None] = [None] * len(raw)
+    gaps = [False] * len(raw)  # placed by where it lies, not by its stack
+    pending: list[int] = []
+    before: str | None = None
+    work_seen = False
+    nested_grad = False  # a forward's torch.autograd.grad is running on the engine's thread
+
+    def settle(after: str | None) -> None:
+        for number in pending:
+            phases[number] = _gap_phase(raw[number][1], before, after, work_seen, has_optimizer)
+            gaps[number] = True
+        pending.clear()
+
+    for number, (position, cls, _source) in enumerate(raw):
+        if position in marks:
+            settle(None)
+            before = None
+        if cls == _CLASS_FORWARD_GRAD:
+            cls, nested_grad = PHASE_FORWARD, True
+        elif cls in (_CLASS_ENGINE, _CLASS_NO_FRAMES):
+            if nested_grad:
+                cls = PHASE_FORWARD
+            elif cls == _CLASS_ENGINE or before in (PHASE_FORWARD, PHASE_BACKWARD):
+                cls = PHASE_BACKWARD  # backward runs on autograd threads that record no Python frames
+            elif before is not None:  # nothing recorded (an `oom` entry without frames): the phase goes on
+                cls = before
+        else:  # the main thread allocates again: any nested grad has returned
+            nested_grad = False
+        if cls == _CLASS_OPTIMIZER_SETUP:  # state built or loaded outside a step: setup, like a module's
+            cls = _CLASS_MODULE_SETUP
+        if cls in _ANCHORS:
+            settle(cls)
+            phases[number] = cls
+            before = cls
+            work_seen = True
+        elif cls == _CLASS_MODULE_SETUP:  # a model built or moved: no pass is running
+            settle(None)
+            phases[number] = _gap_phase(cls, before, None, work_seen, has_optimizer)
+            before = None
+        else:
+            pending.append(number)
+    settle(None)
+
+    runs = result.runs
+    for number, (position, _cls, source) in enumerate(raw):
+        phase = phases[number]
+        assert phase is not None
+        # a forward entered from code outside any module: another pass (an evaluation loop's next batch)
+        new_pass = phase == PHASE_FORWARD and not gaps[number] and number > 0 and gaps[number - 1]
+        new_pass = new_pass and phases[number - 1] == PHASE_FORWARD
+        if runs and not new_pass and runs[-1][1] == phase and runs[-1][2] == source:
+            continue
+        runs.append((position, phase, source, new_pass))
+        result.seen.add(phase)
+    return result
+
+
+def _is_boundary_annotation(name: str) -> bool:
+    """A zero-width mark of the training loop's step: `optimizer.zero_grad()` or the DataLoader
+    handing over the next batch (torch records both as `record_function`s)."""
+    return name.startswith("Optimizer.zero_grad#") or ("DataLoader" in name and name.endswith("__next__"))
+
+
+def boundary_indices(trace: DeviceTrace, annotations: Sequence[Annotation], device: int) -> list[int]:
+    """Event indices where an annotation marks the start of a loop iteration (`zero_grad`, the
+    DataLoader's `__next__`): the first event at or after each START."""
+    if not annotations or not _times_usable(trace):
+        return []
+    on_device = [a for a in annotations if a.device == device] or list(annotations)
+    times = trace.times_us or ()
+    starts = {
+        bisect.bisect_left(times, a.time_us, key=_time_key)
+        for a in on_device
+        if a.stage == "START" and _is_boundary_annotation(a.name)
+    }
+    return sorted(i for i in starts if i < len(trace))
 
 
 def build_spans(
@@ -265,93 +501,127 @@ def build_spans(
     if from_markers:
         return from_markers, SOURCE_MARKERS
 
-    changes, any_frames = _frame_phases(trace)
     windows, step_starts = annotation_windows(trace, annotations, device)
-    if not windows and not changes:
+    # the loop's own marks count as step boundaries only in a run that trains
+    found = _frame_phases(
+        trace,
+        boundary_indices(trace, annotations, device),
+        optimizer_annotated=bool(step_starts),
+        trains=any(a.name.startswith("Optimizer.") for a in annotations),
+    )
+    # a phase was named when some allocation lies after the start of the first step
+    named = bool(found.seen - {PHASE_BEFORE})
+    if not windows and not named:
         return [PhaseSpan(0, count - 1, PHASE_UNKNOWN, 0, SOURCE_NONE)], SOURCE_NONE
 
-    # Lay the frame-derived phases out per event range, then let annotation windows override.
-    starts = [c[0] for c in changes]
-    pieces: list[tuple[int, int, str, str]] = []
-    first_phase = PHASE_BEFORE if changes else PHASE_UNKNOWN
-    if not changes or starts[0] > 0:
-        pieces.append(
-            (0, (starts[0] - 1) if changes else count - 1, first_phase, SOURCE_FRAMES if any_frames else SOURCE_NONE)
-        )
-    for position, (index, phase, source) in enumerate(changes):
-        end = starts[position + 1] - 1 if position + 1 < len(starts) else count - 1
-        pieces.append((index, end, phase, source))
+    # Lay the frame-derived phases out per event range (each allocation's phase lasts until the
+    # next allocation), then let annotation windows override.
+    indices = found.indices if named else []
+    runs = found.runs if named else []
+    starts = [indices[run[0]] for run in runs]
+    pieces: list[tuple[int, int, str, str, bool]] = []
+    if not starts or starts[0] > 0:
+        first_phase = PHASE_BEFORE if starts else PHASE_UNKNOWN
+        pieces.append((0, (starts[0] - 1) if starts else count - 1, first_phase, _base_source(found), False))
+    for number, (_position, phase, source, new_pass) in enumerate(runs):
+        last = starts[number + 1] - 1 if number + 1 < len(starts) else count - 1
+        pieces.append((starts[number], last, phase, source, new_pass))
     for first, last, phase in sorted(windows):
         pieces = _overlay(pieces, first, last, phase)
-    spans = _number_steps(pieces, step_starts if step_starts else None)
-    source = SOURCE_ANNOTATIONS if windows else (SOURCE_FRAMES if any_frames else SOURCE_USER_METADATA)
+    has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
+    spans = _number_steps(
+        pieces,
+        sorted(set(step_starts) | set(found.boundaries)),
+        allocations=indices,
+        has_optimizer=has_optimizer,
+    )
+    source = SOURCE_ANNOTATIONS if windows else (SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA)
     return spans, source
 
 
+def _base_source(found: _FramePhases) -> str:
+    return SOURCE_FRAMES if found.any_frames else SOURCE_NONE
+
+
 def _overlay(
-    pieces: list[tuple[int, int, str, str]], first: int, last: int, phase: str
-) -> list[tuple[int, int, str, str]]:
-    result: list[tuple[int, int, str, str]] = []
-    for p_first, p_last, p_phase, p_source in pieces:
+    pieces: list[tuple[int, int, str, str, bool]], first: int, last: int, phase: str
+) -> list[tuple[int, int, str, str, bool]]:
+    result: list[tuple[int, int, str, str, bool]] = []
+    for piece in pieces:
+        p_first, p_last = piece[0], piece[1]
         if p_last < first or p_first > last:
-            result.append((p_first, p_last, p_phase, p_source))
+            result.append(piece)
             continue
         if p_first < first:
-            result.append((p_first, first - 1, p_phase, p_source))
+            result.append((p_first, first - 1, *piece[2:]))
         if p_last > last:
-            result.append((last + 1, p_last, p_phase, p_source))
-    result.append((first, last, phase, SOURCE_ANNOTATIONS))
+            result.append((last + 1, p_last, piece[2], piece[3], False))
+    result.append((first, last, phase, SOURCE_ANNOTATIONS, False))
     result.sort()
     return result
 
 
-def _number_steps(pieces: list[tuple[int, int, str, str]], step_starts: list[int] | None) -> list[PhaseSpan]:
-    """Merge equal neighbours and count completed optimizer steps before each span.
+def _number_steps(
+    pieces: list[tuple[int, int, str, str, bool]],
+    boundaries: list[int],
+    *,
+    allocations: Sequence[int],
+    has_optimizer: bool,
+) -> list[PhaseSpan]:
+    """Merge equal neighbours and number the steps.
 
-    With `step_starts` (from annotations) a new step begins at each of those indices, splitting a
-    span if need be; without, a step ends wherever an optimizer span does.
+    A step ends after a completed top-level optimizer step, or, in a run whose optimizer never
+    allocates (in-place SGD), after a completed backward; `boundaries` (annotations: the end of an
+    `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
+    where the step so far did some work (a forward, backward or optimizer allocation) and a later
+    allocation follows: a tail of frees is no step of its own.
     """
-    if step_starts is not None:
-        cut: list[tuple[int, int, str, str]] = []
-        for first, last, phase, source in pieces:
-            for boundary in step_starts:
+    if boundaries:
+        cut: list[tuple[int, int, str, str, bool]] = []
+        for first, last, phase, source, new_pass in pieces:
+            for boundary in boundaries:
                 if first < boundary <= last:
-                    cut.append((first, boundary - 1, phase, source))
-                    first = boundary
-            cut.append((first, last, phase, source))
+                    cut.append((first, boundary - 1, phase, source, new_pass))
+                    first, new_pass = boundary, False
+            cut.append((first, last, phase, source, new_pass))
         pieces = cut
+    marks = set(boundaries)
+    last_allocation = allocations[-1] if allocations else -1
     spans: list[PhaseSpan] = []
     step = 0
+    work = False  # the current step has done something
+    previous: str | None = None  # the phase of the latest piece that allocated
     position = 0
-    backward_open = False  # a backward ran and no optimizer span followed it yet
-    for first, last, phase, source in pieces:
-        if step_starts is not None:
-            while position < len(step_starts) and step_starts[position] <= first:
-                position += 1
-            new_step = position
-        else:
-            new_step = step
-            if spans and spans[-1].phase == PHASE_OPTIMIZER and phase != PHASE_OPTIMIZER:
-                new_step = step + 1
-            elif phase == PHASE_FORWARD and backward_open:
-                # forward again after a backward with no optimizer allocation between: an optimizer
-                # that updates in place (SGD, foreach) allocates nothing, yet a step was taken
-                new_step = step + 1
-            if phase == PHASE_BACKWARD:
-                backward_open = True
-            elif phase in (PHASE_OPTIMIZER, PHASE_FORWARD):
-                backward_open = False
+    for first, last, phase, source, new_pass in pieces:
+        while position < len(allocations) and allocations[position] < first:
+            position += 1
+        allocates = position < len(allocations) and allocations[position] <= last
+        ends_step = first in marks and first <= last_allocation
+        if allocates and previous is not None and previous != phase:
+            if previous == PHASE_OPTIMIZER:
+                ends_step = True
+            elif previous == PHASE_BACKWARD and not has_optimizer and phase != PHASE_OPTIMIZER:
+                ends_step = True
+        if ends_step and work:
+            step += 1
+            work = False
+        if allocates:
+            previous = phase
+            if phase in _WORK:
+                work = True
+        elif phase == PHASE_OPTIMIZER and source == SOURCE_ANNOTATIONS:
+            work = True  # an optimizer step that allocated nothing is still a step
         if (
             spans
-            and new_step == step
+            and not new_pass
+            and spans[-1].step == step
             and spans[-1].phase == phase
             and spans[-1].source == source
             and spans[-1].last_index + 1 == first
         ):
-            previous = spans[-1]
-            spans[-1] = PhaseSpan(previous.first_index, last, phase, previous.step, source)
+            previous_span = spans[-1]
+            spans[-1] = PhaseSpan(previous_span.first_index, last, phase, previous_span.step, source)
             continue
-        step = new_step
         spans.append(PhaseSpan(first, last, phase, step, source))
     return spans
 

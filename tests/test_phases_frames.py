@@ -1,0 +1,391 @@
+"""Steps and phases of plain torch snapshots, from stacks that frameworks shape (issue 11, C and D).
+
+Each test scripts a small trace with `Sim` (no oomdoctor markers, as a plain torch snapshot) whose
+stacks are laid out the way PyTorch, Lightning and torch.compile lay them out (innermost frame
+first), and checks the phase and step `build_spans` gives each allocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.phases import PhaseIndex, build_spans, classify_stack
+from oomdoctor.model import Annotation, Frame, Snapshot
+from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, MiB, Sim
+
+SITE = "/venv/lib/python3.11/site-packages"
+TORCH = f"{SITE}/torch"
+LIGHTNING = f"{SITE}/lightning/pytorch"
+
+
+def _frame(path: str, name: str, line: int = 1) -> Frame:
+    return Frame(path, line, name)
+
+
+LOOP = (_frame("train.py", "main", 60), _frame("train.py", "<module>", 70))
+MODULE_CALL = (
+    _frame(f"{TORCH}/nn/modules/module.py", "_call_impl"),
+    _frame(f"{TORCH}/nn/modules/module.py", "_wrapped_call_impl"),
+)
+LINEAR = (
+    _frame(f"{TORCH}/nn/modules/linear.py", "forward"),
+    *MODULE_CALL,
+    _frame("model.py", "forward", 12),
+    *MODULE_CALL,
+)
+FORWARD = (*LINEAR, *LOOP)
+LOSS = (_frame("losses.py", "cross_entropy", 8), *LOOP)  # loss code outside any module
+BACKWARD = (
+    _frame(f"{TORCH}/autograd/__init__.py", "_make_grads"),
+    _frame(f"{TORCH}/autograd/__init__.py", "backward"),
+    _frame(f"{TORCH}/_tensor.py", "backward"),
+    *LOOP,
+)
+ENGINE = (  # stacks="all": an allocation on the autograd engine's own thread
+    _frame("??", "torch::autograd::Engine::evaluate_function(...)"),
+    _frame("??", "torch::autograd::Engine::thread_main(...)"),
+    _frame("??", "torch::autograd::python::PythonEngine::thread_init(...)"),
+)
+ADAM_STEP = (
+    _frame(f"{TORCH}/optim/adam.py", "_init_group", 160),
+    _frame(f"{TORCH}/optim/adam.py", "step", 230),
+    _frame(f"{TORCH}/optim/optimizer.py", "wrapper"),
+    *LOOP,
+)
+ADAM_LOAD = (_frame(f"{TORCH}/optim/optimizer.py", "load_state_dict"), *LOOP)
+MODEL_TO = (
+    _frame(f"{TORCH}/nn/modules/module.py", "convert"),
+    _frame(f"{TORCH}/nn/modules/module.py", "_apply"),
+    *LOOP,
+)
+
+# Lightning's automatic optimization: optimizer.step(closure), the closure runs the training step.
+LIGHTNING_OUTER = (
+    _frame(f"{LIGHTNING}/plugins/precision/precision.py", "_wrap_closure"),
+    _frame(f"{TORCH}/optim/adam.py", "step"),
+    _frame(f"{TORCH}/optim/optimizer.py", "_use_grad"),
+    _frame(f"{TORCH}/optim/optimizer.py", "wrapper"),
+    _frame(f"{LIGHTNING}/core/optimizer.py", "step"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "_optimizer_step"),
+    _frame(f"{LIGHTNING}/trainer/trainer.py", "fit"),
+    *LOOP,
+)
+LIGHTNING_STEP = (
+    _frame("module.py", "training_step", 40),
+    _frame(f"{LIGHTNING}/strategies/strategy.py", "training_step"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "_training_step"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "closure"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "__call__"),
+    *LIGHTNING_OUTER,
+)
+LIGHTNING_FORWARD = (*LINEAR, *LIGHTNING_STEP)
+LIGHTNING_LOSS = (_frame("module.py", "compute_loss", 30), *LIGHTNING_STEP)
+LIGHTNING_BACKWARD = (
+    _frame(f"{TORCH}/_tensor.py", "backward"),
+    _frame(f"{LIGHTNING}/core/module.py", "backward"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "backward_fn"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "closure"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "__call__"),
+    *LIGHTNING_OUTER,
+)
+LIGHTNING_ADAM = (
+    _frame(f"{TORCH}/optim/adam.py", "_init_group", 160),
+    _frame(f"{TORCH}/optim/adam.py", "step"),
+    *LIGHTNING_OUTER[2:],
+)
+
+# torch.autograd.grad called inside a forward (a gradient penalty, a jvp).
+GRAD_IN_FORWARD = (
+    _frame(f"{TORCH}/autograd/__init__.py", "grad"),
+    _frame(f"{TORCH}/autograd/functional.py", "jvp"),
+    _frame("model.py", "forward", 20),
+    *MODULE_CALL,
+    *LOOP,
+)
+
+# torch.compile: the compiled forward and AOTAutograd's backward run Python, and the inductor
+# kernels' stacks show the model's source lines, `forward` included.
+INDUCTOR = (_frame("/tmp/torchinductor_me/ab/cab.py", "call"), _frame("model.py", "forward", 41))
+COMPILED_FORWARD = (
+    *INDUCTOR,
+    _frame(f"{TORCH}/_functorch/_aot_autograd/runtime_wrappers.py", "forward"),
+    _frame(f"{TORCH}/autograd/function.py", "apply"),
+    _frame(f"{TORCH}/_dynamo/eval_frame.py", "_fn"),
+    *MODULE_CALL,
+    *LOOP,
+)
+COMPILED_BACKWARD = (  # stacks="python": the engine thread's Python frames only
+    *INDUCTOR,
+    _frame(f"{TORCH}/_functorch/_aot_autograd/runtime_wrappers.py", "_backward_impl"),
+    _frame(f"{TORCH}/_functorch/_aot_autograd/runtime_wrappers.py", "backward"),
+    _frame(f"{TORCH}/autograd/function.py", "apply"),
+)
+COMPILED_AUTOGRAD = (*INDUCTOR, _frame(f"{TORCH}/_dynamo/compiled_autograd.py", "runtime_wrapper"))
+CHECKPOINT_RECOMPUTE = (*LINEAR, _frame(f"{TORCH}/utils/checkpoint.py", "recompute_fn"), *ENGINE)
+
+
+def _trace(sim: Sim, annotations: tuple[Annotation, ...] = ()) -> Snapshot:
+    return dataclasses.replace(sim.snapshot(metadata=False), annotations=annotations)
+
+
+def _phase_steps(snapshot: Snapshot, stacks_at: list[int]) -> list[tuple[str, int]]:
+    """(phase, step) of the allocations made at the given `sim.alloc` calls (by call number)."""
+    trace = snapshot.trace_of(0)
+    spans, _ = build_spans(trace, markers=None, annotations=snapshot.annotations, device=0)
+    index = PhaseIndex(spans)
+    allocs = [i for i, action in enumerate(trace.actions) if action in ("alloc", "oom")]
+    result = []
+    for call in stacks_at:
+        span = index.span_of(allocs[call])
+        assert span is not None
+        result.append((span.phase, span.step))
+    return result
+
+
+def _run(stacks: list, *, annotations_at: dict[int, list[str]] | None = None) -> list[tuple[str, int]]:
+    """Allocate once per stack (a 1 MiB block, freed at once unless the stack is kept), with
+    zero-width annotations before the allocation of the given call numbers; (phase, step) of each."""
+    sim = Sim(total_bytes=8 << 30)
+    annotations: list[Annotation] = []
+    for call, stack in enumerate(stacks):
+        for name in (annotations_at or {}).get(call, []):
+            time_us = sim._tick()
+            annotations += [Annotation(name, "START", 0, time_us), Annotation(name, "END", 0, time_us)]
+        sim.alloc(MiB, stack)
+    return _phase_steps(_trace(sim, tuple(annotations)), list(range(len(stacks))))
+
+
+# --- one stack --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stack", "expected"),
+    [
+        (FORWARD, "forward"),
+        (BACKWARD, "backward"),
+        (ADAM_STEP, "optimizer_step"),
+        (ADAM_LOAD, "optimizer_step"),  # optimizer state for attribution, though no step runs
+        (MODEL_TO, "module-setup"),
+        (LOSS, "user"),
+        (ENGINE, "backward"),
+        ((), "no-frames"),
+        # Lightning: the training step runs inside optimizer.step(closure)
+        (LIGHTNING_FORWARD, "forward"),
+        (LIGHTNING_LOSS, "user"),
+        (LIGHTNING_BACKWARD, "backward"),
+        (LIGHTNING_ADAM, "optimizer_step"),
+        # a grad nested in a forward is the forward's; a forward nested in a backward the backward's
+        (GRAD_IN_FORWARD, "forward"),
+        ((*ENGINE[:1], *GRAD_IN_FORWARD), "forward"),
+        (CHECKPOINT_RECOMPUTE, "backward"),
+        # torch.compile
+        (COMPILED_FORWARD, "forward"),
+        (COMPILED_BACKWARD, "backward"),
+        ((*COMPILED_BACKWARD, *ENGINE), "backward"),
+        (COMPILED_AUTOGRAD, "backward"),
+        # a model's forward called directly (model.forward(x)), not through __call__
+        ((_frame("model.py", "forward", 5), *LOOP), "forward"),
+        # Windows paths
+        ((Frame("C:\\venv\\Lib\\site-packages\\torch\\optim\\adam.py", 1, "step"), *LOOP), "optimizer_step"),
+    ],
+)
+def test_the_innermost_meaningful_frame_decides(stack, expected):
+    assert classify_stack(stack) == expected
+
+
+def test_the_builders_stacks_keep_their_class():
+    assert classify_stack(FORWARD_STACK) == "forward"
+    assert classify_stack(ADAM_INIT_STACK) == "optimizer_step"
+
+
+# --- phases from where an allocation lies ------------------------------------------------------
+
+
+def test_loss_code_outside_modules_belongs_to_the_forward():
+    assert _run([MODEL_TO, FORWARD, FORWARD, LOSS, LOSS, BACKWARD, (), ADAM_STEP]) == [
+        ("before_first_step", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("backward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+    ]
+
+
+def test_code_before_backward_is_the_forward_even_without_modules():
+    # functional code run at the loop's level (no nn.Module), then backward()
+    assert _run([LOSS, LOSS, BACKWARD, ()]) == [("forward", 0), ("forward", 0), ("backward", 0), ("backward", 0)]
+
+
+def test_code_after_a_completed_step_is_between_steps_of_the_next():
+    assert _run([FORWARD, BACKWARD, ADAM_STEP, LOSS, FORWARD, BACKWARD]) == [
+        ("forward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+        ("between_steps", 1),
+        ("forward", 1),
+        ("backward", 1),
+    ]
+
+
+def test_lightning_closure_is_the_training_step_not_the_optimizer():
+    sim = Sim(total_bytes=8 << 30)
+    sim.alloc(MiB, MODEL_TO)
+    for _ in range(3):
+        sim.alloc(64 * MiB, LIGHTNING_FORWARD)
+    sim.alloc(MiB, LIGHTNING_LOSS)
+    sim.oom(512 * MiB)
+    sim.events[-1] = dataclasses.replace(sim.events[-1], frames=LIGHTNING_FORWARD)
+    snapshot = _trace(sim)
+    assert _phase_steps(snapshot, [0, 1, 3, 4]) == [
+        ("before_first_step", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("forward", 0),
+    ]
+    result = analyse(snapshot)
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+
+
+def test_lightning_steps_count_optimizer_steps():
+    step = [LIGHTNING_FORWARD, LIGHTNING_LOSS, LIGHTNING_BACKWARD, (), LIGHTNING_ADAM]
+    phases = _run(step + step)
+    assert phases == [
+        ("forward", 0),
+        ("forward", 0),
+        ("backward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+        ("forward", 1),
+        ("forward", 1),
+        ("backward", 1),
+        ("backward", 1),
+        ("optimizer_step", 1),
+    ]
+
+
+def test_a_grad_nested_in_a_forward_neither_ends_the_forward_nor_starts_a_step():
+    # the engine thread's allocations for the nested grad, then the forward goes on; then the real backward
+    phases = _run([FORWARD, GRAD_IN_FORWARD, ENGINE, ENGINE, FORWARD, LOSS, BACKWARD, ENGINE])
+    assert phases == [("forward", 0)] * 6 + [("backward", 0)] * 2
+
+
+def test_compiled_backward_is_backward():
+    phases = _run([COMPILED_FORWARD, LOSS, BACKWARD, COMPILED_BACKWARD, COMPILED_BACKWARD, ADAM_STEP])
+    assert [p for p, _ in phases] == ["forward", "forward", "backward", "backward", "backward", "optimizer_step"]
+    assert {s for _, s in phases} == {0}
+
+
+def test_checkpoint_recomputation_in_backward_is_backward():
+    phases = _run([FORWARD, BACKWARD, ENGINE, CHECKPOINT_RECOMPUTE, ENGINE])
+    assert [p for p, _ in phases] == ["forward", "backward", "backward", "backward", "backward"]
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+
+def test_no_phantom_step_from_a_tail_of_frees():
+    sim = Sim(total_bytes=8 << 30)
+    sim.alloc(MiB, FORWARD)
+    sim.alloc(MiB, BACKWARD)
+    start = sim._tick()
+    blocks = [sim.alloc(MiB, ADAM_STEP) for _ in range(2)]
+    end = sim._tick()
+    for block in blocks:
+        sim.free(block)
+    annotations = (
+        Annotation("Optimizer.step#Adam.step", "START", 0, start),
+        Annotation("Optimizer.step#Adam.step", "END", 0, end),
+    )
+    for snapshot in (_trace(sim), _trace(sim, annotations)):
+        spans, _ = build_spans(snapshot.trace_of(0), markers=None, annotations=snapshot.annotations, device=0)
+        assert {s.step for s in spans} == {0}, spans
+        assert spans[-1].last_index == len(snapshot.trace_of(0)) - 1
+
+
+def test_a_step_ends_only_after_a_completed_backward_or_optimizer_step():
+    # gradient accumulation: two micro-batches, then the optimizer
+    micro = [FORWARD, LOSS, BACKWARD, ()]
+    phases = _run(micro + micro + [ADAM_STEP] + micro)
+    assert [s for _, s in phases] == [0] * 9 + [1] * 4
+    # an optimizer that updates in place allocates nothing: each completed backward ends a step
+    assert [s for _, s in _run(micro * 3)] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_optimizer_state_loaded_at_setup_is_no_step():
+    assert _run([MODEL_TO, ADAM_LOAD, FORWARD, BACKWARD, ADAM_STEP]) == [
+        ("before_first_step", 0),
+        ("before_first_step", 0),
+        ("forward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+    ]
+
+
+def test_zero_grad_and_dataloader_annotations_mark_iterations():
+    # a training loop whose update is the user's own code (no torch.optim frames, no backward)
+    zero_grad = "Optimizer.zero_grad#SGD.zero_grad"
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    stacks = [MODEL_TO, FORWARD, LOSS, LOSS, FORWARD, LOSS]
+    phases = _run(stacks, annotations_at={1: [zero_grad, loader], 4: [zero_grad, loader]})
+    assert phases == [
+        ("before_first_step", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("forward", 1),
+        ("forward", 1),
+    ]
+
+
+# --- forward-only traces ------------------------------------------------------------------------
+
+
+def test_a_forward_only_trace_is_not_numbered_as_steps_and_has_no_between_steps():
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    stacks = [MODEL_TO, LOSS, FORWARD, FORWARD, LOSS, FORWARD, LOSS, FORWARD, LOSS]
+    phases = _run(stacks, annotations_at={1: [loader], 4: [loader], 6: [loader]})
+    assert phases[:2] == [("before_first_step", 0), ("before_first_step", 0)]
+    assert phases[2:] == [("forward", 0)] * 7
+
+
+def test_each_pass_of_a_forward_only_trace_keeps_its_own_span():
+    sim = Sim(total_bytes=8 << 30)
+    for _ in range(3):
+        sim.alloc(MiB, FORWARD)
+        sim.alloc(MiB, LOSS)
+    snapshot = _trace(sim)
+    spans, _ = build_spans(snapshot.trace_of(0), markers=None, annotations=(), device=0)
+    assert [(s.phase, s.step) for s in spans] == [("before_first_step", 0)] + [("forward", 0)] * 3
+
+
+def test_a_trace_whose_stacks_name_no_phase_stays_unknown():
+    sim = Sim()
+    sim.alloc(MiB, LOSS)
+    sim.alloc(MiB, LOSS)
+    spans, source = build_spans(_trace(sim).trace_of(0), markers=None, annotations=(), device=0)
+    assert [(s.phase, s.source) for s in spans] == [("unknown", "none")] and source == "none"
+
+
+# --- the real corpus ----------------------------------------------------------------------------
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+NESTA = CORPUS / "snapshots" / "oom_action__nesta_discrete_diffusion__memory_snapshot.json"
+
+
+@pytest.mark.skipif(not NESTA.is_file(), reason="the corpus (../shared/corpus) is absent")
+def test_corpus_lightning_oom_is_the_first_steps_forward():
+    from oomdoctor.load import load
+
+    labels = {entry["file"]: entry for entry in json.loads((CORPUS / "labels" / "labels.json").read_text())}
+    assert labels[NESTA.name]["steps"]["n_steps_visible"] == 0
+    result = analyse(load(NESTA))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    assert {s.step for s in result.phases} == {0}
