@@ -158,3 +158,20 @@ def test_between_steps_user_code_is_inputs_only_when_it_makes_a_batch():
     components = result.component_bytes()
     assert components["inputs"] == 6 * MiB
     assert components["other"] == 3 * MiB
+
+
+def test_the_series_places_pre_trace_memory_as_the_blocks_are():
+    sim = Sim()
+    sim.alloc(32 * MiB, ADAM_INIT_STACK)
+    sim.alloc(22 * MiB)  # frame-less, under a traced forward: the parameters
+    sim.start_recording()
+    sim.free(sim.alloc(8 * MiB, FORWARD_STACK))
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.replay.target_kind == "peak"
+    names = [share.name for share in result.components]
+    at_peak = next(p for p in result.replay.series if p.event_index == result.replay.target_index)
+    in_series = dict(zip(names, at_peak.components))
+    components = result.component_bytes()
+    for name in ("optimizer_state", "parameters", "unknown"):
+        assert in_series[name] == components[name], name
+    assert components["optimizer_state"] == 32 * MiB and components["parameters"] == 22 * MiB

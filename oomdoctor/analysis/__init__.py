@@ -35,6 +35,7 @@ from oomdoctor.analysis.replay import (
     ReplayState,
     columns,
     event_state,
+    final_live_blocks,
     lay_out,
     ooms_of,
     ring_buffer_wrapped,
@@ -146,6 +147,7 @@ class _DeviceDump:
     segments: tuple[Segment, ...]
     settings: AllocatorSettings | None
     registry: _attribution.Registry
+    pre_trace: dict[int, tuple[int, str, float]]  # allocations from before the trace, placed
     spans: list[PhaseSpan]
     phase_source: str
     phase_index: PhaseIndex
@@ -218,16 +220,20 @@ def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:
     trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
     spans, phase_source = build_spans(trace, markers=metadata.markers, annotations=snapshot.annotations, device=device)
     recording = metadata.recording
+    segments = snapshot.segments_on(device)
+    registry = _attribution.Registry(metadata, device)
+    phase_index = PhaseIndex(spans)
     return _DeviceDump(
         index=device,
         metadata=metadata,
         trace=trace,
-        segments=snapshot.segments_on(device),
+        segments=segments,
         settings=snapshot.allocator_settings,
-        registry=_attribution.Registry(metadata, device),
+        registry=registry,
+        pre_trace=_attribution.pre_trace_placements(trace, final_live_blocks(segments), phase_index, registry),
         spans=spans,
         phase_source=phase_source,
-        phase_index=PhaseIndex(spans),
+        phase_index=phase_index,
         ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
     )
 
@@ -235,7 +241,7 @@ def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:
 def _replay(dump: _DeviceDump, series_points: int) -> ReplayState:
     """One pass over the trace: the series by component, the peak, the OOMs, the steps and the
     history of the live set."""
-    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(dump.registry)
+    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(dump.registry, dump.pre_trace)
     return walk(
         dump.trace,
         dump.segments,
@@ -327,6 +333,7 @@ def _attribute(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[
         phases=dump.phase_index,
         registry=dump.registry,
         target_index=target.index,
+        pre_trace=dump.pre_trace,
     )
     return blocks, _attribution.shares(blocks)
 

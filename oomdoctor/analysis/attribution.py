@@ -36,7 +36,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import FREE_COMPLETED, FREE_REQUESTED, DeviceTrace, Stack
+from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Stack
 
 INDEX = {name: position for position, name in enumerate(COMPONENTS)}
 PARAMETERS = INDEX["parameters"]
@@ -88,8 +88,12 @@ class Registry:
         return bool(self.by_address)
 
 
-def series_classifier(registry: Registry):
-    """Component of an allocation as seen when it happens (for the memory-over-time series)."""
+_UNPLACED = (UNKNOWN, METHOD_NONE, 0.0)
+
+
+def series_classifier(registry: Registry, pre_trace: Mapping[int, tuple[int, str, float]]):
+    """Component of an allocation as seen when it happens (for the memory-over-time series), and
+    of one made before the trace (the registry's, else `pre_trace_placements`')."""
     by_address = registry.by_address
     phase_component = PHASE_COMPONENT
 
@@ -104,7 +108,9 @@ def series_classifier(registry: Registry):
         known = by_address.get(address)
         if known is not None:
             return known[0]
-        return OTHER if by_address else PARAMETERS
+        if by_address:
+            return OTHER
+        return pre_trace.get(address, _UNPLACED)[0]
 
     return component_of_alloc, component_of_pre_existing
 
@@ -276,21 +282,19 @@ def attribute(
     phases: PhaseIndex,
     registry: Registry,
     target_index: int | None,
+    pre_trace: Mapping[int, tuple[int, str, float]],
 ) -> list[LiveBlock]:
-    """Place every block live at the target (in `live`'s order, then largest first)."""
+    """Place every block live at the target (in `live`'s order, then largest first); blocks from
+    before the trace as `pre_trace` (`pre_trace_placements`) placed them."""
     exact = bool(registry)
     after_target = target_index if target_index is not None else len(trace) - 1
     frees = first_frees_after(trace, {a.address for a in live}, after_target + 1)
-    pre_trace: dict[int, tuple[int, str, float]] = {}
     parameter_sizes: set[int] = set()
     if not exact:
-        pre_trace = place_pre_trace(
-            [a for a in live if a.alloc_index is None], frames_of=frames_of, frees=frees, phases=phases
-        )
         for allocation in live:
             alloc_index = allocation.alloc_index
             if alloc_index is None:
-                if pre_trace[allocation.address][0] == PARAMETERS:
+                if pre_trace.get(allocation.address, _UNPLACED)[0] == PARAMETERS:
                     parameter_sizes.add(allocation.requested_bytes)
             else:
                 span = phases.span_of(alloc_index)
@@ -316,7 +320,7 @@ def attribute(
             if alloc_index is None:
                 component, method = OTHER, METHOD_LIFETIME
         elif alloc_index is None:
-            component, method, confidence = pre_trace[address]
+            component, method, confidence = pre_trace.get(address, _UNPLACED)
         else:
             freed_at = frees.get(address)
             if _workspace_frames(stack):
@@ -366,6 +370,36 @@ def first_frees_after(trace: DeviceTrace, addresses: Collection[int], start: int
                 if not wanted:
                     break
     return found
+
+
+def pre_trace_placements(
+    trace: DeviceTrace, final_blocks: Mapping[int, Block], phases: PhaseIndex, registry: Registry
+) -> dict[int, tuple[int, str, float]]:
+    """(component, method, confidence) of every allocation made before the trace began: those it
+    frees (a free event carries the stack of the allocation it frees) and the dump's blocks it never
+    allocated. One placement serves the memory-over-time series and the blocks at the target."""
+    if registry:
+        return {}
+    allocated_in_trace: set[int] = set()
+    allocations: list[LiveAllocation] = []
+    frames_of: dict[int, Stack] = {}
+    frees: dict[int, int] = {}
+    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    for index in range(len(trace)):
+        action = actions[index]
+        if action == ALLOC:
+            allocated_in_trace.add(addrs[index])
+        elif action == FREE_REQUESTED:
+            address = addrs[index]
+            if address not in allocated_in_trace and address not in frees:
+                frees[address] = index
+                allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
+                frames_of[address] = trace.frames_at(index)
+    for address, block in final_blocks.items():
+        if address not in allocated_in_trace and address not in frees:
+            allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
+            frames_of[address] = block.frames
+    return place_pre_trace(allocations, frames_of=frames_of, frees=frees, phases=phases)
 
 
 def place_pre_trace(
