@@ -44,7 +44,7 @@ from itertools import repeat
 from typing import Any
 
 from oomdoctor.analysis.environment import Environment
-from oomdoctor.analysis.results import ComponentShare
+from oomdoctor.analysis.results import ComponentShare, Facts
 from oomdoctor.metadata import METADATA_KEY
 from oomdoctor.model import Frame, Snapshot
 
@@ -378,6 +378,9 @@ class Redactor:
                 filename = paths[value.filename] = self.path(value.filename)
             name = self.walk(value.name, memo) if isinstance(value.name, str) else value.name
             return value if filename == value.filename and name == value.name else Frame(filename, value.line, name)
+        if isinstance(value, Facts):  # the names are the analysis's own; the values may come from the file
+            items = tuple((name, self.walk(fact, memo)) for name, fact in value.items)
+            return value if all(a[1] is b[1] for a, b in zip(items, value.items)) else Facts(items)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             changes = {}
             for field in dataclasses.fields(value):

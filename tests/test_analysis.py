@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from oomdoctor.analysis import analyse
-from oomdoctor.analysis.results import UnknownKind
+from oomdoctor.analysis.results import SummaryKind, UnknownKind
 from oomdoctor.analysis.sizing import round_size, segment_size
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
@@ -21,6 +21,7 @@ from oomdoctor.model import (
     Snapshot,
     TraceEvent,
 )
+from oomdoctor.views import phrasing
 from tests.builders import (
     ADAM_INIT_STACK,
     FOREACH_STACK,
@@ -361,7 +362,8 @@ def test_activation_spike_against_earlier_steps():
     result = analyse(sim.snapshot())
     assert result.verdict == "activation-spike", result.summary
     assert result.target_step == 2
-    assert "3.0x" in result.summary
+    assert result.summary.kind == SummaryKind.ACTIVATION_SPIKE and result.summary.facts.get("ratio") == 3.0
+    assert "3.0x" in phrasing.summary(result.summary)
     assert result.what_if.largest_fitting_scale is not None and 0.5 < result.what_if.largest_fitting_scale < 1.0
     scale = result.what_if.largest_fitting_scale
     assert result.what_if.predicted_peak_bytes(scale) <= result.what_if.capacity_bytes

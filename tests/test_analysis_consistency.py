@@ -12,6 +12,7 @@ import json
 import pytest
 
 from oomdoctor.analysis import analyse
+from oomdoctor.analysis.results import EvidenceKind
 from oomdoctor.load import load
 from oomdoctor.views import phrasing, text_report
 from tests.builders import FORWARD_STACK, SETUP_STACK, MiB, Sim
@@ -166,7 +167,9 @@ def test_placement_failure_is_said_and_not_fitted_at_full_scale():
     analysis = _fixture("inference-with-grad-cnn")
     assert analysis.accounting.missing_bytes == 0
     missing = next(e for e in analysis.evidence if e.metric == "missing_bytes")
-    assert "placement" in missing.text and "largest usable free block" in missing.text
+    assert missing.kind == EvidenceKind.MISSING_PLACEMENT
+    text = phrasing.evidence(missing)
+    assert "placement" in text and "largest usable free block" in text
     what_if = analysis.what_if
     assert (
         what_if.placement_limit_scale is not None

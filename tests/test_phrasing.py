@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from oomdoctor.analysis.results import Change, Recommendation, Unknown, UnknownKind, WhatIf, WhatIfBasis, WhatIfCase
+from oomdoctor.analysis.results import (
+    Change,
+    Evidence,
+    EvidenceKind,
+    Facts,
+    Recommendation,
+    Summary,
+    SummaryKind,
+    Unknown,
+    UnknownKind,
+    WhatIf,
+    WhatIfBasis,
+    WhatIfCase,
+)
 from oomdoctor.views import phrasing
 
 
@@ -38,3 +51,26 @@ def test_every_change_is_worded():
     assert set(phrasing.CHANGES) == set(Change)
     for change in Change:
         assert phrasing.recommendation(Recommendation(change, 1, None)).endswith(".")
+
+
+def test_every_summary_kind_is_worded():
+    for kind in SummaryKind:
+        assert phrasing.summary(Summary(kind)).endswith(".")
+
+
+def test_every_evidence_kind_is_worded():
+    for kind in EvidenceKind:
+        assert phrasing.evidence(Evidence(kind))
+
+
+def test_a_component_names_its_largest_tensor_and_a_projection_its_moments():
+    named = Evidence(EvidenceKind.OPTIMIZER_STATE_AT_OOM, facts=Facts.of(largest_name="body.2.weight.exp_avg"))
+    assert phrasing.evidence(named) == "optimizer state alive at the OOM (largest: body.2.weight.exp_avg)"
+    projected = Evidence(EvidenceKind.MODEL_STATES_NEEDED, facts=Facts.of(projected_moments=2, optimizer_kind=None))
+    assert phrasing.evidence(projected) == (
+        "model states needed (optimizer state projected at 2x the parameters, assuming Adam-style moments)"
+    )
+    summary = Summary(SummaryKind.NO_OOM, Facts.of(at="peak", allocated=3 << 20))
+    assert phrasing.summary(summary) == (
+        "No out-of-memory event was recorded on this device; the figures describe the peak (3.00 MiB allocated)."
+    )

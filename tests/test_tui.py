@@ -24,6 +24,7 @@ from oomdoctor.tui import content  # noqa: E402
 from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  # noqa: E402
 from oomdoctor.tui.timeline import TimelineChart, TimelinePane  # noqa: E402
 from oomdoctor.units import human_size  # noqa: E402
+from oomdoctor.views import phrasing  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
 
 DUMPS = FIXTURES / "dumps"
@@ -66,7 +67,7 @@ def test_overview_leads_with_the_verdict_then_evidence_and_recommendations():
     _, analysis = loaded(EXAMPLE_DUMP)
     sections = content.overview_sections(analysis, "example.pickle")
     assert sections[0].title.startswith("Verdict: optimizer-state-buildup")
-    assert sections[0].lines[0] == analysis.summary
+    assert sections[0].lines[0] == phrasing.summary(analysis.summary)
     titles = [s.title for s in sections]
     assert titles[1] == "Evidence" and titles[2].startswith("What to change")
     assert len(sections[1].lines) == len(analysis.evidence)
@@ -157,7 +158,7 @@ def test_overview_shows_the_verdict_and_every_tab_fits_80_by_24():
     async def scenario(app, pilot):
         first = app.query(".overview-section").first(Static)
         assert "Verdict: optimizer-state-buildup" in text_of(first)
-        assert analysis.summary in text_of(first)
+        assert phrasing.summary(analysis.summary) in text_of(first)
         visited = []
         for key, tab in zip("12345", ("overview", "timeline", "segments", "components", "allocations")):
             await pilot.press(key)

@@ -239,17 +239,116 @@ class StepSummary:
     peak_activation_bytes: int
 
 
+Fact = int | float | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """The named numbers and strings one sentence about a result needs, beyond the result's own
+    fields (`Facts.of(steps=3, pool="large")`). `oomdoctor.views.phrasing` reads them by name."""
+
+    items: tuple[tuple[str, Fact], ...] = ()
+
+    @classmethod
+    def of(cls, **named: Fact) -> Facts:
+        return cls(tuple(named.items()))
+
+    def adding(self, **named: Fact) -> Facts:
+        return Facts(self.items + tuple(named.items()))
+
+    def get(self, name: str) -> Fact:
+        return next((value for key, value in self.items if key == name), None)
+
+    def size(self, name: str) -> int | None:
+        """A byte count (or another whole number)."""
+        value = self.get(name)
+        return value if isinstance(value, int) else None
+
+    def number(self, name: str) -> float:
+        value = self.get(name)
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    def text(self, name: str) -> str | None:
+        value = self.get(name)
+        return value if isinstance(value, str) else None
+
+
+class SummaryKind(StrEnum):
+    """The story a finding tells, one or more per verdict; `oomdoctor.views.phrasing` words each one."""
+
+    OUTSIDE_PYTORCH = "outside-pytorch"  # outside, total, request
+    OUTSIDE_PYTORCH_GUESSED = "outside-pytorch-guessed"  # capacity (a plain snapshot: no device total)
+    MODEL_STATES_TOO_LARGE = "model-states-too-large"  # needed, capacity, projected_moments, optimizer_kind
+    FRAGMENTATION = "fragmentation"  # usable, request, largest
+    OVERSIZED_REQUEST = "oversized-request"  # request, share (of the capacity), transient
+    GRADIENTS_KEPT = "gradients-kept"  # old, step, phase
+    CREEPING_LEAK = "creeping-leak"  # old, step
+    INFERENCE_WITH_GRAD = "inference-with-grad"  # passes, since_backward, kept
+    OPTIMIZER_FIRST_STEP = "optimizer-first-step"  # optimizer_state, parameters, gradients
+    OPTIMIZER_LATER_STEP = "optimizer-later-step"  # step, optimizer_state
+    ACTIVATION_SPIKE = "activation-spike"  # step, phase, activations, ratio
+    ACTIVATIONS_DOMINATE = "activations-dominate"  # phase, activations
+    NO_OOM = "no-oom"  # at ("peak" | "dump"), allocated
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A finding's one-sentence story: its kind and the facts the sentence names."""
+
+    kind: str  # a SummaryKind
+    facts: Facts = field(default_factory=Facts)
+
+
+class EvidenceKind(StrEnum):
+    """What a piece of evidence is; `oomdoctor.views.phrasing` words each one."""
+
+    MISSING = "missing"
+    MISSING_PLACEMENT = "missing-placement"  # largest, asked, free: the request failed on placement
+    OUTSIDE = "outside"
+    DEVICE_TOTAL = "device-total"
+    PARAMETERS = "parameters"  # a component's evidence may name its largest tensor (largest_name)
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer-state"
+    OPTIMIZER_STATE_AT_OOM = "optimizer-state-at-oom"
+    FOREACH_TEMPORARIES = "foreach-temporaries"
+    ACTIVATIONS_AT_OOM = "activations-at-oom"
+    LIVE_ACTIVATIONS = "live-activations"
+    LIVE_TEMPORARIES = "live-temporaries"
+    MODEL_STATES_NEEDED = "model-states-needed"  # projected_moments, optimizer_kind
+    CAPACITY = "capacity"
+    USABLE_FREE = "usable-free"  # pool
+    LARGEST_FREE_BLOCK = "largest-free-block"
+    REQUEST = "request"
+    DEVICE_FREE = "device-free"
+    MESSAGE_BYTES = "message-bytes"
+    TRANSIENT = "transient"
+    OLD_GRADIENTS = "old-gradients"
+    NO_ZERO_GRAD = "no-zero-grad"
+    ZERO_GRAD_KEPT = "zero-grad-kept"
+    KEPT_FROM_EARLIER_STEPS = "kept-from-earlier-steps"  # steps
+    STEP_GROWTH = "step-growth"  # steps
+    FORWARD_PASSES = "forward-passes"
+    EARLIER_PASS_ACTIVATIONS = "earlier-pass-activations"
+    FIRST_STEP_OOM = "first-step-oom"
+    EARLIER_PEAK_ACTIVATIONS = "earlier-peak-activations"  # ratio, when compared
+    CURRENT_ACTIVATIONS = "current-activations"
+    RESERVED_PLUS_FREE = "reserved-plus-free"
+    ALLOCATED_AT_TARGET = "allocated-at-target"  # at ("peak" | "dump")
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """One fact a verdict rests on: a byte count or another number, and where it was read."""
 
-    text: str
+    kind: str  # an EvidenceKind
     metric: str | None = None
     bytes: int | None = None
     event_index: int | None = None
     address: int | None = None
     frame: str | None = None
     value: float | int | None = None  # a number that is not a size (a count, a step, a ratio)
+    facts: Facts = field(default_factory=Facts)  # what its sentence names besides
 
 
 class Change(StrEnum):
@@ -280,7 +379,7 @@ class Recommendation:
 class Finding:
     verdict: str
     confidence: float
-    summary: str
+    summary: Summary
     evidence: tuple[Evidence, ...]
 
 
@@ -349,7 +448,7 @@ class Analysis:
     live_blocks: tuple[LiveBlock, ...]
     verdict: str
     confidence: float
-    summary: str
+    summary: Summary
     evidence: tuple[Evidence, ...]
     secondary: tuple[Finding, ...]
     recommendations: tuple[Recommendation, ...]

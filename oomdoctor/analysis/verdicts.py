@@ -3,6 +3,9 @@
 Each verdict is a test on the evidence (DESIGN §5), reading a `Context` that `analyse` computes once.
 The tests run in a fixed order of precedence and the first that holds is the primary verdict; every
 other test that holds becomes a secondary finding. What to change is `recommendations.py`.
+
+A finding is data: a `Summary` kind with the facts its sentence names, and evidence kinds with their
+figures. The words are `oomdoctor.views.phrasing`'s.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ from oomdoctor.analysis.results import (
     PHASE_ZERO_GRAD,
     Accounting,
     Evidence,
+    EvidenceKind,
+    Facts,
     Finding,
     Fragmentation,
     LiveBlock,
     OomEvent,
     PhaseSpan,
     StepSummary,
+    Summary,
+    SummaryKind,
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
 from oomdoctor.units import GIB, MIB
-from oomdoctor.units import human_size as human
 from oomdoctor.vocabulary import Component, Verdict
 
 # The thresholds of the tests. A "_PART" is a divisor: at least total // PART.
@@ -132,33 +138,32 @@ class Context:
 def _missing_evidence(ctx: Context) -> Evidence:
     """What the request lacked; when the free bytes added up to enough, say why it still failed."""
     if ctx.missing > 0 or ctx.oom is None:
-        return Evidence("bytes missing for the request", "missing_bytes", ctx.missing, ctx.target_index)
-    largest = ctx.fragmentation.largest_usable_free_block_bytes
-    free = ctx.accounting.device_free_bytes
-    asked = ctx.accounting.message_bytes or ctx.request
-    text = (
-        f"bytes missing by count (the request failed on placement: the largest usable free block was {human(largest)}"
-        + (f", and cudaMalloc needed {human(asked)} with {human(free)} free" if free is not None else "")
-        + ")"
+        return Evidence(EvidenceKind.MISSING, "missing_bytes", ctx.missing, ctx.target_index)
+    facts = Facts.of(
+        largest=ctx.fragmentation.largest_usable_free_block_bytes,
+        asked=ctx.accounting.message_bytes or ctx.request,
+        free=ctx.accounting.device_free_bytes,
     )
-    return Evidence(text, "missing_bytes", ctx.missing, ctx.target_index)
+    return Evidence(EvidenceKind.MISSING_PLACEMENT, "missing_bytes", ctx.missing, ctx.target_index, facts=facts)
 
 
 def _frame_text(block: LiveBlock | None) -> str | None:
     return source_line(block.frames) if block is not None else None
 
 
-def _component_evidence(ctx: Context, text: str, component: str) -> Evidence:
-    """Bytes of one component, pointing at its largest live block (event, address, source line)."""
+def _component_evidence(ctx: Context, kind: EvidenceKind, component: str) -> Evidence:
+    """Bytes of one component, pointing at its largest live block (event, address, source line)
+    and naming it when the registry does."""
     blocks = [b for b in ctx.live_blocks if b.component == component]
     largest = max(blocks, key=lambda b: b.size_bytes) if blocks else None
     return Evidence(
-        text + (f" (largest: {largest.name})" if largest is not None and largest.name else ""),
+        kind,
         component,
         ctx.components.get(component, 0),
         largest.alloc_index if largest else None,
         largest.address if largest else None,
         _frame_text(largest),
+        facts=Facts.of(largest_name=largest.name) if largest is not None and largest.name else Facts(),
     )
 
 
@@ -172,26 +177,29 @@ def model_states(ctx: Context) -> tuple[int, int, int, int]:
     )
 
 
-def _projected_states(ctx: Context) -> tuple[int, str]:
-    """Parameters + gradients + optimizer state + buffers as the run needs them at full size, and a note."""
-    total, _, note = projected_parts(ctx)
-    return total, note
+def _projected_states(ctx: Context) -> tuple[int, Facts]:
+    """Parameters + gradients + optimizer state + buffers as the run needs them at full size, and
+    how the optimizer state was projected: `projected_moments` per parameter (None when it was
+    taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style)."""
+    total, _, moments = projected_parts(ctx)
+    return total, Facts.of(needed=total, projected_moments=moments, optimizer_kind=ctx.optimizer_kind)
 
 
-def projected_parts(ctx: Context) -> tuple[int, int, str]:
-    """(projected model states, of which optimizer state, note)."""
+def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
+    """(projected model states, of which optimizer state, the moments per parameter the optimizer
+    state was projected at; None when it was taken as it is)."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
     seen = ctx.phases_seen()
     training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
-    note = ""
+    projected_moments = None
     projected_gradients = max(gradients, parameters) if training else gradients
     projected_state = optimizer_state
     in_first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
     if in_first_step or (optimizer_state and optimizer_state < parameters):
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
         projected_state = max(optimizer_state, moments * parameters)
-        note = f" (optimizer state projected at {moments}x the parameters{'' if ctx.optimizer_kind else ', assuming Adam-style moments'})"
-    return parameters + projected_gradients + projected_state + buffers, projected_state, note
+        projected_moments = moments
+    return parameters + projected_gradients + projected_state + buffers, projected_state, projected_moments
 
 
 # Each test returns a Finding when it holds.
@@ -208,10 +216,10 @@ def _test_outside(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.OUTSIDE_PYTORCH,
         0.85 if outside >= total // OUTSIDE_STRONG_PART else 0.7,
-        f"{human(outside)} of the device's {human(total)} was held outside PyTorch (other processes, NCCL or the CUDA context); without it the {human(ctx.request)} request fits.",
+        Summary(SummaryKind.OUTSIDE_PYTORCH, Facts.of(outside=outside, total=total, request=ctx.request)),
         (
-            Evidence("memory outside PyTorch = total − free − reserved", "non_pytorch_bytes", outside),
-            Evidence("device total memory", "device_total_bytes", total),
+            Evidence(EvidenceKind.OUTSIDE, "non_pytorch_bytes", outside),
+            Evidence(EvidenceKind.DEVICE_TOTAL, "device_total_bytes", total),
             _missing_evidence(ctx),
         ),
     )
@@ -221,20 +229,19 @@ def _test_model_states(ctx: Context) -> Finding | None:
     capacity = ctx.capacity_bytes
     if ctx.oom is None or not capacity:
         return None
-    needed, note = _projected_states(ctx)
+    needed, projection = _projected_states(ctx)
     if needed < MODEL_STATES_CAPACITY_SHARE * capacity:
         return None
-    parameters, gradients, optimizer_state, _ = model_states(ctx)
     return Finding(
         Verdict.MODEL_STATES_TOO_LARGE,
         0.85 if ctx.exact else 0.65,
-        f"Parameters, gradients and optimizer state alone need {human(needed)}{note}, but PyTorch could have at most {human(capacity)} on this device.",
+        Summary(SummaryKind.MODEL_STATES_TOO_LARGE, projection.adding(capacity=capacity)),
         (
-            _component_evidence(ctx, "parameters", Component.PARAMETERS),
-            _component_evidence(ctx, "gradients", Component.GRADIENTS),
-            _component_evidence(ctx, "optimizer state", Component.OPTIMIZER_STATE),
-            Evidence("model states needed" + note, "model_states_needed_bytes", needed),
-            Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
+            _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
+            _component_evidence(ctx, EvidenceKind.GRADIENTS, Component.GRADIENTS),
+            _component_evidence(ctx, EvidenceKind.OPTIMIZER_STATE, Component.OPTIMIZER_STATE),
+            Evidence(EvidenceKind.MODEL_STATES_NEEDED, "model_states_needed_bytes", needed, facts=projection),
+            Evidence(EvidenceKind.CAPACITY, "capacity_bytes", capacity),
         ),
     )
 
@@ -247,18 +254,24 @@ def _test_fragmentation(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.FRAGMENTATION,
         0.85,
-        f"{human(frag.usable_free_bytes)} sat free in PyTorch's cache for this pool and stream, more than the {human(ctx.request)} request, but in pieces: the largest was {human(frag.largest_usable_free_block_bytes)}.",
+        Summary(
+            SummaryKind.FRAGMENTATION,
+            Facts.of(usable=frag.usable_free_bytes, request=ctx.request, largest=frag.largest_usable_free_block_bytes),
+        ),
         (
             Evidence(
-                f"free cached bytes usable for the request ({frag.request_pool} pool, same stream)",
+                EvidenceKind.USABLE_FREE,
                 "usable_free_bytes",
                 frag.usable_free_bytes,
+                facts=Facts.of(pool=frag.request_pool),
             ),
             Evidence(
-                "largest usable free block", "largest_usable_free_block_bytes", frag.largest_usable_free_block_bytes
+                EvidenceKind.LARGEST_FREE_BLOCK,
+                "largest_usable_free_block_bytes",
+                frag.largest_usable_free_block_bytes,
             ),
-            Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),
-            Evidence("free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes),
+            Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),
+            Evidence(EvidenceKind.DEVICE_FREE, "device_free_bytes", ctx.accounting.device_free_bytes),
         ),
     )
 
@@ -278,17 +291,19 @@ def _test_oversized(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.OVERSIZED_REQUEST,
         0.8 if request > transient else 0.6,
-        f"One allocation of {human(request)} failed: {request / capacity:.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(transient)}).",
+        Summary(
+            SummaryKind.OVERSIZED_REQUEST, Facts.of(request=request, share=request / capacity, transient=transient)
+        ),
         (
-            Evidence("failed request (rounded)", "request_bytes", request, ctx.target_index),
+            Evidence(EvidenceKind.REQUEST, "request_bytes", request, ctx.target_index),
             Evidence(
-                "what the OOM message calls Tried to allocate",
+                EvidenceKind.MESSAGE_BYTES,
                 "message_bytes",
                 ctx.accounting.message_bytes,
                 ctx.target_index,
             ),
-            Evidence("live activations + temporaries + inputs", "transient_bytes", transient),
-            Evidence("capacity available to PyTorch", "capacity_bytes", capacity),
+            Evidence(EvidenceKind.TRANSIENT, "transient_bytes", transient),
+            Evidence(EvidenceKind.CAPACITY, "capacity_bytes", capacity),
         ),
     )
 
@@ -304,21 +319,19 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.GRADIENTS_KEPT,
         0.8 if no_zero_grad else 0.65,
-        f"{human(old)} of gradients from earlier steps were still alive during step {ctx.target_step}'s {ctx.target_phase}; they are not needed before the next backward.",
+        Summary(SummaryKind.GRADIENTS_KEPT, Facts.of(old=old, step=ctx.target_step, phase=ctx.target_phase)),
         (
             Evidence(
-                "gradients allocated in earlier steps, still alive",
+                EvidenceKind.OLD_GRADIENTS,
                 "old_gradient_bytes",
                 old,
                 largest.alloc_index if largest else None,
                 largest.address if largest else None,
                 _frame_text(largest),
             ),
-            _component_evidence(ctx, "parameters", Component.PARAMETERS),
+            _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
             Evidence(
-                "no zero_grad phase recorded"
-                if no_zero_grad
-                else "zero_grad ran but kept the tensors (set_to_none=False)",
+                EvidenceKind.NO_ZERO_GRAD if no_zero_grad else EvidenceKind.ZERO_GRAD_KEPT,
                 "zero_grad_seen",
                 value=int(not no_zero_grad),
             ),
@@ -338,26 +351,28 @@ def _test_leak(ctx: Context) -> Finding | None:
         return None
     evidence = [
         Evidence(
-            f"activations, temporaries and inputs from {len(steps)} earlier step(s) still alive",
+            EvidenceKind.KEPT_FROM_EARLIER_STEPS,
             "kept_bytes",
             old,
             largest.alloc_index if largest else None,
             largest.address if largest else None,
             _frame_text(largest),
+            facts=Facts.of(steps=len(steps)),
         )
     ]
     if growth is not None:
         evidence.append(
             Evidence(
-                f"end-of-step allocated memory grew over {growth[0]} consecutive steps, per step",
+                EvidenceKind.STEP_GROWTH,
                 "growth_per_step_bytes",
                 growth[1],
+                facts=Facts.of(steps=growth[0]),
             )
         )
     return Finding(
         Verdict.CREEPING_LEAK,
         0.8 if strong and growing else 0.65,
-        f"{human(old)} allocated in earlier steps' forward or backward was still alive at the OOM in step {ctx.target_step}: something keeps each step's tensors (a loss kept with its graph, a list of outputs).",
+        Summary(SummaryKind.CREEPING_LEAK, Facts.of(old=old, step=ctx.target_step)),
         tuple(evidence),
     )
 
@@ -417,17 +432,17 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // KEPT_GRAPH_MIN_PART):
         return None
     largest = max(kept, key=lambda b: b.size_bytes)
-    after = "the last backward" if last_training >= 0 else "the start of the trace"
     return Finding(
         Verdict.INFERENCE_WITH_GRAD,
         0.75,
-        f"{len(forwards)} forward passes ran since {after} with no backward, and {human(kept_bytes)} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph.",
+        Summary(
+            SummaryKind.INFERENCE_WITH_GRAD,
+            Facts.of(passes=len(forwards), since_backward=int(last_training >= 0), kept=kept_bytes),
+        ),
         (
+            Evidence(EvidenceKind.FORWARD_PASSES, "forward_passes", None, current.first_index, value=len(forwards)),
             Evidence(
-                "forward passes without a backward", "forward_passes", None, current.first_index, value=len(forwards)
-            ),
-            Evidence(
-                "activations of earlier forward passes still alive",
+                EvidenceKind.EARLIER_PASS_ACTIVATIONS,
                 "kept_activation_bytes",
                 kept_bytes,
                 largest.alloc_index,
@@ -455,11 +470,14 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         return Finding(
             Verdict.OPTIMIZER_STATE_BUILDUP,
             0.8,
-            f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(optimizer_state)} of state so far on top of {human(parameters)} of parameters and {human(gradients)} of gradients.",
+            Summary(
+                SummaryKind.OPTIMIZER_FIRST_STEP,
+                Facts.of(optimizer_state=optimizer_state, parameters=parameters, gradients=gradients),
+            ),
             (
-                _component_evidence(ctx, "optimizer state alive at the OOM", Component.OPTIMIZER_STATE),
-                Evidence("OOM during step 0's optimizer step", "target_step", None, ctx.target_index, value=step),
-                _component_evidence(ctx, "temporaries (foreach buffers)", Component.TEMPORARIES),
+                _component_evidence(ctx, EvidenceKind.OPTIMIZER_STATE_AT_OOM, Component.OPTIMIZER_STATE),
+                Evidence(EvidenceKind.FIRST_STEP_OOM, "target_step", None, ctx.target_index, value=step),
+                _component_evidence(ctx, EvidenceKind.FOREACH_TEMPORARIES, Component.TEMPORARIES),
             ),
         )
     if step < 1 or optimizer_state <= 0:
@@ -479,11 +497,11 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.OPTIMIZER_STATE_BUILDUP,
         0.7,
-        f"Step {step} failed with {human(optimizer_state)} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline.",
+        Summary(SummaryKind.OPTIMIZER_LATER_STEP, Facts.of(step=step, optimizer_state=optimizer_state)),
         (
-            _component_evidence(ctx, "optimizer state alive at the OOM", Component.OPTIMIZER_STATE),
-            Evidence("peak activations of earlier steps", "earlier_peak_activation_bytes", earlier_peak),
-            _component_evidence(ctx, "activations at the OOM", Component.ACTIVATIONS),
+            _component_evidence(ctx, EvidenceKind.OPTIMIZER_STATE_AT_OOM, Component.OPTIMIZER_STATE),
+            Evidence(EvidenceKind.EARLIER_PEAK_ACTIVATIONS, "earlier_peak_activation_bytes", earlier_peak),
+            _component_evidence(ctx, EvidenceKind.ACTIVATIONS_AT_OOM, Component.ACTIVATIONS),
             _missing_evidence(ctx),
         ),
     )
@@ -516,33 +534,33 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     earlier_peak = _earlier_activation_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
     evidence = [
-        _component_evidence(ctx, "live activations at the OOM", Component.ACTIVATIONS),
-        _component_evidence(ctx, "live temporaries at the OOM", Component.TEMPORARIES),
+        _component_evidence(ctx, EvidenceKind.LIVE_ACTIVATIONS, Component.ACTIVATIONS),
+        _component_evidence(ctx, EvidenceKind.LIVE_TEMPORARIES, Component.TEMPORARIES),
     ]
     if kept:
-        evidence.append(
-            Evidence(
-                "of them, this pass's own (earlier steps' and earlier passes' left out)",
-                "current_activation_bytes",
-                activations,
-            )
-        )
+        evidence.append(Evidence(EvidenceKind.CURRENT_ACTIVATIONS, "current_activation_bytes", activations))
     if ratio is not None:
         evidence.append(
             Evidence(
-                f"peak activations of earlier steps (now {ratio:.2f}x)", "earlier_peak_activation_bytes", earlier_peak
+                EvidenceKind.EARLIER_PEAK_ACTIVATIONS,
+                "earlier_peak_activation_bytes",
+                earlier_peak,
+                facts=Facts.of(ratio=ratio),
             )
         )
     spike = ratio is not None and ratio > SPIKE_RATIO
     kept_bytes = sum(b.size_bytes for b in kept.values())
     if not spike and kept_bytes and kept_bytes >= ctx.missing:
         return None  # what earlier steps or passes left alive explains the OOM, not this batch
-    text = (
-        f"Activations of step {step}'s {ctx.target_phase} reached {human(activations)}, {ratio:.1f}x the peak of earlier steps (a longer sequence or a bigger batch)."
+    summary = (
+        Summary(
+            SummaryKind.ACTIVATION_SPIKE,
+            Facts.of(step=step, phase=ctx.target_phase, activations=activations, ratio=ratio),
+        )
         if spike
-        else f"Activations of the {ctx.target_phase} pass ({human(activations)}) dominate live memory: the batch or sequence is too large for this device."
+        else Summary(SummaryKind.ACTIVATIONS_DOMINATE, Facts.of(phase=ctx.target_phase, activations=activations))
     )
-    return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.6, text, tuple(evidence))
+    return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.6, summary, tuple(evidence))
 
 
 def _guess_outside_without_total(ctx: Context) -> Finding | None:
@@ -559,12 +577,10 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.OUTSIDE_PYTORCH,
         0.3,
-        f"PyTorch could use only {human(capacity)} of this device (reserved + free at the OOM). A plain snapshot does not record the device's size, but no CUDA GPU is that small: most of it was probably held outside PyTorch.",
+        Summary(SummaryKind.OUTSIDE_PYTORCH_GUESSED, Facts.of(capacity=capacity)),
         (
-            Evidence("reserved + free device memory at the OOM", "capacity_bytes", capacity, ctx.target_index),
-            Evidence(
-                "free device memory at the OOM", "device_free_bytes", ctx.accounting.device_free_bytes, ctx.target_index
-            ),
+            Evidence(EvidenceKind.RESERVED_PLUS_FREE, "capacity_bytes", capacity, ctx.target_index),
+            Evidence(EvidenceKind.DEVICE_FREE, "device_free_bytes", ctx.accounting.device_free_bytes, ctx.target_index),
         ),
     )
 
@@ -586,16 +602,14 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
     findings = [f for f in (test(ctx) for test in TESTS) if f is not None]
     if ctx.oom is None:
         peak = ctx.accounting.allocated_bytes
+        at = "peak" if ctx.target_index is not None else "dump"
         primary = Finding(
             Verdict.NO_OOM,
             0.9,
-            f"No out-of-memory event was recorded on this device; the figures describe the {'peak' if ctx.target_index is not None else 'dump'} ({human(peak)} allocated).",
+            Summary(SummaryKind.NO_OOM, Facts.of(at=at, allocated=peak)),
             (
                 Evidence(
-                    f"allocated bytes at the {'peak' if ctx.target_index is not None else 'dump'}",
-                    "allocated_bytes",
-                    peak,
-                    ctx.target_index,
+                    EvidenceKind.ALLOCATED_AT_TARGET, "allocated_bytes", peak, ctx.target_index, facts=Facts.of(at=at)
                 ),
             ),
         )
@@ -608,8 +622,8 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             Finding(
                 Verdict.UNKNOWN,
                 0.2,
-                "The OOM does not match any known pattern with the data this dump holds.",
-                (Evidence("failed request (rounded)", "request_bytes", ctx.request, ctx.target_index),),
+                Summary(SummaryKind.UNKNOWN),
+                (Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),),
             ),
             (),
         )

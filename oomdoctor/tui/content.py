@@ -60,7 +60,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
     step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     headline = (
-        analysis.summary,
+        phrasing.summary(analysis.summary),
         f"Device {analysis.device} {where_label(analysis)} ({step}{phase_words(analysis.target_phase)}{event}).",
         f"File: {source}",
     )
@@ -87,7 +87,9 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
             )
         )
     if analysis.secondary:
-        sections.append(_section("Also found", tuple(f"{f.verdict}: {f.summary}" for f in analysis.secondary)))
+        sections.append(
+            _section("Also found", tuple(f"{f.verdict}: {phrasing.summary(f.summary)}" for f in analysis.secondary))
+        )
     if analysis.unknowns:
         sections.append(_section("Not determined from this file", phrasing.unknowns(analysis.unknowns)))
     return sections

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.analysis.results import Accounting, Analysis, LiveBlock, Recommendation, WhatIf
+from oomdoctor.analysis.results import Accounting, Analysis, Evidence, Finding, LiveBlock, Recommendation, WhatIf
 from oomdoctor.model import Stack
 from oomdoctor.safetext import clip, json_printable
 from oomdoctor.views import phrasing
@@ -60,6 +60,30 @@ def _accounting(accounting: Accounting) -> dict[str, Any]:
     return row
 
 
+def _evidence(items: tuple[Evidence, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "text": phrasing.evidence(item),
+            "metric": item.metric,
+            "bytes": item.bytes,
+            "event_index": item.event_index,
+            "address": item.address,
+            "frame": item.frame,
+            "value": item.value,
+        }
+        for item in items
+    ]
+
+
+def _finding(finding: Finding) -> dict[str, Any]:
+    return {
+        "verdict": finding.verdict,
+        "confidence": finding.confidence,
+        "summary": phrasing.summary(finding.summary),
+        "evidence": _evidence(finding.evidence),
+    }
+
+
 def _recommendation(item: Recommendation) -> dict[str, Any]:
     return {
         "id": item.id,
@@ -89,16 +113,16 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "analysis_schema_version": analysis.schema_version,
         "verdict": analysis.verdict,
         "confidence": analysis.confidence,
-        "summary": analysis.summary,
+        "summary": phrasing.summary(analysis.summary),
         "device": analysis.device,
         "devices": list(analysis.devices),
         "source_format": analysis.source_format,
         "components": analysis.component_bytes(),
         "component_detail": _plain(analysis.components),
-        "evidence": _plain(analysis.evidence),
+        "evidence": _evidence(analysis.evidence),
         "recommendations": [_recommendation(r) for r in analysis.recommendations],
         "what_if": _what_if(analysis.what_if),
-        "secondary": _plain(analysis.secondary),
+        "secondary": [_finding(f) for f in analysis.secondary],
         "accounting": _accounting(analysis.accounting),
         "fragmentation": _plain(analysis.fragmentation),
         "replay": _plain(analysis.replay),

@@ -140,7 +140,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
 
     add(f"## oomdoctor: {_code(analysis.verdict)} (confidence {analysis.confidence:.0%})")
     add("")
-    add(f"> {_escape(analysis.summary)}")
+    add(f"> {_escape(phrasing.summary(analysis.summary))}")
     add("")
     context = _escape(target_context(analysis)) + "."
     if source:
@@ -203,7 +203,9 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("### Also found")
         add("")
         for finding in analysis.secondary:
-            add(f"- {_code(finding.verdict)} (confidence {finding.confidence:.0%}): {_escape(finding.summary)}")
+            add(
+                f"- {_code(finding.verdict)} (confidence {finding.confidence:.0%}): {_escape(phrasing.summary(finding.summary))}"
+            )
         add("")
     if analysis.unknowns:
         add("### Not determined from this file")
@@ -220,7 +222,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
 
 
 def _evidence(item) -> str:
-    text = _escape(item.text)
+    text = _escape(phrasing.evidence(item))
     value = evidence_value(item)
     if value is not None:
         text += f": **{_escape(value)}**"

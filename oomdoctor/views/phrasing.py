@@ -11,8 +11,20 @@ To word a new kind: add it to its enum in `oomdoctor.analysis.results` and its s
 
 from __future__ import annotations
 
-from oomdoctor.analysis.results import Change, Recommendation, Unknown, UnknownKind, WhatIf, WhatIfCase
-from oomdoctor.units import human_size
+from oomdoctor.analysis.results import (
+    Change,
+    Evidence,
+    EvidenceKind,
+    Facts,
+    Recommendation,
+    Summary,
+    SummaryKind,
+    Unknown,
+    UnknownKind,
+    WhatIf,
+    WhatIfCase,
+)
+from oomdoctor.units import human_size as human
 
 # --- what the dump could not tell -----------------------------------------------------------------
 
@@ -75,8 +87,8 @@ def what_if_note(what_if: WhatIf) -> str:
     basis = what_if.basis
     if basis is not None:
         note = (
-            f"from step {basis.step}'s peak ({human_size(basis.peak_allocated_bytes)} allocated,"
-            f" activations up to {human_size(basis.activation_bytes)}): {note}"
+            f"from step {basis.step}'s peak ({human(basis.peak_allocated_bytes)} allocated,"
+            f" activations up to {human(basis.activation_bytes)}): {note}"
         )
     return note
 
@@ -124,3 +136,114 @@ CHANGES: dict[str, str] = {
 def recommendation(item: Recommendation) -> str:
     """The change a recommendation asks for, as one imperative sentence."""
     return CHANGES[item.id]
+
+
+# --- the verdict's story and its evidence ---------------------------------------------------------
+
+
+def _projection(facts: Facts) -> str:
+    """' (optimizer state projected at 2x the parameters)' when the model states were projected."""
+    moments = facts.get("projected_moments")
+    if moments is None:
+        return ""
+    assumed = "" if facts.get("optimizer_kind") else ", assuming Adam-style moments"
+    return f" (optimizer state projected at {moments}x the parameters{assumed})"
+
+
+def _summary_words(kind: str, f: Facts) -> str:
+    size = f.size
+    if kind == SummaryKind.OUTSIDE_PYTORCH:
+        return f"{human(size('outside'))} of the device's {human(size('total'))} was held outside PyTorch (other processes, NCCL or the CUDA context); without it the {human(size('request'))} request fits."
+    if kind == SummaryKind.OUTSIDE_PYTORCH_GUESSED:
+        return f"PyTorch could use only {human(size('capacity'))} of this device (reserved + free at the OOM). A plain snapshot does not record the device's size, but no CUDA GPU is that small: most of it was probably held outside PyTorch."
+    if kind == SummaryKind.MODEL_STATES_TOO_LARGE:
+        return f"Parameters, gradients and optimizer state alone need {human(size('needed'))}{_projection(f)}, but PyTorch could have at most {human(size('capacity'))} on this device."
+    if kind == SummaryKind.FRAGMENTATION:
+        return f"{human(size('usable'))} sat free in PyTorch's cache for this pool and stream, more than the {human(size('request'))} request, but in pieces: the largest was {human(size('largest'))}."
+    if kind == SummaryKind.OVERSIZED_REQUEST:
+        return f"One allocation of {human(size('request'))} failed: {f.number('share'):.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(size('transient'))})."
+    if kind == SummaryKind.GRADIENTS_KEPT:
+        return f"{human(size('old'))} of gradients from earlier steps were still alive during step {f.get('step')}'s {f.get('phase')}; they are not needed before the next backward."
+    if kind == SummaryKind.CREEPING_LEAK:
+        return f"{human(size('old'))} allocated in earlier steps' forward or backward was still alive at the OOM in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
+    if kind == SummaryKind.INFERENCE_WITH_GRAD:
+        since = "the last backward" if f.get("since_backward") else "the start of the trace"
+        return f"{f.get('passes')} forward passes ran since {since} with no backward, and {human(size('kept'))} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph."
+    if kind == SummaryKind.OPTIMIZER_FIRST_STEP:
+        return f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(size('optimizer_state'))} of state so far on top of {human(size('parameters'))} of parameters and {human(size('gradients'))} of gradients."
+    if kind == SummaryKind.OPTIMIZER_LATER_STEP:
+        return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline."
+    if kind == SummaryKind.ACTIVATION_SPIKE:
+        return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps (a longer sequence or a bigger batch)."
+    if kind == SummaryKind.ACTIVATIONS_DOMINATE:
+        return f"Activations of the {f.get('phase')} pass ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
+    if kind == SummaryKind.NO_OOM:
+        return f"No out-of-memory event was recorded on this device; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
+    if kind == SummaryKind.UNKNOWN:
+        return "The OOM does not match any known pattern with the data this dump holds."
+    raise KeyError(kind)
+
+
+def summary(item: Summary) -> str:
+    """A finding's story in one or two sentences."""
+    return _summary_words(item.kind, item.facts)
+
+
+EVIDENCE: dict[str, str] = {
+    EvidenceKind.MISSING: "bytes missing for the request",
+    EvidenceKind.OUTSIDE: "memory outside PyTorch = total − free − reserved",
+    EvidenceKind.DEVICE_TOTAL: "device total memory",
+    EvidenceKind.PARAMETERS: "parameters",
+    EvidenceKind.GRADIENTS: "gradients",
+    EvidenceKind.OPTIMIZER_STATE: "optimizer state",
+    EvidenceKind.OPTIMIZER_STATE_AT_OOM: "optimizer state alive at the OOM",
+    EvidenceKind.FOREACH_TEMPORARIES: "temporaries (foreach buffers)",
+    EvidenceKind.ACTIVATIONS_AT_OOM: "activations at the OOM",
+    EvidenceKind.LIVE_ACTIVATIONS: "live activations at the OOM",
+    EvidenceKind.LIVE_TEMPORARIES: "live temporaries at the OOM",
+    EvidenceKind.CAPACITY: "capacity available to PyTorch",
+    EvidenceKind.LARGEST_FREE_BLOCK: "largest usable free block",
+    EvidenceKind.REQUEST: "failed request (rounded)",
+    EvidenceKind.DEVICE_FREE: "free device memory at the OOM",
+    EvidenceKind.MESSAGE_BYTES: "what the OOM message calls Tried to allocate",
+    EvidenceKind.TRANSIENT: "live activations + temporaries + inputs",
+    EvidenceKind.OLD_GRADIENTS: "gradients allocated in earlier steps, still alive",
+    EvidenceKind.NO_ZERO_GRAD: "no zero_grad phase recorded",
+    EvidenceKind.ZERO_GRAD_KEPT: "zero_grad ran but kept the tensors (set_to_none=False)",
+    EvidenceKind.FORWARD_PASSES: "forward passes without a backward",
+    EvidenceKind.EARLIER_PASS_ACTIVATIONS: "activations of earlier forward passes still alive",
+    EvidenceKind.FIRST_STEP_OOM: "OOM during step 0's optimizer step",
+    EvidenceKind.CURRENT_ACTIVATIONS: "of them, this pass's own (earlier steps' and earlier passes' left out)",
+    EvidenceKind.RESERVED_PLUS_FREE: "reserved + free device memory at the OOM",
+}
+
+
+def _evidence_words(kind: str, f: Facts) -> str:
+    if kind == EvidenceKind.MISSING_PLACEMENT:
+        free = f.size("free")
+        return (
+            f"bytes missing by count (the request failed on placement: the largest usable free block was {human(f.size('largest'))}"
+            + (f", and cudaMalloc needed {human(f.size('asked'))} with {human(free)} free" if free is not None else "")
+            + ")"
+        )
+    if kind == EvidenceKind.MODEL_STATES_NEEDED:
+        return "model states needed" + _projection(f)
+    if kind == EvidenceKind.USABLE_FREE:
+        return f"free cached bytes usable for the request ({f.get('pool')} pool, same stream)"
+    if kind == EvidenceKind.KEPT_FROM_EARLIER_STEPS:
+        return f"activations, temporaries and inputs from {f.get('steps')} earlier step(s) still alive"
+    if kind == EvidenceKind.STEP_GROWTH:
+        return f"end-of-step allocated memory grew over {f.get('steps')} consecutive steps, per step"
+    if kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS:
+        ratio = f.get("ratio")
+        return "peak activations of earlier steps" + (f" (now {f.number('ratio'):.2f}x)" if ratio is not None else "")
+    if kind == EvidenceKind.ALLOCATED_AT_TARGET:
+        return f"allocated bytes at the {f.get('at')}"
+    text = EVIDENCE[kind]
+    name = f.text("largest_name")
+    return text + (f" (largest: {name})" if name else "")
+
+
+def evidence(item: Evidence) -> str:
+    """What a piece of evidence is (the views add its figure and where it was read)."""
+    return _evidence_words(item.kind, item.facts)

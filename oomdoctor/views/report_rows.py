@@ -7,6 +7,7 @@ from collections.abc import Callable
 from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.units import human_size
+from oomdoctor.views import phrasing
 
 COMPONENT_LABELS = {name: name.replace("_", " ") for name in COMPONENTS}
 GROUPS_PER_COMPONENT = 3
@@ -55,7 +56,11 @@ def evidence_line(item: Evidence) -> str:
     """One piece of evidence as plain text: 'text: figure  [event 3; block 0x7f00; train.py:30]'."""
     value = evidence_value(item)
     where = evidence_places(item)
-    return item.text + (f": {value}" if value is not None else "") + (f"  [{'; '.join(where)}]" if where else "")
+    return (
+        phrasing.evidence(item)
+        + (f": {value}" if value is not None else "")
+        + (f"  [{'; '.join(where)}]" if where else "")
+    )
 
 
 def component_rows(analysis: Analysis) -> list[tuple[ComponentShare, float | None]]:

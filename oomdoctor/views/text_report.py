@@ -20,7 +20,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     lines: list[str] = []
     add = lines.append
     add(f"Verdict: {analysis.verdict}  (confidence {analysis.confidence:.0%})")
-    add(analysis.summary)
+    add(phrasing.summary(analysis.summary))
     if source:
         add(f"File: {source}")
     replay = analysis.replay
@@ -111,7 +111,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     if analysis.secondary:
         add("Also found")
         for finding in analysis.secondary:
-            add(f"  - {finding.verdict}: {finding.summary}")
+            add(f"  - {finding.verdict}: {phrasing.summary(finding.summary)}")
         add("")
     if analysis.unknowns:
         add("Not determined from this file")
