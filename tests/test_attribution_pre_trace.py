@@ -175,3 +175,19 @@ def test_the_series_places_pre_trace_memory_as_the_blocks_are():
     for name in ("optimizer_state", "parameters", "unknown"):
         assert in_series[name] == components[name], name
     assert components["optimizer_state"] == 32 * MiB and components["parameters"] == 22 * MiB
+
+
+def test_a_notebook_cell_gives_way_to_the_model_library_frame_inside_it():
+    from oomdoctor.analysis.attribution import source_line
+
+    library = "/opt/conda/lib/python3.11/site-packages/diffusers/models/unet.py"
+    stack = (
+        Frame("/opt/conda/lib/python3.11/site-packages/torch/nn/functional.py", 10, "conv2d"),
+        Frame(library, 321, "forward"),
+        Frame("/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", 1751, "_call_impl"),
+        Frame("/tmp/ipykernel_4242/1234567.py", 3, "<module>"),
+    )
+    assert source_line(stack) == f"{library}:321 in forward"
+    assert source_line(stack[2:]) == "/tmp/ipykernel_4242/1234567.py:3 in <module>"  # nothing inside it
+    script = (*stack[:3], Frame("/home/me/train.py", 40, "main"))
+    assert source_line(script) == "/home/me/train.py:40 in main"  # a script's own line stays first
