@@ -69,11 +69,12 @@ MANIFEST_COMPONENTS = list(FIXTURE_ENTRIES[0]["components"])  # the fixtures' co
 VOCABULARY = {verdict.value for verdict in Verdict}
 
 # What analysis of the stripped dumps says today instead of the truth, per variant and check (judged on
-# the working tree of 2026-12-02, with the analysis changes then in progress; at HEAD then, 3baf0e3's
-# successors, two rows differed: closure-optimizer-state-mlp-adam got model-states-too-large and step 0,
-# eval-outputs-kept-gpt got between_steps). Each row is a strict xfail: delete it when a fix makes its
-# test XPASS. Checks not listed pass today (late-recording-model-states-mlp-adamw,
-# accumulation-optimizer-state-gpt-adamw and slow-leak-mlp-kept-predictions pass all three).
+# the working tree of 2026-12-02, with analysis changes then in progress, among them the closure's phases:
+# at HEAD ccc82b9 both closure variants also missed components and moment, closure-optimizer-state-mlp-adam
+# got model-states-too-large, and eval-outputs-kept-gpt's moment was right). Each row is a strict xfail:
+# delete it when a fix makes its test XPASS. Checks not listed pass today (late-recording-model-states-
+# mlp-adamw, closure-optimizer-state-mlp-adam, accumulation-optimizer-state-gpt-adamw and
+# slow-leak-mlp-kept-predictions pass all three).
 KNOWN_MISSES: dict[str, dict[str, str]] = {
     "late-recording-optimizer-state-gpt-adamw": {
         "verdict": "activation-spike: the AdamW state, allocated before the trace, is not seen as new",
@@ -86,13 +87,8 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
         "moment": "step 0: the first step ran before the trace and is not counted",
     },
     "closure-activation-spike-gpt": {
-        "verdict": "optimizer-state-buildup: the forward inside optimizer.step(closure) reads as the step",
-        "components": "the forward's 95.1 MiB are temporaries, the live gradients optimizer state (22.1 vs 11.5 MiB)",
-        "moment": "optimizer_step of step 4: each closure's backward also counts as a step",
-    },
-    "closure-optimizer-state-mlp-adam": {
-        "components": "gradients 0 (truth 50.1 MiB), temporaries 84.1 MiB (truth 34.0)",
-        "moment": "step 1: the closure's backward counts as a completed step",
+        "verdict": "gradients-kept: the gradients a closure keeps until its zero_grad read as forgotten "
+        "(activation-spike is the secondary finding)",
     },
     "eval-outputs-kept-gpt": {
         "verdict": "inference-with-grad (the evaluation ran under no_grad)",
