@@ -389,3 +389,28 @@ def test_corpus_lightning_oom_is_the_first_steps_forward():
     result = analyse(load(NESTA))
     assert (result.target_phase, result.target_step) == ("forward", 0)
     assert {s.step for s in result.phases} == {0}
+
+
+def test_an_optimizer_step_window_around_a_closure_keeps_its_forward_and_backward():
+    # optimizer.step(closure) recorded as one Optimizer.step annotation; zero_grad inside the closure
+    closure_forward = (*LINEAR, _frame("train.py", "closure", 50), *ADAM_STEP[1:])
+    closure_backward = (*BACKWARD[:3], _frame("train.py", "closure", 52), *ADAM_STEP[1:])
+    sim = Sim(total_bytes=8 << 30)
+    annotations: list[Annotation] = []
+    for _ in range(2):
+        sim.alloc(MiB, LOSS)  # the batch
+        start = sim._tick()
+        sim.alloc(MiB, closure_forward)
+        zero_grad = sim._tick()
+        annotations += [
+            Annotation("Optimizer.zero_grad#Adam.zero_grad", edge, 0, zero_grad) for edge in ("START", "END")
+        ]
+        sim.alloc(MiB, closure_backward)
+        sim.alloc(MiB, ())
+        sim.alloc(MiB, ADAM_STEP)
+        annotations += [
+            Annotation("Optimizer.step#Adam.step", edge, 0, t) for edge, t in (("START", start), ("END", sim._tick()))
+        ]
+    phases = _phase_steps(_trace(sim, tuple(annotations)), list(range(10)))
+    step = [("forward", 0), ("backward", 0), ("backward", 0), ("optimizer_step", 0)]
+    assert phases == [("before_first_step", 0), *step, ("between_steps", 1), *[(p, 1) for p, _ in step]]

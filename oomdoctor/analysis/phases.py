@@ -502,10 +502,13 @@ def build_spans(
         return from_markers, SOURCE_MARKERS
 
     windows, step_starts = annotation_windows(trace, annotations, device)
-    # the loop's own marks count as step boundaries only in a run that trains
+    # an optimizer step's window: a closure may run the step's forward and backward inside it
+    stepping = [(first, last) for first, last, phase in windows if phase == PHASE_OPTIMIZER]
+    # the loop's own marks count as step boundaries only in a run that trains, and not inside a step
+    marks = [b for b in boundary_indices(trace, annotations, device) if not _inside(b, stepping)]
     found = _frame_phases(
         trace,
-        boundary_indices(trace, annotations, device),
+        sorted(set(marks) | set(step_starts)),
         optimizer_annotated=bool(step_starts),
         trains=any(a.name.startswith("Optimizer.") for a in annotations),
     )
@@ -527,13 +530,16 @@ def build_spans(
         last = starts[number + 1] - 1 if number + 1 < len(starts) else count - 1
         pieces.append((starts[number], last, phase, source, new_pass))
     for first, last, phase in sorted(windows):
-        pieces = _overlay(pieces, first, last, phase)
+        # the stacks' forward and backward inside an optimizer step are its closure's
+        keep = _CLOSURE_PHASES if phase == PHASE_OPTIMIZER else frozenset()
+        pieces = _overlay(pieces, first, last, phase, keep)
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
     spans = _number_steps(
         pieces,
         sorted(set(step_starts) | set(found.boundaries)),
         allocations=indices,
         has_optimizer=has_optimizer,
+        stepping=stepping,
     )
     source = SOURCE_ANNOTATIONS if windows else (SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA)
     return spans, source
@@ -543,21 +549,29 @@ def _base_source(found: _FramePhases) -> str:
     return SOURCE_FRAMES if found.any_frames else SOURCE_NONE
 
 
+_CLOSURE_PHASES = frozenset({PHASE_FORWARD, PHASE_BACKWARD})
+
+
+def _inside(index: int, windows: Sequence[tuple[int, int]]) -> bool:
+    """Whether `index` lies inside one of the windows, after its first event."""
+    return any(first < index <= last for first, last in windows)
+
+
 def _overlay(
-    pieces: list[tuple[int, int, str, str, bool]], first: int, last: int, phase: str
+    pieces: list[tuple[int, int, str, str, bool]], first: int, last: int, phase: str, keep: frozenset[str]
 ) -> list[tuple[int, int, str, str, bool]]:
+    """The pieces with events first..last given the window's phase, except pieces whose phase is in `keep`."""
     result: list[tuple[int, int, str, str, bool]] = []
     for piece in pieces:
         p_first, p_last = piece[0], piece[1]
-        if p_last < first or p_first > last:
+        if p_last < first or p_first > last or piece[2] in keep:
             result.append(piece)
             continue
         if p_first < first:
             result.append((p_first, first - 1, *piece[2:]))
+        result.append((max(first, p_first), min(last, p_last), phase, SOURCE_ANNOTATIONS, False))
         if p_last > last:
             result.append((last + 1, p_last, piece[2], piece[3], False))
-    result.append((first, last, phase, SOURCE_ANNOTATIONS, False))
-    result.sort()
     return result
 
 
@@ -567,11 +581,13 @@ def _number_steps(
     *,
     allocations: Sequence[int],
     has_optimizer: bool,
+    stepping: Sequence[tuple[int, int]] = (),
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
 
     A step ends after a completed top-level optimizer step, or, in a run whose optimizer never
-    allocates (in-place SGD), after a completed backward; `boundaries` (annotations: the end of an
+    allocates (in-place SGD), after a completed backward, but not inside an `Optimizer.step` window
+    (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
     `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
     allocation follows: a tail of frees is no step of its own.
@@ -597,7 +613,8 @@ def _number_steps(
             position += 1
         allocates = position < len(allocations) and allocations[position] <= last
         ends_step = first in marks and first <= last_allocation
-        if allocates and previous is not None and previous != phase:
+        # inside an optimizer step's window the closure's phases change, but the step goes on
+        if allocates and previous is not None and previous != phase and not _inside(first, stepping):
             if previous == PHASE_OPTIMIZER:
                 ends_step = True
             elif previous == PHASE_BACKWARD and not has_optimizer and phase != PHASE_OPTIMIZER:
