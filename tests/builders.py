@@ -83,13 +83,16 @@ class Sim:
         self.time_us += 10
         return self.time_us
 
-    def alloc(self, nbytes: int, frames=(), component: str | None = None, name: str = "") -> int:
+    def alloc(self, nbytes: int, frames=(), component: str | None = None, name: str = "", *, remainder: int = 0) -> int:
+        """A block of round_size(nbytes) in its own segment; `remainder` bytes more (at most 1 MiB)
+        make the segment larger and stay in the block, unsplit, as the allocator leaves them: the
+        dump shows the block at round_size + remainder while it lives, the whole segment free after."""
         rounded = round_size(nbytes)
         address = self.next_address
-        self.next_address += rounded + 4 * MiB
-        self.events.append(TraceEvent("segment_alloc", address, rounded, 0, frames, self._tick()))
+        self.next_address += rounded + remainder + 4 * MiB
+        self.events.append(TraceEvent("segment_alloc", address, rounded + remainder, 0, frames, self._tick()))
         self.events.append(TraceEvent("alloc", address, nbytes, 0, frames, self._tick()))
-        self.segments[address] = [rounded, ACTIVE_ALLOCATED, nbytes, frames]
+        self.segments[address] = [rounded + remainder, ACTIVE_ALLOCATED, nbytes, frames]
         if component:
             self.tensors.append(
                 {"address": address, "device": 0, "component": component, "name": name, "size_bytes": nbytes}

@@ -51,9 +51,6 @@ PEAK_TOLERANCE_MIN = 2 << 20  # bytes
 
 # Today's contradictions: file -> {kind: the contradiction}. Strict xfails (see the module's docstring).
 KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
-    "cs336_pair_pickle__silmont2000__memory_forward_bf16_128.pickle": {
-        "peak": "headline 'peak (777.62 MiB allocated)' and evidence 815390720 bytes; the label's peak is 781312000 (745.1 MiB, +4.4%), as the report's own step table says",
-    },
     "legacy_torch20_block_history__yiyi_llm_inference__oom_snapshot.pickle": {
         "frames": "'no stack frames were recorded', but the label reads block history frames (torch 2.0 format)",
     },

@@ -49,9 +49,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "cs336_mixed_precision__niuhuangxiaozi__fwd_bwd_200_mixed_precision.pickle": {
         "categories": "3/1/0: backward temporaries partial (156.3 MiB for 127.9 MiB, +22%)",
     },
-    "cs336_pair_pickle__silmont2000__memory_forward_bf16_128.pickle": {
-        "categories": "1/1/0: activations/autocast copies partial (276.7 MiB for 244.2 MiB, +13%)",
-    },
     "device1_only_empty_traces__select_n__snapshot.pickle": {
         "categories": "0/0/2: parameters/buffers wrong (0 for 487.5 MiB), other/unknown wrong (520.0 MiB for 32.5 MiB)",
     },

@@ -163,6 +163,7 @@ class _Target:
     fatal_index: int | None  # the OOM that stopped the run
     state: EventState
     notes: tuple[Unknown, ...]  # what rebuilding the state could not know
+    allocated_bytes: int  # right after it, by docs/definitions.md ("The peak"): the peak's figure at the peak
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +272,17 @@ def _pick_target(dump: _DeviceDump, state: ReplayState) -> _Target:
     else:
         index, kind = None, "dump"
     at_target, notes = _state_at_target(dump.trace, dump.segments, state.history, index)
-    return _Target(index, kind, fatal_index, at_target, tuple(notes))
+    allocated = state.peak_allocated_bytes if kind == "peak" else _live_bytes(state.history, index)
+    return _Target(index, kind, fatal_index, at_target, tuple(notes), allocated)
+
+
+def _live_bytes(history: LiveHistory, index: int | None) -> int:
+    """The bytes of the whole live set right after `index` (None: the dump) by docs/definitions.md's
+    rule, blocks no rebuilt segment could hold included; what the walk counts there."""
+    if index is None:
+        return sum(b.size for b in history.final_blocks.values())
+    live, _ = history.at(index)
+    return sum(a.size_bytes for a in live.values())
 
 
 def _account(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Accounted:
@@ -387,6 +398,7 @@ def _context(
         target_phase=moment.phase,
         target_step=moment.step,
         target_index=target.index,
+        target_allocated_bytes=target.allocated_bytes,
         steps=moment.steps,
         optimizer_kind=_optimizer_kind(dump.registry, blocks),
         exact=bool(dump.registry),
@@ -493,6 +505,7 @@ def _result(
         target_kind=target.kind,
         peak_index=state.peak_index,
         peak_allocated_bytes=state.peak_allocated_bytes,
+        target_allocated_bytes=target.allocated_bytes,
         ooms=accounted.ooms,
         series=tuple(state.series),
         events_after_target=len(trace) - 1 - target.index if target.index is not None else 0,

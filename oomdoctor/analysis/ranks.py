@@ -158,7 +158,7 @@ def _row(index: int, dump: RankDump) -> RankRow:
         target_kind=analysis.replay.target_kind,
         step=analysis.target_step,
         phase=analysis.target_phase,
-        allocated_bytes=analysis.accounting.allocated_bytes,
+        allocated_bytes=analysis.replay.target_allocated_bytes,  # the peak at the peak (docs/definitions.md)
         reserved_bytes=analysis.accounting.reserved_bytes,
         request_bytes=analysis.accounting.request_bytes,
         components=tuple((name, analysis.component_bytes().get(name, 0)) for name in COMPONENTS),

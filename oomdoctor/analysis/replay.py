@@ -236,8 +236,18 @@ def walk(
     phase_component_map: dict[str, int] | None = None,
 ) -> ReplayState:
     """One pass over the trace. Without `component_of_alloc`, an allocation's component is the one
-    `phase_component_map` gives its phase (the last component, unknown, when it gives none)."""
+    `phase_component_map` gives its phase (the last component, unknown, when it gives none).
+
+    Allocated bytes after an event follow docs/definitions.md ("The peak"): each live block at
+    round_size(request), unless it survives to the dump (its exact bytes there, from its alloc on),
+    plus the blocks from before the trace (exact from the dump, or round_size of their free); the
+    peak, the steps' peaks and the series all count them so."""
     count = len(trace)
+    final_blocks = final_live_blocks(segments)
+    survivors = survivor_sizes(trace, final_blocks, divisions)
+    survivor_order = sorted(survivors)
+    survivor_position = 0
+    next_survivor = survivor_order[0] if survivor_order else -1
     times = trace.times_us
     live: dict[int, LiveEntry] = {}
     pending: dict[int, int] = {}
@@ -281,9 +291,15 @@ def walk(
                 stats_peak = stats.peak_allocated_bytes
                 stats_activation_peak = stats.peak_activation_bytes
         if action == ALLOC:
-            block_size = rounded_cache.get(size)
-            if block_size is None:
-                block_size = rounded_cache[size] = round_size(size, divisions)
+            if index == next_survivor:  # live at the dump: its exact bytes there
+                block_size = survivors[index]
+                survivor_position += 1
+                next_survivor = survivor_order[survivor_position] if survivor_position < len(survivor_order) else -1
+            else:
+                rounded = rounded_cache.get(size)
+                if rounded is None:
+                    rounded = rounded_cache[size] = round_size(size, divisions)
+                block_size = rounded
             component = phase_component if component_of_alloc is None else component_of_alloc(index, addr, size, phase)
             live[addr] = (index, component, block_size, size)
             allocated += block_size
@@ -325,7 +341,6 @@ def walk(
     stats.peak_allocated_bytes = stats_peak
     stats.peak_activation_bytes = stats_activation_peak
 
-    final_blocks = final_live_blocks(segments)
     final_allocated = sum(b.size for b in final_blocks.values())
     final_reserved = sum(s.total_size for s in segments)
     allocated_offset = final_allocated - allocated
@@ -365,6 +380,26 @@ def walk(
         has_frames=trace.events_with_frames > 0,
         has_time=times is not None,
     )
+
+
+def survivor_sizes(
+    trace: DeviceTrace, final_blocks: Mapping[int, Block], divisions: tuple[tuple[int, int], ...] = ()
+) -> dict[int, int]:
+    """alloc event index -> the dump's exact block bytes, for each allocation of the trace still
+    live at the end whose block is not round_size(request) (an unsplit remainder, say): the trace's
+    last event at the block's address is its alloc. Other blocks the walk counts at round_size,
+    which is then their size."""
+    differing = {a: b.size for a, b in final_blocks.items() if b.size != round_size(b.requested_size, divisions)}
+    if not differing:
+        return {}
+    last = dict(zip(trace.addrs, range(len(trace))))  # address -> its last event
+    actions = trace.actions
+    found = {}
+    for address, size in differing.items():
+        index = last.get(address)
+        if index is not None and actions[index] == ALLOC:
+            found[index] = size
+    return found
 
 
 def ring_buffer_wrapped(event_count: int, max_entries: int | None) -> bool:
@@ -520,24 +555,21 @@ def event_state(
     event_index: int, layout: Sequence[Segment], live: Mapping[int, LiveAllocation], exact: bool
 ) -> EventState:
     """The state right after an event, from its segment layout and the live set laid out in it:
-    the allocations the layout placed, in `live`'s order, with the block bytes it settled (unsplit
-    remainders included)."""
+    the allocations the layout placed, in `live`'s order, each with its own bytes by the one rule
+    (docs/definitions.md, "The peak"). `allocated_bytes` is the layout's: the blocks as it placed
+    them, with the unsplit remainders it gives large blocks."""
     allocated = active = reserved = 0
-    placed: dict[int, int] = {}
+    placed: set[int] = set()
     for segment in layout:
         reserved += segment.total_size
         for block in segment.blocks:
             if block.state == ACTIVE_ALLOCATED:
                 allocated += block.size
                 active += block.size
-                placed[block.address] = block.size
+                placed.add(block.address)
             elif block.state == ACTIVE_PENDING_FREE:
                 active += block.size
-    rows = []
-    for address, allocation in live.items():
-        size = placed.get(address)
-        if size is not None:
-            rows.append(allocation if size == allocation.size_bytes else allocation._replace(size_bytes=size))
+    rows = [allocation for address, allocation in live.items() if address in placed]
     return EventState(
         event_index=event_index,
         allocated_bytes=allocated,

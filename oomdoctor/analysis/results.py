@@ -98,7 +98,8 @@ class ReplaySummary:
     target_index: int | None  # the event the live set and accounting describe; None: dump state
     target_kind: str  # "oom" | "peak" | "dump"
     peak_index: int | None
-    peak_allocated_bytes: int
+    peak_allocated_bytes: int  # the peak, by docs/definitions.md: what every report calls the peak
+    target_allocated_bytes: int  # right after the target by the same rule (the peak at the peak)
     ooms: tuple[OomEvent, ...]
     series: tuple[SeriesPoint, ...]
     events_after_target: int
@@ -126,10 +127,10 @@ class EventState:
     """The allocator's state right after one event, rebuilt by `Replayer.state_at`."""
 
     event_index: int
-    allocated_bytes: int
+    allocated_bytes: int  # of the layout: blocks as `segments` hold them, unsplit remainders included
     active_bytes: int  # allocated + pending free
     reserved_bytes: int
-    live: tuple[LiveAllocation, ...]  # the allocated blocks of `segments`, block bytes as laid out there
+    live: tuple[LiveAllocation, ...]  # the allocated blocks of `segments`, at their own bytes (definitions.md)
     segments: tuple[Segment, ...]  # the layout, with free gaps as inactive blocks
     exact: bool  # True when this is the dump's own state
 

@@ -75,6 +75,7 @@ class Context:
     exact: bool  # the registry placed the model states
     expandable_on: bool | None
     capacity_bytes: int | None = field(default=None)  # what PyTorch could have had on this device
+    target_allocated_bytes: int | None = field(default=None)  # docs/definitions.md's; None: the accounting's
     large_segment_bytes: int = field(default=LARGE_SEGMENT_BYTES)  # the allocator's large segment size
     scalable_bytes: int = field(default=0)  # live bytes that grow with the batch (whatif.scalable_bytes)
     request_scales: bool = field(default=False)  # the failed request grows with the batch (whatif.request_scales)
@@ -82,6 +83,13 @@ class Context:
     @property
     def request(self) -> int:
         return self.oom.request_bytes if self.oom else 0
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Allocated bytes at the target by docs/definitions.md ("The peak"): the peak at the peak."""
+        if self.target_allocated_bytes is not None:
+            return self.target_allocated_bytes
+        return self.accounting.allocated_bytes
 
     @property
     def missing(self) -> int:
@@ -601,7 +609,7 @@ TESTS: tuple[Callable[[Context], Finding | None], ...] = (
 def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
     findings = [f for f in (test(ctx) for test in TESTS) if f is not None]
     if ctx.oom is None:
-        peak = ctx.accounting.allocated_bytes
+        peak = ctx.allocated_bytes
         at = "peak" if ctx.target_index is not None else "dump"
         primary = Finding(
             Verdict.NO_OOM,

@@ -22,7 +22,7 @@ from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, Dev
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size
 from oomdoctor.views import phrasing
-from oomdoctor.views.report_rows import COMPONENT_LABELS, evidence_line, where_label
+from oomdoctor.views.report_rows import COMPONENT_LABELS, allocated_rows, evidence_line, where_label
 
 PHASE_LETTERS = {
     "forward": "F",
@@ -105,7 +105,11 @@ def memory_lines(analysis: Analysis) -> list[str]:
     if acc.device_free_bytes is not None:
         rows.append(("free on the device", acc.device_free_bytes, ""))
     rows.append(("reserved by PyTorch", acc.reserved_bytes, ""))
-    rows.append(("  allocated", acc.allocated_bytes, f"rounding {human_size(acc.rounding_bytes)}"))
+    allocated = allocated_rows(analysis)
+    for position, (label, value, note) in enumerate(allocated, 1):
+        if position == len(allocated):
+            note += f"{'; ' if note else ''}rounding {human_size(acc.rounding_bytes)}"
+        rows.append((f"  {label}", value, note))
     rows.append(
         (
             "  cached, free",

@@ -24,6 +24,7 @@ from oomdoctor.units import human_size as human
 from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
+    allocated_rows,
     component_rows,
     evidence_places,
     evidence_value,
@@ -241,7 +242,10 @@ def _memory(analysis: Analysis, where: str, add) -> None:
         ("outside PyTorch", acc.non_pytorch_bytes),
         ("free on the device", acc.device_free_bytes),
         ("reserved by PyTorch", acc.reserved_bytes),
-        ("&nbsp;&nbsp;allocated", acc.allocated_bytes),
+        *(
+            (f"&nbsp;&nbsp;{label}" + (f" ({note})" if note else ""), value)
+            for label, value, note in allocated_rows(analysis)
+        ),
         ("&nbsp;&nbsp;&nbsp;&nbsp;of which rounding", acc.rounding_bytes),
         ("&nbsp;&nbsp;cached, free", acc.free_cached_bytes),
         ("&nbsp;&nbsp;&nbsp;&nbsp;releasable", acc.releasable_bytes),

@@ -30,6 +30,23 @@ def target_context(analysis: Analysis) -> str:
     )
 
 
+LAYOUT_LABEL = "as laid out"
+LAYOUT_NOTE = "the blocks as the rebuilt segments hold them, unsplit remainders included"
+
+
+def allocated_rows(analysis: Analysis) -> list[tuple[str, int, str]]:
+    """The allocated lines of "Memory at ...", as (label, bytes, note); the accounting's rounding
+    belongs to the last. One line when the accounting's layout holds what docs/definitions.md counts
+    there; else that figure (at the peak, the peak every report names) and then the layout's, with
+    the unsplit remainders it gives large blocks (and without the blocks it could not place)."""
+    allocated = analysis.replay.target_allocated_bytes
+    laid_out = analysis.accounting.allocated_bytes
+    if allocated == laid_out:
+        return [("allocated", allocated, "")]
+    note = "the peak" if analysis.replay.target_kind == "peak" else "each live block at its own size"
+    return [("allocated", allocated, note), (LAYOUT_LABEL, laid_out, LAYOUT_NOTE)]
+
+
 def evidence_value(item: Evidence) -> str | None:
     """The figure shown after a piece of evidence: its size, else its value (not for flags and the step)."""
     if item.bytes is not None:

@@ -8,6 +8,7 @@ from oomdoctor.units import human_size as human
 from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
+    allocated_rows,
     component_rows,
     evidence_line,
     largest_groups,
@@ -50,7 +51,11 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     if acc.device_free_bytes is not None:
         add(f"  free on the device    {human(acc.device_free_bytes):>12}")
     add(f"  reserved by PyTorch   {human(acc.reserved_bytes):>12}")
-    add(f"    allocated           {human(acc.allocated_bytes):>12}  (of which rounding {human(acc.rounding_bytes)})")
+    rows = allocated_rows(analysis)
+    for position, (label, value, note) in enumerate(rows, 1):
+        if position == len(rows):
+            note += f"{'; ' if note else ''}of which rounding {human(acc.rounding_bytes)}"
+        add(f"    {label:<20}{human(value):>12}  ({note})")
     add(
         f"    cached, free        {human(acc.free_cached_bytes):>12}  (releasable {human(acc.releasable_bytes)}, fragments {human(acc.non_releasable_bytes)})"
     )
