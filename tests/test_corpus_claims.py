@@ -50,14 +50,7 @@ PEAK_TOLERANCE = 0.02  # of the label's bytes, for the labels' estimated peaks a
 PEAK_TOLERANCE_MIN = 2 << 20  # bytes
 
 # Today's contradictions: file -> {kind: the contradiction}. Strict xfails (see the module's docstring).
-KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
-    "legacy_torch20_block_history__yiyi_llm_inference__oom_snapshot.pickle": {
-        "frames": "'no stack frames were recorded', but the label reads block history frames (torch 2.0 format)",
-    },
-    "tiny__how_diffusion_models_work__my_snapshot.pickle": {
-        "frames": "'no stack frames were recorded', but the label reads block frames (module .to/convert, sampler)",
-    },
-}
+KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {}
 
 
 # ---- extractors ----------------------------------------------------------------------------------

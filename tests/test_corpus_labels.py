@@ -37,12 +37,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "compile_context__decomfl__memory.pickle": {
         "moment": "phase between_steps (expert optimizer_step)",
     },
-    "cs336_2_segments__bolongcheng__xl_fwd_cl512_fp32.pickle": {
-        "verdict": "wanted inference-with-grad (headline or finding); got no-oom, findings: none",
-    },
-    "cs336_47GB_1722_segments__nothanmin__memory_snapshot_forward.pickle": {
-        "verdict": "wanted gradients-kept (headline or finding); got no-oom, findings: none",
-    },
     "cs336__bcrafton__memory_snapshot.pickle": {
         "categories": "1/2/0: parameters + gradients partial (1.42 GiB for 1.73 GiB, -18%), optimizer state partial (1.71 GiB for 1.42 GiB, +20%)",
     },
@@ -51,12 +45,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     },
     "device1_only_empty_traces__select_n__snapshot.pickle": {
         "categories": "0/0/2: parameters/buffers wrong (0 for 487.5 MiB), other/unknown wrong (520.0 MiB for 32.5 MiB)",
-    },
-    "legacy_torch20_block_history__yiyi_llm_inference__oom_snapshot.pickle": {
-        "verdict": "wanted model-states-too-large (headline or finding); got no-oom, findings: none",
-    },
-    "segment_free__octree_nca__inference2_peso_oct.pickle": {
-        "verdict": "wanted oversized-request (headline or finding); got no-oom, findings: none",
     },
     "segments_only_26GB__verl__mem.pickle": {
         "categories": "1/1/0: vLLM weights + Megatron param/grad buffers partial (2.14 GiB for 1.85 GiB, +16%)",

@@ -78,7 +78,6 @@ VOCABULARY = {verdict.value for verdict in Verdict}
 KNOWN_MISSES: dict[str, dict[str, str]] = {
     "late-recording-optimizer-state-gpt-adamw": {
         "verdict": "activation-spike: the AdamW state, allocated before the trace, is not seen as new",
-        "components": "the AdamW state from before the trace counts as parameters (31.6 MiB, truth 10.5)",
         "moment": "step 0: the first step ran before the trace and is not counted",
     },
     "late-recording-gradients-kept-mlp-sgd": {
@@ -99,9 +98,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     },
     "forward-benchmark-with-grad-gpt": {
         "verdict": "activation-spike",
-    },
-    "no-oom-forward-benchmark-with-grad-gpt": {
-        "verdict": "no-oom, no finding",
     },
 }
 

@@ -37,14 +37,19 @@ from oomdoctor.analysis.replay import (
     event_state,
     final_live_blocks,
     lay_out,
+    near_ooms,
     ooms_of,
     ring_buffer_wrapped,
     segments_at,
     walk,
 )
 from oomdoctor.analysis.results import (
+    PHASE_BACKWARD,
     PHASE_BETWEEN,
+    PHASE_FORWARD,
+    PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
+    PHASE_ZERO_GRAD,
     SOURCE_NONE,
     Accounting,
     Analysis,
@@ -69,7 +74,8 @@ from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import ALLOC, OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
+from oomdoctor.vocabulary import Component
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
@@ -207,7 +213,7 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     accounted = _account(dump, state, target)
     blocks, shares = _attribute(dump, state, target)
     moment = _judge_moment(dump, state, target)
-    ctx = _context(dump, target, accounted, blocks, shares, moment)
+    ctx = _context(dump, state, target, accounted, blocks, shares, moment)
     judgement = _diagnose(ctx, target, moment)
     unknowns = _unknowns(dump, state, target, accounted, blocks)
     return _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
@@ -378,8 +384,78 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
     return _Moment(phase, step, steps)
 
 
+def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
+    """Bytes allocated by the forward passes before the target's since the last backward,
+    optimizer step or zero_grad (what `verdicts._kept_from_earlier_passes` weighs its kept bytes against)."""
+    index = target.index
+    if index is None:
+        return 0
+    training = (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
+    last_training = max(
+        (s.last_index for s in dump.spans if s.phase in training and s.first_index <= index), default=-1
+    )
+    forwards = [s for s in dump.spans if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
+    if len(forwards) < 2:
+        return 0
+    actions, sizes = dump.trace.actions, dump.trace.sizes
+    return sum(sizes[i] for i in range(last_training + 1, forwards[-1].first_index) if actions[i] == ALLOC)
+
+
+def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock]) -> tuple[int, int, int]:
+    """What the forward the target falls in keeps: (bytes allocated from the oldest of its
+    activations and temporaries still alive at the target up to the target, the bytes of those
+    live ones, how many there are); zeros when the target is not in a forward.
+
+    A pass that keeps its graph keeps most of what it allocated since its oldest kept tensor, and
+    keeps many tensors; under no_grad only the last few tensors are alive, or (when outputs are
+    kept across steps of a loop) a small share of all that was allocated since the oldest."""
+    index = target.index
+    if index is None:
+        return 0, 0, 0
+    span = dump.phase_index.span_of(index)
+    if span is None or span.phase != PHASE_FORWARD:
+        return 0, 0, 0
+    first = span.first_index
+    for earlier in reversed(dump.spans[: dump.spans.index(span)]):  # a forward may be cut into spans
+        if earlier.phase != PHASE_FORWARD:
+            break
+        first = earlier.first_index
+    kept = [
+        b
+        for b in blocks
+        if b.alloc_index is not None
+        and first <= b.alloc_index <= index
+        and b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
+    ]
+    if not kept:
+        return 0, 0, 0
+    oldest = min(b.alloc_index for b in kept if b.alloc_index is not None)
+    actions, sizes = dump.trace.actions, dump.trace.sizes
+    allocated = sum(sizes[i] for i in range(oldest, index + 1) if actions[i] == ALLOC)
+    return allocated, sum(b.size_bytes for b in kept), len(kept)
+
+
+def _at_end(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[dict[str, int], int | None]:
+    """Components and allocated bytes at the dump, placed as the target's blocks are (None when
+    the target is the dump itself)."""
+    if target.index is None:
+        return {}, None
+    at_end = _state_at_target(dump.trace, dump.segments, state.history, None)[0]
+    blocks = _attribution.attribute(
+        at_end.live,
+        trace=dump.trace,
+        frames_of={a: b.frames for a, b in state.history.final_blocks.items()},
+        phases=dump.phase_index,
+        registry=dump.registry,
+        target_index=None,
+        pre_trace=dump.pre_trace,
+    )
+    return {s.name: s.bytes for s in _attribution.shares(blocks)}, at_end.allocated_bytes
+
+
 def _context(
     dump: _DeviceDump,
+    state: ReplayState,
     target: _Target,
     accounted: _Accounted,
     blocks: list[LiveBlock],
@@ -387,6 +463,8 @@ def _context(
     moment: _Moment,
 ) -> Context:
     """Everything the verdict tests read."""
+    pass_allocated, pass_kept, pass_kept_count = _current_pass(dump, target, blocks)
+    end_components, end_allocated = _at_end(dump, state, target)
     return Context(
         oom=accounted.fatal,
         accounting=accounted.accounting,
@@ -407,6 +485,14 @@ def _context(
         large_segment_bytes=accounted.large_segment_bytes,
         scalable_bytes=scalable_bytes(blocks),
         request_scales=request_scales(moment.phase, accounted.request_bytes or 0, blocks),
+        near_ooms=near_ooms(dump.trace, dump.segments),
+        pass_allocated_bytes=pass_allocated,
+        pass_kept_bytes=pass_kept,
+        pass_kept_count=pass_kept_count,
+        earlier_passes_allocated_bytes=_earlier_passes_allocated(dump, target),
+        trace_entries=len(dump.trace),
+        end_components=end_components,
+        end_allocated_bytes=end_allocated,
     )
 
 
@@ -467,7 +553,10 @@ def _unknowns(
     if not trace:
         unknowns.append(Unknown(UnknownKind.NO_HISTORY))
     elif not state.has_frames:
-        unknowns.append(Unknown(UnknownKind.NO_FRAMES))
+        if any(b.frames for b in state.history.final_blocks.values()):
+            unknowns.append(Unknown(UnknownKind.TRACE_NO_FRAMES, len(trace)))
+        else:
+            unknowns.append(Unknown(UnknownKind.NO_FRAMES))
     if dump.phase_source == SOURCE_NONE and trace:
         unknowns.append(Unknown(UnknownKind.NO_PHASES))
     if not dump.registry:
@@ -477,6 +566,9 @@ def _unknowns(
     pre_count, _ = _pre_existing(state, blocks)
     if pre_count:
         unknowns.append(Unknown(UnknownKind.PRE_EXISTING, pre_count))
+        frameless = sum(1 for b in blocks if b.alloc_index is None and not b.frames)
+        if frameless:
+            unknowns.append(Unknown(UnknownKind.PRE_EXISTING_NO_STACK, frameless))
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(Unknown(UnknownKind.OOM_RETRIED))

@@ -181,6 +181,7 @@ _USER_FRAMES_READ = 4  # innermost user frames whose names are read
 # two moments of Adam-like optimizers (in that order of likelihood).
 _MODEL_STATE_KINDS = ("parameters", "gradients", "optimizer_state", "optimizer_state")
 _COPY_TOLERANCE = 0.01  # bytes in shapes that break a k-copy pattern, as a share of the frame-less bytes
+_COPY_SHAPES_SHARE = 2 / 3  # of the repeated shapes, those that must follow the pattern
 
 
 def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
@@ -269,24 +270,30 @@ def _place_by_fate(free_index: int | None, phases: PhaseIndex) -> tuple[int, str
         return GRADIENTS, METHOD_LIFETIME, 0.7
     if span.phase == PHASE_OPTIMIZER:  # replaced by the step that updates it
         return OPTIMIZER_STATE, METHOD_LIFETIME, 0.5
-    return None
+    if span.phase == PHASE_BACKWARD:  # saved for this backward by a forward before the trace
+        return ACTIVATIONS, METHOD_LIFETIME, 0.4
+    # freed by a forward or between steps: not a model state (nothing frees those there)
+    return UNKNOWN, METHOD_LIFETIME, 0.0
 
 
 def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) -> int:
     """How many copies of one set of shapes the frame-less pre-trace blocks hold, from their
-    (requested bytes, block bytes): the largest k (at most `kinds_possible`) such that every shape
-    occurs a multiple of k times, but for shapes holding at most _COPY_TOLERANCE of the bytes."""
+    (requested bytes, block bytes): the largest k (at most `kinds_possible`) such that the shapes
+    occur a multiple of k times: all but _COPY_TOLERANCE of the bytes, and at least
+    _COPY_SHAPES_SHARE of the shapes that repeat (the small ones, norms and biases, count there)."""
     counts: dict[int, int] = defaultdict(int)
     held: dict[int, int] = defaultdict(int)
     for requested, size in sizes:
         counts[requested] += 1
         held[requested] += size
     total = sum(held.values())
-    if not total:
+    repeated = [n for n in counts.values() if n > 1]
+    if not total or not repeated:
         return 1
     for copies in range(min(kinds_possible, len(_MODEL_STATE_KINDS)), 1, -1):
         broken = sum(held[r] for r, n in counts.items() if n % copies)
-        if broken <= total * _COPY_TOLERANCE:
+        regular = sum(1 for n in repeated if n % copies == 0)
+        if broken <= total * _COPY_TOLERANCE and regular >= _COPY_SHAPES_SHARE * len(repeated):
             return copies
     return 1
 
@@ -402,21 +409,30 @@ def pre_trace_placements(
     frames_of: dict[int, Stack] = {}
     frees: dict[int, int] = {}
     actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    backward_sizes: set[int] = set()  # requested bytes of backward allocations that outlive their backward
+    in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
     for index in range(len(trace)):
         action = actions[index]
         if action == ALLOC:
             allocated_in_trace.add(addrs[index])
+            span = phases.span_of(index)
+            if span is not None and span.phase == PHASE_BACKWARD:
+                in_backward[addrs[index]] = (sizes[index], span.last_index)
         elif action == FREE_REQUESTED:
             address = addrs[index]
+            made = in_backward.pop(address, None)
+            if made is not None and index > made[1]:
+                backward_sizes.add(made[0])
             if address not in allocated_in_trace and address not in frees:
                 frees[address] = index
                 allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
                 frames_of[address] = trace.frames_at(index)
+    backward_sizes.update(requested for requested, _ in in_backward.values())  # never freed
     for address, block in final_blocks.items():
         if address not in allocated_in_trace and address not in frees:
             allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
             frames_of[address] = block.frames
-    return place_pre_trace(allocations, frames_of=frames_of, frees=frees, phases=phases)
+    return place_pre_trace(allocations, frames_of=frames_of, frees=frees, phases=phases, backward_sizes=backward_sizes)
 
 
 def place_pre_trace(
@@ -425,8 +441,10 @@ def place_pre_trace(
     frames_of: Mapping[int, Stack],
     frees: Mapping[int, int],
     phases: PhaseIndex,
+    backward_sizes: Collection[int] = (),
 ) -> dict[int, tuple[int, str, float]]:
-    """(component, method, confidence) of each block allocated before the trace began (see above)."""
+    """(component, method, confidence) of each block allocated before the trace began (see above);
+    `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -440,30 +458,43 @@ def place_pre_trace(
         else:
             placed[address] = placement
     if frameless:
-        placed.update(_place_model_states(frameless, placed.values(), phases))
+        placed.update(_place_model_states(frameless, placed.values(), phases, backward_sizes))
     return placed
 
 
 def _place_model_states(
-    frameless: Sequence[LiveAllocation], placed: Collection[tuple[int, str, float]], phases: PhaseIndex
+    frameless: Sequence[LiveAllocation],
+    placed: Collection[tuple[int, str, float]],
+    phases: PhaseIndex,
+    backward_sizes: Collection[int],
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
-    shows a model exists: the trace runs one, or the shapes repeat as copies of one set do."""
+    shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
+
+    The copies are parameters, then those the run shows it can have: gradients and optimizer
+    moments in a run that trains (or one the dump has no trace of), less a kind the blocks' own
+    frames already found. A traced backward that makes blocks of these shapes that outlive it
+    made the gradients (they were None before it): then the further copies are optimizer moments."""
     seen_phases = {span.phase for span in phases.spans}
     traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
+    trains = untraced or bool(seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
     placed_kinds = {component for component, _, _ in placed}
+    gradients_made = any(a.requested_bytes in backward_sizes for a in frameless)
     kinds = ["parameters"]
-    if GRADIENTS not in placed_kinds and (untraced or seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}):
+    if trains and GRADIENTS not in placed_kinds and not gradients_made:
         kinds.append("gradients")
-    if OPTIMIZER_STATE not in placed_kinds and (untraced or PHASE_OPTIMIZER in seen_phases):
+    if trains and OPTIMIZER_STATE not in placed_kinds:
         kinds += ["optimizer_state", "optimizer_state"]
     copies = model_state_copies([(a.requested_bytes, a.size_bytes) for a in frameless], len(kinds))
     if copies == 1 and not traced:  # one set of shapes, and nothing runs a model: cannot tell
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
-    if copies == len(kinds):
-        order = kinds
-    elif copies == 3:  # gradients set to None, two optimizer moments
+    last = phases.spans[-1] if phases.spans else None
+    backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
+    if copies == 3 and len(kinds) == 4 and not (backward_done and not gradients_made):
+        # gradients set to None and Adam-like moments (the likelier); unless a completed traced
+        # backward found the gradients already there (it made none): then the third copy is one
+        # moment (SGD's momentum)
         order = ["parameters", "optimizer_state", "optimizer_state"]
     else:
         order = kinds[:copies]

@@ -100,7 +100,8 @@ def recommend(
     activations = c.get(Component.ACTIVATIONS, 0)
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
-    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
+    # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER}) or bool(gradients or optimizer_state)
     found: list[Recommendation] = []
     if verdicts == {Verdict.NO_OOM}:
         return ()
@@ -181,7 +182,7 @@ def recommend(
                 step_temporaries,
             )
     if Verdict.GRADIENTS_KEPT in verdicts:
-        old, _, _ = ctx.old_bytes((Component.GRADIENTS,))
+        old, _, _ = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
         add(
             Change.ZERO_GRAD_SET_TO_NONE,
             old,
@@ -219,9 +220,11 @@ def recommend(
             (states_needed - buffers) // 2,
         )
     if Verdict.OVERSIZED_REQUEST in verdicts:
+        # without an OOM, the request that hit the limit and was retried
+        request = ctx.request or max((n.request_bytes for n in ctx.near_ooms), default=0)
         add(
             Change.CHUNK_LARGE_OP,
-            ctx.request * CHUNKING_SAVES_OF_FOUR // 4,
+            request * CHUNKING_SAVES_OF_FOUR // 4,
             request_scale=(4 - CHUNKING_SAVES_OF_FOUR) / 4,
         )
     if Verdict.OUTSIDE_PYTORCH in verdicts and ctx.accounting.non_pytorch_bytes:

@@ -16,7 +16,7 @@ import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from oomdoctor.analysis.results import EventState, LiveAllocation, OomEvent, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.results import EventState, LiveAllocation, NearOom, OomEvent, PhaseSpan, SeriesPoint
 from oomdoctor.analysis.sizing import (
     LARGE_SEGMENT_BYTES,
     SMALL_REQUEST_BYTES,
@@ -39,6 +39,7 @@ from oomdoctor.model import (
     Block,
     DeviceTrace,
     Segment,
+    Stack,
     TraceEvent,
 )
 
@@ -380,6 +381,52 @@ def walk(
         has_frames=trace.events_with_frames > 0,
         has_time=times is not None,
     )
+
+
+def _frees_cache(stack: Stack) -> bool:
+    """A stack of `torch.cuda.empty_cache()` (or of no frames): a flush the user asked for."""
+    return not stack or any(frame.name == "empty_cache" for frame in stack)
+
+
+def near_ooms(trace: DeviceTrace, segments: Sequence[Segment]) -> tuple[NearOom, ...]:
+    """The cudaMalloc failures the allocator survived: when a segment cannot be had, torch frees
+    its cached segments (the `segment_free` events carry the stack of the allocation waiting) and
+    tries again; a `segment_alloc` with that same stack right after the run is the retry."""
+    actions, sizes = trace.actions, trace.sizes
+    count = len(trace)
+    traced = 0
+    for index in range(count):
+        action = actions[index]
+        if action == SEGMENT_ALLOC or action == SEGMENT_MAP:
+            traced += sizes[index]
+        elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
+            traced -= sizes[index]
+    reserved = sum(s.total_size for s in segments) - traced  # reserved before the first event
+    found: list[NearOom] = []
+    index = 0
+    while index < count:
+        action = actions[index]
+        if action == SEGMENT_FREE or action == SEGMENT_UNMAP:
+            stack = trace.frames_at(index)
+            first, flushed = index, 0
+            before = reserved
+            while index < count and actions[index] in (SEGMENT_FREE, SEGMENT_UNMAP) and trace.frames_at(index) == stack:
+                flushed += sizes[index]
+                reserved -= sizes[index]
+                index += 1
+            if (
+                not _frees_cache(stack)
+                and index < count
+                and actions[index] in (SEGMENT_ALLOC, SEGMENT_MAP)
+                and trace.frames_at(index) == stack
+                and index > first
+            ):
+                found.append(NearOom(index, sizes[index], flushed, before))
+            continue
+        if action == SEGMENT_ALLOC or action == SEGMENT_MAP:
+            reserved += sizes[index]
+        index += 1
+    return tuple(found)
 
 
 def survivor_sizes(

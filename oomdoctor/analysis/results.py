@@ -44,10 +44,12 @@ class UnknownKind(StrEnum):
     UNPLACED_BLOCKS = "unplaced-blocks"  # count: live blocks in no rebuilt segment
     NO_HISTORY = "no-history"
     NO_FRAMES = "no-frames"
+    TRACE_NO_FRAMES = "trace-no-frames"  # count: trace entries, none with a stack (the blocks carry theirs)
     NO_PHASES = "no-phases"
     NO_REGISTRY = "no-registry"
     RING_BUFFER_WRAPPED = "ring-buffer-wrapped"  # count: events the trace holds
     PRE_EXISTING = "pre-existing"  # count: allocations older than the trace
+    PRE_EXISTING_NO_STACK = "pre-existing-no-stack"  # count: of them, live at the target with no stack
     NO_DEVICE_TOTAL = "no-device-total"
     NO_DEVICE_FREE = "no-device-free"
     OOM_RETRIED = "oom-retried"  # torch caught and retried the OOM judged
@@ -289,8 +291,14 @@ class SummaryKind(StrEnum):
     OPTIMIZER_LATER_STEP = "optimizer-later-step"  # step, optimizer_state
     ACTIVATION_SPIKE = "activation-spike"  # step, phase, activations, ratio
     ACTIVATIONS_DOMINATE = "activations-dominate"  # phase, activations
-    NO_OOM = "no-oom"  # at ("peak" | "dump"), allocated
+    NO_OOM = "no-oom"  # at ("peak" | "dump"), allocated; dominant, dominant_bytes; end_* the same at the dump
     UNKNOWN = "unknown"
+    # Risks found without an OOM event (at the peak or the dump)
+    KEPT_GRAPH_RISK = "kept-graph-risk"  # kept, share (of what the pass allocated), parameters
+    GRADIENTS_KEPT_RISK = "gradients-kept-risk"  # old, phase, parameters
+    MODEL_STATES_AT_CAPACITY = "model-states-at-capacity"  # states, reserved, free, entries
+    NEAR_OOM_OVERSIZED = "near-oom-oversized"  # request, bound, share, flushed
+    OVERSIZED_TENSOR_RISK = "oversized-tensor-risk"  # largest, capacity, share
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +344,15 @@ class EvidenceKind(StrEnum):
     CURRENT_ACTIVATIONS = "current-activations"
     RESERVED_PLUS_FREE = "reserved-plus-free"
     ALLOCATED_AT_TARGET = "allocated-at-target"  # at ("peak" | "dump")
+    PASS_ALLOCATED = "pass-allocated"  # bytes the forward pass allocated up to the target
+    PASS_KEPT = "pass-kept"  # of them, still alive at the target
+    NO_TRAINING = "no-training"  # no backward, optimizer step or gradients anywhere in the dump
+    RESERVED = "reserved"
+    FREE_CACHED = "free-cached"
+    TRACE_ENTRIES = "trace-entries"
+    NEAR_OOM = "near-oom"  # flushed: the allocator freed its cache to retry a request
+    CAPACITY_BOUND = "capacity-bound"  # reserved before the flush + the request: the device had less
+    LARGEST_TENSOR = "largest-tensor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +391,22 @@ class Recommendation:
     id: str  # a Change
     estimated_saved_bytes: int
     would_fit_alone: bool | None  # None when there is no failed request to fit
+
+
+@dataclass(frozen=True, slots=True)
+class NearOom:
+    """A cudaMalloc that failed and was retried after the allocator freed its cache (spec §3: a run
+    of `segment_free` events carrying the pending allocation's stack, then its `segment_alloc`)."""
+
+    event_index: int  # the retried segment_alloc
+    request_bytes: int  # the segment it asked for
+    flushed_bytes: int  # what the flush gave back
+    reserved_before_bytes: int  # reserved when the first cudaMalloc failed
+    # the device had less than reserved_before + request free for PyTorch at that moment
+
+    @property
+    def capacity_bound_bytes(self) -> int:
+        return self.reserved_before_bytes + self.request_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from oomdoctor.analysis.results import (
     Finding,
     Fragmentation,
     LiveBlock,
+    NearOom,
     OomEvent,
     PhaseSpan,
     StepSummary,
@@ -54,6 +55,14 @@ SPIKE_OVER_STATE_GROWTH = 0.1  # activations above the earlier peak by this shar
 ACTIVATIONS_MIN_SHARE = 0.3  # activations and temporaries at least this share of allocated (or the largest)
 SPIKE_RATIO = 1.2  # activations this many times the earlier steps' peak: a spike
 SMALLEST_GPU_BYTES = GIB  # no CUDA GPU has less: a capacity below it means memory was held outside
+# Risks judged without an OOM event
+KEPT_GRAPH_SHARE = 0.4  # a pass under no_grad frees each intermediate once used; keeping this share keeps a graph
+KEPT_GRAPH_MIN_TENSORS = 16  # and a graph is many tensors (no_grad keeps the last few alive)
+KEPT_GRAPHS_OF_PASSES = 0.25  # earlier passes that kept less of what they allocated kept their outputs, not graphs
+MODEL_STATES_SHARE = 0.9  # model states this share of allocated: they are what fills memory
+AT_CAPACITY_FREE_PART = 100  # at capacity: the cache holds under a hundredth of reserved free
+FEW_TRACE_ENTRIES = 8  # a trace this short (torch 2.0 kept one entry by default) may have lost its OOM
+FRAGMENTATION_MATERIAL_PART = 20  # fragments under a twentieth of the capacity do not outrank growth
 
 
 @dataclass
@@ -79,6 +88,14 @@ class Context:
     large_segment_bytes: int = field(default=LARGE_SEGMENT_BYTES)  # the allocator's large segment size
     scalable_bytes: int = field(default=0)  # live bytes that grow with the batch (whatif.scalable_bytes)
     request_scales: bool = field(default=False)  # the failed request grows with the batch (whatif.request_scales)
+    near_ooms: tuple[NearOom, ...] = field(default=())  # cudaMalloc failures the allocator survived
+    pass_allocated_bytes: int = field(default=0)  # the forward's allocations since its oldest tensor still alive
+    pass_kept_bytes: int = field(default=0)  # the forward's activations and temporaries alive at the target
+    pass_kept_count: int = field(default=0)  # how many tensors those are
+    earlier_passes_allocated_bytes: int = field(default=0)  # allocated by the earlier passes since the last backward
+    trace_entries: int = field(default=0)
+    end_components: dict[str, int] = field(default_factory=dict)  # at the dump (the series' last point)
+    end_allocated_bytes: int | None = field(default=None)  # None: the target is the dump
 
     @property
     def request(self) -> int:
@@ -99,21 +116,26 @@ class Context:
         return {s.phase for s in self.phases}
 
     def old_bytes(
-        self, components: tuple[str, ...], phases: tuple[str, ...] | None = None
+        self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
     ) -> tuple[int, set[int], LiveBlock | None]:
-        """Live bytes of `components` allocated in a step before the target's."""
-        if self.target_step is None:
-            return 0, set(), None
+        """Live bytes of `components` allocated in a step before the target's (and, with
+        `pre_trace`, before the trace began: older than any step it shows)."""
         total = 0
         steps: set[int] = set()
         largest = None
         for block in self.live_blocks:
-            if block.component not in components or block.step is None or block.step >= self.target_step:
+            if block.component not in components:
+                continue
+            if block.alloc_index is None:
+                if not pre_trace:
+                    continue
+            elif self.target_step is None or block.step is None or block.step >= self.target_step:
                 continue
             if phases is not None and block.phase not in phases:
                 continue
             total += block.size_bytes
-            steps.add(block.step)
+            if block.step is not None and block.alloc_index is not None:
+                steps.add(block.step)
             if largest is None or block.size_bytes > largest.size_bytes:
                 largest = block
         return total, steps, largest
@@ -319,7 +341,7 @@ def _test_oversized(ctx: Context) -> Finding | None:
 def _test_gradients_kept(ctx: Context) -> Finding | None:
     if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN):
         return None
-    old, steps, largest = ctx.old_bytes((Component.GRADIENTS,))
+    old, steps, largest = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
     parameters = ctx.components.get(Component.PARAMETERS, 0)
     if old <= 0 or (parameters and old < parameters // GRADIENTS_KEPT_MIN_PART) or old < ctx.missing:
         return None
@@ -348,14 +370,12 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
 
 
 def _test_leak(ctx: Context) -> Finding | None:
-    if ctx.oom is None:
-        return None
     old, steps, largest = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
     capacity = ctx.capacity_bytes or 0
     growth = _end_of_step_growth(ctx.steps)
     strong = old > 0 and len(steps) >= LEAK_MIN_STEPS and (old >= capacity // LEAK_MIN_PART or old >= ctx.missing)
     growing = growth is not None and growth[0] >= LEAK_MIN_STEPS and growth[1] > 0 and old > 0 and old >= ctx.missing
-    if not (strong or growing):
+    if not (strong or growing) or (ctx.oom is None and not (strong and growing)):  # without an OOM: both
         return None
     evidence = [
         Evidence(
@@ -380,7 +400,10 @@ def _test_leak(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.CREEPING_LEAK,
         0.8 if strong and growing else 0.65,
-        Summary(SummaryKind.CREEPING_LEAK, Facts.of(old=old, step=ctx.target_step)),
+        Summary(
+            SummaryKind.CREEPING_LEAK,
+            Facts.of(old=old, step=ctx.target_step, at=None if ctx.oom is not None else _at(ctx)),
+        ),
         tuple(evidence),
     )
 
@@ -429,7 +452,7 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
 
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
     """Repeated forward passes with no backward between them, each leaving its activations alive."""
-    if ctx.oom is None or ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
+    if ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
         return None
     forwards, kept, last_training = _kept_from_earlier_passes(ctx)
     if len(forwards) < 2:
@@ -439,6 +462,8 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     capacity = ctx.capacity_bytes or 0
     if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // KEPT_GRAPH_MIN_PART):
         return None
+    if ctx.earlier_passes_allocated_bytes and kept_bytes < KEPT_GRAPHS_OF_PASSES * ctx.earlier_passes_allocated_bytes:
+        return None  # the earlier passes kept their outputs, not their graphs
     largest = max(kept, key=lambda b: b.size_bytes)
     return Finding(
         Verdict.INFERENCE_WITH_GRAD,
@@ -593,6 +618,175 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
     )
 
 
+# ---- risks, without an OOM event: the same evidence, judged at the peak or the dump ------------
+
+
+def _training_seen(ctx: Context) -> bool:
+    c = ctx.components
+    return bool(ctx.phases_seen() & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}) or bool(
+        c.get(Component.GRADIENTS, 0) or c.get(Component.OPTIMIZER_STATE, 0)
+    )
+
+
+def _risk_kept_graph(ctx: Context) -> Finding | None:
+    """A forward pass, in a dump that shows no training at all, keeping most of what it allocated:
+    grad mode is on, so autograd keeps the graph for a backward that never runs."""
+    if ctx.oom is not None or ctx.target_phase != PHASE_FORWARD or _training_seen(ctx):
+        return None
+    allocated_in_pass, kept = ctx.pass_allocated_bytes, ctx.pass_kept_bytes
+    c = ctx.components
+    transient = c.get(Component.ACTIVATIONS, 0) + c.get(Component.TEMPORARIES, 0)
+    if not allocated_in_pass or kept < KEPT_GRAPH_SHARE * allocated_in_pass:
+        return None
+    if ctx.pass_kept_count < KEPT_GRAPH_MIN_TENSORS:
+        return None
+    if transient < ACTIVATIONS_MIN_SHARE * (ctx.allocated_bytes or 1):
+        return None
+    return Finding(
+        Verdict.INFERENCE_WITH_GRAD,
+        0.55,
+        Summary(
+            SummaryKind.KEPT_GRAPH_RISK,
+            Facts.of(kept=kept, share=kept / allocated_in_pass, parameters=c.get(Component.PARAMETERS, 0), at=_at(ctx)),
+        ),
+        (
+            Evidence(EvidenceKind.PASS_ALLOCATED, "pass_allocated_bytes", allocated_in_pass, ctx.target_index),
+            Evidence(EvidenceKind.PASS_KEPT, "pass_kept_bytes", kept, ctx.target_index),
+            Evidence(EvidenceKind.NO_TRAINING, "training_seen", value=0),
+        ),
+    )
+
+
+def _risk_gradients_kept(ctx: Context) -> Finding | None:
+    """Gradients of an earlier backward alive while a forward runs: memory zero_grad(set_to_none)
+    would have freed before it."""
+    if ctx.oom is not None or ctx.target_phase != PHASE_FORWARD:
+        return None
+    old, _, largest = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
+    parameters = ctx.components.get(Component.PARAMETERS, 0)
+    if old <= 0 or not parameters or old < parameters // GRADIENTS_KEPT_MIN_PART:
+        return None
+    return Finding(
+        Verdict.GRADIENTS_KEPT,
+        0.5,
+        Summary(SummaryKind.GRADIENTS_KEPT_RISK, Facts.of(old=old, parameters=parameters, at=_at(ctx))),
+        (
+            Evidence(
+                EvidenceKind.OLD_GRADIENTS,
+                "old_gradient_bytes",
+                old,
+                largest.alloc_index if largest else None,
+                largest.address if largest else None,
+                _frame_text(largest),
+            ),
+            _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
+        ),
+    )
+
+
+def _risk_model_states_at_capacity(ctx: Context) -> Finding | None:
+    """Model states filling everything PyTorch reserved, with nothing usable free, in a dump whose
+    trace is too short to have kept an OOM (or that reserved all of a known capacity)."""
+    if ctx.oom is not None:
+        return None
+    states = sum(model_states(ctx))
+    allocated = ctx.allocated_bytes
+    reserved = ctx.accounting.reserved_bytes
+    free = ctx.accounting.free_cached_bytes
+    if not allocated or states < MODEL_STATES_SHARE * allocated or free * AT_CAPACITY_FREE_PART > reserved:
+        return None
+    capacity = ctx.capacity_bytes
+    full = capacity is not None and reserved >= MODEL_STATES_CAPACITY_SHARE * capacity
+    if not full and not (capacity is None and ctx.trace_entries <= FEW_TRACE_ENTRIES):
+        return None
+    return Finding(
+        Verdict.MODEL_STATES_TOO_LARGE,
+        0.4,
+        Summary(
+            SummaryKind.MODEL_STATES_AT_CAPACITY,
+            Facts.of(states=states, reserved=reserved, free=free, entries=ctx.trace_entries, capacity=capacity),
+        ),
+        (
+            _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
+            Evidence(EvidenceKind.RESERVED, "reserved_bytes", reserved),
+            Evidence(EvidenceKind.FREE_CACHED, "free_cached_bytes", free),
+            Evidence(EvidenceKind.TRACE_ENTRIES, "trace_entries", value=ctx.trace_entries),
+        ),
+    )
+
+
+def _risk_near_oom(ctx: Context) -> Finding | None:
+    """The device ran out once and the allocator survived by flushing its cache: one request of a
+    quarter or more of what the device could hold is what hit the limit."""
+    if ctx.oom is not None or not ctx.near_ooms:
+        return None
+    near = max(ctx.near_ooms, key=lambda n: n.request_bytes)
+    bound = near.capacity_bound_bytes
+    if near.request_bytes < bound // OVERSIZED_IF_LARGEST_PART:
+        return None
+    return Finding(
+        Verdict.OVERSIZED_REQUEST,
+        0.5,
+        Summary(
+            SummaryKind.NEAR_OOM_OVERSIZED,
+            Facts.of(
+                request=near.request_bytes,
+                bound=bound,
+                share=near.request_bytes / bound,
+                flushed=near.flushed_bytes,
+                index=near.event_index,
+            ),
+        ),
+        (
+            Evidence(EvidenceKind.NEAR_OOM, "flushed_bytes", near.flushed_bytes, near.event_index),
+            Evidence(EvidenceKind.REQUEST, "request_bytes", near.request_bytes, near.event_index),
+            Evidence(EvidenceKind.CAPACITY_BOUND, "capacity_bound_bytes", bound, near.event_index),
+        ),
+    )
+
+
+def _risk_oversized_tensor(ctx: Context) -> Finding | None:
+    """One live tensor of half of a known capacity."""
+    capacity = ctx.capacity_bytes
+    if ctx.oom is not None or not capacity or not ctx.live_blocks:
+        return None
+    largest = max(ctx.live_blocks, key=lambda b: b.size_bytes)
+    if largest.size_bytes < capacity // OVERSIZED_PART:
+        return None
+    return Finding(
+        Verdict.OVERSIZED_REQUEST,
+        0.4,
+        Summary(
+            SummaryKind.OVERSIZED_TENSOR_RISK,
+            Facts.of(largest=largest.size_bytes, capacity=capacity, share=largest.size_bytes / capacity),
+        ),
+        (
+            Evidence(
+                EvidenceKind.LARGEST_TENSOR,
+                "largest_tensor_bytes",
+                largest.size_bytes,
+                largest.alloc_index,
+                largest.address,
+                _frame_text(largest),
+            ),
+            Evidence(EvidenceKind.CAPACITY, "capacity_bytes", capacity),
+        ),
+    )
+
+
+def _at(ctx: Context) -> str:
+    return "peak" if ctx.target_index is not None else "dump"
+
+
+RISKS: tuple[Callable[[Context], Finding | None], ...] = (
+    _risk_model_states_at_capacity,
+    _risk_near_oom,
+    _risk_oversized_tensor,
+    _risk_gradients_kept,
+    _risk_kept_graph,
+)
+
+
 TESTS: tuple[Callable[[Context], Finding | None], ...] = (
     _test_outside,
     _test_model_states,
@@ -606,15 +800,49 @@ TESTS: tuple[Callable[[Context], Finding | None], ...] = (
 )
 
 
+def _dominant(components: dict[str, int]) -> tuple[str | None, int]:
+    if not components:
+        return None, 0
+    name = max(components, key=lambda k: components[k])
+    return (name, components[name]) if components[name] else (None, 0)
+
+
+def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
+    """The cause first, weighed by materiality: fragments that are a small share of what the
+    device could hold do not outrank growth over steps (a leak) that filled it."""
+    if len(findings) < 2 or findings[0].verdict != Verdict.FRAGMENTATION:
+        return findings
+    capacity = ctx.capacity_bytes or 0
+    material = ctx.fragmentation.usable_free_bytes * FRAGMENTATION_MATERIAL_PART >= capacity
+    leak = next((f for f in findings if f.verdict == Verdict.CREEPING_LEAK), None)
+    if material or leak is None:
+        return findings
+    return [leak, *(f for f in findings if f is not leak)]
+
+
 def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
-    findings = [f for f in (test(ctx) for test in TESTS) if f is not None]
     if ctx.oom is None:
+        findings = [f for f in (test(ctx) for test in (*RISKS, _test_leak, _test_inference_with_grad)) if f is not None]
+        findings.sort(key=lambda f: -f.confidence)
         peak = ctx.allocated_bytes
-        at = "peak" if ctx.target_index is not None else "dump"
+        at = _at(ctx)
+        dominant, dominant_bytes = _dominant(ctx.components)
+        end_dominant, end_bytes = _dominant(ctx.end_components) if ctx.end_allocated_bytes is not None else (None, 0)
         primary = Finding(
             Verdict.NO_OOM,
             0.9,
-            Summary(SummaryKind.NO_OOM, Facts.of(at=at, allocated=peak)),
+            Summary(
+                SummaryKind.NO_OOM,
+                Facts.of(
+                    at=at,
+                    allocated=peak,
+                    dominant=dominant,
+                    dominant_bytes=dominant_bytes,
+                    end_allocated=ctx.end_allocated_bytes,
+                    end_dominant=end_dominant,
+                    end_dominant_bytes=end_bytes,
+                ),
+            ),
             (
                 Evidence(
                     EvidenceKind.ALLOCATED_AT_TARGET, "allocated_bytes", peak, ctx.target_index, facts=Facts.of(at=at)
@@ -622,6 +850,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             ),
         )
         return primary, tuple(findings)
+    findings = _ordered([f for f in (test(ctx) for test in TESTS) if f is not None], ctx)
     if not findings:
         guess = _guess_outside_without_total(ctx)
         if guess is not None:

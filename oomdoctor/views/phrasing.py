@@ -40,7 +40,13 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.RING_BUFFER_WRAPPED: (
         "the trace holds {count} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
     ),
-    UnknownKind.PRE_EXISTING: "{count} allocations predate the trace; their phase and stack are unknown",
+    UnknownKind.TRACE_NO_FRAMES: (
+        "no trace entry carries frames ({count} entries): phases come from markers or annotations only (the dump's blocks carry their own stacks)"
+    ),
+    UnknownKind.PRE_EXISTING: "{count} allocations predate the trace; when they were made is unknown",
+    UnknownKind.PRE_EXISTING_NO_STACK: (
+        "{count} of the blocks live at the target predate the trace and carry no stack: what they are is inferred from their shapes and what the trace does to them"
+    ),
     UnknownKind.NO_DEVICE_TOTAL: "device total memory (not in a plain snapshot), so memory outside PyTorch is unknown",
     UnknownKind.NO_DEVICE_FREE: "free device memory at the target event, so memory outside PyTorch is unknown",
     UnknownKind.OOM_RETRIED: (
@@ -165,7 +171,7 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.GRADIENTS_KEPT:
         return f"{human(size('old'))} of gradients from earlier steps were still alive during step {f.get('step')}'s {f.get('phase')}; they are not needed before the next backward."
     if kind == SummaryKind.CREEPING_LEAK:
-        return f"{human(size('old'))} allocated in earlier steps' forward or backward was still alive at the OOM in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
+        return f"{human(size('old'))} allocated in earlier steps' forward or backward was still alive at the {f.get('at') or 'OOM'} in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
     if kind == SummaryKind.INFERENCE_WITH_GRAD:
         since = "the last backward" if f.get("since_backward") else "the start of the trace"
         return f"{f.get('passes')} forward passes ran since {since} with no backward, and {human(size('kept'))} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph."
@@ -178,10 +184,64 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         return f"Activations of the {f.get('phase')} pass ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
     if kind == SummaryKind.NO_OOM:
-        return f"No out-of-memory event was recorded on this device; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
+        return (
+            f"No out-of-memory event was recorded on this device; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
+            + _dominance(f)
+        )
+    if kind == SummaryKind.KEPT_GRAPH_RISK:
+        return f"At the {f.get('at')}, a forward pass keeps {human(size('kept'))}, {f.number('share'):.0%} of what it allocated, and nothing in the dump trains: grad mode is on, so autograd keeps the graph for a backward that never runs."
+    if kind == SummaryKind.GRADIENTS_KEPT_RISK:
+        return f"At the {f.get('at')}, {human(size('old'))} of gradients from an earlier backward are alive during a forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would free them."
+    if kind == SummaryKind.MODEL_STATES_AT_CAPACITY:
+        capacity = f.size("capacity")
+        why = (
+            f"of the {human(capacity)} PyTorch could have"
+            if capacity is not None
+            else f"and the trace holds only {_entries(f.size('entries') or 0)}, too few to have kept an OOM event"
+        )
+        return f"Model states fill what PyTorch reserved ({human(size('states'))} of {human(size('reserved'))}, {human(size('free'))} free in the cache) {why}: if this dump was written at an OOM, the model states do not fit."
+    if kind == SummaryKind.NEAR_OOM_OVERSIZED:
+        return f"The device ran out once without an OOM: at event {f.get('index')} a {human(size('request'))} request failed in cudaMalloc, the allocator freed {human(size('flushed'))} of cache and retried. That one request is {f.number('share'):.0%} of the most the device could have held for PyTorch then (under {human(size('bound'))})."
+    if kind == SummaryKind.OVERSIZED_TENSOR_RISK:
+        return f"One live tensor of {human(size('largest'))} is {f.number('share'):.0%} of what PyTorch could have on this device."
     if kind == SummaryKind.UNKNOWN:
         return "The OOM does not match any known pattern with the data this dump holds."
     raise KeyError(kind)
+
+
+def _dominance(f: Facts) -> str:
+    """' At the peak the largest part is activations (26.92 GiB, 68%); at the dump (...) it is
+    parameters (...).'"""
+    name = f.text("dominant")
+    allocated = f.size("allocated") or 0
+    if not name or not allocated:
+        return ""
+    held = f.size("dominant_bytes") or 0
+    words = (
+        f" At the {f.get('at')} the largest part is {_component_words(name)} ({human(held)}, {held / allocated:.0%})"
+    )
+    end_name, end_allocated = f.text("end_dominant"), f.size("end_allocated")
+    if end_name and end_allocated:
+        end_held = f.size("end_dominant_bytes") or 0
+        words += f"; at the dump ({human(end_allocated)} allocated) it is {_component_words(end_name)} ({human(end_held)}, {end_held / end_allocated:.0%})"
+    return words + "."
+
+
+_COMPONENT_WORDS = {
+    "optimizer_state": "optimizer state",
+    "preallocated": "large pre-allocations",
+    "workspace": "library workspaces",
+    "other": "other memory",
+    "unknown": "memory of unknown kind",
+}
+
+
+def _entries(count: int) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"
+
+
+def _component_words(name: str) -> str:
+    return _COMPONENT_WORDS.get(name, name)
 
 
 def summary(item: Summary) -> str:
@@ -215,6 +275,15 @@ EVIDENCE: dict[str, str] = {
     EvidenceKind.FIRST_STEP_OOM: "OOM during step 0's optimizer step",
     EvidenceKind.CURRENT_ACTIVATIONS: "of them, this pass's own (earlier steps' and earlier passes' left out)",
     EvidenceKind.RESERVED_PLUS_FREE: "reserved + free device memory at the OOM",
+    EvidenceKind.PASS_ALLOCATED: "allocated by this forward pass up to here",
+    EvidenceKind.PASS_KEPT: "of it, activations and temporaries still alive",
+    EvidenceKind.NO_TRAINING: "no backward, optimizer step, gradients or optimizer state in the dump",
+    EvidenceKind.RESERVED: "reserved by PyTorch",
+    EvidenceKind.FREE_CACHED: "free in PyTorch's cache",
+    EvidenceKind.TRACE_ENTRIES: "entries in the trace",
+    EvidenceKind.NEAR_OOM: "cache freed to retry a failed cudaMalloc (a near-OOM)",
+    EvidenceKind.CAPACITY_BOUND: "reserved before the flush + the request: the device had less for PyTorch",
+    EvidenceKind.LARGEST_TENSOR: "largest live tensor",
 }
 
 

@@ -1,0 +1,165 @@
+"""A diagnosis for a snapshot without an OOM event (issue 11, causes A, E, H and N): the same
+evidence judged at the peak or the dump and worded as risks, what dominates memory, near-OOMs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.results import Facts, Finding, Summary, SummaryKind
+from oomdoctor.analysis.verdicts import Context, _ordered
+from oomdoctor.model import Frame, TraceEvent
+from oomdoctor.views import phrasing
+from tests.builders import FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
+
+ACCUMULATE_GRAD_STACK = (Frame("", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),)
+RELU_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 1704, "relu"),
+    Frame("infer.py", 200, "step"),
+)
+EMPTY_CACHE_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/cuda/memory.py", 222, "empty_cache"),
+    Frame("infer.py", 90, "main"),
+)
+
+
+def _findings(result) -> dict[str, Finding]:
+    return {f.verdict: f for f in result.secondary}
+
+
+def _forward(sim: Sim, sizes: list[int], keep: bool) -> list[int]:
+    """A forward pass allocating `sizes`; with `keep`, autograd keeps every tensor for backward,
+    without it each is freed once the next one exists (as under no_grad)."""
+    kept = []
+    previous = None
+    for size in sizes:
+        address = sim.alloc(size, FORWARD_STACK)
+        if keep:
+            kept.append(address)
+        elif previous is not None:
+            sim.free(previous)
+        previous = address
+    return kept
+
+
+def test_a_forward_that_keeps_its_graph_without_training_is_a_risk():
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)  # the model
+    sim.start_recording()
+    kept = _forward(sim, [4 * MiB] * 32, keep=True)
+    for address in kept:  # the output is dropped: the graph goes in one release
+        sim.free(address)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.verdict == "no-oom"
+    finding = _findings(result)["inference-with-grad"]
+    assert finding.summary.kind == SummaryKind.KEPT_GRAPH_RISK
+    assert "grad mode is on" in phrasing.summary(finding.summary)
+    assert "no-grad" in {r.id for r in result.recommendations}
+
+    no_grad = Sim()
+    no_grad.alloc(64 * MiB, SETUP_STACK)
+    no_grad.start_recording()
+    _forward(no_grad, [4 * MiB] * 32, keep=False)
+    assert "inference-with-grad" not in _findings(analyse(no_grad.snapshot(metadata=False)))
+
+
+def test_gradients_of_an_earlier_backward_alive_in_a_forward_are_a_risk():
+    sim = Sim()
+    for _ in range(4):
+        sim.alloc(32 * MiB, SETUP_STACK)
+    for _ in range(4):
+        sim.alloc(32 * MiB, ACCUMULATE_GRAD_STACK)
+    sim.start_recording()
+    _forward(sim, [8 * MiB] * 4, keep=True)
+    result = analyse(sim.snapshot(metadata=False))
+    finding = _findings(result)["gradients-kept"]
+    assert finding.evidence[0].bytes == 128 * MiB
+    assert "zero-grad-set-to-none" in {r.id for r in result.recommendations}
+    assert "inference-with-grad" not in _findings(result)  # the gradients show a training run
+
+
+def test_model_states_filling_the_cache_with_a_one_entry_trace_may_not_fit():
+    sim = Sim()
+    for _ in range(6):
+        sim.alloc(40 * MiB, SETUP_STACK)
+    sim.start_recording()
+    sim.events.append(TraceEvent("snapshot", 0, 240 * MiB, 0, (), sim._tick()))
+    result = analyse(sim.snapshot(metadata=False))
+    finding = _findings(result)["model-states-too-large"]
+    assert finding.summary.kind == SummaryKind.MODEL_STATES_AT_CAPACITY
+    assert "1 entry" in phrasing.summary(finding.summary)
+
+    roomy = Sim()
+    for _ in range(6):
+        roomy.alloc(40 * MiB, SETUP_STACK)
+    roomy.free(roomy.alloc(100 * MiB))  # a cached free segment: not at capacity
+    roomy.start_recording()
+    assert "model-states-too-large" not in _findings(analyse(roomy.snapshot(metadata=False)))
+
+
+def _near_oom(sim: Sim, stack) -> None:
+    cached = [sim.alloc(512 * MiB, RELU_STACK) for _ in range(2)]
+    for address in cached:
+        sim.free(address)
+    for address in cached:  # the flush: the cached segments go, carrying the waiting allocation's stack
+        size = sim.segments.pop(address)[0]
+        sim.events.append(TraceEvent("segment_free", address, size, 0, stack, sim._tick()))
+    sim.alloc(1536 * MiB, stack)
+
+
+def test_a_cache_flush_retry_is_a_near_oom_and_its_request_is_judged():
+    sim = Sim(total_bytes=4 * GiB)
+    _near_oom(sim, RELU_STACK)
+    result = analyse(sim.snapshot(metadata=False))
+    finding = _findings(result)["oversized-request"]
+    assert finding.summary.kind == SummaryKind.NEAR_OOM_OVERSIZED
+    assert finding.summary.facts.size("request") == 1536 * MiB
+    assert finding.summary.facts.size("bound") == 1024 * MiB + 1536 * MiB
+    assert "chunk-large-op" in {r.id for r in result.recommendations}
+
+    asked = Sim(total_bytes=4 * GiB)
+    _near_oom(asked, EMPTY_CACHE_STACK)  # torch.cuda.empty_cache(): the user's flush, not a retry
+    assert "oversized-request" not in _findings(analyse(asked.snapshot(metadata=False)))
+
+
+def test_the_no_oom_headline_says_what_dominates_at_the_peak_and_at_the_dump():
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    sim.start_recording()
+    for address in _forward(sim, [32 * MiB] * 4, keep=True):
+        sim.free(address)
+    result = analyse(sim.snapshot(metadata=False))
+    text = phrasing.summary(result.summary)
+    assert "At the peak the largest part is activations (128.00 MiB, 67%)" in text
+    assert "at the dump (64.00 MiB allocated) it is parameters (64.00 MiB, 100%)" in text
+
+
+def _fragmentation_and_leak(capacity: int, usable_free: int) -> list[Finding]:
+    result = analyse(Sim().snapshot(metadata=False))
+    ctx = Context(
+        oom=None,
+        accounting=result.accounting,
+        fragmentation=replace(result.fragmentation, usable_free_bytes=usable_free),
+        components={},
+        live_blocks=(),
+        phases=(),
+        phase_source="frames",
+        target_phase="forward",
+        target_step=70,
+        target_index=None,
+        steps=(),
+        optimizer_kind=None,
+        exact=False,
+        expandable_on=False,
+        capacity_bytes=capacity,
+    )
+    findings = [
+        Finding("fragmentation", 0.85, Summary(SummaryKind.FRAGMENTATION, Facts()), ()),
+        Finding("creeping-leak", 0.8, Summary(SummaryKind.CREEPING_LEAK, Facts()), ()),
+    ]
+    return [f.verdict for f in _ordered(findings, ctx)]
+
+
+def test_growth_over_steps_outranks_immaterial_fragments():
+    assert _fragmentation_and_leak(capacity=8 * GiB, usable_free=4 * MiB) == ["creeping-leak", "fragmentation"]
+    assert _fragmentation_and_leak(capacity=8 * GiB, usable_free=2 * GiB) == ["fragmentation", "creeping-leak"]
