@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
@@ -384,6 +385,11 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
     return _Moment(phase, step, steps)
 
 
+def _allocated_between(trace: DeviceTrace, start: int, stop: int) -> int:
+    """Requested bytes of the allocations among events start..stop-1."""
+    return sum(compress(trace.sizes[start:stop], map(ALLOC.__eq__, trace.actions[start:stop])))
+
+
 def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     """Bytes allocated by the forward passes before the target's since the last backward,
     optimizer step or zero_grad (what `verdicts._kept_from_earlier_passes` weighs its kept bytes against)."""
@@ -397,8 +403,7 @@ def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     forwards = [s for s in dump.spans if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
     if len(forwards) < 2:
         return 0
-    actions, sizes = dump.trace.actions, dump.trace.sizes
-    return sum(sizes[i] for i in range(last_training + 1, forwards[-1].first_index) if actions[i] == ALLOC)
+    return _allocated_between(dump.trace, last_training + 1, forwards[-1].first_index)
 
 
 def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock]) -> tuple[int, int, int]:
@@ -430,8 +435,7 @@ def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock
     if not kept:
         return 0, 0, 0
     oldest = min(b.alloc_index for b in kept if b.alloc_index is not None)
-    actions, sizes = dump.trace.actions, dump.trace.sizes
-    allocated = sum(sizes[i] for i in range(oldest, index + 1) if actions[i] == ALLOC)
+    allocated = _allocated_between(dump.trace, oldest, index + 1)
     return allocated, sum(b.size_bytes for b in kept), len(kept)
 
 
@@ -489,7 +493,7 @@ def _context(
         pass_allocated_bytes=pass_allocated,
         pass_kept_bytes=pass_kept,
         pass_kept_count=pass_kept_count,
-        earlier_passes_allocated_bytes=_earlier_passes_allocated(dump, target),
+        earlier_passes_allocated_bytes=_earlier_passes_allocated(dump, target) if moment.phase == PHASE_FORWARD else 0,
         trace_entries=len(dump.trace),
         end_components=end_components,
         end_allocated_bytes=end_allocated,

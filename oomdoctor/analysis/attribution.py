@@ -33,6 +33,7 @@ from oomdoctor.analysis.results import (
     Group,
     LiveAllocation,
     LiveBlock,
+    PhaseSpan,
 )
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
@@ -411,22 +412,27 @@ def pre_trace_placements(
     actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
     backward_sizes: set[int] = set()  # requested bytes of backward allocations that outlive their backward
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
-    for index in range(len(trace)):
-        action = actions[index]
-        if action == ALLOC:
-            allocated_in_trace.add(addrs[index])
-            span = phases.span_of(index)
-            if span is not None and span.phase == PHASE_BACKWARD:
-                in_backward[addrs[index]] = (sizes[index], span.last_index)
-        elif action == FREE_REQUESTED:
-            address = addrs[index]
-            made = in_backward.pop(address, None)
-            if made is not None and index > made[1]:
-                backward_sizes.add(made[0])
-            if address not in allocated_in_trace and address not in frees:
-                frees[address] = index
-                allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
-                frames_of[address] = trace.frames_at(index)
+    seen = allocated_in_trace.add
+    spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
+    for span in spans:  # span by span: the phase of every event without a lookup
+        backward = span.phase == PHASE_BACKWARD
+        end = span.last_index
+        for index in range(span.first_index, end + 1):
+            action = actions[index]
+            if action == ALLOC:
+                seen(addrs[index])
+                if backward:
+                    in_backward[addrs[index]] = (sizes[index], end)
+            elif action == FREE_REQUESTED:
+                address = addrs[index]
+                if in_backward:
+                    made = in_backward.pop(address, None)
+                    if made is not None and index > made[1]:
+                        backward_sizes.add(made[0])
+                if address not in allocated_in_trace and address not in frees:
+                    frees[address] = index
+                    allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
+                    frames_of[address] = trace.frames_at(index)
     backward_sizes.update(requested for requested, _ in in_backward.values())  # never freed
     for address, block in final_blocks.items():
         if address not in allocated_in_trace and address not in frees:

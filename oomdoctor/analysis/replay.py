@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from oomdoctor.analysis.results import EventState, LiveAllocation, NearOom, OomEvent, PhaseSpan, SeriesPoint
 from oomdoctor.analysis.sizing import (
@@ -388,44 +389,47 @@ def _frees_cache(stack: Stack) -> bool:
     return not stack or any(frame.name == "empty_cache" for frame in stack)
 
 
+_SEGMENT_ACTIONS = frozenset({SEGMENT_ALLOC, SEGMENT_MAP, SEGMENT_FREE, SEGMENT_UNMAP})
+
+
 def near_ooms(trace: DeviceTrace, segments: Sequence[Segment]) -> tuple[NearOom, ...]:
     """The cudaMalloc failures the allocator survived: when a segment cannot be had, torch frees
     its cached segments (the `segment_free` events carry the stack of the allocation waiting) and
     tries again; a `segment_alloc` with that same stack right after the run is the retry."""
     actions, sizes = trace.actions, trace.sizes
-    count = len(trace)
-    traced = 0
-    for index in range(count):
-        action = actions[index]
-        if action == SEGMENT_ALLOC or action == SEGMENT_MAP:
-            traced += sizes[index]
-        elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
-            traced -= sizes[index]
+    segment_actions = _SEGMENT_ACTIONS
+    events = list(compress(range(len(actions)), map(segment_actions.__contains__, actions)))
+    if not events:
+        return ()
+    grows = (SEGMENT_ALLOC, SEGMENT_MAP)
+    traced = sum(sizes[i] if actions[i] in grows else -sizes[i] for i in events)
     reserved = sum(s.total_size for s in segments) - traced  # reserved before the first event
     found: list[NearOom] = []
-    index = 0
-    while index < count:
-        action = actions[index]
-        if action == SEGMENT_FREE or action == SEGMENT_UNMAP:
-            stack = trace.frames_at(index)
-            first, flushed = index, 0
-            before = reserved
-            while index < count and actions[index] in (SEGMENT_FREE, SEGMENT_UNMAP) and trace.frames_at(index) == stack:
-                flushed += sizes[index]
-                reserved -= sizes[index]
-                index += 1
-            if (
-                not _frees_cache(stack)
-                and index < count
-                and actions[index] in (SEGMENT_ALLOC, SEGMENT_MAP)
-                and trace.frames_at(index) == stack
-                and index > first
-            ):
-                found.append(NearOom(index, sizes[index], flushed, before))
-            continue
-        if action == SEGMENT_ALLOC or action == SEGMENT_MAP:
+    position = 0
+    while position < len(events):
+        index = events[position]
+        if actions[index] in grows:
             reserved += sizes[index]
-        index += 1
+            position += 1
+            continue
+        stack = trace.frames_at(index)
+        before, flushed = reserved, 0
+        run_end = index
+        while position < len(events) and events[position] == run_end and actions[run_end] not in grows:
+            if trace.frames_at(run_end) != stack:
+                break
+            flushed += sizes[run_end]
+            reserved -= sizes[run_end]
+            position += 1
+            run_end += 1
+        if (
+            not _frees_cache(stack)
+            and position < len(events)
+            and events[position] == run_end
+            and actions[run_end] in grows
+            and trace.frames_at(run_end) == stack
+        ):
+            found.append(NearOom(run_end, sizes[run_end], flushed, before))
     return tuple(found)
 
 
