@@ -48,7 +48,7 @@ and memory_viz both read it. Every field is optional for readers: old or partial
 
 from __future__ import annotations
 
-from oomdoctor.vocabulary import Component, Phase, RegistryComponent, Verdict
+from oomdoctor.vocabulary import FINDING_ONLY_VERDICTS, Component, Phase, RegistryComponent, Verdict
 
 METADATA_KEY = "oomdoctor"
 SCHEMA_VERSION = 1
@@ -78,4 +78,4 @@ TRUTH_COMPONENTS = tuple(
     c.value for c in Component if c not in (Component.WORKSPACE, Component.PREALLOCATED, Component.UNKNOWN)
 )
 
-VERDICTS = tuple(v.value for v in Verdict)
+VERDICTS = tuple(v.value for v in Verdict if v not in FINDING_ONLY_VERDICTS)  # the primary verdicts

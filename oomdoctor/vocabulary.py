@@ -34,6 +34,11 @@ class Verdict(StrEnum):
     INFERENCE_WITH_GRAD = "inference-with-grad"
     NO_OOM = "no-oom"
     UNKNOWN = "unknown"
+    DEVICE_IMBALANCE = "device-imbalance"  # a secondary finding only: replicas on several devices differ
+
+
+# Verdicts only a secondary finding carries, never the primary one (no fixture stops on them).
+FINDING_ONLY_VERDICTS = frozenset({Verdict.DEVICE_IMBALANCE})
 
 
 class Component(StrEnum):

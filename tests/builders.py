@@ -14,6 +14,7 @@ Fixture dumps (`fixtures/dumps/`) are made by `fixtures/generate.py`, not here.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,16 @@ class Sim:
                 "tensors": list(self.tensors) if registry else [],
             }
         return Snapshot(segments=segments, traces=(DeviceTrace.from_events(0, self.events),), **metadata_fields(meta))
+
+
+def several_devices(*sims: Sim) -> Snapshot:
+    """A plain snapshot of one process that drives several devices (DataParallel, say): the
+    segments and trace of `sims[d]` become device d's. No oomdoctor metadata."""
+    segments: list[Segment] = []
+    for device, sim in enumerate(sims):
+        segments.extend(dataclasses.replace(s, device=device) for s in sim.snapshot(metadata=False).segments)
+    traces = tuple(DeviceTrace.from_events(device, sim.events) for device, sim in enumerate(sims))
+    return Snapshot(segments=tuple(segments), traces=traces, **metadata_fields(None))
 
 
 # --- snapshot dicts in torch's shape ------------------------------------------------------------

@@ -24,11 +24,12 @@ recommendations' "would fit on its own" and the what-if are both judged against.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress
 
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
+from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
 from oomdoctor.analysis.replay import (
@@ -55,6 +56,7 @@ from oomdoctor.analysis.results import (
     Accounting,
     Analysis,
     ComponentShare,
+    DeviceSummary,
     EventState,
     Finding,
     Fragmentation,
@@ -214,10 +216,34 @@ def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int
     accounted = _account(dump, state, target)
     blocks, shares = _attribute(dump, state, target)
     moment = _judge_moment(dump, state, target)
+    devices = _compare_devices(snapshot, dump, state, target, shares)
     ctx = _context(dump, state, target, accounted, blocks, shares, moment)
-    judgement = _diagnose(ctx, target, moment)
+    ctx.peer_trains = _devices.peer_trains(devices)
+    judgement = _diagnose(ctx, target, moment, devices)
     unknowns = _unknowns(dump, state, target, accounted, blocks)
-    return _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
+    result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
+    return replace(result, device_summaries=devices) if devices else result
+
+
+def _compare_devices(
+    snapshot: Snapshot, dump: _DeviceDump, state: ReplayState, target: _Target, shares: Sequence[ComponentShare]
+) -> tuple[DeviceSummary, ...]:
+    """Every device of a snapshot that holds several, the judged one read from its own analysis."""
+    if len(snapshot.devices) < 2:
+        return ()
+    judged = _devices.JudgedDevice(
+        device=dump.index,
+        trace=dump.trace,
+        segments=dump.segments,
+        spans=dump.spans,
+        peak_allocated_bytes=state.peak_allocated_bytes,
+        peak_index=state.peak_index,
+        oom_count=len(state.oom_indices),
+        moment=target.kind,
+        moment_index=target.index,
+        components=shares,
+    )
+    return _devices.summarise(snapshot, dump.metadata, judged)
 
 
 def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:
@@ -500,10 +526,15 @@ def _context(
     )
 
 
-def _diagnose(ctx: Context, target: _Target, moment: _Moment) -> _Judgement:
+def _diagnose(ctx: Context, target: _Target, moment: _Moment, devices: Sequence[DeviceSummary] = ()) -> _Judgement:
     """The verdicts, the what-if for the batch size and the recommendations, all judged against
-    the one requirement (`recommendations.requirement`)."""
+    the one requirement (`recommendations.requirement`); the devices compared add their finding."""
     primary, secondary = diagnose(ctx)
+    imbalance = _devices.imbalance(
+        devices, allocated_bytes=ctx.allocated_bytes, missing_bytes=ctx.missing, target_index=ctx.target_index
+    )
+    if imbalance is not None:
+        secondary = (*secondary, imbalance)
     verdicts = {primary.verdict, *(f.verdict for f in secondary)}
     need = requirement(ctx, verdicts)
     whatif = _what_if(ctx, target, moment, need)

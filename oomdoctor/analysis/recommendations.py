@@ -101,7 +101,8 @@ def recommend(
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
-    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER}) or bool(gradients or optimizer_state)
+    # and so does one whose replica on another device got to a backward or optimizer step
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER}) or ctx.peer_trains or bool(gradients or optimizer_state)
     found: list[Recommendation] = []
     if verdicts == {Verdict.NO_OOM}:
         return ()

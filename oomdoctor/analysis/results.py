@@ -299,6 +299,8 @@ class SummaryKind(StrEnum):
     MODEL_STATES_AT_CAPACITY = "model-states-at-capacity"  # states, reserved, free, entries
     NEAR_OOM_OVERSIZED = "near-oom-oversized"  # request, bound, share, flushed
     OVERSIZED_TENSOR_RISK = "oversized-tensor-risk"  # largest, capacity, share
+    # Several devices compared (analysis/devices.py)
+    DEVICE_IMBALANCE = "device-imbalance"  # device, allocated, at, peer, peer_peak, ratio, data_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +355,9 @@ class EvidenceKind(StrEnum):
     NEAR_OOM = "near-oom"  # flushed: the allocator freed its cache to retry a request
     CAPACITY_BOUND = "capacity-bound"  # reserved before the flush + the request: the device had less
     LARGEST_TENSOR = "largest-tensor"
+    DEVICE_ALLOCATED = "device-allocated"  # device, at: the judged device's allocated bytes at its moment
+    PEER_PEAK = "peer-peak"  # device: a replica's peak (its event_index is in that device's trace)
+    PEER_AT_MOMENT = "peer-at-moment"  # device: a replica's allocated bytes at the judged moment, by time
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +470,34 @@ class WhatIf:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceSummary:
+    """One device of a snapshot that holds several, read as the judged one is (analysis/devices.py).
+
+    Indices point into this device's own trace. `moment` is the moment its largest component is
+    read at: its last OOM, else its peak, else the dump."""
+
+    device: int
+    judged: bool  # the device the analysis judges
+    reserved_bytes: int  # at the dump
+    allocated_bytes: int  # at the dump
+    event_count: int
+    peak_allocated_bytes: int  # the trace's peak by docs/definitions.md; the dump's allocated without a trace
+    peak_index: int | None
+    oom_count: int
+    phases: tuple[str, ...]  # the phases its trace reached, in the order first seen
+    trains: bool  # its trace shows a backward or an optimizer step
+    moment: str  # "oom" | "peak" | "dump"
+    largest_component: str | None
+    largest_component_bytes: int
+    allocated_at_judged_bytes: int | None  # at the judged moment by time_us (None: no times to align)
+    replica: bool  # runs the judged device's model code (DataParallel frames, or the same source lines)
+    data_parallel: bool  # its trace shows DataParallel's replicate, scatter or parallel_apply
+    # a replica whose trace reached a backward or optimizer step the judged device's, cut short by
+    # its OOM, never did: it tells that the run trains
+    tells_training: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     schema_version: int
     device: int
@@ -488,6 +521,7 @@ class Analysis:
     recommendations: tuple[Recommendation, ...]
     what_if: WhatIf
     unknowns: tuple[Unknown, ...] = field(default=())
+    device_summaries: tuple[DeviceSummary, ...] = field(default=())  # one per device when there are several
 
     def component_bytes(self) -> dict[str, int]:
         return {c.name: c.bytes for c in self.components}

@@ -96,6 +96,9 @@ class Context:
     trace_entries: int = field(default=0)
     end_components: dict[str, int] = field(default_factory=dict)  # at the dump (the series' last point)
     end_allocated_bytes: int | None = field(default=None)  # None: the target is the dump
+    # another device running the same model reached a backward or optimizer step this device's
+    # trace, cut short by its OOM, never did (analysis/devices.py): the run trains
+    peer_trains: bool = field(default=False)
 
     @property
     def request(self) -> int:
@@ -220,7 +223,7 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     state was projected at; None when it was taken as it is)."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
     seen = ctx.phases_seen()
-    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}) or ctx.peer_trains
     projected_moments = None
     projected_gradients = max(gradients, parameters) if training else gradients
     projected_state = optimizer_state
@@ -623,8 +626,10 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
 
 def _training_seen(ctx: Context) -> bool:
     c = ctx.components
-    return bool(ctx.phases_seen() & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}) or bool(
-        c.get(Component.GRADIENTS, 0) or c.get(Component.OPTIMIZER_STATE, 0)
+    return (
+        bool(ctx.phases_seen() & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
+        or ctx.peer_trains
+        or bool(c.get(Component.GRADIENTS, 0) or c.get(Component.OPTIMIZER_STATE, 0))
     )
 
 

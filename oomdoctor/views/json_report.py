@@ -3,7 +3,8 @@
 Top-level keys a script can rely on: `schema_version`, `verdict` (one of
 `oomdoctor.metadata.VERDICTS`), `confidence`, `summary`, `components` (bytes per component at the
 OOM, or at the peak when there was none), `evidence`, `recommendations`, `what_if`, `accounting`,
-`fragmentation`, `replay`, `phases`, `steps`, `secondary`, `unknowns`. `live_blocks` lists the
+`fragmentation`, `replay`, `phases`, `steps`, `secondary`, `unknowns`; `devices_compared` (one summary
+per device, `analysis.results.DeviceSummary`) when the snapshot holds several devices. `live_blocks` lists the
 largest live blocks only (`live_block_count` says how many there were). `environment` (versions,
 device, host, argv, ...) is there when the caller passes it, as `oomdoctor report` does.
 """
@@ -135,6 +136,12 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "live_blocks": [_block(b) for b in analysis.live_blocks[:LIVE_BLOCK_LIMIT]],
         "unknowns": list(phrasing.unknowns(analysis.unknowns)),
     }
+    if analysis.device_summaries:  # a snapshot of several devices
+        result["devices_compared"] = {
+            "text": phrasing.devices_intro(analysis.device_summaries),
+            "notes": phrasing.device_notes(analysis.device_summaries),
+            "devices": _plain(analysis.device_summaries),
+        }
     if environment is not None:
         result["environment"] = _plain(environment)
     return result

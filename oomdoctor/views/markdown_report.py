@@ -24,8 +24,10 @@ from oomdoctor.units import human_size as human
 from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
+    DEVICE_COLUMNS,
     allocated_rows,
     component_rows,
+    device_rows,
     evidence_places,
     evidence_value,
     largest_groups,
@@ -208,6 +210,8 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
                 f"- {_code(finding.verdict)} (confidence {finding.confidence:.0%}): {_escape(phrasing.summary(finding.summary))}"
             )
         add("")
+    if analysis.device_summaries:
+        _devices(analysis, add)
     if analysis.unknowns:
         add("### Not determined from this file")
         add("")
@@ -229,6 +233,23 @@ def _evidence(item) -> str:
         text += f": **{_escape(value)}**"
     where_bits = evidence_places(item, code_span)
     return text + (f" ({'; '.join(where_bits)})" if where_bits else "")
+
+
+def _devices(analysis: Analysis, add) -> None:
+    """The devices compared, one row each, when the snapshot holds several."""
+    add("### Devices")
+    add("")
+    add(_escape(phrasing.devices_intro(analysis.device_summaries)))
+    add("")
+    add("| " + " | ".join(_cell(c) for c in DEVICE_COLUMNS) + " |")
+    add("|---|" + "---:|" * 5 + "---|---|")
+    for row in device_rows(analysis):
+        add("| " + " | ".join(_cell(c) for c in row) + " |")
+    add("")
+    for note in phrasing.device_notes(analysis.device_summaries):
+        add(f"- {_escape(note)}")
+    if phrasing.device_notes(analysis.device_summaries):
+        add("")
 
 
 def _memory(analysis: Analysis, where: str, add) -> None:

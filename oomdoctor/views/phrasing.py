@@ -11,8 +11,11 @@ To word a new kind: add it to its enum in `oomdoctor.analysis.results` and its s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from oomdoctor.analysis.results import (
     Change,
+    DeviceSummary,
     Evidence,
     EvidenceKind,
     Facts,
@@ -97,6 +100,41 @@ def what_if_note(what_if: WhatIf) -> str:
             f" activations up to {human(basis.activation_bytes)}): {note}"
         )
     return note
+
+
+# --- the devices compared -------------------------------------------------------------------------
+
+DEVICE_MOMENTS = {"oom": "its OOM", "peak": "its peak", "dump": "the dump"}
+_JUDGED_MOMENTS = {"oom": "at its OOM", "peak": "at its peak", "dump": "written to the dump"}
+
+
+def devices_intro(summaries: Sequence[DeviceSummary]) -> str:
+    """What the devices section shows, in one sentence."""
+    judged = next(s for s in summaries if s.judged)
+    return (
+        f"This snapshot holds {len(summaries)} devices; the report above judges device {judged.device}. Each row is read"
+        f" from that device's own trace and segments; 'at the same time' is what it held when device {judged.device}"
+        f" was {_JUDGED_MOMENTS[judged.moment]} (by time_us), and its largest component is at its OOM, else its peak."
+    )
+
+
+def device_notes(summaries: Sequence[DeviceSummary]) -> list[str]:
+    """What comparing the devices told, beyond their figures."""
+    judged = next(s for s in summaries if s.judged)
+    notes = []
+    for s in summaries:
+        if s.tells_training:
+            notes.append(
+                f"Device {judged.device}'s trace stops at its OOM before any backward or optimizer step, but device"
+                f" {s.device}'s, running the same model, reached one: the run trains."
+            )
+    unlike = [str(s.device) for s in summaries if not s.judged and not s.replica and s.event_count]
+    if unlike:
+        notes.append(
+            f"Device{'s' if len(unlike) > 1 else ''} {', '.join(unlike)} ran other code than device {judged.device}"
+            " (no DataParallel frames or allocation sites in common): not compared as replicas."
+        )
+    return notes
 
 
 # --- what to change --------------------------------------------------------------------------------
@@ -204,9 +242,34 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"The device ran out once without an OOM: at event {f.get('index')} a {human(size('request'))} request failed in cudaMalloc, the allocator freed {human(size('flushed'))} of cache and retried. That one request is {f.number('share'):.0%} of the most the device could have held for PyTorch then (under {human(size('bound'))})."
     if kind == SummaryKind.OVERSIZED_TENSOR_RISK:
         return f"One live tensor of {human(size('largest'))} is {f.number('share'):.0%} of what PyTorch could have on this device."
+    if kind == SummaryKind.DEVICE_IMBALANCE:
+        return _imbalance_words(f)
     if kind == SummaryKind.UNKNOWN:
         return "The OOM does not match any known pattern with the data this dump holds."
     raise KeyError(kind)
+
+
+def _imbalance_words(f: Facts) -> str:
+    """The devices compared: the judged one held far more than any replica of its model."""
+    device = f.get("device")
+    at = {"oom": "at its OOM", "peak": "at its peak", "dump": "at the dump"}.get(str(f.get("at")), "")
+    others = "every other device" if (f.size("peers") or 0) > 1 else f"device {f.get('peer')}"
+    if not f.get("data_parallel"):
+        why = "The work was split unevenly between devices that run the same model code: balance it by input size."
+    elif device == 0:
+        why = (
+            "DataParallel gathers the outputs on device 0 and keeps the master copy of the model there: gather a"
+            " smaller output, or move to DistributedDataParallel (one process per GPU, no master device)."
+        )
+    else:
+        why = (
+            f"DataParallel splits a batch by count, not by size, so device {device} got more of the work: balance"
+            " the inputs by size (or cap them per batch), or move to DistributedDataParallel."
+        )
+    return (
+        f"Device {device} held {human(f.size('allocated'))} {at}, {f.number('ratio'):.1f}x the highest peak of"
+        f" {others} running the same model (device {f.get('peer')}: {human(f.size('peer_peak'))}). {why}"
+    )
 
 
 def _dominance(f: Facts) -> str:
@@ -286,6 +349,9 @@ EVIDENCE: dict[str, str] = {
     EvidenceKind.LARGEST_TENSOR: "largest live tensor",
 }
 
+# the devices compared: where each figure was read
+_DEVICE_MOMENTS = {"oom": "the OOM", "peak": "the peak", "dump": "the dump"}
+
 
 def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.MISSING_PLACEMENT:
@@ -308,6 +374,12 @@ def _evidence_words(kind: str, f: Facts) -> str:
         return "peak activations of earlier steps" + (f" (now {f.number('ratio'):.2f}x)" if ratio is not None else "")
     if kind == EvidenceKind.ALLOCATED_AT_TARGET:
         return f"allocated bytes at the {f.get('at')}"
+    if kind == EvidenceKind.DEVICE_ALLOCATED:
+        return f"device {f.get('device')}: allocated bytes at {_DEVICE_MOMENTS.get(str(f.get('at')), 'its moment')}"
+    if kind == EvidenceKind.PEER_PEAK:
+        return f"device {f.get('device')}: its peak allocated (the event is in that device's trace)"
+    if kind == EvidenceKind.PEER_AT_MOMENT:
+        return f"device {f.get('device')}: allocated at the same time as {_DEVICE_MOMENTS.get(str(f.get('at')), 'that moment')} (by time_us)"
     text = EVIDENCE[kind]
     name = f.text("largest_name")
     return text + (f" (largest: {name})" if name else "")

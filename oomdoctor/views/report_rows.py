@@ -90,3 +90,43 @@ def component_rows(analysis: Analysis) -> list[tuple[ComponentShare, float | Non
 def largest_groups(share: ComponentShare) -> tuple[Group, ...]:
     """The component's largest module paths (else source lines) to name under it."""
     return (share.by_module or share.by_source_line)[:GROUPS_PER_COMPONENT]
+
+
+DEVICE_COLUMNS = (
+    "device",
+    "reserved at the dump",
+    "allocated at the dump",
+    "peak",
+    "at the same time",
+    "OOMs",
+    "phases reached",
+    "largest component",
+)
+
+
+def device_rows(analysis: Analysis) -> list[tuple[str, ...]]:
+    """One row per device of a snapshot that holds several (DEVICE_COLUMNS); none for one device."""
+    rows: list[tuple[str, ...]] = []
+    for d in analysis.device_summaries:
+        at_same_time = "-"
+        if d.judged:
+            at_same_time = human_size(analysis.replay.target_allocated_bytes)
+        elif d.allocated_at_judged_bytes is not None:
+            at_same_time = human_size(d.allocated_at_judged_bytes)
+        largest = "-"
+        if d.largest_component is not None:
+            name = COMPONENT_LABELS.get(d.largest_component, d.largest_component)
+            largest = f"{name} {human_size(d.largest_component_bytes)} at {phrasing.DEVICE_MOMENTS[d.moment]}"
+        rows.append(
+            (
+                f"{d.device} (judged)" if d.judged else str(d.device),
+                human_size(d.reserved_bytes),
+                human_size(d.allocated_bytes),
+                human_size(d.peak_allocated_bytes) if d.event_count else "-",
+                at_same_time,
+                str(d.oom_count) if d.oom_count else "-",
+                ", ".join(p.replace("_", " ") for p in d.phases) or "-",
+                largest,
+            )
+        )
+    return rows

@@ -8,8 +8,10 @@ from oomdoctor.units import human_size as human
 from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
+    DEVICE_COLUMNS,
     allocated_rows,
     component_rows,
+    device_rows,
     evidence_line,
     largest_groups,
     target_context,
@@ -118,6 +120,8 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         for finding in analysis.secondary:
             add(f"  - {finding.verdict}: {phrasing.summary(finding.summary)}")
         add("")
+    if analysis.device_summaries:
+        _devices(analysis, add)
     if analysis.unknowns:
         add("Not determined from this file")
         for unknown in phrasing.unknowns(analysis.unknowns):
@@ -129,3 +133,19 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
 
 def _flag(value: bool | None) -> str:
     return {True: "on", False: "off", None: "unknown"}[value]
+
+
+def _devices(analysis: Analysis, add) -> None:
+    """The devices compared, one row each, when the snapshot holds several."""
+    add("Devices")
+    add(f"  {phrasing.devices_intro(analysis.device_summaries)}")
+    rows = [DEVICE_COLUMNS, *device_rows(analysis)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(DEVICE_COLUMNS) - 1)]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if 0 < i < 6 else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths))
+        ]
+        add("  " + "  ".join(cells) + "  " + row[-1])
+    for note in phrasing.device_notes(analysis.device_summaries):
+        add(f"  - {note}")
+    add("")

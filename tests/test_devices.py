@@ -1,0 +1,178 @@
+"""Several devices compared (issue 11, cause K): the per-device summary, the imbalance finding
+between replicas, training decided across devices, and each report's devices section."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.devices import IMBALANCE_RATIO
+from oomdoctor.model import Frame
+from oomdoctor.views import json_report, markdown_report, text_report
+from oomdoctor.vocabulary import Verdict
+from tests.builders import FORWARD_STACK, GiB, MiB, Sim, several_devices
+
+PARALLEL = "/usr/lib/python3/site-packages/torch/nn/parallel/"
+REPLICATE_STACK = (
+    Frame(PARALLEL + "comm.py", 67, "broadcast_coalesced"),
+    Frame(PARALLEL + "replicate.py", 110, "replicate"),
+    Frame(PARALLEL + "data_parallel.py", 190, "replicate"),
+    Frame("train.py", 40, "train_step"),
+)
+REPLICA_FORWARD = (*FORWARD_STACK[:3], Frame(PARALLEL + "parallel_apply.py", 99, "_worker"))
+BACKWARD_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/autograd/__init__.py", 266, "backward"),
+    Frame("/usr/lib/python3/site-packages/torch/_tensor.py", 581, "backward"),
+    Frame("train.py", 42, "train_step"),
+)
+OTHER_CODE = (Frame("teacher.py", 7, "forward"), Frame("serve.py", 3, "main"))
+
+
+def replica(activations: int, size: int, *, oom: int | None = None, backward: bool = False) -> Sim:
+    """One device of a DataParallel step: its replica of the parameters, `activations` forward
+    tensors of `size`, then an OOM or (with `backward`) the backward's gradients."""
+    sim = Sim(total_bytes=8 * GiB)
+    sim.alloc(100 * MiB, REPLICATE_STACK)
+    for _ in range(activations):
+        sim.alloc(size, REPLICA_FORWARD)
+    if backward:
+        for _ in range(4):
+            sim.alloc(50 * MiB, BACKWARD_STACK)
+    if oom is not None:
+        index = sim.oom(oom)
+        sim.events[index] = dataclasses.replace(sim.events[index], frames=REPLICA_FORWARD)  # the failed alloc's
+    return sim
+
+
+def imbalanced():
+    """Device 1 got most of the batch and ran out; device 0's replica held a fraction of it."""
+    return several_devices(replica(4, 100 * MiB), replica(30, 200 * MiB, oom=2 * GiB))
+
+
+def test_summary_holds_every_device():
+    analysis = analyse(imbalanced())
+    assert analysis.device == 1
+    zero, one = analysis.device_summaries
+    assert (zero.device, zero.judged, one.device, one.judged) == (0, False, 1, True)
+    assert zero.peak_allocated_bytes == 500 * MiB and zero.oom_count == 0 and zero.moment == "peak"
+    assert one.peak_allocated_bytes == analysis.replay.peak_allocated_bytes == 6100 * MiB
+    assert one.oom_count == 1 and one.moment == "oom"
+    assert zero.reserved_bytes == zero.allocated_bytes == 500 * MiB
+    assert "forward" in zero.phases and "forward" in one.phases and not zero.trains
+    assert (zero.largest_component, zero.largest_component_bytes) == ("activations", 400 * MiB)
+    assert one.largest_component == max(analysis.components, key=lambda c: c.bytes).name
+    assert zero.replica and zero.data_parallel
+    # device 0's trace ended before device 1's OOM: it held its end state then
+    assert zero.allocated_at_judged_bytes == 500 * MiB
+
+
+def test_single_device_has_no_summary():
+    sim = replica(30, 200 * MiB, oom=2 * GiB)
+    assert analyse(sim.snapshot(metadata=False)).device_summaries == ()
+
+
+def test_imbalance_is_a_secondary_finding_with_peer_evidence():
+    analysis = analyse(imbalanced())
+    assert analysis.verdict != Verdict.DEVICE_IMBALANCE
+    finding = next(f for f in analysis.secondary if f.verdict == Verdict.DEVICE_IMBALANCE)
+    facts = finding.summary.facts
+    assert (facts.get("device"), facts.get("peer"), facts.size("peer_peak")) == (1, 0, 500 * MiB)
+    assert facts.number("ratio") == pytest.approx(6100 / 500)
+    peer = [e for e in finding.evidence if e.kind == "peer-peak"]
+    assert [(e.facts.get("device"), e.bytes) for e in peer] == [(0, 500 * MiB)]
+
+
+def test_balanced_replicas_are_no_finding():
+    balanced = several_devices(replica(28, 200 * MiB), replica(30, 200 * MiB, oom=2 * GiB))
+    analysis = analyse(balanced)
+    zero, one = analysis.device_summaries
+    assert one.peak_allocated_bytes < IMBALANCE_RATIO * zero.peak_allocated_bytes
+    assert all(f.verdict != Verdict.DEVICE_IMBALANCE for f in analysis.secondary)
+
+
+def test_other_code_on_another_device_is_not_compared():
+    other = Sim(total_bytes=8 * GiB)
+    other.alloc(100 * MiB, OTHER_CODE)
+    analysis = analyse(several_devices(other, replica(30, 200 * MiB, oom=2 * GiB)))
+    zero = analysis.device_summaries[0]
+    assert not zero.replica
+    assert all(f.verdict != Verdict.DEVICE_IMBALANCE for f in analysis.secondary)
+    assert "not compared as replicas" in text_report.render(analysis)
+
+
+def test_training_is_decided_across_devices():
+    """Device 1's trace stops at its OOM in the forward; device 0's replica reached its backward."""
+    cut_short = replica(30, 200 * MiB, oom=2 * GiB)
+    alone = analyse(cut_short.snapshot(metadata=False))
+    both = analyse(several_devices(replica(4, 100 * MiB, backward=True), replica(30, 200 * MiB, oom=2 * GiB)))
+    zero, one = both.device_summaries
+    assert zero.trains and zero.tells_training and not one.trains
+    alone_changes = {r.id for r in alone.recommendations}
+    both_changes = {r.id for r in both.recommendations}
+    assert "smaller-batch" in alone_changes and "smaller-micro-batch" not in alone_changes
+    assert "smaller-micro-batch" in both_changes and "smaller-batch" not in both_changes
+    assert "reached one: the run trains" in text_report.render(both)
+
+
+def test_training_is_not_told_by_other_code():
+    other = Sim(total_bytes=8 * GiB)
+    other.alloc(100 * MiB, OTHER_CODE)
+    other.alloc(50 * MiB, BACKWARD_STACK)
+    analysis = analyse(several_devices(other, replica(30, 200 * MiB, oom=2 * GiB)))
+    assert not any(s.tells_training for s in analysis.device_summaries)
+
+
+def test_text_report_devices_section():
+    text = text_report.render(analysis := analyse(imbalanced()))
+    section = text[text.index("\nDevices\n") :]
+    assert "1 (judged)" in section and "reserved at the dump" in section
+    assert "device-imbalance" in text
+    assert "Devices" not in text_report.render(analyse(replica(30, 200 * MiB, oom=2 * GiB).snapshot(metadata=False)))
+    assert analysis.device_summaries
+
+
+def test_markdown_report_devices_section():
+    markdown = markdown_report.render(analyse(imbalanced()))
+    assert "### Devices" in markdown
+    assert "| 1 (judged) |" in markdown and "| 0 |" in markdown
+    single = markdown_report.render(analyse(replica(30, 200 * MiB, oom=2 * GiB).snapshot(metadata=False)))
+    assert "### Devices" not in single
+
+
+def test_json_report_devices_section():
+    data = json.loads(json_report.render(analyse(imbalanced())))
+    compared = data["devices_compared"]
+    assert [d["device"] for d in compared["devices"]] == [0, 1]
+    assert compared["devices"][1]["judged"] is True and compared["text"]
+    assert any(f["verdict"] == "device-imbalance" for f in data["secondary"])
+    single = json.loads(json_report.render(analyse(replica(30, 200 * MiB, oom=2 * GiB).snapshot(metadata=False))))
+    assert "devices_compared" not in single
+
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "snapshots"
+MULTI_DEVICE = CORPUS / "multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle"
+
+
+@pytest.mark.skipif(not MULTI_DEVICE.exists(), reason="the corpus (../shared/corpus) is absent")
+def test_corpus_data_parallel_imbalance():
+    """torch_geometric DataParallel over three GPUs: cuda:1 ran out in its forward holding 78.29 GiB,
+    cuda:0 peaked at 7.88 GiB and cuda:2 at 20.08 GiB (LABELS.md, file 19)."""
+    from oomdoctor.load import load
+
+    analysis = analyse(load(MULTI_DEVICE))
+    assert analysis.device == 1 and analysis.verdict == Verdict.ACTIVATION_SPIKE
+    summaries = {s.device: s for s in analysis.device_summaries}
+    assert set(summaries) == {0, 1, 2}
+    assert summaries[0].peak_allocated_bytes == pytest.approx(7.88 * GiB, rel=0.01)
+    assert summaries[2].peak_allocated_bytes == pytest.approx(20.08 * GiB, rel=0.01)
+    assert summaries[1].peak_allocated_bytes == pytest.approx(78.29 * GiB, rel=0.01)
+    assert all(s.replica and s.data_parallel and not s.trains for s in summaries.values())
+    assert summaries[0].allocated_at_judged_bytes == pytest.approx(7.54 * GiB, rel=0.01)  # ended before the OOM
+    assert summaries[2].allocated_at_judged_bytes == pytest.approx(18.84 * GiB, rel=0.01)
+    finding = next(f for f in analysis.secondary if f.verdict == Verdict.DEVICE_IMBALANCE)
+    assert finding.summary.facts.get("peer") == 2
+    assert finding.summary.facts.number("ratio") == pytest.approx(78.29 / 20.08, rel=0.02)
