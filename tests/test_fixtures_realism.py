@@ -85,10 +85,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
         "components": "stale gradients and momentum from before the trace count as parameters (150.3 MiB, truth 50.1)",
         "moment": "step 0: the first step ran before the trace and is not counted",
     },
-    "closure-activation-spike-gpt": {
-        "verdict": "gradients-kept: the gradients a closure keeps until its zero_grad read as forgotten "
-        "(activation-spike is the secondary finding)",
-    },
     "eval-outputs-kept-gpt": {
         "verdict": "inference-with-grad (the evaluation ran under no_grad)",
         "moment": "forward of step 1: the OOM is the torch.cat after the evaluation loop",

@@ -812,9 +812,30 @@ def _dominant(components: dict[str, int]) -> tuple[str | None, int]:
     return (name, components[name]) if components[name] else (None, 0)
 
 
+def _spike_over_kept_gradients(findings: list[Finding], ctx: Context) -> Finding | None:
+    """The activation spike, when it outweighs gradients a run frees every step (zero_grad runs,
+    only after this forward: a closure's order): what this batch added beyond the earlier steps'
+    peak is more than the gradients still alive."""
+    spike = next((f for f in findings if f.summary.kind == SummaryKind.ACTIVATION_SPIKE), None)
+    if spike is None or PHASE_ZERO_GRAD not in ctx.phases_seen():
+        return None
+    facts = spike.summary.facts
+    ratio, activations = facts.number("ratio"), facts.size("activations") or 0
+    if ratio <= SPIKE_RATIO:
+        return None
+    grown = activations - activations / ratio
+    old = findings[0].evidence[0].bytes or 0 if findings[0].evidence else 0
+    return spike if grown > old else None
+
+
 def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     """The cause first, weighed by materiality: fragments that are a small share of what the
-    device could hold do not outrank growth over steps (a leak) that filled it."""
+    device could hold do not outrank growth over steps (a leak) that filled it; gradients a run
+    frees every step (only late) do not outrank a spike that grew by more than they hold."""
+    if len(findings) >= 2 and findings[0].verdict == Verdict.GRADIENTS_KEPT:
+        spike = _spike_over_kept_gradients(findings, ctx)
+        if spike is not None:
+            return [spike, *(f for f in findings if f is not spike)]
     if len(findings) < 2 or findings[0].verdict != Verdict.FRAGMENTATION:
         return findings
     capacity = ctx.capacity_bytes or 0
