@@ -58,7 +58,11 @@ def test_fixture_report_json_matches_the_manifest(entry, capsys):
         assert data["accounting"]["message_bytes"] == entry["message_bytes"]
         assert (data["target_phase"], data["target_step"]) == (entry["phase"], entry["step"])
         assert data["evidence"] and data["recommendations"]
-        assert any(r["would_fit_alone"] for r in data["recommendations"])
+        if data["what_if"]["case"] == "pass-interrupted":
+            # the OOM cut the first forward short: nothing shows the rest of the pass (docs/definitions.md)
+            assert not any(r["would_fit_alone"] for r in data["recommendations"])
+        else:
+            assert any(r["would_fit_alone"] for r in data["recommendations"])
 
 
 def test_stripped_fixtures_keep_their_verdict():

@@ -27,6 +27,11 @@ against the file's label in `../shared/corpus/labels/labels.json` (LABELS.md exp
   before the moment.
 * **frames**: "no stack frames were recorded" where the label reads frames on the blocks or stacks
   on the trace entries.
+* **fits**: "would fit on its own" for a batch-sized change (halving the batch or micro-batch,
+  activation checkpointing) and the what-if's "largest scale that fits", at an OOM the label puts in
+  a forward with no completed step before it: the OOM interrupted the first pass, and nothing in the
+  trace shows how much of it (and of its backward) remains (docs/definitions.md, "A pass the OOM
+  interrupted").
 
 Each (file, kind) is its own case; today's contradictions are in KNOWN_CONTRADICTIONS, strict
 xfails, so a fix fails the run until its entry is removed and a new contradiction fails it too.
@@ -44,7 +49,8 @@ import pytest
 from tests.conftest import CORPUS
 from tests.test_corpus_labels import LABEL_OF, file_id, labelled_files, report_of, scoring
 
-KINDS = ("peak", "step-count", "step-number", "phase", "ratio", "frames")
+KINDS = ("peak", "step-count", "step-number", "phase", "ratio", "frames", "fits")
+BATCH_SIZED = ("smaller-batch", "smaller-micro-batch", "activation-checkpointing")
 
 PEAK_TOLERANCE = 0.02  # of the label's bytes, for the labels' estimated peaks and OOM states
 PEAK_TOLERANCE_MIN = 2 << 20  # bytes
@@ -189,6 +195,19 @@ def frames_claims(where: str, text: str) -> list[Claim]:
     return [Claim("frames", where, match.group(0), False)] if match else []
 
 
+def fits_claims(report: Mapping[str, Any]) -> list[Claim]:
+    """'would fit on its own' for a batch-sized change; a largest fitting scale in the what-if."""
+    claims = [
+        Claim("fits", f"recommendations[{position}]", str(item.get("id")), True)
+        for position, item in enumerate(report.get("recommendations") or [])
+        if isinstance(item, Mapping) and item.get("id") in BATCH_SIZED and item.get("would_fit_alone") is True
+    ]
+    what_if = report.get("what_if") or {}
+    if isinstance(what_if, Mapping) and what_if.get("largest_fitting_scale") is not None:
+        claims.append(Claim("fits", "what_if", "largest scale that fits", what_if["largest_fitting_scale"]))
+    return claims
+
+
 def claims_of(report: Mapping[str, Any]) -> list[Claim]:
     summary = str(report.get("summary") or "")
     evidence = [e for e in report.get("evidence") or [] if isinstance(e, Mapping)]
@@ -200,7 +219,7 @@ def claims_of(report: Mapping[str, Any]) -> list[Claim]:
         claims += frames_claims(f"evidence[{position}]", str(item.get("text") or ""))
     for position, line in enumerate(report.get("unknowns") or []):
         claims += frames_claims(f"unknowns[{position}]", str(line))
-    return claims
+    return claims + fits_claims(report)
 
 
 # ---- what the label says -------------------------------------------------------------------------
@@ -332,6 +351,10 @@ def contradictions(label: Mapping[str, Any], report: Mapping[str, Any], kind: st
             earlier = expected.steps[0] if expected.index is not None and same_device else 0
             if not earlier:
                 found.append(f"{said}; the label shows no completed step before the {expected.moment}")
+        elif kind == "fits":
+            first_forward = expected.moment == "oom" and "forward" in expected.phases and not expected.steps[0]
+            if same_device and first_forward:
+                found.append(f"{said}; the label's OOM interrupted the first forward, with no completed step before it")
         elif kind == "frames":
             if label_reads_frames(label):
                 method = (label.get("components") or {}).get("method")
@@ -523,6 +546,13 @@ def test_contradictions_on_a_made_up_label():
         "steps": {**LABEL["steps"], "phases": LABEL["steps"]["phases"][:2] + LABEL["steps"]["phases"][3:]},
     }
     assert contradictions(first, good, "ratio")
+    # "would fit" for halving the batch where the OOM interrupted the first forward
+    halving = {"id": "smaller-batch", "would_fit_alone": True}
+    fitting = _report(recommendations=[halving], what_if={"largest_fitting_scale": 0.9})
+    assert contradictions(LABEL, fitting, "fits") == []  # a completed step before: extrapolable
+    assert len(contradictions(first, fitting, "fits")) == 2
+    unknown = _report(recommendations=[{**halving, "would_fit_alone": None}], what_if={"largest_fitting_scale": None})
+    assert contradictions(first, unknown, "fits") == []
     # an OOM total within the estimate's tolerance passes, 3% off does not
     near = [{"text": "allocated bytes at the OOM", "metric": "allocated_bytes", "bytes": (1000 << 20) + (10 << 20)}]
     far = [{"text": "allocated bytes at the OOM", "metric": "allocated_bytes", "bytes": (1000 << 20) + (30 << 20)}]

@@ -30,6 +30,7 @@ from itertools import compress
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
+from oomdoctor.analysis.passes import pass_history
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
 from oomdoctor.analysis.replay import (
@@ -523,6 +524,7 @@ def _context(
         trace_entries=len(dump.trace),
         end_components=end_components,
         end_allocated_bytes=end_allocated,
+        passes=pass_history(dump.trace, dump.spans, target.index, moment.step, blocks),
     )
 
 
@@ -569,6 +571,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         projected_need_bytes=need.projected_need_bytes,
         scales_request=ctx.request_scales,
         placement_limit=need.placement_limit,
+        rest=ctx.passes.rest,
     )
 
 

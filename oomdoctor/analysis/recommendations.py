@@ -4,7 +4,7 @@ against what the run lacked (`Requirement`). Reads the same `Context` as the ver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -42,12 +42,18 @@ class Requirement:
     `projected_gap_bytes` is how far that is above the capacity. `placement_limit`, when the free
     bytes added up to the request but no place could take it: the largest fraction of the request
     that fits today's largest usable free block or free device memory (`whatif.placement_limit`).
+    When the OOM interrupted a forward (`Context.passes.rest`): `rest_gap_bytes`, what the rest of
+    the pass and its backward add to the shortfall, extrapolated from a comparable earlier pass; or
+    `rest_unknown`, nothing shows the rest, so a change that covers the shortfall may still not be
+    enough (its "would fit" is None).
     """
 
     shortfall_bytes: int | None
     projected_need_bytes: int | None = None
     projected_gap_bytes: int = 0
     placement_limit: float | None = None  # a placement failure: the largest request scale that finds a place
+    rest_gap_bytes: int = 0  # the shortfall plus what the rest of the interrupted pass adds
+    rest_unknown: bool = False  # the OOM interrupted a forward whose rest nothing shows
 
     @property
     def projecting(self) -> bool:
@@ -57,13 +63,19 @@ class Requirement:
     def needed_bytes(self) -> int | None:
         if self.shortfall_bytes is None:
             return None
-        return max(self.shortfall_bytes, self.projected_gap_bytes)
+        return max(self.shortfall_bytes, self.projected_gap_bytes, self.rest_gap_bytes)
 
     def covered_by(self, saved_now_bytes: int, saved_projected_bytes: int) -> bool | None:
-        """Whether a change saving these bytes at the OOM and of the projected need would have let the run fit."""
+        """Whether a change saving these bytes at the OOM and of the projected need would have let the
+        run fit (None: no shortfall known, or enough for the OOM instant of a pass whose rest is unknown)."""
         if self.shortfall_bytes is None:
             return None
-        return saved_now_bytes >= self.shortfall_bytes and saved_projected_bytes >= self.projected_gap_bytes
+        fits = (
+            saved_now_bytes >= self.shortfall_bytes
+            and saved_projected_bytes >= self.projected_gap_bytes
+            and saved_projected_bytes >= self.rest_gap_bytes
+        )
+        return None if fits and self.rest_unknown else fits
 
 
 def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
@@ -74,7 +86,7 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
         limit = placement_limit(ctx.request, largest, ctx.accounting.device_free_bytes, ctx.large_segment_bytes)
     first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
     if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
-        return Requirement(shortfall, placement_limit=limit)
+        return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit))
     states_now = sum(model_states(ctx))
     states_needed, _, _ = projected_parts(ctx)
     if states_needed <= states_now:
@@ -82,6 +94,19 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     others = sum(ctx.components.values()) - states_now
     need = states_needed + others + (ctx.request if ctx.request_scales else 0)
     return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit)
+
+
+def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
+    """At an OOM inside a forward: the rest of the pass and its backward still come. Extrapolated,
+    what they add (beyond the failed request, which the pass's projected peak holds) raises the
+    requirement; unknown, a change that covers the shortfall is not known to be enough."""
+    rest = ctx.passes.rest
+    if rest is None or ctx.oom is None or need.shortfall_bytes is None:
+        return need
+    if not rest.extrapolated:
+        return replace(need, rest_unknown=True)
+    extra = rest.extra_bytes - (ctx.request if ctx.request_scales else 0)
+    return replace(need, rest_gap_bytes=need.shortfall_bytes + max(0, extra))
 
 
 def recommend(
@@ -98,6 +123,9 @@ def recommend(
         need = requirement(ctx, verdicts)
     c = ctx.components
     activations = c.get(Component.ACTIVATIONS, 0)
+    rest = ctx.passes.rest
+    if rest is not None and rest.extrapolated and what_if is not None and what_if.rest_of_pass is rest:
+        activations += max(0, rest.projected_pass_bytes - rest.pass_bytes)  # at the interrupted pass's projected peak
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
@@ -127,8 +155,12 @@ def recommend(
         fits = need.covered_by(saved_now, projected)
         if fits is False and request_scale is not None and need.placement_limit is not None:
             fits = request_scale <= need.placement_limit and projected >= need.projected_gap_bytes
+            if fits and need.rest_unknown:
+                fits = None  # a place for the request now; the rest of the interrupted pass is unknown
         if fits and scale is not None:
             fits = what_if is not None and what_if.fits_at(scale) is True
+        elif fits is None and scale is not None and what_if is not None and what_if.fits_at(scale) is False:
+            fits = False  # not enough even at the OOM instant of the interrupted pass
         found.append(Recommendation(rec_id, shown, fits))
 
     def scale_after(saved_bytes: float) -> float | None:

@@ -430,6 +430,46 @@ class WhatIfCase(StrEnum):
     NO_BUDGET = "no-budget"  # nothing at the target grows with the batch
     LINEAR = "linear"  # the peak fits up to largest_fitting_scale
     PLACEMENT = "placement"  # a placement failure: the scaled request finds a place up to largest_fitting_scale
+    PASS_INTERRUPTED = "pass-interrupted"  # the OOM cut a forward short and nothing shows its rest: at most upper_bound_scale
+
+
+class RestUnknown(StrEnum):
+    """Why the rest of a pass the OOM interrupted could not be extrapolated; phrasing words each."""
+
+    NO_EARLIER_PASS = "no-earlier-pass"  # no earlier completed pass of the same structure in the trace
+    STRUCTURE_DIFFERS = "structure-differs"  # this pass's allocations do not follow the earlier pass's
+    BEYOND_EARLIER = "beyond-earlier"  # this pass already made more allocations than the earlier one in all
+
+
+@dataclass(frozen=True, slots=True)
+class RestOfPass:
+    """The OOM came part-way through a forward (docs/definitions.md, "A pass the OOM interrupted"):
+    what the rest of the pass, and its backward, would have needed.
+
+    Extrapolated (`reason` None) from `earlier_step`'s completed pass of the same structure: this
+    pass allocated `size_ratio` times what that pass had at the same point (`progress` of its
+    allocations made); its own peak (`earlier_peak_bytes`, of which `earlier_kept_bytes` outlived its
+    backward: the gradients it made) scaled by the ratio is this pass's projected own peak
+    (`projected_pass_bytes`, against `pass_bytes` live at the OOM)."""
+
+    step: int | None
+    reason: str | None = None  # a RestUnknown when nothing shows the rest; None: extrapolated
+    earlier_step: int | None = None
+    size_ratio: float | None = None
+    progress: float | None = None
+    earlier_peak_bytes: int = 0
+    earlier_kept_bytes: int = 0
+    pass_bytes: int = 0
+    projected_pass_bytes: int = 0
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.reason is None
+
+    @property
+    def extra_bytes(self) -> int:
+        """What the rest of the pass adds above the OOM instant (the gradients it makes included)."""
+        return max(0, self.projected_pass_bytes - self.pass_bytes) + self.earlier_kept_bytes if self.extrapolated else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,14 +496,21 @@ class WhatIf:
     request_fixed: bool = False  # the failed request counts in fixed_bytes (it does not grow with the batch)
     rough: bool = False  # the largest fitting scale is so far from the measured batch that the model is rough
     basis: WhatIfBasis | None = None  # made from a recorded step's peak rather than the target event
+    rest_of_pass: RestOfPass | None = None  # the OOM interrupted a forward: its rest, extrapolated or unknown
+    upper_bound_scale: float | None = None  # PASS_INTERRUPTED: at the OOM instant it fits up to here, at most
 
     def fits_at(self, scale: float) -> bool | None:
-        """Whether the predicted peak at `scale` fits the capacity, and the request a place (None: capacity unknown)."""
+        """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:
+        capacity unknown, or the OOM interrupted a pass whose rest is unknown and the scale is within
+        what the instant allows)."""
         if self.capacity_bytes is None:
             return None
         if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
             return False
-        return self.predicted_peak_bytes(scale) <= self.capacity_bytes
+        fits = self.predicted_peak_bytes(scale) <= self.capacity_bytes
+        if fits and self.case == WhatIfCase.PASS_INTERRUPTED:
+            return None
+        return fits
 
     def predicted_peak_bytes(self, scale: float) -> int:
         return self.fixed_bytes + math.ceil(self.scalable_bytes * scale)

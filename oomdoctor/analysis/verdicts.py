@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from oomdoctor.analysis.attribution import source_line
+from oomdoctor.analysis.passes import PassHistory
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
@@ -96,6 +97,7 @@ class Context:
     trace_entries: int = field(default=0)
     end_components: dict[str, int] = field(default_factory=dict)  # at the dump (the series' last point)
     end_allocated_bytes: int | None = field(default=None)  # None: the target is the dump
+    passes: PassHistory = field(default_factory=PassHistory)  # comparable steps, the rest of an interrupted pass
     # another device running the same model reached a backward or optimizer step this device's
     # trace, cut short by its OOM, never did (analysis/devices.py): the run trains
     peer_trains: bool = field(default=False)
@@ -491,9 +493,30 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
 
 
 def _earlier_activation_peak(ctx: Context) -> int:
-    step = ctx.target_step or 0
-    with_forward = {s.step for s in ctx.phases if s.phase == PHASE_FORWARD and s.step < step}
-    return max((s.peak_activation_bytes for s in ctx.steps if s.step in with_forward), default=0)
+    """The highest activation peak of the completed steps comparable with the target's
+    (`passes.comparable_steps`: same phases, a completed forward, not setup, not a step the trace
+    began inside); 0 when there is none."""
+    return _comparable_peak(ctx)[0]
+
+
+def _comparable_peak(ctx: Context) -> tuple[int, int | None]:
+    """(the peak, the step that reached it) over the comparable completed steps."""
+    comparable = set(ctx.passes.comparable_steps)
+    best = max(
+        (s for s in ctx.steps if s.step in comparable and s.peak_activation_bytes),
+        key=lambda s: s.peak_activation_bytes,
+        default=None,
+    )
+    return (best.peak_activation_bytes, best.step) if best is not None else (0, None)
+
+
+def _inputs_changed(ctx: Context) -> bool | None:
+    """Whether the inputs' sizes changed against the comparable steps (True when any changed;
+    False when every one with evidence kept them; None without evidence)."""
+    known = [v for v in ctx.passes.inputs_changed.values() if v is not None]
+    if not known:
+        return None
+    return any(known)
 
 
 def _test_optimizer_buildup(ctx: Context) -> Finding | None:
@@ -567,7 +590,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     if activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others:
         return None
     step = ctx.target_step or 0
-    earlier_peak = _earlier_activation_peak(ctx)
+    earlier_peak, earlier_step = _comparable_peak(ctx)
     ratio = activations / earlier_peak if earlier_peak else None
     evidence = [
         _component_evidence(ctx, EvidenceKind.LIVE_ACTIVATIONS, Component.ACTIVATIONS),
@@ -591,7 +614,14 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     summary = (
         Summary(
             SummaryKind.ACTIVATION_SPIKE,
-            Facts.of(step=step, phase=ctx.target_phase, activations=activations, ratio=ratio),
+            Facts.of(
+                step=step,
+                phase=ctx.target_phase,
+                activations=activations,
+                ratio=ratio,
+                earlier_step=earlier_step,
+                inputs_changed=_inputs_changed(ctx),
+            ),
         )
         if spike
         else Summary(SummaryKind.ACTIVATIONS_DOMINATE, Facts.of(phase=ctx.target_phase, activations=activations))

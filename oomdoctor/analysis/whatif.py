@@ -19,6 +19,7 @@ from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
     PHASE_FORWARD,
     LiveBlock,
+    RestOfPass,
     WhatIf,
     WhatIfBasis,
     WhatIfCase,
@@ -65,6 +66,7 @@ def what_if(
     scales_request: bool | None = None,
     placement_limit: float | None = None,
     basis: WhatIfBasis | None = None,
+    rest: RestOfPass | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -79,6 +81,11 @@ def what_if(
     A placement failure is not a shortage of bytes, so when the request grows with the batch the
     largest fitting scale is where the scaled request fits today's largest free block, or its
     cudaMalloc fits free device memory (and never above what the bytes allow).
+
+    `rest`: the OOM interrupted a forward (`passes.rest_of_pass`). Extrapolated, the pass's own bytes
+    are its projected peak (and the gradients its backward makes are fixed), never below the
+    instant's; unknown, the instant's largest scale is only an upper bound (`upper_bound_scale`):
+    the rest of the forward and the backward still come, so no scale within it is said to fit.
     """
     scalable = scalable_bytes
     fixed = sum(components.values()) - scalable
@@ -96,6 +103,10 @@ def what_if(
         # at 1.00x the demand (fixed + scalable) must exceed the capacity by the shortfall, as it did
         unusable = max(0, capacity_bytes + shortfall_bytes - (fixed + scalable))
         fixed += unusable
+    if rest is not None and rest.extrapolated:
+        fixed += rest.earlier_kept_bytes
+        own_now = rest.pass_bytes + (request_bytes if scales_request else 0)
+        scalable = max(scalable, scalable - own_now + rest.projected_pass_bytes)
     projected = False
     if projected_need_bytes is not None and projected_need_bytes - scalable > fixed:
         fixed = projected_need_bytes - scalable
@@ -114,6 +125,9 @@ def what_if(
         if placement_limit is not None and placement_limit < largest:
             largest = placement_limit
             case = WhatIfCase.PLACEMENT
+    upper_bound = None
+    if rest is not None and not rest.extrapolated and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
+        upper_bound, largest, case = largest, None, WhatIfCase.PASS_INTERRUPTED
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
     return WhatIf(
         scalable_bytes=scalable,
@@ -129,6 +143,8 @@ def what_if(
         request_fixed=bool(request_bytes) and not scales_request,
         rough=largest is not None and largest > SCALES[-1] * 2,
         basis=basis,
+        rest_of_pass=rest,
+        upper_bound_scale=upper_bound,
     )
 
 

@@ -105,6 +105,9 @@ def _what_if(what_if: WhatIf) -> dict[str, Any]:
         "unusable_bytes": what_if.unusable_bytes,
         "projected_states": what_if.projected_states,
         "placement_limit_scale": what_if.placement_limit_scale,
+        "case": what_if.case,
+        "upper_bound_scale": what_if.upper_bound_scale,
+        "rest_of_pass": _plain(dataclasses.asdict(what_if.rest_of_pass)) if what_if.rest_of_pass is not None else None,
     }
 
 

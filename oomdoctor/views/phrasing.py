@@ -20,6 +20,7 @@ from oomdoctor.analysis.results import (
     EvidenceKind,
     Facts,
     Recommendation,
+    RestUnknown,
     Summary,
     SummaryKind,
     Unknown,
@@ -81,6 +82,8 @@ def what_if_note(what_if: WhatIf) -> str:
         note = f"the fixed part alone ({states}, optimizer temporaries, buffers, other{request}) does not fit: no batch size would"
     elif case == WhatIfCase.NO_BUDGET:
         note = "no activation budget at the target event: changing the batch would not change this peak"
+    elif case == WhatIfCase.PASS_INTERRUPTED:
+        note = _interrupted_words(what_if)
     elif case == WhatIfCase.PLACEMENT:
         note = (
             f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
@@ -91,6 +94,16 @@ def what_if_note(what_if: WhatIf) -> str:
         if what_if.calibrated:
             note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
             note += f"{', with the model states projected at full size' if what_if.projected_states else ''})"
+    rest = what_if.rest_of_pass
+    if rest is not None and rest.extrapolated and case != WhatIfCase.PASS_INTERRUPTED:
+        note += (
+            f"; the OOM cut step {rest.step}'s forward short, so the rest of the pass and its backward are"
+            f" extrapolated from step {rest.earlier_step}'s completed pass of the same layers (this one allocated"
+            f" {rest.size_ratio or 0:.2f}x what it had at the same point): this pass's own peak projected at"
+            f" {human(rest.projected_pass_bytes)}, {human(rest.pass_bytes)} at the OOM"
+        )
+        if rest.earlier_kept_bytes:
+            note += f", and {human(rest.earlier_kept_bytes)} of gradients its backward makes"
     if what_if.rough:
         note += "; that far from the measured batch the linear model is a rough guide only"
     basis = what_if.basis
@@ -135,6 +148,26 @@ def device_notes(summaries: Sequence[DeviceSummary]) -> list[str]:
             " (no DataParallel frames or allocation sites in common): not compared as replicas."
         )
     return notes
+
+
+_REST_UNKNOWN_WORDS = {
+    RestUnknown.NO_EARLIER_PASS: "no earlier completed pass of the same structure in the trace shows how much of it remains",
+    RestUnknown.STRUCTURE_DIFFERS: "its allocations do not follow those of the earlier completed passes, so they cannot tell how much of it remains",
+    RestUnknown.BEYOND_EARLIER: "it had already made more allocations than the earlier completed pass made in all, so that pass cannot tell how much of it remains",
+}
+
+
+def _interrupted_words(what_if: WhatIf) -> str:
+    """The what-if of a pass the OOM interrupted whose rest nothing shows: an upper bound only."""
+    rest = what_if.rest_of_pass
+    step = f"step {rest.step}'s" if rest is not None and rest.step is not None else "the"
+    why = _REST_UNKNOWN_WORDS.get(RestUnknown(rest.reason), "") if rest is not None and rest.reason else ""
+    bound = what_if.upper_bound_scale or 0.0
+    return (
+        f"whether a smaller batch fits is unknown: the OOM cut {step} forward short and {why}. At the OOM"
+        f" instant the peak would fit up to {bound:.2f}x, an upper bound only: the rest of the forward and the"
+        " backward still come (a larger scale does not fit)"
+    )
 
 
 # --- what to change --------------------------------------------------------------------------------
@@ -218,7 +251,13 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.OPTIMIZER_LATER_STEP:
         return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline."
     if kind == SummaryKind.ACTIVATION_SPIKE:
-        return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps (a longer sequence or a bigger batch)."
+        changed = f.get("inputs_changed")  # a cause only where the inputs' sizes show it
+        cause = ""
+        if changed is True:
+            cause = " (a longer sequence or a bigger batch)"
+        elif changed is False:
+            cause = ", with inputs of the same sizes"
+        return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         return f"Activations of the {f.get('phase')} pass ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
     if kind == SummaryKind.NO_OOM:

@@ -1,0 +1,335 @@
+"""Passes and the steps they can be compared with (issue 11, causes G and J).
+
+A claim about a pass the OOM interrupted, or a ratio against "earlier steps", is honest only against
+a pass that completed and has the same structure (docs/definitions.md, "Comparable steps" and "A pass
+the OOM interrupted"):
+
+* `comparable_steps`: the completed steps before the target's that ran the same phases (a forward,
+  and a backward when the run trains), neither model setup nor a step the trace began part-way into;
+* `inputs_changed`: whether the inputs' sizes differ between an earlier step and the target's (the
+  blocks made between steps, before the forward; the first allocations of each forward), None
+  without evidence either way;
+* `rest_of_pass`: at an OOM inside a forward, the rest of the pass and its backward extrapolated
+  from the latest comparable pass whose allocations this one follows, or why it cannot be.
+
+Reads only the trace and the phase spans; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from oomdoctor.analysis.results import (
+    PHASE_BACKWARD,
+    PHASE_BETWEEN,
+    PHASE_FORWARD,
+    PHASE_OPTIMIZER,
+    PHASE_ZERO_GRAD,
+    LiveBlock,
+    PhaseSpan,
+    RestOfPass,
+    RestUnknown,
+)
+from oomdoctor.model import ALLOC, FREE_REQUESTED, OOM, DeviceTrace
+from oomdoctor.vocabulary import Component
+
+KEY_FRAMES = 3  # an allocation's site: its innermost frames (file, line)
+LOOKAHEAD = 8  # allocations one pass may have that the other lacks (a workspace made once) before they disagree
+MISMATCH_PART = 10  # more than a tenth of this pass's allocations unmatched: not the same structure
+INPUT_ALLOCATIONS = 8  # the first allocations of a forward that stand for its inputs' sizes
+MAX_ALLOCATIONS = 50_000  # bound the work per pass
+SCALED = (Component.ACTIVATIONS, Component.INPUTS, Component.TEMPORARIES)
+TRAINING_PHASES = (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
+
+
+@dataclass(frozen=True, slots=True)
+class PassHistory:
+    """What the verdict tests and the what-if read about comparable passes (`Context.passes`)."""
+
+    comparable_steps: tuple[int, ...] = ()  # completed steps before the target's, of its structure
+    inputs_changed: dict[int, bool | None] = field(default_factory=dict)  # per comparable step
+    rest: RestOfPass | None = None  # the target is inside a forward: the rest of its pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    first_index: int  # the forward's first event
+    forward_last: int  # its last event
+    last_index: int  # the end of the backward that follows in the same step, else the forward's end
+    step: int
+
+
+def _forwards(spans: Sequence[PhaseSpan]) -> list[_Pass]:
+    """Each forward (consecutive forward spans of one step are one) with the backward after it."""
+    passes: list[_Pass] = []
+    position = 0
+    while position < len(spans):
+        span = spans[position]
+        if span.phase != PHASE_FORWARD:
+            position += 1
+            continue
+        first, last, step = span.first_index, span.last_index, span.step
+        position += 1
+        while position < len(spans) and spans[position].phase == PHASE_FORWARD and spans[position].step == step:
+            last = spans[position].last_index
+            position += 1
+        end = last
+        look = position
+        while look < len(spans) and spans[look].step == step and spans[look].phase != PHASE_FORWARD:
+            if spans[look].phase == PHASE_BACKWARD:
+                end = spans[look].last_index
+            look += 1
+        passes.append(_Pass(first, last, end, step))
+    return passes
+
+
+def _trains(spans: Sequence[PhaseSpan]) -> bool:
+    return any(s.phase == PHASE_BACKWARD for s in spans)
+
+
+def _pre_trace_frees(trace: DeviceTrace, first: int, last: int) -> bool:
+    """Whether the trace frees, within [first, last], a block it never saw allocated."""
+    seen: set[int] = set()
+    actions, addrs = trace.actions, trace.addrs
+    for index in range(min(last + 1, len(actions))):
+        action = actions[index]
+        if action == ALLOC:
+            seen.add(addrs[index])
+        elif action == FREE_REQUESTED and addrs[index] not in seen and index >= first:
+            return True
+    return False
+
+
+def comparable_steps(trace: DeviceTrace, spans: Sequence[PhaseSpan], target_step: int | None) -> tuple[int, ...]:
+    """Completed steps before `target_step` of the same structure: each ran a forward (and a backward
+    when the run trains); model setup has no forward; the first step is left out when the trace
+    began inside it (its first span a backward, optimizer step or zero_grad, or its backward frees
+    blocks from before the trace: activations of a forward the trace missed)."""
+    if target_step is None or not spans:
+        return ()
+    trains = _trains(spans)
+    phases: dict[int, set[str]] = {}
+    for span in spans:
+        phases.setdefault(span.step, set()).add(span.phase)
+    first_step = spans[0].step
+    steps = []
+    for step in sorted(phases):
+        if step >= target_step:
+            break
+        seen = phases[step]
+        if PHASE_FORWARD not in seen or (trains and PHASE_BACKWARD not in seen):
+            continue
+        if step == first_step:
+            if spans[0].phase in TRAINING_PHASES:
+                continue
+            backward = [s for s in spans if s.step == step and s.phase == PHASE_BACKWARD]
+            if backward and _pre_trace_frees(trace, backward[0].first_index, backward[-1].last_index):
+                continue
+        steps.append(step)
+    return tuple(steps)
+
+
+def _allocations(trace: DeviceTrace, first: int, last: int) -> list[tuple[int, object, int]]:
+    """(event index, site key, size) of each allocation in [first, last]."""
+    out: list[tuple[int, object, int]] = []
+    actions, sizes = trace.actions, trace.sizes
+    for index in range(first, min(last + 1, len(actions))):
+        if actions[index] != ALLOC:
+            continue
+        frames = trace.frames_at(index)
+        key = tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
+        out.append((index, key, sizes[index]))
+        if len(out) >= MAX_ALLOCATIONS:
+            break
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Alignment:
+    now_bytes: int  # this pass's matched allocations
+    earlier_bytes: int  # the earlier pass's matched allocations
+    earlier_position: int  # how many of the earlier pass's allocations the match reached
+    sizes: tuple[tuple[int, int], ...]  # (now, earlier) sizes of the first matched pairs
+
+
+def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, int]]) -> _Alignment | str:
+    """Match this pass's allocations, in order, to the earlier pass's by site (every site matches
+    when neither has frames); a RestUnknown when they do not follow each other."""
+    i = j = 0
+    now_bytes = earlier_bytes = unmatched = 0
+    pairs: list[tuple[int, int]] = []
+    while i < len(now):
+        if j >= len(earlier):
+            return RestUnknown.BEYOND_EARLIER
+        key = now[i][1]
+        if key == earlier[j][1]:
+            now_bytes += now[i][2]
+            earlier_bytes += earlier[j][2]
+            if len(pairs) < INPUT_ALLOCATIONS:
+                pairs.append((now[i][2], earlier[j][2]))
+            i += 1
+            j += 1
+            continue
+        ahead = next((k for k in range(j + 1, min(j + 1 + LOOKAHEAD, len(earlier))) if earlier[k][1] == key), None)
+        if ahead is not None:
+            j = ahead  # the earlier pass made allocations this one skips
+            continue
+        unmatched += 1
+        i += 1
+        if unmatched * MISMATCH_PART > max(len(now), LOOKAHEAD * MISMATCH_PART):
+            return RestUnknown.STRUCTURE_DIFFERS
+    if unmatched * MISMATCH_PART > len(now) or not earlier_bytes:
+        return RestUnknown.STRUCTURE_DIFFERS
+    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs))
+
+
+def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
+    """(the pass's own peak: the most its allocations held at once from its forward's start to its
+    backward's end, of which made in the backward and alive at its end: the gradients it made)."""
+    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    last = min(one.last_index, len(actions) - 1)
+    live: dict[int, tuple[int, int]] = {}  # address -> (size, index)
+    for index in range(one.first_index, last + 1):
+        if actions[index] == ALLOC:
+            live[addrs[index]] = (sizes[index], index)
+        elif actions[index] == FREE_REQUESTED:
+            live.pop(addrs[index], None)
+    kept = {a for a, (_, i) in live.items() if i > one.forward_last}  # made in the backward, alive at its end
+    held = peak = kept_at_peak = kept_now = 0
+    live.clear()
+    for index in range(one.first_index, last + 1):
+        if actions[index] == ALLOC:
+            address = addrs[index]
+            live[address] = (sizes[index], index)
+            held += sizes[index]
+            if address in kept and index > one.forward_last:
+                kept_now += sizes[index]
+            if held > peak:
+                peak, kept_at_peak = held, kept_now
+        elif actions[index] == FREE_REQUESTED:
+            entry = live.pop(addrs[index], None)
+            if entry is not None:
+                held -= entry[0]
+    return peak, kept_at_peak
+
+
+def _between_sizes(trace: DeviceTrace, spans: Sequence[PhaseSpan], step: int) -> tuple[int, ...]:
+    """Sizes of the allocations a step makes between steps before its first forward (its batch)."""
+    forward = next((s for s in spans if s.step == step and s.phase == PHASE_FORWARD), None)
+    if forward is None:
+        return ()
+    sizes: list[int] = []
+    for span in spans:
+        if span.step != step or span.first_index >= forward.first_index:
+            continue
+        if span.phase != PHASE_BETWEEN:  # not model setup, not a phase of the step
+            continue
+        sizes += (
+            s
+            for a, s in zip(
+                trace.actions[span.first_index : span.last_index + 1],
+                trace.sizes[span.first_index : span.last_index + 1],
+            )
+            if a == ALLOC
+        )
+    return tuple(sorted(sizes))
+
+
+def inputs_changed(trace: DeviceTrace, spans: Sequence[PhaseSpan], earlier: int, target_step: int) -> bool | None:
+    """Whether the inputs' sizes differ between step `earlier` and `target_step`: the batch each
+    step made before its forward, and the first allocations of each forward matched by site. None
+    when neither gives evidence."""
+    verdicts: list[bool] = []
+    before_now, before_then = _between_sizes(trace, spans, target_step), _between_sizes(trace, spans, earlier)
+    if before_now and before_then:
+        verdicts.append(before_now != before_then)
+    passes = _forwards(spans)
+    now = next((p for p in passes if p.step == target_step), None)
+    then = next((p for p in reversed(passes) if p.step == earlier), None)
+    if now is not None and then is not None:
+        head = _allocations(trace, now.first_index, now.forward_last)[:INPUT_ALLOCATIONS]
+        alignment = _align(head, _allocations(trace, then.first_index, then.forward_last)) if head else None
+        if isinstance(alignment, _Alignment) and alignment.sizes:
+            verdicts.append(any(a != b for a, b in alignment.sizes))
+    if not verdicts:
+        return None
+    return any(verdicts)
+
+
+def rest_of_pass(
+    trace: DeviceTrace,
+    spans: Sequence[PhaseSpan],
+    target_index: int | None,
+    target_step: int | None,
+    blocks: Sequence[LiveBlock],
+    comparable: tuple[int, ...],
+) -> RestOfPass | None:
+    """At an OOM inside a forward, its rest extrapolated from the latest earlier completed pass of
+    the same structure (a comparable step's, or an earlier pass of the same step when the run does
+    not train) whose allocations this pass follows; else why not. None when the target is not in
+    a forward."""
+    if target_index is None:
+        return None
+    passes = _forwards(spans)
+    current = next((p for p in passes if p.first_index <= target_index <= p.forward_last), None)
+    if current is None:
+        return None
+    own = sum(
+        b.size_bytes
+        for b in blocks
+        if b.alloc_index is not None and current.first_index <= b.alloc_index <= target_index and b.component in SCALED
+    )
+    earlier = [
+        p
+        for p in passes
+        if p.last_index < current.first_index
+        and (
+            p.step in comparable
+            or p.step == current.step  # an earlier pass of this step: another evaluation batch, a micro-batch
+        )
+    ]
+    if not earlier:
+        return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own)
+    now = _allocations(trace, current.first_index, target_index)
+    if trace.actions[target_index] == OOM:  # the failed request is this pass's next allocation
+        frames = trace.frames_at(target_index)
+        key = tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
+        # an OOM entry without frames in a pass whose allocations carry them says nothing of its site
+        if key is not None or all(k is None for _, k, _ in now):
+            now.append((target_index, key, trace.sizes[target_index]))
+    reason: str = RestUnknown.NO_EARLIER_PASS
+    for then in reversed(earlier[-4:]):  # the latest first
+        allocations = _allocations(trace, then.first_index, then.forward_last)
+        alignment = _align(now, allocations)
+        if isinstance(alignment, str):
+            reason = alignment
+            continue
+        ratio = alignment.now_bytes / alignment.earlier_bytes
+        peak, kept = _own_peak(trace, then)
+        projected = int((peak - kept) * ratio)
+        return RestOfPass(
+            current.step,
+            None,
+            then.step,
+            ratio,
+            alignment.earlier_position / len(allocations) if allocations else None,
+            peak,
+            kept,
+            own,
+            max(projected, own),
+        )
+    return RestOfPass(current.step, reason, pass_bytes=own)
+
+
+def pass_history(
+    trace: DeviceTrace,
+    spans: Sequence[PhaseSpan],
+    target_index: int | None,
+    target_step: int | None,
+    blocks: Sequence[LiveBlock],
+) -> PassHistory:
+    """Everything `Context.passes` holds, computed once."""
+    comparable = comparable_steps(trace, spans, target_step)
+    changed = {s: inputs_changed(trace, spans, s, target_step) for s in comparable} if target_step is not None else {}
+    return PassHistory(comparable, changed, rest_of_pass(trace, spans, target_index, target_step, blocks, comparable))
