@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from oomdoctor import __version__
-from oomdoctor.commands import demo, explain, info, redact, rehearse, report
+from oomdoctor.commands import demo, diff, explain, info, redact, rehearse, report
 from oomdoctor.commands import open as open_verb
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
 from oomdoctor.safetext import printable
@@ -28,6 +28,7 @@ ERROR_LIMIT = 1000
 VERBS: tuple[tuple[str, ModuleType], ...] = (
     ("open", open_verb),
     ("report", report),
+    ("diff", diff),
     ("info", info),
     ("explain", explain),
     ("redact", redact),

@@ -243,3 +243,129 @@ def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...]) -> str:
     first = skipped[0]
     more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
     return f"{directory}: no readable snapshot in this folder; {first.name}: {first.reason}{more}"
+
+
+# -- two dumps, two steps of one, two ranks of a folder, compared ----------------------------------
+
+
+def diff_side(
+    snapshot,
+    label: str,
+    *,
+    device: int | None = None,
+    redact: bool = False,
+    step: int | None = None,
+    source: str | None = None,
+):
+    """One side of `oomdoctor diff` (analysis.diff.Side): the snapshot at its target and at its
+    peak, or, with `step`, at that step's peak and its OOM (else its last event)."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.diff import MOMENT_OOM, MOMENT_STEP_END, Side, step_of, step_peak_index
+    from oomdoctor.analysis.environment import environment_of
+
+    analysis = analyse(snapshot, device=device)
+    replay = analysis.replay
+    target_moment = None
+    if step is None:
+        at_target = analysis
+        same = replay.peak_index is None or replay.peak_index == replay.target_index
+        at_peak = analysis if same else analyse(snapshot, device=analysis.device, at_event=replay.peak_index)
+    else:
+        summary = step_of(analysis.steps, step)
+        if summary is None:
+            known = ", ".join(str(s.step) for s in analysis.steps) or "none are marked"
+            raise OomdoctorError(f"{source or label}: no step {step} in this dump (steps: {known})")
+        settings = snapshot.allocator_settings
+        divisions = settings.rounding_divisions if settings is not None else ()
+        peak_index = step_peak_index(snapshot.traces[analysis.device], summary, divisions)
+        at_peak = analyse(snapshot, device=analysis.device, at_event=peak_index)
+        fatal = replay.target_index if replay.target_kind == "oom" else None
+        if fatal is not None and summary.first_index <= fatal <= summary.last_index:
+            at_target, target_moment = analysis, MOMENT_OOM
+        else:
+            at_target = analyse(snapshot, device=analysis.device, at_event=summary.last_index)
+            target_moment = MOMENT_STEP_END
+    environment = environment_of(snapshot)
+    if redact:
+        from oomdoctor.redact import Redactor, redact_analysis, redact_environment
+
+        redactor = Redactor.from_snapshot(snapshot)
+        at_target, at_peak = redact_analysis(at_target, redactor), redact_analysis(at_peak, redactor)
+        environment = redact_environment(environment, redactor)
+    return Side.of(
+        at_target,
+        at_peak,
+        label=label,
+        metadata=snapshot.oomdoctor,
+        argv=environment.argv,
+        target_moment=target_moment,
+    )
+
+
+def _shown(path: str, redact: bool) -> str:
+    """A path as a diff names its side: redacted, only its file name."""
+    return os.path.basename(os.path.normpath(path)) if redact else str(path)
+
+
+def diff_files(
+    path_a: str, path_b: str, *, device: int | None = None, redact: bool = False, max_bytes: int | None = None
+):
+    """`oomdoctor diff A B`: analysis.diff.Diff of two files."""
+    from oomdoctor.analysis.diff import DIFF_FILES, compare
+
+    sides = []
+    for path in (path_a, path_b):
+        snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+        sides.append(diff_side(snapshot, _shown(path, redact), device=device, redact=redact))
+    return compare(sides[0], sides[1], kind=DIFF_FILES)
+
+
+def diff_steps(
+    path: str,
+    step_a: int,
+    step_b: int,
+    *,
+    device: int | None = None,
+    redact: bool = False,
+    max_bytes: int | None = None,
+):
+    """`oomdoctor diff FILE --steps I J`: two steps of one dump."""
+    from oomdoctor.analysis.diff import DIFF_STEPS, compare
+
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    a, b = (
+        diff_side(snapshot, f"step {step}", device=device, redact=redact, step=step, source=str(path))
+        for step in (step_a, step_b)
+    )
+    return compare(a, b, kind=DIFF_STEPS)
+
+
+def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False, max_bytes: int | None = None):
+    """`oomdoctor diff DIR --ranks R S`: the files of two ranks of a folder, each at its failing device."""
+    from oomdoctor.analysis.diff import DIFF_RANKS, compare
+
+    folder = read_folder(directory, max_bytes=max_bytes)
+    sides = []
+    for rank in (rank_a, rank_b):
+        files = [d.file for d in folder.dumps if d.rank == rank]
+        if not files:
+            known = ", ".join(str(r) for r in sorted({d.rank for d in folder.dumps if d.rank is not None})) or "none"
+            raise OomdoctorError(f"{directory}: no file of rank {rank} in this folder (ranks: {known})")
+        if len(files) > 1:
+            raise OomdoctorError(
+                f"{directory}: {len(files)} files are rank {rank} ({files[0]}, {files[1]}): pick two files"
+            )
+        snapshot = load_snapshot(os.path.join(folder.directory, files[0]), max_bytes=max_bytes)
+        sides.append(diff_side(snapshot, f"rank {rank}", redact=redact))
+    return compare(sides[0], sides[1], kind=DIFF_RANKS)
+
+
+def render_diff(diff, output_format: str) -> bytes:
+    """A diff in "text", "md" or "json", as `oomdoctor diff` prints it."""
+    from oomdoctor.views import diff_report
+
+    if output_format == "json":
+        return diff_report.to_json(diff)
+    if output_format == "md":
+        return diff_report.to_markdown(diff).encode()
+    return diff_report.to_text(diff).encode()

@@ -208,12 +208,16 @@ class _Judgement:
     what_if: WhatIf
 
 
-def analyse(snapshot: Snapshot, *, device: int | None = None, series_points: int = 480) -> Analysis:
+def analyse(
+    snapshot: Snapshot, *, device: int | None = None, series_points: int = 480, at_event: int | None = None
+) -> Analysis:
     """Judge one device of `snapshot`, the failing one unless `device` is given (see the module's
-    docstring); `series_points` bounds the memory-over-time series."""
+    docstring); `series_points` bounds the memory-over-time series. `at_event` judges the state
+    right after that event instead (a step's peak, say: `oomdoctor diff --steps`), as the OOM when
+    it is the fatal one, else as a peak without an OOM."""
     dump = _read_device(snapshot, device)
     state = _replay(dump, series_points)
-    target = _pick_target(dump, state)
+    target = _pick_target(dump, state, at_event)
     accounted = _account(dump, state, target)
     blocks, shares = _attribute(dump, state, target)
     moment = _judge_moment(dump, state, target)
@@ -291,10 +295,14 @@ def _replay(dump: _DeviceDump, series_points: int) -> ReplayState:
     )
 
 
-def _pick_target(dump: _DeviceDump, state: ReplayState) -> _Target:
+def _pick_target(dump: _DeviceDump, state: ReplayState, at_event: int | None = None) -> _Target:
     """The moment to judge, and the state right after it: the fatal OOM; else the peak, when the
-    dump holds less than it and was not written for the peak or by hand; else the dump itself."""
+    dump holds less than it and was not written for the peak or by hand; else the dump itself.
+    `at_event` (an index into the trace) overrides the choice."""
     fatal_index = _fatal_oom(dump.trace, state.oom_indices, dump.metadata)
+    if at_event is not None and 0 <= at_event < len(dump.trace) and at_event != fatal_index:
+        at_target, notes = _state_at_target(dump.trace, dump.segments, state.history, at_event)
+        return _Target(at_event, "peak", None, at_target, tuple(notes), _live_bytes(state.history, at_event))
     if fatal_index is not None:
         index, kind = fatal_index, "oom"
     elif (

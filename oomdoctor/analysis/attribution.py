@@ -337,7 +337,9 @@ def attribute(
         step = span.step if span is not None else None
         stack = trace.frames_at(alloc_index) if alloc_index is not None else frames_of.get(address, ())
         name = None
-        known = registry.by_address.get(address)
+        # The registry names the tensors alive at the dump: a block freed after the target is another
+        # allocation that once had the same address.
+        known = registry.by_address.get(address) if address not in frees else None
         if known is not None:
             component, name, method, confidence = known[0], known[1], METHOD_REGISTRY, 1.0
         elif exact:

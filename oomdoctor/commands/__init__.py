@@ -1,6 +1,6 @@
 """The CLI's verbs, one module each; helpers here are what several verbs share: the arguments
-they have in common (FILE, --format, --redact, --device, --max-bytes), reading --max-bytes back,
-and writing a report out whole. Loading, analysing and rendering is oomdoctor.pipeline's.
+they have in common (FILE, --format, --redact, --device, --max-bytes, --fail-if), reading
+--max-bytes back, checking --fail-if, and writing a report out whole. Loading, analysing and rendering is oomdoctor.pipeline's.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oomdoctor.errors import OomdoctorError
+from oomdoctor.errors import EXIT_FINDINGS, EXIT_OK, OomdoctorError
 
 MAX_BYTES_HELP = "refuse files larger than this (e.g. 2GiB)"
 
@@ -86,3 +86,27 @@ def write_output(data: bytes) -> None:
                 continue
             chunk = chunk[written:]
     out.flush()
+
+
+FAIL_IF_HELP = (
+    "exit 1 when this condition on named figures holds, e.g. 'peak > 20GiB' or "
+    "'activations_growth > 50%%' (docs/gate.md lists the figures); a bad expression exits 2"
+)
+
+
+def add_fail_if_argument(parser: argparse.ArgumentParser) -> None:
+    """--fail-if EXPR (oomdoctor.analysis.gate), read with `check_gate`."""
+    parser.add_argument("--fail-if", metavar="EXPR", default=None, help=FAIL_IF_HELP)
+
+
+def check_gate(condition, figures) -> int:
+    """EXIT_FINDINGS, with one line on stderr per bound crossed, when `condition` holds over
+    `figures`; else EXIT_OK."""
+    from oomdoctor.analysis.gate import evaluate
+    from oomdoctor.safetext import printable
+    from oomdoctor.views.gate import crossing
+
+    crossed = evaluate(condition, figures)
+    for item in crossed:
+        print(f"oomdoctor: {printable(crossing(item))}", file=sys.stderr)
+    return EXIT_FINDINGS if crossed else EXIT_OK

@@ -1,0 +1,164 @@
+"""Every sentence `oomdoctor diff` says, in one place, for the text, Markdown and JSON views.
+
+The comparison (`oomdoctor.analysis.diff`) is data; these functions word it. Strings that come from
+the dumps or the command line (site keys, tensor names, arguments, file names) go through the
+`quote` (a site, a name, an argument) and `label` (a side's name) functions the view passes in, so
+that each view escapes them its own way: the text view makes the whole line printable, Markdown
+puts them in code spans or escaped text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from oomdoctor.analysis.diff import (
+    APPEARED,
+    DIFF_FILES,
+    DIFF_RANKS,
+    DIFF_STEPS,
+    GREW,
+    MOMENT_DUMP,
+    MOMENT_OOM,
+    MOMENT_PEAK,
+    MOMENT_STEP_END,
+    SHRANK,
+    SITE_MODULE,
+    WENT,
+    ArgumentChange,
+    Diff,
+    Figure,
+    InputChange,
+    Moment,
+    SiteChange,
+)
+from oomdoctor.units import human_size as human
+from oomdoctor.views.report_rows import COMPONENT_LABELS
+
+Quote = Callable[[str], str]
+
+KINDS = {DIFF_FILES: "two files", DIFF_STEPS: "two steps of one dump", DIFF_RANKS: "two ranks of a folder"}
+MOMENTS = {
+    MOMENT_OOM: "the OOM",
+    MOMENT_PEAK: "the peak",
+    MOMENT_DUMP: "the dump",
+    MOMENT_STEP_END: "the step's end",
+}
+MEMORY_LABELS = {
+    "allocated": "allocated",
+    "reserved": "reserved",
+    "free_cached": "free cached",
+    "fragmented": "fragmented",
+    "largest_free_block": "largest free block",
+    "rounding": "rounding",
+}
+MEMORY_NOTES = {
+    "fragmented": "free cached bytes outside the largest free block of each pool",
+}
+STATUS = {APPEARED: "appeared", WENT: "went", GREW: "grew", SHRANK: "shrank"}
+
+
+def _plain(text: str) -> str:
+    return text
+
+
+def label(name: str) -> str:
+    """A component's or a memory figure's label: 'optimizer state', 'free cached'."""
+    return COMPONENT_LABELS.get(name) or MEMORY_LABELS.get(name) or name.replace("_", " ")
+
+
+def signed(size_bytes: int) -> str:
+    """'+1.50 GiB', '-3.00 MiB', '0 bytes'."""
+    return f"+{human(size_bytes)}" if size_bytes > 0 else human(size_bytes)
+
+
+def ratio(value: float | None) -> str:
+    return f"{value:.2f}×" if value is not None else "new"
+
+
+def change(figure: Figure) -> str:
+    """'+1.50 GiB (2.00×)', '-3.00 MiB (0.50×)', 'new', 'unchanged'."""
+    if not figure.changed:
+        return "unchanged"
+    if figure.b_bytes == 0:
+        return f"{signed(figure.delta_bytes)} (gone)"
+    return f"{signed(figure.delta_bytes)} ({ratio(figure.ratio)})"
+
+
+def moment(item: Moment) -> str:
+    """'the peak (step 1, backward, event 728)'."""
+    where = []
+    if item.step is not None:
+        where.append(f"step {item.step}")
+    where.append(item.phase.replace("_", " "))
+    if item.event_index is not None:
+        where.append(f"event {item.event_index}")
+    return f"{MOMENTS.get(item.kind, item.kind)} ({', '.join(where)})"
+
+
+def site(item: SiteChange, quote: Quote = _plain) -> str:
+    """'activations of `models.py:87 in forward` grew 1.89× (+16.01 MiB, 4 → 5 blocks)'."""
+    what = "module" if item.kind == SITE_MODULE else "line"
+    if item.status == APPEARED:
+        how = f"appeared ({human(item.b_bytes)}, {_blocks(item.b_blocks)})"
+    elif item.status == WENT:
+        how = f"went ({human(item.a_bytes)}, {_blocks(item.a_blocks)})"
+    else:
+        how = f"{STATUS[item.status]} {ratio(item.ratio)} ({signed(item.delta_bytes)}, {item.a_blocks} → {item.b_blocks} blocks)"
+    return f"{label(item.component)} of {what} {quote(item.key)} {how}"
+
+
+def _blocks(count: int) -> str:
+    return f"{count} block{'' if count == 1 else 's'}"
+
+
+def input_change(item: InputChange, quote: Quote = _plain) -> str:
+    shape_a = "×".join(str(n) for n in item.a_shape) or "scalar"
+    shape_b = "×".join(str(n) for n in item.b_shape) or "scalar"
+    return f"the input {quote(item.name)} went from {shape_a} to {shape_b}"
+
+
+def summary(diff: Diff, quote: Quote = _plain, name: Quote = _plain) -> str:
+    """The one paragraph a diff opens with: how the peak moved, what moved it (the component and
+    the site that changed most), the verdicts, and what the dumps record that may explain it."""
+    head = diff.headline
+    peak = head.peak
+    a, b = name(diff.a.label), name(diff.b.label)
+    if not peak.changed:
+        sentences = [f"{b} peaks as {a} does ({human(peak.b_bytes)})"]
+    else:
+        direction = "higher" if peak.delta_bytes > 0 else "lower"
+        growth = f", {peak.growth_percent:+.1f}%" if peak.growth_percent is not None else ""
+        sentences = [
+            f"{b} peaks {human(abs(peak.delta_bytes))} {direction} than {a} "
+            f"({human(peak.a_bytes)} → {human(peak.b_bytes)}{growth})"
+        ]
+    details = []
+    if head.component is not None:
+        details.append(f"{label(head.component.name)} {change(head.component)}")
+    if head.site is not None:
+        details.append(site(head.site, quote))
+    if details:
+        sentences[0] += ": " + "; ".join(details)
+    if head.verdict_changed:
+        sentences.append(f"The verdict changed: {diff.a.verdict} → {diff.b.verdict}")
+    else:
+        sentences.append(f"Both are judged {diff.a.verdict}")
+    if diff.inputs:
+        changes = "; ".join(input_change(item, quote) for item in diff.inputs)
+        sentences.append(f"oomdoctor's registry records that {changes}")
+    if diff.arguments:
+        sentences.append("The command lines differ: " + "; ".join(argument(item, quote) for item in diff.arguments))
+    return ". ".join(sentences) + "."
+
+
+def argument(item: ArgumentChange, quote: Quote = _plain) -> str:
+    """'`--batch-size` went from `8` to `16`', or '`--seq-lens` became `--seq-len`'."""
+    if item.option:
+        return f"{quote(item.option)} went from {quote(item.a_value)} to {quote(item.b_value)}"
+    return f"{quote(item.a_value)} became {quote(item.b_value)}"
+
+
+def verdicts(diff: Diff) -> str:
+    if diff.verdict_changed:
+        return f"changed: {diff.a.verdict} → {diff.b.verdict}"
+    return f"unchanged: {diff.a.verdict}"

@@ -1,0 +1,175 @@
+"""`oomdoctor diff`: the comparison (analysis.diff), its views, the verb and its bad inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oomdoctor import pipeline
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.diff import (
+    APPEARED,
+    GREW,
+    MOMENT_OOM,
+    MOMENT_STEP_END,
+    SITE_SOURCE_LINE,
+    Figure,
+    argument_changes,
+    compare,
+    site_changes,
+)
+from oomdoctor.analysis.results import LiveBlock
+from oomdoctor.cli import main
+from oomdoctor.load import load
+from oomdoctor.model import Frame
+from oomdoctor.views import diff_report
+from tests.conftest import FIXTURES
+
+MiB = 1 << 20
+OPTIMIZER = FIXTURES / "dumps" / "optimizer-state-buildup-gpt-adamw.pickle"
+SPIKE = FIXTURES / "dumps" / "activation-spike-gpt-longer-sequence.pickle"
+
+
+def _block(size: int, line: int, component: str = "activations", name: str | None = None) -> LiveBlock:
+    frames = (Frame("model.py", line, "forward"),)
+    return LiveBlock(0, size, size, 1, "forward", 0, component, "phase", 0.9, name, frames)
+
+
+def test_analyse_at_an_event_judges_that_moment():
+    snapshot = load(OPTIMIZER)
+    whole = analyse(snapshot)
+    first_step = whole.steps[0]
+    at = analyse(snapshot, at_event=first_step.last_index)
+    assert at.replay.target_index == first_step.last_index
+    assert at.replay.target_kind == "peak"
+    assert at.accounting.request_bytes is None  # the OOM of step 1 is not this moment's
+    assert analyse(snapshot, at_event=whole.replay.target_index).replay.target_kind == "oom"
+
+
+def test_sites_appear_grow_and_go_largest_change_first():
+    a = [_block(4 * MiB, 10), _block(2 * MiB, 20)]
+    b = [_block(8 * MiB, 10), _block(1 * MiB, 30, "optimizer_state")]
+    changes = site_changes(a, b)
+    lines = [(c.key, c.component, c.status, c.delta_bytes) for c in changes if c.kind == SITE_SOURCE_LINE]
+    assert lines == [
+        ("model.py:10 in forward", "activations", GREW, 4 * MiB),
+        ("model.py:20 in forward", "activations", "went", -2 * MiB),
+        ("model.py:30 in forward", "optimizer_state", APPEARED, 1 * MiB),
+    ]
+    assert site_changes(a, a) == ()
+
+
+def test_figures_ratio_and_growth():
+    figure = Figure("activations", 2 * MiB, 5 * MiB)
+    assert (figure.delta_bytes, figure.ratio, figure.growth_percent) == (3 * MiB, 2.5, 150.0)
+    assert Figure("x", 0, 1).ratio is None and not Figure("x", 10, 11).changed
+
+
+def test_argument_changes_only_for_comparable_command_lines():
+    a = ("train.py", "--batch-size", "8", "--steps", "2")
+    b = ("train.py", "--batch-size", "16", "--steps", "2")
+    [change] = argument_changes(a, b)
+    assert (change.option, change.a_value, change.b_value) == ("--batch-size", "8", "16")
+    assert argument_changes(a, ("other.py", *a[1:])) == ()
+    assert argument_changes(a, a[:3]) == ()
+
+
+def test_steps_of_an_optimizer_dump_show_the_state_appear_at_the_optimizer_line():
+    diff = pipeline.diff_steps(str(OPTIMIZER), 0, 1)
+    state = next(f for f in diff.at_peak.components if f.name == "optimizer_state")
+    assert state.a_bytes == 0 and state.b_bytes > 20 * MiB
+    top = diff.headline.site
+    assert top is not None and top.status == APPEARED and top.component == "optimizer_state"
+    assert top.key.startswith("fixtures/scenarios/train.py:36 ")  # optimizer.step()
+    assert diff.b.at_target.kind == MOMENT_OOM and diff.a.at_target.kind == MOMENT_STEP_END
+    assert diff.verdict_changed and diff.b.verdict == "optimizer-state-buildup"
+    assert diff.at_peak.a.step == 0 and diff.at_peak.b.step == 1
+
+
+def test_file_diff_in_three_formats():
+    diff = pipeline.diff_files(str(SPIKE), str(OPTIMIZER))
+    text = diff_report.to_text(diff)
+    assert "peaks 54.56 MiB higher" in text
+    assert "'--optimizer' went from 'sgd' to 'adamw'" in text
+    markdown = diff_report.to_markdown(diff)
+    assert "`--optimizer` went from `sgd` to `adamw`" in markdown
+    data = json.loads(diff_report.to_json(diff))
+    assert data["peak"]["delta_bytes"] == diff.headline.peak.delta_bytes
+    assert data["a"]["verdict"] == "activation-spike" and data["verdict_changed"] is True
+    assert (
+        data["at_peak"]["components"]["activations"]["b_bytes"]
+        > data["at_peak"]["components"]["activations"]["a_bytes"]
+    )
+
+
+def test_a_dump_against_itself_changes_nothing():
+    diff = pipeline.diff_files(str(OPTIMIZER), str(OPTIMIZER))
+    assert diff.at_peak.sites == () and not diff.verdict_changed
+    assert "peaks as" in diff_report.to_text(diff)
+
+
+def _rank_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    shutil.copy(SPIKE, folder / "oom-rank0-node-1-20260101T000000Z.pickle")
+    shutil.copy(OPTIMIZER, folder / "oom-rank1-node-2-20260101T000000Z.pickle")
+    return folder
+
+
+def test_ranks_of_a_folder(tmp_path, capsys):
+    folder = _rank_folder(tmp_path)
+    diff = pipeline.diff_ranks(str(folder), 0, 1)
+    assert (diff.a.label, diff.b.label) == ("rank 0", "rank 1")
+    assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
+    assert main(["diff", str(folder), "--ranks", "0", "1", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "ranks"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["diff", "missing.pickle", "other.pickle"], "no such file"),
+        (["diff", str(OPTIMIZER)], "give two files"),
+        (["diff", str(OPTIMIZER), "--steps", "0", "9"], "no step 9"),
+        (["diff", str(OPTIMIZER), str(SPIKE), "--steps", "0", "1"], "give one file"),
+        (["diff", str(OPTIMIZER), "--ranks", "0", "1"], "not one"),
+        (["diff", str(OPTIMIZER), "--steps", "0", "1", "--ranks", "0", "1"], "do not go together"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oomdoctor: ") and message in err and err.count("\n") == 1
+
+
+def test_bad_folder_inputs(tmp_path, capsys):
+    folder = _rank_folder(tmp_path)
+    assert main(["diff", str(folder), "--ranks", "0", "7"]) == 2
+    assert "no file of rank 7" in capsys.readouterr().err
+    assert main(["diff", str(folder), str(OPTIMIZER)]) == 2
+    assert "--ranks R S" in capsys.readouterr().err
+    (tmp_path / "junk.pickle").write_bytes(b"not a pickle")
+    assert main(["diff", str(tmp_path / "junk.pickle"), str(OPTIMIZER)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_hostile_site_names_are_escaped():
+    hostile = "x.py\x1b[31m`](http://evil)<img src=x>"
+    diff = pipeline.diff_files(str(OPTIMIZER), str(OPTIMIZER))
+    grown = LiveBlock(
+        0, 8 * MiB, 8 * MiB, 1, "forward", 0, "activations", "phase", 0.9, None, (Frame(hostile, 1, "f"),)
+    )
+    side_a = dataclasses.replace(diff.a, at_peak=dataclasses.replace(diff.a.at_peak, blocks=(_block(4 * MiB, 10),)))
+    side_b = dataclasses.replace(diff.b, at_peak=dataclasses.replace(diff.b.at_peak, blocks=(grown,)))
+    hostile_diff = compare(side_a, side_b, kind="files")
+    assert "\x1b" not in diff_report.to_text(hostile_diff)
+    markdown = diff_report.to_markdown(hostile_diff)
+    assert "\x1b" not in markdown and "<img" not in markdown.replace("`` x.py", "")
+    for line in markdown.splitlines():
+        if "evil" in line:
+            assert "``" in line  # the backtick inside makes the span's fence longer: never a link
+    assert b"\x1b" not in diff_report.to_json(hostile_diff)
