@@ -78,13 +78,21 @@ def load_and_analyse(
 
 
 def render_report(
-    snapshot, output_format: str, *, source: str | None = None, redact: bool = False, device: int | None = None
+    snapshot,
+    output_format: str,
+    *,
+    source: str | None = None,
+    redact: bool = False,
+    device: int | None = None,
+    analysis=None,
 ) -> bytes:
-    """The report of a loaded snapshot in one format ("text", "md", "json"), as `report` prints it."""
+    """The report of a loaded snapshot in one format ("text", "md", "json"), as `report` prints it
+    (`analysis`: the snapshot's, when the caller has it already)."""
     from oomdoctor.analysis import analyse
     from oomdoctor.analysis.environment import environment_of
 
-    analysis = analyse(snapshot, device=device)
+    if analysis is None:
+        analysis = analyse(snapshot, device=device)
     environment = environment_of(snapshot)
     if redact:
         from oomdoctor.redact import Redactor, redact_analysis, redact_environment
@@ -112,6 +120,18 @@ def report_file(
     """`oomdoctor report FILE` in "text", "md" or "json"."""
     snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
     return render_report(snapshot, output_format, source=str(path), redact=redact, device=device)
+
+
+def report_file_analysed(
+    path: str, output_format: str, *, redact: bool = False, device: int | None = None, max_bytes: int | None = None
+):
+    """(`report_file`'s bytes, the analysis they report, unredacted): for `report --fail-if`."""
+    from oomdoctor.analysis import analyse
+
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    analysis = analyse(snapshot, device=device)
+    rendered = render_report(snapshot, output_format, source=str(path), redact=redact, device=device, analysis=analysis)
+    return rendered, analysis
 
 
 def info_file(path: str, output_format: str, *, max_bytes: int | None = None) -> str:
@@ -209,12 +229,19 @@ def read_folder_info(
 
 def report_folder(directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None) -> bytes:
     """`oomdoctor report DIR` in "text", "md" or "json"."""
+    return report_folder_read(directory, output_format, redact=redact, max_bytes=max_bytes)[0]
+
+
+def report_folder_read(
+    directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None
+) -> tuple[bytes, RankFolder]:
+    """(`report_folder`'s bytes, the folder it read): for `report DIR --fail-if`."""
     from oomdoctor.analysis.ranks import compare_ranks
     from oomdoctor.views.ranks import render
 
     folder = read_folder(directory, max_bytes=max_bytes, redact=redact)
     shown = os.path.basename(os.path.normpath(folder.directory)) if redact else folder.directory
-    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, folder.skipped)
+    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, folder.skipped), folder
 
 
 def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None) -> str:

@@ -156,8 +156,9 @@ class _Parser:
                 raise GateError(f"--fail-if: more than {DEPTH_LIMIT} nested parentheses")
             self._take()
             inner = self.expression(depth + 1)
-            if self._take() != ")":
+            if self._peek() != ")":
                 raise GateError(f"--fail-if: a parenthesis is not closed in {self.text!r}")
+            self._take()
             return inner
         name = self._take()
         if name not in self.names:

@@ -99,14 +99,14 @@ def add_fail_if_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-if", metavar="EXPR", default=None, help=FAIL_IF_HELP)
 
 
-def check_gate(condition, figures) -> int:
-    """EXIT_FINDINGS, with one line on stderr per bound crossed, when `condition` holds over
-    `figures`; else EXIT_OK."""
+def check_gate(condition, figures, *, who: str | None = None) -> int:
+    """EXIT_FINDINGS, with one line on stderr per bound crossed (`who`: whose figures, a rank),
+    when `condition` holds over `figures`; else EXIT_OK."""
     from oomdoctor.analysis.gate import evaluate
     from oomdoctor.safetext import printable
     from oomdoctor.views.gate import crossing
 
     crossed = evaluate(condition, figures)
     for item in crossed:
-        print(f"oomdoctor: {printable(crossing(item))}", file=sys.stderr)
+        print(f"oomdoctor: {printable(crossing(item, who))}", file=sys.stderr)
     return EXIT_FINDINGS if crossed else EXIT_OK

@@ -26,6 +26,12 @@ that are not snapshots are skipped with a note.
 
     oomdoctor report oom-dumps/
     oomdoctor report oom-dumps/ --format json
+
+--fail-if EXPR exits 1 when the condition holds (after printing the report) and says on stderr
+which figure crossed which bound, e.g. `--fail-if "peak > 20GiB or activations > 8GiB"`; in a
+folder it holds when it holds for any rank. The figures (peak, allocated, reserved, free_cached,
+fragmented, each component) are listed in docs/gate.md. Exit codes: 0 the report was made (and no
+--fail-if condition held), 1 a --fail-if condition held, 2 bad input or a bad expression.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ import os
 
 from oomdoctor.commands import (
     add_device_argument,
+    add_fail_if_argument,
     add_file_argument,
     add_format_argument,
     add_max_bytes_argument,
     add_redact_argument,
+    check_gate,
     max_bytes_argument,
     write_output,
 )
@@ -51,11 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_redact_argument(parser)
     add_device_argument(parser, "judge this device instead of the failing one")
     add_max_bytes_argument(parser)
+    add_fail_if_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from oomdoctor import pipeline
 
+    fail_if = getattr(args, "fail_if", None)
+    if fail_if is not None:
+        return _run_gated(args, fail_if)
     max_bytes = max_bytes_argument(args)
     redact = getattr(args, "redact", False)
     if os.path.isdir(args.file):
@@ -67,3 +79,32 @@ def run(args: argparse.Namespace) -> int:
         return 0
     write_output(pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes))
     return 0
+
+
+def _run_gated(args: argparse.Namespace, fail_if: str) -> int:
+    """The report, then exit 1 when the --fail-if condition holds (for any rank of a folder)."""
+    from oomdoctor import pipeline
+    from oomdoctor.analysis.gate import REPORT_FIGURE_NAMES, parse, report_figures
+    from oomdoctor.errors import EXIT_FINDINGS, EXIT_OK
+
+    condition = parse(fail_if, REPORT_FIGURE_NAMES)  # a bad expression fails before loading
+    max_bytes = max_bytes_argument(args)
+    redact = getattr(args, "redact", False)
+    if os.path.isdir(args.file):
+        if args.device is not None:
+            raise OomdoctorError(
+                f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
+            )
+        rendered, folder = pipeline.report_folder_read(args.file, args.format, redact=redact, max_bytes=max_bytes)
+        write_output(rendered)
+        codes = [check_gate(condition, report_figures(dump.analysis), who=_rank_name(dump)) for dump in folder.dumps]
+        return EXIT_FINDINGS if EXIT_FINDINGS in codes else EXIT_OK
+    rendered, analysis = pipeline.report_file_analysed(
+        args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes
+    )
+    write_output(rendered)
+    return check_gate(condition, report_figures(analysis))
+
+
+def _rank_name(dump) -> str:
+    return f"rank {dump.rank}" if dump.rank is not None else dump.file
