@@ -32,6 +32,8 @@ class Verdict(StrEnum):
     OVERSIZED_REQUEST = "oversized-request"
     OUTSIDE_PYTORCH = "outside-pytorch"
     INFERENCE_WITH_GRAD = "inference-with-grad"
+    EVAL_OUTPUTS_KEPT = "eval-outputs-kept"
+    CHECKPOINT_GATHER = "checkpoint-gather"
     NO_OOM = "no-oom"
     UNKNOWN = "unknown"
     DEVICE_IMBALANCE = "device-imbalance"  # a secondary finding only: replicas on several devices differ

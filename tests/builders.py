@@ -121,10 +121,11 @@ class Sim:
     def reserved(self) -> int:
         return sum(e[0] for e in self.segments.values())
 
-    def oom(self, nbytes: int) -> int:
+    def oom(self, nbytes: int, frames=()) -> int:
+        """The fatal OOM of a request of `nbytes`, its event carrying the failing allocation's `frames`."""
         self.release_cache()
         free = self.total_bytes - self.outside_bytes - self.reserved()
-        self.events.append(TraceEvent("oom", 0, round_size(nbytes), 0, (), self._tick(), device_free=free))
+        self.events.append(TraceEvent("oom", 0, round_size(nbytes), 0, frames, self._tick(), device_free=free))
         return len(self.events) - 1
 
     def marker(self, phase: str, edge: str) -> None:

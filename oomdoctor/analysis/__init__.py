@@ -427,9 +427,10 @@ def _allocated_between(trace: DeviceTrace, start: int, stop: int) -> int:
 
 def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     """Bytes allocated by the forward passes before the target's since the last backward,
-    optimizer step or zero_grad (what `verdicts._kept_from_earlier_passes` weighs its kept bytes against)."""
-    index = target.index
-    if index is None:
+    optimizer step or zero_grad (what `verdicts._kept_from_earlier_passes` weighs its kept bytes against);
+    when the target is the dump itself, those before the trace's last."""
+    index = target.index if target.index is not None else len(dump.trace) - 1
+    if index < 0:
         return 0
     training = (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
     last_training = max(
@@ -529,6 +530,7 @@ def _context(
         pass_kept_bytes=pass_kept,
         pass_kept_count=pass_kept_count,
         earlier_passes_allocated_bytes=_earlier_passes_allocated(dump, target) if moment.phase == PHASE_FORWARD else 0,
+        request_frames=dump.trace.frames_at(target.index) if accounted.fatal and target.index is not None else (),
         trace_entries=len(dump.trace),
         end_components=end_components,
         end_allocated_bytes=end_allocated,

@@ -14,6 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
+from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
     METHOD_FRAMES,
@@ -541,6 +542,8 @@ def _outlives(span, freed_at: int | None, trace_end: int) -> bool:
 
 
 def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, trace_end):
+    if save_frame(stack) is not None:  # a copy made to save a checkpoint (a state dict gathered): no model state
+        return OTHER, METHOD_FRAMES, 0.6
     stack_class = classify_stack(stack) if stack else "no-frames"
     span_over = span is not None and span.last_index < after_target
     if phase == PHASE_BEFORE:

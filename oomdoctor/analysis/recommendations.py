@@ -17,6 +17,8 @@ from oomdoctor.analysis.verdicts import (
     CUDA_CONTEXT_ALLOWANCE_BYTES,
     CUDA_CONTEXT_ALLOWANCE_PART,
     Context,
+    gathered_for_save,
+    kept_outputs,
     model_states,
     projected_parts,
 )
@@ -171,6 +173,7 @@ def recommend(
         activations
         and training
         and Verdict.INFERENCE_WITH_GRAD not in verdicts
+        and Verdict.EVAL_OUTPUTS_KEPT not in verdicts  # kept outputs are no graph to checkpoint
         and verdicts
         & {
             Verdict.ACTIVATION_SPIKE,
@@ -188,7 +191,7 @@ def recommend(
             saved,
             scale=scale_after(saved),
         )
-    if scalable:
+    if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (
             training and Verdict.INFERENCE_WITH_GRAD not in verdicts
         ):  # an evaluation pass has no gradients to accumulate
@@ -243,6 +246,12 @@ def recommend(
             Change.NO_GRAD,
             kept * NO_GRAD_SAVES,
         )
+    if Verdict.EVAL_OUTPUTS_KEPT in verdicts:
+        outputs = kept_outputs(ctx)  # moved to the CPU (or reduced) as made, the earlier passes' outputs go
+        add(Change.OUTPUTS_TO_CPU, outputs.kept_bytes if outputs is not None else 0)
+    if Verdict.CHECKPOINT_GATHER in verdicts:
+        gathered = gathered_for_save(ctx)  # gathered to the CPU, the copies go; one unit's unshard may stay
+        add(Change.STATE_DICT_TO_CPU, gathered.live_bytes if gathered is not None else 0)
     if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         states = parameters + gradients + optimizer_state
         states_needed, _, _ = projected_parts(ctx)

@@ -299,6 +299,8 @@ class SummaryKind(StrEnum):
     MODEL_STATES_AT_CAPACITY = "model-states-at-capacity"  # states, reserved, free, entries
     NEAR_OOM_OVERSIZED = "near-oom-oversized"  # request, bound, share, flushed
     OVERSIZED_TENSOR_RISK = "oversized-tensor-risk"  # largest, capacity, share
+    EVAL_OUTPUTS_KEPT = "eval-outputs-kept"  # passes, keeping, kept, share; at (risk only, else None)
+    CHECKPOINT_GATHER = "checkpoint-gather"  # function, live, request, parameters; at (risk only, else None)
     # Several devices compared (analysis/devices.py)
     DEVICE_IMBALANCE = "device-imbalance"  # device, allocated, at, peer, peer_peak, ratio, data_parallel
 
@@ -355,6 +357,13 @@ class EvidenceKind(StrEnum):
     NEAR_OOM = "near-oom"  # flushed: the allocator freed its cache to retry a request
     CAPACITY_BOUND = "capacity-bound"  # reserved before the flush + the request: the device had less
     LARGEST_TENSOR = "largest-tensor"
+    KEPT_OUTPUTS = "kept-outputs"  # passes: how many earlier passes left outputs alive
+    EARLIER_PASSES_ALLOCATED = "earlier-passes-allocated"  # share: what of it is still alive
+    OUTPUTS_PER_PASS = "outputs-per-pass"  # passes: the kept outputs over the passes that kept them
+    REQUEST_COVERS_KEPT = "request-covers-kept"  # kept: the request is at least the outputs kept
+    SAVE_CALL = "save-call"  # function: the outermost frame that saves a checkpoint
+    SAVE_GATHERED = "save-gathered"  # blocks allocated by checkpoint-saving code, still alive
+    PARAMETERS_HELD = "parameters-held"  # parameter blocks the save did not make
     DEVICE_ALLOCATED = "device-allocated"  # device, at: the judged device's allocated bytes at its moment
     PEER_PEAK = "peer-peak"  # device: a replica's peak (its event_index is in that device's trace)
     PEER_AT_MOMENT = "peer-at-moment"  # device: a replica's allocated bytes at the judged moment, by time
@@ -389,6 +398,8 @@ class Change(StrEnum):
     SHARD_MODEL_STATES = "shard-model-states"
     CHUNK_LARGE_OP = "chunk-large-op"
     FREE_OTHER_PROCESSES = "free-other-processes"
+    OUTPUTS_TO_CPU = "outputs-to-cpu"
+    STATE_DICT_TO_CPU = "state-dict-to-cpu"
 
 
 @dataclass(frozen=True, slots=True)

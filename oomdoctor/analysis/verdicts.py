@@ -10,10 +10,12 @@ figures. The words are `oomdoctor.views.phrasing`'s.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from oomdoctor.analysis.attribution import source_line
+from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.passes import PassHistory
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -36,6 +38,7 @@ from oomdoctor.analysis.results import (
     SummaryKind,
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
+from oomdoctor.model import Frame, Stack
 from oomdoctor.units import GIB, MIB
 from oomdoctor.vocabulary import Component, Verdict
 
@@ -64,6 +67,14 @@ MODEL_STATES_SHARE = 0.9  # model states this share of allocated: they are what 
 AT_CAPACITY_FREE_PART = 100  # at capacity: the cache holds under a hundredth of reserved free
 FEW_TRACE_ENTRIES = 8  # a trace this short (torch 2.0 kept one entry by default) may have lost its OOM
 FRAGMENTATION_MATERIAL_PART = 20  # fragments under a twentieth of the capacity do not outrank growth
+# Outputs kept across evaluation batches (a loop of forward passes without backward)
+EVAL_MIN_KEEPING_PASSES = 2  # earlier passes that each left outputs alive
+EVAL_KEEPING_PART = 4  # and at least 3/4 of the earlier passes did
+EVAL_ONE_PASS_SHARE = 0.6  # no one pass holds more than this share of what is kept: it piles up
+EVAL_OUTPUTS_RISK_SHARE = 0.25  # without an OOM, kept outputs this share of allocated at the peak
+# A state dict gathered at checkpoint save
+CHECKPOINT_MIN_PART = 2  # saving code holding at least half of the device's parameters: a copy of them
+CHECKPOINT_RISK_SHARE = 0.25  # without an OOM, the save's copies this share of allocated at the peak
 
 
 @dataclass
@@ -94,6 +105,7 @@ class Context:
     pass_kept_bytes: int = field(default=0)  # the forward's activations and temporaries alive at the target
     pass_kept_count: int = field(default=0)  # how many tensors those are
     earlier_passes_allocated_bytes: int = field(default=0)  # allocated by the earlier passes since the last backward
+    request_frames: Stack = field(default=())  # the failed request's stack (the oom event's), innermost first
     trace_entries: int = field(default=0)
     end_components: dict[str, int] = field(default_factory=dict)  # at the dump (the series' last point)
     end_allocated_bytes: int | None = field(default=None)  # None: the target is the dump
@@ -434,14 +446,16 @@ def _end_of_step_growth(steps: Sequence[StepSummary]) -> tuple[int, int] | None:
 
 def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveBlock], int]:
     """(forward spans since the last backward, optimizer step or zero_grad; activations and
-    temporaries of all but the latest still alive; the index where the last of those ended, -1 if none)."""
-    if ctx.target_index is None:
+    temporaries of all but the latest still alive; the index where the last of those ended, -1 if none).
+    Judged at the target event, or at the trace's last when the target is the dump itself."""
+    index = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
+    if index < 0:
         return [], [], -1
     training = {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}
     last_training = max(
-        (s.last_index for s in ctx.phases if s.phase in training and s.first_index <= ctx.target_index), default=-1
+        (s.last_index for s in ctx.phases if s.phase in training and s.first_index <= index), default=-1
     )
-    forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= ctx.target_index]
+    forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
     if len(forwards) < 2:
         return forwards, [], last_training
     current = forwards[-1]
@@ -651,6 +665,237 @@ def _guess_outside_without_total(ctx: Context) -> Finding | None:
     )
 
 
+# ---- outputs kept across evaluation batches; a state dict gathered at checkpoint save ------------
+
+
+@dataclass(frozen=True)
+class KeptOutputs:
+    """What the forward passes since the last backward left alive: passes that ran, the earlier ones
+    (all but the target's) that kept something, the bytes kept and the largest kept block."""
+
+    passes: int
+    keeping: int
+    kept_bytes: int
+    largest_pass_bytes: int
+    largest: LiveBlock | None
+
+    def share(self, ctx: Context) -> float | None:
+        allocated = ctx.earlier_passes_allocated_bytes
+        return self.kept_bytes / allocated if allocated else None
+
+
+def kept_outputs(ctx: Context) -> KeptOutputs | None:
+    """The evidence of outputs accumulated across batches of a loop without backward (an evaluation
+    or prediction loop): several forward passes, each earlier one leaving a small share of what it
+    allocated alive (its outputs, not its graph: under no_grad a pass frees every intermediate once
+    used), so that what is kept grows pass after pass. None when the passes do not show that."""
+    if ctx.target_phase != PHASE_FORWARD:
+        return None
+    forwards, kept, _ = _kept_from_earlier_passes(ctx)
+    earlier = forwards[:-1]
+    if len(earlier) < EVAL_MIN_KEEPING_PASSES or not kept:
+        return None
+    starts = [s.first_index for s in earlier]
+    per_pass = [0] * len(earlier)
+    for block in kept:
+        assert block.alloc_index is not None
+        per_pass[max(bisect.bisect_right(starts, block.alloc_index) - 1, 0)] += block.size_bytes
+    keeping = sum(1 for n in per_pass if n)
+    kept_bytes = sum(per_pass)
+    # outputs pile up: (nearly) every earlier pass kept some, none most of them
+    if keeping < EVAL_MIN_KEEPING_PASSES or keeping * EVAL_KEEPING_PART < len(earlier) * (EVAL_KEEPING_PART - 1):
+        return None
+    if max(per_pass) > EVAL_ONE_PASS_SHARE * kept_bytes:
+        return None
+    allocated = ctx.earlier_passes_allocated_bytes
+    if not allocated or kept_bytes >= KEPT_GRAPHS_OF_PASSES * allocated:
+        return None  # graphs kept (inference-with-grad), or nothing to weigh the kept bytes against
+    largest = max(kept, key=lambda b: b.size_bytes)
+    return KeptOutputs(len(forwards), keeping, kept_bytes, max(per_pass), largest)
+
+
+def _eval_outputs_finding(ctx: Context, outputs: KeptOutputs, confidence: float, at: str | None) -> Finding:
+    share = outputs.share(ctx) or 0.0
+    evidence = [
+        Evidence(EvidenceKind.FORWARD_PASSES, "forward_passes", None, value=outputs.passes),
+        Evidence(
+            EvidenceKind.KEPT_OUTPUTS,
+            "kept_output_bytes",
+            outputs.kept_bytes,
+            outputs.largest.alloc_index if outputs.largest else None,
+            outputs.largest.address if outputs.largest else None,
+            _frame_text(outputs.largest),
+            facts=Facts.of(passes=outputs.keeping),
+        ),
+        Evidence(
+            EvidenceKind.EARLIER_PASSES_ALLOCATED,
+            "earlier_passes_allocated_bytes",
+            ctx.earlier_passes_allocated_bytes,
+            facts=Facts.of(share=share),
+        ),
+        Evidence(
+            EvidenceKind.OUTPUTS_PER_PASS,
+            "kept_output_bytes_per_pass",
+            outputs.kept_bytes // outputs.keeping,
+            facts=Facts.of(passes=outputs.keeping),
+        ),
+    ]
+    if ctx.oom is not None:
+        if ctx.request >= outputs.kept_bytes:
+            evidence.append(
+                Evidence(
+                    EvidenceKind.REQUEST_COVERS_KEPT,
+                    "request_bytes",
+                    ctx.request,
+                    ctx.target_index,
+                    facts=Facts.of(kept=outputs.kept_bytes),
+                )
+            )
+        evidence.append(_missing_evidence(ctx))
+    return Finding(
+        Verdict.EVAL_OUTPUTS_KEPT,
+        confidence,
+        Summary(
+            SummaryKind.EVAL_OUTPUTS_KEPT,
+            Facts.of(passes=outputs.passes, keeping=outputs.keeping, kept=outputs.kept_bytes, share=share, at=at),
+        ),
+        tuple(evidence),
+    )
+
+
+def _test_eval_outputs_kept(ctx: Context) -> Finding | None:
+    """An evaluation (or prediction) loop that keeps every batch's outputs on the device: the
+    earlier passes' outputs cover what the request lacked (or a tenth of the capacity)."""
+    if ctx.oom is None:
+        return None
+    outputs = kept_outputs(ctx)
+    if outputs is None:
+        return None
+    capacity = ctx.capacity_bytes or 0
+    if outputs.kept_bytes < ctx.missing and outputs.kept_bytes < capacity // KEPT_GRAPH_MIN_PART:
+        return None
+    return _eval_outputs_finding(ctx, outputs, 0.75, None)
+
+
+def _risk_eval_outputs_kept(ctx: Context) -> Finding | None:
+    """The same loop without an OOM: the kept outputs are a material share of memory at the peak."""
+    if ctx.oom is not None:
+        return None
+    outputs = kept_outputs(ctx)
+    if outputs is None or outputs.kept_bytes < EVAL_OUTPUTS_RISK_SHARE * (ctx.allocated_bytes or 1):
+        return None
+    return _eval_outputs_finding(ctx, outputs, 0.55, _at(ctx))
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What checkpoint-saving code holds at the target: live bytes it allocated, the largest of
+    those blocks, the outermost saving frame (of the failed request when it is the save's), and the
+    parameters the device holds besides (blocks named parameters that the save did not make: its
+    copies may be taken for parameters by their names or sizes)."""
+
+    live_bytes: int
+    largest: LiveBlock | None
+    frame: Frame
+    parameters_bytes: int
+
+
+def gathered_for_save(ctx: Context) -> Gathered | None:
+    """The blocks alive at the target that checkpoint-saving code allocated (by their stacks), and
+    the saving frame: the failed request's, at an OOM (None when the request is not the save's)."""
+    frame = save_frame(ctx.request_frames) if ctx.oom is not None else None
+    if ctx.oom is not None and frame is None:
+        return None
+    live = parameters = 0
+    largest: LiveBlock | None = None
+    for block in ctx.live_blocks:
+        block_frame = save_frame(block.frames) if block.alloc_index is not None else None
+        if block_frame is None:
+            parameters += block.size_bytes if block.component == Component.PARAMETERS else 0
+            continue
+        live += block.size_bytes
+        if largest is None or block.size_bytes > largest.size_bytes:
+            largest = block
+            frame = frame or block_frame
+    if frame is None:
+        return None
+    return Gathered(live, largest, frame, parameters)
+
+
+def _checkpoint_finding(ctx: Context, gathered: Gathered, confidence: float, at: str | None) -> Finding:
+    parameters = gathered.parameters_bytes
+    total = gathered.live_bytes + ctx.request
+    function = gathered.frame.name
+    evidence = [
+        Evidence(
+            EvidenceKind.SAVE_CALL,
+            "request_bytes" if ctx.oom is not None else None,
+            ctx.request if ctx.oom is not None else None,
+            ctx.target_index if ctx.oom is not None else None,
+            frame=source_line((gathered.frame,)),
+            facts=Facts.of(function=function),
+        ),
+        Evidence(
+            EvidenceKind.SAVE_GATHERED,
+            "save_gathered_bytes",
+            gathered.live_bytes,
+            gathered.largest.alloc_index if gathered.largest else None,
+            gathered.largest.address if gathered.largest else None,
+            _frame_text(gathered.largest),
+        ),
+        Evidence(EvidenceKind.PARAMETERS_HELD, "parameters_held_bytes", parameters),
+    ]
+    if ctx.oom is not None:
+        evidence.append(_missing_evidence(ctx))
+    return Finding(
+        Verdict.CHECKPOINT_GATHER,
+        confidence,
+        Summary(
+            SummaryKind.CHECKPOINT_GATHER,
+            Facts.of(
+                function=function,
+                live=gathered.live_bytes,
+                request=ctx.request if ctx.oom is not None else None,
+                parameters=parameters,
+                ratio=total / parameters if parameters else None,
+                at=at,
+            ),
+        ),
+        tuple(evidence),
+    )
+
+
+def _test_checkpoint_gather(ctx: Context) -> Finding | None:
+    """The failed request was made by checkpoint-saving code, which with it would hold at least
+    half as much as the parameters this device holds: a state dict copied (or gathered from the
+    shards) on the GPU."""
+    if ctx.oom is None:
+        return None
+    gathered = gathered_for_save(ctx)
+    if gathered is None or not gathered.parameters_bytes:
+        return None
+    parameters = gathered.parameters_bytes
+    total = gathered.live_bytes + ctx.request
+    if total * CHECKPOINT_MIN_PART < parameters:
+        return None
+    return _checkpoint_finding(ctx, gathered, 0.8 if total > parameters else 0.65, None)
+
+
+def _risk_checkpoint_gather(ctx: Context) -> Finding | None:
+    """Without an OOM: at the peak, checkpoint-saving code holds copies of at least half the
+    parameters, a material share of what is allocated."""
+    if ctx.oom is not None:
+        return None
+    gathered = gathered_for_save(ctx)
+    if gathered is None or not gathered.parameters_bytes:
+        return None
+    if gathered.live_bytes * CHECKPOINT_MIN_PART < gathered.parameters_bytes:
+        return None
+    if gathered.live_bytes < CHECKPOINT_RISK_SHARE * (ctx.allocated_bytes or 1):
+        return None
+    return _checkpoint_finding(ctx, gathered, 0.5, _at(ctx))
+
+
 # ---- risks, without an OOM event: the same evidence, judged at the peak or the dump ------------
 
 
@@ -815,6 +1060,8 @@ def _at(ctx: Context) -> str:
 
 RISKS: tuple[Callable[[Context], Finding | None], ...] = (
     _risk_model_states_at_capacity,
+    _risk_checkpoint_gather,
+    _risk_eval_outputs_kept,
     _risk_near_oom,
     _risk_oversized_tensor,
     _risk_gradients_kept,
@@ -826,6 +1073,8 @@ TESTS: tuple[Callable[[Context], Finding | None], ...] = (
     _test_outside,
     _test_model_states,
     _test_fragmentation,
+    _test_checkpoint_gather,
+    _test_eval_outputs_kept,
     _test_oversized,
     _test_gradients_kept,
     _test_leak,

@@ -207,6 +207,12 @@ CHANGES: dict[str, str] = {
         "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much."
     ),
     Change.FREE_OTHER_PROCESSES: "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
+    Change.OUTPUTS_TO_CPU: (
+        "Stop keeping every batch's outputs on the GPU: move each to the CPU as it is made (`logits.cpu()`; transformers' `eval_accumulation_steps`), reduce them first (`preprocess_logits_for_metrics`: argmax, not logits), or compute the metric batch by batch."
+    ),
+    Change.STATE_DICT_TO_CPU: (
+        "Gather the state dict to the CPU, not the GPU (FSDP `FullStateDictConfig(offload_to_cpu=True, rank0_only=True)`; `get_model_state_dict` with `StateDictOptions(full_state_dict=True, cpu_offload=True)`), or save a sharded checkpoint with torch.distributed.checkpoint so no rank holds a full copy."
+    ),
 }
 
 
@@ -283,6 +289,34 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"One live tensor of {human(size('largest'))} is {f.number('share'):.0%} of what PyTorch could have on this device."
     if kind == SummaryKind.DEVICE_IMBALANCE:
         return _imbalance_words(f)
+    if kind == SummaryKind.EVAL_OUTPUTS_KEPT:
+        at = f.get("at")
+        return (
+            (f"At the {at}, " if at else "")
+            + f"{f.get('passes')} forward passes ran with no backward between them, and {f.get('keeping')} of the earlier ones still hold their outputs: {human(size('kept'))}, {f.number('share'):.0%} of what they allocated (outputs, not graphs). Each batch's outputs (logits, predictions) are kept on the GPU and pile up batch after batch, as in an evaluation loop that gathers them for an end-of-run metric."
+        )
+    if kind == SummaryKind.CHECKPOINT_GATHER:
+        at = f.get("at")
+        ratio = f.get("ratio")
+        asked = f" and asked for {human(size('request'))} more" if f.get("request") is not None else ""
+        held = f"{human(size('live'))} of copies{asked}"
+        against = (
+            f", {f.number('ratio'):.1f}x the {human(size('parameters'))} of parameters this device holds"
+            if ratio is not None
+            else ""
+        )
+        what = (
+            "a full state dict gathered on one GPU, not only this device's shard"
+            if ratio is not None and f.number("ratio") > 1
+            else "the state dict copied on the GPU"
+        )
+        where = f"(in {f.text('function')})"
+        start = (
+            f"At the {at}, code saving a checkpoint {where} holds"
+            if at
+            else f"The OOM came while a checkpoint was being saved {where}: the save holds"
+        )
+        return f"{start} {held}{against}: {what}."
     if kind == SummaryKind.UNKNOWN:
         return "The OOM does not match any known pattern with the data this dump holds."
     raise KeyError(kind)
@@ -386,6 +420,8 @@ EVIDENCE: dict[str, str] = {
     EvidenceKind.NEAR_OOM: "cache freed to retry a failed cudaMalloc (a near-OOM)",
     EvidenceKind.CAPACITY_BOUND: "reserved before the flush + the request: the device had less for PyTorch",
     EvidenceKind.LARGEST_TENSOR: "largest live tensor",
+    EvidenceKind.SAVE_GATHERED: "allocated by the checkpoint-saving code, still alive (state dict copies)",
+    EvidenceKind.PARAMETERS_HELD: "parameters this device holds (blocks the save did not make)",
 }
 
 # the devices compared: where each figure was read
@@ -411,6 +447,16 @@ def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS:
         ratio = f.get("ratio")
         return "peak activations of earlier steps" + (f" (now {f.number('ratio'):.2f}x)" if ratio is not None else "")
+    if kind == EvidenceKind.KEPT_OUTPUTS:
+        return f"outputs of {f.get('passes')} earlier forward passes, still alive"
+    if kind == EvidenceKind.EARLIER_PASSES_ALLOCATED:
+        return f"allocated by the earlier passes (what they still hold is {f.number('share'):.0%} of it: their intermediates were freed)"
+    if kind == EvidenceKind.OUTPUTS_PER_PASS:
+        return f"outputs kept per pass, on average over {f.get('passes')} passes"
+    if kind == EvidenceKind.REQUEST_COVERS_KEPT:
+        return f"failed request, at least the {human(f.size('kept'))} of outputs kept so far (likely their concatenation, torch.cat)"
+    if kind == EvidenceKind.SAVE_CALL:
+        return f"checkpoint-saving code on the stack ({f.text('function')})"
     if kind == EvidenceKind.ALLOCATED_AT_TARGET:
         return f"allocated bytes at the {f.get('at')}"
     if kind == EvidenceKind.DEVICE_ALLOCATED:

@@ -1,0 +1,56 @@
+"""Which stacks save a checkpoint: code that builds a state dict or writes one (a frame's file or
+function name), and not code that loads one. Read by attribution (a save's copies are no model
+state) and by the checkpoint-gather verdict."""
+
+from __future__ import annotations
+
+from oomdoctor.model import Frame, Stack
+
+_DCP_FILES = "torch/distributed/checkpoint/"
+_NOT_SAVING_FILES = ("torch/autograd/", "torch/utils/checkpoint.py")
+_SAVE_TOKENS = frozenset({"save", "saving"})
+_WRITE_TOKENS = frozenset({"dump", "write", "store"})
+_LOAD_TOKENS = frozenset({"load", "loading", "restore", "resume"})
+
+
+def _tokens(name: str) -> set[str]:
+    return {part for part in name.lower().split("_") if part}
+
+
+def _saves(frame: Frame) -> bool:
+    """A frame of code that saves a checkpoint or builds a state dict: torch.distributed.checkpoint,
+    or a function whose name says so (FSDP's `_full_post_state_dict_hook`, `get_model_state_dict`,
+    accelerate's `get_state_dict`, DeepSpeed's `save_checkpoint` and
+    `_zero3_consolidated_16bit_state_dict`, transformers' `save_model`, a user's `save_checkpoint`).
+    Not autograd's saved tensors, and not activation checkpointing (`torch/utils/checkpoint.py`)."""
+    filename = frame.filename.replace("\\", "/")
+    if any(part in filename for part in _NOT_SAVING_FILES):
+        return False
+    if _DCP_FILES in filename:
+        return True
+    tokens = _tokens(frame.name)
+    if "backward" in tokens:  # ctx.save_for_backward
+        return False
+    if tokens & _SAVE_TOKENS or "state_dict" in frame.name.lower():
+        return True
+    return "checkpoint" in tokens and bool(tokens & _WRITE_TOKENS)
+
+
+def _loads(frame: Frame) -> bool:
+    """A frame of code that loads a checkpoint (`load_state_dict`, `set_model_state_dict`, FSDP's
+    `_full_pre_load_state_dict_hook`, `from_pretrained`, a resume): its copies are not a save's."""
+    name = frame.name.lower()
+    tokens = _tokens(name)
+    return (
+        bool(tokens & _LOAD_TOKENS)
+        or {"from", "pretrained"} <= tokens
+        or (name.startswith("set_") and "state_dict" in name)
+    )
+
+
+def save_frame(stack: Stack) -> Frame | None:
+    """The outermost frame of `stack` that saves a checkpoint, or None when the stack saves none
+    (or loads one)."""
+    if any(_loads(frame) for frame in stack):
+        return None
+    return next((frame for frame in reversed(stack) if _saves(frame)), None)
