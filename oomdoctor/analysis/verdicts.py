@@ -1071,9 +1071,9 @@ RISKS: tuple[Callable[[Context], Finding | None], ...] = (
 
 TESTS: tuple[Callable[[Context], Finding | None], ...] = (
     _test_outside,
+    _test_checkpoint_gather,
     _test_model_states,
     _test_fragmentation,
-    _test_checkpoint_gather,
     _test_eval_outputs_kept,
     _test_oversized,
     _test_gradients_kept,
