@@ -77,7 +77,6 @@ VOCABULARY = {verdict.value for verdict in Verdict}
 # slow-leak-mlp-kept-predictions pass all three).
 KNOWN_MISSES: dict[str, dict[str, str]] = {
     "late-recording-optimizer-state-gpt-adamw": {
-        "verdict": "activation-spike: the AdamW state, allocated before the trace, is not seen as new",
         "moment": "step 0: the first step ran before the trace and is not counted",
     },
     "late-recording-gradients-kept-mlp-sgd": {

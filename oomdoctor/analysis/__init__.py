@@ -617,6 +617,8 @@ def _unknowns(
         frameless = sum(1 for b in blocks if b.alloc_index is None and not b.frames)
         if frameless:
             unknowns.append(Unknown(UnknownKind.PRE_EXISTING_NO_STACK, frameless))
+        if any(b.alloc_index is None and b.component == Component.OPTIMIZER_STATE for b in blocks):
+            unknowns.append(Unknown(UnknownKind.STEPS_BEFORE_TRACE))
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(Unknown(UnknownKind.OOM_RETRIED))

@@ -50,6 +50,7 @@ class UnknownKind(StrEnum):
     RING_BUFFER_WRAPPED = "ring-buffer-wrapped"  # count: events the trace holds
     PRE_EXISTING = "pre-existing"  # count: allocations older than the trace
     PRE_EXISTING_NO_STACK = "pre-existing-no-stack"  # count: of them, live at the target with no stack
+    STEPS_BEFORE_TRACE = "steps-before-trace"  # optimizer state predates the trace: steps ran before it
     NO_DEVICE_TOTAL = "no-device-total"
     NO_DEVICE_FREE = "no-device-free"
     OOM_RETRIED = "oom-retried"  # torch caught and retried the OOM judged
@@ -289,6 +290,7 @@ class SummaryKind(StrEnum):
     INFERENCE_WITH_GRAD = "inference-with-grad"  # passes, since_backward, kept
     OPTIMIZER_FIRST_STEP = "optimizer-first-step"  # optimizer_state, parameters, gradients
     OPTIMIZER_LATER_STEP = "optimizer-later-step"  # step, optimizer_state
+    OPTIMIZER_STATE_BEFORE_TRACE = "optimizer-state-before-trace"  # optimizer_state, before_trace
     ACTIVATION_SPIKE = "activation-spike"  # step, phase, activations, ratio
     ACTIVATIONS_DOMINATE = "activations-dominate"  # phase, activations
     NO_OOM = "no-oom"  # at ("peak" | "dump"), allocated; dominant, dominant_bytes; end_* the same at the dump
@@ -441,7 +443,9 @@ class WhatIfCase(StrEnum):
     NO_BUDGET = "no-budget"  # nothing at the target grows with the batch
     LINEAR = "linear"  # the peak fits up to largest_fitting_scale
     PLACEMENT = "placement"  # a placement failure: the scaled request finds a place up to largest_fitting_scale
-    PASS_INTERRUPTED = "pass-interrupted"  # the OOM cut a forward short and nothing shows its rest: at most upper_bound_scale
+    PASS_INTERRUPTED = (
+        "pass-interrupted"  # the OOM cut a forward short and nothing shows its rest: at most upper_bound_scale
+    )
 
 
 class RestUnknown(StrEnum):

@@ -553,7 +553,11 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
                 _component_evidence(ctx, EvidenceKind.FOREACH_TEMPORARIES, Component.TEMPORARIES),
             ),
         )
-    if step < 1 or optimizer_state <= 0:
+    # state made before the trace began: an optimizer step ran before it, though the trace counts from 0
+    before_trace = sum(
+        b.size_bytes for b in ctx.live_blocks if b.alloc_index is None and b.component == Component.OPTIMIZER_STATE
+    )
+    if (step < 1 and not before_trace) or optimizer_state <= 0:
         return None
     activations_now = ctx.components.get(Component.ACTIVATIONS, 0)
     earlier_peak = _earlier_activation_peak(ctx)
@@ -567,10 +571,14 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         return None  # this step's extra activations alone explain the OOM: a spike, not the new state
     if optimizer_state < ctx.missing:
         return None
+    traced_later_step = step >= 1
     return Finding(
         Verdict.OPTIMIZER_STATE_BUILDUP,
-        0.7,
-        Summary(SummaryKind.OPTIMIZER_LATER_STEP, Facts.of(step=step, optimizer_state=optimizer_state)),
+        0.7 if traced_later_step else 0.5,
+        Summary(
+            SummaryKind.OPTIMIZER_LATER_STEP if traced_later_step else SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE,
+            Facts.of(step=step, optimizer_state=optimizer_state, before_trace=before_trace),
+        ),
         (
             _component_evidence(ctx, EvidenceKind.OPTIMIZER_STATE_AT_OOM, Component.OPTIMIZER_STATE),
             Evidence(EvidenceKind.EARLIER_PEAK_ACTIVATIONS, "earlier_peak_activation_bytes", earlier_peak),
@@ -910,7 +918,8 @@ def _training_seen(ctx: Context) -> bool:
 
 def _risk_kept_graph(ctx: Context) -> Finding | None:
     """A forward pass, in a dump that shows no training at all, keeping most of what it allocated:
-    grad mode is on, so autograd keeps the graph for a backward that never runs."""
+    grad mode is on, so autograd keeps the graph for a backward that never runs. (Not at an OOM: a
+    run's first forward keeps its graph for the backward to come, and nothing before it tells.)"""
     if ctx.oom is not None or ctx.target_phase != PHASE_FORWARD or _training_seen(ctx):
         return None
     allocated_in_pass, kept = ctx.pass_allocated_bytes, ctx.pass_kept_bytes

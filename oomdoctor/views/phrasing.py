@@ -48,6 +48,9 @@ UNKNOWNS: dict[str, str] = {
         "no trace entry carries frames ({count} entries): phases come from markers or annotations only (the dump's blocks carry their own stacks)"
     ),
     UnknownKind.PRE_EXISTING: "{count} allocations predate the trace; when they were made is unknown",
+    UnknownKind.STEPS_BEFORE_TRACE: (
+        "how many optimizer steps ran before the trace: steps are counted from its start, and optimizer state made before it shows at least one ran earlier"
+    ),
     UnknownKind.PRE_EXISTING_NO_STACK: (
         "{count} of the blocks live at the target predate the trace and carry no stack: what they are is inferred from their shapes and what the trace does to them"
     ),
@@ -254,6 +257,8 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"{f.get('passes')} forward passes ran since {since} with no backward, and {human(size('kept'))} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph."
     if kind == SummaryKind.OPTIMIZER_FIRST_STEP:
         return f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(size('optimizer_state'))} of state so far on top of {human(size('parameters'))} of parameters and {human(size('gradients'))} of gradients."
+    if kind == SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE:
+        return f"{human(size('optimizer_state'))} of optimizer state is alive at the OOM, {human(size('before_trace'))} of it made before the trace began (so an optimizer step ran before it) and enough to cover what the request lacked: the state the first step() created raised the baseline. The trace holds no earlier step to compare this one's activations with."
     if kind == SummaryKind.OPTIMIZER_LATER_STEP:
         return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline."
     if kind == SummaryKind.ACTIVATION_SPIKE:
