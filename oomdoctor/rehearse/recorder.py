@@ -6,6 +6,10 @@ allocation of `storage.nbytes()` bytes: torch allocates per storage, and views s
 storage's Python object lives exactly as long as its StorageImpl (torch preserves it), so a weak
 reference to it tells when the memory is released. A tracked storage whose size changed (resize_,
 out= arguments) is a new allocation followed by the release of the old one, as CUDA's resize does.
+`UntypedStorage.resize_` bypasses the dispatcher (FSDP frees and re-allocates unsharded parameters
+with it), so while the recorder runs it is wrapped to do the same. Ops on wrapper subclasses
+(DTensor) are handed back to the subclass, whose local ops on the shards then come here; the ops
+DTensor's sharding propagation runs on global-shape fake tensors are not allocations and are ignored.
 
 Allocations made while autograd runs backward get no Python frames, like those of CUDA's autograd
 device thread. When the simulator cannot satisfy a request, the OOM observers run and the op raises
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from oomdoctor.metadata import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD
 
@@ -191,6 +195,10 @@ class StorageRecorder:
         self._lock = threading.Lock()
         self._scope_names: list[str] = []
         self._mode: _RecordingMode | None = None
+        self._thread: int | None = None
+        # >0 while torch runs ops that allocate nothing on the device (DTensor's sharding propagation)
+        self.suspended = 0
+        self._unpatch: list[Callable[[], None]] = []
         from oomdoctor.rehearse.allocator import SimulatedOutOfMemory
 
         self._out_of_memory_type = SimulatedOutOfMemory
@@ -200,6 +208,9 @@ class StorageRecorder:
     def start(self) -> None:
         if self._mode is not None:
             raise RuntimeError("the recorder is already started")
+        self._thread = threading.get_ident()
+        self._unpatch.append(_patch_storage_resize(self))
+        self._unpatch.append(_patch_sharding_propagation(self))
         self._mode = _RecordingMode(self)
         self._mode.__enter__()
 
@@ -208,6 +219,8 @@ class StorageRecorder:
             return
         mode, self._mode = self._mode, None
         mode.__exit__(None, None, None)
+        while self._unpatch:
+            self._unpatch.pop()()
         self.drain()
 
     @property
@@ -356,6 +369,22 @@ class StorageRecorder:
                 self._track(func, storage, frames, backward)
             self._drain_locked()
 
+    def storage_resized(self, storage: Any) -> None:
+        """`UntypedStorage.resize_` ran on `storage` (no dispatch mode sees it): FSDP frees and
+        re-allocates unsharded parameters this way. A tracked storage is reallocated at its new size
+        (released at 0 bytes); one from before the session stays host memory."""
+        if _in_forked_child or self._mode is None or threading.get_ident() != self._thread or self.suspended:
+            return
+        tracked = self._live.get(storage._cdata)
+        if tracked is None or tracked.ref() is not storage or storage.nbytes() == tracked.nbytes:
+            return
+        backward = in_backward()
+        frames = self._allocation_frames(backward)
+        with self._lock:
+            self._drain_locked()
+            self._reallocate(_RESIZE_OP, storage, tracked, frames, backward)
+            self._drain_locked()
+
     def _allocation_frames(self, backward: bool) -> list[Frame] | None:
         if backward:
             return []
@@ -430,6 +459,56 @@ class StorageRecorder:
             self.simulator.annotate(name, "END")
 
 
+_RESIZE_OP = "torch.UntypedStorage.resize_"
+
+
+def _patch_storage_resize(recorder: StorageRecorder) -> Callable[[], None]:
+    """Wrap `torch.UntypedStorage.resize_`, which bypasses the dispatcher, as torch's MemTracker does."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        result = original(storage, size)
+        try:
+            recorder.storage_resized(storage)
+        except _SimulatedOom as oom:
+            recorder.notify_observers(oom)
+            raise OUT_OF_MEMORY_ERROR(oom.record.message) from None
+        return result
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+
+    def restore() -> None:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+    return restore
+
+
+def _patch_sharding_propagation(recorder: StorageRecorder) -> Callable[[], None]:
+    """Ignore the ops DTensor's sharding propagation runs on global-shape fake tensors to learn an
+    output's shape: they allocate nothing on a device."""
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # torch built without distributed
+        return lambda: None
+    original = ShardingPropagator.__dict__.get("_propagate_tensor_meta_non_cached")
+    if original is None:
+        return lambda: None
+
+    def propagate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder.suspended += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.suspended -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+
+    def restore() -> None:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+
+    return restore
+
+
 def _made_by_optimizer(frame: Any) -> bool:
     """Whether the innermost frame outside the dispatch machinery and oomdoctor is in torch/optim."""
     while frame is not None:
@@ -470,6 +549,16 @@ def _storage_keys(args: tuple, kwargs: dict) -> set[int]:
     return keys
 
 
+_wrapper_subclasses: dict[type, bool] = {}
+
+
+def _is_wrapper_subclass(kind: type) -> bool:
+    known = _wrapper_subclasses.get(kind)
+    if known is None:
+        known = _wrapper_subclasses[kind] = bool(is_traceable_wrapper_subclass_type(kind))
+    return known
+
+
 class _RecordingMode(TorchDispatchMode):
     def __init__(self, recorder: StorageRecorder) -> None:
         super().__init__()
@@ -477,8 +566,12 @@ class _RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _in_forked_child:
+        if _in_forked_child or self.recorder.suspended:
             return func(*args, **kwargs)
+        if any(_is_wrapper_subclass(kind) for kind in types):
+            # DTensor and other wrapper subclasses: let the subclass run its local ops, which come
+            # back here on the tensors that hold the memory (a DTensor has no storage of its own).
+            return NotImplemented
         packet = func.overloadpacket
         if packet in _RECORD_FUNCTION_ENTER:
             self.recorder.scope_entered(str(args[0]))
