@@ -76,6 +76,8 @@ class OomRecord:
     device_free_bytes: int | None = None
     time_us: int | None = None
     surfaced: bool | None = None  # True: reached Python; False: torch caught and retried it; None: not known
+    site: str | None = None  # "file:line in function": the innermost frame outside oomdoctor and torch
+    occurrence: int | None = None  # the how-manieth OOM observed at its site (its Python stack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,7 @@ class ExceptionInfo:
     type: str | None = None
     message: str | None = None
     traceback: str | None = None  # None when the script caught the exception and went on
+    caught: bool | None = None  # True: the script (a batch-size finder, say) caught it and went on
 
 
 @dataclass(frozen=True, slots=True)

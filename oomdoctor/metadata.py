@@ -16,12 +16,15 @@ and memory_viz both read it. Every field is optional for readers: old or partial
     alloc_conf          {"PYTORCH_CUDA_ALLOC_CONF": str, "PYTORCH_ALLOC_CONF": str, ...} (only set ones)
     oom                 the observer call that triggered this dump, or None for dump():
                         {"device", "alloc_bytes", "device_total_bytes", "device_free_bytes", "time_us",
-                         "surfaced"}; surfaced: True once the OutOfMemoryError reached Python, False
-                        when torch caught and retried it internally, None when not known (yet)
+                         "surfaced", "site", "occurrence"}; surfaced: True once the OutOfMemoryError
+                        reached Python, False when torch caught and retried it internally, None when
+                        not known (yet); site "file:line in function", the innermost frame outside
+                        oomdoctor and torch; occurrence: the how-manieth OOM at its Python stack
     ooms_observed       list of such dicts: every observer call seen in this process, including
                         OOMs torch caught and retried internally
-    exception           {"type", "message", "traceback"} once the OOM surfaced, else None;
-                        traceback is None when the script caught the exception and went on
+    exception           {"type", "message", "traceback", "caught"} once the OOM surfaced, else None;
+                        traceback is None and caught True when the script caught the exception and
+                        went on (a batch-size finder's probe); caught False once it was uncaught
     markers             list of {"phase", "edge", "step", "time_us"}: phase is one of PHASES,
                         edge "start" | "end", step the optimizer step index (0-based count of
                         completed optimizer steps when the phase began), time_us epoch

@@ -503,13 +503,36 @@ def test_internally_retried_oom_never_surfaces_and_makes_no_extra_dump(fake, cap
     assert capsys.readouterr().err.count("wrote ") == 1
 
 
-def test_dump_cap(fake, capsys):
-    oomdoctor.install(max_dumps=2)
-    for size in (10, 20, 30):
+def test_ooms_at_one_site_keep_the_first_and_the_latest(fake, capsys):
+    oomdoctor.install(max_dumps=1)
+    for size in (10, 20, 30, 40):
         with pytest.raises(torch.OutOfMemoryError):
             fake.oom(size * MiB)
-    assert len(dumps_in(Path("oom-dumps"))) == 2
-    assert "not writing more dumps: 2 written" in capsys.readouterr().err
+    metas = sorted(
+        (load(path)[METADATA_KEY] for path in dumps_in(Path("oom-dumps"))), key=lambda m: m["oom"]["time_us"]
+    )
+    assert [meta["oom"]["alloc_bytes"] for meta in metas] == [10 * MiB, 40 * MiB]
+    assert [meta["oom"]["occurrence"] for meta in metas] == [1, 4]
+    assert "test_capture.py:" in metas[0]["oom"]["site"]  # the fake device, here the innermost frame of the script
+    assert metas[0]["exception"]["caught"] is True  # the next OOM showed the loop went on
+    assert "rewrote " in capsys.readouterr().err
+
+
+def test_dump_cap_counts_sites_and_the_last_oom_always_gets_a_dump(fake, capsys):
+    oomdoctor.install(max_dumps=2)
+    places = [  # one line each: a site is the script's stack, line by line
+        lambda: fake.oom(10 * MiB),
+        lambda: fake.oom(20 * MiB),
+        lambda: fake.oom(30 * MiB),
+    ]
+    for place in places:
+        with pytest.raises(torch.OutOfMemoryError):
+            place()
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(40 * MiB)  # a fourth place: it replaces the third's file, shared past the cap
+    files = dumps_in(Path("oom-dumps"))
+    assert sorted(load(path)[METADATA_KEY]["oom"]["alloc_bytes"] for path in files) == [10 * MiB, 20 * MiB, 40 * MiB]
+    assert "OOMs at 2 places have dumps" in capsys.readouterr().err
 
 
 def test_unwritable_dump_directory_falls_back_to_temp(fake, tmp_path, monkeypatch, capsys):

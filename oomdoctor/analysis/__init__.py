@@ -622,6 +622,9 @@ def _unknowns(
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(Unknown(UnknownKind.OOM_RETRIED))
+    if accounted.fatal is not None and metadata.exception is not None and metadata.exception.caught:
+        occurrence = metadata.oom.occurrence if metadata.oom is not None else None
+        unknowns.append(Unknown(UnknownKind.OOM_CAUGHT, occurrence or 1))
     return tuple(unknowns)
 
 

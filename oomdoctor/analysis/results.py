@@ -54,6 +54,7 @@ class UnknownKind(StrEnum):
     NO_DEVICE_TOTAL = "no-device-total"
     NO_DEVICE_FREE = "no-device-free"
     OOM_RETRIED = "oom-retried"  # torch caught and retried the OOM judged
+    OOM_CAUGHT = "oom-caught"  # count: OOMs at its site so far; the script caught the OOM judged and went on
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,16 @@ The life of an OOM:
 An observer call whose OOM never surfaced was retried by torch internally: the next OOM on the same
 thread overwrites that dump in place instead of adding a file, and every observer call is listed in
 `ooms_observed` with `surfaced` true, false or null (not known yet). So internal retries never spam
-dumps, an OOM a script catches and retries with a smaller batch gets a dump of its own, and
-`max_dumps` caps the files one process writes.
+dumps.
+
+The dump budget. OOMs a script catches and retries (a batch-size finder's probes) come from one
+place, again and again; the OOM that ends the process may come from the same place or another. So
+files are kept per distinct *site* (the Python stack of the failing allocation): the first OOM at a
+site gets a file, and the latest one another, which each later OOM at that site overwrites.
+`max_dumps` caps the sites that get files; past it, OOMs at new sites share one more file, which
+always holds the latest of them. So the OOM that ends the process always has its dump, and one
+process writes at most 2 x max_dumps + 1 files. A dump whose exception the script caught records
+`caught: true`.
 
 Nothing here may raise into the training loop: every entry point reports a failure on stderr and
 swallows it.
@@ -24,6 +32,7 @@ swallows it.
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import sys
 import threading
@@ -45,6 +54,12 @@ from oomdoctor.metadata import METADATA_KEY, SCHEMA_VERSION
 LOCK_TIMEOUT_S = 120.0
 MAX_OBSERVED = 1000
 MAX_CHAIN = 16
+MAX_SITE_FRAMES = 48  # innermost frames that tell one OOM site from another
+MAX_SITES = 10_000  # distinct sites counted (a bound on memory, never reached in practice)
+FILES_PER_SITE = 2  # the first OOM at a site and the latest
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../oomdoctor/
+_STDLIB_DIR = os.path.dirname(os.__file__)
 
 
 @dataclass(eq=False)
@@ -58,6 +73,51 @@ class OomRecord:
     rewrite_pending: bool = False
     observed_at_dump: list[dict[str, Any]] = field(default_factory=list)
     fresh: bool = True  # no phase has started since the observer call
+    site: Any = None  # the key of the Python stack the OOM came from
+
+
+def _is_library(filename: str) -> bool:
+    """An installed package's file (torch, a framework, a model library), the standard library's, or
+    one with no file: what is the same whichever layer of a model ran out."""
+    return (
+        filename.startswith("<")
+        or f"{os.sep}site-packages{os.sep}" in filename
+        or f"{os.sep}dist-packages{os.sep}" in filename
+        or filename.startswith(_STDLIB_DIR)
+    )
+
+
+def oom_site(skip_package: str = _PACKAGE_DIR) -> tuple[tuple[Any, ...], str | None]:
+    """The site of an OOM being observed: (key, "file:line in function" of its innermost frame).
+
+    The key is the stack of the script's own frames (outside oomdoctor, installed packages and the
+    standard library), so that probes of one batch-size finder share a site whichever layer of the
+    model ran out; without such frames, the library frames outside torch. Called from the observer,
+    on the thread that allocated; a backward's OOM is observed on an autograd thread, which has no
+    Python frames: the main thread's stack (blocked in `loss.backward()`, as a rule) stands in.
+    """
+    try:
+        frame: Any = sys._getframe(1)
+    except ValueError:
+        frame = None
+    frames = []
+    while frame is not None and len(frames) < 4 * MAX_SITE_FRAMES:
+        if not frame.f_code.co_filename.startswith(skip_package):
+            frames.append(frame)
+        frame = frame.f_back
+    if not frames and threading.current_thread() is not threading.main_thread():
+        frame = sys._current_frames().get(threading.main_thread().ident or -1)
+        while frame is not None and len(frames) < 4 * MAX_SITE_FRAMES:
+            if not frame.f_code.co_filename.startswith(skip_package):
+                frames.append(frame)
+            frame = frame.f_back
+    own = [frame for frame in frames if not _is_library(frame.f_code.co_filename)]
+    if not own:
+        own = [frame for frame in frames if f"{os.sep}torch{os.sep}" not in frame.f_code.co_filename]
+    own = own[:MAX_SITE_FRAMES]
+    key = tuple((frame.f_code.co_filename, frame.f_lineno) for frame in own)
+    where = f"{own[0].f_code.co_filename}:{own[0].f_lineno} in {own[0].f_code.co_name}" if own else None
+    return key, where
 
 
 def _exception_name(error: BaseException) -> str:
@@ -85,6 +145,9 @@ class CaptureSession:
         self.unconfirmed: dict[int, OomRecord] = {}  # observer thread -> its latest unsurfaced OOM
         self.dumps_written = 0
         self.cap_reported = False
+        self.site_counts: dict[Any, int] = {}  # site -> OOMs observed there
+        self.site_files: dict[Any, list[OomRecord]] = {}  # site -> records holding its files (first, latest)
+        self.overflow: OomRecord | None = None  # the record holding the file shared past max_dumps
         self.history_started_by: str | None = None
         self.active = False
         self.lock = threading.RLock()
@@ -255,36 +318,42 @@ class CaptureSession:
             "time_us": time_ns() // 1000,
             "surfaced": None,
         }
+        site, where = oom_site()
+        if site in self.site_counts or len(self.site_counts) < MAX_SITES:
+            self.site_counts[site] = self.site_counts.get(site, 0) + 1
+        observed["site"] = where
+        observed["occurrence"] = self.site_counts.get(site, 1)  # the how-manieth OOM at its site
         self.observed.append(observed)
         thread_id = threading.get_ident()
-        record = OomRecord(observed=observed, thread_id=thread_id)
+        record = OomRecord(observed=observed, thread_id=thread_id, site=site)
         with self._locked() as held:
             if not held:
                 writer.say("another dump is still being written; this OOM is recorded without its own dump")
                 return
             self._flush_pending()
             previous = self.unconfirmed.pop(thread_id, None)
+            replaced = False
             if previous is not None and previous.path is not None:
                 # its exception never came: torch caught that OOM and retried; reuse its file
                 previous.observed["surfaced"] = False
                 previous.payload = None
-                record.path = previous.path
-            elif self.dumps_written >= self.options.max_dumps:
-                if not self.cap_reported:
-                    self.cap_reported = True
-                    writer.say(
-                        f"not writing more dumps: {self.dumps_written} written, the most this process "
-                        f"writes (max_dumps / OOMDOCTOR_MAX_DUMPS)"
-                    )
-                self.unconfirmed[thread_id] = record
-                self.records.append(record)
-                return
+                self._take_file(previous, record)
+            else:
+                self._choose_file(record)
+                replaced = record.path is not None
             self.unconfirmed[thread_id] = record
             self.records.append(record)
             payload = self.build_payload(reason="oom", oom=observed, device=int(device))
             record.observed_at_dump = list(self.observed)
             if record.path is not None:
                 size_bytes = writer.write_atomically(payload, record.path)
+                if replaced:
+                    writer.say(
+                        f"rewrote {writer.display_path(record.path)} with the latest OOM at the same place "
+                        f"({observed['occurrence']} there so far; the first has its own file)"
+                        if record.site in self.site_files
+                        else f"rewrote {writer.display_path(record.path)} with this OOM"
+                    )
             else:
                 name = self._file_name("oom")
                 record.path, size_bytes = writer.write_new_dump(payload, self.options.dump_dir, name, writer.say)
@@ -292,6 +361,42 @@ class CaptureSession:
                 writer.say(writer.dump_note(record.path, size_bytes))
             record.payload = payload
             self.recorder.on_phase_start = self._guarded(self.phase_started)
+
+    def _take_file(self, holder: OomRecord, record: OomRecord) -> None:
+        """`record` overwrites the file `holder` wrote, and takes its place in the budget."""
+        record.path, holder.path = holder.path, None
+        holder.payload = None
+        holder.rewrite_pending = False
+        for files in self.site_files.values():
+            for index, candidate in enumerate(files):
+                if candidate is holder:
+                    files[index] = record
+        if self.overflow is holder:
+            self.overflow = record
+
+    def _choose_file(self, record: OomRecord) -> None:
+        """The dump budget: a new file for the first and the second OOM at a site, the site's latest
+        file for later ones; past max_dumps sites, the one file shared by OOMs at new sites."""
+        files = self.site_files.get(record.site)
+        if files is not None:
+            if len(files) >= FILES_PER_SITE:
+                self._take_file(files[-1], record)
+            else:
+                files.append(record)
+            return
+        if len(self.site_files) < self.options.max_dumps:
+            self.site_files[record.site] = [record]
+            return
+        if not self.cap_reported:
+            self.cap_reported = True
+            writer.say(
+                f"OOMs at {len(self.site_files)} places have dumps, the most this process keeps apart "
+                "(max_dumps / OOMDOCTOR_MAX_DUMPS); OOMs at other places share one more file, which "
+                "always holds the latest of them"
+            )
+        if self.overflow is not None and self.overflow.path is not None:
+            self._take_file(self.overflow, record)
+        self.overflow = record
 
     # -- exceptions -----------------------------------------------------------------------------
 
@@ -408,6 +513,7 @@ class CaptureSession:
                 "type": _exception_name(described),
                 "message": str(described),
                 "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+                "caught": False,
             }
             self._rewrite(record)
             return record
@@ -436,8 +542,12 @@ class CaptureSession:
                         record.observed["surfaced"] = False
 
     def _flush_pending(self) -> None:
+        """Write what is known of exceptions that went on without reaching an excepthook: the
+        script (or a framework) caught them."""
         for record in self.records:
             if record.rewrite_pending:
+                if record.exception is not None and record.exception.get("traceback") is None:
+                    record.exception["caught"] = True
                 self._rewrite(record)
 
     def _rewrite(self, record: OomRecord) -> None:

@@ -179,6 +179,8 @@ def _oom(raw: Mapping[str, Any], path: str, read: _Fields) -> OomRecord:
         device_free_bytes=read.integer(raw.get("device_free_bytes"), path + ".device_free_bytes"),
         time_us=read.integer(raw.get("time_us"), path + ".time_us", signed=True),
         surfaced=read.flag(raw.get("surfaced"), path + ".surfaced"),
+        site=read.text(raw.get("site"), path + ".site"),
+        occurrence=read.integer(raw.get("occurrence"), path + ".occurrence"),
     )
 
 
@@ -187,6 +189,7 @@ def _exception(raw: Mapping[str, Any], path: str, read: _Fields) -> ExceptionInf
         type=read.text(raw.get("type"), path + ".type"),
         message=read.text(raw.get("message"), path + ".message"),
         traceback=read.text(raw.get("traceback"), path + ".traceback"),
+        caught=read.flag(raw.get("caught"), path + ".caught"),
     )
 
 

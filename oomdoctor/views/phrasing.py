@@ -59,6 +59,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.OOM_RETRIED: (
         "torch caught and retried this OOM internally (as cuDNN's workspace search does): it may not be what stopped the run"
     ),
+    UnknownKind.OOM_CAUGHT: (
+        "the script caught this OOM and went on (as a batch-size finder does with its probes; OOM number {count} at this place): it may not be what stopped the run"
+    ),
 }
 
 
