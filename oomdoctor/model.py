@@ -23,8 +23,9 @@ objects on the fly (about a microsecond each). The fastest way over a whole trac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import count, repeat
 from typing import TYPE_CHECKING, Any, overload
 
 from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
@@ -238,6 +239,28 @@ class DeviceTrace(Sequence[TraceEvent]):
         if not raw:
             return NO_STACK
         return self._stack_of(raw)  # type: ignore[misc]
+
+    def stacks_at(self, indices: Sequence[int]) -> tuple[list[int], dict[int, Stack]]:
+        """The stacks of the events `indices`, each distinct one converted once: a number per event
+        and the stack of each number (equal numbers, equal stacks). Events that share their frame
+        objects, as torch's share them, share a number; the per-event work is done in C."""
+        if self._raw_stacks is None:
+            return [0] * len(indices), {0: NO_STACK}
+        raws = list(map(self._raw_stacks.__getitem__, indices))
+        kinds = set(map(type, raws))
+        if type(None) in kinds:  # events without frames (older torch): no stack
+            raws = [raw if raw is not None else () for raw in raws]
+            kinds.discard(type(None))
+            kinds.add(tuple)
+        if kinds.issubset((list, tuple)):
+            # a stack's key is the identities of its frames; each key numbered by where it first occurs
+            numbering: dict[tuple[int, ...], int] = {}
+            numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count()))
+            firsts: Iterable[int] = numbering.values()
+        else:  # None or something odd where a frame list belongs (frames_at makes it no stack)
+            numbers = list(range(len(raws)))
+            firsts = numbers
+        return numbers, {first: self.frames_at(indices[first]) for first in firsts}
 
     def has_frames_at(self, index: int) -> bool:
         return self._raw_stacks is not None and bool(self._raw_stacks[index])

@@ -17,7 +17,7 @@ Reads only the trace and the phase spans; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oomdoctor.analysis.results import (
@@ -236,15 +236,26 @@ def _between_sizes(trace: DeviceTrace, spans: Sequence[PhaseSpan], step: int) ->
     return tuple(sorted(sizes))
 
 
-def inputs_changed(trace: DeviceTrace, spans: Sequence[PhaseSpan], earlier: int, target_step: int) -> bool | None:
+def inputs_changed(
+    trace: DeviceTrace,
+    spans: Sequence[PhaseSpan],
+    earlier: int,
+    target_step: int,
+    *,
+    passes: Sequence[_Pass] | None = None,
+    spans_by_step: Mapping[int, Sequence[PhaseSpan]] | None = None,
+) -> bool | None:
     """Whether the inputs' sizes differ between step `earlier` and `target_step`: the batch each
     step made before its forward, and the first allocations of each forward matched by site. None
-    when neither gives evidence."""
+    when neither gives evidence. `passes` (`_forwards(spans)`) and `spans_by_step` (the spans of
+    each step) save recomputing them for each of many steps."""
     verdicts: list[bool] = []
-    before_now, before_then = _between_sizes(trace, spans, target_step), _between_sizes(trace, spans, earlier)
+    now_spans = spans if spans_by_step is None else spans_by_step.get(target_step, ())
+    then_spans = spans if spans_by_step is None else spans_by_step.get(earlier, ())
+    before_now, before_then = _between_sizes(trace, now_spans, target_step), _between_sizes(trace, then_spans, earlier)
     if before_now and before_then:
         verdicts.append(before_now != before_then)
-    passes = _forwards(spans)
+    passes = _forwards(spans) if passes is None else passes
     now = next((p for p in passes if p.step == target_step), None)
     then = next((p for p in reversed(passes) if p.step == earlier), None)
     if now is not None and then is not None:
@@ -331,5 +342,13 @@ def pass_history(
 ) -> PassHistory:
     """Everything `Context.passes` holds, computed once."""
     comparable = comparable_steps(trace, spans, target_step)
-    changed = {s: inputs_changed(trace, spans, s, target_step) for s in comparable} if target_step is not None else {}
+    changed: dict[int, bool | None] = {}
+    if target_step is not None and comparable:
+        passes = _forwards(spans)
+        by_step: dict[int, list[PhaseSpan]] = {}
+        for span in spans:
+            by_step.setdefault(span.step, []).append(span)
+        changed = {
+            s: inputs_changed(trace, spans, s, target_step, passes=passes, spans_by_step=by_step) for s in comparable
+        }
     return PassHistory(comparable, changed, rest_of_pass(trace, spans, target_index, target_step, blocks, comparable))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import compress, groupby
 from typing import Any
 
 from oomdoctor.analysis.results import (
@@ -318,6 +319,7 @@ def annotation_windows(
     return windows, sorted(step_starts)
 
 
+_ALLOC_OR_OOM = frozenset({ALLOC, OOM})
 _ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 _WORK = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER})
 
@@ -369,33 +371,35 @@ def _frame_phases(
     the loop starts an iteration, from annotations) end what lies before them; `result.boundaries`
     keeps those that were used."""
     result = _FramePhases()
-    indices = result.indices
-    classes: dict[int, str] = {}
+    actions = trace.actions
+    # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
+    indices = result.indices = list(compress(range(len(actions)), map(_ALLOC_OR_OOM.__contains__, actions)))
+    # each distinct stack is classified once; per allocation there is only a lookup
+    numbers, stacks = trace.stacks_at(indices)
+    by_stack: dict[int, tuple[str, str]] = {}  # id(stack) -> (class, source)
+    label_of: dict[int, tuple[str, str]] = {}  # stack number -> (class, source)
+    for number, stack in stacks.items():
+        label = by_stack.get(id(stack))
+        if label is None:
+            label = by_stack[id(stack)] = (_stack_class(stack), SOURCE_FRAMES)
+        label_of[number] = label
+    labels = list(map(label_of.__getitem__, numbers))
+    used = set(numbers)
     metadata = trace.user_metadata
-    frames_at = trace.frames_at
+    if metadata is not None:
+        texts = list(map(metadata.__getitem__, indices))
+        hint_of = {text: _phase_from_metadata(text) for text in set(texts)}
+        if any(hint_of.values()):
+            hint_label = {hint: (hint, SOURCE_USER_METADATA) for hint in hint_of.values() if hint is not None}
+            hints = list(map(hint_of.__getitem__, texts))
+            labels = [label if hint is None else hint_label[hint] for label, hint in zip(labels, hints)]
+            used = {number for number, hint in zip(numbers, hints) if hint is None}
+    result.any_frames = any(stacks[number] for number in used)
     raw: list[list[Any]] = []  # runs of equal class: [position of the first, class or named phase, source]
-    last_cls: str | None = None
-    last_source: str | None = None
-    for index, action in enumerate(trace.actions):
-        # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
-        if action != ALLOC and action != OOM:
-            continue
-        hint = _phase_from_metadata(metadata[index]) if metadata is not None and metadata[index] else None
-        if hint is not None:
-            cls, source = hint, SOURCE_USER_METADATA
-        else:
-            stack = frames_at(index)
-            key = id(stack)
-            found = classes.get(key)
-            if found is None:
-                found = classes[key] = _stack_class(stack)
-                if stack:
-                    result.any_frames = True
-            cls, source = found, SOURCE_FRAMES
-        if cls is not last_cls or source is not last_source:
-            raw.append([len(indices), cls, source])
-            last_cls, last_source = cls, source
-        indices.append(index)
+    position = 0
+    for (cls, source), run in groupby(labels):
+        raw.append([position, cls, source])
+        position += len(list(run))
     classes_seen = {run[1] for run in raw}
     has_optimizer = optimizer_annotated or _CLASS_OPTIMIZER in classes_seen
     if trains or classes_seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, _CLASS_ENGINE}:

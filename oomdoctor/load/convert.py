@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Mapping
-from itertools import repeat
+from itertools import chain, compress, repeat
 from typing import Any
 
 from oomdoctor.allocator_rules import recorded_settings
@@ -270,7 +270,10 @@ def _int_column(
         allowed = (int, _NONE_TYPE) if missing is not None else (int,)
         if not kinds.issubset(allowed):
             raise _bad_value_error(values, allowed, describe, device, key)
-        values = tuple(missing if v is None else v for v in values)
+        filled = list(values)
+        for index in compress(range(len(filled)), map(operator.is_, filled, repeat(None))):
+            filled[index] = missing
+        values = tuple(filled)
     if ranged and (min(values) < _INT64_MIN or max(values) > _INT64_MAX):
         index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
         raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits")
@@ -351,11 +354,10 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
 
     device_free: dict[int, int] = {}
     if OOM in distinct_actions:
-        for index, action in enumerate(actions):
-            if action == OOM:
-                free = events[index].get("device_free")
-                if free is not None:
-                    device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
+        for index in compress(range(len(actions)), map(OOM.__eq__, actions)):
+            free = events[index].get("device_free")
+            if free is not None:
+                device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
     if ANNOTATE in distinct_actions:
         _note_once(era, "'annotate' trace events", 14)
 
@@ -422,6 +424,9 @@ def _optional_pool_column(events: list[Any], describe: str, device: int, era: _E
         return None
     values = tuple(map(dict.get, events, repeat("pool_id")))
     _note_once(era, "pool_id on trace events", 12)
+    fast = _pool_column_of_pairs(values)
+    if fast is not None:
+        return fast
     table: dict[Any, tuple[int, int]] = {}
     column: list[Any] = []
     for index, value in enumerate(values):
@@ -442,6 +447,27 @@ def _optional_pool_column(events: list[Any], describe: str, device: int, era: _E
             table[key] = pool
         column.append(pool)
     return tuple(column)
+
+
+def _pool_column_of_pairs(values: tuple[Any, ...]) -> tuple[tuple[int, int], ...] | None:
+    """The pool column in C-level passes when every value is a pair of int64s (as torch writes
+    them); None when any is not (None, another shape: the checking loop decides)."""
+    if values.count(DEFAULT_POOL) == len(values):  # all the default pool (compared safely: no hashing)
+        # equal to (0, 0) means a pair of zeros, but False and 0.0 equal 0 too
+        if set(map(type, values)) == {tuple} and set(map(type, chain.from_iterable(values))) == {int}:
+            return (DEFAULT_POOL,) * len(values)
+        return None
+    if not set(map(type, values)).issubset((tuple, list)) or set(map(len, values)) != {2}:
+        return None
+    firsts = tuple(map(operator.itemgetter(0), values))
+    seconds = tuple(map(operator.itemgetter(1), values))
+    for part in (firsts, seconds):
+        if set(map(type, part)) != {int} or min(part) < _INT64_MIN or max(part) > _INT64_MAX:
+            return None
+    table = {key: DEFAULT_POOL if key == DEFAULT_POOL else key for key in set(zip(firsts, seconds))}
+    if len(table) == 1:  # one pool for the whole trace, as in most runs
+        return tuple(table.values()) * len(values)
+    return tuple(map(table.__getitem__, zip(firsts, seconds)))
 
 
 def _era_from_top_level(top: Mapping[str, Any], era: _Era) -> None:
