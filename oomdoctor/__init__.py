@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["install", "uninstall", "dump", "load", "__version__"]
+__all__ = ["install", "uninstall", "dump", "release", "load", "__version__"]
 
 
 def install(**options: Any) -> None:
@@ -31,6 +31,27 @@ def dump(path: Any = None) -> Any:
     from oomdoctor.capture import dump as _dump
 
     return _dump(path)
+
+
+def release() -> Any:
+    """After an OOM in a notebook: let go of the memory the last traceback's frames hold, collect
+    garbage and empty torch's cache; returns the bytes freed (or None when unknown)."""
+    from oomdoctor.capture.notebook import release as _release
+
+    return _release()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext oomdoctor`: install capture in the kernel, with the %oomdoctor magic."""
+    from oomdoctor.capture.notebook import load_ipython_extension as _load_extension
+
+    _load_extension(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from oomdoctor.capture.notebook import unload_ipython_extension as _unload_extension
+
+    _unload_extension(ipython)
 
 
 def load(source: Any, **options: Any) -> Any:

@@ -80,7 +80,7 @@ def _is_library(filename: str) -> bool:
     """An installed package's file (torch, a framework, a model library), the standard library's, or
     one with no file: what is the same whichever layer of a model ran out."""
     return (
-        filename.startswith("<")
+        filename.startswith("<frozen")
         or f"{os.sep}site-packages{os.sep}" in filename
         or f"{os.sep}dist-packages{os.sep}" in filename
         or filename.startswith(_STDLIB_DIR)
@@ -153,6 +153,7 @@ class CaptureSession:
         self.lock = threading.RLock()
         self.local = threading.local()
         self.oom_types: tuple[type, ...] = ()
+        self.notebook_undo: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
 
     # -- install / uninstall --------------------------------------------------------------------
@@ -165,6 +166,7 @@ class CaptureSession:
         self._undo.append(self.recorder.uninstall)
         self._wrap_oom_exception_init()
         self._install_excepthooks()
+        self.attach_notebook()
         atexit.register(self.at_exit)
         self._undo.append(lambda: atexit.unregister(self.at_exit))
 
@@ -267,6 +269,19 @@ class CaptureSession:
                 threading.excepthook = previous_thread_hook
 
         self._undo.append(restore)
+
+    def attach_notebook(self, shell: Any = None) -> None:
+        """Under IPython, which never calls sys.excepthook: its custom exception handler (notebook.py)."""
+        from oomdoctor.capture import notebook
+
+        try:
+            undo = notebook.attach(self, shell)
+        except Exception as error:
+            writer.say(f"could not hook IPython's exception handler ({type(error).__name__}: {error})")
+            return
+        if undo is not None:
+            self.notebook_undo = undo
+            self._undo.append(undo)
 
     # -- guards ---------------------------------------------------------------------------------
 

@@ -169,7 +169,8 @@ def format_result(script: Path, config: Any, result: Any) -> str:
     lines = []
     if result.oom is not None:
         oom = result.oom
-        lines.append(f"Out of memory: {script.name} ran out of memory on {device} (rehearsal, experimental).")
+        cell = " in a notebook cell" if getattr(result, "oom_in_cell", False) else ""
+        lines.append(f"Out of memory: {script.name} ran out of memory{cell} on {device} (rehearsal, experimental).")
         lines.append(f"  where: {_where(oom)}")
         innermost = oom.frames[0] if oom.frames else None
         if innermost is not None and innermost is not oom.user_frame:

@@ -158,6 +158,7 @@ class RehearsalResult:
     peak_reserved_bytes: int = 0
     dump_paths: list[Path] = field(default_factory=list)
     dump_writer: str = ""  # "capture" or "rehearsal" (capture was not available)
+    oom_in_cell: bool = False  # the OOM was raised in a notebook cell, which IPython showed and went on
 
 
 def rehearse_script(
@@ -198,6 +199,8 @@ def rehearse_script(
                 # As if uncaught: the traceback on stderr, and capture's hook adds it to the dump.
                 error.with_traceback(_script_traceback(error.__traceback__, str(script)))
                 sys.excepthook(type(error), error, error.__traceback__)
+            else:
+                _oom_in_a_cell(session, result)
             finally:
                 _uninstall_capture(result.dump_writer)
             stats = session.backend.memory_stats(config.device)
@@ -210,6 +213,21 @@ def rehearse_script(
             sys.path[0] = saved_path0
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
     return result
+
+
+def _oom_in_a_cell(session: RehearsalSession, result: RehearsalResult) -> None:
+    """A script that ran notebook cells (IPython's run_cell) ends normally though a cell ran out:
+    IPython showed the OOM and kept it as sys.last_value. That OOM ends the rehearsal's story."""
+    from oomdoctor.rehearse.recorder import OUT_OF_MEMORY_ERROR
+
+    last = getattr(sys, "last_value", None)
+    if not isinstance(last, OUT_OF_MEMORY_ERROR):
+        return
+    message = str(last)
+    for oom in reversed(session.ooms):
+        if oom.message == message:  # raised in this rehearsal, not left over from before it
+            result.oom, result.oom_in_cell, result.exit_code = oom, True, 1
+            return
 
 
 def _script_traceback(trace: Any, script_filename: str) -> Any:
