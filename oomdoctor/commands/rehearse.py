@@ -26,8 +26,15 @@ or in other processes (DataLoader workers) are not seen; storages made outside t
 (torch.from_numpy, torch.load) are not counted; the script runs at CPU speed, a little slower for
 the bookkeeping.
 
+--fake: the script's tensors carry no data (torch's FakeTensorMode), so a step costs a small part
+of its CPU time and host RAM stays small at any model size; the allocations are the same. Scalars
+read from tensors (.item(), bool(), tolist()) are placeholders (0, 0.0, False), each call site
+reported; sizes that depend on the data (nonzero, boolean masks) are taken at their upper bound;
+torch.save of fake tensors is skipped. What cannot run without data (torch.unique, a custom op without
+a fake implementation, NumPy reading a tensor) ends the run with one line and exit status 3.
+
 Exit status: 0 the script ran to completion (it fit), 1 it ran out of simulated memory or failed,
-the script's own status when it calls sys.exit, 2 bad input.
+the script's own status when it calls sys.exit, 2 bad input, 3 (--fake) the script needs data.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ _OPTIONS = {
     "--cuda-context": "cuda_context",
     "--out": "out",
 }
+_FLAGS = {"--fake": "fake"}
 
 
 def parse_size_bytes(text: str) -> int:
@@ -81,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder for the dump written at an OOM (default: $OOMDOCTOR_DIR or ./oom-dumps)",
     )
     parser.add_argument(
+        "--fake",
+        action="store_true",
+        help="tensors carry no data (torch's fake tensors): far less CPU time and host RAM, the same allocations",
+    )
+    parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments"
     )
 
@@ -99,6 +112,10 @@ def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
         if token == "--":
             index += 1
             break
+        if token in _FLAGS:
+            setattr(args, _FLAGS[token], True)
+            index += 1
+            continue
         name, equals, value = token.partition("=")
         if name not in _OPTIONS:
             break
@@ -140,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
         alloc_conf=alloc_conf,
         outside_bytes=outside_bytes,
         cuda_context_bytes=cuda_context_bytes,
+        fake=bool(getattr(args, "fake", False)),
     )
-    result = rehearse_script(script, script_args, config, dump_dir=dump_dir)
+    result = rehearse_script(script, script_args, config, dump_dir=dump_dir, dump_at_end=True)
     sys.stdout.flush()
     sys.stderr.flush()
     print(format_result(script, config, result))
@@ -183,6 +201,9 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         usable_bytes = config.device_memory_bytes - config.outside_bytes - config.cuda_context_bytes
         headroom_bytes = max(0, usable_bytes - result.peak_reserved_bytes)
         lines.append(f"{peaks}; {format_size(headroom_bytes)} to spare at the peak")
+    elif result.fake_failure is not None:
+        lines.append(f"Cannot rehearse without data: {result.fake_failure}")
+        lines.append(peaks)
     else:
         status = result.exit_code
         lines.append(f"Failed: {script.name} stopped with exit status {status} before running out of memory.")
@@ -192,6 +213,8 @@ def format_result(script: Path, config: Any, result: Any) -> str:
                 '  hint: the script asked for CUDA; under rehearsal it must run on "cpu". Make the device a'
                 " parameter, or pick it with torch.cuda.is_available() (False here) or OOMDOCTOR_REHEARSAL=1."
             )
+    if result.fake_notes is not None:
+        lines.extend(result.fake_notes.lines())
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
         first = _where(caught[0])

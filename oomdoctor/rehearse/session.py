@@ -33,6 +33,8 @@ REHEARSAL_ENV = "OOMDOCTOR_REHEARSAL"
 DUMP_DIR_ENV = "OOMDOCTOR_DIR"  # capture's dump folder variable
 DUMP_SUFFIXES = (".pickle", ".pkl")
 
+FAKE_FAILURE_EXIT = 3  # rehearse --fake: the script did something that needs data
+
 _current: RehearsalSession | None = None
 
 
@@ -50,6 +52,8 @@ class RehearsalConfig:
     outside_bytes: int = 0  # held by other processes
     cuda_context_bytes: int = 0  # this process's CUDA context, also outside PyTorch
     device: int = 0
+    # tensors carry no data (torch's FakeTensorMode; oomdoctor.rehearse.fake)
+    fake: bool = False
     # the simulator's time_us source (epoch microseconds); a fixed clock makes dumps reproducible
     clock_us: Callable[[], int] | None = field(default=None, compare=False, repr=False)
 
@@ -70,6 +74,7 @@ class RehearsalSession:
         self.simulator: Any = None
         self.recorder: Any = None
         self.backend: Any = None
+        self.fake: Any = None  # the FakeRehearsal under config.fake
         self._undo: list[Callable[[], None]] = []
 
     def start(self) -> RehearsalSession:
@@ -100,8 +105,16 @@ class RehearsalSession:
             self._undo.append(lambda: set_backend(None))
             self._undo.append(self.backend.patch_torch_cuda())
             self._undo.append(patch_optimizer_defaults())
+            if config.fake:
+                from oomdoctor.rehearse.fake import FakeRehearsal
+
+                self.fake = FakeRehearsal()
+                self._undo.append(self.fake.stop)
+                self.fake.enter_fake_mode()
             self.recorder.start()
             self._undo.append(self.recorder.stop)
+            if self.fake is not None:
+                self.fake.enter_top_mode()
         except BaseException:
             self.stop()
             raise
@@ -159,6 +172,9 @@ class RehearsalResult:
     dump_paths: list[Path] = field(default_factory=list)
     dump_writer: str = ""  # "capture" or "rehearsal" (capture was not available)
     oom_in_cell: bool = False  # the OOM was raised in a notebook cell, which IPython showed and went on
+    fake_notes: Any = None  # oomdoctor.rehearse.fake.FakeNotes under --fake
+    end_dump: Path | None = None  # the dump written when the script ran to completion (dump_at_end)
+    fake_failure: str | None = None  # the one line for what could not run without data (exit 3)
 
 
 def rehearse_script(
@@ -167,8 +183,13 @@ def rehearse_script(
     config: RehearsalConfig,
     *,
     dump_dir: Path,
+    dump_at_end: bool = False,
 ) -> RehearsalResult:
-    """Run `script` as __main__ inside a rehearsal session; a dump is written at an OOM."""
+    """Run `script` as __main__ inside a rehearsal session; a dump is written at an OOM.
+
+    With `dump_at_end`, a script that ran to completion leaves a dump too (its whole trace: what
+    the memory plan analyses); `result.end_dump` is its path.
+    """
     from oomdoctor.rehearse.recorder import OUT_OF_MEMORY_ERROR
 
     script = Path(script)
@@ -188,17 +209,30 @@ def rehearse_script(
             result.dump_writer = _install_dump_writer(session, dump_dir)
             try:
                 runpy.run_path(str(script), run_name="__main__")
+                if dump_at_end:
+                    result.end_dump = _dump_now(session, result.dump_writer, dump_dir)
             except SystemExit as exit_:
                 result.exit_code = _exit_code(exit_.code)
             except Exception as error:
                 result.exit_code = 1
-                if isinstance(error, OUT_OF_MEMORY_ERROR) and session.ooms:
+                fake_line = _fake_failure(session, error, str(script))
+                if fake_line is not None:
+                    result.exit_code = FAKE_FAILURE_EXIT
+                    result.fake_failure = fake_line
+                elif isinstance(error, OUT_OF_MEMORY_ERROR) and session.ooms:
                     result.oom = session.ooms[-1]
                 else:
                     result.error_text = "".join(traceback.format_exception(error))
-                # As if uncaught: the traceback on stderr, and capture's hook adds it to the dump.
-                error.with_traceback(_script_traceback(error.__traceback__, str(script)))
-                sys.excepthook(type(error), error, error.__traceback__)
+                if fake_line is None:
+                    # As if uncaught: the traceback on stderr, and capture's hook adds it to the dump.
+                    error.with_traceback(_script_traceback(error.__traceback__, str(script)))
+                    sys.excepthook(type(error), error, error.__traceback__)
+            except BaseException as error:
+                fake_line = _fake_failure(session, error, str(script))
+                if fake_line is None:
+                    raise
+                result.exit_code = FAKE_FAILURE_EXIT
+                result.fake_failure = fake_line
             else:
                 _oom_in_a_cell(session, result)
             finally:
@@ -207,12 +241,37 @@ def rehearse_script(
             result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
             result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
             result.ooms_seen = session.ooms
+            if session.fake is not None:
+                result.fake_notes = session.fake.notes
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
     return result
+
+
+def _dump_now(session: RehearsalSession, dump_writer: str, dump_dir: Path) -> Path | None:
+    """A dump of the simulated device now, written by capture when it is installed."""
+    now_us = int(time.time() * 1_000_000)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us / 1e6)) + f"{now_us % 1_000_000:06d}Z"
+    target = dump_dir / f"rehearsal-end-rank0-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    if dump_writer == "capture":
+        from oomdoctor.capture import dump
+
+        written = dump(target)
+        return Path(written) if written is not None else None
+    _SnapshotWriter(session, dump_dir).write(target, reason="manual")
+    return target
+
+
+def _fake_failure(session: RehearsalSession, error: BaseException, script_filename: str) -> str | None:
+    if session.fake is None:
+        return None
+    from oomdoctor.rehearse.fake import explain_failure
+
+    return explain_failure(error, script_filename)
 
 
 def _oom_in_a_cell(session: RehearsalSession, result: RehearsalResult) -> None:
@@ -305,6 +364,19 @@ class _SnapshotWriter:
 
     def __call__(self, device: int, alloc_bytes: int, device_total_bytes: int, device_free_bytes: int) -> None:
         now_us = int(time.time() * 1_000_000)
+        oom = {
+            "device": device,
+            "alloc_bytes": alloc_bytes,
+            "device_total_bytes": device_total_bytes,
+            "device_free_bytes": device_free_bytes,
+            "time_us": now_us,
+        }
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us / 1e6)) + f"{now_us % 1_000_000:06d}Z"
+        name = f"oom-rank0-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
+        self.write(self.dump_dir / name, reason="oom", oom=oom)
+
+    def write(self, target: Path, *, reason: str, oom: dict[str, Any] | None = None) -> None:
+        device = self.session.config.device
         snapshot = self.session.backend.snapshot()
         snapshot[METADATA_KEY] = {
             "schema_version": SCHEMA_VERSION,
@@ -318,20 +390,12 @@ class _SnapshotWriter:
             "pid": os.getpid(),
             "argv": list(sys.argv),
             "device": {"index": device, **self.session.backend.device_properties(device)},
-            "oom": {
-                "device": device,
-                "alloc_bytes": alloc_bytes,
-                "device_total_bytes": device_total_bytes,
-                "device_free_bytes": device_free_bytes,
-                "time_us": now_us,
-            },
-            "reason": "oom",
+            "reason": reason,
             "rehearsal": self.session.config.metadata(),
         }
-        self.dump_dir.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us / 1e6)) + f"{now_us % 1_000_000:06d}Z"
-        name = f"oom-rank0-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
-        target = self.dump_dir / name
+        if oom is not None:
+            snapshot[METADATA_KEY]["oom"] = oom
+        target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_suffix(".tmp")
         with open(temporary, "wb") as file:
             pickle.dump(snapshot, file, protocol=4)

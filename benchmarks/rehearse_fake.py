@@ -1,0 +1,130 @@
+"""CPU time and host RAM of `rehearse --fake` against the real-CPU rehearsal, on one GPT training step.
+
+    python benchmarks/rehearse_fake.py [--preset small|gpt2|1.3b|7b] [--steps 2] [--fake-only]
+
+Each mode runs in a fresh process (`--child`) that rehearses a GPT training script (the fixtures'
+TinyGPT: token and position embeddings, pre-norm blocks, LM head; foreach AdamW; `loss.item()`
+printed each step) on a simulated 1 TiB device, timing each step with `time.process_time()`. The
+parent prints CPU seconds per step, the process's max RSS, the simulator's peaks, and the ratio of
+the steady-state steps (the first step is warm-up). `--fake-only` skips the real run (the larger
+presets do not fit a laptop's RAM for real). CPU seconds are the figures to compare on a loaded
+machine, not wall time. Not a test: nothing here is timed in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PRESETS = {
+    # layers, d_model, heads, seq, batch, vocab
+    "small": (4, 512, 8, 512, 8, 8192),  # 17M parameters (the study's gpt_train.py)
+    "gpt2": (12, 768, 12, 1024, 4, 50304),  # GPT-2 small sized, 124M
+    "1.3b": (24, 2048, 16, 2048, 8, 50304),
+    "7b": (32, 4096, 32, 2048, 1, 32000),
+}
+
+WORKLOAD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {scenarios!r})
+    import torch
+    from models import TinyGPT
+
+    layers, width, heads, seq, batch, vocab, steps = (int(value) for value in sys.argv[1:8])
+    model = TinyGPT(vocab, width, layers, heads, seq)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    for step in range(steps):
+        start = time.process_time()
+        tokens = torch.randint(vocab, (batch, seq + 1))
+        _, loss = model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        print(f"loss {{loss.item():.3f}}", file=sys.stderr)
+        print(f"STEP {{time.process_time() - start:.3f}}", flush=True)
+    """
+)
+
+
+def child(fake: bool, preset: str, steps: int) -> None:
+    from oomdoctor.rehearse.session import RehearsalConfig, rehearse_script
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "gpt_step.py"
+        script.write_text(WORKLOAD.format(scenarios=str(ROOT / "fixtures" / "scenarios")))
+        config = RehearsalConfig(device_memory_bytes=2**40, fake=fake)
+        args = [str(value) for value in (*PRESETS[preset], steps)]
+        result = rehearse_script(script, args, config, dump_dir=Path(folder) / "dumps")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "exit_code": result.exit_code,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+                "max_rss_bytes": usage.ru_maxrss * 1024,
+                "peak_allocated": result.peak_allocated_bytes,
+                "peak_reserved": result.peak_reserved_bytes,
+            }
+        )
+    )
+
+
+def measure(fake: bool, preset: str, steps: int) -> dict:
+    argv = [sys.executable, __file__, "--child", "fake" if fake else "real", "--preset", preset, "--steps", str(steps)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    steps_s = [float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("STEP ")]
+    results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not results:
+        raise SystemExit(f"the {'fake' if fake else 'real'} run failed:\n{done.stderr[-3000:]}")
+    figures = json.loads(results[-1].removeprefix("RESULT "))
+    figures["steps_s"] = steps_s
+    return figures
+
+
+def gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--fake-only", action="store_true")
+    parser.add_argument("--child", choices=("real", "fake"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child == "fake", args.preset, args.steps)
+        return
+    layers, width, heads, seq, batch, vocab = PRESETS[args.preset]
+    print(f"GPT {args.preset}: {layers} layers, d_model {width}, {heads} heads, batch {batch}x{seq}, vocab {vocab}")
+    modes = [("fake", True)] if args.fake_only else [("real", False), ("fake", True)]
+    figures = {name: measure(fake, args.preset, args.steps) for name, fake in modes}
+    for name, values in figures.items():
+        per_step = " / ".join(f"{value:.2f}" for value in values["steps_s"])
+        print(
+            f"  {name:4}  CPU s per step {per_step}  (process {values['cpu_s']:.1f} CPU s)  "
+            f"max RSS {gib(values['max_rss_bytes'])}  "
+            f"peak {gib(values['peak_allocated'])} allocated / {gib(values['peak_reserved'])} reserved"
+        )
+    if "real" in figures:
+        real, fake = figures["real"], figures["fake"]
+        steady = slice(1, None) if len(real["steps_s"]) > 1 else slice(None)
+        ratio = statistics.median(real["steps_s"][steady]) / max(statistics.median(fake["steps_s"][steady]), 1e-9)
+        same = (real["peak_allocated"], real["peak_reserved"]) == (fake["peak_allocated"], fake["peak_reserved"])
+        print(f"  fake is {ratio:.1f}x less CPU per steady-state step; peaks identical: {'yes' if same else 'no'}")
+        print(f"  host RAM: real {gib(real['max_rss_bytes'])}, fake {gib(fake['max_rss_bytes'])}")
+
+
+if __name__ == "__main__":
+    main()
