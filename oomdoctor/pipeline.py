@@ -51,11 +51,14 @@ def require_device(snapshot, device: int | None, source: str) -> None:
         raise OomdoctorError(f"{source}: no device {device} in this snapshot (devices: {known})")
 
 
-def load_snapshot(path, *, device: int | None = None, max_bytes: int | None = None):
-    """The snapshot in `path`, refused when it has no `device` (None: the failing one)."""
+def load_snapshot(
+    path, *, device: int | None = None, max_bytes: int | None = None, progress: Callable[[float], None] | None = None
+):
+    """The snapshot in `path`, refused when it has no `device` (None: the failing one); `progress`
+    hears the fraction of the load done (oomdoctor.load.load)."""
     from oomdoctor.load import load
 
-    snapshot = load(path, max_bytes=max_bytes)
+    snapshot = load(path, max_bytes=max_bytes, progress=progress)
     require_device(snapshot, device, str(path))
     return snapshot
 
@@ -66,15 +69,22 @@ def load_and_analyse(
     device: int | None = None,
     max_bytes: int | None = None,
     enter_stage: Callable[[str], None] | None = None,
+    progress: Callable[[float], None] | None = None,
 ):
     """(snapshot, analysis of `device`): what the terminal app shows. `enter_stage` hears of each
-    stage after reading the file ("analysing")."""
+    stage after reading the file ("analysing"); `progress` the fraction of the whole work done,
+    from 0 while the file is read to LOAD_SHARE once its model is built."""
     from oomdoctor.analysis import analyse
 
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    on_load = None if progress is None else (lambda fraction: progress(LOAD_SHARE * fraction))
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=on_load)
     if enter_stage is not None:
         enter_stage("analysing")
     return snapshot, analyse(snapshot, device=device)
+
+
+# The share of load_and_analyse's work that loading takes (about two thirds on a large trace)
+LOAD_SHARE = 0.7
 
 
 def render_report(

@@ -491,3 +491,13 @@ def test_worker_count_is_bounded_by_files_cpus_and_memory():
     assert worker_count(64, cpus=16, largest_file_bytes=2 * GiB, available_bytes=5 * per_file + 1) == 5
     assert worker_count(64, cpus=16, largest_file_bytes=2 * GiB, available_bytes=GiB) == 1
     assert worker_count(64, cpus=16, largest_file_bytes=2 * GiB, available_bytes=None) == 16
+
+
+def test_worker_count_reads_in_this_process_when_other_work_keeps_the_cpus_busy():
+    from oomdoctor.load.folder import worker_count
+
+    assert worker_count(16, cpus=2, idle=2.0) == 2
+    assert worker_count(16, cpus=2, idle=1.6) == 2
+    assert worker_count(16, cpus=2, idle=1.2) == 1  # one core left: workers would only share it
+    assert worker_count(16, cpus=2, idle=-3.0) == 1
+    assert worker_count(16, cpus=8, idle=4.0) == 4

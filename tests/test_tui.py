@@ -355,6 +355,36 @@ def test_loading_app_shows_progress_then_the_tabs():
     assert analysis.verdict == "optimizer-state-buildup"
 
 
+def test_open_moves_the_progress_bar_while_reading_and_builds_tabs_on_first_visit():
+    seen = []
+
+    def loader(report):
+        snapshot = load(EXAMPLE_DUMP, progress=lambda fraction: report(fraction=0.7 * fraction))
+        report("analysing")
+        seen.append("analysed")
+        return snapshot, analyse(snapshot)
+
+    async def scenario(app, pilot):
+        await settle(app, pilot)
+        browser = app.query_one(Browser)
+        before = set(browser.built), bool(app.query(TimelinePane))
+        await pilot.press("2")
+        await settle(app, pilot)
+        return before, set(browser.built), app.query_one(TimelinePane).shown_state is not None
+
+    (built, timeline), after, shown = run_app(make_loading_app(loader, source="example.pickle"), scenario)
+    assert seen == ["analysed"]
+    assert built == {"overview"} and not timeline  # only the overview is built at first
+    assert after == {"overview", "timeline"} and shown
+
+
+def test_load_reports_its_progress_from_reading_to_the_built_model():
+    fractions = []
+    load(EXAMPLE_DUMP, progress=fractions.append)
+    # reading reports as the bytes come (a small file: in one read), then the built model
+    assert fractions == sorted(fractions) and fractions[-2:] == [0.8, 1.0] and len(fractions) >= 3
+
+
 def test_a_load_error_in_the_worker_ends_the_app_with_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "not-a-snapshot.pickle"
     bad.write_bytes(b"this is not a pickle at all")

@@ -66,8 +66,14 @@ def loader_for(path: str, *, device: int | None, max_bytes: int | None):
     (oomdoctor.pipeline.load_and_analyse)."""
     from oomdoctor.pipeline import load_and_analyse
 
-    def loader(enter_stage):
-        return load_and_analyse(path, device=device, max_bytes=max_bytes, enter_stage=enter_stage)
+    def loader(report):
+        return load_and_analyse(
+            path,
+            device=device,
+            max_bytes=max_bytes,
+            enter_stage=report,
+            progress=lambda fraction: report(fraction=fraction),
+        )
 
     return loader
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from oomdoctor.load.containers import (
@@ -29,6 +29,7 @@ from oomdoctor.load.containers import (
     read_source,
 )
 from oomdoctor.load.convert import build_snapshot, freeze_builtins
+from oomdoctor.load.safe_pickle import READ_PROGRESS
 from oomdoctor.model import Snapshot
 
 __all__ = [
@@ -52,11 +53,26 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def load(source: Any, *, max_bytes: int | None = None) -> Snapshot:
-    """The Snapshot in `source` (a path, bytes, or a binary file object)."""
+# The share of `load`'s work that reading (unpickling) takes; building the model takes the rest.
+READ_SHARE = 0.8
+
+
+def load(source: Any, *, max_bytes: int | None = None, progress: Callable[[float], None] | None = None) -> Snapshot:
+    """The Snapshot in `source` (a path, bytes, or a binary file object). `progress` hears the
+    fraction of the work done (0 to 1) as the file is read, about every percent, and at the end."""
     with _cyclic_gc_paused():
-        raw, container = read_source(source, max_bytes)
-        return build_snapshot(raw, container, _describe(source))
+        if progress is None:
+            raw, container = read_source(source, max_bytes)
+            return build_snapshot(raw, container, _describe(source))
+        token = READ_PROGRESS.set(lambda fraction: progress(READ_SHARE * min(fraction, 1.0)))
+        try:
+            raw, container = read_source(source, max_bytes)
+        finally:
+            READ_PROGRESS.reset(token)
+        progress(READ_SHARE)
+        snapshot = build_snapshot(raw, container, _describe(source))
+        progress(1.0)
+        return snapshot
 
 
 def load_raw(source: Any, *, max_bytes: int | None = None) -> Any:

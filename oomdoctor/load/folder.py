@@ -12,7 +12,8 @@ left out silently.
 
 `map_files` runs `work` (a picklable top-level function) on each path in a process pool of
 min(files, usable CPUs) workers, fewer when the host's available memory would not hold that many
-loaded files at once, or in this process for one file. An exception from one file becomes that
+loaded files at once or when other work keeps its CPUs busy (the load average), or in this
+process for one file or when only one worker would run. An exception from one file becomes that
 file's note; the others are still read. Nothing here knows what `work` returns.
 """
 
@@ -156,16 +157,32 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def idle_cpus(cpus: int | None = None) -> float | None:
+    """About how many CPUs other work leaves this process: the usable CPUs less the runnable
+    processes of the last minute (the load average), this one counted as its own; None: unknown."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    usable = cpus if cpus is not None else usable_cpus()
+    return min(float(usable), usable - max(0.0, load - 1.0))
+
+
 def worker_count(
     file_count: int,
     *,
     largest_file_bytes: int = 0,
     cpus: int | None = None,
     available_bytes: int | None = None,
+    idle: float | None = None,
 ) -> int:
-    """Workers for `file_count` files: one per usable CPU, no more than files, and no more than the
-    host's available memory holds at once (each worker holds one loaded file)."""
+    """Workers for `file_count` files: one per usable CPU, no more than files, no more than the
+    host's available memory holds at once (each worker holds one loaded file), and no more than
+    the CPUs other work leaves idle (`idle`, from `idle_cpus`): on a host whose CPUs are all busy,
+    worker processes only share them with each other, and reading in this process is faster."""
     workers = max(1, min(file_count, cpus if cpus is not None else usable_cpus()))
+    if idle is not None:
+        workers = min(workers, max(1, int(idle + 0.5)))
     if largest_file_bytes > 0 and available_bytes is not None:
         workers = min(workers, max(1, available_bytes // (MEMORY_PER_FILE_BYTE * largest_file_bytes)))
     return workers
@@ -183,7 +200,10 @@ def map_files(
     if max_workers is None:
         largest_file_bytes = max((_size_bytes(path) for path in paths), default=0)
         workers = worker_count(
-            len(paths), largest_file_bytes=largest_file_bytes, available_bytes=available_memory_bytes()
+            len(paths),
+            largest_file_bytes=largest_file_bytes,
+            available_bytes=available_memory_bytes(),
+            idle=idle_cpus(),
         )
     else:
         workers = max(1, min(max_workers, len(paths)))

@@ -11,11 +11,12 @@ refused by the C unpickler itself, because neither `persistent_load` nor `buffer
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import os
 import pickle
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 try:
@@ -47,6 +48,12 @@ class SizeLimitExceeded(Exception):
         self.what = what
 
 
+# Who hears how far the current read has got (a fraction of the input, 0 to 1): `load(progress=)`.
+READ_PROGRESS: contextvars.ContextVar[Callable[[float], None] | None] = contextvars.ContextVar(
+    "read_progress", default=None
+)
+
+
 class CappedReader(io.RawIOBase):
     """A read-only stream over `inner` that fails once more than `limit_bytes` were read.
 
@@ -62,6 +69,8 @@ class CappedReader(io.RawIOBase):
         self._limit_bytes = limit_bytes
         self._what = what
         self._peek = getattr(inner, "peek", None)
+        self._progress = READ_PROGRESS.get()
+        self._next_report = 0
 
     def readable(self) -> bool:
         return True
@@ -70,6 +79,11 @@ class CappedReader(io.RawIOBase):
         self._left -= len(data)
         if self._left < 0:
             raise SizeLimitExceeded(self._limit_bytes, self._what)
+        if self._progress is not None:
+            done = self._limit_bytes - self._left
+            if done >= self._next_report:
+                self._next_report = done + max(self._limit_bytes >> 7, 1)
+                self._progress(done / self._limit_bytes if self._limit_bytes else 1.0)
         return data
 
     def read(self, size: int | None = -1) -> bytes:

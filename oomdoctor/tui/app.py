@@ -16,6 +16,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Footer, Header, LoadingIndicator, ProgressBar, Static, TabbedContent, TabPane
 
 from oomdoctor.analysis import Replayer, replayer
@@ -41,47 +42,98 @@ _FOCUS_IN_TAB = {
     "allocations": "#allocation-search",
 }
 
-# A loader reports each stage it enters (a short phrase) and returns the snapshot and its analysis:
-# oomdoctor.pipeline.load_and_analyse bound to one file (commands/open.py); the app only runs it.
-Loader = Callable[[Callable[[str], None]], tuple[Snapshot, Analysis]]
-LOAD_STAGES = 3  # reading the file, analysing it, preparing the timeline
+# A loader reports its progress and returns the snapshot and its analysis: oomdoctor.pipeline.
+# load_and_analyse bound to one file (commands/open.py); the app only runs it. It is handed a
+# `report(stage=None, fraction=None)`: a short phrase when it enters a stage ("analysing"), the
+# fraction of the whole load done (0 to 1) as it goes; either may be left out.
+Loader = Callable[[Callable[..., None]], tuple[Snapshot, Analysis]]
+# Where the bar stands when a stage is entered without a fraction: reading the file moves it from
+# 0 to READ_SHARE by the bytes read (the longest stage), then analysing, then the timeline.
+STAGE_FRACTIONS = {
+    "reading the file": 0.0,
+    "building the model": 0.55,
+    "analysing": 0.7,
+    "preparing the timeline": 0.95,
+}
+PROGRESS_STEPS = 100
+_TABS_NEEDING_REPLAY = frozenset({"timeline", "segments"})
+_TAB_TITLES = {
+    "overview": "1 Overview",
+    "timeline": "2 Timeline",
+    "segments": "3 Segments",
+    "components": "4 Components",
+    "allocations": "5 Allocations",
+}
 
 
 class Browser(Vertical):
-    """The tabs over one analysis."""
+    """The tabs over one analysis. The overview is built at once; every other tab the first time it
+    is shown (the timeline and the segments once the replayer is ready: `replay_ready`)."""
 
-    def __init__(self, analysis: Analysis, snapshot: Snapshot, replay: Replayer, source: str) -> None:
+    def __init__(self, analysis: Analysis, snapshot: Snapshot, replay: Replayer | None, source: str) -> None:
         super().__init__(id="browser")
         self.analysis = analysis
         self.snapshot = snapshot
         self.replay = replay
         self.source = source
+        self.built: set[str] = {"overview"}
 
     def compose(self) -> ComposeResult:
         # Each pane builds its content itself, so that one that fails shows why in its own tab.
         with TabbedContent(initial="overview"):
-            with TabPane("1 Overview", id="overview"):
+            with TabPane(_TAB_TITLES["overview"], id="overview"):
                 yield OverviewPane(self.analysis, self.source)
-            with TabPane("2 Timeline", id="timeline"):
-                yield TimelinePane(self.analysis, self.snapshot, self.replay)
-            with TabPane("3 Segments", id="segments"):
-                yield SegmentsPane(self.analysis, self.replay)
-            with TabPane("4 Components", id="components"):
-                yield ComponentsPane(self.analysis)
-            with TabPane("5 Allocations", id="allocations"):
-                yield AllocationsPane(self.analysis)
+            for tab in TABS[1:]:
+                with TabPane(_TAB_TITLES[tab], id=tab):
+                    yield Static(plain("building this tab", style="dim"), classes="tab-placeholder")
+
+    def _pane(self, tab: str) -> Widget:
+        if tab == "timeline":
+            assert self.replay is not None
+            return TimelinePane(self.analysis, self.snapshot, self.replay)
+        if tab == "segments":
+            assert self.replay is not None
+            return SegmentsPane(self.analysis, self.replay)
+        if tab == "components":
+            return ComponentsPane(self.analysis)
+        return AllocationsPane(self.analysis)
+
+    async def build_tab(self, tab: str) -> bool:
+        """Build `tab` unless it is built; False when it must wait for the replayer."""
+        if tab in self.built:
+            return True
+        holder = self.query_one(f"#{tab}", TabPane)
+        if tab in _TABS_NEEDING_REPLAY and self.replay is None:
+            for placeholder in holder.query(".tab-placeholder").results(Static):
+                placeholder.update(plain("preparing the timeline", style="dim"))
+            return False
+        self.built.add(tab)
+        await holder.query(".tab-placeholder").remove()
+        await holder.mount(self._pane(tab))
+        return True
 
     def on_mount(self) -> None:
         self.query_one(OverviewPane).focus()
 
     @on(TabbedContent.TabActivated)
-    def _focus_tab(self, message: TabbedContent.TabActivated) -> None:
+    async def _show_tab(self, message: TabbedContent.TabActivated) -> None:
         pane_id = message.pane.id if message.pane is not None else None
-        wanted = _FOCUS_IN_TAB.get(pane_id or "")
+        if pane_id and await self.build_tab(pane_id):
+            self._focus(pane_id)
+
+    def _focus(self, tab: str) -> None:
+        wanted = _FOCUS_IN_TAB.get(tab)
         if wanted is not None:
             found = self.query(wanted)  # none when the tab could not be built: it shows why instead
             if found:
                 found.first().focus()
+
+    async def replay_ready(self, replay: Replayer) -> None:
+        """The replayer is made: build the tab that waits for it, if it is the one shown."""
+        self.replay = replay
+        active = self.query_one(TabbedContent).active
+        if active in _TABS_NEEDING_REPLAY and await self.build_tab(active):
+            self._focus(active)
 
 
 class LoadingView(Vertical):
@@ -91,9 +143,27 @@ class LoadingView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(plain(f"Opening {self.source}"), id="loading-title")
-        yield ProgressBar(total=LOAD_STAGES, show_eta=False, id="loading-progress")
+        yield ProgressBar(total=PROGRESS_STEPS, show_eta=False, id="loading-progress")
         yield Static(plain("reading the file", style="dim"), id="loading-stage")
         yield LoadingIndicator()
+
+
+class _Progress:
+    """What the worker hands the loader: posts the stage and the fraction done to the app, at most
+    once per percent."""
+
+    def __init__(self, app: OomdoctorApp) -> None:
+        self.app = app
+        self.shown = -1
+
+    def __call__(self, stage: str | None = None, fraction: float | None = None) -> None:
+        if fraction is None and stage is not None:
+            fraction = STAGE_FRACTIONS.get(stage)
+        step = -1 if fraction is None else int(min(max(fraction, 0.0), 1.0) * PROGRESS_STEPS)
+        if stage is None and step <= self.shown:
+            return
+        self.shown = max(self.shown, step)
+        self.app.post_message(self.app.StageEntered(stage, step if step >= 0 else None))
 
 
 class OomdoctorApp(App[None]):
@@ -110,15 +180,20 @@ class OomdoctorApp(App[None]):
     ]
 
     class StageEntered(Message):
-        def __init__(self, stage: str) -> None:
+        def __init__(self, stage: str | None, step: int | None = None) -> None:
             super().__init__()
             self.stage = stage
+            self.step = step  # of PROGRESS_STEPS; None: the bar stays where it is
 
     class Loaded(Message):
-        def __init__(self, snapshot: Snapshot, analysis: Analysis, replay: Replayer) -> None:
+        def __init__(self, snapshot: Snapshot, analysis: Analysis) -> None:
             super().__init__()
             self.snapshot = snapshot
             self.analysis = analysis
+
+    class ReplayReady(Message):
+        def __init__(self, replay: Replayer) -> None:
+            super().__init__()
             self.replay = replay
 
     class LoadFailed(Message):
@@ -147,7 +222,7 @@ class OomdoctorApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.analysis is not None and self.snapshot is not None and self.replay is not None:
+        if self.analysis is not None and self.snapshot is not None:
             yield Browser(self.analysis, self.snapshot, self.replay, self.source)
         else:
             yield LoadingView(self.source)
@@ -155,36 +230,48 @@ class OomdoctorApp(App[None]):
 
     def on_mount(self) -> None:
         if self.analysis is None and self.loader is not None:
-            self._load()
+            self.call_after_refresh(self._load)  # the loading view is on screen before the work starts
 
     @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
         assert self.loader is not None
         try:
-            snapshot, analysis = self.loader(lambda stage: self.post_message(self.StageEntered(stage)))
-            self.post_message(self.StageEntered("preparing the timeline"))
-            replay = replayer(snapshot, analysis.device)
+            snapshot, analysis = self.loader(_Progress(self))
         except OomdoctorError as error:
             self.post_message(self.LoadFailed(error))
             return
         except Exception as error:  # a file the analysis does not cope with: one line, not a traceback
             self.post_message(self.LoadFailed(internal_error(self.source, "read and analyse it", error)))
             return
-        self.post_message(self.Loaded(snapshot, analysis, replay))
+        self.post_message(self.Loaded(snapshot, analysis))  # the overview is shown while the replayer is made
+        try:
+            replay = replayer(snapshot, analysis.device)
+        except Exception as error:
+            self.post_message(self.LoadFailed(internal_error(self.source, "prepare the timeline", error)))
+            return
+        self.post_message(self.ReplayReady(replay))
 
     @on(StageEntered)
     def _stage_entered(self, message: StageEntered) -> None:
         if self.query(LoadingView):
-            self.query_one("#loading-progress", ProgressBar).advance(1)
-            self.query_one("#loading-stage", Static).update(plain(message.stage, style="dim"))
+            if message.step is not None:
+                self.query_one("#loading-progress", ProgressBar).update(progress=message.step)
+            if message.stage is not None:
+                self.query_one("#loading-stage", Static).update(plain(message.stage, style="dim"))
 
     @on(Loaded)
     async def _loaded(self, message: Loaded) -> None:
-        self.analysis, self.snapshot, self.replay = message.analysis, message.snapshot, message.replay
+        self.analysis, self.snapshot = message.analysis, message.snapshot
         await self.query_one(LoadingView).remove()
         await self.mount(
-            Browser(message.analysis, message.snapshot, message.replay, self.source), before=self.query_one(Footer)
+            Browser(message.analysis, message.snapshot, self.replay, self.source), before=self.query_one(Footer)
         )
+
+    @on(ReplayReady)
+    async def _replay_ready(self, message: ReplayReady) -> None:
+        self.replay = message.replay
+        for browser in self.query(Browser).results(Browser):
+            await browser.replay_ready(message.replay)
 
     @on(LoadFailed)
     def _load_failed(self, message: LoadFailed) -> None:
