@@ -28,6 +28,7 @@ from typing import Any
 
 from oomdoctor.capture.backend import active_backend
 from oomdoctor.capture.options import disabled_by_environment, resolve_options
+from oomdoctor.capture.processes import in_child_process, in_dataloader_worker
 from oomdoctor.capture.writer import say
 
 __all__ = ["install", "uninstall", "dump", "current_markers", "is_installed"]
@@ -42,7 +43,7 @@ def _observer(device: int, alloc_bytes: int, device_total_bytes: int, device_fre
     """The one observer attached to each backend (torch keeps observers forever); it serves the
     session installed now, if any."""
     session = _session
-    if session is not None:
+    if session is not None and session.active:
         try:
             session.observer(device, alloc_bytes, device_total_bytes, device_free_bytes)
         except Exception:  # the observer must never replace torch's OutOfMemoryError
@@ -70,12 +71,12 @@ def install(**options: Any) -> None:
                 if options and resolve_options(options) != _session.options:
                     say("already installed; the options of this install() call are ignored")
                 return
-            if disabled_by_environment():
+            if disabled_by_environment() or in_dataloader_worker():
                 return
             backend = active_backend()
             reason = backend.unavailable_reason()
             if reason is not None:
-                if not _unavailable_reported:
+                if not _unavailable_reported and not in_child_process():  # the parent said it
                     _unavailable_reported = True
                     say(f"not recording CUDA memory: {reason}")
                 return
@@ -104,7 +105,8 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
-    return _session is not None
+    """Whether capture is installed and on (a DataLoader worker turns the inherited one off)."""
+    return _session is not None and _session.active
 
 
 def dump(path: Any = None) -> Path | None:

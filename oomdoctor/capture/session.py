@@ -167,6 +167,7 @@ class CaptureSession:
         self._wrap_oom_exception_init()
         self._install_excepthooks()
         self.attach_notebook()
+        self._watch_child_processes()
         atexit.register(self.at_exit)
         self._undo.append(lambda: atexit.unregister(self.at_exit))
 
@@ -269,6 +270,28 @@ class CaptureSession:
                 threading.excepthook = previous_thread_hook
 
         self._undo.append(restore)
+
+    def _watch_child_processes(self) -> None:
+        """Spawned children keep their traceback; DataLoader workers turn capture off (processes.py)."""
+        from oomdoctor.capture import processes
+
+        for patch in (
+            processes.patch_spawn_wrap,
+            lambda: processes.patch_worker_loop(self.enter_worker),
+            lambda: processes.at_child_exit(self.at_exit),
+        ):
+            try:
+                undo = patch()
+            except Exception as error:
+                writer.say(f"could not watch child processes ({type(error).__name__}: {error})")
+                continue
+            if undo is not None:
+                self._undo.append(undo)
+
+    def enter_worker(self) -> None:
+        """This process became a DataLoader worker: it writes no dump and says nothing."""
+        self.active = False
+        self.recorder.on_phase_start = None
 
     def attach_notebook(self, shell: Any = None) -> None:
         """Under IPython, which never calls sys.excepthook: its custom exception handler (notebook.py)."""
