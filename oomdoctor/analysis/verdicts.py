@@ -229,7 +229,15 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     how the optimizer state was projected: `projected_moments` per parameter (None when it was
     taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style)."""
     total, _, moments = projected_parts(ctx)
-    return total, Facts.of(needed=total, projected_moments=moments, optimizer_kind=ctx.optimizer_kind)
+    parameters, gradients, _, _ = model_states(ctx)
+    seen = ctx.phases_seen()
+    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}) or ctx.peer_trains
+    return total, Facts.of(
+        needed=total,
+        projected_moments=moments,
+        optimizer_kind=ctx.optimizer_kind,
+        projected_gradients=int(training and gradients < parameters),
+    )
 
 
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:

@@ -231,12 +231,16 @@ def recommendation(item: Recommendation) -> str:
 
 
 def _projection(facts: Facts) -> str:
-    """' (optimizer state projected at 2x the parameters)' when the model states were projected."""
+    """' (optimizer state projected at 2x the parameters)' when the model states were projected
+    (gradients too, in a run that trains but holds fewer of them than parameters)."""
     moments = facts.get("projected_moments")
-    if moments is None:
-        return ""
-    assumed = "" if facts.get("optimizer_kind") else ", assuming Adam-style moments"
-    return f" (optimizer state projected at {moments}x the parameters{assumed})"
+    parts = []
+    if facts.get("projected_gradients"):
+        parts.append("gradients projected at the parameters' size")
+    if moments is not None:
+        assumed = "" if facts.get("optimizer_kind") else ", assuming Adam-style moments"
+        parts.append(f"optimizer state projected at {moments}x the parameters{assumed}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _summary_words(kind: str, f: Facts) -> str:
