@@ -231,3 +231,33 @@ def test_fake_and_real_give_the_same_allocation_stream_on_the_fixture_scenarios(
     assert [event for event in real if event[0] == "alloc"], "no allocation recorded"
     assert real == fake  # ops' sizes, addresses and the order of allocations and frees
     assert peaks(real) == peaks(fake)
+
+
+PLAN_SCRIPT = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512))
+optimizer = torch.optim.Adam(model.parameters(), foreach=True)
+for step in range(2):
+    model(torch.randn(64, 512)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+"""
+
+
+def test_the_memory_plan_by_phase_component_and_step(capsys, workdir):
+    (workdir / "script.py").write_text(PLAN_SCRIPT)
+    assert main(["rehearse", "--fake", "script.py", "--device-memory", "256MiB", "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out[out.index("{") :])
+    parameters = (512 * 2048 + 2048 + 2048 * 512 + 512) * 4
+    assert plan["fits"] and plan["fake"]
+    assert plan["peak_components"]["parameters"] == pytest.approx(parameters, rel=0.01)
+    assert plan["peak_components"]["optimizer_state"] == pytest.approx(2 * parameters, rel=0.01)
+    assert plan["dominant"] == "optimizer_state"
+    assert plan["headroom_bytes"] == 256 * MiB - plan["peak_reserved_bytes"]
+    assert {"forward", "backward", "optimizer_step"} <= {phase["phase"] for phase in plan["phases"]}
+    assert plan["step_two_jump_bytes"] == pytest.approx(2 * parameters, rel=0.05)  # the Adam moments
+    assert plan["fake_notes"]["placeholders"] == []
+    for output_format, marker in (("text", "Memory plan:"), ("md", "| phase | step |")):
+        assert main(["rehearse", "--fake", "script.py", "--device-memory", "256MiB", "--format", output_format]) == 0
+        assert marker in capsys.readouterr().out

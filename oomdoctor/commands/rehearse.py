@@ -55,6 +55,7 @@ _OPTIONS = {
     "--outside-memory": "outside_memory",
     "--cuda-context": "cuda_context",
     "--out": "out",
+    "--format": "format",
 }
 _FLAGS = {"--fake": "fake"}
 
@@ -87,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         metavar="DIR",
         help="folder for the dump written at an OOM (default: $OOMDOCTOR_DIR or ./oom-dumps)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "md", "json"),
+        default="text",
+        help="the memory plan of a run that fits as text, Markdown or JSON (default text)",
     )
     parser.add_argument(
         "--fake",
@@ -162,8 +169,55 @@ def run(args: argparse.Namespace) -> int:
     result = rehearse_script(script, script_args, config, dump_dir=dump_dir, dump_at_end=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    print(format_result(script, config, result))
+    output_format = getattr(args, "format", None) or "text"
+    if output_format not in ("text", "md", "json"):
+        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
+    plan = _plan(script, config, result, output_format)
+    print(plan if plan is not None else format_result(script, config, result))
     return result.exit_code
+
+
+def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | None:
+    """The memory plan of a run that fits, read from its end-of-run dump; None otherwise."""
+    if result.exit_code != 0 or result.oom is not None or result.end_dump is None:
+        return None
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.plan import memory_plan
+    from oomdoctor.pipeline import load_snapshot
+    from oomdoctor.units import format_size
+    from oomdoctor.views.plan import render_plan
+
+    try:
+        snapshot = load_snapshot(str(result.end_dump))
+    except OomdoctorError:
+        return None
+    events = len(snapshot.traces[0]) if snapshot.traces else 0
+    if not events:
+        return None
+    analysis = analyse(snapshot, series_points=events + 1)
+    plan = memory_plan(
+        analysis,
+        lambda index: analyse(snapshot, at_event=index),
+        device_memory_bytes=config.device_memory_bytes,
+        outside_bytes=config.outside_bytes + config.cuda_context_bytes,
+        peak_allocated_bytes=result.peak_allocated_bytes,
+        peak_reserved_bytes=result.peak_reserved_bytes,
+    )
+    mode = "rehearsal without data" if config.fake else "rehearsal"
+    title = (
+        f"Fits: {script.name} ran to completion on a simulated {format_size(config.device_memory_bytes)} GPU"
+        f" ({mode}, experimental). Memory plan:"
+    )
+    notes = list(result.fake_notes.lines()) if result.fake_notes is not None else []
+    caught = [oom for oom in result.ooms_seen if oom is not result.oom]
+    if caught:
+        notes.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {_where(caught[0])}")
+    notes.append(f"  dump: {_display(result.end_dump)}  (oomdoctor report {_display(result.end_dump)})")
+    extra: dict[str, Any] = {"script": script.name, "fits": True, "fake": bool(config.fake)}
+    if result.fake_notes is not None:
+        extra["fake_notes"] = result.fake_notes.to_json()
+    extra["dump"] = _display(result.end_dump)
+    return render_plan(plan, output_format, title=title, notes=notes, extra=extra)
 
 
 def _check_alloc_conf(alloc_conf: str) -> None:
