@@ -23,9 +23,10 @@ objects on the fly (about a microsecond each). The fastest way over a whole trac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import count, repeat
+from itertools import compress, count, repeat
 from typing import TYPE_CHECKING, Any, overload
 
 from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
@@ -172,6 +173,10 @@ class DeviceTrace(Sequence[TraceEvent]):
         "forward_frames",
         "_raw_stacks",
         "_stack_of",
+        "_stack_numbers",
+        "_numbering",
+        "_stack_by_number",
+        "_next_number",
     )
 
     def __init__(
@@ -203,6 +208,10 @@ class DeviceTrace(Sequence[TraceEvent]):
         self.forward_frames = forward_frames if forward_frames is not None else FrozenDict()
         self._raw_stacks = raw_stacks
         self._stack_of = stack_of
+        self._stack_numbers: array[int] | None = None  # each event's stack number, -1: not yet
+        self._numbering: dict[tuple[int, ...], int] = {}  # a stack's frame identities -> its number
+        self._stack_by_number: dict[int, Stack] = {}
+        self._next_number = 0
 
     @classmethod
     def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
@@ -243,24 +252,44 @@ class DeviceTrace(Sequence[TraceEvent]):
     def stacks_at(self, indices: Sequence[int]) -> tuple[list[int], dict[int, Stack]]:
         """The stacks of the events `indices`, each distinct one converted once: a number per event
         and the stack of each number (equal numbers, equal stacks). Events that share their frame
-        objects, as torch's share them, share a number; the per-event work is done in C."""
+        objects, as torch's share them, share a number, and an event keeps its number from call to
+        call (it is remembered in one integer array); the per-event work is done in C."""
         if self._raw_stacks is None:
             return [0] * len(indices), {0: NO_STACK}
+        if self._stack_numbers is None:
+            self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)
+        known = self._stack_numbers
+        numbers = list(map(known.__getitem__, indices))
+        if numbers and min(numbers) < 0:
+            missing = list(compress(indices, map((-1).__eq__, numbers)))
+            for index, number in zip(missing, self._number_stacks(missing)):
+                known[index] = number
+            numbers = list(map(known.__getitem__, indices))
+        stack_of = self._stack_by_number
+        return numbers, {number: stack_of[number] for number in set(numbers)}
+
+    def _number_stacks(self, indices: list[int]) -> list[int]:
+        """New or known numbers for the stacks of `indices` (none numbered yet)."""
+        assert self._raw_stacks is not None
         raws = list(map(self._raw_stacks.__getitem__, indices))
         kinds = set(map(type, raws))
         if type(None) in kinds:  # events without frames (older torch): no stack
             raws = [raw if raw is not None else () for raw in raws]
             kinds.discard(type(None))
             kinds.add(tuple)
+        base = self._next_number
         if kinds.issubset((list, tuple)):
-            # a stack's key is the identities of its frames; each key numbered by where it first occurs
-            numbering: dict[tuple[int, ...], int] = {}
-            numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count()))
-            firsts: Iterable[int] = numbering.values()
-        else:  # None or something odd where a frame list belongs (frames_at makes it no stack)
-            numbers = list(range(len(raws)))
-            firsts = numbers
-        return numbers, {first: self.frames_at(indices[first]) for first in firsts}
+            # a stack's key is the identities of its frames; a new key is numbered by where it first occurs
+            numbering = self._numbering
+            numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count(base)))
+        else:  # something odd where a frame list belongs (frames_at makes it no stack): one number each
+            numbers = list(range(base, base + len(raws)))
+        self._next_number = base + len(raws)
+        stack_of = self._stack_by_number
+        for position, number in enumerate(numbers):
+            if number >= base and number not in stack_of:
+                stack_of[number] = self.frames_at(indices[position])
+        return numbers
 
     def has_frames_at(self, index: int) -> bool:
         return self._raw_stacks is not None and bool(self._raw_stacks[index])

@@ -341,3 +341,24 @@ def test_a_malformed_alloc_conf_is_a_loader_note_not_an_analysis_error() -> None
     assert snapshot.allocator_settings.raw_conf == conf  # kept as recorded, for showing
     assert snapshot.allocator_settings.large_segment_size_bytes == 20 * MiB  # the default stands
     assert analyse(snapshot).accounting.message_bytes == 20 * MiB
+
+
+def test_stacks_at_numbers_each_distinct_stack_once_and_keeps_the_numbers():
+    shared = [
+        {"filename": "model.py", "line": 3, "name": "forward"},
+        {"filename": "train.py", "line": 9, "name": "main"},
+    ]
+    other = [{"filename": "train.py", "line": 12, "name": "main"}]
+
+    def event(frames):
+        return {"action": "alloc", "addr": 512, "size": 512, "stream": 0, "frames": frames}
+
+    events = [event(list(shared)), event(list(other)), event(list(shared)), event([]), event(list(shared))]
+    raw = {"segments": [], "device_traces": [events]}
+    trace = load(pickle.dumps(raw)).traces[0]
+    numbers, stacks = trace.stacks_at([0, 1, 2, 3])
+    assert numbers[0] == numbers[2] != numbers[1] != numbers[3]
+    assert stacks[numbers[0]] == trace.frames_at(0) and stacks[numbers[0]] is trace.frames_at(2)
+    assert stacks[numbers[3]] == ()
+    again, _ = trace.stacks_at([4, 2, 1])  # a later call gives the same numbers
+    assert again == [numbers[0], numbers[0], numbers[1]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, islice
 
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -132,17 +133,16 @@ def comparable_steps(trace: DeviceTrace, spans: Sequence[PhaseSpan], target_step
 
 def _allocations(trace: DeviceTrace, first: int, last: int) -> list[tuple[int, object, int]]:
     """(event index, site key, size) of each allocation in [first, last]."""
-    out: list[tuple[int, object, int]] = []
     actions, sizes = trace.actions, trace.sizes
-    for index in range(first, min(last + 1, len(actions))):
-        if actions[index] != ALLOC:
-            continue
-        frames = trace.frames_at(index)
-        key = tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
-        out.append((index, key, sizes[index]))
-        if len(out) >= MAX_ALLOCATIONS:
-            break
-    return out
+    stop = min(last + 1, len(actions))
+    allocs = compress(range(first, stop), map(ALLOC.__eq__, actions[first:stop]))
+    indices = list(islice(allocs, MAX_ALLOCATIONS))
+    numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
+    key_of = {
+        number: tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
+        for number, frames in stacks.items()
+    }
+    return list(zip(indices, map(key_of.__getitem__, numbers), map(sizes.__getitem__, indices)))
 
 
 @dataclass(frozen=True, slots=True)

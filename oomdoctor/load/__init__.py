@@ -49,6 +49,10 @@ def _cyclic_gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        # What was made meanwhile counts as old (moved there without a pass over it): else the
+        # first collection after resuming would walk every object of the snapshot as young.
+        gc.freeze()
+        gc.unfreeze()
         if was_enabled:
             gc.enable()
 
