@@ -213,10 +213,17 @@ def _time_key(time_us: int | None) -> int:
     return time_us if time_us is not None else 0
 
 
-def _index_window(trace: DeviceTrace, start_us: int, end_us: int) -> tuple[int, int]:
+def _bisectable_times(trace: DeviceTrace) -> Sequence[int]:
+    """The trace's times for bisecting (an event without one counts as 0), made once per search."""
     times = trace.times_us or ()
-    first = bisect.bisect_left(times, start_us, key=_time_key)
-    last = bisect.bisect_right(times, end_us, key=_time_key) - 1
+    if None in times:
+        return [_time_key(t) for t in times]
+    return times  # type: ignore[return-value]  # no None in it
+
+
+def _index_window(times: Sequence[int], start_us: int, end_us: int) -> tuple[int, int]:
+    first = bisect.bisect_left(times, start_us)
+    last = bisect.bisect_right(times, end_us) - 1
     return first, last
 
 
@@ -251,6 +258,7 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
     if not markers or not _times_usable(trace):
         return None
     usable = [m for m in markers if m.time_us is not None]
+    times = _bisectable_times(trace)
     open_starts: dict[str, tuple[int, int]] = {}
     windows: list[tuple[int, int, str, int, str]] = []
     for marker in sorted(usable, key=lambda m: _time_key(m.time_us)):
@@ -263,10 +271,10 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
             open_starts[phase] = (time_us, step)
         elif marker.edge == "end" and phase in open_starts:
             start_us, start_step = open_starts.pop(phase)
-            first, last = _index_window(trace, start_us, time_us)
+            first, last = _index_window(times, start_us, time_us)
             windows.append((first, last, phase, start_step, SOURCE_MARKERS))
     for phase, (start_us, start_step) in open_starts.items():  # still open at the dump: the OOM's phase
-        first, last = _index_window(trace, start_us, start_us)
+        first, last = _index_window(times, start_us, start_us)
         windows.append((first, len(trace) - 1, phase, start_step, SOURCE_MARKERS))
     if not windows:
         return None
@@ -294,6 +302,7 @@ def annotation_windows(
     if not annotations or not _times_usable(trace):
         return [], []
     on_device = [a for a in annotations if a.device == device] or list(annotations)
+    times = _bisectable_times(trace)
     open_starts: dict[str, list[int]] = {}
     windows: list[tuple[int, int, str]] = []
     step_starts: list[int] = []
@@ -305,7 +314,7 @@ def annotation_windows(
             open_starts.setdefault(annotation.name, []).append(annotation.time_us)
         elif annotation.stage == "END" and open_starts.get(annotation.name):
             start_us = open_starts[annotation.name].pop()
-            first, last = _index_window(trace, start_us, annotation.time_us)
+            first, last = _index_window(times, start_us, annotation.time_us)
             if last >= first:
                 windows.append((first, last, phase))
             if phase == PHASE_OPTIMIZER:
@@ -313,7 +322,7 @@ def annotation_windows(
     for name, starts in open_starts.items():
         phase = _annotation_phase(name)
         for start_us in starts:
-            first, _ = _index_window(trace, start_us, start_us)
+            first, _ = _index_window(times, start_us, start_us)
             if first < len(trace) and phase is not None:
                 windows.append((first, len(trace) - 1, phase))
     return windows, sorted(step_starts)
