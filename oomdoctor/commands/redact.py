@@ -1,6 +1,6 @@
 """Write a copy of a dump without personal details, fit to attach to an issue.
 
-    oomdoctor redact oom-dumps/oom-rank0-gpu7-4242-20250101T000000Z.pickle shared.pickle
+    oomdoctor redact oom-dumps/oom-rank0-gpu7-4242-20250101T000000Z.pickle shared.pickle.gz
 
 Frames' file names lose their home-directory and other absolute prefixes (a path keeps its part
 after site-packages/ or under the project's root, otherwise its file name); in oomdoctor's metadata
@@ -11,14 +11,17 @@ ids redacted the same way; a string under a key neither writes becomes "<redacte
 vocabulary (actions, block states, segment types, stages, phases) and numbers are kept, so the copy
 still opens in oomdoctor and in pytorch.org/memory_viz and gives the same verdict.
 
-OUT is written as a pickle (protocol 4) through a new temporary file and a rename, and read back
-before the rename to check that it loads. IN is never overwritten, nor anything at OUT (a dangling
+OUT is written as a pickle (protocol 4), gzip-compressed when its name ends in .gz or IN is gzip
+(GitHub accepts .gz attachments up to 25 MB, not .pickle; gunzip the file before dropping it into
+pytorch.org/memory_viz, which reads plain pickles), through a new temporary file and a rename, and
+read back before the rename to check that it loads. IN is never overwritten, nor anything at OUT (a dangling
 symbolic link included) unless --force, which replaces the link itself, never what it points to.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import pickle
 import sys
@@ -29,6 +32,7 @@ from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.safetext import printable
 
 PICKLE_PROTOCOL = 4
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +66,14 @@ def _shape(data: object) -> str:
     return _a(type(data).__name__)
 
 
+def _is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
 def _a(name: str) -> str:
     return f"{'an' if name[:1] in tuple('aeiou') else 'a'} {name}"
 
@@ -87,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments, not {_shape(data)})"
         )
     redact_snapshot_data(data, redactor_for_data(data))
+    compress = target.name.lower().endswith(".gz") or _is_gzip(source)
 
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     created = False
@@ -94,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             with open(temporary, "xb") as file:  # a new file: never through a link someone left there
                 created = True
-                pickle.dump(data, file, protocol=PICKLE_PROTOCOL)
+                if compress:  # no name or time in the header: the same input gives the same bytes
+                    with gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) as packed:
+                        pickle.dump(data, packed, protocol=PICKLE_PROTOCOL)
+                else:
+                    pickle.dump(data, file, protocol=PICKLE_PROTOCOL)
         except OSError as error:
             raise OomdoctorError(f"{target}: cannot write ({error.strerror or error})") from None
         except (pickle.PicklingError, RecursionError, TypeError) as error:
@@ -107,5 +124,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if created and os.path.lexists(temporary):
             temporary.unlink()
-    print(f"wrote {printable(str(target))} (host and user names, path prefixes and the pid redacted)", file=sys.stderr)
+    note = "; gzip: gunzip it before opening it in pytorch.org/memory_viz" if compress else ""
+    print(
+        f"wrote {printable(str(target))} (host and user names, path prefixes and the pid redacted{note})",
+        file=sys.stderr,
+    )
     return 0

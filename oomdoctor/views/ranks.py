@@ -316,8 +316,51 @@ def _md_text(text: str) -> str:
     return inline_text(text)
 
 
+# GitHub refuses an issue or comment body over 65,536 characters: past this budget the Markdown
+# tables keep the ranks that matter (the edges, the first to run out, those that stand out or have
+# another verdict) and say how many they leave out
+MD_BUDGET_CHARS = 60_000
+MD_SUMMARY_EDGE_ROWS = 4  # the lowest and the highest ranks kept
+MD_SUMMARY_STANDOUT_ROWS = 24  # ranks that differ most from the median
+MD_SUMMARY_OTHER_VERDICT_ROWS = 8  # ranks whose verdict is not the most common one
+
+
+def _md_summary_rows(comparison: RankComparison) -> list[RankRow]:
+    rows = comparison.rows
+    keep = set(range(min(MD_SUMMARY_EDGE_ROWS, len(rows)))) | set(
+        range(max(0, len(rows) - MD_SUMMARY_EDGE_ROWS), len(rows))
+    )
+    if comparison.first_index is not None:
+        keep.add(comparison.first_index)
+    position = {row.index: at for at, row in enumerate(rows)}
+    for difference in comparison.differences:
+        if len(keep) >= 2 * MD_SUMMARY_EDGE_ROWS + 1 + MD_SUMMARY_STANDOUT_ROWS:
+            break
+        keep.add(position[difference.index])
+    common = comparison.verdicts[0][0] if comparison.verdicts else None
+    others = [
+        at for at, row in enumerate(rows) if row.verdict != common and (row.ran_out or not comparison.ran_out_count)
+    ]
+    keep.update(others[:MD_SUMMARY_OTHER_VERDICT_ROWS])
+    return [rows[at] for at in sorted(keep)]
+
+
 def render_markdown(
     directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+) -> str:
+    full = _render_markdown(directory, comparison, dumps, skipped, summarise=False)
+    if len(full) <= MD_BUDGET_CHARS:
+        return full
+    return _render_markdown(directory, comparison, dumps, skipped, summarise=True)
+
+
+def _render_markdown(
+    directory: str,
+    comparison: RankComparison,
+    dumps: tuple[RankDump, ...],
+    skipped: tuple[SkippedFile, ...],
+    *,
+    summarise: bool,
 ) -> str:
     from oomdoctor.views.markdown_report import code_span
     from oomdoctor.views.markdown_report import render as render_report
@@ -329,14 +372,28 @@ def render_markdown(
         _md_text(_folder_line(directory, comparison, skipped)) + ".",
         "",
     ]
+    shown = _md_summary_rows(comparison) if summarise else list(comparison.rows)
+    left_out = (
+        [
+            "",
+            f"_{len(comparison.rows) - len(shown)} of {len(comparison.rows)} ranks left out to fit an issue comment "
+            "(shown: the lowest and highest ranks, the first to run out, those that stand out from the median or "
+            "have another verdict); `--format json` lists every rank._",
+        ]
+        if summarise
+        else []
+    )
     table = []
-    for row in comparison.rows:
+    for row in shown:
         cells = [_md_cell(cell) for cell in _row_cells(row, comparison)]
         cells[2] = code_span(row.verdict, cell=True)
         cells[-1] = code_span(row.file, cell=True)
         table.append(cells)
-    lines += ["### Ranks", ""] + _md_table(_HEADER, table, {4, 5, 6})
+    lines += ["### Ranks", ""] + _md_table(_HEADER, table, {4, 5, 6}) + left_out
     header, rows = _component_table(comparison)
+    if summarise:
+        kept = {row.index for row in shown}
+        rows = [cells for row, cells in zip(comparison.rows, rows) if row.index in kept] + rows[-1:]
     lines += ["", f"### Live memory by component {_moment_words(comparison)}", ""]
     lines += _md_table(header, rows, set(range(1, len(header))))
     lines += ["", "### How the ranks differ", ""]
