@@ -8,7 +8,9 @@
 Finds every OOM message in the text, whatever the log did to it (line wrapping, [rankN]: and
 logging prefixes, progress bars, truncation), and reads each format torch has written: CUDA and
 ROCm from 0.x to 2.13, XPU, MPS, cudaMallocAsync, CUDA errors and wrappers such as accelerate's
-batch-size finder. For each distinct message: what each figure means (sizes in bytes in JSON),
+batch-size finder; an OOM known only by its exception type; and what users paste instead of a
+dump: torch.cuda.memory_summary()'s table, DeepSpeed's see_memory_usage lines and vLLM's memory
+profiling lines (docs/explain.md). For each distinct message: what each figure means (sizes in bytes in JSON),
 what follows from them (memory outside PyTorch, other processes, reserved-but-unallocated), a
 likely verdict, what to do, and what a message cannot tell. The first message (or the first with
 figures) is shown in full; the others in brief.

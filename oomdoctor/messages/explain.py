@@ -230,8 +230,15 @@ _NO_FIGURES = {
 
 
 def explain(message: OomMessage) -> Explanation:
+    from oomdoctor.messages import memory_reports
+
+    if message.kind in memory_reports.REPORT_KINDS:
+        return memory_reports.explain_report(message)
     derived = derive(message)
-    if message.kind == kinds.PREEMPTIVE_REJECTION:
+    if message.kind == kinds.BARE_EXCEPTION:
+        summary, verdict, confidence, findings = memory_reports.BARE_SUMMARY, "unknown", 0.1, []
+        recs = list(memory_reports.BARE_RECOMMENDATIONS)
+    elif message.kind == kinds.PREEMPTIVE_REJECTION:
         summary = ("PyTorch refused the allocation before asking CUDA: it would have exceeded the per-process "
                    "memory fraction (throw_on_cudamalloc_oom, torch 2.12+).")  # fmt: skip
         verdict, confidence, findings = "unknown", 0.4, []

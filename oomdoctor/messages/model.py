@@ -13,8 +13,13 @@ CUDA_ERROR = "cuda-error"
 LIBRARY_ALLOC = "library-alloc"
 CPU_ALLOCATOR = "cpu-allocator"
 BATCH_SIZE_FINDER = "batch-size-finder"
+BARE_EXCEPTION = "exception-only"  # torch.OutOfMemoryError with its message cut away
+# memory reports users paste instead of a dump (memory_reports.py)
+MEMORY_SUMMARY = "memory-summary"  # torch.cuda.memory_summary()'s table
+DEEPSPEED_MEMORY = "deepspeed-memory"  # DeepSpeed's see_memory_usage line
+VLLM_MEMORY = "vllm-memory"  # vLLM's memory profiling lines
 KINDS = (CACHING_ALLOCATOR, PREEMPTIVE_REJECTION, CUDA_MALLOC_ASYNC, MPS, THC, CUDA_ERROR, LIBRARY_ALLOC,
-         CPU_ALLOCATOR, BATCH_SIZE_FINDER)  # fmt: skip
+         CPU_ALLOCATOR, BATCH_SIZE_FINDER, BARE_EXCEPTION, MEMORY_SUMMARY, DEEPSPEED_MEMORY, VLLM_MEMORY)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class OomMessage:
     era: str | None = None
     era_clues: tuple[str, ...] = ()
     occurrences: int = 1
+    report_figures: tuple[tuple[str, int], ...] = ()  # a memory report's sizes (memory_reports.py), bytes
+    report_counts: tuple[tuple[str, int], ...] = ()  # its counts (OOMs, cudaMalloc retries, allocations)
 
     def identity(self) -> tuple:
         """What makes two occurrences the same message (a log repeating it, a wrapper re-raising it)."""

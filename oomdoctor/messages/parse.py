@@ -15,6 +15,7 @@ import bisect
 import re
 from dataclasses import replace
 
+from oomdoctor.messages import memory_reports
 from oomdoctor.messages.eras import era_of
 from oomdoctor.messages.formats import PARSERS, SIZE
 from oomdoctor.messages.model import OomMessage
@@ -32,13 +33,15 @@ _ANCHORS = re.compile(
     r"|(?P<cuda_error>(?P<error_backend>CUDA|HIP)\s+(?:driver\s+)?error:\s*out\s+of\s+memory)"
     r"|(?P<library>(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE|CUFFT|HIPBLAS|MIOPEN)_STATUS_ALLOC_FAILED)"
     r"|(?P<cpu>DefaultCPUAllocator:\s*(?:not\s+enough\s+memory|can't\s+allocate\s+memory))"
-    r"|(?P<finder>No\s+executable\s+batch\s+size\s+found,\s+reached\s+zero\.)"
+    r"|(?P<finder>No\s+executable\s+batch\s+size\s+found,\s+reached\s+zero\.)" + memory_reports.ANCHORS
 )
+PARSERS = {**PARSERS, **memory_reports.PARSERS}
 
 
 # Patterns that begin with a literal are searched fast; _ANCHORS then runs only around their hits.
 _KEYWORDS = [re.compile(k) for k in (r"out\s+of\s+memory", r"Tried\s+to\s+allocate", r"Allocation\s+on\s+device",
-             r"_STATUS_ALLOC_FAILED", r"DefaultCPUAllocator", r"No\s+executable\s+batch")]  # fmt: skip
+             r"_STATUS_ALLOC_FAILED", r"DefaultCPUAllocator", r"No\s+executable\s+batch",
+             *memory_reports.KEYWORDS)]  # fmt: skip
 
 
 def _anchor_starts(text: str) -> set[int]:
@@ -55,7 +58,17 @@ def _anchor_starts(text: str) -> set[int]:
 
 
 def _is_anchor(text: str, anchor: re.Match[str]) -> bool:
-    """A bare "Allocation on device" is cudaMallocAsync's only when it is an OutOfMemoryError's message."""
+    """A bare "Allocation on device" is cudaMallocAsync's only when it is an OutOfMemoryError's message;
+    a bare exception type is a message only where Python prints one (at a line's start) and no
+    message follows it on its line."""
+    if anchor.group("bare") is not None:
+        line_start = text.rfind("\n", 0, anchor.start()) + 1
+        if text[line_start : anchor.start()].strip():
+            return False
+        line_end = text.find("\n", anchor.end())
+        rest = _ANCHORS.finditer(text, anchor.end(), len(text) if line_end < 0 else line_end)  # its own line only
+        following = next((m for m in rest if m.group("bare") is None), None)
+        return memory_reports.bare_is_anchor(text, anchor, following.start() if following else None)
     if anchor.group("async") is None or anchor.group("async_device"):
         return True
     return text[max(0, anchor.start() - 40) : anchor.start()].rstrip().endswith("OutOfMemoryError:")
@@ -143,7 +156,7 @@ def _parse_window(text: str, first_line: int) -> list[OomMessage]:
         line_start = line_starts[bisect.bisect_right(line_starts, anchor.start()) - 1]
         before = _EXCEPTION_BEFORE.search(text, line_start, anchor.start())
         fields["exception_type"] = before.group(1) if before else None
-        fields["text"] = " ".join(text[anchor.start() : end].split())
+        fields.setdefault("text", " ".join(text[anchor.start() : end].split()))  # a report words its own
         fields["line"] = first_line + bisect.bisect_right(line_starts, anchor.start())
         message = OomMessage(**fields)
         era, clues = era_of(message)

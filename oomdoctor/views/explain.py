@@ -26,6 +26,10 @@ _KIND_NAMES = {
     "library-alloc": "library allocation failure",
     "cpu-allocator": "allocator (host RAM)",
     "batch-size-finder": "accelerate batch-size finder",
+    "exception-only": "OutOfMemoryError without its message",
+    "memory-summary": "memory_summary() table",
+    "deepspeed-memory": "DeepSpeed see_memory_usage line",
+    "vllm-memory": "vLLM memory profiling",
 }
 _BACKEND_NAMES = {"cuda": "CUDA", "rocm": "ROCm (HIP)", "xpu": "XPU", "mps": "MPS", "cpu": "CPU"}
 
