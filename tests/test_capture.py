@@ -839,3 +839,25 @@ def test_the_module_call_wrapper_frame_is_not_taken_for_user_code():
         Frame(filename="/home/me/project/model.py", line=40, name="forward"),
     )
     assert source_line(stack) == "/home/me/project/model.py:40 in forward"
+
+
+def test_the_torchelastic_error_file_names_the_dump(fake, tmp_path, monkeypatch, capsys):
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    oomdoctor.install()
+    try:
+        fake.oom(300 * MiB)
+    except torch.OutOfMemoryError as error:  # what @record does before it re-raises
+        ErrorHandler().record_exception(error)
+        caught = error
+    sys.excepthook(type(caught), caught, caught.__traceback__)  # the re-raised exception, uncaught
+    (path,) = dumps_in(Path("oom-dumps"))
+    extra = json.loads(error_file.read_text())["message"]["extraInfo"]
+    assert Path(extra["oomdoctor_dump"]).resolve() == path.resolve()
+    assert extra["py_callstack"].rstrip().endswith(f"oomdoctor report {extra['oomdoctor_dump']}")
+    assert "OutOfMemoryError" in extra["py_callstack"]  # torchelastic's own text is kept
+    capsys.readouterr()

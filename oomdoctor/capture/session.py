@@ -32,6 +32,7 @@ swallows it.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import pickle
 import sys
@@ -57,6 +58,7 @@ MAX_CHAIN = 16
 MAX_SITE_FRAMES = 48  # innermost frames that tell one OOM site from another
 MAX_SITES = 10_000  # distinct sites counted (a bound on memory, never reached in practice)
 FILES_PER_SITE = 2  # the first OOM at a site and the latest
+ELASTIC_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"  # torchrun's per-rank error file (@record)
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../oomdoctor/
 _STDLIB_DIR = os.path.dirname(os.__file__)
@@ -554,7 +556,38 @@ class CaptureSession:
                 "caught": False,
             }
             self._rewrite(record)
+            self._note_in_elastic_error_file(record)
             return record
+
+    def _note_in_elastic_error_file(self, record: OomRecord) -> None:
+        """Under torchrun with @record, the error file torchelastic wrote names the dump, so that the
+        launcher's "Root Cause" summary (which shows its py_callstack) says where it is."""
+        error_file = os.environ.get(ELASTIC_ERROR_FILE_VARIABLE)
+        if not error_file or record.path is None or not os.path.isfile(error_file):
+            return
+        try:
+            with open(error_file, encoding="utf-8") as file:
+                data = json.load(file)
+            extra = data["message"]["extraInfo"]
+            if not isinstance(extra, dict):
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not the structure torchelastic writes: left alone
+        shown = str(record.path)
+        extra["oomdoctor_dump"] = shown
+        stack = extra.get("py_callstack")
+        if isinstance(stack, str) and shown not in stack:
+            extra["py_callstack"] = (
+                stack.rstrip("\n") + f"\noomdoctor: the dump of this OOM is {shown} — explain it with: "
+                f"oomdoctor report {shown}\n"
+            )
+        temporary = f"{error_file}.{os.getpid()}.oomdoctor.tmp"
+        try:
+            with open(temporary, "w", encoding="utf-8") as file:
+                json.dump(data, file)
+            os.replace(temporary, error_file)
+        except OSError:
+            return
 
     def _say_dump_of_exception(self, record: OomRecord) -> None:
         if record.path is not None:
