@@ -54,6 +54,27 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _spin(count: int) -> int:
+    return sum(range(count))
+
+
+def machine_speedup(workers: int, count: int = 30_000_000) -> float:
+    """How much faster `workers` processes run a pure CPU loop than one process runs it `workers`
+    times: the most any parallel reading can gain on this machine right now."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    start = time.perf_counter()
+    for _ in range(workers):
+        _spin(count)
+    serial = time.perf_counter() - start
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        pool.submit(_spin, 1).result()  # the workers are started before the clock
+        start = time.perf_counter()
+        list(pool.map(_spin, [count] * workers))
+        parallel = time.perf_counter() - start
+    return serial / parallel
+
+
 def timed(folder: Path, parallel: bool, max_workers: int | None = None):
     """(wall seconds, CPU seconds, the RankFolder read) of one read of the folder."""
     from oomdoctor.pipeline import read_folder
@@ -103,6 +124,8 @@ def main() -> int:
             runs["auto"].append((auto_s, auto_cpu))
             same = same and compare_ranks(serial.dumps) == compare_ranks(parallel.dumps) == compare_ranks(auto.dumps)
 
+    spin = machine_speedup(cpus)
+
     def median(side: str, part: int) -> float:
         return statistics.median(run[part] for run in runs[side])
 
@@ -124,6 +147,9 @@ def main() -> int:
     print(
         f"CPU cost of going parallel (parallel / serial CPU): {cpu_cost:.2f}x; the best {cpus} workers can do "
         f"with the CPUs left idle: {min(cpus, max(1.0, idle)) / cpu_cost:.2f}x"
+    )
+    print(
+        f"a pure CPU loop in {cpus} processes against one after another, just after: {spin:.2f}x (the machine's ceiling now)"
     )
     print(f"(medians of {args.repeats} alternating runs); same comparison every way: {'yes' if same else 'NO'}")
     return 0 if same else 1
