@@ -195,9 +195,13 @@ def test_the_hook_installs_capture_once_torch_is_imported(tmp_path):
 def test_the_hook_in_a_process_that_already_imported_torch_leaves_a_dump(tmp_path):
     pytest.importorskip("torch")
     program = f"""
+    import os
     from oomdoctor.rehearse.session import RehearsalConfig, RehearsalSession
     RehearsalSession(RehearsalConfig(device_memory_bytes=64 << 20)).start()
     import site
+    # set only now: an installed copy of the hook (a fresh install puts one in site-packages) ran at
+    # start-up without it, as it does in any process that does not ask for capture
+    os.environ["OOMDOCTOR_INSTALL"] = "1"
     site.addsitedir({str(tmp_path / "site")!r})  # what site-packages' .pth files do, a little late
     from oomdoctor import capture
     print("installed:", capture.is_installed())
@@ -207,7 +211,6 @@ def test_the_hook_in_a_process_that_already_imported_torch_leaves_a_dump(tmp_pat
     site_dir.mkdir()
     (site_dir / PTH.name).write_text(PTH.read_text())
     env = {key: value for key, value in __import__("os").environ.items() if not key.startswith("OOMDOCTOR")}
-    env["OOMDOCTOR_INSTALL"] = "1"
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(program), "x"],
         cwd=tmp_path,

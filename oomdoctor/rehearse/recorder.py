@@ -588,4 +588,12 @@ class _RecordingMode(TorchDispatchMode):
             return out
         del out  # the outputs that did not fit are released unaccounted, as on a GPU
         self.recorder.notify_observers(failed)
-        raise OUT_OF_MEMORY_ERROR(failed.record.message)
+        message = failed.record.message
+        # The internal exception's traceback holds this frame, whose local holds the exception: a
+        # cycle that would keep the failed op's tensors (and the script's frames) alive until the
+        # cyclic GC runs, so that a script which catches the OOM and retries (a batch-size finder)
+        # would find less memory than on a GPU. Break it before raising what torch raises.
+        failed.__traceback__ = None
+        failed.error.__traceback__ = None
+        del failed
+        raise OUT_OF_MEMORY_ERROR(message)
