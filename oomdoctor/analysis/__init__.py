@@ -30,7 +30,7 @@ from itertools import compress
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
-from oomdoctor.analysis.passes import pass_history
+from oomdoctor.analysis.passes import TRAINING_PHASES, pass_history
 from oomdoctor.analysis.phases import PhaseIndex, build_spans
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
 from oomdoctor.analysis.replay import (
@@ -47,12 +47,9 @@ from oomdoctor.analysis.replay import (
     walk,
 )
 from oomdoctor.analysis.results import (
-    PHASE_BACKWARD,
     PHASE_BETWEEN,
     PHASE_FORWARD,
-    PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
-    PHASE_ZERO_GRAD,
     SOURCE_NONE,
     Accounting,
     Analysis,
@@ -61,6 +58,7 @@ from oomdoctor.analysis.results import (
     EventState,
     Finding,
     Fragmentation,
+    LiveAllocation,
     LiveBlock,
     OomEvent,
     PhaseSpan,
@@ -379,16 +377,21 @@ def _device_free(
 
 def _attribute(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[list[LiveBlock], list[ComponentShare]]:
     """Place every block live at the target in a component (largest first), and sum the components."""
-    blocks = _attribution.attribute(
-        target.state.live,
+    blocks = _place(dump, state, target.state.live, target.index)
+    return blocks, _attribution.shares(blocks)
+
+
+def _place(dump: _DeviceDump, state: ReplayState, live: Sequence[LiveAllocation], index: int | None) -> list[LiveBlock]:
+    """The blocks of `live` (the live set right after event `index`; None: the dump's) placed in components."""
+    return _attribution.attribute(
+        live,
         trace=dump.trace,
         frames_of={a: b.frames for a, b in state.history.final_blocks.items()},
         phases=dump.phase_index,
         registry=dump.registry,
-        target_index=target.index,
+        target_index=index,
         pre_trace=dump.pre_trace,
     )
-    return blocks, _attribution.shares(blocks)
 
 
 def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Moment:
@@ -432,9 +435,8 @@ def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     index = target.index if target.index is not None else len(dump.trace) - 1
     if index < 0:
         return 0
-    training = (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
     last_training = max(
-        (s.last_index for s in dump.spans if s.phase in training and s.first_index <= index), default=-1
+        (s.last_index for s in dump.spans if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
     )
     forwards = [s for s in dump.spans if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
     if len(forwards) < 2:
@@ -481,15 +483,7 @@ def _at_end(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[dic
     if target.index is None:
         return {}, None
     at_end = _state_at_target(dump.trace, dump.segments, state.history, None)[0]
-    blocks = _attribution.attribute(
-        at_end.live,
-        trace=dump.trace,
-        frames_of={a: b.frames for a, b in state.history.final_blocks.items()},
-        phases=dump.phase_index,
-        registry=dump.registry,
-        target_index=None,
-        pre_trace=dump.pre_trace,
-    )
+    blocks = _place(dump, state, at_end.live, None)
     return {s.name: s.bytes for s in _attribution.shares(blocks)}, at_end.allocated_bytes
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.checkpointing import save_frame
-from oomdoctor.analysis.passes import PassHistory
+from oomdoctor.analysis.passes import TRAINING_PHASES, PassHistory
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
@@ -132,6 +132,10 @@ class Context:
     def phases_seen(self) -> set[str]:
         return {s.phase for s in self.phases}
 
+    def trains(self) -> bool:
+        """The trace shows a backward, an optimizer step or zero_grad, or a replica's trace does."""
+        return bool(self.phases_seen() & set(TRAINING_PHASES)) or self.peer_trains
+
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
     ) -> tuple[int, set[int], LiveBlock | None]:
@@ -198,20 +202,28 @@ def _frame_text(block: LiveBlock | None) -> str | None:
     return source_line(block.frames) if block is not None else None
 
 
+def _block_evidence(
+    kind: EvidenceKind, metric: str, nbytes: int | None, block: LiveBlock | None, facts: Facts | None = None
+) -> Evidence:
+    """Evidence of `nbytes` that points at one live block: its alloc event, address and source line."""
+    return Evidence(
+        kind,
+        metric,
+        nbytes,
+        block.alloc_index if block is not None else None,
+        block.address if block is not None else None,
+        _frame_text(block),
+        facts=facts if facts is not None else Facts(),
+    )
+
+
 def _component_evidence(ctx: Context, kind: EvidenceKind, component: str) -> Evidence:
     """Bytes of one component, pointing at its largest live block (event, address, source line)
     and naming it when the registry does."""
     blocks = [b for b in ctx.live_blocks if b.component == component]
     largest = max(blocks, key=lambda b: b.size_bytes) if blocks else None
-    return Evidence(
-        kind,
-        component,
-        ctx.components.get(component, 0),
-        largest.alloc_index if largest else None,
-        largest.address if largest else None,
-        _frame_text(largest),
-        facts=Facts.of(largest_name=largest.name) if largest is not None and largest.name else Facts(),
-    )
+    named = Facts.of(largest_name=largest.name) if largest is not None and largest.name else None
+    return _block_evidence(kind, component, ctx.components.get(component, 0), largest, named)
 
 
 def model_states(ctx: Context) -> tuple[int, int, int, int]:
@@ -230,13 +242,11 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style)."""
     total, _, moments = projected_parts(ctx)
     parameters, gradients, _, _ = model_states(ctx)
-    seen = ctx.phases_seen()
-    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}) or ctx.peer_trains
     return total, Facts.of(
         needed=total,
         projected_moments=moments,
         optimizer_kind=ctx.optimizer_kind,
-        projected_gradients=int(training and gradients < parameters),
+        projected_gradients=int(ctx.trains() and gradients < parameters),
     )
 
 
@@ -244,10 +254,8 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
     state was projected at; None when it was taken as it is)."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
-    seen = ctx.phases_seen()
-    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}) or ctx.peer_trains
     projected_moments = None
-    projected_gradients = max(gradients, parameters) if training else gradients
+    projected_gradients = max(gradients, parameters) if ctx.trains() else gradients
     projected_state = optimizer_state
     in_first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
     if in_first_step or (optimizer_state and optimizer_state < parameters):
@@ -376,14 +384,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
         0.8 if no_zero_grad else 0.65,
         Summary(SummaryKind.GRADIENTS_KEPT, Facts.of(old=old, step=ctx.target_step, phase=ctx.target_phase)),
         (
-            Evidence(
-                EvidenceKind.OLD_GRADIENTS,
-                "old_gradient_bytes",
-                old,
-                largest.alloc_index if largest else None,
-                largest.address if largest else None,
-                _frame_text(largest),
-            ),
+            _block_evidence(EvidenceKind.OLD_GRADIENTS, "old_gradient_bytes", old, largest),
             _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
             Evidence(
                 EvidenceKind.NO_ZERO_GRAD if no_zero_grad else EvidenceKind.ZERO_GRAD_KEPT,
@@ -403,15 +404,7 @@ def _test_leak(ctx: Context) -> Finding | None:
     if not (strong or growing) or (ctx.oom is None and not (strong and growing)):  # without an OOM: both
         return None
     evidence = [
-        Evidence(
-            EvidenceKind.KEPT_FROM_EARLIER_STEPS,
-            "kept_bytes",
-            old,
-            largest.alloc_index if largest else None,
-            largest.address if largest else None,
-            _frame_text(largest),
-            facts=Facts.of(steps=len(steps)),
-        )
+        _block_evidence(EvidenceKind.KEPT_FROM_EARLIER_STEPS, "kept_bytes", old, largest, Facts.of(steps=len(steps)))
     ]
     if growth is not None:
         evidence.append(
@@ -459,9 +452,8 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
     index = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
     if index < 0:
         return [], [], -1
-    training = {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}
     last_training = max(
-        (s.last_index for s in ctx.phases if s.phase in training and s.first_index <= index), default=-1
+        (s.last_index for s in ctx.phases if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
     )
     forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
     if len(forwards) < 2:
@@ -501,14 +493,7 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
         ),
         (
             Evidence(EvidenceKind.FORWARD_PASSES, "forward_passes", None, current.first_index, value=len(forwards)),
-            Evidence(
-                EvidenceKind.EARLIER_PASS_ACTIVATIONS,
-                "kept_activation_bytes",
-                kept_bytes,
-                largest.alloc_index,
-                largest.address,
-                _frame_text(largest),
-            ),
+            _block_evidence(EvidenceKind.EARLIER_PASS_ACTIVATIONS, "kept_activation_bytes", kept_bytes, largest),
             _missing_evidence(ctx),
         ),
     )
@@ -734,14 +719,12 @@ def _eval_outputs_finding(ctx: Context, outputs: KeptOutputs, confidence: float,
     share = outputs.share(ctx) or 0.0
     evidence = [
         Evidence(EvidenceKind.FORWARD_PASSES, "forward_passes", None, value=outputs.passes),
-        Evidence(
+        _block_evidence(
             EvidenceKind.KEPT_OUTPUTS,
             "kept_output_bytes",
             outputs.kept_bytes,
-            outputs.largest.alloc_index if outputs.largest else None,
-            outputs.largest.address if outputs.largest else None,
-            _frame_text(outputs.largest),
-            facts=Facts.of(passes=outputs.keeping),
+            outputs.largest,
+            Facts.of(passes=outputs.keeping),
         ),
         Evidence(
             EvidenceKind.EARLIER_PASSES_ALLOCATED,
@@ -851,14 +834,7 @@ def _checkpoint_finding(ctx: Context, gathered: Gathered, confidence: float, at:
             frame=source_line((gathered.frame,)),
             facts=Facts.of(function=function),
         ),
-        Evidence(
-            EvidenceKind.SAVE_GATHERED,
-            "save_gathered_bytes",
-            gathered.live_bytes,
-            gathered.largest.alloc_index if gathered.largest else None,
-            gathered.largest.address if gathered.largest else None,
-            _frame_text(gathered.largest),
-        ),
+        _block_evidence(EvidenceKind.SAVE_GATHERED, "save_gathered_bytes", gathered.live_bytes, gathered.largest),
         Evidence(EvidenceKind.PARAMETERS_HELD, "parameters_held_bytes", parameters),
     ]
     if ctx.oom is not None:
@@ -917,11 +893,7 @@ def _risk_checkpoint_gather(ctx: Context) -> Finding | None:
 
 def _training_seen(ctx: Context) -> bool:
     c = ctx.components
-    return (
-        bool(ctx.phases_seen() & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
-        or ctx.peer_trains
-        or bool(c.get(Component.GRADIENTS, 0) or c.get(Component.OPTIMIZER_STATE, 0))
-    )
+    return ctx.trains() or bool(c.get(Component.GRADIENTS, 0) or c.get(Component.OPTIMIZER_STATE, 0))
 
 
 def _risk_kept_graph(ctx: Context) -> Finding | None:
@@ -968,14 +940,7 @@ def _risk_gradients_kept(ctx: Context) -> Finding | None:
         0.5,
         Summary(SummaryKind.GRADIENTS_KEPT_RISK, Facts.of(old=old, parameters=parameters, at=_at(ctx))),
         (
-            Evidence(
-                EvidenceKind.OLD_GRADIENTS,
-                "old_gradient_bytes",
-                old,
-                largest.alloc_index if largest else None,
-                largest.address if largest else None,
-                _frame_text(largest),
-            ),
+            _block_evidence(EvidenceKind.OLD_GRADIENTS, "old_gradient_bytes", old, largest),
             _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
         ),
     )
@@ -1058,14 +1023,7 @@ def _risk_oversized_tensor(ctx: Context) -> Finding | None:
             Facts.of(largest=largest.size_bytes, capacity=capacity, share=largest.size_bytes / capacity),
         ),
         (
-            Evidence(
-                EvidenceKind.LARGEST_TENSOR,
-                "largest_tensor_bytes",
-                largest.size_bytes,
-                largest.alloc_index,
-                largest.address,
-                _frame_text(largest),
-            ),
+            _block_evidence(EvidenceKind.LARGEST_TENSOR, "largest_tensor_bytes", largest.size_bytes, largest),
             Evidence(EvidenceKind.CAPACITY, "capacity_bytes", capacity),
         ),
     )
