@@ -31,20 +31,18 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis.passes import TRAINING_PHASES, pass_history
-from oomdoctor.analysis.phases import PhaseIndex, build_spans
+from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
+from oomdoctor.analysis.reading import place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
 from oomdoctor.analysis.replay import (
     LiveHistory,
     ReplayState,
     columns,
     event_state,
-    final_live_blocks,
     lay_out,
     near_ooms,
     ooms_of,
-    ring_buffer_wrapped,
     segments_at,
-    walk,
 )
 from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
@@ -58,10 +56,8 @@ from oomdoctor.analysis.results import (
     EventState,
     Finding,
     Fragmentation,
-    LiveAllocation,
     LiveBlock,
     OomEvent,
-    PhaseSpan,
     Recommendation,
     ReplaySummary,
     StepSummary,
@@ -75,8 +71,7 @@ from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
-from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import ALLOC, OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import ALLOC, OOM, DeviceTrace, Segment, Snapshot
 from oomdoctor.vocabulary import Component
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
@@ -145,24 +140,6 @@ def replayer(snapshot: Snapshot, device: int) -> Replayer:
 
 
 @dataclass(frozen=True, slots=True)
-class _DeviceDump:
-    """What the dump says about the device judged: its trace and segments, the allocator's settings,
-    oomdoctor's registry of named tensors and the phases its events fall in."""
-
-    index: int
-    metadata: DumpMetadata
-    trace: DeviceTrace
-    segments: tuple[Segment, ...]
-    settings: AllocatorSettings | None
-    registry: _attribution.Registry
-    pre_trace: dict[int, tuple[int, str, float]]  # allocations from before the trace, placed
-    spans: list[PhaseSpan]
-    phase_source: str
-    phase_index: PhaseIndex
-    ring_buffer_wrapped: bool  # older events are lost
-
-
-@dataclass(frozen=True, slots=True)
 class _Target:
     """The moment judged and the allocator's state right after it."""
 
@@ -214,7 +191,7 @@ def analyse(
     right after that event instead (a step's peak, say: `oomdoctor diff --steps`), as the OOM when
     it is the fatal one, else as a peak without an OOM."""
     dump = _read_device(snapshot, device)
-    state = _replay(dump, series_points)
+    state = replay(dump, series_points)
     target = _pick_target(dump, state, at_event)
     accounted = _account(dump, state, target)
     blocks, shares = _attribute(dump, state, target)
@@ -254,43 +231,7 @@ def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:
     metadata = snapshot.oomdoctor if snapshot.oomdoctor is not None else NO_METADATA
     if device is None:
         device = _pick_device(snapshot, metadata)
-    trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
-    spans, phase_source = build_spans(trace, markers=metadata.markers, annotations=snapshot.annotations, device=device)
-    recording = metadata.recording
-    segments = snapshot.segments_on(device)
-    registry = _attribution.Registry(metadata, device)
-    phase_index = PhaseIndex(spans)
-    return _DeviceDump(
-        index=device,
-        metadata=metadata,
-        trace=trace,
-        segments=segments,
-        settings=snapshot.allocator_settings,
-        registry=registry,
-        pre_trace=_attribution.pre_trace_placements(trace, final_live_blocks(segments), phase_index, registry),
-        spans=spans,
-        phase_source=phase_source,
-        phase_index=phase_index,
-        ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
-    )
-
-
-def _replay(dump: _DeviceDump, series_points: int) -> ReplayState:
-    """One pass over the trace: the series by component, the peak, the OOMs, the steps and the
-    history of the live set."""
-    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(dump.registry, dump.pre_trace)
-    return walk(
-        dump.trace,
-        dump.segments,
-        dump.spans,
-        component_of_alloc if dump.registry else None,
-        component_of_pre_existing,
-        len(COMPONENTS),
-        _attribution.ACTIVATIONS,
-        dump.settings.rounding_divisions if dump.settings is not None else (),
-        series_points,
-        _attribution.PHASE_COMPONENT,
-    )
+    return read_device(snapshot, metadata, device)
 
 
 def _pick_target(dump: _DeviceDump, state: ReplayState, at_event: int | None = None) -> _Target:
@@ -377,21 +318,8 @@ def _device_free(
 
 def _attribute(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[list[LiveBlock], list[ComponentShare]]:
     """Place every block live at the target in a component (largest first), and sum the components."""
-    blocks = _place(dump, state, target.state.live, target.index)
+    blocks = place(dump, state.history, target.state.live, target.index)
     return blocks, _attribution.shares(blocks)
-
-
-def _place(dump: _DeviceDump, state: ReplayState, live: Sequence[LiveAllocation], index: int | None) -> list[LiveBlock]:
-    """The blocks of `live` (the live set right after event `index`; None: the dump's) placed in components."""
-    return _attribution.attribute(
-        live,
-        trace=dump.trace,
-        frames_of={a: b.frames for a, b in state.history.final_blocks.items()},
-        phases=dump.phase_index,
-        registry=dump.registry,
-        target_index=index,
-        pre_trace=dump.pre_trace,
-    )
 
 
 def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Moment:
@@ -483,7 +411,7 @@ def _at_end(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[dic
     if target.index is None:
         return {}, None
     at_end = _state_at_target(dump.trace, dump.segments, state.history, None)[0]
-    blocks = _place(dump, state, at_end.live, None)
+    blocks = place(dump, state.history, at_end.live, None)
     return {s.name: s.bytes for s in _attribution.shares(blocks)}, at_end.allocated_bytes
 
 

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis import attribution as _attribution
-from oomdoctor.analysis.phases import PhaseIndex, build_spans
-from oomdoctor.analysis.replay import columns, final_live_blocks, walk
+from oomdoctor.analysis.reading import place, read_device, replay
+from oomdoctor.analysis.replay import final_live_blocks
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_OPTIMIZER,
@@ -44,7 +44,6 @@ from oomdoctor.analysis.results import (
     SummaryKind,
 )
 from oomdoctor.dump_metadata import DumpMetadata
-from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ALLOC, DeviceTrace, Segment, Snapshot
 from oomdoctor.units import MIB
 from oomdoctor.vocabulary import Verdict
@@ -166,26 +165,9 @@ def _peer(
     snapshot: Snapshot, metadata: DumpMetadata, device: int, judged_code: _Code, moment_time: int | None
 ) -> DeviceSummary:
     """Read one other device as `analyse` reads the judged one, at its own moment."""
-    trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
-    segments = snapshot.segments_on(device)
-    spans, _ = build_spans(trace, markers=metadata.markers, annotations=snapshot.annotations, device=device)
-    phase_index = PhaseIndex(spans)
-    registry = _attribution.Registry(metadata, device)
-    pre_trace = _attribution.pre_trace_placements(trace, final_live_blocks(segments), phase_index, registry)
-    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(registry, pre_trace)
-    settings = snapshot.allocator_settings
-    state = walk(
-        trace,
-        segments,
-        spans,
-        component_of_alloc if registry else None,
-        component_of_pre_existing,
-        len(COMPONENTS),
-        _attribution.ACTIVATIONS,
-        settings.rounding_divisions if settings is not None else (),
-        2,
-        _attribution.PHASE_COMPONENT,
-    )
+    dump = read_device(snapshot, metadata, device)
+    trace, segments, spans = dump.trace, dump.segments, dump.spans
+    state = replay(dump, 2)
     history = state.history
     if state.oom_indices:
         moment, index = "oom", state.oom_indices[-1]
@@ -194,15 +176,7 @@ def _peer(
     else:
         moment, index = "dump", None
     live = history.at_end() if index is None else history.at(index)[0]
-    blocks = _attribution.attribute(
-        tuple(live.values()),
-        trace=trace,
-        frames_of={a: b.frames for a, b in history.final_blocks.items()},
-        phases=phase_index,
-        registry=registry,
-        target_index=index,
-        pre_trace=pre_trace,
-    )
+    blocks = place(dump, history, tuple(live.values()), index)
     at_judged = None
     aligned = _index_at_time(trace, moment_time)
     if aligned is not None:

@@ -1,0 +1,94 @@
+"""Reading one device of a snapshot, the steps every analysis of a device starts with.
+
+`read_device` gathers what the dump holds for the device (its trace and segments, the allocator's
+settings, oomdoctor's registry, the phases, the placement of memory from before the trace),
+`replay` walks its trace once and `place` puts a live set's blocks in components. `analyse`
+reads the judged device this way and `devices` each of its peers, so a peer's row says what
+`analyse(snapshot, device=d)` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oomdoctor.analysis import attribution as _attribution
+from oomdoctor.analysis.phases import PhaseIndex, build_spans
+from oomdoctor.analysis.replay import LiveHistory, ReplayState, columns, final_live_blocks, ring_buffer_wrapped, walk
+from oomdoctor.analysis.results import LiveAllocation, LiveBlock, PhaseSpan
+from oomdoctor.dump_metadata import DumpMetadata
+from oomdoctor.metadata import COMPONENTS
+from oomdoctor.model import AllocatorSettings, DeviceTrace, Segment, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceDump:
+    """What the dump says about one device: its trace and segments, the allocator's settings,
+    oomdoctor's registry of named tensors and the phases its events fall in."""
+
+    index: int
+    metadata: DumpMetadata
+    trace: DeviceTrace
+    segments: tuple[Segment, ...]
+    settings: AllocatorSettings | None
+    registry: _attribution.Registry
+    pre_trace: dict[int, tuple[int, str, float]]  # allocations from before the trace, placed
+    spans: list[PhaseSpan]
+    phase_source: str
+    phase_index: PhaseIndex
+    ring_buffer_wrapped: bool  # older events are lost
+
+
+def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
+    """What the dump holds for `device`."""
+    trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
+    spans, phase_source = build_spans(trace, markers=metadata.markers, annotations=snapshot.annotations, device=device)
+    recording = metadata.recording
+    segments = snapshot.segments_on(device)
+    registry = _attribution.Registry(metadata, device)
+    phase_index = PhaseIndex(spans)
+    return DeviceDump(
+        index=device,
+        metadata=metadata,
+        trace=trace,
+        segments=segments,
+        settings=snapshot.allocator_settings,
+        registry=registry,
+        pre_trace=_attribution.pre_trace_placements(trace, final_live_blocks(segments), phase_index, registry),
+        spans=spans,
+        phase_source=phase_source,
+        phase_index=phase_index,
+        ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
+    )
+
+
+def replay(dump: DeviceDump, series_points: int) -> ReplayState:
+    """One pass over the trace: the series by component, the peak, the OOMs, the steps and the
+    history of the live set."""
+    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(dump.registry, dump.pre_trace)
+    return walk(
+        dump.trace,
+        dump.segments,
+        dump.spans,
+        component_of_alloc if dump.registry else None,
+        component_of_pre_existing,
+        len(COMPONENTS),
+        _attribution.ACTIVATIONS,
+        dump.settings.rounding_divisions if dump.settings is not None else (),
+        series_points,
+        _attribution.PHASE_COMPONENT,
+    )
+
+
+def place(dump: DeviceDump, history: LiveHistory, live: Sequence[LiveAllocation], index: int | None) -> list[LiveBlock]:
+    """The blocks of `live` (the live set right after event `index`; None: the dump's) placed in
+    components, largest first."""
+    return _attribution.attribute(
+        live,
+        trace=dump.trace,
+        frames_of={a: b.frames for a, b in history.final_blocks.items()},
+        phases=dump.phase_index,
+        registry=dump.registry,
+        target_index=index,
+        pre_trace=dump.pre_trace,
+    )
