@@ -1,12 +1,28 @@
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+
+
+def fixture_module(name: str) -> ModuleType:
+    """fixtures/NAME.py (strip, ground_truth, generate...) as a module, loaded once per session."""
+    key = f"fixtures_{name}"
+    module = sys.modules.get(key)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(key, FIXTURES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def _corpus_dir() -> Path | None:

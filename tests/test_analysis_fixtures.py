@@ -7,7 +7,6 @@ fixtures must still get the right verdict; the misses are listed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import orjson
@@ -16,7 +15,7 @@ import pytest
 from oomdoctor.analysis import analyse
 from oomdoctor.cli import main
 from oomdoctor.load import load
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, fixture_module
 
 MANIFEST = FIXTURES / "manifest.json"
 MiB = 1 << 20
@@ -38,10 +37,7 @@ def _params():
 
 
 def _stripped(entry: dict):
-    spec = importlib.util.spec_from_file_location("fixture_strip", FIXTURES / "strip.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return load(module.stripped_bytes(FIXTURES / entry["file"]))
+    return load(fixture_module("strip").stripped_bytes(FIXTURES / entry["file"]))
 
 
 @pytest.mark.parametrize("entry", _params())

@@ -3,15 +3,13 @@ ground truth consistent with the dump, and one scenario regenerated to the same 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
-import sys
 
 import pytest
 
 from oomdoctor.metadata import METADATA_KEY, PHASES, TRUTH_COMPONENTS, VERDICTS
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, fixture_module
 
 MANIFEST = FIXTURES / "manifest.json"
 MAX_DUMP_BYTES = 1_000_000
@@ -26,15 +24,7 @@ ENTRY_KEYS = {
 REGENERATED = "oversized-request-contrastive"
 
 
-def _load_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"fixtures_{name}", FIXTURES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-strip = _load_module("strip")
+strip = fixture_module("strip")
 ENTRIES = json.loads(MANIFEST.read_text())["fixtures"]
 
 
@@ -195,7 +185,7 @@ def test_strip_refuses_a_pickle_with_globals(tmp_path, capsys):
 @pytest.mark.slow
 def test_generator_reproduces_one_fixture(tmp_path):
     pytest.importorskip("torch")
-    generate = _load_module("generate")
+    generate = fixture_module("generate")
     recorded = next(entry for entry in ENTRIES if entry["name"] == REGENERATED)
     entry, dump_path = generate.generate(generate.BY_NAME[REGENERATED], tmp_path)
     assert (entry["verdict"], entry["phase"], entry["step"]) == (

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import fixture_module
 
 torch = pytest.importorskip("torch")
 
 
-def _load_ground_truth():
-    spec = importlib.util.spec_from_file_location("fixtures_ground_truth", FIXTURES / "ground_truth.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ground_truth = _load_ground_truth()
+ground_truth = fixture_module("ground_truth")
 MiB = 1024 * 1024
 
 

@@ -19,9 +19,7 @@ truth, memory from before the trace in the late-recording dumps) are not expecte
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
-import sys
 
 import pytest
 
@@ -29,7 +27,7 @@ from oomdoctor.analysis import analyse
 from oomdoctor.load import load
 from oomdoctor.metadata import METADATA_KEY, PHASES
 from oomdoctor.vocabulary import Verdict
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, fixture_module
 
 MANIFEST = FIXTURES / "manifest.json"
 REALISM_DIR = FIXTURES / "dumps" / "realism"
@@ -54,15 +52,7 @@ REGISTRY_COMPONENTS = {
 LATE_RECORDING = "recording started after setup"
 
 
-def _load_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"fixtures_{name}", FIXTURES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-strip = _load_module("strip")
+strip = fixture_module("strip")
 FIXTURE_ENTRIES = json.loads(MANIFEST.read_text())["fixtures"]
 ENTRIES = json.loads(MANIFEST.read_text()).get("realism", [])
 MANIFEST_COMPONENTS = list(FIXTURE_ENTRIES[0]["components"])  # the fixtures' components, in their order
