@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.message import Message
+from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 
 from oomdoctor.analysis.results import Analysis
@@ -21,6 +23,7 @@ from oomdoctor.tui.guard import GuardedPane, guarded
 from oomdoctor.tui.safe import lines, plain, row
 from oomdoctor.units import human_size
 
+SEARCH_PAUSE = 0.15  # seconds of no typing before the search runs
 SHOWN_ROWS = 500  # the largest matches; filling a table with every block of a huge dump would stall typing
 
 
@@ -32,6 +35,8 @@ class AllocationsPane(GuardedPane, Vertical):
         self.analysis = analysis
         self.all_rows: list[AllocationRow] = []
         self.shown_rows: list[AllocationRow] = []
+        self.query_text = ""
+        self._pending: Timer | None = None
 
     def build(self) -> ComposeResult:
         self.all_rows = allocation_rows(self.analysis)
@@ -50,15 +55,63 @@ class AllocationsPane(GuardedPane, Vertical):
     def on_mount(self) -> None:
         self._fill()
 
+    class Filtered(Message):
+        def __init__(self, search: str, rows: list[AllocationRow]) -> None:
+            super().__init__()
+            self.search = search
+            self.rows = rows
+
     @on(Input.Changed, "#allocation-search")
     @guarded
     def _search(self, message: Input.Changed) -> None:
-        self.shown_rows = filter_rows(self.all_rows, message.value)
+        """Typing waits for a pause (SEARCH_PAUSE) before the rows are filtered, in a worker, so
+        that each key is answered at once on a dump of thousands of blocks."""
+        self.query_text = message.value
+        if self._pending is not None:
+            self._pending.stop()
+        self._pending = self.set_timer(SEARCH_PAUSE, self._start_filter)
+
+    def _start_filter(self) -> None:
+        self._pending = None
+        self._filter(self.query_text)
+
+    @work(thread=True, exclusive=True, group="allocation-search")
+    def _filter(self, query: str) -> None:
+        self.post_message(self.Filtered(query, filter_rows(self.all_rows, query)))
+
+    @on(Filtered)
+    @guarded
+    def _filtered(self, message: Filtered) -> None:
+        if message.search != self.query_text:
+            return  # typing went on; its own filter is coming
+        self.shown_rows = message.rows
         self._fill()
+
+    def select_block(self, address: int) -> None:
+        """Select the live block at `address` (the search cleared when it hides it)."""
+        try:
+            if not any(shown.block.address == address for shown in self.shown_rows[:SHOWN_ROWS]):
+                self.query_text = ""
+                self.query_one("#allocation-search", Input).value = ""
+                self.shown_rows = list(self.all_rows)
+                self._fill()
+            for position, shown in enumerate(self.shown_rows[:SHOWN_ROWS]):
+                if shown.block.address == address:
+                    table = self.query_one("#allocation-table", DataTable)
+                    table.move_cursor(row=position)
+                    table.focus()
+                    return
+        except Exception as error:
+            self.fail(error)
 
     @on(Input.Submitted, "#allocation-search")
     @guarded
     def _to_table(self) -> None:
+        if self._pending is not None:  # Enter does not wait for the pause
+            self._pending.stop()
+            self._pending = None
+            self.shown_rows = filter_rows(self.all_rows, self.query_text)
+            self._fill()
         self.query_one("#allocation-table", DataTable).focus()
 
     def _fill(self) -> None:

@@ -8,16 +8,26 @@ is restored) and a non-zero exit code; a tab that cannot be shown says why in th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Header, LoadingIndicator, ProgressBar, Static, TabbedContent, TabPane
+from textual.widgets import (
+    Footer,
+    Header,
+    Input,
+    LoadingIndicator,
+    ProgressBar,
+    Static,
+    TabbedContent,
+    TabPane,
+)
 
 from oomdoctor.analysis import Replayer, replayer
 from oomdoctor.analysis.results import Analysis
@@ -26,11 +36,12 @@ from oomdoctor.model import Snapshot
 from oomdoctor.safetext import printable
 from oomdoctor.tui.allocations import AllocationsPane
 from oomdoctor.tui.components import ComponentsPane
+from oomdoctor.tui.dialogs import GoToEventScreen, HelpScreen
 from oomdoctor.tui.guard import internal_error
 from oomdoctor.tui.overview import OverviewPane
 from oomdoctor.tui.safe import plain
 from oomdoctor.tui.segments import SegmentsPane
-from oomdoctor.tui.timeline import TimelinePane
+from oomdoctor.tui.timeline import TimelineChart, TimelinePane
 
 TABS = ("overview", "timeline", "segments", "components", "allocations")
 # What the tab shows first, so the keyboard works at once after switching.
@@ -77,6 +88,10 @@ class Browser(Vertical):
         self.replay = replay
         self.source = source
         self.built: set[str] = {"overview"}
+        # Where the other tabs look: the timeline cursor's event (None: the target, as the analysis
+        # has it) and the block the user last went to from a piece of evidence.
+        self.cursor_event: int | None = None
+        self.selected_block: int | None = None
 
     def compose(self) -> ComposeResult:
         # Each pane builds its content itself, so that one that fails shows why in its own tab.
@@ -119,6 +134,7 @@ class Browser(Vertical):
     async def _show_tab(self, message: TabbedContent.TabActivated) -> None:
         pane_id = message.pane.id if message.pane is not None else None
         if pane_id and await self.build_tab(pane_id):
+            self._follow(pane_id)
             self._focus(pane_id)
 
     def _focus(self, tab: str) -> None:
@@ -128,12 +144,57 @@ class Browser(Vertical):
             if found:
                 found.first().focus()
 
+    def focus_tab(self) -> None:
+        """Focus what the shown tab shows first (where Esc leaves an input for)."""
+        self._focus(self.query_one(TabbedContent).active)
+
     async def replay_ready(self, replay: Replayer) -> None:
         """The replayer is made: build the tab that waits for it, if it is the one shown."""
         self.replay = replay
         active = self.query_one(TabbedContent).active
         if active in _TABS_NEEDING_REPLAY and await self.build_tab(active):
+            self._follow(active)
             self._focus(active)
+
+    @on(TimelineChart.CursorMoved)
+    def _cursor_moved(self, message: TimelineChart.CursorMoved) -> None:
+        self.cursor_event = message.event_index
+
+    @on(OverviewPane.GoTo)
+    async def _go_to_evidence(self, message: OverviewPane.GoTo) -> None:
+        await self.go_to(message.event_index, message.address)
+
+    def _follow(self, tab: str) -> None:
+        """Bring a built tab to the cursor's event and the selected block."""
+        if tab == "timeline" and self.cursor_event is not None:
+            for chart in self.query(TimelineChart).results(TimelineChart):
+                chart.cursor_index = chart.timeline.clamp(self.cursor_event)
+        elif tab == "segments":
+            for segments in self.query(SegmentsPane).results(SegmentsPane):
+                segments.show_event(self.cursor_event, self.selected_block)
+        elif tab == "allocations" and self.selected_block is not None:
+            for allocations in self.query(AllocationsPane).results(AllocationsPane):
+                allocations.select_block(self.selected_block)
+
+    async def go_to(self, event_index: int | None, address: int | None = None) -> None:
+        """Show where a piece of evidence was read: its event under the timeline cursor (the other
+        tabs follow it), else its block under Allocations (Segments when it is not live there)."""
+        self.selected_block = address
+        if event_index is not None:
+            self.cursor_event = event_index
+            tab = "timeline"
+        elif address is not None:
+            live = any(block.address == address for block in self.analysis.live_blocks)
+            tab = "allocations" if live else "segments"
+        else:
+            return
+        tabbed = self.query_one(TabbedContent)
+        if tabbed.active == tab:
+            if await self.build_tab(tab):
+                self._follow(tab)
+                self._focus(tab)
+        else:
+            tabbed.active = tab  # _show_tab builds it, follows and focuses
 
 
 class LoadingView(Vertical):
@@ -173,6 +234,10 @@ class OomdoctorApp(App[None]):
     TITLE = "oomdoctor"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("g", "go_to_event", "Go to event", show=False),
+        Binding("d", "next_device", "Device"),
+        Binding("escape", "leave", "Leave the input", show=False),
         *(
             Binding(str(number), f"show_tab('{tab}')", tab.capitalize(), show=False)
             for number, tab in enumerate(TABS, 1)
@@ -219,6 +284,7 @@ class OomdoctorApp(App[None]):
         # The first failure (loading, or a tab that could not be shown); the CLI reports it after exit.
         self.error: OomdoctorError | None = None
         self.sub_title = printable(Path(source).name)  # a file's name can hold terminal escapes too
+        self._name_device()
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -262,7 +328,10 @@ class OomdoctorApp(App[None]):
     @on(Loaded)
     async def _loaded(self, message: Loaded) -> None:
         self.analysis, self.snapshot = message.analysis, message.snapshot
-        await self.query_one(LoadingView).remove()
+        self.replay = None  # the analysed device's, made next (ReplayReady)
+        await self.query(LoadingView).remove()
+        await self.query(Browser).remove()  # another device's
+        self._name_device()
         await self.mount(
             Browser(message.analysis, message.snapshot, self.replay, self.source), before=self.query_one(Footer)
         )
@@ -310,6 +379,167 @@ class OomdoctorApp(App[None]):
     def action_show_tab(self, tab: str) -> None:
         for tabbed in self.query(TabbedContent):
             tabbed.active = tab
+
+    # --- keys and commands beyond the tabs ---------------------------------------------------------
+
+    def _browser(self) -> Browser | None:
+        found = self.query(Browser)
+        return found.first() if found else None
+
+    def _other_devices(self) -> tuple[int, ...]:
+        if self.analysis is None:
+            return ()
+        return tuple(device for device in self.analysis.devices if device != self.analysis.device)
+
+    def _name_device(self) -> None:
+        name = printable(Path(self.source).name)
+        if self.analysis is not None and len(self.analysis.devices) > 1:
+            devices = ", ".join(str(device) for device in self.analysis.devices)
+            name += f" · device {self.analysis.device} (devices with data: {devices})"
+        self.sub_title = name
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys that do nothing here are not offered: `d` with one device, `g` before the analysis
+        or on a trace without events."""
+        if action == "next_device":
+            return bool(self._other_devices()) and self._browser() is not None
+        if action == "go_to_event":
+            return self._browser() is not None and self.analysis is not None and self.analysis.replay.event_count > 0
+        return True
+
+    def action_leave(self) -> None:
+        """Esc: out of an input (search) back to the tab, or close the keys panel."""
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        elif isinstance(self.focused, Input):
+            browser = self._browser()
+            if browser is not None:
+                browser.focus_tab()
+                if isinstance(self.focused, Input):  # the tab's first widget is the input itself
+                    tables = self.screen.query(f"#{self.query_one(TabbedContent).active} DataTable")
+                    if tables:
+                        tables.first().focus()
+
+    def action_help(self) -> None:
+        """The keys of the tab the user is on, and the app's own."""
+        tab_keys: list[tuple[str, str]] = []
+        app_keys: list[tuple[str, str]] = []
+        seen: set[tuple[str, str]] = set()
+        for active in self.screen.active_bindings.values():
+            binding = active.binding
+            if not active.enabled or not binding.description or binding.action.startswith("show_tab"):
+                continue
+            entry = (self.get_key_display(binding), binding.description)
+            if entry in seen:
+                continue
+            seen.add(entry)
+            (app_keys if active.node is self else tab_keys).append(entry)
+        app_keys[:0] = [("1-5", "switch tabs (Overview, Timeline, Segments, Components, Allocations)")]
+        app_keys.append(("ctrl+p", "commands: go to the OOM, the peak, an event; another device; copy the report"))
+        active = self.query(TabbedContent).first().active if self.query(TabbedContent) else ""
+        title = f"Keys on the {_TAB_TITLES[active].split(' ', 1)[1]} tab" if active in _TAB_TITLES else "Keys"
+        groups = [("This tab", tab_keys)] if tab_keys else []
+        groups.append(("Everywhere", app_keys))
+        self.push_screen(HelpScreen(title, groups))
+
+    def action_go_to_event(self) -> None:
+        if self.analysis is None or self._browser() is None:
+            return
+
+        async def chosen(index: int | None) -> None:
+            browser = self._browser()
+            if index is not None and browser is not None:
+                await browser.go_to(index)
+
+        self.push_screen(GoToEventScreen(self.analysis.replay.event_count), chosen)
+
+    async def go_to_place(self, where: str) -> None:
+        """The cursor to the target event ("target"), or to the peak ("peak")."""
+        browser = self._browser()
+        if browser is None or self.analysis is None:
+            return
+        replay = self.analysis.replay
+        index = replay.target_index if where == "target" else replay.peak_index
+        if index is not None:
+            await browser.go_to(index)
+
+    def action_next_device(self) -> None:
+        others = self._other_devices()
+        if others and self.analysis is not None:
+            later = [device for device in others if device > self.analysis.device]
+            self.show_device((later or list(others))[0])
+
+    def show_device(self, device: int) -> None:
+        """Analyse another device of the same snapshot in the worker, then show it."""
+        if self.snapshot is None:
+            return
+        self.notify(f"analysing device {device}", timeout=2)
+        self._analyse_device(device)
+
+    @work(thread=True, exclusive=True, group="load")
+    def _analyse_device(self, device: int) -> None:
+        from oomdoctor.analysis import analyse
+
+        snapshot = self.snapshot
+        assert snapshot is not None
+        try:
+            analysis = analyse(snapshot, device=device)
+        except Exception as error:
+            self.post_message(self.LoadFailed(internal_error(self.source, f"analyse device {device}", error)))
+            return
+        self.post_message(self.Loaded(snapshot, analysis))
+        try:
+            replay = replayer(snapshot, device)
+        except Exception as error:
+            self.post_message(self.LoadFailed(internal_error(self.source, "prepare the timeline", error)))
+            return
+        self.post_message(self.ReplayReady(replay))
+
+    def _copy_report(self) -> None:
+        """The Markdown report `oomdoctor report --format md` prints, on the clipboard (OSC 52)."""
+        from oomdoctor.analysis.environment import environment_of
+        from oomdoctor.views.markdown_report import render as render_markdown
+
+        if self.snapshot is None or self.analysis is None:
+            return
+        report = render_markdown(self.analysis, source=self.source, environment=environment_of(self.snapshot))
+        self.copy_to_clipboard(report)
+        self.notify("the Markdown report is on the clipboard (where the terminal allows it)", timeout=4)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette (ctrl+p): oomdoctor's actions first, then Textual's (its key panel replaced by `?`)."""
+        if self._browser() is not None and self.analysis is not None:
+            replay = self.analysis.replay
+            if replay.target_index is not None:
+                yield SystemCommand(
+                    f"Go to the {'OOM' if replay.target_kind == 'oom' else replay.target_kind}",
+                    f"the timeline cursor to event {replay.target_index}",
+                    lambda: self.run_worker(self.go_to_place("target")),
+                )
+            if replay.peak_index is not None:
+                yield SystemCommand(
+                    "Go to the peak",
+                    f"the timeline cursor to event {replay.peak_index}",
+                    lambda: self.run_worker(self.go_to_place("peak")),
+                )
+            if replay.event_count:
+                yield SystemCommand("Go to event…", "type an event number (also: g)", self.action_go_to_event)
+            for device in self._other_devices():
+                yield SystemCommand(
+                    f"Show device {device}",
+                    "analyse and show another device of this snapshot",
+                    self._device_command(device),
+                )
+            yield SystemCommand(
+                "Copy the Markdown report", "the report to paste into an issue, on the clipboard", self._copy_report
+            )
+        yield SystemCommand("Keys", "the keys of this tab (also: ?)", self.action_help)
+        for command in super().get_system_commands(screen):
+            if command.title != "Keys":
+                yield command
+
+    def _device_command(self, device: int) -> Callable[[], None]:
+        return lambda: self.show_device(device)
 
 
 def make_app(analysis: Analysis, snapshot: Snapshot, *, source: str) -> OomdoctorApp:

@@ -371,9 +371,17 @@ def fragmentation_lines(analysis: Analysis) -> list[str]:
     return [printable(line) for line in lines]
 
 
-def block_rows_of(segment: Segment, analysis: Analysis, trace: DeviceTrace) -> list[BlockRow]:
-    """Every block of one segment in address order (free gaps too), with stacks where known."""
+def block_rows_of(
+    segment: Segment, analysis: Analysis, trace: DeviceTrace, state: EventState | None = None
+) -> list[BlockRow]:
+    """Every block of one segment in address order (free gaps too), with stacks where known.
+
+    `segment` is the target's, or one of `state`'s (replayed at another event): there a block is
+    named only when it is the same allocation the analysis named (same address and alloc event),
+    and its stack is its alloc event's."""
     named = {b.address: b for b in analysis.live_blocks}
+    if state is not None and not state.exact:
+        return _replayed_block_rows(segment, analysis, trace, state)
     rows = []
     for block in segment.blocks:
         if block.state == ACTIVE_ALLOCATED:
@@ -389,6 +397,27 @@ def block_rows_of(segment: Segment, analysis: Analysis, trace: DeviceTrace) -> l
         else:
             label = "pending free (waiting for other streams)" if block.state == ACTIVE_PENDING_FREE else "free"
             rows.append(BlockRow(block.address, block.size, None, "", label, block.frames))
+    return rows
+
+
+def _replayed_block_rows(segment: Segment, analysis: Analysis, trace: DeviceTrace, state: EventState) -> list[BlockRow]:
+    known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
+    allocations = {live.address: live for live in state.live}
+    rows = []
+    for block in segment.blocks:
+        if block.state != ACTIVE_ALLOCATED:
+            label = "pending free (waiting for other streams)" if block.state == ACTIVE_PENDING_FREE else "free"
+            rows.append(BlockRow(block.address, block.size, None, "", label, NO_STACK))
+            continue
+        allocation = allocations.get(block.address)
+        alloc_index = allocation.alloc_index if allocation is not None else None
+        named = known.get((block.address, alloc_index))
+        frames = named.frames if named is not None and named.frames else NO_STACK
+        if not frames and alloc_index is not None and 0 <= alloc_index < len(trace):
+            frames = trace.frames_at(alloc_index)
+        label = describe_block(named.name if named is not None else None, frames, alloc_index)
+        component = named.component if named is not None else ""
+        rows.append(BlockRow(block.address, block.size, alloc_index, component, label, frames))
     return rows
 
 
@@ -494,3 +523,22 @@ def filter_rows(rows: Iterable[AllocationRow], query: str) -> list[AllocationRow
     """Rows whose name, component, phase, address or any frame contains every word of `query`."""
     words = query.lower().split()
     return [row for row in rows if all(word in row.search_text for word in words)]
+
+
+# --- Going from evidence to what it cites ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvidencePlace:
+    line: str  # the evidence as the overview words it (printable)
+    event_index: int | None
+    address: int | None
+
+    @property
+    def goes_somewhere(self) -> bool:
+        return self.event_index is not None or self.address is not None
+
+
+def evidence_places_of(analysis: Analysis) -> list[EvidencePlace]:
+    """Each piece of evidence with the event and block it was read at, in the overview's order."""
+    return [EvidencePlace(printable(evidence_line(item)), item.event_index, item.address) for item in analysis.evidence]

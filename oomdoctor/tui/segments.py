@@ -29,7 +29,8 @@ BAR_CELLS = 16
 
 
 class SegmentsPane(GuardedPane, Vertical):
-    """Segments at the target event, as the replayer lays them out (free gaps included)."""
+    """Segments at the timeline cursor's event (the target until the cursor moves), as the replayer
+    lays them out (free gaps included)."""
 
     TAB_TITLE = "Segments"
 
@@ -40,22 +41,64 @@ class SegmentsPane(GuardedPane, Vertical):
         self.trace = replay.trace
         self.state: EventState | None = None
         self.block_rows: list[BlockRow] = []
+        self.at_target = True
 
     def build(self) -> ComposeResult:
-        target = self.analysis.replay.target_index
-        self.state = state = self.replay.state_at(target if target is not None else len(self.trace) - 1)
-        count = len(state.segments)
-        yield Static(
-            lines(
-                [
-                    f"{count} segments {where_label(self.analysis)}; █ allocated ▒ pending free ░ free",
-                    *fragmentation_lines(self.analysis),
-                ]
-            ),
-            id="fragmentation",
-        )
+        yield Static(Text(), id="fragmentation")
         segments = DataTable(id="segment-table", cursor_type="row", zebra_stripes=True)
         segments.add_columns(*row("address", "blocks", "total", "allocated", "free", "largest free", "pool", "stream"))
+        yield segments
+        blocks = DataTable(id="segment-blocks", cursor_type="row", zebra_stripes=True)
+        blocks.add_columns(*row("block", "size", "component", "name, source line or state"))
+        yield blocks
+        yield Static(Text(), id="segment-stack")
+
+    @guarded
+    def on_mount(self) -> None:
+        if self.state is None:
+            self.show_event(None)
+
+    @property
+    def shown_index(self) -> int | None:
+        return None if self.state is None else self.state.event_index
+
+    def show_event(self, event_index: int | None, address: int | None = None) -> None:
+        """The segments right after `event_index` (None: the target), as the replayer lays them
+        out; the block at `address` selected when it is in one of them."""
+        try:
+            self._show_event(event_index, address)
+        except Exception as error:
+            self.fail(error)
+
+    def _show_event(self, event_index: int | None, address: int | None) -> None:
+        if self.failed:
+            return
+        target = self.analysis.replay.target_index
+        at_target = event_index is None or event_index == target
+        index = (target if target is not None else len(self.trace) - 1) if event_index is None else event_index
+        if self.state is None or self.state.event_index != index:
+            self.state = self.replay.state_at(index)
+            self.at_target = at_target
+            self._fill_segments(at_target)
+        if address is not None:
+            self._select_block(address)
+
+    def _fill_segments(self, at_target: bool) -> None:
+        state = self.state
+        assert state is not None
+        count = len(state.segments)
+        where = where_label(self.analysis) if at_target else f"after event {state.event_index}"
+        summary = [f"{count} segments {where}; █ allocated ▒ pending free ░ free"]
+        if at_target:
+            summary.extend(fragmentation_lines(self.analysis))
+        else:
+            summary.append(
+                f"allocated {human_size(state.allocated_bytes)} of {human_size(state.reserved_bytes)} reserved"
+                " (the timeline cursor's event; the fragmentation figures are the target's, on the Overview)"
+            )
+        self.query_one("#fragmentation", Static).update(lines(summary))
+        segments = self.query_one("#segment-table", DataTable)
+        segments.clear()
         for segment in state.segments:
             segments.add_row(
                 *row(
@@ -70,20 +113,34 @@ class SegmentsPane(GuardedPane, Vertical):
                 ),
                 key=str(segment.address),
             )
-        yield segments
-        blocks = DataTable(id="segment-blocks", cursor_type="row", zebra_stripes=True)
-        blocks.add_columns(*row("block", "size", "component", "name, source line or state"))
-        yield blocks
-        yield Static(Text(), id="segment-stack")
+        if not state.segments:
+            self.block_rows = []
+            self.query_one("#segment-blocks", DataTable).clear()
+            self.query_one("#segment-stack", Static).update(Text())
+
+    def _select_block(self, address: int) -> None:
+        assert self.state is not None
+        for number, segment in enumerate(self.state.segments):
+            if segment.address <= address < segment.address + segment.total_size:
+                self.query_one("#segment-table", DataTable).move_cursor(row=number)
+                self._show_segment(number)
+                for position, block_row in enumerate(self.block_rows):
+                    if block_row.address == address:
+                        self.query_one("#segment-blocks", DataTable).move_cursor(row=position)
+                        self._show_stack(block_row)
+                return
 
     @on(DataTable.RowHighlighted, "#segment-table")
     @guarded
     def _segment_highlighted(self, message: DataTable.RowHighlighted) -> None:
-        assert self.state is not None
-        if not 0 <= message.cursor_row < len(self.state.segments):
+        self._show_segment(message.cursor_row)
+
+    def _show_segment(self, position: int) -> None:
+        if self.state is None or not 0 <= position < len(self.state.segments):
             return
-        segment = self.state.segments[message.cursor_row]
-        self.block_rows = block_rows_of(segment, self.analysis, self.trace)
+        segment = self.state.segments[position]
+        replayed = None if self.at_target else self.state  # at the target, the analysis's own names
+        self.block_rows = block_rows_of(segment, self.analysis, self.trace, replayed)
         table = self.query_one("#segment-blocks", DataTable)
         table.clear()
         for block_row in self.block_rows:

@@ -1,0 +1,221 @@
+"""The terminal app as something to live in (issue 13): Esc leaves the search, `?` lists the keys of
+the tab, Enter on a piece of evidence goes to its event and block, Segments follow the timeline
+cursor, `g` goes to an event, devices switch in the app, the palette offers oomdoctor's actions."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable, Input, OptionList, Static, TabbedContent  # noqa: E402
+
+from oomdoctor.analysis import analyse, replayer  # noqa: E402
+from oomdoctor.examples import EXAMPLE_DUMP  # noqa: E402
+from oomdoctor.model import ACTIVE_ALLOCATED  # noqa: E402
+from oomdoctor.tui.app import Browser, make_app  # noqa: E402
+from oomdoctor.tui.content import evidence_places_of  # noqa: E402
+from oomdoctor.tui.dialogs import GoToEventScreen, HelpScreen, parse_event  # noqa: E402
+from oomdoctor.tui.segments import SegmentsPane  # noqa: E402
+from oomdoctor.tui.timeline import TimelineChart  # noqa: E402
+from tests.test_devices import imbalanced  # noqa: E402
+from tests.test_tui import FRAGMENTED, LEAK, loaded, run_app, settle, text_of  # noqa: E402
+
+
+def demo_app():
+    snapshot, analysis = loaded(EXAMPLE_DUMP)
+    return make_app(analysis, snapshot, source="example.pickle"), snapshot, analysis
+
+
+def test_esc_leaves_the_search_and_then_digits_switch_tabs_again():
+    app, _, _ = demo_app()
+
+    async def scenario(app, pilot):
+        await pilot.press("5")
+        await settle(app, pilot)
+        in_search = isinstance(app.focused, Input)
+        await pilot.press("1")  # typed into the search: no tab switch
+        await settle(app, pilot)
+        typed = (app.query_one("#allocation-search", Input).value, app.query_one(TabbedContent).active)
+        await pilot.press("escape")
+        await settle(app, pilot)
+        left = app.focused
+        await pilot.press("1")
+        await settle(app, pilot)
+        return in_search, typed, left, app.query_one(TabbedContent).active
+
+    in_search, typed, left, active = run_app(app, scenario)
+    assert in_search and typed == ("1", "allocations")
+    assert isinstance(left, DataTable) and left.id == "allocation-table"
+    assert active == "overview"
+
+
+def test_question_mark_lists_the_keys_of_the_tab_and_esc_closes_it():
+    app, _, _ = demo_app()
+
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        await settle(app, pilot)
+        shown = isinstance(app.screen, HelpScreen)
+        text = text_of(app.screen.query_one("#help-text", Static)) if shown else ""
+        await pilot.press("escape")
+        await settle(app, pilot)
+        return shown, text, isinstance(app.screen, HelpScreen), app.query_one(TabbedContent).active
+
+    shown, text, still_shown, active = run_app(app, scenario)
+    assert shown and not still_shown and active == "timeline"
+    assert "Keys on the Timeline tab" in text
+    for binding in TimelineChart.BINDINGS:  # every key the chart answers, with its description
+        if binding.description:
+            assert binding.description in text
+    assert "Quit" in text and "switch tabs" in text
+
+
+def test_enter_on_evidence_moves_the_cursor_to_its_event_and_selects_its_block():
+    app, snapshot, analysis = demo_app()
+    places = evidence_places_of(analysis)
+    wanted = next(n for n, place in enumerate(places) if place.event_index is not None and place.address is not None)
+    place = places[wanted]
+
+    async def scenario(app, pilot):
+        evidence = app.query_one("#evidence-list", OptionList)
+        evidence.focus()
+        evidence.highlighted = wanted
+        await pilot.press("enter")
+        await settle(app, pilot)
+        on_timeline = (app.query_one(TabbedContent).active, app.query_one(TimelineChart).cursor_index)
+        await pilot.press("3")
+        await settle(app, pilot)
+        pane = app.query_one(SegmentsPane)
+        blocks = app.query_one("#segment-blocks", DataTable)
+        selected = pane.block_rows[blocks.cursor_row].address if pane.block_rows else None
+        return on_timeline, pane.shown_index, selected, text_of(app.query_one("#segment-stack", Static))
+
+    (tab, cursor), shown_index, selected, stack = run_app(app, scenario)
+    assert (tab, cursor) == ("timeline", place.event_index)
+    assert shown_index == place.event_index  # Segments follow the cursor
+    assert selected == place.address and stack.startswith(f"{place.address:#x}")
+
+
+def test_segments_at_the_cursor_are_the_replayed_state_there():
+    snapshot, analysis = loaded(LEAK)
+    fresh = replayer(snapshot, analysis.device)
+    app = make_app(analysis, snapshot, source=LEAK.name)
+
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        for _ in range(40):
+            await pilot.press("left")
+        await settle(app, pilot)
+        index = app.query_one(TimelineChart).cursor_index
+        await pilot.press("3")
+        await settle(app, pilot)
+        table = app.query_one("#segment-table", DataTable)
+        rows = [table.get_row_at(n) for n in range(table.row_count)]
+        return index, rows, text_of(app.query_one("#fragmentation", Static))
+
+    index, rows, summary = run_app(app, scenario)
+    expected = fresh.state_at(index)
+    assert index != analysis.replay.target_index
+    assert [str(r[0]) for r in rows] == [f"{s.address:#x}" for s in expected.segments]
+    from oomdoctor.units import human_size
+
+    assert [str(r[3]) for r in rows] == [human_size(s.allocated_bytes) for s in expected.segments]
+    assert f"after event {index}" in summary
+    allocated = sum(b.size for s in expected.segments for b in s.blocks if b.state == ACTIVE_ALLOCATED)
+    assert f"allocated {human_size(allocated)}" in summary
+
+
+def test_segments_at_the_oom_name_the_analysis_blocks_again_after_the_cursor_returns():
+    snapshot, analysis = loaded(FRAGMENTED)
+    app = make_app(analysis, snapshot, source=FRAGMENTED.name)
+
+    async def scenario(app, pilot):
+        await pilot.press("3")
+        await settle(app, pilot)
+        first = app.query_one(SegmentsPane).shown_index
+        return first, text_of(app.query_one("#fragmentation", Static))
+
+    first, summary = run_app(app, scenario)
+    assert first == analysis.replay.target_index
+    assert "request fits if contiguous" in summary
+
+
+def test_g_goes_to_the_typed_event_and_refuses_one_outside_the_trace():
+    app, _, analysis = demo_app()
+    count = analysis.replay.event_count
+
+    async def scenario(app, pilot):
+        await pilot.press("g")
+        await settle(app, pilot)
+        asked = isinstance(app.screen, GoToEventScreen)
+        await pilot.press(*str(count + 5), "enter")
+        await settle(app, pilot)
+        refused = isinstance(app.screen, GoToEventScreen), text_of(app.screen.query_one("#goto-error", Static))
+        field = app.screen.query_one("#goto-input", Input)
+        field.value = "17"
+        await pilot.press("enter")
+        await settle(app, pilot)
+        return asked, refused, app.query_one(TabbedContent).active, app.query_one(TimelineChart).cursor_index
+
+    asked, (still_asking, error), tab, cursor = run_app(app, scenario)
+    assert asked and still_asking and "not an event" in error
+    assert (tab, cursor) == ("timeline", 17)
+
+
+def test_parse_event_reads_numbers_and_refuses_the_rest():
+    assert parse_event("42", 100) == 42 and parse_event("event 1,234", 2000) == 1234 and parse_event("#7", 8) == 7
+    assert parse_event("100", 100) is None and parse_event("-1", 100) is None and parse_event("peak", 100) is None
+
+
+def test_device_key_is_offered_only_with_several_devices_and_switches_the_analysis():
+    single, _, _ = demo_app()
+    several = imbalanced()
+    analysis = analyse(several)
+    app = make_app(analysis, several, source="ranks.pickle")
+
+    async def offered(app, pilot):
+        return app.check_action("next_device", ())
+
+    async def switch(app, pilot):
+        before = (app.analysis.device, app.sub_title)
+        await pilot.press("d")
+        await settle(app, pilot)
+        await settle(app, pilot)
+        browser = app.query_one(Browser)
+        return before, app.analysis.device, browser.analysis.device, app.sub_title, app.replay is not None
+
+    assert run_app(single, offered) is False
+    (device, title), after, shown, new_title, replayed = run_app(app, switch)
+    assert device == analysis.device and "devices with data: 0, 1" in title
+    assert after == shown != device and f"device {after}" in new_title and replayed
+
+
+def test_the_palette_offers_oomdoctor_actions():
+    app, _, analysis = demo_app()
+
+    async def scenario(app, pilot):
+        return [command.title for command in app.get_system_commands(app.screen)]
+
+    titles = run_app(app, scenario)
+    assert titles[:4] == ["Go to the OOM", "Go to the peak", "Go to event…", "Copy the Markdown report"]
+    assert "Keys" in titles and titles.count("Keys") == 1
+
+
+def test_copying_the_report_puts_the_markdown_report_on_the_clipboard():
+    from oomdoctor.analysis.environment import environment_of
+    from oomdoctor.views.markdown_report import render
+
+    app, snapshot, analysis = demo_app()
+
+    async def scenario(app, pilot):
+        command = next(c for c in app.get_system_commands(app.screen) if c.title == "Copy the Markdown report")
+        command.callback()
+        await settle(app, pilot)
+        return app.clipboard
+
+    copied = run_app(app, scenario)
+    assert copied == render(analysis, source="example.pickle", environment=environment_of(snapshot))
