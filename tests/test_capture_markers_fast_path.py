@@ -141,3 +141,67 @@ def test_optimizer_steps_are_counted_per_optimizer_and_forgotten_when_it_dies(re
     assert recorder.step == 3
     phases = [phase for phase, _, _, _ in recorder.markers]
     assert phases == ["optimizer_step"] * 10
+
+
+def _phases(recorder):
+    return [(phase, edge, step) for phase, edge, step, _ in recorder.markers]
+
+
+def _closure_step(model, optimizer, by_position=False):
+    def closure():
+        optimizer.zero_grad()
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()
+        return loss
+
+    return optimizer.step(closure) if by_position else optimizer.step(closure=closure)
+
+
+@pytest.mark.parametrize("by_position", [False, True], ids=["keyword", "positional"])
+def test_a_closure_step_records_forward_and_backward_before_the_optimizer_step(recorder, by_position):
+    """PyTorch Lightning's automatic optimisation: forward, zero_grad and backward run inside
+    optimizer.step(closure); only the update after the closure is the optimizer step."""
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters())
+    for _ in range(2):
+        loss = _closure_step(model, optimizer, by_position)
+    assert isinstance(loss, torch.Tensor) and loss.requires_grad  # the closure's value reaches step()
+    expected = []
+    for step in range(2):
+        expected += [
+            ("zero_grad", "start", step),
+            ("zero_grad", "end", step),
+            ("forward", "start", step),
+            ("forward", "end", step),
+            ("backward", "start", step),
+            ("backward", "end", step),
+            ("optimizer_step", "start", step),
+            ("optimizer_step", "end", step),
+        ]
+    assert _phases(recorder) == expected
+    assert recorder.step == 2 and recorder.stepping == [] and not recorder.optimizer_open
+
+
+def test_lbfgs_calling_its_closure_again_leaves_the_update_each_time(recorder):
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    _closure_step(model, optimizer)
+    phases = _phases(recorder)
+    forwards = [p for p in phases if p[:2] == ("forward", "start")]
+    assert len(forwards) >= 2  # LBFGS evaluated the closure more than once
+    depth = 0
+    for phase, edge, _ in phases:  # no forward or backward inside an open optimizer phase
+        if phase == "optimizer_step":
+            depth += 1 if edge == "start" else -1
+            assert depth in (0, 1)
+        elif edge == "start":
+            assert depth == 0, phases
+    assert depth == 0 and phases[-1][:2] == ("optimizer_step", "end") and recorder.step == 1
+
+
+def test_a_step_without_closure_is_bracketed_as_before(recorder):
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    assert _phases(recorder)[-2:] == [("optimizer_step", "start", 0), ("optimizer_step", "end", 0)]

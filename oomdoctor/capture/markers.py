@@ -107,6 +107,9 @@ class PhaseRecorder:
         # in_forward or in_backward or not active: the one flag the per-module-call path reads
         self.pass_module_calls = True
         self.stepping: list[int] = []  # ids of optimizers inside step(), outermost first
+        # the optimizer phase has a start marker without its end (with step(closure), it starts
+        # only when the closure returns)
+        self.optimizer_open = False
         self.root_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         # root module -> [weak reference to it, the tensors its latest outermost call was given as
@@ -361,7 +364,7 @@ class PhaseRecorder:
             pass
         return entry
 
-    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if not self.active:
             return None
         key = id(optimizer)
@@ -369,10 +372,47 @@ class PhaseRecorder:
         if key in stepping:  # the same optimizer cannot be inside its own step: stale state
             stepping.clear()
         self._optimizer_entry(optimizer)
-        if not stepping:
+        with_closure = self._outside_the_step(args, kwargs)
+        if not stepping and with_closure is None:
             self._start(PHASE_OPTIMIZER)
+            self.optimizer_open = True
         stepping.append(key)
-        return None
+        return with_closure
+
+    def _outside_the_step(self, args: Any, kwargs: Any) -> Any:
+        """`step(closure)` (PyTorch Lightning's automatic optimisation, LBFGS): the closure runs the
+        step's forward, zero_grad and backward, so only what comes after it is the optimizer step.
+        The optimizer is handed a wrapped closure that leaves the optimizer phase while it runs
+        (and, for its duration, the stepping state, so that its forward is recorded as one).
+        Without a closure: None, step() is called as it was. `args` are step()'s own, the
+        optimizer first."""
+        closure = kwargs.get("closure") if kwargs else None
+        by_position = closure is None and len(args) > 1 and callable(args[1])
+        if by_position:
+            closure = args[1]
+        if closure is None or not callable(closure):
+            return None
+        recorder = self
+
+        @functools.wraps(closure)
+        def closure_outside_the_step(*inner: Any, **inner_kwargs: Any) -> Any:
+            stepping = recorder.stepping
+            held = list(stepping)
+            if recorder.optimizer_open:  # a second call (LBFGS): out of the update again
+                recorder._end(PHASE_OPTIMIZER)
+                recorder.optimizer_open = False
+            stepping.clear()
+            try:
+                return closure(*inner, **inner_kwargs)
+            finally:
+                stepping[:] = held
+                if held and recorder.active:
+                    recorder._start(PHASE_OPTIMIZER)
+                    recorder.optimizer_open = True
+
+        if by_position:
+            return (args[0], closure_outside_the_step, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_outside_the_step}
 
     def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
@@ -387,7 +427,10 @@ class PhaseRecorder:
         else:
             entry[1] = completed = entry[1] + 1
         if not stepping:
+            if not self.optimizer_open:  # step(closure) that never called its closure
+                self._start(PHASE_OPTIMIZER)
             self._end(PHASE_OPTIMIZER)
+            self.optimizer_open = False
             if completed > self.step:
                 self.step = completed
         return None
