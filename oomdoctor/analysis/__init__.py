@@ -451,7 +451,9 @@ def _context(
         pass_allocated_bytes=pass_allocated,
         pass_kept_bytes=pass_kept,
         pass_kept_count=pass_kept_count,
-        earlier_passes_allocated_bytes=_earlier_passes_allocated(dump, target) if moment.phase == PHASE_FORWARD else 0,
+        earlier_passes_allocated_bytes=(
+            _earlier_passes_allocated(dump, target) if moment.phase in (PHASE_FORWARD, PHASE_BETWEEN) else 0
+        ),
         request_frames=dump.trace.frames_at(target.index) if accounted.fatal and target.index is not None else (),
         trace_entries=len(dump.trace),
         end_components=end_components,

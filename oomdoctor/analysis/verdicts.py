@@ -689,8 +689,10 @@ def kept_outputs(ctx: Context) -> KeptOutputs | None:
     """The evidence of outputs accumulated across batches of a loop without backward (an evaluation
     or prediction loop): several forward passes, each earlier one leaving a small share of what it
     allocated alive (its outputs, not its graph: under no_grad a pass frees every intermediate once
-    used), so that what is kept grows pass after pass. None when the passes do not show that."""
-    if ctx.target_phase != PHASE_FORWARD:
+    used), so that what is kept grows pass after pass. Judged in a pass, or between steps after the
+    passes (the loop's end, where the kept outputs are concatenated). None when the passes do not
+    show that."""
+    if ctx.target_phase not in (PHASE_FORWARD, PHASE_BETWEEN):
         return None
     forwards, kept, _ = _kept_from_earlier_passes(ctx)
     earlier = forwards[:-1]
