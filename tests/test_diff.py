@@ -173,3 +173,40 @@ def test_hostile_site_names_are_escaped():
         if "evil" in line:
             assert "``" in line  # the backtick inside makes the span's fence longer: never a link
     assert b"\x1b" not in diff_report.to_json(hostile_diff)
+
+
+BATCH_16 = FIXTURES / "dumps" / "no-oom-gpt-adamw.pickle"
+BATCH_32 = FIXTURES / "dumps" / "no-oom-gpt-adamw-batch-32.pickle"
+
+
+def test_the_same_run_at_twice_the_batch_doubles_its_activations_and_their_sites():
+    """A fixture pair with a known difference: train.py at --batch-size 16 and 32 (the manifest's
+    ground truth and the registry say the same model, optimizer and steps)."""
+    diff = pipeline.diff_files(str(BATCH_16), str(BATCH_32))
+    components = {row.name: row for row in diff.at_peak.components}
+    activations = components["activations"]
+    assert activations.b_bytes == pytest.approx(2 * activations.a_bytes, rel=0.02)
+    parameters_a = sum(b.size_bytes for b in analyse(load(BATCH_16)).live_blocks if b.component == "parameters")
+    parameters_b = sum(b.size_bytes for b in analyse(load(BATCH_32)).live_blocks if b.component == "parameters")
+    assert parameters_a == parameters_b  # the model is the same: its parameters do not move
+    if "parameters" in components:
+        assert components["parameters"].a_bytes == components["parameters"].b_bytes
+    grown = [site for site in diff.at_peak.sites if site.component == "activations"]
+    assert grown and all(site.status == GREW for site in grown)
+    assert all(site.b_bytes == pytest.approx(2 * site.a_bytes, rel=0.02) for site in grown)
+    assert grown[0] is diff.at_peak.sites[0]  # the largest change first is an activation site
+    text = diff_report.to_text(diff)
+    assert "'--batch-size' went from '16' to '32'" in text and "activations +" in text
+    assert "16×64 to 32×64" in text  # the registry's record of the inputs
+
+
+def test_two_ranks_where_one_does_more_work(tmp_path):
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    shutil.copy(BATCH_16, folder / "oom-rank0-node-1-20260101T000000Z.pickle")
+    shutil.copy(BATCH_32, folder / "oom-rank1-node-1-20260101T000000Z.pickle")
+    diff = pipeline.diff_ranks(str(folder), 0, 1)
+    assert (diff.a.label, diff.b.label) == ("rank 0", "rank 1")
+    assert diff.headline.peak.delta_bytes > 0
+    sites = [site for site in diff.at_peak.sites if site.component == "activations"]
+    assert sites and all(site.status == GREW for site in sites)

@@ -10,7 +10,7 @@ import pytest
 
 from oomdoctor.units import human_size as human
 from oomdoctor.views.markdown_report import COMPONENT_LABELS
-from tests.golden.update import FORMATS, GOLDEN_FIXTURES, HERE, REDACTED_FIXTURE, expected_reports
+from tests.golden.update import FORMATS, GOLDEN_FIXTURES, GOLDEN_PAIR_FILES, HERE, REDACTED_FIXTURE, expected_reports
 
 REFRESH = "outputs changed; review them and run `python tests/golden/update.py`"
 
@@ -25,8 +25,10 @@ def test_every_golden_file_is_checked(reports):
     assert on_disk == set(reports), REFRESH
 
 
-GOLDEN_FILES = [f"{name}.{suffix}" for name in GOLDEN_FIXTURES for suffix in FORMATS] + [
-    f"{REDACTED_FIXTURE}.redacted.md"
+GOLDEN_FILES = [
+    *(f"{name}.{suffix}" for name in GOLDEN_FIXTURES for suffix in FORMATS),
+    f"{REDACTED_FIXTURE}.redacted.md",
+    *GOLDEN_PAIR_FILES,
 ]
 
 

@@ -25,6 +25,9 @@ GOLDEN_FIXTURES = (
 )
 REDACTED_FIXTURE = "optimizer-state-buildup-mlp-adam"
 FORMATS = {"txt": "text", "md": "md", "json": "json"}
+# `oomdoctor diff A B` of a pair with known differences: the same run at batch 16 and 32
+GOLDEN_PAIRS = (("no-oom-gpt-adamw", "no-oom-gpt-adamw-batch-32"),)
+GOLDEN_PAIR_FILES = tuple(f"diff-{a}-vs-{b}.{suffix}" for a, b in GOLDEN_PAIRS for suffix in FORMATS)
 
 
 def expected_reports() -> dict[str, bytes]:
@@ -41,6 +44,25 @@ def expected_reports() -> dict[str, bytes]:
             reports[f"{name}.{suffix}"] = render_report(snapshot, output_format, source=f"{name}.pickle")
         if name == REDACTED_FIXTURE:
             reports[f"{name}.redacted.md"] = render_report(snapshot, "md", source=f"{name}.pickle", redact=True)
+    reports.update(expected_diffs())
+    return reports
+
+
+def expected_diffs() -> dict[str, bytes]:
+    """Golden file name -> the bytes `oomdoctor diff A.pickle B.pickle` prints for each pair."""
+    from oomdoctor.analysis.diff import DIFF_FILES, compare
+    from oomdoctor.load import load
+    from oomdoctor.pipeline import diff_side
+    from oomdoctor.views import diff_report
+
+    reports = {}
+    for a, b in GOLDEN_PAIRS:
+        sides = [diff_side(load(DUMPS / f"{name}.pickle"), f"{name}.pickle") for name in (a, b)]
+        diff = compare(sides[0], sides[1], kind=DIFF_FILES)
+        stem = f"diff-{a}-vs-{b}"
+        reports[f"{stem}.txt"] = diff_report.to_text(diff).encode()
+        reports[f"{stem}.md"] = diff_report.to_markdown(diff).encode()
+        reports[f"{stem}.json"] = diff_report.to_json(diff)
     return reports
 
 
