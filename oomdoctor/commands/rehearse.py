@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from oomdoctor.errors import OomdoctorError
-from oomdoctor.units import parse_size
+from oomdoctor.units import parse_size, plural
 
 _OPTIONS = {
     "--device-memory": "device_memory",
@@ -211,7 +211,7 @@ def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | N
     notes = list(result.fake_notes.lines()) if result.fake_notes is not None else []
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
-        notes.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {_where(caught[0])}")
+        notes.append(f"  the script caught {_errors(len(caught))}, the first at {_where(caught[0])}")
     notes.append(f"  dump: {_display(result.end_dump)}  (oomdoctor report {_display(result.end_dump)})")
     extra: dict[str, Any] = {"script": script.name, "fits": True, "fake": bool(config.fake)}
     if result.fake_notes is not None:
@@ -272,12 +272,16 @@ def format_result(script: Path, config: Any, result: Any) -> str:
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
         first = _where(caught[0])
-        lines.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {first}")
+        lines.append(f"  the script caught {_errors(len(caught))}, the first at {first}")
     for path in result.dump_paths:
         lines.append(f"  dump: {_display(path)}  (oomdoctor report {_display(path)})")
     if result.oom is not None and not result.dump_paths:
         lines.append("  dump: none was written (see the messages above)")
     return "\n".join(lines)
+
+
+def _errors(count: int) -> str:
+    return plural(count, "out-of-memory error")
 
 
 def _where(oom: Any) -> str:

@@ -11,7 +11,7 @@ import orjson
 from oomdoctor.messages.explain import Explanation
 from oomdoctor.messages.figures import Figure
 from oomdoctor.safetext import json_printable, printable_lines
-from oomdoctor.units import human_size
+from oomdoctor.units import human_size, plural
 
 JSON_SCHEMA_VERSION = 1
 WIDTH = 100
@@ -76,7 +76,7 @@ def _section(title: str, items: tuple[str, ...], numbered: bool = False) -> list
 def to_text(explanations: list[Explanation], highlighted: int, reason: str, source: str) -> str:
     total = sum(e.message.occurrences for e in explanations)
     distinct = len(explanations)
-    lines = [f"{total} OOM message{'s' if total != 1 else ''} in {source}"
+    lines = [f"{plural(total, 'OOM message')} in {source}"
              + (f" ({distinct} distinct)" if distinct != total else "")]  # fmt: skip
     if distinct > 1:
         lines.append(f"Message {highlighted + 1} is shown in full: {reason}.")
