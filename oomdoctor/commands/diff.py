@@ -35,8 +35,10 @@ from oomdoctor.commands import (
     add_format_argument,
     add_max_bytes_argument,
     add_redact_argument,
+    add_width_argument,
     check_gate,
     max_bytes_argument,
+    wrapped,
     write_output,
 )
 from oomdoctor.errors import OomdoctorError
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, "compare this device instead of the failing one (files and steps)")
     add_max_bytes_argument(parser)
     add_fail_if_argument(parser)
+    add_width_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,5 +95,6 @@ def run(args: argparse.Namespace) -> int:
             result = pipeline.diff_steps(args.file, *args.steps, device=args.device, redact=redact, max_bytes=max_bytes)
         else:
             result = pipeline.diff_files(args.file, args.other, device=args.device, redact=redact, max_bytes=max_bytes)
-    write_output(pipeline.render_diff(result, args.format))
+    rendered = pipeline.render_diff(result, args.format)
+    write_output(wrapped(rendered, args) if args.format == "text" else rendered)
     return check_gate(condition, diff_figures(result)) if condition is not None else 0

@@ -46,6 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oomdoctor.commands import add_width_argument, text_width
 from oomdoctor.errors import OomdoctorError
 from oomdoctor.units import parse_size, plural
 
@@ -56,6 +57,7 @@ _OPTIONS = {
     "--cuda-context": "cuda_context",
     "--out": "out",
     "--format": "format",
+    "--width": "width",
 }
 _FLAGS = {"--fake": "fake"}
 
@@ -100,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tensors carry no data (torch's fake tensors): far less CPU time and host RAM, the same allocations",
     )
+    add_width_argument(parser)
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments"
     )
@@ -138,6 +141,7 @@ def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     script, script_args = split_command(args)
+    width = text_width(args)  # a bad --width fails before the script runs
     if args.device_memory is None:
         raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
     if not script.is_file():
@@ -173,7 +177,12 @@ def run(args: argparse.Namespace) -> int:
     if output_format not in ("text", "md", "json"):
         raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
     plan = _plan(script, config, result, output_format)
-    print(plan if plan is not None else format_result(script, config, result))
+    text = plan if plan is not None else format_result(script, config, result)
+    if output_format == "text" or plan is None:  # the result without a plan is text in any format
+        from oomdoctor.views.wrap import wrap_text
+
+        text = wrap_text(text, width)
+    print(text)
     return result.exit_code
 
 
