@@ -1,10 +1,10 @@
 """Compare two dumps, two steps of one dump, or two ranks of a folder: what changed, and where.
 
-    oomdoctor diff a.pickle b.pickle                 # two runs (config A against config B)
-    oomdoctor diff dump.pickle --steps 0 1           # what step 1 added to step 0
-    oomdoctor diff oom-dumps/ --ranks 0 5            # why rank 5 and not rank 0
-    oomdoctor diff a.pickle b.pickle --format md     # to paste into an issue
-    oomdoctor diff a.pickle b.pickle --fail-if "peak_growth > 10%"   # a CI gate
+    oomdoctor diff a.pickle b.pickle              # config A against config B
+    oomdoctor diff dump.pickle --steps 0 1        # what step 1 adds to step 0
+    oomdoctor diff oom-dumps/ --ranks 0 5         # why rank 5 and not rank 0
+    oomdoctor diff a.pickle b.pickle --format md  # to paste into an issue
+    oomdoctor diff a.pickle b.pickle --fail-if "peak_growth > 10%"  # a CI gate
 
 A one-paragraph summary comes first: how much higher or lower B peaks than A, the component and the
 allocation site that changed most, whether the verdict changed, and what the dumps record that may

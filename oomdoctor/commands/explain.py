@@ -2,7 +2,7 @@
 
     oomdoctor explain train.log
     kubectl logs trainer-0 | oomdoctor explain -
-    oomdoctor explain --message "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has ..."
+    oomdoctor explain --message "CUDA out of memory. Tried to allocate 20.00 MiB ..."
     oomdoctor explain train.log --format json
 
 Finds every OOM message in the text, whatever the log did to it (line wrapping, [rankN]: and

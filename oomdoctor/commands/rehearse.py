@@ -1,6 +1,8 @@
 """Run a script on CPU against a simulated GPU: would it fit, where would it fail? (experimental)
 
-    oomdoctor rehearse train.py --device-memory 24GiB [--alloc-conf STR] [--out DIR] [-- ARGS]
+    oomdoctor rehearse train.py --device-memory 24GiB
+    oomdoctor rehearse SCRIPT --device-memory SIZE [--alloc-conf STR] \\
+        [--out DIR] [-- ARGS]
 
 The script runs in this process as `python train.py ARGS` would, on the CPU, while every tensor
 storage it creates is also allocated in a simulator of torch's CUDA caching allocator (rounding,
