@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -20,10 +21,14 @@ from oomdoctor.commands import open as open_verb
 from oomdoctor.commands import run as run_verb
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
 from oomdoctor.safetext import printable
+from oomdoctor.views.wrap import reflow
 
 DEBUG_ENV = "OOMDOCTOR_DEBUG"  # "1": an unforeseen exception shows its traceback (for bug reports)
 # An error is one line: what comes from the file in it (a global's name, keys) is escaped and cut.
 ERROR_LIMIT = 1000
+
+# `--help` is as wide as the terminal, up to this (prose wider than 80 columns reads badly)
+HELP_WIDTH = 80
 
 # (name, module) in the order `oomdoctor --help` lists them
 VERBS: tuple[tuple[str, ModuleType], ...] = (
@@ -39,10 +44,25 @@ VERBS: tuple[tuple[str, ModuleType], ...] = (
 )
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`--help` within the terminal's width (COLUMNS), at most HELP_WIDTH: the description (a verb's
+    docstring) has its paragraphs rewrapped to it, its indented examples and tables kept as lines
+    (oomdoctor.views.wrap.reflow); argparse wraps the rest."""
+
+    def __init__(self, prog: str, **kwargs) -> None:
+        columns = shutil.get_terminal_size().columns
+        kwargs["width"] = max(min(columns, HELP_WIDTH) - 2, 20)
+        super().__init__(prog, **kwargs)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in reflow(text, width - len(indent)).splitlines(keepends=True))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="oomdoctor",
         description="Post-mortem debugger for PyTorch CUDA out-of-memory failures.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"oomdoctor {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="COMMAND")
@@ -53,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
             verb,
             help=summary,
             description=doc,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)

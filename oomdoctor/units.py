@@ -1,4 +1,5 @@
-"""Sizes in bytes to and from text: what users type, torch's OOM-message style, and the views' style.
+"""Sizes in bytes to and from text: what users type, torch's OOM-message style, and the views' style;
+and a count with its noun ("1 block", "2 blocks"), which every layer words the same way.
 
 Pure Python, shared by every layer (capture, load, analysis, views, rehearse).
 """
@@ -47,6 +48,12 @@ def format_size(size_bytes: int) -> str:
         return f"{size_bytes >> 30} GiB"
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """'1 block', '0 blocks', '3 blocks'; `nouns` when the plural is not the noun with an s
+    ('1 entry', '2 entries')."""
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
+
+
 def human_size(size_bytes: int | None, decimals: int = 2) -> str:
     """'1.50 KiB', '-3.00 GiB', '1023 bytes'; 'unknown' for None. Units step at 1024, up to TiB."""
     if size_bytes is None:
@@ -59,6 +66,6 @@ def human_size(size_bytes: int | None, decimals: int = 2) -> str:
     value = abs(value)
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if value < 1024:
-            return f"{sign}{int(value)} bytes" if unit == "bytes" else f"{sign}{value:.{decimals}f} {unit}"
+            return f"{sign}{plural(int(value), 'byte')}" if unit == "bytes" else f"{sign}{value:.{decimals}f} {unit}"
         value /= 1024
     return f"{sign}{value:.{decimals}f} TiB"

@@ -47,3 +47,10 @@ def corpus_params():
     if not CORPUS_SNAPSHOTS:
         return [pytest.param(None, marks=pytest.mark.skip(reason="corpus not found"))]
     return [pytest.param(p, id=p.name) for p in CORPUS_SNAPSHOTS]
+
+
+@pytest.fixture(autouse=True)
+def _no_columns_from_the_environment(monkeypatch):
+    """Text output wraps to COLUMNS when it is set (oomdoctor.commands.text_width): the reports the
+    tests read are whole lines, whatever terminal or CI ran pytest."""
+    monkeypatch.delenv("COLUMNS", raising=False)

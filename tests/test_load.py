@@ -337,7 +337,7 @@ def test_a_malformed_alloc_conf_is_a_loader_note_not_an_analysis_error() -> None
 
     conf = "large_segment_size_mb:\u00b2,roundup_power2_divisions:[2:3],no_such_key:1,expandable_segments:True"
     snapshot = load(pickle.dumps(_conf_snapshot(conf)))
-    assert snapshot.notes == (ALLOC_CONF_ITEMS_LEFT_OUT_NOTE.format(count=3),)
+    assert snapshot.notes == (ALLOC_CONF_ITEMS_LEFT_OUT_NOTE.format(items="3 items"),)
     assert snapshot.allocator_settings.raw_conf == conf  # kept as recorded, for showing
     assert snapshot.allocator_settings.large_segment_size_bytes == 20 * MiB  # the default stands
     assert analyse(snapshot).accounting.message_bytes == 20 * MiB

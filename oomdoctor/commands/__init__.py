@@ -1,11 +1,14 @@
 """The CLI's verbs, one module each; helpers here are what several verbs share: the arguments
-they have in common (FILE, --format, --redact, --device, --max-bytes, --fail-if), reading
---max-bytes back, checking --fail-if, and writing a report out whole. Loading, analysing and rendering is oomdoctor.pipeline's.
+they have in common (FILE, --format, --redact, --device, --max-bytes, --fail-if, --width), reading
+--max-bytes back, checking --fail-if, the width text is wrapped to, and writing a report out whole.
+Loading, analysing and rendering is oomdoctor.pipeline's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 
 from oomdoctor.errors import EXIT_FINDINGS, EXIT_OK, OomdoctorError
@@ -69,6 +72,54 @@ def max_bytes_argument(args: argparse.Namespace) -> int | None:
         return parse_size(args.max_bytes)
     except (ValueError, TypeError) as error:
         raise OomdoctorError(f"--max-bytes: {error}") from None
+
+
+WIDTH_HELP = (
+    "wrap text to N columns (default: COLUMNS if set, else the terminal's width on a terminal, "
+    "else no wrapping; 0: never wrap)"
+)
+
+
+def add_width_argument(parser: argparse.ArgumentParser, help: str = WIDTH_HELP) -> None:
+    """--width N, the width text output is wrapped to (read with `text_width`)."""
+    parser.add_argument("--width", metavar="N", default=None, help=help)
+
+
+def text_width(args: argparse.Namespace) -> int | None:
+    """The columns text output wraps to, None for whole lines: --width N (0: None); else the
+    COLUMNS environment variable, as shutil.get_terminal_size reads it; else, when standard output
+    is a terminal, its width; else None, so that a pipe, a file or grep sees whole lines."""
+    given = getattr(args, "width", None)
+    if given is not None:
+        try:
+            width = int(given)
+        except (TypeError, ValueError):
+            raise OomdoctorError(f"--width: not a number of columns: {given!r}") from None
+        if width < 0:
+            raise OomdoctorError(f"--width: not a number of columns: {given!r}")
+        return width or None
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
+def wrapped(data: bytes, args: argparse.Namespace) -> bytes:
+    """A text report (`data`) wrapped to `text_width(args)` (oomdoctor.views.wrap)."""
+    width = text_width(args)
+    if width is None:
+        return data
+    from oomdoctor.views.wrap import wrap_text
+
+    return wrap_text(data.decode(), width).encode()
 
 
 def write_output(data: bytes) -> None:

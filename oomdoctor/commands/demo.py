@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oomdoctor.commands import add_format_argument, report
+from oomdoctor.commands import add_format_argument, add_width_argument, report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_format_argument(parser, help="report format when printing (default: text)")
     parser.add_argument("--text", action="store_true", help="print the text report even in a terminal")
+    add_width_argument(parser)
 
 
 def opens_app(args: argparse.Namespace) -> bool:
@@ -42,4 +43,8 @@ def run(args: argparse.Namespace) -> int:
             snapshot, analysis = load_and_analyse(EXAMPLE_DUMP)
             make_app(analysis, snapshot, source=EXAMPLE_DUMP.name).run()
             return 0
-    return report.run(argparse.Namespace(file=str(EXAMPLE_DUMP), format=args.format, device=None, max_bytes=None))
+    return report.run(
+        argparse.Namespace(
+            file=str(EXAMPLE_DUMP), format=args.format, device=None, max_bytes=None, width=getattr(args, "width", None)
+        )
+    )

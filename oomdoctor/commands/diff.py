@@ -1,10 +1,10 @@
 """Compare two dumps, two steps of one dump, or two ranks of a folder: what changed, and where.
 
-    oomdoctor diff a.pickle b.pickle                 # two runs (config A against config B)
-    oomdoctor diff dump.pickle --steps 0 1           # what step 1 added to step 0
-    oomdoctor diff oom-dumps/ --ranks 0 5            # why rank 5 and not rank 0
-    oomdoctor diff a.pickle b.pickle --format md     # to paste into an issue
-    oomdoctor diff a.pickle b.pickle --fail-if "peak_growth > 10%"   # a CI gate
+    oomdoctor diff a.pickle b.pickle              # config A against config B
+    oomdoctor diff dump.pickle --steps 0 1        # what step 1 adds to step 0
+    oomdoctor diff oom-dumps/ --ranks 0 5         # why rank 5 and not rank 0
+    oomdoctor diff a.pickle b.pickle --format md  # to paste into an issue
+    oomdoctor diff a.pickle b.pickle --fail-if "peak_growth > 10%"  # a CI gate
 
 A one-paragraph summary comes first: how much higher or lower B peaks than A, the component and the
 allocation site that changed most, whether the verdict changed, and what the dumps record that may
@@ -35,8 +35,10 @@ from oomdoctor.commands import (
     add_format_argument,
     add_max_bytes_argument,
     add_redact_argument,
+    add_width_argument,
     check_gate,
     max_bytes_argument,
+    wrapped,
     write_output,
 )
 from oomdoctor.errors import OomdoctorError
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, "compare this device instead of the failing one (files and steps)")
     add_max_bytes_argument(parser)
     add_fail_if_argument(parser)
+    add_width_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,5 +95,6 @@ def run(args: argparse.Namespace) -> int:
             result = pipeline.diff_steps(args.file, *args.steps, device=args.device, redact=redact, max_bytes=max_bytes)
         else:
             result = pipeline.diff_files(args.file, args.other, device=args.device, redact=redact, max_bytes=max_bytes)
-    write_output(pipeline.render_diff(result, args.format))
+    rendered = pipeline.render_diff(result, args.format)
+    write_output(wrapped(rendered, args) if args.format == "text" else rendered)
     return check_gate(condition, diff_figures(result)) if condition is not None else 0

@@ -2,7 +2,7 @@
 
     oomdoctor explain train.log
     kubectl logs trainer-0 | oomdoctor explain -
-    oomdoctor explain --message "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has ..."
+    oomdoctor explain --message "CUDA out of memory. Tried to allocate 20.00 MiB ..."
     oomdoctor explain train.log --format json
 
 Finds every OOM message in the text, whatever the log did to it (line wrapping, [rankN]: and
@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oomdoctor.commands import add_file_argument, add_format_argument
+from oomdoctor.commands import add_file_argument, add_format_argument, add_width_argument, text_width
 from oomdoctor.errors import OomdoctorError
 
 MAX_LOG_BYTES = 1024**3
@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_file_argument(parser, "a log or text holding the message; - for stdin", optional=True)
     parser.add_argument("--message", metavar="TEXT", help="the message itself instead of a file")
     add_format_argument(parser)
+    add_width_argument(
+        parser, "wrap text to N columns (default: COLUMNS if set, else the terminal's width on a terminal, else 100)"
+    )
 
 
 def _read(args: argparse.Namespace) -> tuple[str, str]:
@@ -71,7 +74,7 @@ def _read(args: argparse.Namespace) -> tuple[str, str]:
 def run(args: argparse.Namespace) -> int:
     from oomdoctor.messages import ForeignMessage, explain, find_messages
     from oomdoctor.messages.explain import highlight
-    from oomdoctor.views.explain import to_json, to_text
+    from oomdoctor.views.explain import WIDTH, to_json, to_text
 
     text, source = _read(args)
     if not text.strip():
@@ -92,5 +95,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(to_json(explanations, index, reason, source))
         sys.stdout.flush()
     else:
-        sys.stdout.write(to_text(explanations, index, reason, source))
+        sys.stdout.write(to_text(explanations, index, reason, source, width=text_width(args) or WIDTH))
     return 0

@@ -30,13 +30,21 @@ import argparse
 import os
 import sys
 
-from oomdoctor.commands import add_file_argument, add_format_argument, add_max_bytes_argument, max_bytes_argument
+from oomdoctor.commands import (
+    add_file_argument,
+    add_format_argument,
+    add_max_bytes_argument,
+    add_width_argument,
+    max_bytes_argument,
+    text_width,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_file_argument(parser, "snapshot file, or a folder of per-rank dumps")
     add_format_argument(parser, help="output format (default text)")
     add_max_bytes_argument(parser, "refuse larger files (default 4GiB)", parse_early=True)
+    add_width_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
     max_bytes = max_bytes_argument(args)
     if os.path.isdir(args.file):
-        sys.stdout.write(pipeline.info_folder(args.file, args.format, max_bytes=max_bytes))
-        return 0
-    sys.stdout.write(pipeline.info_file(args.file, args.format, max_bytes=max_bytes))
+        text = pipeline.info_folder(args.file, args.format, max_bytes=max_bytes)
+    else:
+        text = pipeline.info_file(args.file, args.format, max_bytes=max_bytes)
+    if args.format == "text":
+        from oomdoctor.views.wrap import wrap_text
+
+        text = wrap_text(text, text_width(args))
+    sys.stdout.write(text)
     return 0

@@ -1,6 +1,7 @@
 """Write a copy of a dump without personal details, fit to attach to an issue.
 
-    oomdoctor redact oom-dumps/oom-rank0-gpu7-4242-20250101T000000Z.pickle shared.pickle.gz
+    oomdoctor redact oom-dumps/oom-rank0-gpu7-4242-20250101T000000Z.pickle \\
+        shared.pickle.gz
 
 Frames' file names lose their home-directory and other absolute prefixes (a path keeps its part
 after site-packages/ or under the project's root, otherwise its file name); in oomdoctor's metadata

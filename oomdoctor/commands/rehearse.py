@@ -1,6 +1,8 @@
 """Run a script on CPU against a simulated GPU: would it fit, where would it fail? (experimental)
 
-    oomdoctor rehearse train.py --device-memory 24GiB [--alloc-conf STR] [--out DIR] [-- ARGS]
+    oomdoctor rehearse train.py --device-memory 24GiB
+    oomdoctor rehearse SCRIPT --device-memory SIZE [--alloc-conf STR] \\
+        [--out DIR] [-- ARGS]
 
 The script runs in this process as `python train.py ARGS` would, on the CPU, while every tensor
 storage it creates is also allocated in a simulator of torch's CUDA caching allocator (rounding,
@@ -46,8 +48,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oomdoctor.commands import add_width_argument, text_width
 from oomdoctor.errors import OomdoctorError
-from oomdoctor.units import parse_size
+from oomdoctor.units import parse_size, plural
 
 _OPTIONS = {
     "--device-memory": "device_memory",
@@ -56,6 +59,7 @@ _OPTIONS = {
     "--cuda-context": "cuda_context",
     "--out": "out",
     "--format": "format",
+    "--width": "width",
 }
 _FLAGS = {"--fake": "fake"}
 
@@ -100,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tensors carry no data (torch's fake tensors): far less CPU time and host RAM, the same allocations",
     )
+    add_width_argument(parser)
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments"
     )
@@ -138,6 +143,7 @@ def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     script, script_args = split_command(args)
+    width = text_width(args)  # a bad --width fails before the script runs
     if args.device_memory is None:
         raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
     if not script.is_file():
@@ -173,7 +179,12 @@ def run(args: argparse.Namespace) -> int:
     if output_format not in ("text", "md", "json"):
         raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
     plan = _plan(script, config, result, output_format)
-    print(plan if plan is not None else format_result(script, config, result))
+    text = plan if plan is not None else format_result(script, config, result)
+    if output_format == "text" or plan is None:  # the result without a plan is text in any format
+        from oomdoctor.views.wrap import wrap_text
+
+        text = wrap_text(text, width)
+    print(text)
     return result.exit_code
 
 
@@ -211,7 +222,7 @@ def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | N
     notes = list(result.fake_notes.lines()) if result.fake_notes is not None else []
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
-        notes.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {_where(caught[0])}")
+        notes.append(f"  the script caught {_errors(len(caught))}, the first at {_where(caught[0])}")
     notes.append(f"  dump: {_display(result.end_dump)}  (oomdoctor report {_display(result.end_dump)})")
     extra: dict[str, Any] = {"script": script.name, "fits": True, "fake": bool(config.fake)}
     if result.fake_notes is not None:
@@ -272,12 +283,16 @@ def format_result(script: Path, config: Any, result: Any) -> str:
     caught = [oom for oom in result.ooms_seen if oom is not result.oom]
     if caught:
         first = _where(caught[0])
-        lines.append(f"  the script caught {len(caught)} out-of-memory error(s), the first at {first}")
+        lines.append(f"  the script caught {_errors(len(caught))}, the first at {first}")
     for path in result.dump_paths:
         lines.append(f"  dump: {_display(path)}  (oomdoctor report {_display(path)})")
     if result.oom is not None and not result.dump_paths:
         lines.append("  dump: none was written (see the messages above)")
     return "\n".join(lines)
+
+
+def _errors(count: int) -> str:
+    return plural(count, "out-of-memory error")
 
 
 def _where(oom: Any) -> str:

@@ -46,8 +46,10 @@ from oomdoctor.commands import (
     add_format_argument,
     add_max_bytes_argument,
     add_redact_argument,
+    add_width_argument,
     check_gate,
     max_bytes_argument,
+    wrapped,
     write_output,
 )
 from oomdoctor.errors import OomdoctorError
@@ -60,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser, "judge this device instead of the failing one")
     add_max_bytes_argument(parser)
     add_fail_if_argument(parser)
+    add_width_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        write_output(pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes))
+        write_output(_wrapped(pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes), args))
         return 0
-    write_output(pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes))
+    report = pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes)
+    write_output(_wrapped(report, args))
     return 0
 
 
@@ -96,14 +100,19 @@ def _run_gated(args: argparse.Namespace, fail_if: str) -> int:
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
         rendered, folder = pipeline.report_folder_read(args.file, args.format, redact=redact, max_bytes=max_bytes)
-        write_output(rendered)
+        write_output(_wrapped(rendered, args))
         codes = [check_gate(condition, report_figures(dump.analysis), who=_rank_name(dump)) for dump in folder.dumps]
         return EXIT_FINDINGS if EXIT_FINDINGS in codes else EXIT_OK
     rendered, analysis = pipeline.report_file_analysed(
         args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes
     )
-    write_output(rendered)
+    write_output(_wrapped(rendered, args))
     return check_gate(condition, report_figures(analysis))
+
+
+def _wrapped(rendered: bytes, args: argparse.Namespace) -> bytes:
+    """The text report wrapped to the terminal (--width); Markdown and JSON as they are."""
+    return wrapped(rendered, args) if args.format == "text" else rendered
 
 
 def _rank_name(dump) -> str:

@@ -38,6 +38,7 @@ from oomdoctor.model import (
     Snapshot,
 )
 from oomdoctor.safetext import describe_value
+from oomdoctor.units import plural
 
 _NONE_TYPE = type(None)
 _STATE_ALIASES = {
@@ -524,7 +525,7 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era, notes: list[st
         raise _shape_error(describe, "allocator_settings 'garbage_collection_threshold' is not a number")
     recorded = recorded_settings(raw)
     if recorded.conf_items_left_out:
-        notes.append(ALLOC_CONF_ITEMS_LEFT_OUT_NOTE.format(count=recorded.conf_items_left_out))
+        notes.append(ALLOC_CONF_ITEMS_LEFT_OUT_NOTE.format(items=plural(recorded.conf_items_left_out, "item")))
     extra = {k: v for k, v in raw.items() if k not in _NAMED_SETTINGS and type(k) is str}
     frozen_extra = freeze_builtins(extra)
     return AllocatorSettings(
@@ -539,7 +540,7 @@ def _build_allocator_settings(raw: Any, describe: str, era: _Era, notes: list[st
 
 
 ALLOC_CONF_ITEMS_LEFT_OUT_NOTE = (
-    "the recorded PYTORCH_CUDA_ALLOC_CONF holds {count} item(s) torch 2.13 would refuse (malformed, out of "
+    "the recorded PYTORCH_CUDA_ALLOC_CONF holds {items} torch 2.13 would refuse (malformed, out of "
     "range or an unknown key) and they were left out: the allocator's defaults stand for them"
 )
 

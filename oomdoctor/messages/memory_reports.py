@@ -27,7 +27,7 @@ from oomdoctor.messages.model import (
     VLLM_MEMORY,
     OomMessage,
 )
-from oomdoctor.units import GIB, MIB, human_size, parse_size
+from oomdoctor.units import GIB, MIB, human_size, parse_size, plural
 
 if TYPE_CHECKING:
     from oomdoctor.messages.explain import Explanation
@@ -291,11 +291,11 @@ def explain_report(message: OomMessage) -> Explanation:
             f"(peak {_h(figures.get('peak_reserved'))})."
         )
         if ooms:
-            findings.append(f"the allocator ran out of memory {ooms} time(s) before this table was printed")
+            findings.append(f"the allocator ran out of memory {plural(ooms, 'time')} before this table was printed")
         if retries:
             findings.append(
-                f"{retries} cudaMalloc retries: the allocator freed its whole cache and asked the GPU again {retries} "
-                "time(s), a sign that memory was tight or fragmented (and each retry is slow)"
+                f"{plural(retries, 'cudaMalloc retry', 'cudaMalloc retries')}: the allocator freed its whole cache"
+                f" and asked the GPU again {plural(retries, 'time')}, a sign that memory was tight or fragmented (and each retry is slow)"
             )
         non_releasable = figures.get("non_releasable")
         if (

@@ -20,7 +20,7 @@ from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpa
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
 from oomdoctor.safetext import printable
-from oomdoctor.units import human_size
+from oomdoctor.units import human_size, plural
 from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import COMPONENT_LABELS, allocated_rows, evidence_line, where_label
 
@@ -135,7 +135,7 @@ def component_lines(analysis: Analysis) -> list[str]:
         if share.bytes:
             percent = f"{share.bytes / total:6.1%}" if total else ""
             lines.append(
-                f"{COMPONENT_LABELS[share.name]:<16} {human_size(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method})"
+                f"{COMPONENT_LABELS[share.name]:<16} {human_size(share.bytes):>12} {percent}  ({plural(share.block_count, 'block')}, {share.method})"
             )
     return lines or ["no live blocks"]
 

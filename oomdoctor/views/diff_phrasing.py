@@ -32,6 +32,7 @@ from oomdoctor.analysis.diff import (
     SiteChange,
 )
 from oomdoctor.units import human_size as human
+from oomdoctor.units import plural
 from oomdoctor.views.report_rows import COMPONENT_LABELS
 
 Quote = Callable[[str], str]
@@ -99,16 +100,12 @@ def site(item: SiteChange, quote: Quote = _plain) -> str:
     """'activations of `models.py:87 in forward` grew 1.89× (+16.01 MiB, 4 → 5 blocks)'."""
     what = "module" if item.kind == SITE_MODULE else "line"
     if item.status == APPEARED:
-        how = f"appeared ({human(item.b_bytes)}, {_blocks(item.b_blocks)})"
+        how = f"appeared ({human(item.b_bytes)}, {plural(item.b_blocks, 'block')})"
     elif item.status == WENT:
-        how = f"went ({human(item.a_bytes)}, {_blocks(item.a_blocks)})"
+        how = f"went ({human(item.a_bytes)}, {plural(item.a_blocks, 'block')})"
     else:
-        how = f"{STATUS[item.status]} {ratio(item.ratio)} ({signed(item.delta_bytes)}, {item.a_blocks} → {item.b_blocks} blocks)"
+        how = f"{STATUS[item.status]} {ratio(item.ratio)} ({signed(item.delta_bytes)}, {item.a_blocks} → {plural(item.b_blocks, 'block')})"
     return f"{label(item.component)} of {what} {quote(item.key)} {how}"
-
-
-def _blocks(count: int) -> str:
-    return f"{count} block{'' if count == 1 else 's'}"
 
 
 def input_change(item: InputChange, quote: Quote = _plain) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 from typing import Any
 
 import orjson
@@ -11,10 +10,11 @@ import orjson
 from oomdoctor.messages.explain import Explanation
 from oomdoctor.messages.figures import Figure
 from oomdoctor.safetext import json_printable, printable_lines
-from oomdoctor.units import human_size
+from oomdoctor.units import human_size, plural
+from oomdoctor.views.wrap import MIN_LAST_CELL, fill, wrap_text
 
 JSON_SCHEMA_VERSION = 1
-WIDTH = 100
+WIDTH = 100  # the width text is wrapped to when not told another (a terminal's, --width)
 
 _KIND_NAMES = {
     "caching-allocator": "caching allocator",
@@ -49,34 +49,38 @@ def _header(explanation: Explanation) -> str:
     return ", ".join(bits)
 
 
-def _figure_rows(figures: tuple[Figure, ...], indent: str) -> list[str]:
-    width = max((len(f.label) for f in figures), default=0)
+def _figure_rows(figures: tuple[Figure, ...], indent: str, width: int) -> list[str]:
+    label_width = max((len(f.label) for f in figures), default=0)
     rows = []
     for f in figures:
         value = human_size(f.bytes) if f.bytes is not None else "-"
-        head = f"{indent}{f.label:<{width}}  {value:>11}  "
-        rows += textwrap.wrap(f.meaning, WIDTH, initial_indent=head, subsequent_indent=" " * len(head))
+        head = f"{indent}{f.label:<{label_width}}  {value:>11}  "
+        if width - len(head) >= MIN_LAST_CELL:  # the meaning beside its figure, else under it
+            rows += fill(f.meaning, width, head, " " * len(head))
+        else:
+            rows += [head.rstrip(), *fill(f.meaning, width, indent + "    ", indent + "    ")]
     return rows
 
 
-def _wrapped(text: str, indent: str, continuation: str | None = None) -> list[str]:
+def _wrapped(text: str, width: int, indent: str, continuation: str | None = None) -> list[str]:
     hanging = " " * (len(indent) + 2) if continuation is None else continuation
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=hanging)
+    return fill(text, width, indent, hanging)
 
 
-def _section(title: str, items: tuple[str, ...], numbered: bool = False) -> list[str]:
+def _section(title: str, items: tuple[str, ...], width: int, numbered: bool = False) -> list[str]:
     if not items:
         return []
     lines = ["", f"  {title}"]
     for position, item in enumerate(items, 1):
-        lines += _wrapped(item, f"    {position}. " if numbered else "    - ")
+        lines += _wrapped(item, width, f"    {position}. " if numbered else "    - ")
     return lines
 
 
-def to_text(explanations: list[Explanation], highlighted: int, reason: str, source: str) -> str:
+def to_text(explanations: list[Explanation], highlighted: int, reason: str, source: str, *, width: int = WIDTH) -> str:
+    """The explanations as text, wrapped to `width` (oomdoctor.views.wrap)."""
     total = sum(e.message.occurrences for e in explanations)
     distinct = len(explanations)
-    lines = [f"{total} OOM message{'s' if total != 1 else ''} in {source}"
+    lines = [f"{plural(total, 'OOM message')} in {source}"
              + (f" ({distinct} distinct)" if distinct != total else "")]  # fmt: skip
     if distinct > 1:
         lines.append(f"Message {highlighted + 1} is shown in full: {reason}.")
@@ -86,21 +90,22 @@ def to_text(explanations: list[Explanation], highlighted: int, reason: str, sour
         repeats = f", repeated {m.occurrences} times" if m.occurrences > 1 else ""
         lines += ["", f"{mark} Message {index + 1} of {distinct}, line {m.line}{repeats}: {_header(e)}"]
         lines.append(f"  Verdict: {e.verdict}  (confidence {e.confidence:.0%})")
-        lines += _wrapped(e.summary, "  ", "  ")
+        lines += _wrapped(e.summary, width, "  ", "  ")
         if index != highlighted:
             continue
         if m.era_clues:
-            lines += _wrapped(f"torch {m.era or 'version unclear'}, from: {'; '.join(m.era_clues)}", "  ")
-        lines += [""] + _wrapped(m.text, "  | ", "  | ")
+            lines += _wrapped(f"torch {m.era or 'version unclear'}, from: {'; '.join(m.era_clues)}", width, "  ")
+        lines += [""] + _wrapped(m.text, width, "  | ", "  | ")
         if e.figures:
-            lines += ["", "  What the message says"] + _figure_rows(e.figures, "    ")
+            lines += ["", "  What the message says"] + _figure_rows(e.figures, "    ", width)
         if e.derived:
-            lines += ["", "  What follows from it"] + _figure_rows(e.derived, "    ")
-        lines += _section("Findings", e.findings)
-        lines += _section("What to do", e.recommendations, numbered=True)
-        lines += _section("Not known from a message", e.unknowns)
-    # the messages come from a log or pasted text: no control character reaches the terminal
-    return printable_lines(lines) + "\n"
+            lines += ["", "  What follows from it"] + _figure_rows(e.derived, "    ", width)
+        lines += _section("Findings", e.findings, width)
+        lines += _section("What to do", e.recommendations, width, numbered=True)
+        lines += _section("Not known from a message", e.unknowns, width)
+    # the messages come from a log or pasted text: no control character reaches the terminal; the
+    # lines not wrapped above (a message's header) are wrapped like any text view's
+    return wrap_text(printable_lines(lines), width) + "\n"
 
 
 def _plain(value: Any) -> Any:

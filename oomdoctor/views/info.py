@@ -14,6 +14,7 @@ from oomdoctor.analysis.contents import ByteTotals, Contents
 from oomdoctor.model import AllocatorSettings
 from oomdoctor.safetext import json_printable, printable_lines
 from oomdoctor.units import human_size as format_bytes
+from oomdoctor.units import plural
 
 INFO_SCHEMA_VERSION = 1
 
@@ -128,7 +129,7 @@ def to_text(contents: Contents) -> str:
         add("torch", f"{contents.torch_version_hint} (inferred from the keys present)")
     add("devices", ", ".join(map(str, contents.device_list)) or "none")
     totals = contents.totals
-    add("segments", f"{totals.segments} ({totals.blocks} blocks)")
+    add("segments", f"{totals.segments} ({plural(totals.blocks, 'block')})")
     for key in ("reserved_bytes", "allocated_bytes", "requested_bytes", "rounding_bytes", "active_bytes", "free_bytes"):
         value = getattr(totals, key)
         exact = f" ({value} bytes)" if abs(value) >= 1024 else ""
@@ -170,7 +171,7 @@ def to_text(contents: Contents) -> str:
         actions = ", ".join(f"{name} {count}" for name, count in row.actions)
         lines.append("")
         lines.append(f"device {row.device}")
-        add("  segments", f"{row.totals.segments} ({row.totals.blocks} blocks)")
+        add("  segments", f"{row.totals.segments} ({plural(row.totals.blocks, 'block')})")
         add("  reserved", format_bytes(row.totals.reserved_bytes))
         add("  allocated", format_bytes(row.totals.allocated_bytes))
         add("  free (cached)", format_bytes(row.totals.free_bytes))

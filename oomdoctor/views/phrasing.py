@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomdoctor.analysis.results import (
+    SOURCE_NONE,
     Change,
     DeviceSummary,
     Evidence,
@@ -29,25 +30,26 @@ from oomdoctor.analysis.results import (
     WhatIfCase,
 )
 from oomdoctor.units import human_size as human
+from oomdoctor.units import plural
 
 # --- what the dump could not tell -----------------------------------------------------------------
 
 UNKNOWNS: dict[str, str] = {
     UnknownKind.REPLAYED_AFTER_TARGET: (
-        "the dump was written {count} events after the target; block sizes freed since then are estimated from their requests"
+        "the dump was written {events} after the target; block sizes freed since then are estimated from their requests"
     ),
-    UnknownKind.UNPLACED_BLOCKS: "{count} blocks live at the target lie in no segment the replay could rebuild; left out",
+    UnknownKind.UNPLACED_BLOCKS: "{blocks} live at the target lie in no segment the replay could rebuild; left out",
     UnknownKind.NO_HISTORY: "no allocation history was recorded: phases, steps, the OOM event and the series are unknown",
     UnknownKind.NO_FRAMES: "no stack frames were recorded: phases come from markers or annotations only",
     UnknownKind.NO_PHASES: "no markers, annotations or frames mark the phases, so steps and phases are unknown",
     UnknownKind.NO_REGISTRY: "no oomdoctor registry of named tensors: components are inferred, not exact",
     UnknownKind.RING_BUFFER_WRAPPED: (
-        "the trace holds {count} events, as many as the ring buffer keeps: it wrapped, and older events are lost"
+        "the trace holds {events}, as many as the ring buffer keeps: it wrapped, and older events are lost"
     ),
     UnknownKind.TRACE_NO_FRAMES: (
-        "no trace entry carries frames ({count} entries): phases come from markers or annotations only (the dump's blocks carry their own stacks)"
+        "no trace entry carries frames ({entries}): phases come from markers or annotations only (the dump's blocks carry their own stacks)"
     ),
-    UnknownKind.PRE_EXISTING: "{count} allocations predate the trace; when they were made is unknown",
+    UnknownKind.PRE_EXISTING: "{allocations} predate the trace; when they were made is unknown",
     UnknownKind.STEPS_BEFORE_TRACE: (
         "how many optimizer steps ran before the trace: steps are counted from its start, and optimizer state made before it shows at least one ran earlier"
     ),
@@ -66,8 +68,24 @@ UNKNOWNS: dict[str, str] = {
 
 
 def unknown(item: Unknown) -> str:
-    """One thing the dump could not tell, as a sentence (without its full stop)."""
-    return UNKNOWNS[item.kind].format(count=item.count)
+    """One thing the dump could not tell, as a sentence (without its full stop); a sentence names its
+    count bare ({count}) or with its noun ({events}: '1 event', '2 events')."""
+    count = item.count or 0
+    return UNKNOWNS[item.kind].format(
+        count=item.count,
+        events=plural(count, "event"),
+        blocks=plural(count, "block"),
+        entries=plural(count, "entry", "entries"),
+        allocations=plural(count, "allocation"),
+    )
+
+
+def phase_source(source: str) -> str:
+    """Where the phases were read from, as a report's context says it: 'phases from markers', or
+    'phases not determined' when nothing marked them (SOURCE_NONE)."""
+    if source == SOURCE_NONE:
+        return "phases not determined"
+    return f"phases from {source.replace('_', ' ')}"
 
 
 def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
@@ -292,7 +310,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         why = (
             f"of the {human(capacity)} PyTorch could have"
             if capacity is not None
-            else f"and the trace holds only {_entries(f.size('entries') or 0)}, too few to have kept an OOM event"
+            else f"and the trace holds only {plural(f.size('entries') or 0, 'entry', 'entries')}, too few to have kept an OOM event"
         )
         return f"Model states fill what PyTorch reserved ({human(size('states'))} of {human(size('reserved'))}, {human(size('free'))} free in the cache) {why}: if this dump was written at an OOM, the model states do not fit."
     if kind == SummaryKind.NEAR_OOM_OVERSIZED:
@@ -384,8 +402,11 @@ _COMPONENT_WORDS = {
 }
 
 
-def _entries(count: int) -> str:
-    return f"{count} entry" if count == 1 else f"{count} entries"
+def _counted(value: object, noun: str, nouns: str | None = None) -> str:
+    """A fact's count with its noun ('1 earlier step'); a count that is not a whole number as it is."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return plural(value, noun, nouns)
+    return f"{value} {nouns or noun + 's'}"
 
 
 def _component_words(name: str) -> str:
@@ -453,14 +474,14 @@ def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.USABLE_FREE:
         return f"free cached bytes usable for the request ({f.get('pool')} pool, same stream)"
     if kind == EvidenceKind.KEPT_FROM_EARLIER_STEPS:
-        return f"activations, temporaries and inputs from {f.get('steps')} earlier step(s) still alive"
+        return f"activations, temporaries and inputs from {_counted(f.get('steps'), 'earlier step')} still alive"
     if kind == EvidenceKind.STEP_GROWTH:
-        return f"end-of-step allocated memory grew over {f.get('steps')} consecutive steps, per step"
+        return f"end-of-step allocated memory grew over {_counted(f.get('steps'), 'consecutive step')}, per step"
     if kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS:
         ratio = f.get("ratio")
         return "peak activations of earlier steps" + (f" (now {f.number('ratio'):.2f}x)" if ratio is not None else "")
     if kind == EvidenceKind.KEPT_OUTPUTS:
-        return f"outputs of {f.get('passes')} earlier forward passes, still alive"
+        return f"outputs of {_counted(f.get('passes'), 'earlier forward pass', 'earlier forward passes')}, still alive"
     if kind == EvidenceKind.EARLIER_PASSES_ALLOCATED:
         return f"allocated by the earlier passes (what they still hold is {f.number('share'):.0%} of it: their intermediates were freed)"
     if kind == EvidenceKind.OUTPUTS_PER_PASS:

@@ -30,6 +30,7 @@ from oomdoctor.analysis.ranks import (
 )
 from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
+from oomdoctor.units import plural
 
 RANKS_SCHEMA_VERSION = 1
 DIFFERENCE_LIMIT = 12
@@ -57,7 +58,7 @@ def headline(comparison: RankComparison) -> str:
     if first is None:
         if len(rows) == 1:
             return f"{label(rows[0])} did not run out of memory; it is the only file"
-        text = f"no rank ran out of memory in these {len(rows)} files (compared at their peaks)"
+        text = f"no rank ran out of memory in these {plural(len(rows), 'file')} (compared at their peaks)"
         largest = comparison.differences[0] if comparison.differences else None
         if largest is not None:
             text += f"; {label(largest)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
@@ -116,7 +117,9 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
     if comparison.ran_out_count and comparison.untimed_count == comparison.ran_out_count:
         found.append("no OOM time is recorded, so which rank ran out first is unknown")
     elif comparison.untimed_count:
-        found.append(f"{comparison.untimed_count} rank(s) that ran out have no OOM time and are not ordered")
+        one = comparison.untimed_count == 1
+        verbs = "has no OOM time and is" if one else "have no OOM time and are"
+        found.append(f"{plural(comparison.untimed_count, 'rank')} that ran out {verbs} not ordered")
     if comparison.clock_hosts > 1:
         found.append(
             f"the ranks ran on {comparison.clock_hosts} hosts; their order rests on those hosts' clocks agreeing"
@@ -126,10 +129,11 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
     missing = comparison.missing_ranks
     if missing:
         shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
-        found.append(f"{len(missing)} rank(s) left no dump here: {shown}")
+        found.append(f"{plural(len(missing), 'rank')} left no dump here: {shown}")
     if comparison.repeated_ranks:
         found.append(
-            f"rank(s) {', '.join(map(str, comparison.repeated_ranks))} left more than one dump; each file is a row"
+            f"{'rank' if len(comparison.repeated_ranks) == 1 else 'ranks'} {', '.join(map(str, comparison.repeated_ranks))}"
+            " left more than one dump; each file is a row"
         )
     if any(row.rank is None for row in rows):
         found.append("some files say neither in their metadata nor in their name which rank wrote them")
@@ -269,7 +273,7 @@ def _folder_line(directory: str, comparison: RankComparison, skipped: tuple[Skip
     world = f" of world size {comparison.world_size}" if comparison.world_size is not None else ""
     ran_out = f"{comparison.ran_out_count} ran out of memory"
     extra = f", {len(skipped)} skipped" if skipped else ""
-    return f"{directory}: {len(comparison.rows)} dump files{world}, {ran_out}{extra}"
+    return f"{directory}: {plural(len(comparison.rows), 'dump file')}{world}, {ran_out}{extra}"
 
 
 def render_text(
@@ -365,7 +369,7 @@ def _render_markdown(
     from oomdoctor.views.markdown_report import code_span
     from oomdoctor.views.markdown_report import render as render_report
 
-    lines = [f"## oomdoctor: {len(comparison.rows)} ranks", ""]
+    lines = [f"## oomdoctor: {plural(len(comparison.rows), 'rank')}", ""]
     lines += [
         f"> {_md_text(headline(comparison))}",
         "",
@@ -500,14 +504,14 @@ def info_line(row: RankContents) -> str:
     """One line of `oomdoctor info DIR` for a readable file."""
     contents, rank = row.contents, row.rank
     ooms = contents.ooms
-    oom = f"{len(ooms)} OOM (request {human(ooms[-1].request_bytes, decimals=1)})" if ooms else "no OOM"
+    oom = f"{plural(len(ooms), 'OOM')} (request {human(ooms[-1].request_bytes, decimals=1)})" if ooms else "no OOM"
     events = sum(contents.trace_events)
     torch = contents.torch_version or contents.torch_version_hint or "unknown"
     devices = ",".join(map(str, contents.device_list)) or "none"
     return (
         f"{contents.file}  rank {'?' if rank is None else rank}  {contents.container} {contents.format}  "
         f"torch {torch}  devices {devices}  reserved {human(contents.totals.reserved_bytes, decimals=1)}  "
-        f"allocated {human(contents.totals.allocated_bytes, decimals=1)}  {events} events  {oom}"
+        f"allocated {human(contents.totals.allocated_bytes, decimals=1)}  {plural(events, 'event')}  {oom}"
     )
 
 

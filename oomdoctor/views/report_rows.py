@@ -25,9 +25,7 @@ def target_context(analysis: Analysis) -> str:
     step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     phase = analysis.target_phase.replace("_", " ")
-    return (
-        f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; phases from {analysis.phase_source})"
-    )
+    return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; {phrasing.phase_source(analysis.phase_source)})"
 
 
 LAYOUT_LABEL = "as laid out"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
+from oomdoctor.units import plural
 from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
@@ -73,7 +74,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     for share, fraction in component_rows(analysis):
         percent = f"{fraction:6.1%}" if fraction is not None else "     -"
         add(
-            f"  {COMPONENT_LABELS.get(share.name, share.name):<16} {human(share.bytes):>12} {percent}  ({share.block_count} blocks, {share.method}, confidence {share.confidence:.0%})"
+            f"  {COMPONENT_LABELS.get(share.name, share.name):<16} {human(share.bytes):>12} {percent}  ({plural(share.block_count, 'block')}, {share.method}, confidence {share.confidence:.0%})"
         )
         for group in largest_groups(share):
             add(f"      {human(group.bytes):>12}  {group.key}")
