@@ -1,4 +1,4 @@
-"""Every JSON output validates against the schema written in docs/schema/ (report and diff).
+"""Every JSON output validates against the schema written in docs/schema/ (report, diff and folder report).
 
 A small validator of the JSON Schema keywords the schemas use (type, const, enum, required,
 properties, additionalProperties, items, oneOf, minimum, maximum, $ref into $defs): no dependency.
@@ -124,3 +124,43 @@ def test_every_diff_validates(name: str):
     schema = _schema("diff.schema.json")
     data = json.loads(pipeline.render_diff(DIFFS[name](), "json"))
     assert validate(data, schema, schema) == []
+
+
+def _rank_folder(tmp_path: Path, files: dict[str, Path]) -> Path:
+    import shutil
+
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for name, source in files.items():
+        shutil.copy(source, folder / name)
+    return folder
+
+
+RANK_FOLDERS = {
+    "two-ran-out": {
+        "oom-rank0-node-1-20260101T000000Z.pickle": Path(SPIKE),
+        "oom-rank1-node-2-20260101T000000Z.pickle": Path(OPTIMIZER),
+    },
+    "none-ran-out-one-junk": {
+        "oom-rank0-node-1-20260101T000000Z.pickle": FIXTURES / "dumps" / "no-oom-gpt-adamw.pickle",
+        "oom-rank3-node-1-20260101T000000Z.pickle": FIXTURES / "dumps" / "no-oom-gpt-adamw-batch-32.pickle",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANK_FOLDERS))
+def test_every_folder_report_validates(name: str, tmp_path: Path):
+    schema = _schema("ranks.schema.json")
+    folder = _rank_folder(tmp_path, RANK_FOLDERS[name])
+    if name.endswith("junk"):
+        (folder / "notes.pickle").write_bytes(b"not a pickle")
+    data = json.loads(pipeline.report_folder(str(folder), "json"))
+    assert validate(data, schema, schema) == []
+    assert data["file_count"] == len(RANK_FOLDERS[name])
+    assert bool(data["skipped"]) == name.endswith("junk")
+    broken = json.loads(json.dumps(data))
+    broken["ranks"][0]["components"]["activations"] = "many"  # the schema is not vacuous
+    assert validate(broken, schema, schema)
+    report = _schema("report.schema.json")
+    featured = {key: value for key, value in data["report"].items() if key != "file"}
+    assert validate(featured, report, report) == []  # the featured rank's report is a report
