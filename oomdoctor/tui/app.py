@@ -16,6 +16,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Footer, Header, LoadingIndicator, ProgressBar, Static, TabbedContent, TabPane
 
@@ -30,6 +31,7 @@ from oomdoctor.tui.guard import internal_error
 from oomdoctor.tui.overview import OverviewPane
 from oomdoctor.tui.safe import plain
 from oomdoctor.tui.segments import SegmentsPane
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.tui.timeline import TimelinePane
 
 TABS = ("overview", "timeline", "segments", "components", "allocations")
@@ -173,11 +175,16 @@ class OomdoctorApp(App[None]):
     TITLE = "oomdoctor"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        # one key, two labels in the footer: what pressing it will show
+        Binding("f", "show_frames('all')", "All frames"),
+        Binding("f", "show_frames('user')", "Your frames"),
         *(
             Binding(str(number), f"show_tab('{tab}')", tab.capitalize(), show=False)
             for number, tab in enumerate(TABS, 1)
         ),
     ]
+
+    all_frames: reactive[bool] = reactive(False)  # every stack pane shows all frames, not the user's
 
     class StageEntered(Message):
         def __init__(self, stage: str | None, step: int | None = None) -> None:
@@ -306,6 +313,19 @@ class OomdoctorApp(App[None]):
         self._return_code = self.error.exit_code if self.error is not None else EXIT_BAD_INPUT
         self._exception_event.set()  # the pilot waits on this (tests), as for Textual's own handling
         self._close_messages_no_wait()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "show_frames":
+            return parameters != (("all" if self.all_frames else "user"),)
+        return True
+
+    def action_show_frames(self, which: str) -> None:
+        self.all_frames = which == "all"
+
+    def watch_all_frames(self) -> None:
+        self.refresh_bindings()
+        for pane in self.query(StackPane).results(StackPane):
+            pane.redraw()
 
     def action_show_tab(self, tab: str) -> None:
         for tabbed in self.query(TabbedContent):

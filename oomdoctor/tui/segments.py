@@ -15,14 +15,16 @@ from oomdoctor.tui.content import (
     BlockRow,
     block_rows_of,
     fragmentation_lines,
+    label_width,
     largest_free_block_bytes,
+    path_style,
     segment_bar,
     segment_pool,
-    stack_lines,
     where_label,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
 from oomdoctor.tui.safe import lines, row
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size
 
 BAR_CELLS = 16
@@ -74,7 +76,7 @@ class SegmentsPane(GuardedPane, Vertical):
         blocks = DataTable(id="segment-blocks", cursor_type="row", zebra_stripes=True)
         blocks.add_columns(*row("block", "size", "component", "name, source line or state"))
         yield blocks
-        yield Static(Text(), id="segment-stack")
+        yield StackPane(id="segment-stack")
 
     @on(DataTable.RowHighlighted, "#segment-table")
     @guarded
@@ -83,7 +85,7 @@ class SegmentsPane(GuardedPane, Vertical):
         if not 0 <= message.cursor_row < len(self.state.segments):
             return
         segment = self.state.segments[message.cursor_row]
-        self.block_rows = block_rows_of(segment, self.analysis, self.trace)
+        self.block_rows = block_rows_of(segment, self.analysis, self.trace, width=label_width(self.app.size.width))
         table = self.query_one("#segment-blocks", DataTable)
         table.clear()
         for block_row in self.block_rows:
@@ -106,4 +108,4 @@ class SegmentsPane(GuardedPane, Vertical):
 
     def _show_stack(self, block_row: BlockRow) -> None:
         header = f"{block_row.address:#x} ({human_size(block_row.size_bytes)}): {block_row.label}"
-        self.query_one("#segment-stack", Static).update(lines([header, *stack_lines(block_row.frames)]))
+        self.query_one("#segment-stack", StackPane).show(header, block_row.frames, path_style(self.analysis))
