@@ -102,7 +102,9 @@ def test_redaction_keeps_the_headline():
     plain = _from_markdown((HERE / f"{REDACTED_FIXTURE}.md").read_text())
     redacted_text = (HERE / f"{REDACTED_FIXTURE}.redacted.md").read_text()
     assert _from_markdown(redacted_text) == plain
-    assert "<env>/site-packages/torch/" in redacted_text and "| host | `<host>` |" in redacted_text
+    # torch's frames, where the redacted `<env>/site-packages/` paths showed, are left out of the
+    # Markdown stacks (views/frames.py); tests/test_redact.py checks how those paths are redacted
+    assert "| host | `<host>` |" in redacted_text
     assert ".venv/" not in redacted_text and "| pid |" not in redacted_text
 
 

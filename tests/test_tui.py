@@ -15,6 +15,7 @@ pytest.importorskip("textual")
 from textual.widgets import DataTable, Input, Static, TabbedContent, Tree  # noqa: E402
 
 from oomdoctor.analysis import analyse, replayer  # noqa: E402
+from oomdoctor.analysis.frame_kinds import USER, frame_kind, lead_frame_index  # noqa: E402
 from oomdoctor.cli import main  # noqa: E402
 from oomdoctor.commands import open as open_command  # noqa: E402
 from oomdoctor.examples import EXAMPLE_DUMP  # noqa: E402
@@ -23,6 +24,7 @@ from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, Block, Segment  # noqa: 
 from oomdoctor.tui import content  # noqa: E402
 from oomdoctor.tui.allocations import SEARCH_PAUSE  # noqa: E402
 from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  # noqa: E402
+from oomdoctor.tui.stack import StackPane  # noqa: E402
 from oomdoctor.tui.timeline import TimelineChart, TimelinePane  # noqa: E402
 from oomdoctor.units import human_size  # noqa: E402
 from oomdoctor.views import phrasing  # noqa: E402
@@ -59,6 +61,11 @@ async def settle(app, pilot):
 
 def text_of(widget: Static) -> str:
     return str(widget.content)
+
+
+def stack_of(app, pane_id: str) -> str:
+    """The text of a stack pane (a scrolling pane around one Static)."""
+    return text_of(app.query_one(f"#{pane_id}", StackPane).text_widget)
 
 
 # --- the data each tab shows --------------------------------------------------------------------
@@ -275,7 +282,7 @@ def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
             after,
             typing,
             count_label,
-            text_of(app.query_one("#allocation-stack", Static)),
+            stack_of(app, "allocation-stack"),
             app.query_one(TabbedContent).active,
         )
 
@@ -287,8 +294,77 @@ def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
     assert count_label.startswith(f"{len(expected)} of {before} live blocks")
     first = expected[0].block
     assert stack.startswith(f"{first.address:#x}")
-    assert f"{first.frames[0].filename}:{first.frames[0].line}" in stack
+    lead = first.frames[lead_frame_index(first.frames)]  # the user's line, not the innermost frame
+    assert f"{lead.filename.rsplit('/', 1)[-1]}:{lead.line} in {lead.name}" in stack
     assert active == "allocations"  # typing digits or letters in the search box switches no tab
+
+
+def test_a_stack_starts_at_the_users_line_and_f_shows_every_frame():
+    snapshot, analysis = loaded(EXAMPLE_DUMP)
+    largest = min(analysis.live_blocks, key=lambda b: (-b.size_bytes, b.address))  # the table's first row
+    users = [frame for frame in largest.frames if frame_kind(frame) == USER]
+    assert users and frame_kind(largest.frames[0]) != USER  # torch's frame is innermost: something to hide
+
+    async def scenario(app, pilot):
+        await pilot.press("5")
+        await settle(app, pilot)
+        await pilot.press(*"f", "backspace")  # typed in the search box: no toggle there
+        await pilot.press("enter")  # to the table: its first row, the largest block
+        await settle(app, pilot)
+        shown = [stack_of(app, "allocation-stack")]
+        for _ in range(2):
+            await pilot.press("f")
+            await settle(app, pilot)
+            shown.append(stack_of(app, "allocation-stack"))
+        await pilot.press("2")
+        await settle(app, pilot)
+        app.query_one("#cursor-blocks", DataTable).focus()
+        await settle(app, pilot)
+        timeline_pane = app.query_one(TimelinePane)
+        return shown, timeline_pane.block_rows[0], stack_of(app, "cursor-stack")
+
+    (default, every, again), timeline_row, timeline_stack = run_app(
+        make_app(analysis, snapshot, source="example.pickle"), scenario
+    )
+    header, note, *frame_lines = default.splitlines()
+    assert header.startswith(f"{largest.address:#x}")
+    lead = users[0]
+    assert frame_lines[0].endswith(f"{lead.filename.rsplit('/', 1)[-1]}:{lead.line} in {lead.name}")
+    assert len([line for line in frame_lines if " in " in line]) == len(users)  # the user's frames only
+    hidden = len(largest.frames) - len(users)
+    assert note.startswith(f"{hidden} torch frame") and "f shows all" in note
+    every_lines = [line for line in every.splitlines()[2:] if " in " in line]
+    assert len(every_lines) == len(largest.frames) > len(users)
+    assert every_lines[0].endswith(f"{largest.frames[0].line} in {largest.frames[0].name}")
+    assert again == default
+    # the Timeline's block table has a stack pane too, starting at its row's user line
+    assert timeline_stack.startswith(f"{timeline_row.address:#x}")
+    position = lead_frame_index(timeline_row.frames)
+    assert position is not None
+    timeline_lead = timeline_row.frames[position]
+    assert (
+        f"{timeline_lead.filename.rsplit('/', 1)[-1]}:{timeline_lead.line} in {timeline_lead.name}"
+        in (timeline_stack.splitlines()[2])
+    )
+
+
+def test_a_long_stack_scrolls_once_its_pane_is_focused(corpus_dir):
+    path = corpus_dir / "snapshots" / "oom_action__nesta_discrete_diffusion__memory_snapshot.json"
+    snapshot, analysis = loaded(path)
+
+    async def scenario(app, pilot):
+        await pilot.press("5")
+        await settle(app, pilot)
+        await pilot.press("enter", "f")
+        await settle(app, pilot)
+        pane = app.query_one("#allocation-stack", StackPane)
+        pane.focus()
+        await pilot.press("end")
+        await settle(app, pilot)
+        return pane.region.height, pane.max_scroll_y, pane.scroll_y, stack_of(app, "allocation-stack").count("\n")
+
+    height, max_scroll, scrolled, lines = run_app(make_app(analysis, snapshot, source=path.name), scenario)
+    assert lines > 200 and max_scroll > 0 and scrolled == max_scroll and height >= 6
 
 
 def test_segments_list_the_layout_at_the_oom_and_a_block_shows_its_stack():
@@ -306,7 +382,7 @@ def test_segments_list_the_layout_at_the_oom_and_a_block_shows_its_stack():
             segments.row_count,
             blocks.row_count,
             text_of(app.query_one("#fragmentation", Static)),
-            text_of(app.query_one("#segment-stack", Static)),
+            stack_of(app, "segment-stack"),
         )
 
     segment_count, block_count, summary, stack = run_app(make_app(analysis, snapshot, source=FRAGMENTED.name), scenario)
@@ -332,7 +408,7 @@ def test_component_tree_lists_components_largest_first_down_to_blocks():
         for _ in range(3):
             await pilot.press("down")
         await settle(app, pilot)
-        return labels, tree.cursor_node.data, text_of(app.query_one("#component-stack", Static))
+        return labels, tree.cursor_node.data, stack_of(app, "component-stack")
 
     labels, block, stack = run_app(make_app(analysis, snapshot, source="example.pickle"), scenario)
     assert [label.split("  ")[0] for label in labels] == [content.COMPONENT_LABELS[n.name] for n in nodes]

@@ -19,7 +19,7 @@ from oomdoctor.tui.dialogs import GoToEventScreen, HelpScreen, parse_event  # no
 from oomdoctor.tui.segments import SegmentsPane  # noqa: E402
 from oomdoctor.tui.timeline import TimelineChart  # noqa: E402
 from tests.test_devices import imbalanced  # noqa: E402
-from tests.test_tui import FRAGMENTED, LEAK, loaded, run_app, settle, text_of  # noqa: E402
+from tests.test_tui import FRAGMENTED, LEAK, loaded, run_app, settle, stack_of, text_of  # noqa: E402
 
 
 def demo_app():
@@ -91,7 +91,7 @@ def test_enter_on_evidence_moves_the_cursor_to_its_event_and_selects_its_block()
         pane = app.query_one(SegmentsPane)
         blocks = app.query_one("#segment-blocks", DataTable)
         selected = pane.block_rows[blocks.cursor_row].address if pane.block_rows else None
-        return on_timeline, pane.shown_index, selected, text_of(app.query_one("#segment-stack", Static))
+        return on_timeline, pane.shown_index, selected, stack_of(app, "segment-stack")
 
     (tab, cursor), shown_index, selected, stack = run_app(app, scenario)
     assert (tab, cursor) == ("timeline", place.event_index)

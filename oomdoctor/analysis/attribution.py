@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
 from oomdoctor.analysis.checkpointing import save_frame
+from oomdoctor.analysis.frame_kinds import USER, frame_kind, lead_frame_index
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
     METHOD_FRAMES,
@@ -71,8 +72,6 @@ PHASE_COMPONENT = {
     PHASE_UNKNOWN: UNKNOWN,
 }
 
-_TORCH_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen", "/lib/python", "/oomdoctor/capture/")
-
 
 class Registry:
     """oomdoctor's named tensors on one device: storage address -> (component index, name, bytes)."""
@@ -120,38 +119,18 @@ def series_classifier(registry: Registry, pre_trace: Mapping[int, tuple[int, str
 def source_line(stack: Stack) -> str | None:
     """The innermost frame of the user's own Python code, as `file:line in function`.
 
-    C++ frames (with `stacks="all"`) and frames inside torch or installed packages are skipped; when
-    nothing else is left, the innermost Python frame stands in. A notebook cell is the user's code
-    too, but one cell line calls the whole model: there the innermost frame of a model library
-    (an installed package other than torch) inside that call says more, and stands in for it.
+    C++ frames (with `stacks="all"`) and frames inside torch or installed packages are skipped; in
+    a notebook, and when the stack has no frame of the user's, the innermost frame of a model
+    library stands in, else the innermost Python frame (`frame_kinds.lead_frame_index`).
     """
-    fallback = None
-    library = None
-    for frame in stack:
-        filename = frame.filename.replace("\\", "/")
-        if _is_notebook_cell(filename):
-            chosen = library or frame
-            return f"{chosen.filename}:{chosen.line} in {chosen.name}"
-        if not filename.endswith(".py"):
-            continue
-        if any(marker in filename for marker in _TORCH_MARKERS):
-            fallback = fallback or frame
-            if library is None and _is_model_library(filename):
-                library = frame
-            continue
-        return f"{filename}:{frame.line} in {frame.name}"
-    if fallback is not None:
-        return f"{fallback.filename}:{fallback.line} in {fallback.name}"
-    return None
-
-
-def _is_notebook_cell(filename: str) -> bool:
-    return filename.startswith("<ipython-input") or "/ipykernel_" in filename or filename.startswith("<cell")
-
-
-def _is_model_library(filename: str) -> bool:
-    """An installed package's frame that is not torch's own (transformers, diffusers, timm...)."""
-    return ("/site-packages/" in filename or "/dist-packages/" in filename) and "/torch/" not in filename
+    position = lead_frame_index(stack)
+    if position is None:
+        return None
+    frame = stack[position]
+    filename = frame.filename
+    if frame_kind(frame) == USER and filename.endswith(".py"):
+        filename = filename.replace("\\", "/")
+    return f"{filename}:{frame.line} in {frame.name}"
 
 
 def _stack_mentions(stack: Stack, names: tuple[str, ...]) -> bool:

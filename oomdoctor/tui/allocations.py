@@ -16,11 +16,13 @@ from oomdoctor.tui.content import (
     AllocationRow,
     allocation_rows,
     filter_rows,
+    label_width,
+    path_style,
     phase_words,
-    stack_lines,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
-from oomdoctor.tui.safe import lines, plain, row
+from oomdoctor.tui.safe import plain, row
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size
 
 SEARCH_PAUSE = 0.15  # seconds of no typing before the search runs
@@ -39,7 +41,7 @@ class AllocationsPane(GuardedPane, Vertical):
         self._pending: Timer | None = None
 
     def build(self) -> ComposeResult:
-        self.all_rows = allocation_rows(self.analysis)
+        self.all_rows = allocation_rows(self.analysis, width=label_width(self.app.size.width))
         self.shown_rows = list(self.all_rows)
         yield Input(
             placeholder="search: name, component, phase, file or function (all words must match)",
@@ -47,9 +49,10 @@ class AllocationsPane(GuardedPane, Vertical):
         )
         yield Static(Text(), id="allocation-count")
         table = DataTable(id="allocation-table", cursor_type="row", zebra_stripes=True)
-        table.add_columns(*row("size", "component", "phase", "step", "event", "name or source line"))
+        # the name or source line second: what tells two rows apart stays on screen at 80 columns
+        table.add_columns(*row("size", "name or source line", "component", "phase", "step", "event"))
         yield table
-        yield Static(Text(), id="allocation-stack")
+        yield StackPane(id="allocation-stack")
 
     @guarded
     def on_mount(self) -> None:
@@ -122,11 +125,11 @@ class AllocationsPane(GuardedPane, Vertical):
             table.add_row(
                 *row(
                     human_size(block.size_bytes),
+                    shown.label,
                     COMPONENT_LABELS.get(block.component, block.component),
                     phase_words(block.phase),
                     "-" if block.step is None else block.step,
                     "-" if block.alloc_index is None else block.alloc_index,
-                    shown.label,
                 )
             )
         shown_bytes = sum(shown.block.size_bytes for shown in self.shown_rows)
@@ -135,7 +138,7 @@ class AllocationsPane(GuardedPane, Vertical):
             plain(f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks, {human_size(shown_bytes)}{capped}")
         )
         if not self.shown_rows:
-            self.query_one("#allocation-stack", Static).update(Text())
+            self.query_one("#allocation-stack", StackPane).clear()
 
     @on(DataTable.RowHighlighted, "#allocation-table")
     @guarded
@@ -143,4 +146,4 @@ class AllocationsPane(GuardedPane, Vertical):
         if 0 <= message.cursor_row < len(self.shown_rows):
             block = self.shown_rows[message.cursor_row].block
             header = f"{block.address:#x} ({human_size(block.size_bytes)} for a request of {human_size(block.requested_bytes)})"
-            self.query_one("#allocation-stack", Static).update(lines([header, *stack_lines(block.frames)]))
+            self.query_one("#allocation-stack", StackPane).show(header, block.frames, path_style(self.analysis))

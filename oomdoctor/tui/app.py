@@ -16,6 +16,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import (
@@ -41,6 +42,7 @@ from oomdoctor.tui.guard import internal_error
 from oomdoctor.tui.overview import OverviewPane
 from oomdoctor.tui.safe import plain
 from oomdoctor.tui.segments import SegmentsPane
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.tui.timeline import TimelineChart, TimelinePane
 
 TABS = ("overview", "timeline", "segments", "components", "allocations")
@@ -238,11 +240,16 @@ class OomdoctorApp(App[None]):
         Binding("g", "go_to_event", "Go to event", show=False),
         Binding("d", "next_device", "Device"),
         Binding("escape", "leave", "Leave the input", show=False),
+        # one key, two labels in the footer: what pressing it will show
+        Binding("f", "show_frames('all')", "All frames"),
+        Binding("f", "show_frames('user')", "Your frames"),
         *(
             Binding(str(number), f"show_tab('{tab}')", tab.capitalize(), show=False)
             for number, tab in enumerate(TABS, 1)
         ),
     ]
+
+    all_frames: reactive[bool] = reactive(False)  # every stack pane shows all frames, not the user's
 
     class StageEntered(Message):
         def __init__(self, stage: str | None, step: int | None = None) -> None:
@@ -376,6 +383,14 @@ class OomdoctorApp(App[None]):
         self._exception_event.set()  # the pilot waits on this (tests), as for Textual's own handling
         self._close_messages_no_wait()
 
+    def action_show_frames(self, which: str) -> None:
+        self.all_frames = which == "all"
+
+    def watch_all_frames(self) -> None:
+        self.refresh_bindings()
+        for pane in self.query(StackPane).results(StackPane):
+            pane.redraw()
+
     def action_show_tab(self, tab: str) -> None:
         for tabbed in self.query(TabbedContent):
             tabbed.active = tab
@@ -400,7 +415,9 @@ class OomdoctorApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Keys that do nothing here are not offered: `d` with one device, `g` before the analysis
-        or on a trace without events."""
+        or on a trace without events; `f` under the label of what it will show."""
+        if action == "show_frames":  # the one of its two labels that says what `f` will show
+            return parameters != (("all" if self.all_frames else "user"),)
         if action == "next_device":
             return bool(self._other_devices()) and self._browser() is not None
         if action == "go_to_event":

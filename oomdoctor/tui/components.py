@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static, Tree
+from textual.widgets import Tree
 
 from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.tui.content import (
@@ -13,11 +13,13 @@ from oomdoctor.tui.content import (
     ComponentNode,
     component_nodes,
     describe_block,
-    stack_lines,
+    label_width,
+    path_style,
     where_label,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
-from oomdoctor.tui.safe import lines, plain
+from oomdoctor.tui.safe import plain
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size
 
 LEAVES_PER_GROUP = 100
@@ -32,7 +34,9 @@ class ComponentsPane(GuardedPane, Vertical):
         self.nodes: list[ComponentNode] = []
 
     def build(self) -> ComposeResult:
-        self.nodes = component_nodes(self.analysis)
+        width = label_width(self.app.size.width)
+        paths = path_style(self.analysis)
+        self.nodes = component_nodes(self.analysis, width=width)
         total = sum(node.bytes for node in self.nodes)
         tree: Tree[LiveBlock | None] = Tree(
             plain(f"live memory {where_label(self.analysis)}: {human_size(total)}"), id="component-tree"
@@ -50,7 +54,7 @@ class ComponentsPane(GuardedPane, Vertical):
                     expand=largest and group is node.groups[0],
                 )
                 for block in group.blocks[:LEAVES_PER_GROUP]:
-                    text = describe_block(block.name, block.frames, block.alloc_index)
+                    text = describe_block(block.name, block.frames, block.alloc_index, paths=paths, width=width)
                     twig.add_leaf(plain(f"{human_size(block.size_bytes):>11}  {text}  {block.address:#x}"), data=block)
                 rest = group.blocks[LEAVES_PER_GROUP:]
                 if rest:
@@ -62,7 +66,7 @@ class ComponentsPane(GuardedPane, Vertical):
                         )
                     )
         yield tree
-        yield Static(plain("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
+        yield StackPane(plain("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
 
     @guarded
     def on_mount(self) -> None:
@@ -75,4 +79,4 @@ class ComponentsPane(GuardedPane, Vertical):
         if isinstance(block, LiveBlock):
             where = f"event {block.alloc_index}" if block.alloc_index is not None else "before the trace"
             header = f"{block.address:#x} ({human_size(block.size_bytes)}), allocated at {where} in {block.phase.replace('_', ' ')}; {block.method}, confidence {block.confidence:.0%}"
-            self.query_one("#component-stack", Static).update(lines([header, *stack_lines(block.frames)]))
+            self.query_one("#component-stack", StackPane).show(header, block.frames, path_style(self.analysis))

@@ -16,13 +16,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from oomdoctor.analysis.attribution import source_line
+from oomdoctor.analysis.frame_kinds import lead_frame_index
 from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPoint
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size, plural
 from oomdoctor.views import phrasing
+from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
 from oomdoctor.views.report_rows import COMPONENT_LABELS, allocated_rows, evidence_line, where_label
+from oomdoctor.views.shorten import PathStyle, frame_text, shorten_name
 
 PHASE_LETTERS = {
     "forward": "F",
@@ -261,6 +264,67 @@ def stacked_cells(point: SeriesPoint, max_bytes: int, height: int) -> list[int |
     return cells
 
 
+# --- Labels and stacks (every tab's block labels and stack panes) -------------------------------
+
+# A block's label in a table or tree: at 80 columns the name or source line gets this many
+# characters, and one more for every two columns the terminal has past 80 (`label_width`).
+LABEL_WIDTH = 32
+FRAMES_KEY = "f"  # the app's key that shows every frame of a stack, or the user's again
+STACK_LINE_LIMIT = 500
+_PATH_STYLES: dict[int, tuple[Analysis, PathStyle]] = {}
+
+
+def label_width(terminal_width: int) -> int:
+    return max(LABEL_WIDTH, LABEL_WIDTH + (terminal_width - 80) // 2)
+
+
+def path_style(analysis: Analysis) -> PathStyle:
+    """How this analysis's file names are shown: the directory of the user's files stripped.
+    Computed once per analysis (the analysis is kept beside it, so its id is not reused)."""
+    known = _PATH_STYLES.get(id(analysis))
+    if known is not None and known[0] is analysis:
+        return known[1]
+    style = PathStyle.of_stacks(block.frames for block in analysis.live_blocks)
+    if len(_PATH_STYLES) >= 4:
+        _PATH_STYLES.clear()
+    _PATH_STYLES[id(analysis)] = (analysis, style)
+    return style
+
+
+@dataclass(frozen=True)
+class StackText:
+    note: str  # what was left out and the key that shows it; "" when the stack is shown whole
+    lines: tuple[str, ...]  # one frame a line, printable
+
+
+def stack_text(frames: Stack, *, all_frames: bool = False, paths: PathStyle | None = None) -> StackText:
+    """A block's stack to show: from the user's line outwards, library and C++ frames left out
+    (views.frames), or every frame, innermost first, with `all_frames`."""
+    if not frames:
+        return StackText("", ("(no stack recorded for this block)",))
+    paths = paths if paths is not None else PathStyle()
+    filtered = shown_frames(frames)
+    shown = shown_frames(frames, all_frames=True) if all_frames else filtered
+    lines = [frame_text(frame, paths) for frame in shown.frames[:STACK_LINE_LIMIT]]
+    if len(shown.frames) > STACK_LINE_LIMIT:
+        lines.append(f"... {len(shown.frames) - STACK_LINE_LIMIT} more frames")
+    bits = []
+    if filtered.hidden:
+        if all_frames:
+            bits.append(f"all {shown.total} frames; {FRAMES_KEY} shows only {BASIS_WORDS[filtered.basis]}")
+        else:
+            bits.extend(filter(None, (without_user_code(filtered), f"{filtered.hidden_words()} hidden")))
+            bits.append(f"{FRAMES_KEY} shows all")
+    if paths.prefix and any(frame.filename.replace("\\", "/").startswith(paths.prefix) for frame in shown.frames):
+        lines.append(f"(paths under {printable(paths.prefix)})")
+    return StackText("; ".join(bits), tuple(lines))
+
+
+def stack_lines(frames: Stack, *, all_frames: bool = False, paths: PathStyle | None = None) -> list[str]:
+    """The frames `stack_text` shows, one `file:line in function` a line."""
+    return list(stack_text(frames, all_frames=all_frames, paths=paths).lines)
+
+
 @dataclass(frozen=True)
 class BlockRow:
     address: int
@@ -271,20 +335,35 @@ class BlockRow:
     frames: Stack
 
 
-def describe_block(name: str | None, frames: Stack, alloc_index: int | None) -> str:
-    """The block's registry name, else its user source line (printable), else why neither is known."""
+def describe_block(
+    name: str | None,
+    frames: Stack,
+    alloc_index: int | None,
+    *,
+    paths: PathStyle | None = None,
+    width: int | None = None,
+) -> str:
+    """The block's registry name, else its user source line (the frame `source_line` names), else
+    why neither is known; printable, cut to `width` from the middle (views.shorten)."""
     if name:
-        return printable(name)
-    line = source_line(frames)
-    if line:
-        return printable(line)
+        return shorten_name(name, width) if width else printable(name)
+    position = lead_frame_index(frames)
+    if position is not None:
+        return (paths if paths is not None else PathStyle()).frame(frames[position], width)
     return "allocated before the trace began" if alloc_index is None else "no stack recorded"
 
 
 def live_rows_at(
-    state: EventState, trace: DeviceTrace, segments: Sequence[Segment], analysis: Analysis, limit: int | None = None
+    state: EventState,
+    trace: DeviceTrace,
+    segments: Sequence[Segment],
+    analysis: Analysis,
+    limit: int | None = None,
+    *,
+    width: int = LABEL_WIDTH,
 ) -> list[BlockRow]:
     """The blocks live right after an event, largest first, named where the analysis knows them."""
+    paths = path_style(analysis)
     known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
     final_frames = {b.address: b.frames for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
     rows = []
@@ -300,7 +379,14 @@ def live_rows_at(
         name = block.name if block is not None else None
         component = block.component if block is not None else ""
         rows.append(
-            BlockRow(address, size_bytes, alloc_index, component, describe_block(name, frames, alloc_index), frames)
+            BlockRow(
+                address,
+                size_bytes,
+                alloc_index,
+                component,
+                describe_block(name, frames, alloc_index, paths=paths, width=width),
+                frames,
+            )
         )
     return rows
 
@@ -372,23 +458,31 @@ def fragmentation_lines(analysis: Analysis) -> list[str]:
 
 
 def block_rows_of(
-    segment: Segment, analysis: Analysis, trace: DeviceTrace, state: EventState | None = None
+    segment: Segment,
+    analysis: Analysis,
+    trace: DeviceTrace,
+    state: EventState | None = None,
+    *,
+    width: int = LABEL_WIDTH,
 ) -> list[BlockRow]:
     """Every block of one segment in address order (free gaps too), with stacks where known.
 
     `segment` is the target's, or one of `state`'s (replayed at another event): there a block is
     named only when it is the same allocation the analysis named (same address and alloc event),
     and its stack is its alloc event's."""
+    paths = path_style(analysis)
     named = {b.address: b for b in analysis.live_blocks}
     if state is not None and not state.exact:
-        return _replayed_block_rows(segment, analysis, trace, state)
+        return _replayed_block_rows(segment, analysis, trace, state, paths, width)
     rows = []
     for block in segment.blocks:
         if block.state == ACTIVE_ALLOCATED:
             live = named.get(block.address)
             frames = block.frames or (live.frames if live is not None else NO_STACK)
             alloc_index = live.alloc_index if live is not None else None
-            label = describe_block(live.name if live is not None else None, frames, alloc_index)
+            label = describe_block(
+                live.name if live is not None else None, frames, alloc_index, paths=paths, width=width
+            )
             rows.append(
                 BlockRow(
                     block.address, block.size, alloc_index, live.component if live is not None else "", label, frames
@@ -400,7 +494,9 @@ def block_rows_of(
     return rows
 
 
-def _replayed_block_rows(segment: Segment, analysis: Analysis, trace: DeviceTrace, state: EventState) -> list[BlockRow]:
+def _replayed_block_rows(
+    segment: Segment, analysis: Analysis, trace: DeviceTrace, state: EventState, paths: PathStyle, width: int
+) -> list[BlockRow]:
     known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
     allocations = {live.address: live for live in state.live}
     rows = []
@@ -415,20 +511,10 @@ def _replayed_block_rows(segment: Segment, analysis: Analysis, trace: DeviceTrac
         frames = named.frames if named is not None and named.frames else NO_STACK
         if not frames and alloc_index is not None and 0 <= alloc_index < len(trace):
             frames = trace.frames_at(alloc_index)
-        label = describe_block(named.name if named is not None else None, frames, alloc_index)
+        label = describe_block(named.name if named is not None else None, frames, alloc_index, paths=paths, width=width)
         component = named.component if named is not None else ""
         rows.append(BlockRow(block.address, block.size, alloc_index, component, label, frames))
     return rows
-
-
-def stack_lines(frames: Stack, limit: int = 40) -> list[str]:
-    """The stack, innermost frame first, one `file:line in function` per line."""
-    if not frames:
-        return ["(no stack recorded for this block)"]
-    lines = [printable(f"{frame.filename}:{frame.line} in {frame.name}") for frame in frames[:limit]]
-    if len(frames) > limit:
-        lines.append(f"... {len(frames) - limit} more frames")
-    return lines
 
 
 # --- Components ---------------------------------------------------------------------------------
@@ -458,8 +544,10 @@ def module_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def component_nodes(analysis: Analysis) -> list[ComponentNode]:
-    """Components with bytes, largest first; in each, blocks grouped by module path or source line."""
+def component_nodes(analysis: Analysis, *, width: int = LABEL_WIDTH) -> list[ComponentNode]:
+    """Components with bytes, largest first; in each, blocks grouped by module path or source line
+    (each group's key shortened from the middle for the tree: views.shorten)."""
+    paths = path_style(analysis)
     by_component: dict[str, list[LiveBlock]] = {}
     for block in analysis.live_blocks:
         by_component.setdefault(block.component, []).append(block)
@@ -469,13 +557,17 @@ def component_nodes(analysis: Analysis) -> list[ComponentNode]:
         if not blocks:
             continue
         groups: dict[str, list[LiveBlock]] = {}
+        shown_keys: dict[str, str] = {}
         for block in blocks:
             key = module_of(block.name) if block.name else (source_line(block.frames) or "(no stack recorded)")
+            if key not in groups:
+                lead = None if block.name else lead_frame_index(block.frames)
+                shown_keys[key] = shorten_name(key, width) if lead is None else paths.frame(block.frames[lead], width)
             groups.setdefault(key, []).append(block)
         ordered = sorted(
             (
                 BlockGroup(
-                    printable(key),
+                    shown_keys[key],
                     sum(b.size_bytes for b in members),
                     tuple(sorted(members, key=lambda b: -b.size_bytes)),
                 )
@@ -498,16 +590,17 @@ class AllocationRow:
     search_text: str  # lower-case: name, component, phase and every frame, for the search box
 
 
-def allocation_rows(analysis: Analysis) -> list[AllocationRow]:
+def allocation_rows(analysis: Analysis, *, width: int = LABEL_WIDTH) -> list[AllocationRow]:
     """Every block live at the target, largest first."""
+    paths = path_style(analysis)
     rows = []
     for block in sorted(analysis.live_blocks, key=lambda b: (-b.size_bytes, b.address)):
-        label = describe_block(block.name, block.frames, block.alloc_index)
+        label = describe_block(block.name, block.frames, block.alloc_index, paths=paths, width=width)
         frames = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
         text = " ".join(
             (
                 block.name or "",
-                label,
+                source_line(block.frames) or label,
                 block.component,
                 COMPONENT_LABELS.get(block.component, ""),
                 block.phase,

@@ -15,14 +15,16 @@ from oomdoctor.tui.content import (
     BlockRow,
     block_rows_of,
     fragmentation_lines,
+    label_width,
     largest_free_block_bytes,
+    path_style,
     segment_bar,
     segment_pool,
-    stack_lines,
     where_label,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
 from oomdoctor.tui.safe import lines, row
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size
 
 BAR_CELLS = 16
@@ -51,7 +53,7 @@ class SegmentsPane(GuardedPane, Vertical):
         blocks = DataTable(id="segment-blocks", cursor_type="row", zebra_stripes=True)
         blocks.add_columns(*row("block", "size", "component", "name, source line or state"))
         yield blocks
-        yield Static(Text(), id="segment-stack")
+        yield StackPane(id="segment-stack")
 
     @guarded
     def on_mount(self) -> None:
@@ -116,7 +118,7 @@ class SegmentsPane(GuardedPane, Vertical):
         if not state.segments:
             self.block_rows = []
             self.query_one("#segment-blocks", DataTable).clear()
-            self.query_one("#segment-stack", Static).update(Text())
+            self.query_one("#segment-stack", StackPane).clear()
 
     def _select_block(self, address: int) -> None:
         assert self.state is not None
@@ -140,7 +142,9 @@ class SegmentsPane(GuardedPane, Vertical):
             return
         segment = self.state.segments[position]
         replayed = None if self.at_target else self.state  # at the target, the analysis's own names
-        self.block_rows = block_rows_of(segment, self.analysis, self.trace, replayed)
+        self.block_rows = block_rows_of(
+            segment, self.analysis, self.trace, replayed, width=label_width(self.app.size.width)
+        )
         table = self.query_one("#segment-blocks", DataTable)
         table.clear()
         for block_row in self.block_rows:
@@ -163,4 +167,4 @@ class SegmentsPane(GuardedPane, Vertical):
 
     def _show_stack(self, block_row: BlockRow) -> None:
         header = f"{block_row.address:#x} ({human_size(block_row.size_bytes)}): {block_row.label}"
-        self.query_one("#segment-stack", Static).update(lines([header, *stack_lines(block_row.frames)]))
+        self.query_one("#segment-stack", StackPane).show(header, block_row.frames, path_style(self.analysis))

@@ -22,11 +22,13 @@ from oomdoctor.tui.content import (
     BlockRow,
     Timeline,
     live_rows_at,
+    path_style,
     phase_words,
     stacked_cells,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded, report_failure
 from oomdoctor.tui.safe import plain, row
+from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size
 
 COMPONENT_COLORS = {
@@ -188,6 +190,7 @@ class TimelinePane(GuardedPane, Vertical):
         self.replayer = replayer
         self.timeline: Timeline | None = None
         self.shown_state: EventState | None = None
+        self.block_rows: list[BlockRow] = []  # the rows of #cursor-blocks
 
     def build(self) -> ComposeResult:
         self.timeline = Timeline(self.analysis)
@@ -198,6 +201,7 @@ class TimelinePane(GuardedPane, Vertical):
         table = DataTable(id="cursor-blocks", cursor_type="row", zebra_stripes=True)
         table.add_columns(*row("size", "component", "allocated at", "name or source line"))
         yield table
+        yield StackPane(id="cursor-stack")
 
     def _legend(self) -> Text:
         assert self.timeline is not None
@@ -265,6 +269,7 @@ class TimelinePane(GuardedPane, Vertical):
             )
         )
         table = self.query_one("#cursor-blocks", DataTable)
+        self.block_rows = message.rows
         table.clear()
         for block_row in message.rows:
             where = f"event {block_row.alloc_index}" if block_row.alloc_index is not None else "before trace"
@@ -277,3 +282,13 @@ class TimelinePane(GuardedPane, Vertical):
                 ),
                 key=str(block_row.address),
             )
+        if not message.rows:
+            self.query_one("#cursor-stack", StackPane).clear()
+
+    @on(DataTable.RowHighlighted, "#cursor-blocks")
+    @guarded
+    def _block_highlighted(self, message: DataTable.RowHighlighted) -> None:
+        if 0 <= message.cursor_row < len(self.block_rows):
+            block_row = self.block_rows[message.cursor_row]
+            header = f"{block_row.address:#x} ({human_size(block_row.size_bytes)}): {block_row.label}"
+            self.query_one("#cursor-stack", StackPane).show(header, block_row.frames, path_style(self.analysis))

@@ -22,6 +22,7 @@ from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.safetext import printable
 from oomdoctor.units import human_size as human
 from oomdoctor.views import phrasing
+from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     DEVICE_COLUMNS,
@@ -382,16 +383,29 @@ def _live_blocks(analysis: Analysis, add) -> None:
             f"| `{block.address:#x}` | {human(block.size_bytes)} | {component} | {_cell(block.phase.replace('_', ' '))} | {step} | {name} |"
         )
     add("")
+    if any(shown_frames(block.frames).hidden for block in blocks):
+        add(
+            "Each stack starts at the line of your code that allocated the block, its callers after it;"
+            " torch, library and C++ frames are hidden (the JSON report and `oomdoctor open` list every frame)."
+        )
+        add("")
     for block in blocks:
         add(f"`{block.address:#x}` ({human(block.size_bytes)}, {_stack_origin(block)}):")
         add("")
         if block.frames:
+            # the user's line first, its callers after it; full paths, as the JSON report has them
+            shown = shown_frames(block.frames)
             stack = [
                 f"{printable(frame.filename)}:{printable(frame.line)} in {printable(frame.name)}"
-                for frame in block.frames[:STACK_FRAMES]
+                for frame in shown.frames[:STACK_FRAMES]
             ]
-            if len(block.frames) > STACK_FRAMES:
-                stack.append(f"... {len(block.frames) - STACK_FRAMES} more frames")
+            if len(shown.frames) > STACK_FRAMES:
+                stack.append(f"... {len(shown.frames) - STACK_FRAMES} more of {BASIS_WORDS[shown.basis]}")
+            hidden = "; ".join(
+                filter(None, (without_user_code(shown), shown.hidden_words() and f"{shown.hidden_words()} hidden"))
+            )
+            if hidden:
+                stack.append(f"({hidden})")
             for line in code_block(stack):
                 add(line)
         else:

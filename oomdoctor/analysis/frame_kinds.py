@@ -1,0 +1,107 @@
+"""Whose code a frame of an allocation stack is, and which frame is the user's line.
+
+One set of rules for the attribution's source line (`attribution.source_line`), the terminal
+app's stacks and the Markdown report's (`views/frames.py`), so that the line a block is labelled
+with is the line its stack starts at.
+
+torch writes a stack innermost frame first. With `stacks="all"` it holds C++ frames too: the
+unwinder and the caching allocator that recorded it, torch's operators and autograd, CPython's
+eval loop between every two Python frames, libc's start. A Python frame has a `.py` file (or is a
+notebook cell); everything else is read by its function name, as torch's own `_memory_viz` does.
+"""
+
+from __future__ import annotations
+
+import re
+
+from oomdoctor.model import Frame, Stack
+
+USER = "user"  # the user's own Python code, notebook cells included
+LIBRARY = "library"  # an installed package other than torch (transformers, timm, lightning...)
+TORCH = "torch"  # torch's Python code (and oomdoctor's own capture hooks)
+STDLIB = "stdlib"  # the standard library, frozen modules, generated code (`<string>`)
+NATIVE = "native"  # C++ of torch and its libraries: operators, dispatch, autograd, kernels
+INTERPRETER = "interpreter"  # CPython's eval loop and call machinery, libc's start, thread entry
+UNWINDER = "unwinder"  # the unwinder and the caching allocator that recorded the stack
+
+PYTHON_KINDS = frozenset({USER, LIBRARY, TORCH, STDLIB})
+NATIVE_KINDS = frozenset({NATIVE, INTERPRETER, UNWINDER})
+
+_PACKAGE_MARKERS = ("/site-packages/", "/dist-packages/")
+_STDLIB_MARKERS = ("<frozen", "/lib/python")
+_TORCH_MARKERS = ("/torch/", "/oomdoctor/capture/")
+# The frames that record a stack and the allocator's own (torch's _memory_viz omits the first ones
+# too): what every stack of a `stacks="all"` dump starts with, whatever allocated.
+_UNWINDER_NAMES = re.compile(
+    r"unwind::unwind|CapturedTraceback::|gather_with_cpp|CachingAllocator::|c10::cuda::|c10::hip::"
+    r"|CUDAAllocatorConfig|^c10::Allocator|^c10::StorageImpl"
+)
+# CPython's call machinery (`_PyEval_EvalFrameDefault`, `PyObject_Call`, `method_vectorcall`,
+# `slot_tp_call`, ...), its start (`Py_RunMain`, `pyrun_file`), libc's and the threads' entry.
+_INTERPRETER_NAMES = re.compile(
+    r"^_?Py|^cfunction_|^method_vectorcall|^slot_tp_|^vectorcall|^run_mod|^run_eval_code|^pyrun_|^pymain_"
+    r"|^builtin_|^function_code_fastcall|^_start$|^__libc_start|^clone\d*$|^__clone|^start_thread"
+    r"|^pthread_|^execute_native_thread_routine"
+)
+_INTERPRETER_FILES = ("ceval.c", "pythonrun.c", "Modules/main.c", "Objects/call.c", "Objects/methodobject.c")
+
+
+def _slashed(filename: str) -> str:
+    return filename.replace("\\", "/")
+
+
+def is_notebook_cell(filename: str) -> bool:
+    return filename.startswith("<ipython-input") or "/ipykernel_" in filename or filename.startswith("<cell")
+
+
+def is_python_source(frame: Frame) -> bool:
+    """A frame of a `.py` file: one that can be the user's line (a notebook cell aside)."""
+    return _slashed(frame.filename).endswith(".py")
+
+
+def frame_kind(frame: Frame) -> str:
+    """USER, LIBRARY, TORCH, STDLIB (Python), NATIVE, INTERPRETER or UNWINDER (C++)."""
+    filename = _slashed(frame.filename)
+    if is_notebook_cell(filename):
+        return USER
+    if filename.endswith(".py"):
+        if any(marker in filename for marker in _TORCH_MARKERS):
+            return TORCH
+        if any(marker in filename for marker in _PACKAGE_MARKERS):
+            return LIBRARY
+        if any(marker in filename for marker in _STDLIB_MARKERS):
+            return STDLIB
+        return USER
+    if filename.startswith("<") and frame.line > 0:  # <frozen runpy>, <string>, fx's <eval_with_key>
+        return STDLIB
+    name = frame.name.strip()
+    if _UNWINDER_NAMES.search(name):
+        return UNWINDER
+    if _INTERPRETER_NAMES.search(name) or any(filename.endswith(file) for file in _INTERPRETER_FILES):
+        return INTERPRETER
+    return NATIVE
+
+
+def lead_frame_index(stack: Stack) -> int | None:
+    """The position of the frame that stands for where a block was allocated: the innermost frame
+    of the user's own Python code.
+
+    A notebook cell is the user's code too, but one cell line calls the whole model: there the
+    innermost frame of a model library (an installed package other than torch) inside that call
+    says more, and stands in for it. Without a user frame, the innermost model-library frame
+    stands in, else the innermost Python frame (torch's); None when the stack has no Python frame.
+    """
+    library = None
+    fallback = None
+    for position, frame in enumerate(stack):
+        kind = frame_kind(frame)
+        if kind == USER:
+            if is_notebook_cell(_slashed(frame.filename)) and library is not None:
+                return library
+            return position
+        if kind in PYTHON_KINDS and is_python_source(frame):
+            if fallback is None:
+                fallback = position
+            if kind == LIBRARY and library is None:
+                library = position
+    return library if library is not None else fallback
