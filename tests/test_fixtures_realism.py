@@ -77,11 +77,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "eval-outputs-kept-gpt": {
         "moment": "forward of step 1: the OOM is the torch.cat after the evaluation loop",
     },
-    "forward-benchmark-with-grad-gpt": {
-        # the two passes read as one forward: nothing is allocated between them, only the user's
-        # free of the previous output, and frees' stacks are not read for phases
-        "verdict": "activation-spike",
-    },
     "checkpoint-gather-mlp-adam": {
         "components": "the gathered state dict (140.3 MiB) is other, copies made by checkpoint-saving code; the "
         "truth names every between-steps allocation inputs",

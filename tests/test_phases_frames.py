@@ -414,3 +414,49 @@ def test_an_optimizer_step_window_around_a_closure_keeps_its_forward_and_backwar
     phases = _phase_steps(_trace(sim, tuple(annotations)), list(range(10)))
     step = [("forward", 0), ("backward", 0), ("backward", 0), ("optimizer_step", 0)]
     assert phases == [("before_first_step", 0), *step, ("between_steps", 1), *[(p, 1) for p, _ in step]]
+
+
+def _user_free(sim: Sim, address: int, frames=LOOP) -> None:
+    """The user's own code frees a block (`out = model(x)` dropping the previous output)."""
+    from oomdoctor.model import TraceEvent
+
+    size = sim.segments[address][2]
+    sim.events.append(TraceEvent("free_requested", address, size, 0, frames, sim._tick()))
+    sim.events.append(TraceEvent("free_completed", address, size, 0, frames, sim._tick()))
+    sim.segments[address][1] = "inactive"
+
+
+def _forward_spans(sim: Sim) -> list[tuple[int, int]]:
+    spans, _ = build_spans(_trace(sim).trace_of(0), markers=None, annotations=(), device=0)
+    return [(s.first_index, s.last_index) for s in spans if s.phase == "forward"]
+
+
+def test_back_to_back_passes_split_where_the_user_dropped_the_previous_output():
+    """A forward-only benchmark: nothing is allocated between two passes, but the loop's own code
+    frees something of the last pass (`del out`, a temporary of the loop) before calling again."""
+    sim = Sim(total_bytes=8 << 30)
+    output = None
+    for _ in range(3):
+        if output is not None:
+            _user_free(sim, output)
+        sim.alloc(MiB, FORWARD)
+        output = sim.alloc(MiB, FORWARD)
+    assert len(_forward_spans(sim)) == 3
+    # without the frees the three passes cannot be told apart
+    sim = Sim(total_bytes=8 << 30)
+    for _ in range(6):
+        sim.alloc(MiB, FORWARD)
+    assert len(_forward_spans(sim)) == 1
+
+
+def test_the_loss_module_after_the_model_is_the_same_pass():
+    """A free from the loop between the model's and the loss module's allocations: modules called
+    from different lines of the loop are one step's forward, not two passes."""
+    loss_module = (*LINEAR[:-4], *MODULE_CALL, _frame("train.py", "main", 61), LOOP[1])
+    sim = Sim(total_bytes=8 << 30)
+    previous = sim.alloc(MiB, LOSS)
+    sim.alloc(MiB, FORWARD)
+    _user_free(sim, previous)
+    sim.alloc(MiB, loss_module)
+    sim.alloc(MiB, BACKWARD)
+    assert len(_forward_spans(sim)) == 1

@@ -35,7 +35,7 @@ from oomdoctor.analysis.results import (
     PhaseSpan,
 )
 from oomdoctor.dump_metadata import Marker
-from oomdoctor.model import ALLOC, OOM, Annotation, DeviceTrace, Stack
+from oomdoctor.model import ALLOC, FREE_REQUESTED, OOM, Annotation, DeviceTrace, Stack
 
 # Stack classes, from the innermost frame that says something (spec §6.3).
 _CLASS_FORWARD = PHASE_FORWARD
@@ -369,6 +369,62 @@ class _FramePhases:
         self.boundaries: list[int] = []  # the loop's marks that started steps (only in a run that trains)
 
 
+def _split_at_returns(
+    trace: DeviceTrace, indices: list[int], raw: list[list[Any]], by_stack: dict[int, tuple[str, str]]
+) -> set[int]:
+    """Positions (in `indices`) where a forward run of allocations is two passes: between two of its
+    allocations the user's own code, outside any module, freed a tensor (a benchmark's `out =
+    model(x)` dropping the previous output), so the first pass had returned. Nothing else is
+    allocated between back-to-back passes, and no frame of a pass's own allocations tells them
+    apart. The runs are split there (`raw` is changed in place); only frees inside forward runs are
+    read, each distinct stack classified once."""
+    actions = trace.actions
+    starts: set[int] = set()
+    for number in range(len(raw) - 1, -1, -1):
+        position, cls, _source = raw[number]
+        end = raw[number + 1][0] if number + 1 < len(raw) else len(indices)
+        if cls != _CLASS_FORWARD or end - position < 2:
+            continue
+        first, last = indices[position], indices[end - 1]
+        frees = list(compress(range(first, last), map(FREE_REQUESTED.__eq__, actions[first:last])))
+        if not frees:
+            continue
+        numbers, stacks = trace.stacks_at(frees)
+        classes = {}
+        for stack_number, stack in stacks.items():
+            label = by_stack.get(id(stack))
+            classes[stack_number] = label[0] if label is not None else _stack_class(stack)
+        cuts = set()
+        for index, stack_number in zip(frees, numbers):
+            if classes[stack_number] == _CLASS_USER:
+                cut = bisect.bisect_right(indices, index, position, end)
+                if position < cut < end and _same_call_site(trace, indices[cut - 1], indices[cut]):
+                    cuts.add(cut)
+        for cut in sorted(cuts, reverse=True):
+            raw.insert(number + 1, [cut, cls, raw[number][2]])
+        starts |= cuts
+    return starts
+
+
+def _call_site(stack: Stack) -> tuple[str, int, str] | None:
+    """The user's frame that called the outermost module of an allocation's stack (where `out =
+    model(x)` is), or None when no module was called from Python."""
+    caller = None
+    for frame in reversed(stack):  # outermost first
+        if frame.name in _FORWARD_FUNCTIONS and _norm(frame.filename).endswith("torch/nn/modules/module.py"):
+            return (frame.filename, frame.line, frame.name) if caller is None else caller
+        if frame.filename.endswith(".py"):
+            caller = (frame.filename, frame.line, frame.name)
+    return None
+
+
+def _same_call_site(trace: DeviceTrace, before: int, after: int) -> bool:
+    """The allocations at events `before` and `after` come from modules called at the same line:
+    the same loop's call again, not the loss module after the model."""
+    site = _call_site(trace.frames_at(before))
+    return site is not None and site == _call_site(trace.frames_at(after))
+
+
 def _frame_phases(
     trace: DeviceTrace, boundaries: Sequence[int] = (), *, optimizer_annotated: bool = False, trains: bool = False
 ) -> _FramePhases:
@@ -420,6 +476,7 @@ def _frame_phases(
             if position < len(indices) and at >= 0 and raw[at][0] != position:
                 raw.insert(at + 1, [position, raw[at][1], raw[at][2]])
     marks = {bisect.bisect_left(indices, boundary) for boundary in result.boundaries}
+    pass_starts = _split_at_returns(trace, indices, raw, by_stack)
 
     phases: list[str | None] = [None] * len(raw)
     gaps = [False] * len(raw)  # placed by where it lies, not by its stack
@@ -471,6 +528,8 @@ def _frame_phases(
         # a forward entered from code outside any module: another pass (an evaluation loop's next batch)
         new_pass = phase == PHASE_FORWARD and not gaps[number] and number > 0 and gaps[number - 1]
         new_pass = new_pass and phases[number - 1] == PHASE_FORWARD
+        # or the user's code freed something between two of its allocations: the pass had returned
+        new_pass = new_pass or (phase == PHASE_FORWARD and position in pass_starts)
         if runs and not new_pass and runs[-1][1] == phase and runs[-1][2] == source:
             continue
         runs.append((position, phase, source, new_pass))

@@ -470,8 +470,9 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
 
 
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
-    """Repeated forward passes with no backward between them, each leaving its activations alive."""
-    if ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
+    """Repeated forward passes with no backward between them, each leaving its activations alive.
+    (At an OOM: without one, `_risk_kept_graph` words the same evidence as a risk.)"""
+    if ctx.oom is None or ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
         return None
     forwards, kept, last_training = _kept_from_earlier_passes(ctx)
     if len(forwards) < 2:
