@@ -37,14 +37,31 @@ a fake implementation, NumPy reading a tensor) ends the run with one line and ex
 
 Exit status: 0 the script ran to completion (it fit), 1 it ran out of simulated memory or failed,
 the script's own status when it calls sys.exit, 2 bad input, 3 (--fake) the script needs data.
+
+--sweep NAME [--lo A] [--hi B]: the largest value of the script's option NAME that fits, e.g.
+    oomdoctor rehearse --fake train.py --device-memory 24GiB --sweep batch-size -- --steps 2
+NAME is the option as the script spells it, its dashes optional (batch-size, --batch-size; before
+SCRIPT write --sweep=--batch-size). Each probe is this command in a fresh process with NAME set to
+the value in the script's arguments (replaced where ARGS give it, else appended): from --lo (1)
+doubling until a value does not fit or --hi (65536) is reached, then bisecting between the last
+that fit and the first that did not. It says the largest value that fits, its neighbour that does
+not and the request it could not get, the fitting probe's peak and every probe. It assumes memory
+grows with the value and says when a probe contradicts that. A probe that fails for another reason
+stops the sweep with one line. Exit status: 0 a value fits, 1 even --lo does not (or a probe
+failed), 2 bad input (a NAME the script does not take), 3 (--fake) a probe needs data.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +77,9 @@ _OPTIONS = {
     "--out": "out",
     "--format": "format",
     "--width": "width",
+    "--sweep": "sweep",
+    "--lo": "lo",
+    "--hi": "hi",
 }
 _FLAGS = {"--fake": "fake"}
 
@@ -108,6 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments"
     )
+    add_sweep_arguments(parser)
 
 
 def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
@@ -144,6 +165,8 @@ def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
 def run(args: argparse.Namespace) -> int:
     script, script_args = split_command(args)
     width = text_width(args)  # a bad --width fails before the script runs
+    if getattr(args, "sweep", None) is not None or getattr(args, "lo", None) or getattr(args, "hi", None):
+        return run_sweep(args, script, script_args)
     if args.device_memory is None:
         raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
     if not script.is_file():
@@ -172,9 +195,13 @@ def run(args: argparse.Namespace) -> int:
         cuda_context_bytes=cuda_context_bytes,
         fake=bool(getattr(args, "fake", False)),
     )
-    result = rehearse_script(script, script_args, config, dump_dir=dump_dir, dump_at_end=True)
+    probing = getattr(args, "probe_result", None)
+    result = rehearse_script(script, script_args, config, dump_dir=dump_dir, dump_at_end=not probing)
     sys.stdout.flush()
     sys.stderr.flush()
+    if probing:
+        write_probe_result(Path(probing), result)
+        return result.exit_code
     output_format = getattr(args, "format", None) or "text"
     if output_format not in ("text", "md", "json"):
         raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
@@ -316,3 +343,210 @@ def _display(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+# -- --sweep NAME: the largest value of one script argument that fits -----------------------------
+
+_SWEEP_NAME = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_UNRECOGNIZED = "unrecognized arguments"
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sweep",
+        metavar="NAME",
+        help="the largest value of the script's option NAME (--sweep batch-size, or --sweep=--batch-size) that fits",
+    )
+    parser.add_argument("--lo", metavar="N", help="--sweep: the first value tried (default 1)")
+    parser.add_argument("--hi", metavar="N", help="--sweep: the largest value tried (default 65536)")
+    # a sweep's probe: rehearse once and write what happened as JSON to FILE (no memory plan)
+    parser.add_argument("--probe-result", metavar="FILE", help=argparse.SUPPRESS)
+
+
+def sweep_option(name: str) -> str:
+    """The script's option a --sweep NAME means: 'batch-size' and '--batch-size' -> '--batch-size'."""
+    option = name.strip()
+    if option and not option.startswith("-"):
+        option = "--" + option
+    if not _SWEEP_NAME.match(option):
+        raise OomdoctorError(
+            f"--sweep needs the name of one of the script's options, like batch-size or --batch-size, not {name!r}"
+        )
+    return option
+
+
+def with_value(script_args: list[str], option: str, value: int) -> list[str]:
+    """The script's arguments with `option` set to `value`: each `option V` or `option=V` replaced,
+    or `option value` appended when the arguments do not give it."""
+    out: list[str] = []
+    found = False
+    index = 0
+    while index < len(script_args):
+        token = script_args[index]
+        if token == option:
+            out += [option, str(value)]
+            found = True
+            index += 2
+            continue
+        if token.startswith(option + "="):
+            out.append(f"{option}={value}")
+            found = True
+        else:
+            out.append(token)
+        index += 1
+    return out if found else [*out, option, str(value)]
+
+
+def _sweep_bound(flag: str, text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(str(text).replace("_", ""))
+    except ValueError:
+        raise OomdoctorError(f"{flag} must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise OomdoctorError(f"{flag} must be 1 or more, not {value}")
+    return value
+
+
+def run_sweep(args: argparse.Namespace, script: Path, script_args: list[str]) -> int:
+    """`rehearse --sweep NAME`: double from --lo, then bisect; each probe is `oomdoctor rehearse` in
+    a fresh process with NAME set in the script's arguments (oomdoctor.analysis.sweep)."""
+    from oomdoctor.analysis.sweep import DEFAULT_HI, DEFAULT_LO, NEEDS_DATA, sweep
+    from oomdoctor.views.sweep import render_sweep
+
+    if getattr(args, "sweep", None) is None:
+        raise OomdoctorError("--lo and --hi go with --sweep NAME")
+    option = sweep_option(args.sweep)
+    lo = _sweep_bound("--lo", args.lo, DEFAULT_LO)
+    hi = _sweep_bound("--hi", args.hi, max(DEFAULT_HI, lo))
+    if hi < lo:
+        raise OomdoctorError(f"--hi {hi} is below --lo {lo}")
+    if args.device_memory is None:
+        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
+    if not script.is_file():
+        raise OomdoctorError(f"no such script: {script}")
+    device_memory_bytes = parse_size_bytes(args.device_memory)
+    usable_bytes = device_memory_bytes - parse_size_bytes(args.outside_memory) - parse_size_bytes(args.cuda_context)
+    output_format = getattr(args, "format", None) or "text"
+    if output_format not in ("text", "md", "json"):
+        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
+    dump_dir = Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+    with tempfile.TemporaryDirectory(prefix="oomdoctor-sweep-") as work:
+
+        def probe(value: int) -> Any:
+            return _probe(args, script, with_value(script_args, option, value), option, value, Path(work))
+
+        result = sweep(probe, lo=lo, hi=hi)
+        dump = _keep_dump(result.smallest_failure, dump_dir) if result.stopped is None else None
+    print(
+        render_sweep(
+            result,
+            output_format,
+            name=option,
+            device_memory_bytes=device_memory_bytes,
+            usable_bytes=usable_bytes,
+            script=script.name,
+            fake=bool(getattr(args, "fake", False)),
+            dump=dump,
+        )
+    )
+    if result.stopped is not None:
+        return 3 if result.stopped.outcome == NEEDS_DATA else 1
+    return 0 if result.largest_fit is not None else 1
+
+
+def _probe(args: argparse.Namespace, script: Path, script_args: list[str], option: str, value: int, work: Path) -> Any:
+    """One rehearsal at `value`: `python -m oomdoctor rehearse --probe-result FILE ...` of the script."""
+    from oomdoctor.analysis.sweep import FAILED, FailedRequest, Probe
+
+    folder = work / str(value)
+    result_file = folder / "probe.json"
+    argv = [sys.executable, "-m", "oomdoctor", "rehearse", "--probe-result", str(result_file)]
+    argv += ["--device-memory", args.device_memory, "--out", str(folder / "dumps")]
+    argv += ["--outside-memory", args.outside_memory, "--cuda-context", args.cuda_context]
+    if args.alloc_conf is not None:
+        argv += ["--alloc-conf", args.alloc_conf]
+    if getattr(args, "fake", False):
+        argv.append("--fake")
+    argv += [str(script), "--", *script_args]
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parent.parent.parent)  # the oomdoctor this process runs
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (package_root, env.get("PYTHONPATH")) if part)
+    done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
+    last_error = next((line.strip() for line in reversed(done.stderr.splitlines()) if line.strip()), "")
+    if not result_file.is_file():
+        reason = last_error.removeprefix("oomdoctor: ") or f"exit status {done.returncode}"
+        raise OomdoctorError(f"the rehearsal of {option} {value} gave no result: {reason}")
+    record = json.loads(result_file.read_text())
+    if record["outcome"] == FAILED and _UNRECOGNIZED in last_error and option in last_error:
+        raise OomdoctorError(f"{script.name} does not take {option}: {last_error}")
+    reason = record.get("reason")
+    if record["outcome"] == FAILED and record.get("error") is None and last_error:
+        reason = f"{reason}: {last_error}"
+    request = record.get("request")
+    probe = Probe(
+        value=value,
+        outcome=record["outcome"],
+        peak_allocated_bytes=int(record["peak_allocated_bytes"]),
+        peak_reserved_bytes=int(record["peak_reserved_bytes"]),
+        request=FailedRequest(**request) if request else None,
+        reason=reason,
+        dumps=tuple(record.get("dumps", ())),
+    )
+    if sys.stderr.isatty():
+        print(f"oomdoctor: {option} {value}: {probe.outcome.replace('_', ' ')}", file=sys.stderr)
+    return probe
+
+
+def write_probe_result(path: Path, result: Any) -> None:
+    """What one rehearsal of a sweep found, as JSON, for the sweeping process to read."""
+    from oomdoctor.analysis.sweep import FAILED, FITS, NEEDS_DATA, OUT_OF_MEMORY
+
+    request = None
+    error = None
+    if result.fake_failure is not None:
+        outcome, reason = NEEDS_DATA, result.fake_failure
+    elif result.oom is not None:
+        oom = result.oom
+        outcome, reason = OUT_OF_MEMORY, None
+        site = _frame_text(oom.user_frame) if oom.user_frame else "unknown line"
+        request = {
+            "request_bytes": oom.request_bytes,
+            "op": oom.op,
+            "phase": oom.phase,
+            "site": site,
+            "message": oom.message,
+        }
+    elif result.exit_code == 0:
+        outcome, reason = FITS, None
+    else:
+        outcome, reason = FAILED, f"exit status {result.exit_code}"
+        if result.error_text:
+            error = next((line.strip() for line in reversed(result.error_text.splitlines()) if line.strip()), None)
+            reason = error or reason
+    record = {
+        "outcome": outcome,
+        "exit_code": result.exit_code,
+        "peak_allocated_bytes": result.peak_allocated_bytes,
+        "peak_reserved_bytes": result.peak_reserved_bytes,
+        "request": request,
+        "reason": reason,
+        "error": error,
+        "dumps": [str(path) for path in result.dump_paths],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def _keep_dump(failure: Any, dump_dir: Path) -> str | None:
+    """The OOM dump of the value that did not fit, copied out of the sweep's temporary folder."""
+    if failure is None or not failure.dumps:
+        return None
+    source = Path(failure.dumps[-1])
+    if not source.is_file():
+        return None
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    target = dump_dir / source.name
+    shutil.copy2(source, target)
+    return _display(target)

@@ -7,11 +7,13 @@
 While a session runs, every CPU tensor storage created on the starting thread is a simulated device
 allocation, capture's backend seam answers from the simulator, torch.cuda's memory functions do too,
 and OOMDOCTOR_REHEARSAL=1 is set. `rehearse_script()` runs a script file inside a session the way
-`python script.py ARGS` would and says whether and where it ran out.
+`python script.py ARGS` would and says whether and where it ran out; `rehearsal()` does the same
+for the code in a `with` block (the pytest plugin's marked test bodies).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import platform
@@ -21,7 +23,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +251,43 @@ def rehearse_script(
             sys.path[0] = saved_path0
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
     return result
+
+
+@contextlib.contextmanager
+def rehearsal(config: RehearsalConfig, *, dump_dir: Path, filename: str = "") -> Iterator[RehearsalResult]:
+    """Run the `with` block inside a rehearsal session with a dump writer, as `rehearse_script` runs a
+    script: the RehearsalResult it yields is filled in when the block ends.
+
+    An OOM that ends the block (result.oom, exit_code 1) and, under config.fake, what cannot run
+    without data (result.fake_failure, exit_code 3; `filename` is the file to name when no user
+    line is found) are taken into the result; any other exception propagates after the session stops.
+    """
+    from oomdoctor.rehearse.recorder import OUT_OF_MEMORY_ERROR
+
+    dump_dir = Path(dump_dir)
+    before = _dump_files(dump_dir)
+    result = RehearsalResult(exit_code=0)
+    with RehearsalSession(config) as session:
+        result.dump_writer = _install_dump_writer(session, dump_dir)
+        try:
+            yield result
+        except BaseException as error:
+            fake_line = _fake_failure(session, error, filename)
+            if fake_line is not None:
+                result.exit_code, result.fake_failure = FAKE_FAILURE_EXIT, fake_line
+            elif isinstance(error, OUT_OF_MEMORY_ERROR) and session.ooms:
+                result.exit_code, result.oom = 1, session.ooms[-1]
+            else:
+                raise
+        finally:
+            _uninstall_capture(result.dump_writer)
+            stats = session.backend.memory_stats(config.device)
+            result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
+            result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
+            result.ooms_seen = session.ooms
+            if session.fake is not None:
+                result.fake_notes = session.fake.notes
+    result.dump_paths = sorted(_dump_files(dump_dir) - before)
 
 
 def _dump_now(session: RehearsalSession, dump_writer: str, dump_dir: Path) -> Path | None:
