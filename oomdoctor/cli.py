@@ -17,6 +17,7 @@ from types import ModuleType
 
 from oomdoctor import __version__
 from oomdoctor.commands import demo, diff, explain, info, redact, rehearse, report
+from oomdoctor.commands import mcp as mcp_verb
 from oomdoctor.commands import open as open_verb
 from oomdoctor.commands import run as run_verb
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
@@ -41,6 +42,7 @@ VERBS: tuple[tuple[str, ModuleType], ...] = (
     ("demo", demo),
     ("rehearse", rehearse),
     ("run", run_verb),
+    ("mcp", mcp_verb),
 )
 
 
