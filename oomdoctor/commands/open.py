@@ -5,20 +5,27 @@
 FILE is an oomdoctor dump or any torch memory snapshot (pickle, gzip, JSON, memory_viz HTML).
 The file is read and analysed in the background behind a progress bar; then five tabs open:
 
-  1 Overview      the verdict, its evidence, what to change, memory at the OOM
-  2 Timeline      memory by component over the recorded events, steps (s0, s1, ...) and
-                  phases (F forward, B backward, O optimizer step, Z zero_grad, · between
-                  steps) marked under it; left/right move a cursor (shift: ten times as far, [ and ]: one event,
-                  o: the OOM, p: the peak) and show what was live after that event
-  3 Segments      each segment with a bar of its blocks; a block's stack
+  1 Overview      the verdict, its evidence, what to change, memory at the OOM;
+                  Enter on an evidence item goes to its event or block
+  2 Timeline      memory by component over the recorded events, steps (s0, s1, ...)
+                  and phases (F forward, B backward, O optimizer step, Z zero_grad,
+                  · between steps) under it; left/right move a cursor (shift: ten
+                  times as far, [ and ]: one event, o: the OOM, p: the peak) and
+                  show what was live after that event
+  3 Segments      the segments at the cursor's event, a bar of each one's blocks;
+                  a block's stack
   4 Components    parameters, gradients, optimizer state, ... down to module paths,
                   source lines and single blocks
-  5 Allocations   every block live at the OOM; type to search names, files and functions
+  5 Allocations   every block live at the OOM; type to search names, files and
+                  functions (Esc leaves the search)
 
-Keys 1-5 switch tabs, tab moves between widgets, q quits; the mouse works too. For a report to
-paste or pipe, use `oomdoctor report FILE`. Exit status: 0 closed normally, 2 unreadable input,
-or a file the app could not analyse or show (one line on stderr says why, after the terminal is
-restored).
+Keys: 1-5 switch tabs, ? lists the keys of the tab, g goes to an event, f shows
+all frames of a stack (or only yours), d another device (when the file has
+several), ctrl+p the commands (go to the OOM or the peak, copy the Markdown
+report), tab moves between widgets, q quits; the mouse works too. For a report to
+paste or pipe, use `oomdoctor report FILE`. Exit status: 0 closed normally, 2
+unreadable input, or a file the app could not analyse or show (one line on stderr
+says why, after the terminal is restored).
 """
 
 from __future__ import annotations
