@@ -164,6 +164,26 @@ class Sim:
         return Snapshot(segments=segments, traces=(DeviceTrace.from_events(0, self.events),), **metadata_fields(meta))
 
 
+def spike_sim(
+    allocations: int = 400, spike_after: int = 250, spike_bytes: int = 512 * MiB, oom_after: int | None = None
+) -> Sim:
+    """A trace of more than a thousand events whose memory rises and falls in small steps, with one
+    sharp spike: after the `spike_after`th small allocation, a `spike_bytes` block allocated and
+    freed at once, so the peak is the one event of that alloc (a sample of the series misses it
+    unless it lands on it). With `oom_after`, an OOM after that small allocation, the run going on."""
+    sim = Sim(total_bytes=1 << 40)
+    live: list[int] = []
+    for number in range(allocations):
+        live.append(sim.alloc((1 + number % 7) * MiB, USER_STACK))
+        if number % 3 == 2:
+            sim.free(live.pop(0))
+        if number == spike_after:
+            sim.free(sim.alloc(spike_bytes, USER_STACK))
+        if number == oom_after:
+            sim.oom(1 << 41)
+    return sim
+
+
 def several_devices(*sims: Sim) -> Snapshot:
     """A plain snapshot of one process that drives several devices (DataParallel, say): the
     segments and trace of `sims[d]` become device d's. No oomdoctor metadata."""

@@ -3,15 +3,17 @@ walking back from the dump equals the state computed forward from the start."""
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomdoctor.analysis import analyse, replayer
-from oomdoctor.analysis.replay import ring_buffer_wrapped
+from oomdoctor.analysis import Replayer, analyse, replayer
+from oomdoctor.analysis.replay import LiveHistory, ring_buffer_wrapped
 from oomdoctor.analysis.results import Unknown, UnknownKind
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.model import DeviceTrace, Snapshot
-from tests.builders import USER_STACK, MiB, Sim, metadata_fields
+from tests.builders import USER_STACK, MiB, Sim, metadata_fields, spike_sim
 
 OPS = st.lists(
     st.one_of(
@@ -70,6 +72,87 @@ def test_state_at_every_event_matches_a_forward_replay(ops):
         assert {live.address for live in state.live} == addresses
         for segment in state.segments:
             assert sum(b.size for b in segment.blocks) == segment.total_size
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPS, st.sampled_from([(1, 1), (2, 1), (3, 2), (7, 3)]), st.randoms(use_true_random=False))
+def test_state_at_from_dense_copies_matches_a_forward_replay(ops, every, rng):
+    """The cursor's copies of the live set (every few events) and of the segments (every few
+    segment events, walking back) rebuild the same state as a replay from event 0, at any event."""
+    sim = _run(ops)
+    snapshot = sim.snapshot(metadata=False)
+    fresh = Replayer(snapshot.traces[0], snapshot.segments, every=every[0], segment_every=every[1])
+    states = _forward_states(sim.events)
+    for index in rng.sample(range(len(states)), min(len(states), 12)):
+        allocated, reserved, addresses = states[index]
+        state = fresh.state_at(index)
+        assert state.allocated_bytes == state.counted_bytes == allocated
+        assert state.reserved_bytes == reserved
+        assert {live.address for live in state.live} == addresses
+
+
+def test_a_long_trace_replays_from_many_copies_to_the_state_of_a_forward_replay():
+    sim = spike_sim(allocations=300)
+    snapshot = sim.snapshot(metadata=False)
+    states = _forward_states(sim.events)
+    default, dense = replayer(snapshot, 0), Replayer(snapshot.traces[0], snapshot.segments, every=16, segment_every=4)
+    assert len(dense.history.copies) >= 3 and len(dense.segment_history._copies) >= 3
+    rng = random.Random(13)
+    for index in rng.sample(range(len(states) - 1), 40) + [0, len(states) - 2]:
+        allocated, reserved, addresses = states[index]
+        for fresh in (default, dense):
+            state = fresh.state_at(index)
+            assert (state.counted_bytes, state.reserved_bytes) == (allocated, reserved)
+            assert {live.address for live in state.live} == addresses
+
+
+@settings(max_examples=40, deadline=None)
+@given(OPS)
+def test_the_cursors_copies_hold_at_most_one_entry_per_two_events(ops):
+    sim = _run(ops)
+    trace = sim.snapshot(metadata=False).traces[0]
+    history = LiveHistory.record(trace, (), every=1)
+    assert sum(len(live) + len(pending) for _, live, pending in history.copies) <= len(trace) / 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPS, st.integers(min_value=2, max_value=9))
+def test_each_series_peak_is_the_most_allocated_over_its_events(ops, points):
+    """A point stands for the events after the previous one up to its own; its peak is the true
+    most over them (not a sample), at the first event reaching it, and the peaks' most is the peak."""
+    sim = _run(ops)
+    analysis = analyse(sim.snapshot(metadata=False), series_points=points)
+    states = _forward_states(sim.events)
+    replay = analysis.replay
+    if not states:
+        return
+    assert len(replay.series_peaks) == len(replay.series)
+    previous = -1
+    for point, peak in zip(replay.series, replay.series_peaks):
+        values = [states[i][0] for i in range(previous + 1, point.event_index + 1)]
+        assert peak.allocated_bytes == max(values) >= point.allocated_bytes
+        assert peak.event_index == previous + 1 + values.index(max(values))
+        assert sum(peak.components) == peak.allocated_bytes
+        previous = point.event_index
+    assert max(p.allocated_bytes for p in replay.series_peaks) == replay.peak_allocated_bytes
+
+
+def test_a_one_event_spike_between_samples_is_the_peak_of_its_interval():
+    missed = 0
+    for spike_after in (250, 251, 252):
+        sim = spike_sim(spike_after=spike_after)
+        analysis = analyse(sim.snapshot(metadata=False))
+        replay = analysis.replay
+        assert replay.event_count > 480 * 2
+        sampled = {p.event_index for p in replay.series}
+        missed += replay.peak_index not in sampled
+        assert max(p.allocated_bytes for p in replay.series_peaks) == replay.peak_allocated_bytes
+        holder = next(p for p in replay.series_peaks if p.event_index == replay.peak_index)
+        assert holder.allocated_bytes == replay.peak_allocated_bytes
+        state = replayer(sim.snapshot(metadata=False), 0).state_at(replay.peak_index)
+        assert state.counted_bytes == replay.peak_allocated_bytes
+    assert missed  # at least one spike fell between two samples: the series alone would miss it
+    assert max(p.allocated_bytes for p in replay.series) < replay.peak_allocated_bytes or missed < 3
 
 
 @settings(max_examples=40, deadline=None)

@@ -6,12 +6,14 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from functools import cache
 
 import pytest
 
 pytest.importorskip("textual")
 
+from textual import events  # noqa: E402
 from textual.widgets import DataTable, Input, Static, TabbedContent, Tree  # noqa: E402
 
 from oomdoctor.analysis import analyse, replayer  # noqa: E402
@@ -20,14 +22,16 @@ from oomdoctor.cli import main  # noqa: E402
 from oomdoctor.commands import open as open_command  # noqa: E402
 from oomdoctor.examples import EXAMPLE_DUMP  # noqa: E402
 from oomdoctor.load import load  # noqa: E402
+from oomdoctor.metadata import COMPONENTS  # noqa: E402
 from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, Block, Segment  # noqa: E402
 from oomdoctor.tui import content  # noqa: E402
 from oomdoctor.tui.allocations import SEARCH_PAUSE  # noqa: E402
 from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  # noqa: E402
 from oomdoctor.tui.stack import StackPane  # noqa: E402
-from oomdoctor.tui.timeline import TimelineChart, TimelinePane  # noqa: E402
+from oomdoctor.tui.timeline import AXIS_WIDTH, OOM_MARK, SHORT_LABELS, TimelineChart, TimelinePane  # noqa: E402
 from oomdoctor.units import human_size  # noqa: E402
 from oomdoctor.views import phrasing  # noqa: E402
+from tests.builders import spike_sim  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
 
 DUMPS = FIXTURES / "dumps"
@@ -106,6 +110,48 @@ def test_timeline_cursor_steps_along_the_sampled_points():
     assert timeline.next_point(back, 1) > back
     assert timeline.next_point(events[3], -100) == events[0]
     assert timeline.next_point(events[3], 10_000) == events[-1]
+
+
+def _spike():
+    snapshot = spike_sim(spike_after=251).snapshot(metadata=False)
+    return snapshot, analyse(snapshot)
+
+
+@pytest.mark.parametrize("source", ["demo", "spike"])
+def test_the_tallest_column_is_the_replayed_peak_and_holds_the_peak_event(source):
+    snapshot, analysis = loaded(EXAMPLE_DUMP) if source == "demo" else _spike()
+    timeline = content.Timeline(analysis)
+    peak = analysis.replay.peak_allocated_bytes
+    assert timeline.max_bytes == timeline.peak_bytes == peak
+    for width in (7, 74, 154, len(analysis.replay.series) + 50):
+        columns = timeline.columns(width)
+        tallest = max(columns, key=lambda c: c.peak.allocated_bytes)
+        assert tallest.peak.allocated_bytes == peak
+        assert tallest.first_event <= analysis.replay.peak_index <= tallest.last_event
+        number = timeline.cursor_column(columns, analysis.replay.peak_index)
+        assert columns[number].peak.allocated_bytes == peak
+        assert None not in content.stacked_cells(tallest.peak, timeline.max_bytes, 8)  # full height
+        assert all(
+            None in content.stacked_cells(c.peak, timeline.max_bytes, 50)
+            for c in columns
+            if c.peak.allocated_bytes * 51 < peak * 50
+        )
+    if source == "spike":  # the sampled series alone misses the spike
+        assert max(p.allocated_bytes for p in analysis.replay.series) < peak
+
+
+def test_a_column_covers_its_events_and_is_at_least_each_of_them():
+    snapshot, analysis = _spike()
+    timeline = content.Timeline(analysis)
+    fresh = replayer(snapshot, 0)
+    columns = timeline.columns(60)
+    assert columns[0].first_event == 0 and columns[-1].last_event == analysis.replay.event_count - 1
+    for before, after in zip(columns, columns[1:]):
+        assert after.first_event == before.last_event + 1
+    for index in range(0, analysis.replay.event_count, 97):
+        column = columns[timeline.cursor_column(columns, index)]
+        assert column.first_event <= index <= column.last_event
+        assert fresh.state_at(index).counted_bytes <= column.peak.allocated_bytes
 
 
 def test_stacked_cells_fill_in_proportion_and_by_component():
@@ -237,7 +283,7 @@ def test_timeline_keys_move_the_cursor_and_the_label_shows_the_replayed_state():
         expected = fresh.state_at(index)
         assert state.event_index == index
         assert state.allocated_bytes == expected.allocated_bytes
-        assert f"allocated {human_size(expected.allocated_bytes)}" in state_label
+        assert f"allocated {human_size(expected.counted_bytes)}" in state_label
         assert event_label.startswith(f"event {index} of {analysis.replay.event_count}")
     assert "OOM" in seen[0][3]
 
@@ -248,13 +294,163 @@ def test_clicking_the_chart_moves_the_cursor_there():
     async def scenario(app, pilot):
         await pilot.press("2")
         await settle(app, pilot)
-        await pilot.click("#timeline-chart", offset=(0, 3))
+        await pilot.click("#timeline-chart", offset=(AXIS_WIDTH, 3))
         await settle(app, pilot)
         return app.query_one(TimelineChart).cursor_index, app.query_one(TimelinePane).shown_state
 
     index, state = run_app(make_app(analysis, snapshot, source=LEAK.name), scenario)
-    assert index == content.Timeline(analysis).columns(78)[0].point.event_index
-    assert state.event_index == index
+    first = content.Timeline(analysis).columns(78 - AXIS_WIDTH)[0]
+    assert index == first.peak.event_index  # the column's most: what its height shows
+    assert state.event_index == index and state.counted_bytes == first.peak.allocated_bytes
+
+
+def _chart_lines(app) -> list[str]:
+    return app.query_one(TimelineChart).render().plain.split("\n")
+
+
+def _on_timeline(snapshot, analysis, then, size=(80, 24)):
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        return await then(app, pilot)
+
+    return run_app(make_app(analysis, snapshot, source="spike.pickle"), scenario, size=size)
+
+
+def test_the_oom_is_marked_in_the_column_holding_it_and_only_there():
+    snapshot = spike_sim(spike_after=251, oom_after=120).snapshot(metadata=False)
+    analysis = analyse(snapshot)
+    oom = analysis.replay.ooms[0].event_index
+    assert oom < analysis.replay.event_count // 2  # in the middle of the chart, not at its end
+
+    async def then(app, pilot):
+        return _chart_lines(app), app.query_one(TimelineChart).plot_width()
+
+    lines, width = _on_timeline(snapshot, analysis, then)
+    timeline = content.Timeline(analysis)
+    columns = timeline.columns(width)
+    marks = [(row, x) for row, line in enumerate(lines[:-2]) for x, glyph in enumerate(line) if glyph == OOM_MARK]
+    assert [x - AXIS_WIDTH for _, x in marks] == [timeline.cursor_column(columns, oom)]
+    assert columns[marks[0][1] - AXIS_WIDTH].first_event <= oom <= columns[marks[0][1] - AXIS_WIDTH].last_event
+
+
+def test_the_chart_has_an_axis_in_sizes_with_the_peak_at_its_top():
+    snapshot, analysis = _spike()
+
+    async def then(app, pilot):
+        return _chart_lines(app), text_of(app.query_one("#timeline-legend", Static))
+
+    lines, legend = _on_timeline(snapshot, analysis, then)
+    peak = analysis.replay.peak_allocated_bytes
+    assert lines[0].startswith(f"{content.axis_label(peak):>{AXIS_WIDTH - 1}}┤")
+    assert sum("┤" in line[:AXIS_WIDTH] for line in lines[:-2]) == 2  # the top and the middle
+    assert f"top {human_size(peak)}" in legend
+    assert lines[-2].lstrip().startswith("phase")
+
+
+@pytest.mark.slow
+def test_the_cursor_figure_and_the_column_under_it_agree():
+    snapshot, analysis = _spike()
+
+    async def then(app, pilot):
+        chart, pane = app.query_one(TimelineChart), app.query_one(TimelinePane)
+        seen = []
+        for key in ("p", "left", "left", "right_square_bracket", "shift+left", "home", "end"):
+            await pilot.press(key)
+            await settle(app, pilot)
+            seen.append((chart.cursor_index, pane.shown_state, text_of(app.query_one("#cursor-state", Static))))
+        return seen, chart.plot_width()
+
+    seen, width = _on_timeline(snapshot, analysis, then)
+    timeline = content.Timeline(analysis)
+    columns = timeline.columns(width)
+    assert seen[0][0] == analysis.replay.peak_index
+    differing = 0
+    for index, state, line in seen:
+        column = columns[timeline.cursor_column(columns, index)]
+        assert state.event_index == index or (state.exact and index == analysis.replay.event_count - 1)
+        assert line.startswith(f"allocated {human_size(state.counted_bytes)} ")
+        assert state.counted_bytes <= column.peak.allocated_bytes
+        if column.peak.allocated_bytes != state.counted_bytes:
+            differing += 1
+            assert f"column max {human_size(column.peak.allocated_bytes)}" in line
+        else:
+            assert "column max" not in line
+    assert (
+        "column max" not in seen[0][2] and f"allocated {human_size(analysis.replay.peak_allocated_bytes)}" in seen[0][2]
+    )
+    assert differing  # some move lands below its column's most
+
+
+def test_without_colour_each_component_is_its_own_letter_in_the_chart_and_the_legend(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    snapshot, analysis = loaded(LEAK)
+    letters = list(content.COMPONENT_LETTERS.values())
+    assert len(set(letters)) == len(letters) == len(COMPONENTS)
+
+    async def then(app, pilot):
+        assert app.no_color
+        return _chart_lines(app), text_of(app.query_one("#timeline-legend", Static))
+
+    lines, legend = _on_timeline(snapshot, analysis, then)
+    drawn = {glyph for line in lines[:-2] for glyph in line[AXIS_WIDTH:]} - {" ", "│", OOM_MARK}
+    assert "█" not in drawn and len(drawn) >= 3
+    assert drawn <= set(letters)
+    for letter in drawn:
+        name = next(n for n, value in content.COMPONENT_LETTERS.items() if value == letter)
+        assert f"{letter} {SHORT_LABELS[name]}" in legend
+
+
+@pytest.mark.slow
+def test_the_chart_grows_with_the_terminal():
+    snapshot, analysis = loaded(LEAK)
+
+    async def then(app, pilot):
+        chart = app.query_one(TimelineChart)
+        return chart.region.height, len(_chart_lines(app))
+
+    heights = {size: _on_timeline(snapshot, analysis, then, size=size) for size in ((80, 16), (80, 24), (160, 50))}
+    for height, lines in heights.values():
+        assert height == lines >= content.CHART_MIN_ROWS + 2
+    assert heights[(80, 16)][0] == content.CHART_MIN_ROWS + 2
+    assert heights[(80, 16)][0] <= heights[(80, 24)][0] < heights[(160, 50)][0]
+    assert heights[(160, 50)][0] >= 2 * (heights[(80, 24)][0] - 2)
+
+
+@pytest.mark.slow
+def test_a_burst_of_key_presses_replays_the_last_not_each():
+    snapshot, analysis = loaded(LEAK)
+    app = make_app(analysis, snapshot, source=LEAK.name)
+    replayed = []
+    original = app.replay.state_at
+
+    def slow_state_at(index):
+        replayed.append(index)
+        time.sleep(0.05)
+        return original(index)
+
+    async def then(app, pilot):
+        chart, pane = app.query_one(TimelineChart), app.query_one(TimelinePane)
+        await pilot.press("home")
+        await settle(app, pilot)
+        app.replay.state_at = slow_state_at
+        start = chart.cursor_index
+        for _ in range(20):
+            app._driver.send_message(events.Key("right", None))
+        await settle(app, pilot)
+        while pane.shown_state is None or pane.shown_state.event_index != chart.cursor_index:
+            await asyncio.sleep(0.01)
+        return start, chart.cursor_index, pane.shown_state, text_of(app.query_one("#cursor-event", Static))
+
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        return await asyncio.wait_for(then(app, pilot), 10)
+
+    start, final, state, label = run_app(app, scenario)
+    assert final == content.Timeline(analysis).next_point(start, 20)
+    assert state.event_index == final and label.startswith(f"event {final} ")
+    assert replayed[-1] == final and len(replayed) <= 4  # the first, maybe one on the way, the last
 
 
 @pytest.mark.slow

@@ -577,6 +577,7 @@ def _result(
         target_allocated_bytes=target.allocated_bytes,
         ooms=accounted.ooms,
         series=tuple(state.series),
+        series_peaks=tuple(state.series_peaks),
         events_after_target=len(trace) - 1 - target.index if target.index is not None else 0,
         pre_existing_allocations=pre_count,
         pre_existing_bytes=pre_bytes,

@@ -17,7 +17,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 
-from oomdoctor.analysis.results import EventState, LiveAllocation, NearOom, OomEvent, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.results import (
+    EventState,
+    LiveAllocation,
+    NearOom,
+    OomEvent,
+    PhaseSpan,
+    SeriesPeak,
+    SeriesPoint,
+)
 from oomdoctor.analysis.sizing import (
     LARGE_SEGMENT_BYTES,
     SMALL_REQUEST_BYTES,
@@ -52,6 +60,10 @@ LiveEntry = tuple[int, int, int, int]
 LiveCopy = tuple[int, dict[int, LiveEntry], dict[int, int]]
 
 _CHECKPOINT_EVERY = 60  # samples between copies of the live set (about eight per trace)
+# A cursor's copies (`LiveHistory.record`, `SegmentHistory`): events replayed at most from the
+# nearest copy; a few milliseconds of replay (about 0.3 us an event).
+CURSOR_COPY_EVENTS = 2048
+CURSOR_COPY_SEGMENT_EVENTS = 64
 _ROUND_RING_SIZES = frozenset([10**k for k in range(3, 9)] + [2**k for k in range(10, 27)])
 
 
@@ -87,6 +99,8 @@ class LiveHistory:
         "live_at_end",
         "pre_existing_frees",
         "rounded_sizes",
+        "_pre_free_indices",
+        "_untraced",
     )
 
     def __init__(
@@ -107,6 +121,9 @@ class LiveHistory:
         self.live_at_end = live_at_end
         self.pre_existing_frees = pre_existing_frees
         self.rounded_sizes = rounded_sizes  # request -> block bytes, as the pass rounded them
+        self._pre_free_indices = [free[0] for free in pre_existing_frees]  # in event order
+        # the dump's blocks allocated before the trace and never freed: live at every event
+        self._untraced = [(a, b) for a, b in final_blocks.items() if a not in live_at_end]
 
     @classmethod
     def record(
@@ -114,16 +131,21 @@ class LiveHistory:
         trace: DeviceTrace,
         segments: Sequence[Segment],
         divisions: tuple[tuple[int, int], ...] = (),
-        copies: int = 32,
+        every: int = CURSOR_COPY_EVENTS,
     ) -> LiveHistory:
-        """One pass that keeps only the live set, with a copy every `len(trace) / copies` events."""
+        """One pass that keeps only the live set, with a copy after every `every` events, or after
+        twice as many events as the live set then holds when that is more: `at` then replays at
+        most max(every, 2 x live) events, and the copies hold at most one entry per two events of
+        the trace (plus one live set per `every` events), however large the live set grows."""
         count = len(trace)
-        every = max(1, -(-count // copies)) if count else 1
+        every = max(1, every)
         live: dict[int, LiveEntry] = {}
         pending: dict[int, int] = {}
         kept: list[LiveCopy] = []
         pre_existing_frees: list[tuple[int, int, int]] = []
         rounded: dict[int, int] = {}
+        next_check = every - 1
+        last_copy = -1
         for index, action, addr, size in zip(range(count), trace.actions, trace.addrs, trace.sizes):
             if action == ALLOC:
                 block_size = rounded.get(size)
@@ -140,8 +162,11 @@ class LiveHistory:
                     pending[addr] = entry[2]
             elif action == FREE_COMPLETED:
                 pending.pop(addr, None)
-            if index % every == every - 1:
-                kept.append((index, dict(live), dict(pending)))
+            if index == next_check:
+                next_check += every
+                if index - last_copy >= 2 * (len(live) + len(pending)):
+                    kept.append((index, dict(live), dict(pending)))
+                    last_copy = index
         return cls(trace, final_live_blocks(segments), divisions, kept, live, pre_existing_frees, rounded)
 
     def at_end(self) -> dict[int, LiveAllocation]:
@@ -193,11 +218,12 @@ class LiveHistory:
                 merged[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
             else:
                 merged[address] = LiveAllocation(address, alloc_index, size, requested)
-        for address, block in final.items():  # allocated before the trace and never freed
-            if address not in live_at_end and address not in merged:
+        for address, block in self._untraced:  # allocated before the trace and never freed
+            if address not in merged:
                 merged[address] = LiveAllocation(address, None, block.size, block.requested_size)
-        for index, address, size in self.pre_existing_frees:  # allocated before the trace, freed later
-            if index > event_index and address not in merged:
+        later = bisect.bisect_right(self._pre_free_indices, event_index)
+        for _, address, size in self.pre_existing_frees[later:]:  # allocated before the trace, freed later
+            if address not in merged:
                 merged[address] = LiveAllocation(address, None, size, size)
         return merged, pending
 
@@ -208,6 +234,7 @@ class ReplayState:
 
     event_count: int
     series: list[SeriesPoint]
+    series_peaks: list[SeriesPeak]  # one per point of `series`: the most allocated over its interval
     peak_index: int | None
     peak_allocated_bytes: int
     oom_indices: list[int]
@@ -261,6 +288,8 @@ def walk(
     samples: list[tuple[int, int | None, int, int, tuple[int, ...]]] = []
     stride = max(1, -(-count // max_points)) if count else 1
     next_sample = 0
+    last = count - 1
+    mosts: list[tuple[int, int, tuple[int, ...]]] = []  # per sample: (event, allocated, totals) of its interval's most
     oom_indices: list[int] = []
     pre_existing_frees: list[tuple[int, int, int]] = []
     rounded_cache: dict[int, int] = {}
@@ -276,7 +305,20 @@ def walk(
     stats = steps.setdefault(step, StepStats(0, 0, 0, 0, 0))
     stats_peak = stats_activation_peak = 0
 
-    for index, action, addr, size in zip(range(count), trace.actions, trace.addrs, trace.sizes):
+    actions = trace.actions
+    # The events come in intervals, each ending at a sampled event: (previous sample, sample]. Per
+    # interval the pass keeps its most allocated bytes, the event and the components there: an
+    # alloc that beats the interval's most is its new most (and only such an alloc can be the
+    # peak), and the components there are copied once the next free ends the climb (or at the
+    # interval's end), so a climb of many allocs costs one copy. An interval opening with an event
+    # that leaves allocated as it was starts at the state before it.
+    interval_most, most_index, most_totals = -1, 0, None
+    climbing = False  # the interval's most was just set by an alloc: its components not copied yet
+    if count and actions[0] != ALLOC:
+        climbing = actions[0] == FREE_REQUESTED
+        if not climbing:
+            interval_most, most_totals = 0, tuple(totals)
+    for index, action, addr, size in zip(range(count), actions, trace.addrs, trace.sizes):
         if index == next_boundary:
             span_position += 1
             span = spans[span_position]
@@ -306,9 +348,13 @@ def walk(
             live[addr] = (index, component, block_size, size)
             allocated += block_size
             totals[component] += block_size
-            if allocated > peak_value:
-                peak_value = allocated
-                peak_index = index
+            if allocated > interval_most:  # the peak is at least the interval's most
+                interval_most = allocated
+                most_index = index
+                climbing = True
+                if allocated > peak_value:
+                    peak_value = allocated
+                    peak_index = index
             if allocated > stats_peak:
                 stats_peak = allocated
             if component == activation_component and totals[component] > stats_activation_peak:
@@ -319,6 +365,15 @@ def walk(
                 block_size = round_size(size, divisions)
                 entry = (-1, component_of_pre_existing(addr, block_size), block_size, size)
                 pre_existing_frees.append((index, addr, block_size))
+            if climbing:
+                climbing = False
+                if interval_most >= 0:  # the state just before this free is the interval's most
+                    most_totals = tuple(totals)
+                else:  # the interval opens with this free: its most is right after it, so far
+                    interval_most = allocated - entry[2]
+                    opening = totals[:]
+                    opening[entry[1]] -= entry[2]
+                    most_totals = tuple(opening)
             allocated -= entry[2]
             totals[entry[1]] -= entry[2]
             pending[addr] = entry[2]
@@ -332,12 +387,24 @@ def walk(
             oom_indices.append(index)
             copies.append((index, dict(live), dict(pending)))
         if index == next_sample:
-            samples.append((index, times[index] if times is not None else None, allocated, reserved, tuple(totals)))
+            now = tuple(totals)
+            mosts.append((most_index, interval_most, now if climbing or most_totals is None else most_totals))
+            samples.append((index, times[index] if times is not None else None, allocated, reserved, now))
             next_sample += stride
             if len(samples) % _CHECKPOINT_EVERY == 0:
                 copies.append((index, dict(live), dict(pending)))
-    if count and samples[-1][0] != count - 1:
-        samples.append((count - 1, times[count - 1] if times is not None else None, allocated, reserved, tuple(totals)))
+            # the next interval's most: set by its first event if that is an alloc or a free
+            # (`climbing` tells the free so), else the state now, which that event leaves as it is
+            following = actions[index + 1] if index < last else None
+            climbing = following == FREE_REQUESTED
+            if following == ALLOC or climbing:
+                interval_most, most_index, most_totals = -1, index + 1, None
+            else:
+                interval_most, most_index, most_totals = allocated, index + 1, now
+    if count and samples[-1][0] != count - 1:  # the last interval ends at the last event, a sample of its own
+        now = tuple(totals)
+        mosts.append((most_index, interval_most, now if climbing or most_totals is None else most_totals))
+        samples.append((count - 1, times[count - 1] if times is not None else None, allocated, reserved, now))
     stats.last_index = max(count - 1, 0)
     stats.end_allocated_bytes = allocated
     stats.peak_allocated_bytes = stats_peak
@@ -356,15 +423,22 @@ def walk(
         final_totals[component] += block.size
     component_offsets = [final_totals[c] - totals[c] for c in range(component_count)]
 
+    def offset(comps: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple([v + o if v + o > 0 else 0 for v, o in zip(comps, component_offsets)])
+
     series = [
         SeriesPoint(
             event_index=i,
             time_us=t,
             allocated_bytes=a + allocated_offset,
             reserved_bytes=r + reserved_offset,
-            components=tuple(max(0, v + component_offsets[c]) for c, v in enumerate(comps)),
+            components=offset(comps),
         )
         for i, t, a, r, comps in samples
+    ]
+    series_peaks = [
+        SeriesPeak(event_index=i, allocated_bytes=a + allocated_offset, components=offset(comps))
+        for i, a, comps in mosts
     ]
     for one in steps.values():
         one.peak_allocated_bytes += allocated_offset
@@ -373,6 +447,7 @@ def walk(
     return ReplayState(
         event_count=count,
         series=series,
+        series_peaks=series_peaks,
         peak_index=peak_index,
         peak_allocated_bytes=(peak_value + allocated_offset) if peak_index is not None else final_allocated,
         oom_indices=oom_indices,
@@ -481,34 +556,42 @@ def ooms_of(
     return tuple(found)
 
 
-def segments_at(trace: DeviceTrace, segments: Sequence[Segment], target_index: int) -> tuple[list[Segment], bool]:
-    """The segments just after `target_index`, walking the segment events after it backwards."""
-    kinds = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
-    actions = trace.actions
-    later = [trace[i] for i in range(target_index + 1, len(trace)) if actions[i] in kinds]
-    if not later:
-        return list(segments), True
-    by_address = {s.address: s for s in segments}
-    # Expandable memory is a set of mapped byte ranges; keep it as intervals and rebuild segments.
-    mapped: list[list[int]] = [[s.address, s.address + s.total_size] for s in segments if s.is_expandable]
+_SEGMENT_KINDS = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
+# What the segment events after a moment undo: fixed segments by address, and the byte ranges
+# mapped into expandable segments (kept as intervals; the segments are rebuilt from them).
+_SegmentState = tuple[dict[int, Segment], list[list[int]]]
+
+
+def _segment_state(segments: Sequence[Segment]) -> _SegmentState:
+    return {s.address: s for s in segments}, [
+        [s.address, s.address + s.total_size] for s in segments if s.is_expandable
+    ]
+
+
+def _undo_segment_event(state: _SegmentState, event: TraceEvent, device: int) -> _SegmentState:
+    by_address, mapped = state
+    if event.action == SEGMENT_ALLOC:
+        by_address.pop(event.addr, None)
+    elif event.action == SEGMENT_FREE:
+        by_address[event.addr] = Segment(
+            device=device,
+            address=event.addr,
+            total_size=event.size,
+            stream=event.stream,
+            segment_type="small" if event.size == SMALL_SEGMENT_BYTES else "large",
+            blocks=(Block(event.addr, event.size, 0, INACTIVE),),
+            pool_id=event.pool_id or (0, 0),
+        )
+    elif event.action == SEGMENT_MAP:
+        mapped = _subtract_range(mapped, event.addr, event.addr + event.size)
+    elif event.action == SEGMENT_UNMAP:
+        mapped.append([event.addr, event.addr + event.size])
+    return by_address, mapped
+
+
+def _segments_of(state: _SegmentState, segments: Sequence[Segment]) -> list[Segment]:
+    by_address, mapped = state
     template = next((s for s in segments if s.is_expandable), None)
-    for event in reversed(later):
-        if event.action == SEGMENT_ALLOC:
-            by_address.pop(event.addr, None)
-        elif event.action == SEGMENT_FREE:
-            by_address[event.addr] = Segment(
-                device=segments[0].device if segments else 0,
-                address=event.addr,
-                total_size=event.size,
-                stream=event.stream,
-                segment_type="small" if event.size == SMALL_SEGMENT_BYTES else "large",
-                blocks=(Block(event.addr, event.size, 0, INACTIVE),),
-                pool_id=event.pool_id or (0, 0),
-            )
-        elif event.action == SEGMENT_MAP:
-            mapped = _subtract_range(mapped, event.addr, event.addr + event.size)
-        elif event.action == SEGMENT_UNMAP:
-            mapped.append([event.addr, event.addr + event.size])
     fixed = [s for s in by_address.values() if not s.is_expandable]
     for start, end in _merge_ranges(mapped):
         fixed.append(
@@ -524,7 +607,60 @@ def segments_at(trace: DeviceTrace, segments: Sequence[Segment], target_index: i
             )
         )
     fixed.sort(key=lambda s: s.address)
-    return fixed, False
+    return fixed
+
+
+def segments_at(trace: DeviceTrace, segments: Sequence[Segment], target_index: int) -> tuple[list[Segment], bool]:
+    """The segments just after `target_index`, walking the segment events after it backwards."""
+    actions = trace.actions
+    later = [i for i in range(target_index + 1, len(trace)) if actions[i] in _SEGMENT_KINDS]
+    if not later:
+        return list(segments), True
+    state = _segment_state(segments)
+    device = segments[0].device if segments else 0
+    for index in reversed(later):
+        state = _undo_segment_event(state, trace[index], device)
+    return _segments_of(state, segments), False
+
+
+class SegmentHistory:
+    """The segments just after any event, for a cursor: `segments_at` from copies of the segment
+    state kept on one walk back from the dump, so a move undoes at most a few dozen segment events
+    (or twice as many as there are segments then, when that is more) instead of every one after it."""
+
+    def __init__(self, trace: DeviceTrace, segments: Sequence[Segment], every: int = CURSOR_COPY_SEGMENT_EVENTS):
+        self.trace = trace
+        self.segments = tuple(segments)
+        actions = trace.actions
+        self.indices = list(compress(range(len(actions)), map(_SEGMENT_KINDS.__contains__, actions)))
+        self._device = segments[0].device if segments else 0
+        # position p -> the state with the segment events at positions p and on undone
+        state = _segment_state(segments)
+        self._copies: list[tuple[int, _SegmentState]] = [(len(self.indices), _copy_state(state))]
+        since = 0
+        for position in range(len(self.indices) - 1, -1, -1):
+            state = _undo_segment_event(state, trace[self.indices[position]], self._device)
+            since += 1
+            if since >= max(every, 2 * len(state[0])):
+                self._copies.append((position, _copy_state(state)))
+                since = 0
+        self._copies.reverse()
+        self._copy_positions = [position for position, _ in self._copies]
+
+    def at(self, target_index: int) -> tuple[list[Segment], bool]:
+        """(segments, exact) just after `target_index`; exact: the dump's own, nothing undone."""
+        first_later = bisect.bisect_right(self.indices, target_index)
+        if first_later == len(self.indices):
+            return list(self.segments), True
+        position, kept = self._copies[bisect.bisect_left(self._copy_positions, first_later)]
+        state = _copy_state(kept)
+        for undone in range(position - 1, first_later - 1, -1):
+            state = _undo_segment_event(state, self.trace[self.indices[undone]], self._device)
+        return _segments_of(state, self.segments), False
+
+
+def _copy_state(state: _SegmentState) -> _SegmentState:
+    return dict(state[0]), [list(r) for r in state[1]]
 
 
 def _subtract_range(ranges: list[list[int]], start: int, end: int) -> list[list[int]]:
@@ -629,4 +765,5 @@ def event_state(
         live=tuple(rows),
         segments=tuple(layout),
         exact=exact,
+        counted_bytes=sum([allocation.size_bytes for allocation in live.values()]),
     )

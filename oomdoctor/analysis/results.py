@@ -96,6 +96,18 @@ class SeriesPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SeriesPeak:
+    """The most allocated bytes over the events one series point stands for: those after the
+    previous point, up to and including its own (its first point: its event alone). The true
+    maximum of those events by the rule of docs/definitions.md, not a sample, so the interval
+    holding the peak has the peak (`ReplaySummary.peak_allocated_bytes`)."""
+
+    event_index: int  # the first event of the interval that reaches it
+    allocated_bytes: int
+    components: tuple[int, ...]  # bytes per name in COMPONENTS right after that event
+
+
+@dataclass(frozen=True, slots=True)
 class ReplaySummary:
     device: int
     event_count: int
@@ -112,6 +124,9 @@ class ReplaySummary:
     ring_buffer_wrapped: bool
     has_frames: bool
     has_time: bool
+    # One per point of `series`: the most allocated over the events it stands for (what the
+    # app's chart draws). Not in the JSON report: the report's series is the sampled points.
+    series_peaks: tuple[SeriesPeak, ...] = ()
 
 
 class LiveAllocation(NamedTuple):
@@ -137,6 +152,9 @@ class EventState:
     live: tuple[LiveAllocation, ...]  # the allocated blocks of `segments`, at their own bytes (definitions.md)
     segments: tuple[Segment, ...]  # the layout, with free gaps as inactive blocks
     exact: bool  # True when this is the dump's own state
+    # Allocated by the rule of docs/definitions.md ("The peak"): every live allocation at its own
+    # bytes, laid out or not; what the series, the timeline chart and the peak count.
+    counted_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

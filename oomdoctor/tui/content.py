@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.frame_kinds import lead_frame_index
-from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPoint
+from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPeak, SeriesPoint
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, NO_STACK, DeviceTrace, Segment, Stack
 from oomdoctor.safetext import printable
@@ -146,30 +146,82 @@ def component_lines(analysis: Analysis) -> list[str]:
 # --- Timeline -----------------------------------------------------------------------------------
 
 
+# One letter per component (COMPONENTS order), for the chart and its legend where colour is off.
+COMPONENT_LETTERS = {
+    "parameters": "P",
+    "gradients": "G",
+    "optimizer_state": "O",
+    "activations": "A",
+    "temporaries": "T",
+    "inputs": "I",
+    "buffers": "B",
+    "workspace": "W",
+    "preallocated": "R",
+    "other": "X",
+    "unknown": "?",
+}
+CHART_MIN_ROWS = 6
+CHART_PANE_SHARE = 0.4  # of the Timeline pane's height, for the chart's stacked rows
+
+
 @dataclass(frozen=True)
 class ChartColumn:
-    """One column of the timeline chart: the busiest sampled point among those it covers."""
+    """One column of the timeline chart: the series points it covers and the most allocated bytes
+    over their events (the true maximum, `SeriesPeak`), with the components there."""
 
     first_point: int  # positions in the series, inclusive
     last_point: int
-    point: SeriesPoint
-    phase: str
+    first_event: int  # the events those points stand for, inclusive
+    last_event: int
+    peak: SeriesPeak  # the most allocated over those events: the column's height
+    phase: str  # at the peak's event
     step: int | None
+    oom: bool  # an OOM event lies among them
+
+
+def chart_rows(pane_height: int) -> int:
+    """Stacked rows for a chart in a pane this tall: a share of it, at least CHART_MIN_ROWS."""
+    return max(CHART_MIN_ROWS, int(pane_height * CHART_PANE_SHARE))
+
+
+def axis_label(size_bytes: int) -> str:
+    """A size in at most five characters for the chart's axis: '953M', '1.66G', '0'."""
+    if size_bytes <= 0:
+        return "0"
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size_bytes >= scale:
+            value = size_bytes / scale
+            if value >= 99.95:
+                return f"{value:.0f}{unit}"
+            return f"{value:.1f}{unit}" if value >= 9.995 else f"{value:.2f}{unit}"
+    return f"{size_bytes}B"
 
 
 class Timeline:
-    """The downsampled memory series with its phases, and the cursor arithmetic over it."""
+    """The memory series with its phases, the chart's columns, and the cursor arithmetic over it.
+
+    A column's height is the most allocated over the events its points stand for
+    (`ReplaySummary.series_peaks`), so the column holding the peak reaches `max_bytes`, the peak.
+    """
 
     def __init__(self, analysis: Analysis):
-        self.series: tuple[SeriesPoint, ...] = analysis.replay.series
-        self.event_count = analysis.replay.event_count
+        replay = analysis.replay
+        self.series: tuple[SeriesPoint, ...] = replay.series
+        if len(replay.series_peaks) == len(self.series):
+            self.peaks: tuple[SeriesPeak, ...] = replay.series_peaks
+        else:  # a summary without them (made by hand): each point stands for itself
+            self.peaks = tuple(SeriesPeak(p.event_index, p.allocated_bytes, p.components) for p in self.series)
+        self.event_count = replay.event_count
         self.phases: tuple[PhaseSpan, ...] = analysis.phases
         self._phase_starts = [span.first_index for span in self.phases]
         self._point_events = [point.event_index for point in self.series]
         self.has_steps = bool(analysis.steps)
-        self.target_index = analysis.replay.target_index
-        self.peak_index = analysis.replay.peak_index
-        self.max_bytes = max((max(p.allocated_bytes, sum(p.components)) for p in self.series), default=0)
+        self.target_index = replay.target_index
+        self.peak_index = replay.peak_index
+        self.oom_indices = sorted(oom.event_index for oom in replay.ooms)
+        self.peak_bytes = replay.peak_allocated_bytes
+        self.max_bytes = max([replay.peak_allocated_bytes, *(p.allocated_bytes for p in self.peaks)]) if self else 0
+        self._columns: dict[int, list[ChartColumn]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.series)
@@ -192,6 +244,10 @@ class Timeline:
         """The series position at or before `event_index`."""
         return max(bisect.bisect_right(self._point_events, event_index) - 1, 0)
 
+    def covering_position(self, event_index: int) -> int:
+        """The series position whose events hold `event_index`: the first point at or after it."""
+        return min(bisect.bisect_left(self._point_events, event_index), len(self.series) - 1)
+
     def next_point(self, event_index: int, points: int) -> int:
         """The event `points` sampled points after (or, negative, before) `event_index`."""
         if not self.series:
@@ -206,43 +262,63 @@ class Timeline:
         return min(max(event_index, 0), max(self.event_count - 1, 0))
 
     def columns(self, width: int) -> list[ChartColumn]:
+        """`width` columns over the series (kept per width: the chart asks at every repaint)."""
+        known = self._columns.get(width)
+        if known is not None:
+            return known
         count = len(self.series)
         if not count or width <= 0:
             return []
+        events = self._point_events
         result = []
         for column in range(width):
             first = column * count // width
             last = max(first, (column + 1) * count // width - 1)
-            point = max(self.series[first : last + 1], key=lambda p: p.allocated_bytes)
-            span = self.phase_at(point.event_index)
+            peak = max(self.peaks[first : last + 1], key=lambda p: p.allocated_bytes)
+            first_event = events[first - 1] + 1 if first else 0
+            last_event = events[last]
+            span = self.phase_at(peak.event_index)
+            oom = bisect.bisect_left(self.oom_indices, first_event)
             result.append(
                 ChartColumn(
                     first,
                     last,
-                    point,
+                    first_event,
+                    last_event,
+                    peak,
                     span.phase if span else "unknown",
                     span.step if span and self.has_steps else None,
+                    oom < len(self.oom_indices) and self.oom_indices[oom] <= last_event,
                 )
             )
+        self._columns[width] = result
         return result
 
     def cursor_column(self, columns: Sequence[ChartColumn], event_index: int) -> int:
-        position = self.point_position(event_index)
-        for number, column in enumerate(columns):
-            if column.first_point <= position <= column.last_point:
-                return number
-        return len(columns) - 1
+        """The column whose events hold `event_index` (the first, where columns repeat a point)."""
+        if not columns:
+            return 0
+        position = self.covering_position(event_index)
+        starts = [column.first_point for column in columns]
+        number = bisect.bisect_right(starts, position) - 1
+        while number > 0 and columns[number - 1].first_point == columns[number].first_point:
+            number -= 1
+        return max(number, 0)
 
 
-def stacked_cells(point: SeriesPoint, max_bytes: int, height: int) -> list[int | None]:
+def stacked_cells(point: SeriesPoint | SeriesPeak, max_bytes: int, height: int) -> list[int | None]:
     """Component index (into COMPONENTS) filling each cell of one chart column, bottom cell first.
 
-    Each cell takes the component holding most of the bytes in its band; None above the top.
+    As many cells as `point.allocated_bytes` is of `max_bytes` (at least one for any bytes); each
+    takes the component holding most of the bytes in its band of the components; None above.
     """
     if max_bytes <= 0 or height <= 0:
         return [None] * max(height, 0)
     total = sum(point.components)
-    filled_cells = round(height * min(max(point.allocated_bytes, total), max_bytes) / max_bytes)
+    allocated = min(max(point.allocated_bytes, 0), max_bytes)
+    filled_cells = round(height * allocated / max_bytes)
+    if allocated and not filled_cells:
+        filled_cells = 1
     cells: list[int | None] = []
     bounds = []
     running = 0

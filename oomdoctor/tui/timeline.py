@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
@@ -17,10 +20,15 @@ from oomdoctor.analysis.results import Analysis, EventState
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import Snapshot
 from oomdoctor.tui.content import (
+    CHART_MIN_ROWS,
     COMPONENT_LABELS,
+    COMPONENT_LETTERS,
     PHASE_LETTERS,
     BlockRow,
+    ChartColumn,
     Timeline,
+    axis_label,
+    chart_rows,
     live_rows_at,
     path_style,
     phase_words,
@@ -58,12 +66,19 @@ SHORT_LABELS = {
     "unknown": "unknown",
 }
 PHASE_COLORS = {"forward": "#59a14f", "backward": "#f28e2b", "optimizer_step": "#e15759", "zero_grad": "#b07aa1"}
-CHART_ROWS = 8
 TOP_BLOCKS = 8
+QUICK_REPLAY_SECONDS = 0.02  # a cursor replay this quick runs on the app's thread
+REPLAY_DELAY_SECONDS = 0.008  # after this, so the keys of a burst move the cursor first
+
+
+AXIS_WIDTH = 6  # "1.66G" and the axis line
+OOM_MARK = "▼"
 
 
 class TimelineChart(Widget, can_focus=True):
-    """Stacked columns of allocated bytes by component, a phase row and a step row under them."""
+    """Stacked columns of allocated bytes by component (each column as tall as the most allocated
+    over its events), a y axis at the left, the OOM marked, and a phase band and a step band under
+    them. Its height follows the pane's (`chart_rows`); without colour each component is its letter."""
 
     BINDINGS = [
         Binding("left", "move(-1)", "Earlier", show=True),
@@ -78,7 +93,7 @@ class TimelineChart(Widget, can_focus=True):
         Binding("p", "jump('peak')", "Peak", show=True),
     ]
 
-    cursor_index: reactive[int] = reactive(0)
+    cursor_index: reactive[int] = reactive(0, repaint=False)  # repainted when its column changes
 
     class CursorMoved(Message):
         def __init__(self, event_index: int) -> None:
@@ -89,11 +104,17 @@ class TimelineChart(Widget, can_focus=True):
         super().__init__(**kwargs)
         self.timeline = timeline
         self.set_reactive(TimelineChart.cursor_index, timeline.start_index())
+        self._rows = CHART_MIN_ROWS
+        self._drawn_cursor = -1  # the column the cursor was last drawn in
+        self._stacks: dict[tuple[int, int], list[list[int | None]]] = {}
 
     def on_mount(self) -> None:
         self.post_message(self.CursorMoved(self.cursor_index))
 
     def watch_cursor_index(self, event_index: int) -> None:
+        columns = self.timeline.columns(self.plot_width())
+        if columns and self.timeline.cursor_column(columns, event_index) != self._drawn_cursor:
+            self.refresh()  # most moves stay in their column: nothing to repaint
         self.post_message(self.CursorMoved(event_index))
 
     def action_move(self, points: int) -> None:
@@ -114,10 +135,24 @@ class TimelineChart(Widget, can_focus=True):
         if wanted is not None:
             self.cursor_index = timeline.clamp(wanted)
 
+    @property
+    def monochrome(self) -> bool:
+        """Colour is off (NO_COLOR): components are told apart by their letters."""
+        return bool(getattr(self.app, "no_color", False))
+
+    def plot_width(self) -> int:
+        return max(self.size.width - AXIS_WIDTH, 1)
+
+    def cursor_chart_column(self) -> ChartColumn | None:
+        """The column under the cursor, as drawn now."""
+        columns = self.timeline.columns(self.plot_width())
+        return columns[self.timeline.cursor_column(columns, self.cursor_index)] if columns else None
+
     def on_click(self, event: events.Click) -> None:
-        columns = self.timeline.columns(self.size.width)
-        if columns and 0 <= event.x < len(columns):
-            self.cursor_index = columns[event.x].point.event_index
+        columns = self.timeline.columns(self.plot_width())
+        x = event.x - AXIS_WIDTH
+        if columns and 0 <= x < len(columns):
+            self.cursor_index = columns[x].peak.event_index  # the column's most: the height drawn
         self.focus()
 
     def render(self) -> Text:
@@ -126,45 +161,90 @@ class TimelineChart(Widget, can_focus=True):
         except Exception as error:  # data the chart cannot draw: one line in its place
             return plain(report_failure(self, "draw the timeline", error), style="red")
 
+    def _stacks_for(self, columns: list[ChartColumn], width: int, rows: int) -> list[list[int | None]]:
+        key = (width, rows)
+        stacks = self._stacks.get(key)
+        if stacks is None:
+            max_bytes = self.timeline.max_bytes
+            stacks = self._stacks[key] = [stacked_cells(column.peak, max_bytes, rows) for column in columns]
+        return stacks
+
     def _draw(self) -> Text:
-        width = self.size.width
         timeline = self.timeline
         if not timeline:
             return plain("No allocation history was recorded, so there is no timeline.")
+        width = self.plot_width()
+        rows = max(self.size.height - 2, 1) if self.size.height else self._rows
         columns = timeline.columns(width)
-        cursor = timeline.cursor_column(columns, self.cursor_index)
-        stacks = [stacked_cells(column.point, timeline.max_bytes, CHART_ROWS) for column in columns]
+        cursor = self._drawn_cursor = timeline.cursor_column(columns, self.cursor_index)
+        stacks = self._stacks_for(columns, width, rows)
+        monochrome = self.monochrome
+        marks = [
+            column.oom and (number == 0 or columns[number - 1].first_point != column.first_point)
+            for number, column in enumerate(columns)
+        ]
+        tops = [sum(cell is not None for cell in cells) for cells in stacks]
+        # a row's label is the bytes up to its top: the top row's the scale, the middle one's about half
+        middle = rows // 2 - 1
+        labels = {rows - 1: axis_label(timeline.max_bytes)}
+        if 0 <= middle < rows - 1:
+            labels[middle] = axis_label(timeline.max_bytes * (middle + 1) // rows)
         lines = []
-        for level in range(CHART_ROWS - 1, -1, -1):
-            line = Text()
+        for level in range(rows - 1, -1, -1):
+            label = labels.get(level)
+            line = Text(f"{label:>{AXIS_WIDTH - 1}}┤" if label else f"{'':>{AXIS_WIDTH - 1}}│", style="dim")
+            run, run_style = [], ""  # cells of one style go in as one span: far less for Textual to lay out
             for number, cells in enumerate(stacks):
                 component = cells[level]
-                style = COMPONENT_COLORS[COMPONENTS[component]] if component is not None else ""
-                if number == cursor:
-                    line.append(
-                        "█" if component is not None else "│",
-                        style="bold white" if component is None else f"{style} reverse",
-                    )
+                name = COMPONENTS[component] if component is not None else None
+                if marks[number] and (level == tops[number] or (level == rows - 1 and tops[number] >= rows)):
+                    glyph, style = OOM_MARK, "bold reverse" if number == cursor else "bold red"
+                elif name is None:
+                    glyph, style = ("│", "bold") if number == cursor else (" ", "")
                 else:
-                    line.append("█" if component is not None else " ", style=style)
+                    glyph = COMPONENT_LETTERS[name] if monochrome else "█"
+                    style = "" if monochrome else COMPONENT_COLORS[name]
+                    if number == cursor:
+                        style = f"{style} reverse".strip()
+                if style != run_style and run:
+                    line.append("".join(run), style=run_style)
+                    run = []
+                run.append(glyph)
+                run_style = style
+            if run:
+                line.append("".join(run), style=run_style)
             lines.append(line)
-        phases = Text()
-        steps = Text()
+        phases = Text(f"{'phase':>{AXIS_WIDTH - 1}} ", style="dim")
+        steps = Text(f"{'step':>{AXIS_WIDTH - 1}} " if timeline.has_steps else " " * AXIS_WIDTH, style="dim")
         previous_step = None
+        written = 0
+        run, run_style = [], ""
         for number, column in enumerate(columns):
             letter = PHASE_LETTERS.get(column.phase, "?")
-            phases.append(letter, style="reverse" if number == cursor else PHASE_COLORS.get(column.phase, "dim"))
-            if column.step is not None and column.step != previous_step and len(steps) <= number:
-                label = f"s{column.step}"
-                steps.append(label[: width - number], style="dim")
-            elif len(steps) <= number:
+            style = "reverse" if number == cursor else "" if monochrome else PHASE_COLORS.get(column.phase, "dim")
+            if style != run_style and run:
+                phases.append("".join(run), style=run_style)
+                run = []
+            run.append(letter)
+            run_style = style
+            if column.step is not None and column.step != previous_step and written <= number:
+                label = f"s{column.step}"[: width - number]
+                steps.append(label, style="dim")
+                written = number + len(label)
+            elif written <= number:
                 steps.append(" ")
+                written = number + 1
             previous_step = column.step
+        if run:
+            phases.append("".join(run), style=run_style)
         lines.extend((phases, steps))
         return Text("\n").join(lines)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return CHART_ROWS + 2 if self.timeline else 1
+        if not self.timeline:
+            return 1
+        self._rows = chart_rows(container.height)
+        return self._rows + 2
 
 
 class TimelinePane(GuardedPane, Vertical):
@@ -191,6 +271,11 @@ class TimelinePane(GuardedPane, Vertical):
         self.timeline: Timeline | None = None
         self.shown_state: EventState | None = None
         self.block_rows: list[BlockRow] = []  # the rows of #cursor-blocks
+        self._replay_lock = threading.Lock()
+        self._wanted = 0
+        self._replaying = False
+        self._replay_seconds = 0.0  # the last replay's
+        self._table_rows: list[BlockRow] | None = None  # what #cursor-blocks lists
 
     def build(self) -> ComposeResult:
         self.timeline = Timeline(self.analysis)
@@ -205,21 +290,30 @@ class TimelinePane(GuardedPane, Vertical):
 
     def _legend(self) -> Text:
         assert self.timeline is not None
-        present = [name for name, share in zip(COMPONENTS, self.analysis.components) if share.bytes] or list(
-            COMPONENTS[:4]
-        )
+        timeline = self.timeline
+        shown = {name for name, share in zip(COMPONENTS, self.analysis.components) if share.bytes}
+        for peak in timeline.peaks:  # and whatever is a visible share of some column
+            shown.update(
+                name for name, value in zip(COMPONENTS, peak.components) if value * 20 >= timeline.max_bytes > 0
+            )
+        present = [name for name in COMPONENTS if name in shown] or list(COMPONENTS[:4])
+        monochrome = bool(getattr(self.app, "no_color", False))
         legend = Text()
         for name in present:
-            legend.append("█ ", style=COMPONENT_COLORS[name])
+            if monochrome:
+                legend.append(f"{COMPONENT_LETTERS[name]} ", style="bold")
+            else:
+                legend.append("█ ", style=COMPONENT_COLORS[name])
             legend.append(f"{SHORT_LABELS[name]} ")
-        legend.append(f"top {human_size(self.timeline.max_bytes)}", style="dim")
+        legend.append(f"top {human_size(timeline.peak_bytes)}", style="dim")
+        if timeline.oom_indices:
+            legend.append(f" {OOM_MARK} OOM", style="bold" if monochrome else "bold red")
         return legend
 
     @on(TimelineChart.CursorMoved)
     @guarded
     def _cursor_moved(self, message: TimelineChart.CursorMoved) -> None:
         assert self.timeline is not None
-        self.query_one(TimelineChart).refresh()
         index = message.event_index
         span = self.timeline.phase_at(index)
         bits = [f"event {index} of {self.timeline.event_count}"]
@@ -233,19 +327,81 @@ class TimelinePane(GuardedPane, Vertical):
                 if self.analysis.replay.target_kind == "oom"
                 else self.analysis.replay.target_kind
             )
-        self.query_one("#cursor-event", Static).update(plain(" · ".join(bits)))
-        self.query_one("#cursor-state", Static).update(plain("replaying…", style="dim"))
-        self._replay(index)
+        self._show_line("#cursor-event", plain(" · ".join(bits)))
+        self._show_line("#cursor-state", plain("replaying…", style="dim"), shrink=False)
+        self._request_replay(index)
 
-    @work(thread=True, exclusive=True, group="timeline-cursor")
-    def _replay(self, event_index: int) -> None:
-        try:
-            state = self.replayer.state_at(event_index)
-            rows = live_rows_at(state, self.replayer.trace, self.replayer.segments, self.analysis, limit=TOP_BLOCKS)
-        except Exception as error:  # the worker's thread: the pane fails on the app's
-            self.post_message(self.ReplayFailed(error))
-            return
-        self.post_message(self.StateReady(state, rows))
+    def _show_line(self, selector: str, text: Text, shrink: bool = True) -> None:
+        """Update a label, laying the pane out again only when its height must change (a layout of
+        the whole screen per key press was most of what a cursor move cost); a placeholder
+        (`shrink` False) keeps the height the label has, so the line it stands for fits again."""
+        label = self.query_one(selector, Static)
+        width, height = label.size
+        lines = max(1, -(-text.cell_len // width)) if width else 0
+        if not shrink:
+            lines = max(lines, height)
+        label.update(text, layout=lines != height)
+
+    def _request_replay(self, event_index: int) -> None:
+        """Replay `event_index`: one replay at a time, of the latest index asked for, dropping
+        those the cursor has already left (a held key's run of moves costs one replay at a time,
+        not one each). A replay as quick as the last one was (a few ms: the Replayer's copies)
+        runs on the app's own thread a few ms later, once the keys already queued have moved the
+        cursor (a burst ends in a replay or two, of the last), and no thread hands the interpreter
+        back and forth; a slow one (a huge live set) runs in a worker thread, so the keys keep
+        answering meanwhile."""
+        with self._replay_lock:
+            self._wanted = event_index
+            if self._replaying:
+                return
+            self._replaying = True
+        if self._replay_seconds <= QUICK_REPLAY_SECONDS:
+            self.set_timer(REPLAY_DELAY_SECONDS, self._replay_here)
+        else:
+            self._replay_in_thread()
+
+    def _replay_here(self) -> None:
+        message = self._replay_latest()
+        if isinstance(message, self.ReplayFailed):
+            self.fail(message.error)
+        else:
+            self.post_message(message)
+
+    @work(thread=True, group="timeline-cursor")
+    def _replay_in_thread(self) -> None:
+        self.post_message(self._replay_latest())
+
+    def _replay_latest(self) -> StateReady | ReplayFailed:
+        """Replay until the state replayed is where the cursor still is."""
+        while True:
+            with self._replay_lock:
+                event_index = self._wanted
+            started = time.perf_counter()
+            try:
+                state = self.replayer.state_at(event_index)
+                rows = live_rows_at(state, self.replayer.trace, self.replayer.segments, self.analysis, limit=TOP_BLOCKS)
+            except Exception as error:  # in a worker's thread: the pane fails on the app's
+                with self._replay_lock:
+                    self._replaying = False
+                return self.ReplayFailed(error)
+            self._replay_seconds = time.perf_counter() - started
+            with self._replay_lock:
+                if self._wanted != event_index:
+                    continue  # the cursor moved on meanwhile: replay where it is now
+                self._replaying = False
+            return self.StateReady(state, rows)
+
+    @staticmethod
+    def _state_line(state: EventState, column: ChartColumn | None) -> str:
+        """The cursor's figures: allocated as the chart counts it (docs/definitions.md), and the
+        column's height where the column's most is more than the event's own."""
+        line = (
+            f"allocated {human_size(state.counted_bytes)} · reserved {human_size(state.reserved_bytes)} · "
+            f"{len(state.live)} live blocks" + ("" if state.exact else " (replayed)")
+        )
+        if column is not None and column.peak.allocated_bytes != state.counted_bytes:
+            line += f" · column max {human_size(column.peak.allocated_bytes)}"
+        return line
 
     @on(ReplayFailed)
     def _replay_failed(self, message: ReplayFailed) -> None:
@@ -262,12 +418,10 @@ class TimelinePane(GuardedPane, Vertical):
         ):
             return  # the cursor has moved on; a newer replay is coming
         self.shown_state = state
-        self.query_one("#cursor-state", Static).update(
-            plain(
-                f"allocated {human_size(state.allocated_bytes)} · reserved {human_size(state.reserved_bytes)} · "
-                f"{len(state.live)} live blocks" + ("" if state.exact else " (replayed)")
-            )
-        )
+        self._show_line("#cursor-state", plain(self._state_line(state, chart.cursor_chart_column())))
+        if message.rows == self._table_rows:
+            return  # the same blocks: the table stays as it is
+        self._table_rows = message.rows
         table = self.query_one("#cursor-blocks", DataTable)
         self.block_rows = message.rows
         table.clear()

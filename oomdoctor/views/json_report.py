@@ -17,7 +17,16 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.analysis.results import Accounting, Analysis, Evidence, Finding, LiveBlock, Recommendation, WhatIf
+from oomdoctor.analysis.results import (
+    Accounting,
+    Analysis,
+    Evidence,
+    Finding,
+    LiveBlock,
+    Recommendation,
+    ReplaySummary,
+    WhatIf,
+)
 from oomdoctor.model import Stack
 from oomdoctor.safetext import clip, json_printable
 from oomdoctor.views import phrasing
@@ -58,6 +67,13 @@ def _block(block: LiveBlock) -> dict[str, Any]:
 def _accounting(accounting: Accounting) -> dict[str, Any]:
     row = _plain(accounting)
     row["unknowns"] = list(phrasing.unknowns(accounting.unknowns))
+    return row
+
+
+def _replay(replay: ReplaySummary) -> dict[str, Any]:
+    """The replay's summary; its series' peaks (the app's chart) are left out, the series is there."""
+    row = _plain(dataclasses.replace(replay, series_peaks=()))
+    del row["series_peaks"]
     return row
 
 
@@ -129,7 +145,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "secondary": [_finding(f) for f in analysis.secondary],
         "accounting": _accounting(analysis.accounting),
         "fragmentation": _plain(analysis.fragmentation),
-        "replay": _plain(analysis.replay),
+        "replay": _replay(analysis.replay),
         "phase_source": analysis.phase_source,
         "target_phase": analysis.target_phase,
         "target_step": analysis.target_step,
