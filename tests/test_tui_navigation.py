@@ -219,3 +219,22 @@ def test_copying_the_report_puts_the_markdown_report_on_the_clipboard():
 
     copied = run_app(app, scenario)
     assert copied == render(analysis, source="example.pickle", environment=environment_of(snapshot))
+
+
+def test_the_footer_offers_the_oom_key_only_where_there_is_an_oom():
+    def footer_keys(path):
+        snapshot, analysis = loaded(path)
+
+        async def scenario(app, pilot):
+            await pilot.press("2")
+            await settle(app, pilot)
+            return {binding.description for binding in (a.binding for a in app.screen.active_bindings.values())}
+
+        return run_app(make_app(analysis, snapshot, source=path.name), scenario)
+
+    from tests.test_tui import DUMPS
+
+    with_oom = footer_keys(LEAK)
+    without = footer_keys(DUMPS / "no-oom-mlp-adam.pickle")
+    assert "OOM" in with_oom and "Peak" in with_oom
+    assert "OOM" not in without and "Peak" in without

@@ -123,6 +123,15 @@ class TimelineChart(Widget, can_focus=True):
     def action_step_event(self, events_: int) -> None:
         self.cursor_index = self.timeline.clamp(self.cursor_index + events_)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`o` only where the trace has an OOM, `p` only where it has a peak: the footer offers
+        only the keys that do something."""
+        if action == "jump" and parameters == ("target",):
+            return bool(self.timeline.oom_indices) and self.timeline.target_index is not None
+        if action == "jump" and parameters == ("peak",):
+            return self.timeline.peak_index is not None
+        return True
+
     def action_jump(self, where: str) -> None:
         timeline = self.timeline
         targets = {
