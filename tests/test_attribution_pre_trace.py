@@ -191,3 +191,38 @@ def test_a_notebook_cell_gives_way_to_the_model_library_frame_inside_it():
     assert source_line(stack[2:]) == "/tmp/ipykernel_4242/1234567.py:3 in <module>"  # nothing inside it
     script = (*stack[:3], Frame("/home/me/train.py", 40, "main"))
     assert source_line(script) == "/home/me/train.py:40 in main"  # a script's own line stays first
+
+
+BACKWARD_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/autograd/__init__.py", 266, "backward"),
+    Frame("/usr/lib/python3/site-packages/torch/_tensor.py", 581, "backward"),
+    Frame("train.py", 42, "train_step"),
+)
+
+
+def _three_copies_then_a_backward(accumulate: bool) -> dict[str, int]:
+    """Three frame-less copies of one parameter set from before the trace, then a traced forward
+    and a backward the OOM interrupts: with `accumulate`, the backward computes parameter-shaped
+    gradients and frees each (added into a .grad already there); else it keeps none of that shape."""
+    sim = Sim(total_bytes=8 << 30)
+    shapes = (4 * MiB, 4 * MiB, 2 * MiB)
+    for _ in range(3):
+        for size in shapes:
+            sim.alloc(size)
+    sim.start_recording()
+    sim.alloc(8 * MiB, FORWARD_STACK)
+    for size in shapes[:2]:
+        made = sim.alloc(size, BACKWARD_STACK) if accumulate else sim.alloc(3 * MiB, BACKWARD_STACK)
+        sim.free(made)
+    sim.oom(64 << 30, BACKWARD_STACK)
+    return _components(sim)
+
+
+def test_gradients_found_already_there_by_an_interrupted_backward_are_one_of_three_copies():
+    """SGD with momentum and no zero_grad (or zero_grad(set_to_none=False)): parameters, the stale
+    gradients and one momentum buffer, where without that evidence three copies read as Adam's
+    parameters and two moments."""
+    there = _three_copies_then_a_backward(accumulate=True)
+    assert (there["parameters"], there["gradients"], there["optimizer_state"]) == (10 * MiB, 10 * MiB, 10 * MiB)
+    adam = _three_copies_then_a_backward(accumulate=False)
+    assert (adam["parameters"], adam["gradients"], adam["optimizer_state"]) == (10 * MiB, 0, 20 * MiB)

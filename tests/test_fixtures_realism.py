@@ -70,8 +70,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
         "moment": "step 0: the first step ran before the trace and is not counted",
     },
     "late-recording-gradients-kept-mlp-sgd": {
-        "verdict": "model-states-too-large",
-        "components": "stale gradients and momentum from before the trace count as parameters (150.3 MiB, truth 50.1)",
         "moment": "step 0: the first step ran before the trace and is not counted",
     },
     "eval-outputs-kept-gpt": {

@@ -393,6 +393,9 @@ def pre_trace_placements(
     frees: dict[int, int] = {}
     actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
     backward_sizes: set[int] = set()  # requested bytes of backward allocations that outlive their backward
+    # requested bytes of backward allocations freed inside it: a gradient computed and added into a
+    # .grad that was already there (AccumulateGrad keeps the tensor itself when .grad is None)
+    accumulated_sizes: set[int] = set()
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
     seen = allocated_in_trace.add
     spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
@@ -409,8 +412,8 @@ def pre_trace_placements(
                 address = addrs[index]
                 if in_backward:
                     made = in_backward.pop(address, None)
-                    if made is not None and index > made[1]:
-                        backward_sizes.add(made[0])
+                    if made is not None:
+                        (backward_sizes if index > made[1] else accumulated_sizes).add(made[0])
                 if address not in allocated_in_trace and address not in frees:
                     frees[address] = index
                     allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
@@ -420,7 +423,14 @@ def pre_trace_placements(
         if address not in allocated_in_trace and address not in frees:
             allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
             frames_of[address] = block.frames
-    return place_pre_trace(allocations, frames_of=frames_of, frees=frees, phases=phases, backward_sizes=backward_sizes)
+    return place_pre_trace(
+        allocations,
+        frames_of=frames_of,
+        frees=frees,
+        phases=phases,
+        backward_sizes=backward_sizes,
+        accumulated_sizes=accumulated_sizes - backward_sizes,
+    )
 
 
 def place_pre_trace(
@@ -430,9 +440,11 @@ def place_pre_trace(
     frees: Mapping[int, int],
     phases: PhaseIndex,
     backward_sizes: Collection[int] = (),
+    accumulated_sizes: Collection[int] = (),
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
-    `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it."""
+    `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
+    `accumulated_sizes`: of those it made and freed inside it (and of no size that outlived it)."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -446,7 +458,7 @@ def place_pre_trace(
         else:
             placed[address] = placement
     if frameless:
-        placed.update(_place_model_states(frameless, placed.values(), phases, backward_sizes))
+        placed.update(_place_model_states(frameless, placed.values(), phases, backward_sizes, accumulated_sizes))
     return placed
 
 
@@ -455,6 +467,7 @@ def _place_model_states(
     placed: Collection[tuple[int, str, float]],
     phases: PhaseIndex,
     backward_sizes: Collection[int],
+    accumulated_sizes: Collection[int] = (),
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -462,7 +475,10 @@ def _place_model_states(
     The copies are parameters, then those the run shows it can have: gradients and optimizer
     moments in a run that trains (or one the dump has no trace of), less a kind the blocks' own
     frames already found. A traced backward that makes blocks of these shapes that outlive it
-    made the gradients (they were None before it): then the further copies are optimizer moments."""
+    made the gradients (they were None before it): then the further copies are optimizer moments.
+    One that makes blocks of these shapes and frees them inside it added them into gradients that
+    were there already (zero_grad left them, or was not called): then a copy is the gradients, even
+    in a backward the OOM interrupted."""
     seen_phases = {span.phase for span in phases.spans}
     traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
@@ -479,7 +495,8 @@ def _place_model_states(
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
     last = phases.spans[-1] if phases.spans else None
     backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
-    if copies == 3 and len(kinds) == 4 and not (backward_done and not gradients_made):
+    gradients_there = not gradients_made and any(a.requested_bytes in accumulated_sizes for a in frameless)
+    if copies == 3 and len(kinds) == 4 and not (backward_done and not gradients_made) and not gradients_there:
         # gradients set to None and Adam-like moments (the likelier); unless a completed traced
         # backward found the gradients already there (it made none): then the third copy is one
         # moment (SGD's momentum)
