@@ -78,3 +78,18 @@ def test_a_256_rank_markdown_report_fits_an_issue_comment():
 
     few = render_markdown("oom-dumps", compare_ranks(dumps[:16]), tuple(dumps[:16]), ())
     assert "left out" not in few and few.count("oom-rank") >= 16  # small folders keep every row
+
+
+def test_the_markdown_report_says_how_to_attach_the_dump_and_the_command_it_names_works(tmp_path, capsys):
+    import re
+
+    from oomdoctor.pipeline import report_file
+
+    markdown = report_file(str(FIXTURE), "md").decode()
+    hint = re.search(r"`oomdoctor redact DUMP (DUMP\.redacted\.pickle\.gz)`", markdown)
+    assert hint and "`.gz`" in markdown.rsplit("<sub>", 1)[1]
+    target = tmp_path / hint.group(1).replace("DUMP", FIXTURE.stem)
+    assert main(["redact", str(FIXTURE), str(target)]) == 0
+    capsys.readouterr()
+    assert target.read_bytes()[:2] == b"\x1f\x8b"  # gzip, as GitHub takes it
+    assert main(["report", str(target), "--format", "json"]) == 0

@@ -223,7 +223,10 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     if environment is not None:
         _environment(environment, add)
     _live_blocks(analysis, add)
-    add("<sub>Made by `oomdoctor report --format md`.</sub>")
+    add(
+        "<sub>Made by `oomdoctor report --format md`. To attach the dump itself: `oomdoctor redact DUMP"
+        " DUMP.redacted.pickle.gz` (GitHub takes `.gz` files up to 25 MB, not `.pickle`).</sub>"
+    )
     return "\n".join(lines).rstrip() + "\n"
 
 
