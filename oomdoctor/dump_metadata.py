@@ -32,6 +32,8 @@ class Versions:
     torch: str | None = None
     cuda: str | None = None
     python: str | None = None
+    cudnn: str | None = None  # torch.backends.cudnn.version(), as text ("90100")
+    nccl: str | None = None  # torch.cuda.nccl.version(), "2.21.5"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,32 @@ class Rehearsal:
 
 
 @dataclass(frozen=True, slots=True)
+class Elastic:
+    """torchrun's (torchelastic's) facts about the worker; present only under torchelastic."""
+
+    run_id: str | None = None  # TORCHELASTIC_RUN_ID: every rank of one launch shares it
+    restart_count: int | None = None
+    max_restarts: int | None = None
+    group_rank: int | None = None
+    group_world_size: int | None = None
+    role_name: str | None = None
+    role_rank: int | None = None
+    role_world_size: int | None = None
+    local_world_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """The training framework whose callback installed capture, and where its loop was at the dump."""
+
+    name: str | None = None  # "lightning" | "transformers"
+    version: str | None = None
+    stage: str | None = None  # one of metadata.FRAMEWORK_STAGES (any other word is dropped)
+    global_step: int | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DumpMetadata:
     """The `oomdoctor` key of a dump, validated (see the module docstring for the rules).
 
@@ -153,6 +181,12 @@ class DumpMetadata:
     recording: Recording | None = None
     reason: str | None = None  # "oom" | "manual" | "peak"
     rehearsal: Rehearsal | None = None
+    elastic: Elastic | None = None
+    # environment variables that matter to memory (PYTORCH_*, CUDA_*, NCCL_*, ...), secret-looking
+    # names left out at capture; str values only
+    environment: Mapping[str, str] | None = None
+    packages: Mapping[str, str] | None = None  # versions of the frameworks the process had imported
+    framework: Framework | None = None
     dropped: tuple[str, ...] = field(default=(), repr=False)  # fields left out as malformed
 
 
@@ -163,7 +197,9 @@ __all__ = [
     "NO_METADATA",
     "DeviceInfo",
     "DumpMetadata",
+    "Elastic",
     "ExceptionInfo",
+    "Framework",
     "Marker",
     "MemGetInfo",
     "MemoryStats",

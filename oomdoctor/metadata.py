@@ -5,7 +5,8 @@ dict of builtins only (str, int, float, bool, None, list, dict) so that the rest
 and memory_viz both read it. Every field is optional for readers: old or partial dumps omit some.
 
     schema_version      int, SCHEMA_VERSION
-    versions            {"oomdoctor", "torch", "cuda", "python"}: str | None
+    versions            {"oomdoctor", "torch", "cuda", "python", "cudnn", "nccl"}: str | None (cudnn and
+                        nccl only where torch was built with them and CUDA is there)
     host, pid, argv     str, int, list[str]
     rank, local_rank, world_size   int | None (RANK, LOCAL_RANK, WORLD_SIZE and friends)
     device              {"index", "name", "capability": [major, minor], "total_memory_bytes"}
@@ -14,6 +15,21 @@ and memory_viz both read it. Every field is optional for readers: old or partial
                          "allocated_bytes", "reserved_bytes", "active_bytes",
                          "peak_allocated_bytes", "peak_reserved_bytes", ...} at dump time
     alloc_conf          {"PYTORCH_CUDA_ALLOC_CONF": str, "PYTORCH_ALLOC_CONF": str, ...} (only set ones)
+    environment         {name: value} of the set environment variables that bear on memory, as vLLM's
+                        collect_env lists them (prefixes PYTORCH_, TORCH, CUDA, NCCL_, CUBLAS, CUDNN,
+                        NVIDIA_, OMP_, MKL_, TORCHELASTIC_, OOMDOCTOR_, ...); names that look secret
+                        (TOKEN, KEY, SECRET, PASSWORD, ...) are never written
+    packages            {import name: version} of the frameworks the process had imported at the dump
+                        (lightning, transformers, accelerate, deepspeed, vllm, ...); none is imported
+    elastic             under torchrun only (TORCHELASTIC_RUN_ID set), else None: {"run_id": str,
+                        "restart_count", "max_restarts", "group_rank", "group_world_size", "role_name",
+                        "role_rank", "role_world_size", "local_world_size"}; the ranks of one launch
+                        write their dumps into the folder `run-{run_id}` under the dump folder
+    framework           written when a framework callback installed capture (oomdoctor.integrations):
+                        {"name": "lightning" | "transformers", "version", "stage", "global_step",
+                        "epoch"}; stage is where the framework's loop was at the dump, one of
+                        FRAMEWORK_STAGES (training, validating, sanity_checking, testing,
+                        predicting, evaluating, saving_checkpoint) or None
     oom                 the observer call that triggered this dump, or None for dump():
                         {"device", "alloc_bytes", "device_total_bytes", "device_free_bytes", "time_us",
                          "surfaced", "site", "occurrence"}; surfaced: True once the OutOfMemoryError
@@ -51,7 +67,7 @@ and memory_viz both read it. Every field is optional for readers: old or partial
 
 from __future__ import annotations
 
-from oomdoctor.vocabulary import FINDING_ONLY_VERDICTS, Component, Phase, RegistryComponent, Verdict
+from oomdoctor.vocabulary import FINDING_ONLY_VERDICTS, Component, FrameworkStage, Phase, RegistryComponent, Verdict
 
 METADATA_KEY = "oomdoctor"
 SCHEMA_VERSION = 1
@@ -64,6 +80,8 @@ PHASE_BACKWARD = Phase.BACKWARD.value
 PHASE_OPTIMIZER = Phase.OPTIMIZER_STEP.value
 PHASE_ZERO_GRAD = Phase.ZERO_GRAD.value
 PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
+
+FRAMEWORK_STAGES = tuple(stage.value for stage in FrameworkStage)
 
 COMPONENT_PARAMETER = RegistryComponent.PARAMETER.value
 COMPONENT_GRADIENT = RegistryComponent.GRADIENT.value

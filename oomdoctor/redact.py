@@ -426,7 +426,8 @@ _ENVIRONMENT_VOCABULARY = frozenset({"host", "container", "source_format"})
 
 
 def redact_environment(environment: Environment, redactor: Redactor) -> Environment:
-    """The environment without host and pid, and every string in it (argv, versions, device name) redacted."""
+    """The environment without host and pid, and every string in it (argv, versions, device name, the
+    environment variables' values) redacted."""
     texts: dict[str, Any] = {
         field.name: redactor.text(value)
         for field in dataclasses.fields(environment)
@@ -438,6 +439,7 @@ def redact_environment(environment: Environment, redactor: Redactor) -> Environm
         host=HOST if environment.host else None,
         pid=None,
         argv=tuple(redactor.text(a) for a in environment.argv),
+        environment_variables=tuple((name, redactor.text(value)) for name, value in environment.environment_variables),
     )
 
 
@@ -507,6 +509,10 @@ _METADATA = {  # oomdoctor/metadata.py
     "tensors": _each({"name": TEXT, "shape": _each(NUMBER), **_vocabulary("component", "dtype"), **_numbers("address", "device", "size_bytes")}),
     "recording": {"max_entries": NUMBER, **_vocabulary("stacks", "context", "started_by")},
     "rehearsal": {"alloc_conf": TEXT, **_numbers("device_memory_bytes", "outside_bytes")},
+    "environment": _entries(TEXT), "packages": _entries(TEXT),
+    "elastic": {"run_id": TEXT, "role_name": TEXT, **_numbers("restart_count", "max_restarts", "group_rank",
+                "group_world_size", "role_rank", "role_world_size", "local_world_size")},
+    "framework": {"name": TEXT, "version": TEXT, "stage": VOCABULARY, **_numbers("global_step", "epoch")},
     "reason": VOCABULARY, **_numbers("schema_version", "rank", "local_rank", "world_size"),
 }  # fmt: skip
 _TOP = {

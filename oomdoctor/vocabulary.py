@@ -81,6 +81,18 @@ class Phase(StrEnum):
     UNKNOWN = "unknown"
 
 
+class FrameworkStage(StrEnum):
+    """Where a framework's loop was (its callback's hooks say), in a dump's `framework` entry."""
+
+    TRAINING = "training"
+    VALIDATING = "validating"
+    SANITY_CHECKING = "sanity_checking"  # Lightning's validation batches before the first step
+    TESTING = "testing"
+    PREDICTING = "predicting"
+    EVALUATING = "evaluating"  # the HF Trainer's evaluation / prediction loop
+    SAVING_CHECKPOINT = "saving_checkpoint"
+
+
 class PhaseSource(StrEnum):
     """What the phases of a trace were read from, most to least direct."""
 

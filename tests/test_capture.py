@@ -170,6 +170,7 @@ def fake(tmp_path, monkeypatch):
     for name in list(options_module.OPTIONS.values()):
         monkeypatch.delenv(name[0], raising=False)
     monkeypatch.delenv(options_module.DISABLE_VARIABLE, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)  # under torchrun, dumps go to run-{id}/
     monkeypatch.chdir(tmp_path)
     backend = FakeBackend()
     backend_module.set_backend(backend)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomdoctor.dump_metadata import NO_METADATA, DeviceInfo, Recording, Versions
+from oomdoctor.dump_metadata import NO_METADATA, DeviceInfo, Framework, Recording, Versions
 from oomdoctor.model import Snapshot
 
 
@@ -36,6 +36,26 @@ class Environment:
     rehearsed: bool = False  # written by `oomdoctor rehearse` on a simulated allocator
     container: str | None = None
     source_format: str | None = None
+    cudnn_version: str | None = None
+    nccl_version: str | None = None
+    run_id: str | None = None  # TORCHELASTIC_RUN_ID: the torchrun launch the rank belonged to
+    restart_count: int | None = None  # torchelastic's restarts of the worker group before this one
+    framework: str | None = None  # "lightning 2.6.6: validating, global step 2, epoch 0"
+    packages: tuple[tuple[str, str], ...] = ()  # (import name, version) of the imported frameworks
+    # (name, value) of the environment variables capture recorded (secret-looking names never are)
+    environment_variables: tuple[tuple[str, str], ...] = ()
+
+
+def _framework_text(framework: Framework | None) -> str | None:
+    if framework is None or not framework.name:
+        return None
+    text = f"{framework.name} {framework.version}" if framework.version else framework.name
+    where = [framework.stage.replace("_", " ")] if framework.stage else []
+    if framework.global_step is not None:
+        where.append(f"global step {framework.global_step}")
+    if framework.epoch is not None:
+        where.append(f"epoch {framework.epoch}")
+    return f"{text}: {', '.join(where)}" if where else text
 
 
 def environment_of(snapshot: Snapshot) -> Environment:
@@ -84,4 +104,11 @@ def environment_of(snapshot: Snapshot) -> Environment:
         rehearsed=meta.rehearsal is not None,
         container=snapshot.container or None,
         source_format=snapshot.source_format or None,
+        cudnn_version=versions.cudnn or None,
+        nccl_version=versions.nccl or None,
+        run_id=(meta.elastic.run_id or None) if meta.elastic is not None else None,
+        restart_count=meta.elastic.restart_count if meta.elastic is not None else None,
+        framework=_framework_text(meta.framework),
+        packages=tuple(sorted(meta.packages.items())) if meta.packages else (),
+        environment_variables=tuple(sorted(meta.environment.items())) if meta.environment else (),
     )

@@ -169,3 +169,19 @@ class CudaBackend:
         import torch
 
         return torch.version.cuda
+
+    def cudnn_version(self) -> str | None:
+        """cuDNN's version as torch reports it ("90100"), or None without cuDNN (optional in a backend)."""
+        import torch
+
+        version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return None if version is None else str(version)
+
+    def nccl_version(self) -> str | None:
+        """NCCL's version ("2.21.5"), or None when torch was built without it (optional in a backend)."""
+        import torch
+
+        if not torch.distributed.is_available() or not hasattr(torch.cuda, "nccl"):
+            return None
+        version = torch.cuda.nccl.version()
+        return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)

@@ -8,6 +8,13 @@ name (`Generator.net.0.weight`). A gradient is named `<parameter>.grad`, an opti
 names is `<Optimizer class>.param_groups.<g>.params.<i>`. Nothing here touches device memory: only
 storage addresses, shapes and dtypes are read.
 
+Sharded models: FSDP2 (`fully_shard`) parameters, their gradients and the optimizer state made for
+them are DTensors, wrapper subclasses with no storage of their own; each is registered by its local
+shard (`_local_tensor`, or `to_local()`), under the parameter's name, with the shard's shape and
+bytes. While a forward or backward runs, FSDP2 puts the unsharded (all-gathered) parameters on the
+modules: those are named as the parameters then, and the shards the optimizer holds get its
+fallback names. DDP's gradient buckets live in its C++ reducer and are not named.
+
 Last come the inputs: the tensors each root module's latest outermost call was given (remembered
 weakly by the phase recorder) that are still alive, named `<ModelClass>.forward arg 0` or
 `<ModelClass>.forward kwarg attention_mask`. A tensor that is already registered (a parameter, a
@@ -54,6 +61,22 @@ def _prefixes(modules: list[Any]) -> list[str]:
     return prefixes
 
 
+def local_tensor(tensor: Any) -> Any:
+    """The tensor whose storage holds `tensor`'s bytes on this rank: a DTensor's local shard (FSDP2
+    parameters, their gradients and optimizer state are DTensors, wrapper subclasses with no storage
+    of their own), else the tensor itself."""
+    local = getattr(tensor, "_local_tensor", None)
+    if local is not None:
+        return local
+    to_local = getattr(tensor, "to_local", None)
+    if callable(to_local):
+        try:
+            return to_local()
+        except Exception:
+            return tensor
+    return tensor
+
+
 class _Collector:
     def __init__(self, storage_address: StorageAddress, default_device: int | None) -> None:
         self.storage_address = storage_address
@@ -68,6 +91,7 @@ class _Collector:
             return
         self.seen.add(key)
         try:
+            tensor = local_tensor(tensor)  # a DTensor's shard: its shape and bytes are this rank's
             address = self.storage_address(tensor)
             if address is None:
                 return

@@ -46,7 +46,7 @@ from pathlib import Path
 from time import time_ns
 from typing import Any
 
-from oomdoctor.capture import environment, writer
+from oomdoctor.capture import environment, framework, writer
 from oomdoctor.capture.markers import PhaseRecorder
 from oomdoctor.capture.options import CaptureOptions
 from oomdoctor.capture.registry import collect_tensors
@@ -396,7 +396,9 @@ class CaptureSession:
                     )
             else:
                 name = self._file_name("oom")
-                record.path, size_bytes = writer.write_new_dump(payload, self.options.dump_dir, name, writer.say)
+                record.path, size_bytes = writer.write_new_dump(
+                    payload, self.options.dump_dir, name, writer.say, self._run_folder()
+                )
                 self.dumps_written += 1
                 writer.say(writer.dump_note(record.path, size_bytes))
             record.payload = payload
@@ -502,7 +504,7 @@ class CaptureSession:
         device = environment.attempt(self.backend.current_device, 0) or 0
         payload = self.build_payload(reason="oom", oom=None, device=device)
         record.path, size_bytes = writer.write_new_dump(
-            payload, self.options.dump_dir, self._file_name("oom"), writer.say
+            payload, self.options.dump_dir, self._file_name("oom"), writer.say, self._run_folder()
         )
         self.dumps_written += 1
         self.records.append(record)
@@ -670,6 +672,11 @@ class CaptureSession:
     def _file_name(self, kind: str) -> str:
         return writer.dump_file_name(kind, self.process["rank"], self.process["host"], self.process["pid"])
 
+    def _run_folder(self) -> str | None:
+        """`run-{TORCHELASTIC_RUN_ID}` under torchrun: the ranks of one launch share a folder."""
+        elastic = self.process.get("elastic") or {}
+        return writer.run_folder_name(elastic.get("run_id"))
+
     def build_payload(self, *, reason: str, oom: dict[str, Any] | None, device: int) -> dict[str, Any]:
         snapshot = self.backend.snapshot()  # first: the state at the OOM
         return {**snapshot, METADATA_KEY: self.build_metadata(reason=reason, oom=oom, device=device, snapshot=snapshot)}
@@ -689,8 +696,12 @@ class CaptureSession:
                 "rank": self.process["rank"],
                 "local_rank": self.process["local_rank"],
                 "world_size": self.process["world_size"],
+                "elastic": self.process["elastic"],
                 **environment.device_facts(self.backend, device),
                 "alloc_conf": self.process["alloc_conf"],
+                "environment": environment.attempt(environment.environment_variables, {}),
+                "packages": environment.attempt(environment.imported_packages, {}),
+                "framework": framework.facts(),
                 "oom": dict(oom) if oom is not None else None,
                 "ooms_observed": [dict(entry) for entry in self.observed],
                 "exception": None,
@@ -734,7 +745,7 @@ class CaptureSession:
                     size_bytes = writer.write_atomically(payload, path)
                 else:
                     path, size_bytes = writer.write_new_dump(
-                        payload, self.options.dump_dir, self._file_name("manual"), writer.say
+                        payload, self.options.dump_dir, self._file_name("manual"), writer.say, self._run_folder()
                     )
                 writer.say(writer.dump_note(path, size_bytes))
                 return path

@@ -31,6 +31,23 @@ def dump_file_name(kind: str, rank: int | None, host: str, pid: int, when: datet
     return f"{kind}-rank{0 if rank is None else rank}-{safe_host}-{pid}-{stamp}.pickle"
 
 
+def run_folder_name(run_id: str | None) -> str | None:
+    """The sub-folder the dumps of one torchrun launch share: `run-{TORCHELASTIC_RUN_ID}`, or None.
+
+    torchrun gives every rank of a launch the same run id (`--rdzv-id`, or a fresh UUID for a
+    single-node launch), so the ranks' dumps land in one folder that `oomdoctor report` reads as a
+    whole, apart from other launches. "none", torchrun's default id for a static multi-node
+    rendezvous, is every such launch's id, so it names no folder.
+    """
+    if run_id is None:
+        return None
+    run_id = run_id.strip()
+    if not run_id or run_id.lower() == "none":
+        return None
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip(".")[:128]
+    return f"run-{safe}" if safe else None
+
+
 def unique_path(directory: Path, name: str) -> Path:
     path = directory / name
     stem, suffix = name[: -len(".pickle")], ".pickle"
@@ -64,17 +81,23 @@ def fallback_directory() -> Path:
     return Path(tempfile.gettempdir()) / FALLBACK_DIR_NAME
 
 
-def write_new_dump(payload: Any, directory: Path, name: str, warn: Callable[[str], None]) -> tuple[Path, int]:
-    """Write a new dump in `directory`, or in the temp directory when that fails (saying so)."""
+def write_new_dump(
+    payload: Any, directory: Path, name: str, warn: Callable[[str], None], subfolder: str | None = None
+) -> tuple[Path, int]:
+    """Write a new dump in `directory` (in its `subfolder`, when given), or in the temp directory
+    (the same sub-folder) when that fails, saying so."""
+    target = directory / subfolder if subfolder else directory
     try:
-        path = unique_path(directory, name)
+        path = unique_path(target, name)
         return path, write_atomically(payload, path)
     except OSError as error:
         fallback = fallback_directory()
         if fallback == directory:
             raise
         reason = error.strerror or str(error)
-        warn(f"cannot write to {display_path(directory)} ({reason}); writing to {fallback} instead")
+        if subfolder:
+            fallback = fallback / subfolder
+        warn(f"cannot write to {display_path(target)} ({reason}); writing to {fallback} instead")
         path = unique_path(fallback, name)
         return path, write_atomically(payload, path)
 

@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 from oomdoctor.dump_metadata import (
     DeviceInfo,
     DumpMetadata,
+    Elastic,
     ExceptionInfo,
+    Framework,
     Marker,
     MemGetInfo,
     MemoryStats,
@@ -31,7 +33,7 @@ from oomdoctor.dump_metadata import (
     Rehearsal,
     Versions,
 )
-from oomdoctor.metadata import PHASES
+from oomdoctor.metadata import FRAMEWORK_STAGES, PHASES
 from oomdoctor.model import FrozenDict
 
 __all__ = ["parse_metadata"]
@@ -47,6 +49,7 @@ T = TypeVar("T")
 # the views as text).
 _MARKER_PHASES = frozenset(PHASES)
 _MARKER_EDGES = frozenset(("start", "end"))
+_FRAMEWORK_STAGES = frozenset(FRAMEWORK_STAGES)
 
 
 class _Fields:
@@ -125,6 +128,8 @@ def _versions(raw: Mapping[str, Any], path: str, read: _Fields) -> Versions:
         torch=read.text(raw.get("torch"), path + ".torch"),
         cuda=read.text(raw.get("cuda"), path + ".cuda"),
         python=read.text(raw.get("python"), path + ".python"),
+        cudnn=read.text(raw.get("cudnn"), path + ".cudnn"),
+        nccl=read.text(raw.get("nccl"), path + ".nccl"),
     )
 
 
@@ -159,6 +164,30 @@ def _mem_get_info(raw: Mapping[str, Any], path: str, read: _Fields) -> MemGetInf
 
 def _memory_stats(raw: Mapping[str, Any], path: str, read: _Fields) -> MemoryStats:
     return MemoryStats(**{name: read.integer(raw.get(name), f"{path}.{name}") for name in _MEMORY_STATS})
+
+
+def _elastic(raw: Mapping[str, Any], path: str, read: _Fields) -> Elastic:
+    return Elastic(
+        run_id=read.text(raw.get("run_id"), path + ".run_id"),
+        restart_count=read.integer(raw.get("restart_count"), path + ".restart_count"),
+        max_restarts=read.integer(raw.get("max_restarts"), path + ".max_restarts"),
+        group_rank=read.integer(raw.get("group_rank"), path + ".group_rank"),
+        group_world_size=read.integer(raw.get("group_world_size"), path + ".group_world_size"),
+        role_name=read.text(raw.get("role_name"), path + ".role_name"),
+        role_rank=read.integer(raw.get("role_rank"), path + ".role_rank"),
+        role_world_size=read.integer(raw.get("role_world_size"), path + ".role_world_size"),
+        local_world_size=read.integer(raw.get("local_world_size"), path + ".local_world_size"),
+    )
+
+
+def _framework(raw: Mapping[str, Any], path: str, read: _Fields) -> Framework:
+    return Framework(
+        name=read.text(raw.get("name"), path + ".name"),
+        version=read.text(raw.get("version"), path + ".version"),
+        stage=read.word(raw.get("stage"), path + ".stage", _FRAMEWORK_STAGES),
+        global_step=read.integer(raw.get("global_step"), path + ".global_step"),
+        epoch=read.integer(raw.get("epoch"), path + ".epoch"),
+    )
 
 
 def _alloc_conf(raw: Mapping[str, Any], path: str, read: _Fields) -> Mapping[str, str]:
@@ -317,6 +346,10 @@ def parse_metadata(raw: Any) -> DumpMetadata | None:
         recording=_sub(raw, "recording", read, _recording),
         reason=read.text(raw.get("reason"), "reason"),
         rehearsal=_sub(raw, "rehearsal", read, _rehearsal),
+        elastic=_sub(raw, "elastic", read, _elastic),
+        environment=_sub(raw, "environment", read, _alloc_conf),
+        packages=_sub(raw, "packages", read, _alloc_conf),
+        framework=_sub(raw, "framework", read, _framework),
         dropped=tuple(read.dropped),
     )
     return metadata

@@ -38,6 +38,8 @@ from oomdoctor.views.report_rows import (
 
 TOP_BLOCKS = 10
 STACK_FRAMES = 8
+MAX_ENVIRONMENT_ROWS = 64  # environment variables shown (a GitHub comment holds 65,536 characters)
+MAX_ENVIRONMENT_VALUE = 200
 
 # Characters that open Markdown or HTML in running text: backslash (it would escape what follows),
 # backticks (code spans), brackets (links, images, footnotes, alerts, task boxes), `*` and `~`
@@ -335,13 +337,21 @@ def _environment(env: Environment, add) -> None:
         rank = f"rank {env.rank if env.rank is not None else '?'} of {env.world_size if env.world_size is not None else '?'}"
         if env.local_rank is not None:
             rank += f" (local rank {env.local_rank})"
+    run = None
+    if env.run_id:
+        run = env.run_id if not env.restart_count else f"{env.run_id} (restart {env.restart_count})"
     rows = [
         ("torch", torch_text),
         ("CUDA", env.cuda_version),
+        ("cuDNN", env.cudnn_version),
+        ("NCCL", env.nccl_version),
         ("Python", env.python_version),
         ("oomdoctor", env.oomdoctor_version),
         ("GPU", device),
         ("rank", rank),
+        ("torchrun run", run),
+        ("framework", env.framework),
+        ("packages", ", ".join(f"{name} {version}" for name, version in env.packages) or None),
         ("host", env.host),
         ("pid", str(env.pid) if env.pid is not None else None),
         ("command", " ".join(env.argv) if env.argv else None),
@@ -365,6 +375,21 @@ def _environment(env: Environment, add) -> None:
         if value:
             add(f"| {label} | {_code(value)} |")
     add("")
+    variables = env.environment_variables
+    if variables:
+        shown = [
+            printable(f"{name}={value}", MAX_ENVIRONMENT_VALUE) for name, value in variables[:MAX_ENVIRONMENT_ROWS]
+        ]
+        if len(variables) > MAX_ENVIRONMENT_ROWS:
+            shown.append(f"... and {len(variables) - MAX_ENVIRONMENT_ROWS} more")
+        add("<details>")
+        add(f"<summary>Environment variables ({len(variables)}; names that look secret are never recorded)</summary>")
+        add("")
+        for line in code_block(shown):
+            add(line)
+        add("")
+        add("</details>")
+        add("")
 
 
 def _live_blocks(analysis: Analysis, add) -> None:
