@@ -362,3 +362,16 @@ def test_stacks_at_numbers_each_distinct_stack_once_and_keeps_the_numbers():
     assert stacks[numbers[3]] == ()
     again, _ = trace.stacks_at([4, 2, 1])  # a later call gives the same numbers
     assert again == [numbers[0], numbers[0], numbers[1]]
+
+
+def test_oomdoctor_load_stays_callable_after_the_load_subpackage_is_imported():
+    """`import oomdoctor; oomdoctor.load(path)`: importing `oomdoctor.load` (the analysis and the
+    views do) rebinds the package attribute to the subpackage; the call must still load."""
+    import importlib
+
+    import oomdoctor
+    from oomdoctor.examples import EXAMPLE_DUMP
+
+    importlib.import_module("oomdoctor.load")
+    snapshot = oomdoctor.load(EXAMPLE_DUMP)
+    assert snapshot.segments and oomdoctor.load(EXAMPLE_DUMP.read_bytes()).segments == snapshot.segments

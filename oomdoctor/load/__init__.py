@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -93,3 +95,15 @@ def _describe(source: Any) -> str:
         return os.fsdecode(name) if name is not None else "input"
     except TypeError:
         return "input"
+
+
+class _CallableModule(types.ModuleType):
+    """`oomdoctor.load(path)` is the package's documented call, but importing this subpackage
+    (as the analysis, the views and the commands do) rebinds the attribute `oomdoctor.load` from
+    that function to this module: calling the module is calling `load`."""
+
+    def __call__(self, source: Any, **options: Any) -> Snapshot:
+        return load(source, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
