@@ -309,7 +309,8 @@ def test_t_brings_allocations_back_to_the_oom_and_is_offered_only_away_from_it()
         await settle(app, pilot)
         offered = app.check_action("back_to_target", ("oom",))
         titles = [command.title for command in app.get_system_commands(app.screen)]
-        await pilot.press("escape")  # out of the search: `t` is the app's again
+        app.query_one("#allocation-table", DataTable).focus()  # out of the search: `t` is the app's again
+        await settle(app, pilot)
         await pilot.press("t")
         await settle(app, pilot)
         pane = app.query_one(AllocationsPane)
@@ -327,3 +328,37 @@ def test_t_brings_allocations_back_to_the_oom_and_is_offered_only_away_from_it()
     assert offered and "Back to the OOM" in titles
     assert shown is None and count == len(analysis.live_blocks) and "after event" not in line
     assert cursor == analysis.replay.target_index and not still
+
+
+def test_e_lists_the_events_around_the_cursor_and_the_list_follows_it():
+    from oomdoctor.tui.timeline import TimelinePane
+
+    async def then(app, pilot, index):
+        await pilot.press("e")
+        await settle(app, pilot)
+        pane = app.query_one(TimelinePane)
+        table = app.query_one("#cursor-events", DataTable)
+        first = (
+            [(row.index, row.action, row.size_bytes, row.address) for row in pane.event_rows],
+            pane.event_rows[table.cursor_row].index,
+            str(table.get_row_at(table.cursor_row)[0]),
+            table.display,
+            app.query_one("#cursor-blocks", DataTable).display,
+            stack_of(app, "cursor-stack"),
+        )
+        await pilot.press("right_square_bracket")  # one event on: the list follows
+        await settle(app, pilot)
+        followed = pane.event_rows[table.cursor_row].index, app.query_one(TimelineChart).cursor_index
+        await pilot.press("e")
+        await settle(app, pilot)
+        return index, first, followed, table.display, app.query_one("#cursor-blocks", DataTable).display
+
+    _, fresh, (index, first, followed, events_shown, blocks_shown) = _away_from_the_oom(then)
+    rows, highlighted, marker, shown, hidden, stack = first
+    trace = fresh.trace
+    assert [r[0] for r in rows] == list(range(index - 8, index + 9))
+    assert rows == [(i, trace.actions[i], trace.sizes[i], trace.addrs[i]) for i in range(index - 8, index + 9)]
+    assert highlighted == index and marker == "▶" and shown and not hidden
+    assert stack.startswith(f"event {index}: {trace.actions[index]}")
+    assert followed == (index + 1, index + 1)
+    assert not events_shown and blocks_shown  # e again: the block table back

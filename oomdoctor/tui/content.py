@@ -467,6 +467,48 @@ def live_rows_at(
     return rows
 
 
+@dataclass(frozen=True)
+class EventRow:
+    """One trace event for the Timeline's event list."""
+
+    index: int
+    action: str  # alloc, free_requested, segment_alloc, ... (printable)
+    size_bytes: int
+    address: int
+    label: str  # the user's source line, else why none is known (printable)
+    frames: Stack
+
+
+EVENTS_AROUND = 8  # events listed before the cursor's, and as many after
+
+
+def event_rows_around(
+    trace: DeviceTrace,
+    event_index: int,
+    analysis: Analysis,
+    *,
+    around: int = EVENTS_AROUND,
+    width: int = LABEL_WIDTH,
+) -> list[EventRow]:
+    """The events `around` before and after `event_index` (fewer at the trace's ends), oldest
+    first. Only that window of the trace's columns is read (and only its stacks converted), so a
+    cursor move costs the same on a trace of a million events as on one of a hundred."""
+    count = len(trace)
+    if count <= 0:
+        return []
+    index = min(max(event_index, 0), count - 1)
+    first, last = max(index - around, 0), min(index + around + 1, count)
+    paths = path_style(analysis)
+    rows = []
+    for position, action, address, size_bytes in zip(
+        range(first, last), trace.actions[first:last], trace.addrs[first:last], trace.sizes[first:last]
+    ):
+        frames = trace.frames_at(position)
+        label = describe_block(None, frames, position, paths=paths, width=width)
+        rows.append(EventRow(position, printable(str(action)), size_bytes, address, label, frames))
+    return rows
+
+
 # --- Segments -----------------------------------------------------------------------------------
 
 BAR_ALLOCATED = "█"
