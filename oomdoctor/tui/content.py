@@ -204,7 +204,8 @@ class Timeline:
     (`ReplaySummary.series_peaks`), so the column holding the peak reaches `max_bytes`, the peak.
     """
 
-    def __init__(self, analysis: Analysis):
+    def __init__(self, analysis: Analysis, *, scale_bytes: int = 0):
+        """`scale_bytes`: a chart top at least this high (two charts drawn to one scale compare)."""
         replay = analysis.replay
         self.series: tuple[SeriesPoint, ...] = replay.series
         if len(replay.series_peaks) == len(self.series):
@@ -221,6 +222,8 @@ class Timeline:
         self.oom_indices = sorted(oom.event_index for oom in replay.ooms)
         self.peak_bytes = replay.peak_allocated_bytes
         self.max_bytes = max([replay.peak_allocated_bytes, *(p.allocated_bytes for p in self.peaks)]) if self else 0
+        if self:
+            self.max_bytes = max(self.max_bytes, scale_bytes)
         self._columns: dict[int, list[ChartColumn]] = {}
 
     def __bool__(self) -> bool:
