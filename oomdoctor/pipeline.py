@@ -293,14 +293,17 @@ def diff_side(
     redact: bool = False,
     step: int | None = None,
     source: str | None = None,
+    analysis=None,
 ):
     """One side of `oomdoctor diff` (analysis.diff.Side): the snapshot at its target and at its
-    peak, or, with `step`, at that step's peak and its OOM (else its last event)."""
+    peak, or, with `step`, at that step's peak and its OOM (else its last event). `analysis`: the
+    snapshot's analysis of `device` when the caller has made it already."""
     from oomdoctor.analysis import analyse
     from oomdoctor.analysis.diff import MOMENT_OOM, MOMENT_STEP_END, Side, step_of, step_peak_index
     from oomdoctor.analysis.environment import environment_of
 
-    analysis = analyse(snapshot, device=device)
+    if analysis is None:
+        analysis = analyse(snapshot, device=device)
     replay = analysis.replay
     target_moment = None
     if step is None:
@@ -355,6 +358,42 @@ def diff_files(
         snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
         sides.append(diff_side(snapshot, _shown(path, redact), device=device, redact=redact))
     return compare(sides[0], sides[1], kind=DIFF_FILES)
+
+
+def compare_files(
+    path_a: str,
+    path_b: str,
+    *,
+    device: int | None = None,
+    max_bytes: int | None = None,
+    enter_stage: Callable[[str], None] | None = None,
+    progress: Callable[[float], None] | None = None,
+):
+    """What `oomdoctor open A --compare B` shows: (analysis of A, analysis of B, their diff), the
+    diff made as `diff_files` makes it (the same sides, the same rows). `enter_stage` hears each
+    stage ("reading B"), `progress` the fraction of the whole work done (each file half of it)."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.diff import DIFF_FILES, compare
+
+    analyses, sides = [], []
+    for number, (key, path) in enumerate((("A", path_a), ("B", path_b))):
+        start = number / 2
+        if enter_stage is not None:
+            enter_stage(f"reading {key}")
+        on_load = (
+            None if progress is None else (lambda fraction, start=start: progress(start + LOAD_SHARE * fraction / 2))
+        )
+        snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=on_load)
+        if enter_stage is not None:
+            enter_stage(f"analysing {key}")
+        analysis = analyse(snapshot, device=device)
+        analyses.append(analysis)
+        sides.append(diff_side(snapshot, _shown(path, False), device=device, analysis=analysis))
+        if progress is not None:
+            progress(start + 0.5)
+    if enter_stage is not None:
+        enter_stage("comparing")
+    return analyses[0], analyses[1], compare(sides[0], sides[1], kind=DIFF_FILES)
 
 
 def diff_steps(

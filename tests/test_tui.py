@@ -196,6 +196,47 @@ def test_search_keeps_rows_that_match_every_word():
     assert content.filter_rows(rows, "no-such-thing-anywhere") == []
 
 
+class _Column:
+    """A million-event trace column that answers only for the slices it is asked for (any
+    iteration over it fails the test) and remembers them."""
+
+    def __init__(self, value, read):
+        self.value, self.read = value, read
+
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, where):
+        if isinstance(where, slice):
+            self.read.append((where.start, where.stop))
+            return tuple(self.value(i) for i in range(*where.indices(len(self))))
+        self.read.append((where, where + 1))
+        return self.value(where)
+
+    def __iter__(self):
+        raise AssertionError("the whole column was read")
+
+
+def test_the_event_list_reads_only_a_window_of_a_million_event_trace():
+    from oomdoctor.model import DeviceTrace
+
+    read = []
+    actions = _Column(lambda i: "alloc" if i % 2 else "free_requested", read)
+    addrs = _Column(lambda i: 0x7F0000000000 + 512 * (i // 2), read)
+    sizes = _Column(lambda i: 512, read)
+    trace = DeviceTrace(0, actions, addrs, sizes, _Column(lambda i: 0, read))  # type: ignore[arg-type]
+    _, analysis = loaded(EXAMPLE_DUMP)
+    rows = content.event_rows_around(trace, 500_000, analysis, around=5)
+    assert [r.index for r in rows] == list(range(499_995, 500_006))
+    assert [r.action for r in rows[:2]] == ["alloc", "free_requested"]
+    assert rows[5].address == 0x7F0000000000 + 512 * 250_000 and rows[5].size_bytes == 512
+    assert rows[5].label == "no stack recorded"
+    assert read and all(stop - start <= 11 for start, stop in read)
+    # at the trace's ends the window is cut, never shifted past them
+    assert [r.index for r in content.event_rows_around(trace, 2, analysis, around=5)] == list(range(0, 8))
+    assert [r.index for r in content.event_rows_around(trace, 10**9, analysis, around=1)] == [999_998, 999_999]
+
+
 def test_the_content_module_imports_no_textual_or_rich():
     code = "import sys, oomdoctor.tui.content; print(sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich', 'torch')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

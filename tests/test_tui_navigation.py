@@ -238,3 +238,127 @@ def test_the_footer_offers_the_oom_key_only_where_there_is_an_oom():
     without = footer_keys(DUMPS / "no-oom-mlp-adam.pickle")
     assert "OOM" in with_oom and "Peak" in with_oom
     assert "OOM" not in without and "Peak" in without
+
+
+def _away_from_the_oom(then):
+    """LEAK with the timeline cursor 40 points left of the OOM, then `then(app, pilot, index)`."""
+    snapshot, analysis = loaded(LEAK)
+    fresh = replayer(snapshot, analysis.device)
+    app = make_app(analysis, snapshot, source=LEAK.name)
+
+    async def scenario(app, pilot):
+        await pilot.press("2")
+        await settle(app, pilot)
+        for _ in range(40):
+            await pilot.press("left")
+        await settle(app, pilot)
+        return await then(app, pilot, app.query_one(TimelineChart).cursor_index)
+
+    return analysis, fresh, run_app(app, scenario)
+
+
+def test_allocations_and_components_at_the_cursor_are_the_replayed_live_set_there():
+    from textual.widgets import Tree
+
+    from oomdoctor.tui.allocations import AllocationsPane
+    from oomdoctor.tui.components import ComponentsPane
+    from oomdoctor.units import human_size
+
+    async def then(app, pilot, index):
+        await pilot.press("5")
+        await settle(app, pilot)
+        pane = app.query_one(AllocationsPane)
+        allocations = (
+            pane.shown_index,
+            [(r.block.address, r.block.size_bytes, r.block.component) for r in pane.all_rows],
+            text_of(app.query_one("#allocation-count", Static)),
+            app.query_one("#allocation-table", DataTable).row_count,
+        )
+        await pilot.press("escape", "4")  # out of the search first
+        await settle(app, pilot)
+        components = app.query_one(ComponentsPane)
+        tree = app.query_one("#component-tree", Tree)
+        return index, allocations, sum(n.bytes for n in components.nodes), str(tree.root.label), components.nodes
+
+    analysis, fresh, (index, allocations, tree_bytes, title, nodes) = _away_from_the_oom(then)
+    shown_index, rows, count_line, table_rows = allocations
+    state = fresh.state_at(index)
+    live_bytes = sum(live.size_bytes for live in state.live)
+    assert index != analysis.replay.target_index and shown_index == index
+    largest_first = sorted(state.live, key=lambda live: (-live.size_bytes, live.address))
+    assert sorted((address, size) for address, size, _ in rows) == sorted((a.address, a.size_bytes) for a in state.live)
+    assert table_rows == min(len(state.live), 500)
+    assert count_line.startswith(f"{len(state.live)} of {len(state.live)} live blocks after event {index}")
+    assert human_size(live_bytes) in count_line and "t: back to the OOM" in count_line
+    # components only where the analysis placed the same allocation; the rest not attributed
+    known = {(b.address, b.alloc_index): b.component for b in analysis.live_blocks}
+    expected = [known.get((a.address, a.alloc_index), "") for a in largest_first]
+    assert [component for *_, component in rows] == expected
+    assert "" in expected and any(expected)  # this event has both kinds
+    assert "not attributed" in count_line
+    assert tree_bytes == live_bytes and f"after event {index} (the timeline cursor): {human_size(live_bytes)}" in title
+    unplaced = sum(a.size_bytes for a, component in zip(largest_first, expected) if not component)
+    assert nodes[-1].name == "" and nodes[-1].bytes == unplaced
+
+
+def test_t_brings_allocations_back_to_the_oom_and_is_offered_only_away_from_it():
+    from oomdoctor.tui.allocations import AllocationsPane
+
+    async def then(app, pilot, index):
+        await pilot.press("5")
+        await settle(app, pilot)
+        offered = app.check_action("back_to_target", ("oom",))
+        titles = [command.title for command in app.get_system_commands(app.screen)]
+        app.query_one("#allocation-table", DataTable).focus()  # out of the search: `t` is the app's again
+        await settle(app, pilot)
+        await pilot.press("t")
+        await settle(app, pilot)
+        pane = app.query_one(AllocationsPane)
+        return (
+            offered,
+            titles,
+            pane.shown_index,
+            len(pane.all_rows),
+            text_of(app.query_one("#allocation-count", Static)),
+            app.query_one(Browser).cursor_event,
+            app.check_action("back_to_target", ("oom",)),
+        )
+
+    analysis, _, (offered, titles, shown, count, line, cursor, still) = _away_from_the_oom(then)
+    assert offered and "Back to the OOM" in titles
+    assert shown is None and count == len(analysis.live_blocks) and "after event" not in line
+    assert cursor == analysis.replay.target_index and not still
+
+
+def test_e_lists_the_events_around_the_cursor_and_the_list_follows_it():
+    from oomdoctor.tui.timeline import TimelinePane
+
+    async def then(app, pilot, index):
+        await pilot.press("e")
+        await settle(app, pilot)
+        pane = app.query_one(TimelinePane)
+        table = app.query_one("#cursor-events", DataTable)
+        first = (
+            [(row.index, row.action, row.size_bytes, row.address) for row in pane.event_rows],
+            pane.event_rows[table.cursor_row].index,
+            str(table.get_row_at(table.cursor_row)[0]),
+            table.display,
+            app.query_one("#cursor-blocks", DataTable).display,
+            stack_of(app, "cursor-stack"),
+        )
+        await pilot.press("right_square_bracket")  # one event on: the list follows
+        await settle(app, pilot)
+        followed = pane.event_rows[table.cursor_row].index, app.query_one(TimelineChart).cursor_index
+        await pilot.press("e")
+        await settle(app, pilot)
+        return index, first, followed, table.display, app.query_one("#cursor-blocks", DataTable).display
+
+    _, fresh, (index, first, followed, events_shown, blocks_shown) = _away_from_the_oom(then)
+    rows, highlighted, marker, shown, hidden, stack = first
+    trace = fresh.trace
+    assert [r[0] for r in rows] == list(range(index - 8, index + 9))
+    assert rows == [(i, trace.actions[i], trace.sizes[i], trace.addrs[i]) for i in range(index - 8, index + 9)]
+    assert highlighted == index and marker == "▶" and shown and not hidden
+    assert stack.startswith(f"event {index}: {trace.actions[index]}")
+    assert followed == (index + 1, index + 1)
+    assert not events_shown and blocks_shown  # e again: the block table back

@@ -1,6 +1,7 @@
 """Browse an OOM dump in the terminal: the verdict, a timeline of memory, segments, components, blocks.
 
     oomdoctor open oom-dumps/oom-rank0-host-123-20250101T000000Z.pickle
+    oomdoctor open a.pickle --compare b.pickle
 
 FILE is an oomdoctor dump or any torch memory snapshot (pickle, gzip, JSON, memory_viz HTML).
 The file is read and analysed in the background behind a progress bar; then five tabs open:
@@ -11,21 +12,31 @@ The file is read and analysed in the background behind a progress bar; then five
                   and phases (F forward, B backward, O optimizer step, Z zero_grad,
                   · between steps) under it; left/right move a cursor (shift: ten
                   times as far, [ and ]: one event, o: the OOM, p: the peak) and
-                  show what was live after that event
+                  show what was live after that event; e lists the events around
+                  it instead (Enter moves the cursor to one)
   3 Segments      the segments at the cursor's event, a bar of each one's blocks;
                   a block's stack
   4 Components    parameters, gradients, optimizer state, ... down to module paths,
-                  source lines and single blocks
-  5 Allocations   every block live at the OOM; type to search names, files and
-                  functions (Esc leaves the search)
+                  source lines and single blocks, at the cursor's event
+  5 Allocations   every block live at the cursor's event; type to search names,
+                  files and functions (Esc leaves the search)
+
+Segments, Components and Allocations show the OOM until the timeline cursor moves;
+away from it a block the analysis did not place is "not attributed", and t goes
+back to the OOM.
+
+--compare B shows FILE (A) against dump B instead: both timelines one above the
+other, drawn to one scale so that their heights compare, the allocation sites
+that appeared, went, grew or shrank at the peak, largest first, and the summary
+that `oomdoctor diff A B` opens with.
 
 Keys: 1-5 switch tabs, ? lists the keys of the tab, g goes to an event, f shows
 all frames of a stack (or only yours), d another device (when the file has
 several), ctrl+p the commands (go to the OOM or the peak, copy the Markdown
 report), tab moves between widgets, q quits; the mouse works too. For a report to
 paste or pipe, use `oomdoctor report FILE`. Exit status: 0 closed normally, 2
-unreadable input, or a file the app could not analyse or show (one line on stderr
-says why, after the terminal is restored).
+unreadable input (in either file, with --compare), or a file the app could not
+analyse or show (one line on stderr says why, after the terminal is restored).
 """
 
 from __future__ import annotations
@@ -41,6 +52,12 @@ from oomdoctor.safetext import is_printable, printable
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_file_argument(parser, "the dump or snapshot to browse")
+    parser.add_argument(
+        "--compare",
+        metavar="B",
+        default=None,
+        help="compare FILE with dump B: both timelines, the sites that changed",
+    )
     add_device_argument(parser, "show this device instead of the failing one")
     add_max_bytes_argument(parser)
 
@@ -85,19 +102,45 @@ def loader_for(path: str, *, device: int | None, max_bytes: int | None):
     return loader
 
 
+def compare_loader_for(path_a: str, path_b: str, *, device: int | None, max_bytes: int | None):
+    """The loader of `open A --compare B`: both files read and analysed, then compared as
+    `oomdoctor diff A B` compares them (oomdoctor.pipeline.compare_files)."""
+    from oomdoctor.pipeline import compare_files
+
+    def loader(report):
+        return compare_files(
+            path_a,
+            path_b,
+            device=device,
+            max_bytes=max_bytes,
+            enter_stage=report,
+            progress=lambda fraction: report(fraction=fraction),
+        )
+
+    return loader
+
+
 def run(args: argparse.Namespace) -> int:
     max_bytes = max_bytes_argument(args)
+    other = getattr(args, "compare", None)
     check_readable(args.file, max_bytes)
+    if other is not None:
+        check_readable(other, max_bytes)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise OomdoctorError(f"oomdoctor open needs a terminal; for a text report use: oomdoctor report {args.file}")
     try:
         from oomdoctor.tui.app import make_loading_app
+        from oomdoctor.tui.compare import make_compare_app
     except ImportError as error:
         raise OomdoctorError(
             f"the terminal app needs Textual ({error}); install it with: pip install textual"
         ) from None
 
-    app = make_loading_app(loader_for(args.file, device=args.device, max_bytes=max_bytes), source=args.file)
+    if other is not None:
+        loader = compare_loader_for(args.file, other, device=args.device, max_bytes=max_bytes)
+        app = make_compare_app(loader, source_a=args.file, source_b=other)
+    else:
+        app = make_loading_app(loader_for(args.file, device=args.device, max_bytes=max_bytes), source=args.file)
     try:
         app.run()
     except Exception as error:  # whatever got past the app's own handling: one line, never a traceback

@@ -1,4 +1,5 @@
-"""The Allocations tab: every block live at the target, searchable by name, component, file or function."""
+"""The Allocations tab: every block live at the target, or right after the timeline cursor's event
+when the cursor is elsewhere (`show_event`), searchable by name, component, file or function."""
 
 from __future__ import annotations
 
@@ -10,15 +11,20 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 
+from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis
 from oomdoctor.tui.content import (
-    COMPONENT_LABELS,
+    NOT_ATTRIBUTED,
     AllocationRow,
     allocation_rows,
+    component_label,
+    cursor_label,
     filter_rows,
     label_width,
+    live_blocks_at,
     path_style,
     phase_words,
+    target_words,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
 from oomdoctor.tui.safe import plain, row
@@ -39,6 +45,7 @@ class AllocationsPane(GuardedPane, Vertical):
         self.shown_rows: list[AllocationRow] = []
         self.query_text = ""
         self._pending: Timer | None = None
+        self.shown_index: int | None = None  # the cursor's event the rows are live after; None: the target
 
     def build(self) -> ComposeResult:
         self.all_rows = allocation_rows(self.analysis, width=label_width(self.app.size.width))
@@ -59,10 +66,11 @@ class AllocationsPane(GuardedPane, Vertical):
         self._fill()
 
     class Filtered(Message):
-        def __init__(self, search: str, rows: list[AllocationRow]) -> None:
+        def __init__(self, search: str, rows: list[AllocationRow], shown_index: int | None) -> None:
             super().__init__()
             self.search = search
             self.rows = rows
+            self.shown_index = shown_index  # the moment whose rows were filtered
 
     @on(Input.Changed, "#allocation-search")
     @guarded
@@ -80,15 +88,38 @@ class AllocationsPane(GuardedPane, Vertical):
 
     @work(thread=True, exclusive=True, group="allocation-search")
     def _filter(self, query: str) -> None:
-        self.post_message(self.Filtered(query, filter_rows(self.all_rows, query)))
+        shown_index, rows = self.shown_index, self.all_rows
+        self.post_message(self.Filtered(query, filter_rows(rows, query), shown_index))
 
     @on(Filtered)
     @guarded
     def _filtered(self, message: Filtered) -> None:
-        if message.search != self.query_text:
-            return  # typing went on; its own filter is coming
+        if message.search != self.query_text or message.shown_index != self.shown_index:
+            return  # typing went on (its own filter is coming), or the rows are another moment's
         self.shown_rows = message.rows
         self._fill()
+
+    def show_event(self, event_index: int | None, replay: Replayer | None) -> None:
+        """The blocks live right after `event_index` (None, the target's, or no replayer yet: the
+        blocks live at the target, as the analysis has them), the search kept."""
+        if self.failed:
+            return
+        try:
+            target = self.analysis.replay.target_index
+            shown = None if event_index is None or event_index == target or replay is None else event_index
+            if shown == self.shown_index:
+                return
+            if shown is None:
+                blocks = None
+            else:
+                state = replay.state_at(shown)  # type: ignore[union-attr]  # shown is None without one
+                blocks = live_blocks_at(state, replay.trace, replay.segments, self.analysis)  # type: ignore[union-attr]
+            self.shown_index = shown
+            self.all_rows = allocation_rows(self.analysis, width=label_width(self.app.size.width), blocks=blocks)
+            self.shown_rows = filter_rows(self.all_rows, self.query_text) if self.query_text else list(self.all_rows)
+            self._fill()
+        except Exception as error:
+            self.fail(error)
 
     def select_block(self, address: int) -> None:
         """Select the live block at `address` (the search cleared when it hides it)."""
@@ -126,7 +157,7 @@ class AllocationsPane(GuardedPane, Vertical):
                 *row(
                     human_size(block.size_bytes),
                     shown.label,
-                    COMPONENT_LABELS.get(block.component, block.component),
+                    component_label(block.component),
                     phase_words(block.phase),
                     "-" if block.step is None else block.step,
                     "-" if block.alloc_index is None else block.alloc_index,
@@ -134,8 +165,16 @@ class AllocationsPane(GuardedPane, Vertical):
             )
         shown_bytes = sum(shown.block.size_bytes for shown in self.shown_rows)
         capped = f" (the largest {SHOWN_ROWS} listed)" if len(self.shown_rows) > SHOWN_ROWS else ""
+        where = ""
+        if self.shown_index is not None:  # at the target the line stays as it always was
+            unplaced = sum(shown.block.component == NOT_ATTRIBUTED for shown in self.all_rows)
+            where = f" {cursor_label(self.shown_index)}"
+            capped += f"; {unplaced} not attributed" if unplaced else ""
+            capped += f"; t: back to {target_words(self.analysis)}"
         self.query_one("#allocation-count", Static).update(
-            plain(f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks, {human_size(shown_bytes)}{capped}")
+            plain(
+                f"{len(self.shown_rows)} of {len(self.all_rows)} live blocks{where}, {human_size(shown_bytes)}{capped}"
+            )
         )
         if not self.shown_rows:
             self.query_one("#allocation-stack", StackPane).clear()
@@ -146,4 +185,6 @@ class AllocationsPane(GuardedPane, Vertical):
         if 0 <= message.cursor_row < len(self.shown_rows):
             block = self.shown_rows[message.cursor_row].block
             header = f"{block.address:#x} ({human_size(block.size_bytes)} for a request of {human_size(block.requested_bytes)})"
+            if block.component == NOT_ATTRIBUTED:
+                header += "; not attributed at this event"
             self.query_one("#allocation-stack", StackPane).show(header, block.frames, path_style(self.analysis))

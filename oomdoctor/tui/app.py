@@ -70,6 +70,9 @@ STAGE_FRACTIONS = {
 }
 PROGRESS_STEPS = 100
 _TABS_NEEDING_REPLAY = frozenset({"timeline", "segments"})
+# The tabs that show the state at the timeline cursor's event (the target until it moves), and
+# offer `t` to go back to the target when it is elsewhere.
+_TABS_AT_THE_CURSOR = frozenset({"segments", "components", "allocations"})
 _TAB_TITLES = {
     "overview": "1 Overview",
     "timeline": "2 Timeline",
@@ -138,6 +141,7 @@ class Browser(Vertical):
         if pane_id and await self.build_tab(pane_id):
             self._follow(pane_id)
             self._focus(pane_id)
+        self.app.refresh_bindings()  # `t` is offered on the tabs that follow the cursor
 
     def _focus(self, tab: str) -> None:
         wanted = _FOCUS_IN_TAB.get(tab)
@@ -151,16 +155,39 @@ class Browser(Vertical):
         self._focus(self.query_one(TabbedContent).active)
 
     async def replay_ready(self, replay: Replayer) -> None:
-        """The replayer is made: build the tab that waits for it, if it is the one shown."""
+        """The replayer is made: build the tab that waits for it, if it is the one shown (or bring
+        Components or Allocations to a cursor that evidence moved before it was made)."""
         self.replay = replay
         active = self.query_one(TabbedContent).active
         if active in _TABS_NEEDING_REPLAY and await self.build_tab(active):
             self._follow(active)
             self._focus(active)
+        elif active in ("components", "allocations") and active in self.built:
+            self._follow(active)
+
+    @property
+    def away_from_target(self) -> bool:
+        """The timeline cursor is at an event other than the target's: the tabs show that event."""
+        return self.cursor_event is not None and self.cursor_event != self.analysis.replay.target_index
 
     @on(TimelineChart.CursorMoved)
     def _cursor_moved(self, message: TimelineChart.CursorMoved) -> None:
+        away = self.away_from_target
         self.cursor_event = message.event_index
+        if away != self.away_from_target:
+            self.app.refresh_bindings()  # `t` (back to the target) offered or not
+
+    def back_to_target(self) -> None:
+        """The timeline cursor back to the target, and the tab shown brought there."""
+        target = self.analysis.replay.target_index
+        self.cursor_event = target
+        if target is not None:
+            for chart in self.query(TimelineChart).results(TimelineChart):
+                chart.cursor_index = chart.timeline.clamp(target)
+        active = self.query_one(TabbedContent).active
+        if active in self.built:
+            self._follow(active)
+        self.app.refresh_bindings()
 
     @on(OverviewPane.GoTo)
     async def _go_to_evidence(self, message: OverviewPane.GoTo) -> None:
@@ -174,9 +201,14 @@ class Browser(Vertical):
         elif tab == "segments":
             for segments in self.query(SegmentsPane).results(SegmentsPane):
                 segments.show_event(self.cursor_event, self.selected_block)
-        elif tab == "allocations" and self.selected_block is not None:
+        elif tab == "components":
+            for components in self.query(ComponentsPane).results(ComponentsPane):
+                components.show_event(self.cursor_event, self.replay)
+        elif tab == "allocations":
             for allocations in self.query(AllocationsPane).results(AllocationsPane):
-                allocations.select_block(self.selected_block)
+                allocations.show_event(self.cursor_event, self.replay)
+                if self.selected_block is not None:
+                    allocations.select_block(self.selected_block)
 
     async def go_to(self, event_index: int | None, address: int | None = None) -> None:
         """Show where a piece of evidence was read: its event under the timeline cursor (the other
@@ -186,6 +218,8 @@ class Browser(Vertical):
             self.cursor_event = event_index
             tab = "timeline"
         elif address is not None:
+            # a block without an event was read at the target: the cursor goes back there
+            self.cursor_event = self.analysis.replay.target_index
             live = any(block.address == address for block in self.analysis.live_blocks)
             tab = "allocations" if live else "segments"
         else:
@@ -243,6 +277,9 @@ class OomdoctorApp(App[None]):
         # one key, two labels in the footer: what pressing it will show
         Binding("f", "show_frames('all')", "All frames"),
         Binding("f", "show_frames('user')", "Your frames"),
+        # one key, the label naming the target: shown where a tab follows the cursor away from it
+        Binding("t", "back_to_target('oom')", "At the OOM"),
+        Binding("t", "back_to_target('other')", "At the target"),
         *(
             Binding(str(number), f"show_tab('{tab}')", tab.capitalize(), show=False)
             for number, tab in enumerate(TABS, 1)
@@ -420,6 +457,14 @@ class OomdoctorApp(App[None]):
             return parameters != (("all" if self.all_frames else "user"),)
         if action == "next_device":
             return bool(self._other_devices()) and self._browser() is not None
+        if action == "back_to_target":
+            browser = self._browser()
+            if browser is None or self.analysis is None or not browser.away_from_target:
+                return False
+            tabs = self.query(TabbedContent)
+            if not tabs or tabs.first().active not in _TABS_AT_THE_CURSOR:
+                return False
+            return parameters == (("oom" if self.analysis.replay.target_kind == "oom" else "other"),)
         if action == "go_to_event":
             return self._browser() is not None and self.analysis is not None and self.analysis.replay.event_count > 0
         return True
@@ -458,6 +503,12 @@ class OomdoctorApp(App[None]):
         groups = [("This tab", tab_keys)] if tab_keys else []
         groups.append(("Everywhere", app_keys))
         self.push_screen(HelpScreen(title, groups))
+
+    def action_back_to_target(self, _kind: str = "") -> None:
+        """Segments, Components and Allocations at the target again (the timeline cursor too)."""
+        browser = self._browser()
+        if browser is not None:
+            browser.back_to_target()
 
     def action_go_to_event(self) -> None:
         if self.analysis is None or self._browser() is None:
@@ -538,6 +589,14 @@ class OomdoctorApp(App[None]):
                     "Go to the peak",
                     f"the timeline cursor to event {replay.peak_index}",
                     lambda: self.run_worker(self.go_to_place("peak")),
+                )
+            browser = self._browser()
+            if browser is not None and browser.away_from_target:
+                target = "the OOM" if replay.target_kind == "oom" else "the target"
+                yield SystemCommand(
+                    f"Back to {target}",
+                    f"Segments, Components and Allocations at {target} again, not event {browser.cursor_event} (also: t)",
+                    self.action_back_to_target,
                 )
             if replay.event_count:
                 yield SystemCommand("Go to event…", "type an event number (also: g)", self.action_go_to_event)

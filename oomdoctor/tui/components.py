@@ -1,4 +1,5 @@
-"""The Components tab: a tree from component to module path or source line to each live block."""
+"""The Components tab: a tree from component to module path or source line to each live block, at
+the target, or right after the timeline cursor's event when the cursor is elsewhere (`show_event`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Tree
 
+from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis, LiveBlock
 from oomdoctor.tui.content import (
     COMPONENT_LABELS,
+    NOT_ATTRIBUTED,
+    NOT_ATTRIBUTED_LABEL,
     ComponentNode,
     component_nodes,
+    cursor_label,
     describe_block,
     label_width,
+    live_blocks_at,
     path_style,
     where_label,
 )
@@ -32,20 +38,36 @@ class ComponentsPane(GuardedPane, Vertical):
         super().__init__(**kwargs)
         self.analysis = analysis
         self.nodes: list[ComponentNode] = []
+        self.shown_index: int | None = None  # the cursor's event the tree is live after; None: the target
 
     def build(self) -> ComposeResult:
         width = label_width(self.app.size.width)
-        paths = path_style(self.analysis)
         self.nodes = component_nodes(self.analysis, width=width)
-        total = sum(node.bytes for node in self.nodes)
-        tree: Tree[LiveBlock | None] = Tree(
-            plain(f"live memory {where_label(self.analysis)}: {human_size(total)}"), id="component-tree"
-        )
+        tree: Tree[LiveBlock | None] = Tree(plain(self._title()), id="component-tree")
         tree.root.expand()
+        self._fill_tree(tree)
+        yield tree
+        yield StackPane(plain("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
+
+    def _title(self) -> str:
+        total = sum(node.bytes for node in self.nodes)
+        if self.shown_index is None:
+            return f"live memory {where_label(self.analysis)}: {human_size(total)}"
+        return f"live memory {cursor_label(self.shown_index)}: {human_size(total)}"  # the footer offers `t`
+
+    def _fill_tree(self, tree: Tree[LiveBlock | None]) -> None:
+        width = label_width(self.app.size.width)
+        paths = path_style(self.analysis)
         for node in self.nodes:
-            label = plain(
-                f"{COMPONENT_LABELS[node.name]}  {human_size(node.bytes)}  ({node.method}, confidence {node.confidence:.0%})"
-            )
+            if node.name == NOT_ATTRIBUTED:
+                label = plain(
+                    f"{NOT_ATTRIBUTED_LABEL}  {human_size(node.bytes)}  (not live {where_label(self.analysis)},"
+                    " so the analysis did not place them)"
+                )
+            else:
+                label = plain(
+                    f"{COMPONENT_LABELS[node.name]}  {human_size(node.bytes)}  ({node.method}, confidence {node.confidence:.0%})"
+                )
             largest = node is self.nodes[0]  # opened down to its largest group's blocks
             branch = tree.root.add(label, expand=largest)
             for group in node.groups:
@@ -65,12 +87,37 @@ class ComponentsPane(GuardedPane, Vertical):
                             style="dim",
                         )
                     )
-        yield tree
-        yield StackPane(plain("Highlight a block to see where it was allocated.", style="dim"), id="component-stack")
 
     @guarded
     def on_mount(self) -> None:
         self.query_one("#component-tree", Tree).cursor_line = 0  # a visible cursor from the first key
+
+    def show_event(self, event_index: int | None, replay: Replayer | None) -> None:
+        """The tree of the blocks live right after `event_index` (None, the target's, or no
+        replayer yet: the target's, as the analysis has it)."""
+        if self.failed:
+            return
+        try:
+            target = self.analysis.replay.target_index
+            shown = None if event_index is None or event_index == target or replay is None else event_index
+            if shown == self.shown_index:
+                return
+            width = label_width(self.app.size.width)
+            if shown is None:
+                self.nodes = component_nodes(self.analysis, width=width)
+            else:
+                state = replay.state_at(shown)  # type: ignore[union-attr]  # shown is None without one
+                blocks = live_blocks_at(state, replay.trace, replay.segments, self.analysis)  # type: ignore[union-attr]
+                self.nodes = component_nodes(self.analysis, width=width, blocks=blocks)
+            self.shown_index = shown
+            tree = self.query_one("#component-tree", Tree)
+            tree.clear()
+            tree.root.set_label(plain(self._title()))
+            self._fill_tree(tree)
+            tree.cursor_line = 0
+            self.query_one("#component-stack", StackPane).clear()
+        except Exception as error:
+            self.fail(error)
 
     @on(Tree.NodeHighlighted)
     @guarded
@@ -78,5 +125,10 @@ class ComponentsPane(GuardedPane, Vertical):
         block = message.node.data
         if isinstance(block, LiveBlock):
             where = f"event {block.alloc_index}" if block.alloc_index is not None else "before the trace"
-            header = f"{block.address:#x} ({human_size(block.size_bytes)}), allocated at {where} in {block.phase.replace('_', ' ')}; {block.method}, confidence {block.confidence:.0%}"
+            how = (
+                "not attributed at this event"
+                if block.component == NOT_ATTRIBUTED
+                else f"{block.method}, confidence {block.confidence:.0%}"
+            )
+            header = f"{block.address:#x} ({human_size(block.size_bytes)}), allocated at {where} in {block.phase.replace('_', ' ')}; {how}"
             self.query_one("#component-stack", StackPane).show(header, block.frames, path_style(self.analysis))

@@ -204,7 +204,8 @@ class Timeline:
     (`ReplaySummary.series_peaks`), so the column holding the peak reaches `max_bytes`, the peak.
     """
 
-    def __init__(self, analysis: Analysis):
+    def __init__(self, analysis: Analysis, *, scale_bytes: int = 0):
+        """`scale_bytes`: a chart top at least this high (two charts drawn to one scale compare)."""
         replay = analysis.replay
         self.series: tuple[SeriesPoint, ...] = replay.series
         if len(replay.series_peaks) == len(self.series):
@@ -221,6 +222,8 @@ class Timeline:
         self.oom_indices = sorted(oom.event_index for oom in replay.ooms)
         self.peak_bytes = replay.peak_allocated_bytes
         self.max_bytes = max([replay.peak_allocated_bytes, *(p.allocated_bytes for p in self.peaks)]) if self else 0
+        if self:
+            self.max_bytes = max(self.max_bytes, scale_bytes)
         self._columns: dict[int, list[ChartColumn]] = {}
 
     def __bool__(self) -> bool:
@@ -467,6 +470,48 @@ def live_rows_at(
     return rows
 
 
+@dataclass(frozen=True)
+class EventRow:
+    """One trace event for the Timeline's event list."""
+
+    index: int
+    action: str  # alloc, free_requested, segment_alloc, ... (printable)
+    size_bytes: int
+    address: int
+    label: str  # the user's source line, else why none is known (printable)
+    frames: Stack
+
+
+EVENTS_AROUND = 8  # events listed before the cursor's, and as many after
+
+
+def event_rows_around(
+    trace: DeviceTrace,
+    event_index: int,
+    analysis: Analysis,
+    *,
+    around: int = EVENTS_AROUND,
+    width: int = LABEL_WIDTH,
+) -> list[EventRow]:
+    """The events `around` before and after `event_index` (fewer at the trace's ends), oldest
+    first. Only that window of the trace's columns is read (and only its stacks converted), so a
+    cursor move costs the same on a trace of a million events as on one of a hundred."""
+    count = len(trace)
+    if count <= 0:
+        return []
+    index = min(max(event_index, 0), count - 1)
+    first, last = max(index - around, 0), min(index + around + 1, count)
+    paths = path_style(analysis)
+    rows = []
+    for position, action, address, size_bytes in zip(
+        range(first, last), trace.actions[first:last], trace.addrs[first:last], trace.sizes[first:last]
+    ):
+        frames = trace.frames_at(position)
+        label = describe_block(None, frames, position, paths=paths, width=width)
+        rows.append(EventRow(position, printable(str(action)), size_bytes, address, label, frames))
+    return rows
+
+
 # --- Segments -----------------------------------------------------------------------------------
 
 BAR_ALLOCATED = "█"
@@ -620,40 +665,131 @@ def module_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def component_nodes(analysis: Analysis, *, width: int = LABEL_WIDTH) -> list[ComponentNode]:
+def component_nodes(
+    analysis: Analysis, *, width: int = LABEL_WIDTH, blocks: Sequence[LiveBlock] | None = None
+) -> list[ComponentNode]:
     """Components with bytes, largest first; in each, blocks grouped by module path or source line
-    (each group's key shortened from the middle for the tree: views.shorten)."""
+    (each group's key shortened from the middle for the tree: views.shorten).
+
+    `blocks` (`live_blocks_at`: the blocks live at another event) instead of the analysis's: each
+    known component holds the bytes of its blocks there, and the blocks the analysis did not place
+    (component "") go under one node, NOT_ATTRIBUTED, last."""
     paths = path_style(analysis)
     by_component: dict[str, list[LiveBlock]] = {}
-    for block in analysis.live_blocks:
+    for block in analysis.live_blocks if blocks is None else blocks:
         by_component.setdefault(block.component, []).append(block)
     nodes = []
     for share in analysis.components:
-        blocks = by_component.get(share.name, [])
-        if not blocks:
+        members = by_component.get(share.name, [])
+        if not members:
             continue
-        groups: dict[str, list[LiveBlock]] = {}
-        shown_keys: dict[str, str] = {}
-        for block in blocks:
-            key = module_of(block.name) if block.name else (source_line(block.frames) or "(no stack recorded)")
-            if key not in groups:
-                lead = None if block.name else lead_frame_index(block.frames)
-                shown_keys[key] = shorten_name(key, width) if lead is None else paths.frame(block.frames[lead], width)
-            groups.setdefault(key, []).append(block)
-        ordered = sorted(
-            (
-                BlockGroup(
-                    shown_keys[key],
-                    sum(b.size_bytes for b in members),
-                    tuple(sorted(members, key=lambda b: -b.size_bytes)),
-                )
-                for key, members in groups.items()
-            ),
-            key=lambda group: (-group.bytes, group.key),
+        size_bytes = share.bytes if blocks is None else sum(b.size_bytes for b in members)
+        nodes.append(
+            ComponentNode(share.name, size_bytes, share.method, share.confidence, _block_groups(members, paths, width))
         )
-        nodes.append(ComponentNode(share.name, share.bytes, share.method, share.confidence, tuple(ordered)))
     nodes.sort(key=lambda node: -node.bytes)
+    unplaced = by_component.get(NOT_ATTRIBUTED, []) if blocks is not None else []
+    if unplaced:
+        size_bytes = sum(b.size_bytes for b in unplaced)
+        nodes.append(ComponentNode(NOT_ATTRIBUTED, size_bytes, "", 0.0, _block_groups(unplaced, paths, width)))
     return nodes
+
+
+def _block_groups(blocks: Sequence[LiveBlock], paths: PathStyle, width: int) -> tuple[BlockGroup, ...]:
+    groups: dict[str, list[LiveBlock]] = {}
+    shown_keys: dict[str, str] = {}
+    for block in blocks:
+        key = module_of(block.name) if block.name else (source_line(block.frames) or "(no stack recorded)")
+        if key not in groups:
+            lead = None if block.name else lead_frame_index(block.frames)
+            shown_keys[key] = shorten_name(key, width) if lead is None else paths.frame(block.frames[lead], width)
+        groups.setdefault(key, []).append(block)
+    ordered = sorted(
+        (
+            BlockGroup(
+                shown_keys[key],
+                sum(b.size_bytes for b in members),
+                tuple(sorted(members, key=lambda b: -b.size_bytes)),
+            )
+            for key, members in groups.items()
+        ),
+        key=lambda group: (-group.bytes, group.key),
+    )
+    return tuple(ordered)
+
+
+def component_label(name: str) -> str:
+    """'optimizer state'; 'not attributed' for a block the analysis did not place (at another event)."""
+    return NOT_ATTRIBUTED_LABEL if name == NOT_ATTRIBUTED else COMPONENT_LABELS.get(name, name)
+
+
+# --- At the timeline cursor (Allocations and Components follow it) --------------------------------
+
+NOT_ATTRIBUTED = ""  # the component of a block live at the cursor that the analysis did not place
+NOT_ATTRIBUTED_LABEL = "not attributed"
+
+
+_TARGET_WORDS = {"oom": "the OOM", "peak": "the peak", "dump": "the dump's state"}
+
+
+def target_words(analysis: Analysis) -> str:
+    """'the OOM': what the `t` key goes back to."""
+    return _TARGET_WORDS.get(analysis.replay.target_kind, "the target")
+
+
+def cursor_label(event_index: int) -> str:
+    """Which moment a tab shows when it follows the timeline cursor away from the target."""
+    return f"after event {event_index} (the timeline cursor)"
+
+
+def live_blocks_at(
+    state: EventState, trace: DeviceTrace, segments: Sequence[Segment], analysis: Analysis
+) -> list[LiveBlock]:
+    """The blocks live right after an event, as the Allocations and Components tabs list them.
+
+    A block that is the same allocation the analysis named (same address and alloc event) is the
+    analysis's own, component and all; any other has no component (NOT_ATTRIBUTED: the analysis
+    places only what is live at the target, and oomdoctor does not guess), the phase and step of
+    its alloc event and that event's stack (as `live_rows_at` names it)."""
+    known = {(b.address, b.alloc_index): b for b in analysis.live_blocks}
+    final_frames: dict[int, Stack] | None = None
+    starts = [span.first_index for span in analysis.phases]
+    blocks = []
+    for address, alloc_index, size_bytes, requested_bytes in state.live:  # LiveAllocation's fields
+        block = known.get((address, alloc_index))
+        if block is not None:
+            blocks.append(block)
+            continue
+        if alloc_index is not None and 0 <= alloc_index < len(trace):
+            frames = trace.frames_at(alloc_index)
+        else:
+            if final_frames is None:
+                final_frames = {b.address: b.frames for s in segments for b in s.blocks if b.state == ACTIVE_ALLOCATED}
+            frames = final_frames.get(address, NO_STACK)
+        phase, step = "unknown", None
+        if alloc_index is not None:
+            position = bisect.bisect_right(starts, alloc_index) - 1
+            if position >= 0 and analysis.phases[position].last_index >= alloc_index:
+                span = analysis.phases[position]
+                phase, step = span.phase, span.step if analysis.steps else None
+        else:
+            phase = "before_first_step"
+        blocks.append(
+            LiveBlock(
+                address,
+                size_bytes,
+                requested_bytes,
+                alloc_index,
+                phase,
+                step,
+                NOT_ATTRIBUTED,
+                "",
+                0.0,
+                None,
+                frames,
+            )
+        )
+    return blocks
 
 
 # --- Allocations --------------------------------------------------------------------------------
@@ -666,11 +802,13 @@ class AllocationRow:
     search_text: str  # lower-case: name, component, phase and every frame, for the search box
 
 
-def allocation_rows(analysis: Analysis, *, width: int = LABEL_WIDTH) -> list[AllocationRow]:
-    """Every block live at the target, largest first."""
+def allocation_rows(
+    analysis: Analysis, *, width: int = LABEL_WIDTH, blocks: Sequence[LiveBlock] | None = None
+) -> list[AllocationRow]:
+    """Every block live at the target (or `blocks`: `live_blocks_at` another event), largest first."""
     paths = path_style(analysis)
     rows = []
-    for block in sorted(analysis.live_blocks, key=lambda b: (-b.size_bytes, b.address)):
+    for block in sorted(analysis.live_blocks if blocks is None else blocks, key=lambda b: (-b.size_bytes, b.address)):
         label = describe_block(block.name, block.frames, block.alloc_index, paths=paths, width=width)
         frames = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
         text = " ".join(
@@ -678,7 +816,7 @@ def allocation_rows(analysis: Analysis, *, width: int = LABEL_WIDTH) -> list[All
                 block.name or "",
                 source_line(block.frames) or label,
                 block.component,
-                COMPONENT_LABELS.get(block.component, ""),
+                component_label(block.component),
                 block.phase,
                 frames,
                 f"{block.address:#x}",

@@ -26,9 +26,12 @@ from oomdoctor.tui.content import (
     PHASE_LETTERS,
     BlockRow,
     ChartColumn,
+    EventRow,
     Timeline,
     axis_label,
     chart_rows,
+    event_rows_around,
+    label_width,
     live_rows_at,
     path_style,
     phase_words,
@@ -257,9 +260,18 @@ class TimelineChart(Widget, can_focus=True):
 
 
 class TimelinePane(GuardedPane, Vertical):
-    """The chart, a legend, the cursor's event and the largest blocks live after it."""
+    """The chart, a legend, the cursor's event and the largest blocks live after it, or (`e`) the
+    events around it."""
 
     TAB_TITLE = "Timeline"
+    BINDINGS = [
+        # one key, two labels: what pressing it will show in place of the table
+        # (not in the footer, full at 80 columns; `?` and `open --help` list it)
+        Binding("e", "show_list('events')", "Events around the cursor", show=False),
+        Binding("e", "show_list('blocks')", "Blocks live after the cursor", show=False),
+    ]
+
+    showing_events: reactive[bool] = reactive(False, init=False)  # the event list in place of the block table
 
     class StateReady(Message):
         def __init__(self, state: EventState, rows: list[BlockRow]) -> None:
@@ -285,6 +297,7 @@ class TimelinePane(GuardedPane, Vertical):
         self._replaying = False
         self._replay_seconds = 0.0  # the last replay's
         self._table_rows: list[BlockRow] | None = None  # what #cursor-blocks lists
+        self.event_rows: list[EventRow] = []  # the rows of #cursor-events
 
     def build(self) -> ComposeResult:
         self.timeline = Timeline(self.analysis)
@@ -295,7 +308,90 @@ class TimelinePane(GuardedPane, Vertical):
         table = DataTable(id="cursor-blocks", cursor_type="row", zebra_stripes=True)
         table.add_columns(*row("size", "component", "allocated at", "name or source line"))
         yield table
+        events_table = DataTable(id="cursor-events", cursor_type="row", zebra_stripes=True)
+        events_table.add_columns(*row("", "event", "action", "size", "source line", "address"))
+        events_table.display = False
+        yield events_table
         yield StackPane(id="cursor-stack")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "show_list":  # the one of its two labels that says what `e` will show
+            return parameters != (("events" if self.showing_events else "blocks"),)
+        return True
+
+    def action_show_list(self, which: str) -> None:
+        self.showing_events = which == "events"
+
+    @guarded
+    def watch_showing_events(self, showing: bool) -> None:
+        self.refresh_bindings()
+        blocks, events_table = self.query_one("#cursor-blocks", DataTable), self.query_one("#cursor-events", DataTable)
+        moving_focus = self.app.focused in (blocks, events_table)
+        blocks.display, events_table.display = not showing, showing
+        if showing:
+            self._fill_events(self.query_one(TimelineChart).cursor_index)
+        elif 0 <= blocks.cursor_row < len(self.block_rows):  # the table kept up meanwhile: its stack again
+            self._show_block_stack(self.block_rows[blocks.cursor_row])
+        else:
+            self.query_one("#cursor-stack", StackPane).clear()
+        if moving_focus:
+            (events_table if showing else blocks).focus()
+
+    def _fill_events(self, event_index: int) -> None:
+        """The events around the cursor's, the cursor's marked and under the table's cursor."""
+        rows = event_rows_around(
+            self.replayer.trace, event_index, self.analysis, width=label_width(self.app.size.width)
+        )
+        self.event_rows = rows
+        table = self.query_one("#cursor-events", DataTable)
+        table.clear()
+        here = 0
+        for position, event in enumerate(rows):
+            at_cursor = event.index == event_index
+            if at_cursor:
+                here = position
+            style = "bold" if at_cursor else ""
+            table.add_row(
+                *(
+                    plain(cell, style=style)
+                    for cell in (
+                        "▶" if at_cursor else "",
+                        event.index,
+                        event.action,
+                        human_size(event.size_bytes),
+                        event.label,
+                        f"{event.address:#x}",
+                    )
+                ),
+                key=str(event.index),
+            )
+        if rows:
+            table.move_cursor(row=here, animate=False, scroll=False)
+            table.call_after_refresh(self._centre_events, here)  # once the table knows its new rows
+        else:
+            self.query_one("#cursor-stack", StackPane).clear()
+
+    def _centre_events(self, position: int) -> None:
+        """Scroll the event list so that the cursor's event is in its middle."""
+        table = self.query_one("#cursor-events", DataTable)
+        visible = max(table.scrollable_content_region.height - 1, 1)  # the rows under the header
+        table.scroll_to(y=max(position - (visible - 1) // 2, 0), animate=False)
+
+    @on(DataTable.RowHighlighted, "#cursor-events")
+    @guarded
+    def _event_highlighted(self, message: DataTable.RowHighlighted) -> None:
+        if self.showing_events and 0 <= message.cursor_row < len(self.event_rows):
+            event = self.event_rows[message.cursor_row]
+            header = f"event {event.index}: {event.action} {human_size(event.size_bytes)} at {event.address:#x}"
+            self.query_one("#cursor-stack", StackPane).show(header, event.frames, path_style(self.analysis))
+
+    @on(DataTable.RowSelected, "#cursor-events")
+    @guarded
+    def _event_selected(self, message: DataTable.RowSelected) -> None:
+        """Enter on an event: the timeline cursor goes there (and the list follows)."""
+        if 0 <= message.cursor_row < len(self.event_rows):
+            chart = self.query_one(TimelineChart)
+            chart.cursor_index = chart.timeline.clamp(self.event_rows[message.cursor_row].index)
 
     def _legend(self) -> Text:
         assert self.timeline is not None
@@ -338,6 +434,8 @@ class TimelinePane(GuardedPane, Vertical):
             )
         self._show_line("#cursor-event", plain(" · ".join(bits)))
         self._show_line("#cursor-state", plain("replaying…", style="dim"), shrink=False)
+        if self.showing_events:
+            self._fill_events(index)
         self._request_replay(index)
 
     def _show_line(self, selector: str, text: Text, shrink: bool = True) -> None:
@@ -431,10 +529,13 @@ class TimelinePane(GuardedPane, Vertical):
         if message.rows == self._table_rows:
             return  # the same blocks: the table stays as it is
         self._table_rows = message.rows
+        self._fill_blocks(message.rows)
+
+    def _fill_blocks(self, rows: list[BlockRow]) -> None:
         table = self.query_one("#cursor-blocks", DataTable)
-        self.block_rows = message.rows
+        self.block_rows = rows
         table.clear()
-        for block_row in message.rows:
+        for block_row in rows:
             where = f"event {block_row.alloc_index}" if block_row.alloc_index is not None else "before trace"
             table.add_row(
                 *row(
@@ -445,13 +546,15 @@ class TimelinePane(GuardedPane, Vertical):
                 ),
                 key=str(block_row.address),
             )
-        if not message.rows:
+        if not rows and not self.showing_events:
             self.query_one("#cursor-stack", StackPane).clear()
 
     @on(DataTable.RowHighlighted, "#cursor-blocks")
     @guarded
     def _block_highlighted(self, message: DataTable.RowHighlighted) -> None:
-        if 0 <= message.cursor_row < len(self.block_rows):
-            block_row = self.block_rows[message.cursor_row]
-            header = f"{block_row.address:#x} ({human_size(block_row.size_bytes)}): {block_row.label}"
-            self.query_one("#cursor-stack", StackPane).show(header, block_row.frames, path_style(self.analysis))
+        if not self.showing_events and 0 <= message.cursor_row < len(self.block_rows):
+            self._show_block_stack(self.block_rows[message.cursor_row])
+
+    def _show_block_stack(self, block_row: BlockRow) -> None:
+        header = f"{block_row.address:#x} ({human_size(block_row.size_bytes)}): {block_row.label}"
+        self.query_one("#cursor-stack", StackPane).show(header, block_row.frames, path_style(self.analysis))
