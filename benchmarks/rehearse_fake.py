@@ -1,6 +1,8 @@
 """CPU time and host RAM of `rehearse --fake` against the real-CPU rehearsal, on one GPT training step.
 
     python benchmarks/rehearse_fake.py [--preset small|gpt2|1.3b|7b] [--steps 2] [--fake-only]
+    python benchmarks/rehearse_fake.py --world-size 8 [--ranks 0,7|all] [--bf16] [--preset 7b] \
+        [--device-memory 80GiB]
 
 Each mode runs in a fresh process (`--child`) that rehearses a GPT training script (the fixtures'
 TinyGPT: token and position embeddings, pre-norm blocks, LM head; foreach AdamW; `loss.item()`
@@ -9,6 +11,13 @@ parent prints CPU seconds per step, the process's max RSS, the simulator's peaks
 the steady-state steps (the first step is warm-up). `--fake-only` skips the real run (the larger
 presets do not fit a laptop's RAM for real). CPU seconds are the figures to compare on a loaded
 machine, not wall time. Not a test: nothing here is timed in CI.
+
+--world-size N plans an FSDP2 run instead: the same GPT, each block and the root `fully_shard`ed
+over N ranks (with --bf16, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)), a
+torchrun-style script (init_process_group() without arguments) run by
+`oomdoctor rehearse --fake --world-size N --ranks RANKS --format json` on a device of
+--device-memory; it prints each rank's peak allocated, reserved and requested, whether it fits,
+and the CPU seconds and wall time of the whole plan.
 """
 
 from __future__ import annotations
@@ -56,6 +65,76 @@ WORKLOAD = textwrap.dedent(
 )
 
 
+FSDP_WORKLOAD = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {scenarios!r})
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from models import TinyGPT
+
+    layers, width, heads, seq, batch, vocab, steps = (int(value) for value in sys.argv[1:8])
+    bf16 = sys.argv[8] == "bf16"
+    dist.init_process_group()
+    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    options = {{"mesh": mesh, **({{"mp_policy": policy}} if policy else {{}})}}
+    model = TinyGPT(vocab, width, layers, heads, seq)
+    for block in model.blocks:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    for step in range(steps):
+        tokens = torch.randint(vocab, (batch, seq + 1))
+        _, loss = model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def plan_world(preset: str, steps: int, world_size: int, ranks: str, bf16: bool, device_memory: str) -> None:
+    import os
+    import time
+
+    layers, width, heads, seq, batch, vocab = PRESETS[preset]
+    precision = "bf16 mixed precision" if bf16 else "fp32"
+    print(
+        f"FSDP2 GPT {preset} ({layers} layers, d_model {width}, batch {batch}x{seq}, vocab {vocab}), {precision}, "
+        f"world size {world_size}, ranks {ranks}, {device_memory} a rank, {steps} steps, --fake"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "fsdp_step.py"
+        script.write_text(FSDP_WORKLOAD.format(scenarios=str(ROOT / "fixtures" / "scenarios")))
+        argv = [sys.executable, "-m", "oomdoctor", "rehearse", "--fake", "--world-size", str(world_size)]
+        argv += ["--ranks", ranks, "--device-memory", device_memory, "--format", "json", "--out", folder]
+        argv += [str(script), "--", *(str(value) for value in (*PRESETS[preset], steps)), "bf16" if bf16 else "fp32"]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(part for part in (str(ROOT), env.get("PYTHONPATH")) if part)
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+        wall = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if "{" not in done.stdout:
+        raise SystemExit(f"the plan failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    answer = json.loads(done.stdout[done.stdout.index("{") :])
+    print(f"  {answer['headline']}")
+    for rank in answer["ranks"]:
+        where = f"  ({rank['request']['op']} at {rank['request']['site']})" if rank["request"] else ""
+        print(
+            f"  rank {rank['rank']}: {rank['outcome']:<13} peak {gib(rank['peak_allocated_bytes'])} allocated, "
+            f"{gib(rank['peak_reserved_bytes'])} reserved, {gib(rank['peak_requested_bytes'])} requested{where}"
+        )
+    print(f"  max: {gib(answer['max_reserved_bytes'] or 0)} reserved (rank {answer['max_reserved_rank']})")
+    print(
+        f"  {usage.ru_utime + usage.ru_stime:.1f} CPU s for {len(answer['ranks'])} ranks "
+        f"(max RSS of a rank process {gib(usage.ru_maxrss * 1024)}), {wall:.0f} s wall"
+    )
+
+
 def child(fake: bool, preset: str, steps: int) -> None:
     from oomdoctor.rehearse.session import RehearsalConfig, rehearse_script
 
@@ -101,8 +180,16 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--fake-only", action="store_true")
+    parser.add_argument("--world-size", type=int, help="plan an FSDP2 run of this many ranks (--fake)")
+    parser.add_argument("--ranks", default=None, help="--world-size: the ranks planned (default 0 and the last)")
+    parser.add_argument("--bf16", action="store_true", help="--world-size: bf16 mixed precision (fp32 reduce)")
+    parser.add_argument("--device-memory", default="80GiB", help="--world-size: each rank's device (default 80GiB)")
     parser.add_argument("--child", choices=("real", "fake"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.world_size:
+        ranks = args.ranks or ",".join(sorted({"0", str(args.world_size - 1)}, key=int))
+        plan_world(args.preset, args.steps, args.world_size, ranks, args.bf16, args.device_memory)
+        return
     if args.child:
         child(args.child == "fake", args.preset, args.steps)
         return

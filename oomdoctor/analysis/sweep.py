@@ -48,6 +48,7 @@ class Probe:
     request: FailedRequest | None = None  # when it ran out
     reason: str | None = None  # one line, when it failed or needs data
     dumps: tuple[str, ...] = ()  # the dumps the probe left (its OOM dump)
+    peak_requested_bytes: int = 0  # the sizes asked for, before the allocator's rounding
 
     @property
     def fits(self) -> bool:

@@ -2,7 +2,7 @@
 
     oomdoctor rehearse train.py --device-memory 24GiB
     oomdoctor rehearse SCRIPT --device-memory SIZE [--alloc-conf STR] \\
-        [--out DIR] [-- ARGS]
+        [--world-size N [--rank R | --ranks all]] [--out DIR] [-- ARGS]
 
 The script runs in this process as `python train.py ARGS` would, on the CPU, while every tensor
 storage it creates is also allocated in a simulator of torch's CUDA caching allocator (rounding,
@@ -49,6 +49,18 @@ not and the request it could not get, the fitting probe's peak and every probe. 
 grows with the value and says when a probe contradicts that. A probe that fails for another reason
 stops the sweep with one line. Exit status: 0 a value fits, 1 even --lo does not (or a probe
 failed), 2 bad input (a NAME the script does not take), 3 (--fake) a probe needs data.
+
+--world-size N [--rank R | --ranks all]: the script runs as rank R (default 0) of N would under
+torchrun, alone: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
+set (up to 8 ranks a node), and init_process_group, whatever its arguments, gets torch's fake
+process group at that rank: collectives move no data, so an unmodified torchrun script runs, and
+each rank's allocations are its own. FSDP2 (fully_shard) and DTensor run as they are; DDP gets a
+comm hook that hands each bucket back as reduced, and under --fake its parameter check, broadcast
+and bucket rebuild are skipped (they read data). Not modelled: NCCL's own buffers (give them as
+--outside-memory) and the all-gather and reduce-scatter streams. --ranks all rehearses every rank,
+each in its own process, two at a time (--ranks 0,7: those ranks), and says per rank its peak
+allocated and reserved and whether it fits or where it ran out, and the maximum; exit status 0
+every rank fits, 1 one ran out or failed, 3 (--fake) one needs data. --sweep plans one rank.
 """
 
 from __future__ import annotations
@@ -80,6 +92,9 @@ _OPTIONS = {
     "--sweep": "sweep",
     "--lo": "lo",
     "--hi": "hi",
+    "--world-size": "world_size",
+    "--rank": "rank",
+    "--ranks": "ranks",
 }
 _FLAGS = {"--fake": "fake"}
 
@@ -124,6 +139,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tensors carry no data (torch's fake tensors): far less CPU time and host RAM, the same allocations",
     )
+    parser.add_argument(
+        "--world-size", metavar="N", help="rehearse one rank of N (torch's fake process group; torchrun's environment)"
+    )
+    parser.add_argument("--rank", metavar="R", help="--world-size: the rank rehearsed (default 0)")
+    parser.add_argument(
+        "--ranks",
+        metavar="all|R,R",
+        help="--world-size: rehearse these ranks (all: every rank), each in its own process",
+    )
     add_width_argument(parser)
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="SCRIPT [-- ARGS]", help="the script and its arguments"
@@ -165,8 +189,14 @@ def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
 def run(args: argparse.Namespace) -> int:
     script, script_args = split_command(args)
     width = text_width(args)  # a bad --width fails before the script runs
+    world_size, ranks = world_ranks(args)
     if getattr(args, "sweep", None) is not None or getattr(args, "lo", None) or getattr(args, "hi", None):
+        if getattr(args, "ranks", None) is not None:
+            raise OomdoctorError("--sweep plans one rank: give --rank R (default 0), not --ranks")
         return run_sweep(args, script, script_args)
+    if getattr(args, "ranks", None) is not None and not getattr(args, "probe_result", None):
+        assert world_size is not None
+        return run_ranks(args, script, script_args, world_size, ranks)
     if args.device_memory is None:
         raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
     if not script.is_file():
@@ -194,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
         outside_bytes=outside_bytes,
         cuda_context_bytes=cuda_context_bytes,
         fake=bool(getattr(args, "fake", False)),
+        world_size=world_size,
+        rank=ranks[0] if ranks else 0,
     )
     probing = getattr(args, "probe_result", None)
     result = rehearse_script(script, script_args, config, dump_dir=dump_dir, dump_at_end=not probing)
@@ -241,7 +273,7 @@ def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | N
         peak_allocated_bytes=result.peak_allocated_bytes,
         peak_reserved_bytes=result.peak_reserved_bytes,
     )
-    mode = "rehearsal without data" if config.fake else "rehearsal"
+    mode = _rank_words(config) + ("rehearsal without data" if config.fake else "rehearsal")
     title = (
         f"Fits: {script.name} ran to completion on a simulated {format_size(config.device_memory_bytes)} GPU"
         f" ({mode}, experimental). Memory plan:"
@@ -252,10 +284,18 @@ def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | N
         notes.append(f"  the script caught {_errors(len(caught))}, the first at {_where(caught[0])}")
     notes.append(f"  dump: {_display(result.end_dump)}  (oomdoctor report {_display(result.end_dump)})")
     extra: dict[str, Any] = {"script": script.name, "fits": True, "fake": bool(config.fake)}
+    extra["peak_requested_bytes"] = result.peak_requested_bytes
+    if config.world_size is not None:
+        extra.update(world_size=config.world_size, rank=config.rank)
     if result.fake_notes is not None:
         extra["fake_notes"] = result.fake_notes.to_json()
     extra["dump"] = _display(result.end_dump)
     return render_plan(plan, output_format, title=title, notes=notes, extra=extra)
+
+
+def _rank_words(config: Any) -> str:
+    world_size = getattr(config, "world_size", None)
+    return f"rank {config.rank} of {world_size}, " if world_size is not None else ""
 
 
 def _check_alloc_conf(alloc_conf: str) -> None:
@@ -272,6 +312,7 @@ def format_result(script: Path, config: Any, result: Any) -> str:
     from oomdoctor.units import format_size
 
     device = f"a simulated {format_size(config.device_memory_bytes)} GPU"
+    rehearsal = f"{_rank_words(config)}rehearsal"
     peaks = (
         f"  peak: {format_size(result.peak_allocated_bytes)} allocated, "
         f"{format_size(result.peak_reserved_bytes)} reserved by PyTorch"
@@ -280,7 +321,7 @@ def format_result(script: Path, config: Any, result: Any) -> str:
     if result.oom is not None:
         oom = result.oom
         cell = " in a notebook cell" if getattr(result, "oom_in_cell", False) else ""
-        lines.append(f"Out of memory: {script.name} ran out of memory{cell} on {device} (rehearsal, experimental).")
+        lines.append(f"Out of memory: {script.name} ran out of memory{cell} on {device} ({rehearsal}, experimental).")
         lines.append(f"  where: {_where(oom)}")
         innermost = oom.frames[0] if oom.frames else None
         if innermost is not None and innermost is not oom.user_frame:
@@ -289,7 +330,7 @@ def format_result(script: Path, config: Any, result: Any) -> str:
         lines.append(f"  torch: {oom.message}")
         lines.append(peaks)
     elif result.exit_code == 0:
-        lines.append(f"Fits: {script.name} ran to completion on {device} (rehearsal, experimental).")
+        lines.append(f"Fits: {script.name} ran to completion on {device} ({rehearsal}, experimental).")
         usable_bytes = config.device_memory_bytes - config.outside_bytes - config.cuda_context_bytes
         headroom_bytes = max(0, usable_bytes - result.peak_reserved_bytes)
         lines.append(f"{peaks}; {format_size(headroom_bytes)} to spare at the peak")
@@ -456,36 +497,39 @@ def run_sweep(args: argparse.Namespace, script: Path, script_args: list[str]) ->
     return 0 if result.largest_fit is not None else 1
 
 
-def _probe(args: argparse.Namespace, script: Path, script_args: list[str], option: str, value: int, work: Path) -> Any:
-    """One rehearsal at `value`: `python -m oomdoctor rehearse --probe-result FILE ...` of the script."""
-    from oomdoctor.analysis.sweep import FAILED, FailedRequest, Probe
-
-    folder = work / str(value)
-    result_file = folder / "probe.json"
+def _child_rehearsal(
+    args: argparse.Namespace, script: Path, script_args: list[str], result_file: Path, dump_dir: Path, rank: int | None
+) -> tuple[dict[str, Any] | None, str, int]:
+    """`python -m oomdoctor rehearse --probe-result FILE ...` of the script in a fresh process, with
+    this command's device options (and --world-size N --rank `rank`): its record (None when it
+    wrote none), the last line of its stderr and its exit status."""
     argv = [sys.executable, "-m", "oomdoctor", "rehearse", "--probe-result", str(result_file)]
-    argv += ["--device-memory", args.device_memory, "--out", str(folder / "dumps")]
+    argv += ["--device-memory", args.device_memory, "--out", str(dump_dir)]
     argv += ["--outside-memory", args.outside_memory, "--cuda-context", args.cuda_context]
     if args.alloc_conf is not None:
         argv += ["--alloc-conf", args.alloc_conf]
     if getattr(args, "fake", False):
         argv.append("--fake")
+    if getattr(args, "world_size", None) is not None:
+        argv += ["--world-size", str(args.world_size), "--rank", str(rank if rank is not None else 0)]
     argv += [str(script), "--", *script_args]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parent.parent.parent)  # the oomdoctor this process runs
     env["PYTHONPATH"] = os.pathsep.join(part for part in (package_root, env.get("PYTHONPATH")) if part)
     done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
     last_error = next((line.strip() for line in reversed(done.stderr.splitlines()) if line.strip()), "")
-    if not result_file.is_file():
-        reason = last_error.removeprefix("oomdoctor: ") or f"exit status {done.returncode}"
-        raise OomdoctorError(f"the rehearsal of {option} {value} gave no result: {reason}")
-    record = json.loads(result_file.read_text())
-    if record["outcome"] == FAILED and _UNRECOGNIZED in last_error and option in last_error:
-        raise OomdoctorError(f"{script.name} does not take {option}: {last_error}")
+    record = json.loads(result_file.read_text()) if result_file.is_file() else None
+    return record, last_error, done.returncode
+
+
+def _as_probe(record: dict[str, Any], value: int, last_error: str) -> Any:
+    from oomdoctor.analysis.sweep import FAILED, FailedRequest, Probe
+
     reason = record.get("reason")
     if record["outcome"] == FAILED and record.get("error") is None and last_error:
         reason = f"{reason}: {last_error}"
     request = record.get("request")
-    probe = Probe(
+    return Probe(
         value=value,
         outcome=record["outcome"],
         peak_allocated_bytes=int(record["peak_allocated_bytes"]),
@@ -493,7 +537,24 @@ def _probe(args: argparse.Namespace, script: Path, script_args: list[str], optio
         request=FailedRequest(**request) if request else None,
         reason=reason,
         dumps=tuple(record.get("dumps", ())),
+        peak_requested_bytes=int(record.get("peak_requested_bytes", 0)),
     )
+
+
+def _probe(args: argparse.Namespace, script: Path, script_args: list[str], option: str, value: int, work: Path) -> Any:
+    """One rehearsal at `value`: `python -m oomdoctor rehearse --probe-result FILE ...` of the script."""
+    from oomdoctor.analysis.sweep import FAILED
+
+    folder = work / str(value)
+    record, last_error, status = _child_rehearsal(
+        args, script, script_args, folder / "probe.json", folder / "dumps", getattr(args, "rank_chosen", None)
+    )
+    if record is None:
+        reason = last_error.removeprefix("oomdoctor: ") or f"exit status {status}"
+        raise OomdoctorError(f"the rehearsal of {option} {value} gave no result: {reason}")
+    if record["outcome"] == FAILED and _UNRECOGNIZED in last_error and option in last_error:
+        raise OomdoctorError(f"{script.name} does not take {option}: {last_error}")
+    probe = _as_probe(record, value, last_error)
     if sys.stderr.isatty():
         print(f"oomdoctor: {option} {value}: {probe.outcome.replace('_', ' ')}", file=sys.stderr)
     return probe
@@ -530,6 +591,7 @@ def write_probe_result(path: Path, result: Any) -> None:
         "exit_code": result.exit_code,
         "peak_allocated_bytes": result.peak_allocated_bytes,
         "peak_reserved_bytes": result.peak_reserved_bytes,
+        "peak_requested_bytes": result.peak_requested_bytes,
         "request": request,
         "reason": reason,
         "error": error,
@@ -549,4 +611,122 @@ def _keep_dump(failure: Any, dump_dir: Path) -> str | None:
     dump_dir.mkdir(parents=True, exist_ok=True)
     target = dump_dir / source.name
     shutil.copy2(source, target)
+    return _display(target)
+
+
+# -- --world-size N [--rank R | --ranks all]: simulated ranks -------------------------------------
+
+RANKS_AT_ONCE = 2  # --ranks: rank processes run side by side
+
+
+def _whole_number(flag: str, text: Any, least: int) -> int:
+    try:
+        value = int(str(text).replace("_", ""))
+    except ValueError:
+        raise OomdoctorError(f"{flag} must be a whole number, not {text!r}") from None
+    if value < least:
+        raise OomdoctorError(f"{flag} must be {least} or more, not {value}")
+    return value
+
+
+def world_ranks(args: argparse.Namespace) -> tuple[int | None, list[int]]:
+    """--world-size, --rank and --ranks read and checked: (N, the ranks to rehearse), or (None, [])."""
+    world_text, rank_text, ranks_text = (getattr(args, name, None) for name in ("world_size", "rank", "ranks"))
+    if world_text is None:
+        if rank_text is not None or ranks_text is not None:
+            raise OomdoctorError("--rank and --ranks go with --world-size N")
+        return None, []
+    world_size = _whole_number("--world-size", world_text, 1)
+    args.world_size = world_size
+    if rank_text is not None and ranks_text is not None:
+        raise OomdoctorError("give --rank R or --ranks, not both")
+    if ranks_text is None:
+        rank = _whole_number("--rank", rank_text, 0) if rank_text is not None else 0
+        if rank >= world_size:
+            raise OomdoctorError(f"--rank {rank} is not in a world of {world_size} (ranks 0 to {world_size - 1})")
+        args.rank_chosen = rank
+        return world_size, [rank]
+    if str(ranks_text).strip().lower() == "all":
+        return world_size, list(range(world_size))
+    ranks: list[int] = []
+    for part in str(ranks_text).split(","):
+        rank = _whole_number("--ranks", part.strip(), 0)
+        if rank >= world_size:
+            raise OomdoctorError(
+                f"--ranks: rank {rank} is not in a world of {world_size} (ranks 0 to {world_size - 1})"
+            )
+        if rank not in ranks:
+            ranks.append(rank)
+    return world_size, ranks
+
+
+def run_ranks(args: argparse.Namespace, script: Path, script_args: list[str], world_size: int, ranks: list[int]) -> int:
+    """`rehearse --world-size N --ranks all`: each rank rehearsed in a fresh process (two at a time),
+    a row per rank and the maximum (oomdoctor.analysis.world)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oomdoctor.analysis.sweep import FAILED, Probe
+    from oomdoctor.analysis.world import world
+    from oomdoctor.views.world import render_world
+
+    if args.device_memory is None:
+        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
+    if not script.is_file():
+        raise OomdoctorError(f"no such script: {script}")
+    if importlib.util.find_spec("torch") is None:
+        raise OomdoctorError("rehearse runs the script with PyTorch, which is not installed here")
+    device_memory_bytes = parse_size_bytes(args.device_memory)
+    usable_bytes = device_memory_bytes - parse_size_bytes(args.outside_memory) - parse_size_bytes(args.cuda_context)
+    if usable_bytes <= 0:
+        raise OomdoctorError("--outside-memory and --cuda-context leave no device memory for PyTorch")
+    _check_alloc_conf(args.alloc_conf or "")
+    output_format = getattr(args, "format", None) or "text"
+    if output_format not in ("text", "md", "json"):
+        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
+    dump_dir = Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+    with tempfile.TemporaryDirectory(prefix="oomdoctor-ranks-") as work:
+
+        def rehearse_rank(rank: int) -> Probe:
+            folder = Path(work) / f"rank{rank}"  # its own: ranks run side by side
+            record, last_error, status = _child_rehearsal(
+                args, script, script_args, folder / "result.json", folder / "dumps", rank
+            )
+            if record is None:
+                reason = last_error.removeprefix("oomdoctor: ") or f"exit status {status}"
+                return Probe(rank, FAILED, 0, 0, reason=f"no result: {reason}")
+            kept = (_move_dump(Path(dump), dump_dir) for dump in record.get("dumps", ()))
+            record["dumps"] = [dump for dump in kept if dump is not None]
+            probe = _as_probe(record, rank, last_error)
+            if sys.stderr.isatty():
+                print(f"oomdoctor: rank {rank}: {probe.outcome.replace('_', ' ')}", file=sys.stderr)
+            return probe
+
+        with ThreadPoolExecutor(max_workers=RANKS_AT_ONCE) as pool:
+            result = world(world_size, list(pool.map(rehearse_rank, ranks)))
+    dumps = [dump for rank in result.ranks for dump in rank.dumps]
+    print(
+        render_world(
+            result,
+            output_format,
+            device_memory_bytes=device_memory_bytes,
+            usable_bytes=usable_bytes,
+            script=script.name,
+            fake=bool(getattr(args, "fake", False)),
+            dumps=dumps,
+        )
+    )
+    if result.all_fit:
+        return 0
+    if result.out_of_memory or result.failed:
+        return 1
+    return 3 if result.needs_data else 1
+
+
+def _move_dump(source: Path, dump_dir: Path) -> str | None:
+    """A rank's dump moved out of the temporary folder into the dump folder (as shown)."""
+    if not source.is_file():
+        return None
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    target = dump_dir / source.name
+    shutil.move(str(source), target)
     return _display(target)

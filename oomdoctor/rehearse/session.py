@@ -56,6 +56,9 @@ class RehearsalConfig:
     device: int = 0
     # tensors carry no data (torch's FakeTensorMode; oomdoctor.rehearse.fake)
     fake: bool = False
+    # one rank of a distributed run (oomdoctor.rehearse.distributed): None runs the script alone
+    world_size: int | None = None
+    rank: int = 0
     # the simulator's time_us source (epoch microseconds); a fixed clock makes dumps reproducible
     clock_us: Callable[[], int] | None = field(default=None, compare=False, repr=False)
 
@@ -77,6 +80,7 @@ class RehearsalSession:
         self.recorder: Any = None
         self.backend: Any = None
         self.fake: Any = None  # the FakeRehearsal under config.fake
+        self.world: Any = None  # the SimulatedWorld under config.world_size
         self._undo: list[Callable[[], None]] = []
 
     def start(self) -> RehearsalSession:
@@ -103,6 +107,11 @@ class RehearsalSession:
             self._set_env(REHEARSAL_ENV, "1")
             self._set_env("PYTORCH_CUDA_ALLOC_CONF", config.alloc_conf or None)
             self._set_env("PYTORCH_ALLOC_CONF", None)
+            if config.world_size is not None:
+                from oomdoctor.rehearse.distributed import torchrun_environment
+
+                for name, value in torchrun_environment(config.world_size, config.rank).items():
+                    self._set_env(name, value)
             set_backend(self.backend)
             self._undo.append(lambda: set_backend(None))
             self._undo.append(self.backend.patch_torch_cuda())
@@ -117,6 +126,12 @@ class RehearsalSession:
             self._undo.append(self.recorder.stop)
             if self.fake is not None:
                 self.fake.enter_top_mode()
+            if config.world_size is not None:
+                from oomdoctor.rehearse.distributed import SimulatedWorld
+
+                self.world = SimulatedWorld(config.world_size, config.rank, self.recorder, fake=config.fake)
+                self._undo.append(self.world.stop)
+                self.world.start()
         except BaseException:
             self.stop()
             raise
@@ -171,6 +186,7 @@ class RehearsalResult:
     error_text: str | None = None  # traceback of an exception other than an OOM (also on stderr)
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
+    peak_requested_bytes: int = 0  # the peak of the sizes asked for, before the allocator's rounding
     dump_paths: list[Path] = field(default_factory=list)
     dump_writer: str = ""  # "capture" or "rehearsal" (capture was not available)
     oom_in_cell: bool = False  # the OOM was raised in a notebook cell, which IPython showed and went on
@@ -242,6 +258,7 @@ def rehearse_script(
             stats = session.backend.memory_stats(config.device)
             result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
             result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
+            result.peak_requested_bytes = int(stats.get("requested_bytes.all.peak", 0))
             result.ooms_seen = session.ooms
             if session.fake is not None:
                 result.fake_notes = session.fake.notes
@@ -284,6 +301,7 @@ def rehearsal(config: RehearsalConfig, *, dump_dir: Path, filename: str = "") ->
             stats = session.backend.memory_stats(config.device)
             result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
             result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
+            result.peak_requested_bytes = int(stats.get("requested_bytes.all.peak", 0))
             result.ooms_seen = session.ooms
             if session.fake is not None:
                 result.fake_notes = session.fake.notes
@@ -294,7 +312,8 @@ def _dump_now(session: RehearsalSession, dump_writer: str, dump_dir: Path) -> Pa
     """A dump of the simulated device now, written by capture when it is installed."""
     now_us = int(time.time() * 1_000_000)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us / 1e6)) + f"{now_us % 1_000_000:06d}Z"
-    target = dump_dir / f"rehearsal-end-rank0-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
+    rank = session.config.rank
+    target = dump_dir / f"rehearsal-end-rank{rank}-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
     dump_dir.mkdir(parents=True, exist_ok=True)
     if dump_writer == "capture":
         from oomdoctor.capture import dump
@@ -411,7 +430,7 @@ class _SnapshotWriter:
             "time_us": now_us,
         }
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us / 1e6)) + f"{now_us % 1_000_000:06d}Z"
-        name = f"oom-rank0-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
+        name = f"oom-rank{self.session.config.rank}-{socket.gethostname()}-{os.getpid()}-{stamp}.pickle"
         self.write(self.dump_dir / name, reason="oom", oom=oom)
 
     def write(self, target: Path, *, reason: str, oom: dict[str, Any] | None = None) -> None:
