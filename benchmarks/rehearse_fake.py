@@ -3,6 +3,7 @@
     python benchmarks/rehearse_fake.py [--preset small|gpt2|1.3b|7b] [--steps 2] [--fake-only]
     python benchmarks/rehearse_fake.py --world-size 8 [--ranks 0,7|all] [--bf16] [--preset 7b] \
         [--device-memory 80GiB]
+    python benchmarks/rehearse_fake.py --sweep --preset 1.3b --device-memory 24GB [--seq-len 1024]
 
 Each mode runs in a fresh process (`--child`) that rehearses a GPT training script (the fixtures'
 TinyGPT: token and position embeddings, pre-norm blocks, LM head; foreach AdamW; `loss.item()`
@@ -18,6 +19,9 @@ torchrun-style script (init_process_group() without arguments) run by
 `oomdoctor rehearse --fake --world-size N --ranks RANKS --format json` on a device of
 --device-memory; it prints each rank's peak allocated, reserved and requested, whether it fits,
 and the CPU seconds and wall time of the whole plan.
+
+--sweep finds the largest batch of the same GPT (single device, fp32 foreach AdamW) that fits
+--device-memory: `oomdoctor rehearse --fake --sweep batch-size`, printed as the verb prints it.
 """
 
 from __future__ import annotations
@@ -94,6 +98,56 @@ FSDP_WORKLOAD = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
+
+
+SWEEP_WORKLOAD = textwrap.dedent(
+    """
+    import argparse, sys
+    sys.path.insert(0, {scenarios!r})
+    import torch
+    from models import TinyGPT
+
+    parser = argparse.ArgumentParser()
+    for name in ("--layers", "--width", "--heads", "--seq-len", "--batch-size", "--vocab", "--steps"):
+        parser.add_argument(name, type=int)
+    args = parser.parse_args()
+    model = TinyGPT(args.vocab, args.width, args.layers, args.heads, args.seq_len)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    for step in range(args.steps):
+        tokens = torch.randint(args.vocab, (args.batch_size, args.seq_len + 1))
+        _, loss = model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    """
+)
+
+
+def sweep_batch(preset: str, steps: int, device_memory: str, seq_len: int | None) -> None:
+    """`oomdoctor rehearse --fake --sweep batch-size` of the preset's GPT on a device of
+    `device_memory`: the largest batch that fits, as the verb prints it."""
+    import os
+    import time
+
+    layers, width, heads, seq, _batch, vocab = PRESETS[preset]
+    seq = seq_len or seq
+    print(f"GPT {preset} ({layers} layers, d_model {width}, seq {seq}, vocab {vocab}), fp32 AdamW, {steps} steps")
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "gpt_sweep.py"
+        script.write_text(SWEEP_WORKLOAD.format(scenarios=str(ROOT / "fixtures" / "scenarios")))
+        argv = [sys.executable, "-m", "oomdoctor", "rehearse", "--fake", "--device-memory", device_memory]
+        argv += ["--out", folder, "--sweep", "batch-size", str(script), "--"]
+        options = {"--layers": layers, "--width": width, "--heads": heads, "--seq-len": seq, "--vocab": vocab}
+        argv += [str(part) for name, value in {**options, "--steps": steps}.items() for part in (name, value)]
+        argv += ["--batch-size", "1"]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(part for part in (str(ROOT), env.get("PYTHONPATH")) if part)
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+        wall = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(done.stdout.rstrip() or done.stderr[-3000:])
+    print(f"  exit status {done.returncode}; {usage.ru_utime + usage.ru_stime:.1f} CPU s, {wall:.0f} s wall")
 
 
 def plan_world(preset: str, steps: int, world_size: int, ranks: str, bf16: bool, device_memory: str) -> None:
@@ -184,8 +238,13 @@ def main() -> None:
     parser.add_argument("--ranks", default=None, help="--world-size: the ranks planned (default 0 and the last)")
     parser.add_argument("--bf16", action="store_true", help="--world-size: bf16 mixed precision (fp32 reduce)")
     parser.add_argument("--device-memory", default="80GiB", help="--world-size: each rank's device (default 80GiB)")
+    parser.add_argument("--sweep", action="store_true", help="the largest batch that fits --device-memory (--fake)")
+    parser.add_argument("--seq-len", type=int, default=None, help="--sweep: the sequence length (default the preset's)")
     parser.add_argument("--child", choices=("real", "fake"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sweep:
+        sweep_batch(args.preset, args.steps, args.device_memory, args.seq_len)
+        return
     if args.world_size:
         ranks = args.ranks or ",".join(sorted({"0", str(args.world_size - 1)}, key=int))
         plan_world(args.preset, args.steps, args.world_size, ranks, args.bf16, args.device_memory)
