@@ -63,6 +63,14 @@ async def settle(app, pilot):
     await pilot.pause()
 
 
+async def until(pilot, condition, seconds: float = 3.0) -> None:
+    """Let the app run until `condition()` holds, at most `seconds` (the caller asserts it after)."""
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await pilot.pause(0.02)
+
+
 def text_of(widget: Static) -> str:
     return str(widget.content)
 
@@ -259,6 +267,9 @@ def test_overview_shows_the_verdict_and_every_tab_fits_80_by_24():
             await pilot.press(key)
             await settle(app, pilot)
             assert app.query_one(TabbedContent).active == tab
+            # the newly focused widget is laid out on the screen's next refresh (a timer, which a
+            # loaded machine runs late): wait for it, a bounded while
+            await until(pilot, lambda: app.focused is not None and app.focused.region.height > 0)
             focused = app.focused
             assert focused is not None and focused.region.height > 0
             assert focused.region.right <= 80 and focused.region.bottom <= 24

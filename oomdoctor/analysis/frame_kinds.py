@@ -12,6 +12,7 @@ notebook cell); everything else is read by its function name, as torch's own `_m
 
 from __future__ import annotations
 
+import functools
 import re
 
 from oomdoctor.model import Frame, Stack
@@ -61,7 +62,14 @@ def is_python_source(frame: Frame) -> bool:
 
 def frame_kind(frame: Frame) -> str:
     """USER, LIBRARY, TORCH, STDLIB (Python), NATIVE, INTERPRETER or UNWINDER (C++)."""
-    filename = _slashed(frame.filename)
+    return _kind(frame.filename, frame.name, frame.line > 0)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _kind(filename: str, name: str, has_line: bool) -> str:
+    """frame_kind of one (file, function): a dump repeats the same few thousand frames in every
+    stack, so each is read once (the C++ names go through two regular expressions)."""
+    filename = _slashed(filename)
     if is_notebook_cell(filename):
         return USER
     if filename.endswith(".py"):
@@ -72,9 +80,9 @@ def frame_kind(frame: Frame) -> str:
         if any(marker in filename for marker in _STDLIB_MARKERS):
             return STDLIB
         return USER
-    if filename.startswith("<") and frame.line > 0:  # <frozen runpy>, <string>, fx's <eval_with_key>
+    if filename.startswith("<") and has_line:  # <frozen runpy>, <string>, fx's <eval_with_key>
         return STDLIB
-    name = frame.name.strip()
+    name = name.strip()
     if _UNWINDER_NAMES.search(name):
         return UNWINDER
     if _INTERPRETER_NAMES.search(name) or any(filename.endswith(file) for file in _INTERPRETER_FILES):
@@ -82,7 +90,24 @@ def frame_kind(frame: Frame) -> str:
     return NATIVE
 
 
+# lead_frame_index of the stacks seen, by identity: a dump's blocks and events share their stack
+# tuples, and every view labels each block by its lead frame (some views more than once)
+_LEADS: dict[int, tuple[Stack, int | None]] = {}
+_LEADS_KEPT = 1 << 16
+
+
 def lead_frame_index(stack: Stack) -> int | None:
+    entry = _LEADS.get(id(stack))
+    if entry is not None and entry[0] is stack:
+        return entry[1]
+    position = _lead_frame_index(stack)
+    if len(_LEADS) >= _LEADS_KEPT:
+        _LEADS.clear()
+    _LEADS[id(stack)] = (stack, position)
+    return position
+
+
+def _lead_frame_index(stack: Stack) -> int | None:
     """The position of the frame that stands for where a block was allocated: the innermost frame
     of the user's own Python code.
 

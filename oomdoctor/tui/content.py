@@ -808,9 +808,12 @@ def allocation_rows(
     """Every block live at the target (or `blocks`: `live_blocks_at` another event), largest first."""
     paths = path_style(analysis)
     rows = []
+    stack_texts: dict[int, str] = {}  # by the stack's identity: blocks share their stacks
     for block in sorted(analysis.live_blocks if blocks is None else blocks, key=lambda b: (-b.size_bytes, b.address)):
         label = describe_block(block.name, block.frames, block.alloc_index, paths=paths, width=width)
-        frames = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
+        frames = stack_texts.get(id(block.frames))
+        if frames is None:
+            frames = stack_texts[id(block.frames)] = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
         text = " ".join(
             (
                 block.name or "",
