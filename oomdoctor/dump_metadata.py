@@ -112,11 +112,31 @@ class RegisteredTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryCall:
+    """A call to torch's `_record_memory_history` by someone else while capture was installed (and
+    capture's answer to a call that stopped recording)."""
+
+    action: str | None = None  # "rearmed" | "stopped" | "restored" (metadata.HISTORY_ACTIONS)
+    time_us: int | None = None
+    caller: str | None = None  # "file:line in function"; "oomdoctor" for "restored"
+    enabled: str | None = None  # as the call gave it: "all", "state"; None when it stopped recording
+    context: str | None = None
+    stacks: str | None = None
+    max_entries: int | None = None  # None: not given (torch's default keeps every event)
+
+
+@dataclass(frozen=True, slots=True)
 class Recording:
     max_entries: int | None = None
     stacks: str | None = None
     context: str | None = None
     started_by: str | None = None  # "oomdoctor" | "user"
+    rearmed: tuple[HistoryCall, ...] = ()  # calls by others after install(), oldest first
+
+    @property
+    def stopped(self) -> bool:
+        """The last call stopped recording and it was not started again: the history ends there."""
+        return bool(self.rearmed) and self.rearmed[-1].action == "stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +220,7 @@ __all__ = [
     "Elastic",
     "ExceptionInfo",
     "Framework",
+    "HistoryCall",
     "Marker",
     "MemGetInfo",
     "MemoryStats",

@@ -57,9 +57,19 @@ and memory_viz both read it. Every field is optional for readers: old or partial
                         "<ModelClass>.forward arg 0", "<ModelClass>.forward kwarg attention_mask",
                         "<ModelClass>.forward arg 1[0]" (inside a list, tuple or dict argument);
                         input entries come after all others
-    recording           {"max_entries", "stacks", "context", "started_by": "oomdoctor" | "user"}:
-                        how torch's history was recorded (started_by "user": the script had
-                        already turned it on, with settings oomdoctor did not choose)
+    recording           {"max_entries", "stacks", "context", "started_by": "oomdoctor" | "user",
+                        "rearmed"}: how torch's history was recorded at the dump (started_by "user":
+                        the script had already turned it on, with settings oomdoctor did not
+                        choose); when something else called `_record_memory_history` after
+                        install() (torchtitan's MemoryProfiler), the settings are the latest call's
+                        and "rearmed" lists the calls, oldest first (at most MAX_HISTORY_CALLS):
+                        {"action": one of HISTORY_ACTIONS, "time_us", "caller": "file:line in
+                        function" ("oomdoctor" for "restored"), "enabled", "context", "stacks",
+                        "max_entries" (None: not given, torch's default keeps every event)};
+                        "rearmed": another caller turned recording on with its settings (the
+                        history may be cut there), "stopped": it turned recording off (torch
+                        clears the history), "restored": capture turned it on again at once with
+                        its own settings; a last "stopped" means the history ends there
     reason              "oom" | "manual" | "peak": why the dump was written
     rehearsal           present only for dumps written under `oomdoctor rehearse`:
                         {"device_memory_bytes", "outside_bytes", "alloc_conf"}
@@ -82,6 +92,11 @@ PHASE_ZERO_GRAD = Phase.ZERO_GRAD.value
 PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
 
 FRAMEWORK_STAGES = tuple(stage.value for stage in FrameworkStage)
+
+# recording.rearmed[].action (see above)
+HISTORY_REARMED, HISTORY_STOPPED, HISTORY_RESTORED = "rearmed", "stopped", "restored"
+HISTORY_ACTIONS = (HISTORY_REARMED, HISTORY_STOPPED, HISTORY_RESTORED)
+MAX_HISTORY_CALLS = 100
 
 COMPONENT_PARAMETER = RegistryComponent.PARAMETER.value
 COMPONENT_GRADIENT = RegistryComponent.GRADIENT.value

@@ -9,6 +9,7 @@ of per-rank dumps. The verbs (oomdoctor/commands) call these; the terminal app r
 
     folder = read_folder("oom-dumps")            # RankFolder: one RankDump per file, skipped files
     report_folder("oom-dumps", "text")           # bytes: `oomdoctor report DIR`
+    read_folder("outputs", recursive=True)       # `report DIR --recursive`: the folder holding the OOM
     info_folder("oom-dumps", "json")             # str: `oomdoctor info DIR`
 
 Each file of a folder is loaded and analysed in a worker process (oomdoctor.load.folder.map_files),
@@ -33,13 +34,21 @@ from oomdoctor.analysis.ranks import (
     RANK_FROM_FILE_NAME,
     RANK_FROM_METADATA,
     RANK_UNKNOWN,
+    FolderSummary,
     RankContents,
     RankDump,
     RankFolder,
     SkippedFile,
 )
 from oomdoctor.errors import LoadError, OomdoctorError
-from oomdoctor.load.folder import FileOutcome, find_dump_files, map_files, rank_from_name
+from oomdoctor.load.folder import (
+    FileOutcome,
+    FolderListing,
+    find_dump_files,
+    find_dump_tree,
+    map_files,
+    rank_from_name,
+)
 
 # -- one file ------------------------------------------------------------------------------------
 
@@ -156,8 +165,9 @@ def info_file(path: str, output_format: str, *, max_bytes: int | None = None) ->
 # -- a folder of per-rank dumps ------------------------------------------------------------------
 
 
-def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False) -> RankDump:
-    """Load and analyse one rank's file (what each worker process runs)."""
+def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, root: str | None = None) -> RankDump:
+    """Load and analyse one rank's file (what each worker process runs); its `file` is its name, or
+    with `root` its path relative to that folder."""
     from oomdoctor.analysis import analyse
     from oomdoctor.analysis.environment import environment_of
 
@@ -165,11 +175,11 @@ def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False) 
     analysis = analyse(snapshot)
     environment = environment_of(snapshot)
     metadata = snapshot.oomdoctor_raw if isinstance(snapshot.oomdoctor_raw, Mapping) else {}
-    name = os.path.basename(path)
+    name = _relative(path, root)
     if environment.rank is not None:
         rank, rank_source = environment.rank, RANK_FROM_METADATA
     else:
-        rank = rank_from_name(name)
+        rank = rank_from_name(os.path.basename(path))
         rank_source = RANK_FROM_FILE_NAME if rank is not None else RANK_UNKNOWN
     oom = metadata.get("oom")
     recorded_time = oom.get("time_us") if isinstance(oom, Mapping) else None
@@ -199,8 +209,20 @@ def read_folder(
     redact: bool = False,
     parallel: bool = True,
     max_workers: int | None = None,
+    recursive: bool = False,
+    max_total_bytes: int | None = None,
 ) -> RankFolder:
-    """Every dump in `directory`, loaded and analysed in parallel worker processes."""
+    """Every dump in `directory`, loaded and analysed in parallel worker processes; with `recursive`,
+    the dumps of the one folder of its tree that holds the OOM (`read_tree`)."""
+    if recursive:
+        return read_tree(
+            directory,
+            max_bytes=max_bytes,
+            redact=redact,
+            parallel=parallel,
+            max_workers=max_workers,
+            max_total_bytes=max_total_bytes,
+        )
     listing = find_dump_files(directory)
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact)
     outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel)
@@ -214,57 +236,183 @@ def read_folder(
     return RankFolder(listing.directory, dumps, skipped)
 
 
-def info_row(path: str, *, max_bytes: int | None = None) -> RankContents:
+# With --recursive, the files read in one command may total at most this many times the per-file
+# limit (4 GiB by default: 64 GiB), or `max_total_bytes`; files past it are skipped, saying so.
+TOTAL_BYTES_FACTOR = 16
+
+
+def total_limit(max_bytes: int | None, max_total_bytes: int | None) -> int:
+    from oomdoctor.load.containers import resolve_max_bytes
+
+    return max_total_bytes if max_total_bytes is not None else TOTAL_BYTES_FACTOR * resolve_max_bytes(max_bytes)
+
+
+def _within_total(paths: tuple[str, ...], budget: list[int]) -> tuple[list[str], list[FileOutcome]]:
+    """The paths whose sizes fit in what is left of `budget` (a one-item list, spent), and the rest."""
+    from oomdoctor.units import human_size
+
+    kept: list[str] = []
+    over: list[FileOutcome] = []
+    for path in paths:
+        size = _file_size(path)
+        if size > budget[0]:
+            over.append(
+                FileOutcome(path, None, f"not read: the files of a recursive read may total {human_size(budget[1])}")
+            )
+            continue
+        budget[0] -= size
+        kept.append(path)
+    return kept, over
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _relative(path: str, root: str | None) -> str:
+    """A file's name as a folder report shows it: its base name, or with `root` its path under it."""
+    if root is None:
+        return os.path.basename(path)
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def read_tree(
+    directory: str | os.PathLike[str],
+    *,
+    max_bytes: int | None = None,
+    redact: bool = False,
+    parallel: bool = True,
+    max_workers: int | None = None,
+    max_total_bytes: int | None = None,
+) -> RankFolder:
+    """`report DIR --recursive`: the dumps of the one folder of `directory`'s tree that holds the OOM.
+
+    The folders holding snapshot files are read in turn, those whose names say they were written at
+    an OOM first (oomdoctor's `oom-` dumps, torchtitan's `..._exit` folders), then the latest step
+    (`iteration_20` before `iteration_10`), then the newest files, until one holds a file that ran out
+    of memory; that folder's ranks are compared (the first folder read when none did). The other
+    folders are summed up in `folders`; file names are relative to `directory`."""
+    tree = find_dump_tree(directory)
+    root = tree.directory
+    budget = [total_limit(max_bytes, max_total_bytes)] * 2
+    work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact, root=root)
+    read: dict[str, tuple[tuple[RankDump, ...], tuple[FileOutcome, ...]]] = {}
+    chosen = None
+    for group in tree.groups:
+        paths, over = _within_total(group.paths, budget)
+        outcomes = map_files(paths, work, max_workers=max_workers, parallel=parallel) if paths else ()
+        dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
+        read[group.folder] = (dumps, group.skipped + tuple(o for o in outcomes if o.error is not None) + tuple(over))
+        if any(dump.ran_out for dump in dumps):
+            chosen = group
+            break
+    if chosen is None:
+        chosen = next((group for group in tree.groups if read.get(group.folder, ((), ()))[0]), None)
+    if chosen is None:
+        failures = tuple(outcome for _, notes in read.values() for outcome in notes) + tree.skipped
+        raise LoadError(_nothing_read(root, _named(failures, root, redact), recursive=True))
+    dumps, notes = read[chosen.folder]
+    summaries = tuple(
+        FolderSummary(
+            name=group.folder,
+            file_count=len(group.paths),
+            read=group.folder in read,
+            readable_count=len(read.get(group.folder, ((), ()))[0]),
+            ran_out_count=sum(dump.ran_out for dump in read.get(group.folder, ((), ()))[0]),
+            step=group.step,
+            chosen=group is chosen,
+        )
+        for group in tree.groups
+    )
+    return RankFolder(root, dumps, _named(tree.skipped + notes, root, redact), chosen.folder, summaries)
+
+
+def _named(outcomes: tuple[FileOutcome, ...], root: str, redact: bool) -> tuple[SkippedFile, ...]:
+    """Skipped entries of a tree, named by their paths under `root` (redacted like skipped names)."""
+    skipped = tuple(SkippedFile(_relative(o.path, root), o.error) for o in outcomes if o.error is not None)
+    return tuple(SkippedFile(_redacted_name(i.name), i.reason) for i in skipped) if redact else skipped
+
+
+def info_row(path: str, *, max_bytes: int | None = None, root: str | None = None) -> RankContents:
     """What one file holds, with the rank it was written by (what each worker runs for info)."""
     from oomdoctor.analysis.contents import describe
 
-    name = os.path.basename(path)
+    name = _relative(path, root)
     contents = describe(load_snapshot(path, max_bytes=max_bytes), name)
     recorded = contents.metadata.get("rank") if contents.metadata is not None else None
-    return RankContents(contents, recorded if type(recorded) is int else rank_from_name(name))
+    return RankContents(contents, recorded if type(recorded) is int else rank_from_name(os.path.basename(path)))
 
 
 def read_folder_info(
-    directory: str | os.PathLike[str], *, max_bytes: int | None = None, parallel: bool = True
+    directory: str | os.PathLike[str],
+    *,
+    max_bytes: int | None = None,
+    parallel: bool = True,
+    recursive: bool = False,
+    max_total_bytes: int | None = None,
 ) -> tuple[str, tuple[RankContents, ...], tuple[SkippedFile, ...]]:
-    """(folder, one `info_row` per readable file, skipped files) for `oomdoctor info DIR`."""
-    listing = find_dump_files(directory)
-    outcomes = map_files(listing.paths, functools.partial(info_row, max_bytes=max_bytes), parallel=parallel)
+    """(folder, one `info_row` per readable file, skipped files) for `oomdoctor info DIR`; with
+    `recursive`, every file of every sub-folder (`find_dump_tree`), named by its path under DIR."""
+    root: str | None = None
+    if recursive:
+        tree = find_dump_tree(directory)
+        root = tree.directory
+        budget = [total_limit(max_bytes, max_total_bytes)] * 2
+        paths, over = _within_total(tuple(p for group in tree.groups for p in group.paths), budget)
+        notes = tree.skipped + tuple(o for group in tree.groups for o in group.skipped) + tuple(over)
+        listing = FolderListing(root, tuple(paths), notes)
+    else:
+        listing = find_dump_files(directory)
+    work = functools.partial(info_row, max_bytes=max_bytes, root=root)
+    outcomes = map_files(listing.paths, work, parallel=parallel)
     rows = tuple(outcome.value for outcome in outcomes if outcome.error is None)
-    failures = _skipped(outcomes)
+    failures = _skipped(outcomes, root)
     if not rows:
-        raise LoadError(_nothing_read(listing.directory, failures + _skipped(listing.skipped)))
-    return listing.directory, rows, _skipped(listing.skipped) + failures
+        raise LoadError(_nothing_read(listing.directory, failures + _skipped(listing.skipped, root), recursive))
+    return listing.directory, rows, _skipped(listing.skipped, root) + failures
 
 
-def report_folder(directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None) -> bytes:
-    """`oomdoctor report DIR` in "text", "md" or "json"."""
-    return report_folder_read(directory, output_format, redact=redact, max_bytes=max_bytes)[0]
+def report_folder(
+    directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None, recursive: bool = False
+) -> bytes:
+    """`oomdoctor report DIR [--recursive]` in "text", "md" or "json"."""
+    return report_folder_read(directory, output_format, redact=redact, max_bytes=max_bytes, recursive=recursive)[0]
 
 
 def report_folder_read(
-    directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None
+    directory: str,
+    output_format: str,
+    *,
+    redact: bool = False,
+    max_bytes: int | None = None,
+    recursive: bool = False,
 ) -> tuple[bytes, RankFolder]:
     """(`report_folder`'s bytes, the folder it read): for `report DIR --fail-if`."""
     from oomdoctor.analysis.ranks import compare_ranks
     from oomdoctor.views.ranks import render
 
-    folder = read_folder(directory, max_bytes=max_bytes, redact=redact)
+    folder = read_folder(directory, max_bytes=max_bytes, redact=redact, recursive=recursive)
     shown = os.path.basename(os.path.normpath(folder.directory)) if redact else folder.directory
-    return render(output_format, shown, compare_ranks(folder.dumps), folder.dumps, folder.skipped), folder
+    comparison = compare_ranks(folder.dumps)
+    rendered = render(output_format, shown, comparison, folder.dumps, folder.skipped, folders=folder.folders)
+    return rendered, folder
 
 
-def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None) -> str:
-    """`oomdoctor info DIR` in "text" or "json"."""
+def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None, recursive: bool = False) -> str:
+    """`oomdoctor info DIR [--recursive]` in "text" or "json"."""
     from oomdoctor.views.ranks import info_json, info_text
 
-    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes)
+    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes, recursive=recursive)
     return info_json(shown, rows, skipped) + "\n" if output_format == "json" else info_text(shown, rows, skipped)
 
 
-def _skipped(outcomes: tuple[FileOutcome, ...]) -> tuple[SkippedFile, ...]:
-    """The files not read (a listing's skipped entries, or files whose `work` failed), by name."""
-    return tuple(SkippedFile(os.path.basename(o.path), o.error) for o in outcomes if o.error is not None)
+def _skipped(outcomes: tuple[FileOutcome, ...], root: str | None = None) -> tuple[SkippedFile, ...]:
+    """The files not read (a listing's skipped entries, or files whose `work` failed), by name (by
+    path under `root`, when given)."""
+    return tuple(SkippedFile(_relative(o.path, root), o.error) for o in outcomes if o.error is not None)
 
 
 def _redacted_name(name: str) -> str:
@@ -274,12 +422,13 @@ def _redacted_name(name: str) -> str:
     return re.sub(r"\.\d+\.tmp$", f".{PID}.tmp", Redactor().dump_name(name))
 
 
-def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...]) -> str:
+def _nothing_read(directory: str, skipped: tuple[SkippedFile, ...], recursive: bool = False) -> str:
+    where = "this folder or its sub-folders" if recursive else "this folder"
     if not skipped:
-        return f"{directory}: no snapshot files in this folder"
+        return f"{directory}: no snapshot files in {where}"
     first = skipped[0]
     more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-    return f"{directory}: no readable snapshot in this folder; {first.name}: {first.reason}{more}"
+    return f"{directory}: no readable snapshot in {where}; {first.name}: {first.reason}{more}"
 
 
 # -- two dumps, two steps of one, two ranks of a folder, compared ----------------------------------

@@ -71,6 +71,7 @@ from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
+from oomdoctor.metadata import HISTORY_RESTORED
 from oomdoctor.model import ALLOC, OOM, DeviceTrace, Segment, Snapshot
 from oomdoctor.vocabulary import Component
 
@@ -549,6 +550,13 @@ def _unknowns(
     if accounted.fatal is not None and metadata.exception is not None and metadata.exception.caught:
         occurrence = metadata.oom.occurrence if metadata.oom is not None else None
         unknowns.append(Unknown(UnknownKind.OOM_CAUGHT, occurrence or 1))
+    recording = metadata.recording
+    if recording is not None and recording.rearmed:
+        others = sum(1 for call in recording.rearmed if call.action != HISTORY_RESTORED)
+        if others:
+            unknowns.append(Unknown(UnknownKind.HISTORY_REARMED, others))
+        if recording.stopped:
+            unknowns.append(Unknown(UnknownKind.HISTORY_STOPPED))
     return tuple(unknowns)
 
 

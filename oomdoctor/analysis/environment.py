@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomdoctor.dump_metadata import NO_METADATA, DeviceInfo, Framework, Recording, Versions
+from oomdoctor.metadata import HISTORY_RESTORED, HISTORY_STOPPED
 from oomdoctor.model import Snapshot
 
 
@@ -76,6 +77,24 @@ def environment_of(snapshot: Snapshot) -> Environment:
         )
         or None
     )
+    others = [call for call in recording.rearmed if call.action != HISTORY_RESTORED]
+    if recording_text is not None and others:
+        latest = others[-1]
+        how = "stopped" if latest.action == HISTORY_STOPPED else "re-armed"
+        settings = ", ".join(
+            f"{key} {value}"
+            for key, value in (
+                ("max_entries", latest.max_entries),
+                ("stacks", latest.stacks),
+                ("context", latest.context),
+            )
+            if value is not None and latest.action != HISTORY_STOPPED
+        )
+        by = f" by {latest.caller}" if latest.caller else ""
+        more = f" ({len(others)} calls, the latest shown)" if len(others) > 1 else ""
+        recording_text += f"; {how} after install(){by}{f' ({settings})' if settings else ''}{more}"
+        if recording.rearmed[-1].action == HISTORY_RESTORED:
+            recording_text += "; oomdoctor then recorded again with its settings"
     alloc_conf = None
     if snapshot.allocator_settings is not None:
         alloc_conf = snapshot.allocator_settings.raw_conf

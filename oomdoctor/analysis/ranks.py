@@ -58,12 +58,29 @@ class SkippedFile:
 
 
 @dataclass(frozen=True, slots=True)
+class FolderSummary:
+    """One sub-folder holding snapshot files, found by a recursive read (`report DIR --recursive`)."""
+
+    name: str  # relative to the folder given, "/"-separated; "" for that folder itself
+    file_count: int  # snapshot files listed in it
+    read: bool  # its files were read (the folders are read in turn until one holds an OOM)
+    readable_count: int  # of them, read and analysed (0 when not read)
+    ran_out_count: int  # of those, files that hold an OOM
+    step: int | None  # the step its name (or its files' names) states
+    chosen: bool  # the folder whose ranks the report compares
+
+
+@dataclass(frozen=True, slots=True)
 class RankFolder:
     """A folder of per-rank dumps, read: one RankDump per readable file, the rest skipped."""
 
     directory: str
     dumps: tuple[RankDump, ...]
     skipped: tuple[SkippedFile, ...]  # not snapshots, sub-folders, temporary files, unreadable files
+    # read with --recursive: the sub-folder whose dumps these are ("" for the folder itself) and
+    # every folder of the tree that holds snapshot files, in the order they were considered
+    folder: str = ""
+    folders: tuple[FolderSummary, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

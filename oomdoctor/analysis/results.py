@@ -55,6 +55,8 @@ class UnknownKind(StrEnum):
     NO_DEVICE_FREE = "no-device-free"
     OOM_RETRIED = "oom-retried"  # torch caught and retried the OOM judged
     OOM_CAUGHT = "oom-caught"  # count: OOMs at its site so far; the script caught the OOM judged and went on
+    HISTORY_REARMED = "history-rearmed"  # count: calls by others to torch's _record_memory_history after install()
+    HISTORY_STOPPED = "history-stopped"  # another caller stopped the history and it was not started again
 
 
 @dataclass(frozen=True, slots=True)

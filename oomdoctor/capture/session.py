@@ -50,7 +50,14 @@ from oomdoctor.capture import environment, framework, writer
 from oomdoctor.capture.markers import PhaseRecorder
 from oomdoctor.capture.options import CaptureOptions
 from oomdoctor.capture.registry import collect_tensors
-from oomdoctor.metadata import METADATA_KEY, SCHEMA_VERSION
+from oomdoctor.metadata import (
+    HISTORY_REARMED,
+    HISTORY_RESTORED,
+    HISTORY_STOPPED,
+    MAX_HISTORY_CALLS,
+    METADATA_KEY,
+    SCHEMA_VERSION,
+)
 
 LOCK_TIMEOUT_S = 120.0
 MAX_OBSERVED = 1000
@@ -136,6 +143,54 @@ def _chain(error: BaseException | None) -> list[BaseException]:
     return found
 
 
+# torch's `_record_memory_history(enabled, context, stacks, max_entries, ...)`, positionally; torch
+# 2.0's legacy form is (enabled: bool, trace_alloc_max_entries=..., trace_alloc_record_context=...)
+_HISTORY_PARAMETERS = ("enabled", "context", "stacks", "max_entries")
+_HISTORY_DEFAULTS = {"enabled": "all", "context": "all", "stacks": "all", "max_entries": None}
+
+
+def _word(value: Any) -> str | None:
+    """A setting as a dump holds it: a str as it is (cut), anything else but None as its type's name."""
+    if value is None or isinstance(value, str):
+        return value[:64] if isinstance(value, str) else None
+    return type(value).__name__
+
+
+def history_call_settings(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """{"enabled", "context", "stacks", "max_entries"} of a call to `_record_memory_history`, with
+    torch's defaults for what it left out; enabled None when the call stopped recording."""
+    given = dict(zip(_HISTORY_PARAMETERS, args))
+    given.update({key: value for key, value in kwargs.items() if key in _HISTORY_PARAMETERS})
+    if "max_entries" not in given and "trace_alloc_max_entries" in kwargs:  # torch 2.0
+        given["max_entries"] = kwargs["trace_alloc_max_entries"]
+    settings = {**_HISTORY_DEFAULTS, **given}
+    enabled = settings["enabled"]
+    if enabled is None or enabled is False:
+        enabled = None
+    elif enabled is True:
+        enabled = "all"
+    entries = settings["max_entries"]
+    return {
+        "enabled": _word(enabled),
+        "context": _word(settings["context"]),
+        "stacks": _word(settings["stacks"]),
+        "max_entries": entries if type(entries) is int and 0 < entries < 2**63 - 1 else None,
+    }
+
+
+def _caller() -> str | None:
+    """ "file:line in function" of the innermost frame outside oomdoctor (who called the wrapper)."""
+    try:
+        frame: Any = sys._getframe(2)
+    except ValueError:
+        return None
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
 class CaptureSession:
     def __init__(self, options: CaptureOptions, backend: Any) -> None:
         self.options = options
@@ -151,6 +206,16 @@ class CaptureSession:
         self.site_files: dict[Any, list[OomRecord]] = {}  # site -> records holding its files (first, latest)
         self.overflow: OomRecord | None = None  # the record holding the file shared past max_dumps
         self.history_started_by: str | None = None
+        # calls to torch's _record_memory_history by others since install() (recording.rearmed), and
+        # the settings recording runs with now
+        self.history_calls: deque[dict[str, Any]] = deque(maxlen=MAX_HISTORY_CALLS)
+        self.history_settings: dict[str, Any] = {
+            "max_entries": options.max_entries,
+            "stacks": options.stacks,
+            "context": options.context,
+        }
+        self.history_said = False
+        self.history_stop_pending = False  # recording restored after the script's own: stop it at uninstall
         self.active = False
         self.lock = threading.RLock()
         self.local = threading.local()
@@ -191,11 +256,128 @@ class CaptureSession:
         already = getattr(self.backend, "history_enabled", None)
         if callable(already) and already():
             self.history_started_by = "user"
+        else:
+            options = self.options
+            self._own_history_call(
+                lambda: self.backend.record_history(
+                    max_entries=options.max_entries, stacks=options.stacks, context=options.context
+                )
+            )
+            self.history_started_by = "oomdoctor"
+            self._undo.append(lambda: self._own_history_call(self.backend.stop_history))
+        self._watch_history_calls()
+
+    # -- someone else re-arming torch's history (torchtitan's MemoryProfiler) ------------------------
+
+    def _own_history_call(self, call: Callable[[], Any]) -> Any:
+        """Run one of capture's own calls to torch's history recording, unseen by the watch."""
+        self.local.own_history_call = True
+        try:
+            return call()
+        finally:
+            self.local.own_history_call = False
+
+    def _watch_history_calls(self) -> None:
+        """Wrap `torch.cuda.memory._record_memory_history` while installed, so that a later call by
+        someone else (torchtitan's MemoryProfiler calls it with max_entries=100000 and torch's default
+        stacks="all") is recorded in the dumps, and a call that stops recording is answered by
+        starting it again with capture's settings. A reference taken before install()
+        (`from torch.cuda.memory import _record_memory_history`) goes around the wrapper."""
+        try:
+            import torch.cuda.memory as cuda_memory
+        except Exception:
             return
-        options = self.options
-        self.backend.record_history(max_entries=options.max_entries, stacks=options.stacks, context=options.context)
-        self.history_started_by = "oomdoctor"
-        self._undo.append(self.backend.stop_history)
+        original = getattr(cuda_memory, "_record_memory_history", None)
+        if not callable(original):
+            return
+        session = self
+
+        def _record_memory_history(*args: Any, **kwargs: Any) -> Any:
+            if not session.active or getattr(session.local, "own_history_call", False):
+                return original(*args, **kwargs)
+            result = original(*args, **kwargs)  # the caller's call does what it asked, errors and all
+            session._guarded(session.history_called)(args, kwargs, _caller())
+            return result
+
+        _record_memory_history.__wrapped__ = original  # type: ignore[attr-defined]
+        _record_memory_history.__doc__ = getattr(original, "__doc__", None)
+        cuda_memory._record_memory_history = _record_memory_history
+
+        def restore() -> None:
+            if getattr(cuda_memory, "_record_memory_history", None) is _record_memory_history:
+                cuda_memory._record_memory_history = original
+
+        self._undo.append(restore)
+
+    def history_called(self, args: tuple[Any, ...], kwargs: dict[str, Any], caller: str | None) -> None:
+        """Someone else called torch's `_record_memory_history`: note it, and restart recording with
+        capture's settings when the call stopped it."""
+        settings = history_call_settings(args, kwargs)
+        stopped = settings["enabled"] is None
+        with self._locked() as held:
+            if not held:
+                return
+            self.history_calls.append(
+                {
+                    "action": HISTORY_STOPPED if stopped else HISTORY_REARMED,
+                    "time_us": time_ns() // 1000,
+                    "caller": caller,
+                    **settings,
+                }  # fmt: skip
+            )
+            if not stopped:
+                self.history_settings = {key: settings[key] for key in ("max_entries", "stacks", "context")}
+                self._say_history_once(caller, settings)
+                return
+            options = self.options
+            try:
+                self._own_history_call(
+                    lambda: self.backend.record_history(
+                        max_entries=options.max_entries, stacks=options.stacks, context=options.context
+                    )
+                )
+            except Exception as error:
+                writer.say(
+                    f"{caller or 'something'} stopped torch's memory history and it could not be started again "
+                    f"({type(error).__name__}: {error}); dumps hold no history from then on"
+                )
+                return
+            self.history_settings = {
+                "max_entries": options.max_entries,
+                "stacks": options.stacks,
+                "context": options.context,
+            }
+            self.history_calls.append(
+                {
+                    "action": HISTORY_RESTORED,
+                    "time_us": time_ns() // 1000,
+                    "caller": "oomdoctor",
+                    "enabled": "all",
+                    **self.history_settings,
+                }  # fmt: skip
+            )
+            if self.history_started_by == "user" and not self.history_stop_pending:
+                self.history_stop_pending = True
+                self._undo.append(lambda: self._own_history_call(self.backend.stop_history))
+            writer.say(
+                f"{caller or 'something'} stopped torch's memory history while oomdoctor is installed; recording "
+                "it again with oomdoctor's settings (the history before is lost; oomdoctor.uninstall() stops it)"
+            )
+
+    def _say_history_once(self, caller: str | None, settings: dict[str, Any]) -> None:
+        if self.history_said:
+            return
+        self.history_said = True
+        shown = ", ".join(f"{key} {settings[key]}" for key in ("max_entries", "stacks", "context"))
+        slow = (
+            "; with stacks all, writing a dump symbolizes C++ frames and can take minutes"
+            if settings["stacks"] == "all"
+            else ""
+        )
+        writer.say(
+            f"{caller or 'something'} re-armed torch's memory history after oomdoctor.install() ({shown}); "
+            f"oomdoctor's dumps record that and use these settings from now on{slow}"
+        )
 
     def stop(self) -> None:
         self.active = False
@@ -718,10 +900,9 @@ class CaptureSession:
                 ),
                 "reason": reason,
                 "recording": {
-                    "max_entries": self.options.max_entries,
-                    "stacks": self.options.stacks,
-                    "context": self.options.context,
+                    **self._recording_settings(),
                     "started_by": self.history_started_by,
+                    "rearmed": [dict(call) for call in self.history_calls],
                 },
             }
         )
@@ -729,6 +910,10 @@ class CaptureSession:
         if isinstance(rehearsal, dict) and rehearsal:
             metadata["rehearsal"] = dict(rehearsal)
         return metadata
+
+    def _recording_settings(self) -> dict[str, Any]:
+        """The settings recording ran with at the dump: capture's, or the latest other caller's."""
+        return dict(self.history_settings)
 
     def write_manual(self, path: Path | None) -> Path | None:
         """`oomdoctor.dump()`: the state now, with the markers and registry so far."""

@@ -19,7 +19,9 @@ are refused. Sizes: 4GiB, 512MiB, 1.5GB (GB, MB: powers of 1000; GiB, G: powers 
 
 Given a folder of per-rank dumps, one line per file (rank, container, torch, devices, reserved,
 allocated, events, OOMs), files read in parallel processes; files that are not snapshots are
-listed as skipped. --format json gives every file's full info.
+listed as skipped. --format json gives every file's full info. With --recursive, also every file
+of its sub-folders, every level (links to folders, and to files outside it, are not followed), named
+by its path under the folder.
 
 Exit status: 0 read, 2 not a readable snapshot (one line on stderr says why).
 """
@@ -45,14 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_format_argument(parser, help="output format (default text)")
     add_max_bytes_argument(parser, "refuse larger files (default 4GiB)", parse_early=True)
     add_width_argument(parser)
+    parser.add_argument("--recursive", "-r", action="store_true", help="with a folder, also read its sub-folders")
 
 
 def run(args: argparse.Namespace) -> int:
     from oomdoctor import pipeline
+    from oomdoctor.errors import OomdoctorError
 
     max_bytes = max_bytes_argument(args)
+    recursive = bool(getattr(args, "recursive", False))
     if os.path.isdir(args.file):
-        text = pipeline.info_folder(args.file, args.format, max_bytes=max_bytes)
+        text = pipeline.info_folder(args.file, args.format, max_bytes=max_bytes, recursive=recursive)
+    elif recursive:
+        raise OomdoctorError(f"{args.file}: --recursive applies to a folder of dumps")
     else:
         text = pipeline.info_file(args.file, args.format, max_bytes=max_bytes)
     if args.format == "text":

@@ -26,6 +26,13 @@ that are not snapshots are skipped with a note.
 
     oomdoctor report oom-dumps/
     oomdoctor report oom-dumps/ --format json
+    oomdoctor report outputs/memory_snapshot/ --recursive
+
+--recursive also reads the folder's sub-folders, every level (not following links to folders,
+nor links to files outside it): torchtitan's `iteration_10/` and `..._exit/` folders, capture's
+`run-{id}/` folders. The folders are read in turn, those named for an OOM first (oomdoctor's `oom-`
+dumps, torchtitan's `_exit` folders), then the latest step, then the newest files, until one holds
+a rank that ran out; its ranks are compared and the notes list the other folders.
 
 --fail-if EXPR exits 1 when the condition holds (after printing the report) and says on stderr
 which figure crossed which bound, e.g. `--fail-if "peak > 20GiB or activations > 8GiB"`; in a
@@ -63,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_max_bytes_argument(parser)
     add_fail_if_argument(parser)
     add_width_argument(parser)
+    parser.add_argument(
+        "--recursive",
+        "-r",
+        action="store_true",
+        help="with a folder, also read its sub-folders and compare the ranks of the one holding the OOM",
+    )
+
+
+def _recursive(args: argparse.Namespace) -> bool:
+    recursive = bool(getattr(args, "recursive", False))
+    if recursive and not os.path.isdir(args.file):
+        raise OomdoctorError(f"{args.file}: --recursive applies to a folder of dumps")
+    return recursive
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,12 +93,14 @@ def run(args: argparse.Namespace) -> int:
         return _run_gated(args, fail_if)
     max_bytes = max_bytes_argument(args)
     redact = getattr(args, "redact", False)
+    recursive = _recursive(args)
     if os.path.isdir(args.file):
         if args.device is not None:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        write_output(_wrapped(pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes), args))
+        report = pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive)
+        write_output(_wrapped(report, args))
         return 0
     report = pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes)
     write_output(_wrapped(report, args))
@@ -94,12 +116,15 @@ def _run_gated(args: argparse.Namespace, fail_if: str) -> int:
     condition = parse(fail_if, REPORT_FIGURE_NAMES)  # a bad expression fails before loading
     max_bytes = max_bytes_argument(args)
     redact = getattr(args, "redact", False)
+    recursive = _recursive(args)
     if os.path.isdir(args.file):
         if args.device is not None:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        rendered, folder = pipeline.report_folder_read(args.file, args.format, redact=redact, max_bytes=max_bytes)
+        rendered, folder = pipeline.report_folder_read(
+            args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive
+        )
         write_output(_wrapped(rendered, args))
         codes = [check_gate(condition, report_figures(dump.analysis), who=_rank_name(dump)) for dump in folder.dumps]
         return EXIT_FINDINGS if EXIT_FINDINGS in codes else EXIT_OK

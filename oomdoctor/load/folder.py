@@ -1,6 +1,7 @@
 """Folders of per-rank dumps: which files to read, and reading them in parallel worker processes.
 
     listing = find_dump_files("oom-dumps")      # oomdoctor's dump names first, then snapshots by content
+    tree = find_dump_tree("outputs")            # --recursive: one FolderGroup per folder holding snapshots
     outcomes = map_files(listing.paths, work)   # work(path) in worker processes, in listing order
 
 oomdoctor names its dumps `{kind}-rank{R}-{host}-{pid}-{UTC time}.pickle` (kind: oom, manual,
@@ -8,7 +9,14 @@ peak); those come first, in rank order. Any other file is kept when its first by
 container the loader reads (pickle, gzip, JSON, memory_viz HTML) and skipped with a note otherwise,
 as are sub-folders and dumps still being written (capture's `.NAME.PID.tmp`): each such entry is a
 FileOutcome with its reason as the error, like a file `map_files` could not read. Hidden files are
-left out silently.
+left out silently. A file's rank comes from its name when it is oomdoctor's, torchtitan's
+(`{rank:06d}_step_{N}.pickle`, `rank{R}_memory_snapshot.pickle`) or says `rank3`, `rank_3`.
+
+`find_dump_tree` lists a folder and its sub-folders, every level down to MAX_DEPTH, for `--recursive`:
+links to folders are not followed, nor links to files outside the folder (each skipped with why),
+and past MAX_FOLDERS folders or MAX_FILES snapshot files the rest is skipped, saying so. Its groups
+come in the order a report reads them (`group_order`): folders named for an OOM (oomdoctor's `oom-`
+dumps, torchtitan's `..._exit` folders), then the latest step a name states, then the newest files.
 
 `map_files` runs `work` (a picklable top-level function) on each path in a process pool of
 min(files, usable CPUs) workers, fewer when the host's available memory would not hold that many
@@ -33,7 +41,16 @@ from oomdoctor.load.access import access_error
 
 DUMP_NAME = re.compile(r"^(?:oom|manual|peak)-rank(\d+)-.*\.pickle$")
 # "rank3", "rank_3", "rank-3", "RANK3" where no other letter runs into "rank" and no digit follows
+# (also torchtitan's older `rank{R}_memory_snapshot.pickle`)
 _RANK_IN_NAME = re.compile(r"(?<![A-Za-z])rank[_-]?(\d+)(?!\d)", re.IGNORECASE)
+# torchtitan's memory snapshots, `{rank:06d}_step_{N}.pickle`: a number is a rank only in exactly
+# this shape (six digits, the whole name, a snapshot container's extension; not a date's eight)
+TORCHTITAN_NAME = re.compile(r"^(\d{6})_step_(\d+)\.(?:pickle|pkl|pt|json)(?:\.gz)?$", re.IGNORECASE)
+# a step or iteration in a file or folder name: torchtitan's `iteration_10`, `step_000000000010_exit`,
+# `000003_step_10.pickle`
+_STEP_IN_NAME = re.compile(r"(?<![A-Za-z])(?:step|iteration|iter)[_-]?(\d+)(?!\d)", re.IGNORECASE)
+# a folder written at an OOM: torchtitan's `iteration_10_exit` / `step_..._exit`
+_EXIT_FOLDER = re.compile(r"(?:^|[_-])exit$", re.IGNORECASE)
 _TEMPORARY = re.compile(r"^\..+\.\d+\.tmp$")
 _SNIFF_BYTES = 64
 _WHITESPACE = b" \t\r\n\xef\xbb\xbf"
@@ -42,7 +59,14 @@ _WHITESPACE = b" \t\r\n\xef\xbb\xbf"
 def rank_from_name(name: str) -> int | None:
     """The rank an (oomdoctor or other) file name states, or None."""
     base = os.path.basename(name)
-    match = DUMP_NAME.match(base) or _RANK_IN_NAME.search(base)
+    match = DUMP_NAME.match(base) or TORCHTITAN_NAME.match(base) or _RANK_IN_NAME.search(base)
+    return int(match.group(1)) if match else None
+
+
+def step_from_name(name: str) -> int | None:
+    """The step or iteration a file or folder name states (`iteration_10`, `step_000000000010_exit`,
+    `000003_step_10.pickle`), or None."""
+    match = _STEP_IN_NAME.search(os.path.basename(name))
     return int(match.group(1)) if match else None
 
 
@@ -76,6 +100,21 @@ def _content_note(path: str) -> str | None:
     return "not a snapshot (not a pickle, gzip, JSON or memory_viz HTML file)"
 
 
+def _classify(
+    path: str, name: str, dumps: list[tuple[int, str]], others: list[str], skipped: list[FileOutcome]
+) -> None:
+    """Put the file `path` (named `name`) among oomdoctor's dumps, other snapshots or skipped entries."""
+    match = DUMP_NAME.match(name)
+    if match:
+        dumps.append((int(match.group(1)), path))
+        return
+    note = _content_note(path)
+    if note is None:
+        others.append(path)
+    else:
+        skipped.append(FileOutcome(path, None, note))
+
+
 def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
     """The snapshot files directly inside `directory`, and the entries skipped with why."""
     shown = os.fsdecode(directory)
@@ -94,19 +133,130 @@ def find_dump_files(directory: str | os.PathLike[str]) -> FolderListing:
         if name.startswith("."):
             continue
         if os.path.isdir(path):
-            skipped.append(FileOutcome(path, None, "a folder (only files directly inside are read)"))
+            skipped.append(
+                FileOutcome(path, None, "a folder (only files directly inside are read; --recursive reads sub-folders)")
+            )
             continue
-        match = DUMP_NAME.match(name)
-        if match:
-            dumps.append((int(match.group(1)), path))
-            continue
-        note = _content_note(path)
-        if note is None:
-            others.append(path)
-        else:
-            skipped.append(FileOutcome(path, None, note))
+        _classify(path, name, dumps, others, skipped)
     paths = tuple(path for _, path in sorted(dumps)) + tuple(others)
     return FolderListing(shown, paths, tuple(skipped))
+
+
+# -- a folder and its sub-folders (--recursive) ---------------------------------------------------
+
+MAX_DEPTH = 8  # sub-folder levels below the folder given
+MAX_FOLDERS = 4096  # folders listed at most
+MAX_FILES = 4096  # snapshot files listed at most
+
+
+@dataclass(frozen=True, slots=True)
+class FolderGroup:
+    """The snapshot files of one folder of a tree: oomdoctor's dumps by rank, then the rest by name."""
+
+    folder: str  # relative to the tree's root ("" for the root itself), "/"-separated
+    paths: tuple[str, ...]
+    skipped: tuple[FileOutcome, ...]  # its entries not read, each with why
+    step: int | None  # the step its name states (its files' names when the folder's does not)
+    oom_named: bool  # its name or its files' names say they were written at an OOM
+    newest_mtime: float  # of its files, for ordering folders that say nothing else
+
+
+@dataclass(frozen=True, slots=True)
+class TreeListing:
+    directory: str
+    groups: tuple[FolderGroup, ...]  # folders holding snapshot files, most likely to hold the OOM first
+    skipped: tuple[FileOutcome, ...]  # entries of the tree not listed in any group: links, depth, limits
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _group_of(
+    relative: str, dumps: list[tuple[int, str]], others: list[str], skipped: list[FileOutcome]
+) -> FolderGroup:
+    paths = tuple(path for _, path in sorted(dumps)) + tuple(others)
+    name = relative.rsplit("/", 1)[-1]
+    step = step_from_name(name) if name else None
+    if step is None:
+        steps = [s for s in (step_from_name(p) for p in paths) if s is not None]
+        step = max(steps) if steps else None
+    oom_named = bool(name and _EXIT_FOLDER.search(name)) or any(
+        os.path.basename(p).startswith("oom-") for _, p in dumps
+    )
+    return FolderGroup(relative, paths, tuple(skipped), step, oom_named, max((_mtime(p) for p in paths), default=0.0))
+
+
+def group_order(group: FolderGroup) -> tuple[bool, bool, int, float, str]:
+    """The order folders are read in: those named for an OOM, then the latest step, the newest files."""
+    return (not group.oom_named, group.step is None, -(group.step or 0), -group.newest_mtime, group.folder)
+
+
+def find_dump_tree(directory: str | os.PathLike[str]) -> TreeListing:
+    """The snapshot files in `directory` and every sub-folder down to MAX_DEPTH levels, one group per
+    folder holding any, ordered by `group_order`. Links to folders are not followed, nor links to files
+    outside `directory`; hidden entries are left out; past MAX_FOLDERS folders or MAX_FILES files the
+    rest is skipped, saying so."""
+    shown = os.fsdecode(directory)
+    try:
+        os.listdir(directory)
+    except OSError as error:
+        raise access_error(shown, error, folder=True) from None
+    root_real = os.path.realpath(shown)
+    groups: list[FolderGroup] = []
+    tree_skipped: list[FileOutcome] = []
+    pending: list[tuple[str, str, int]] = [(shown, "", 0)]  # (path, relative, depth), breadth first
+    folders = files = 0
+    while pending:
+        folder_path, relative, depth = pending.pop(0)
+        folders += 1
+        try:
+            names = sorted(os.listdir(folder_path))
+        except OSError as error:
+            tree_skipped.append(FileOutcome(folder_path, None, f"cannot list ({error.strerror or error})"))
+            continue
+        dumps: list[tuple[int, str]] = []
+        others: list[str] = []
+        skipped: list[FileOutcome] = []
+        for name in names:
+            path = os.path.join(folder_path, name)
+            if _TEMPORARY.match(name):
+                skipped.append(FileOutcome(path, None, "a dump still being written (temporary file)"))
+                continue
+            if name.startswith("."):
+                continue
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if os.path.isdir(target):
+                    tree_skipped.append(FileOutcome(path, None, "a link to a folder (not followed)"))
+                    continue
+                if not _inside(target, root_real):
+                    tree_skipped.append(FileOutcome(path, None, "a link to a file outside the folder (not followed)"))
+                    continue
+            if os.path.isdir(path):
+                if depth + 1 > MAX_DEPTH:
+                    tree_skipped.append(FileOutcome(path, None, f"a folder more than {MAX_DEPTH} levels deep"))
+                elif folders + len(pending) >= MAX_FOLDERS:
+                    tree_skipped.append(FileOutcome(path, None, f"a folder past the first {MAX_FOLDERS} listed"))
+                else:
+                    pending.append((path, f"{relative}/{name}" if relative else name, depth + 1))
+                continue
+            if files >= MAX_FILES:
+                tree_skipped.append(FileOutcome(path, None, f"a file past the first {MAX_FILES} snapshot files listed"))
+                continue
+            before = len(dumps) + len(others)
+            _classify(path, name, dumps, others, skipped)
+            files += len(dumps) + len(others) - before
+        if dumps or others:
+            groups.append(_group_of(relative, dumps, others, skipped))
+    return TreeListing(shown, tuple(sorted(groups, key=group_order)), tuple(tree_skipped))
 
 
 def _size_bytes(path: str) -> int:

@@ -24,6 +24,7 @@ from oomdoctor.dump_metadata import (
     Elastic,
     ExceptionInfo,
     Framework,
+    HistoryCall,
     Marker,
     MemGetInfo,
     MemoryStats,
@@ -33,7 +34,7 @@ from oomdoctor.dump_metadata import (
     Rehearsal,
     Versions,
 )
-from oomdoctor.metadata import FRAMEWORK_STAGES, PHASES
+from oomdoctor.metadata import FRAMEWORK_STAGES, HISTORY_ACTIONS, PHASES
 from oomdoctor.model import FrozenDict
 
 __all__ = ["parse_metadata"]
@@ -48,6 +49,7 @@ T = TypeVar("T")
 # A marker's words are capture's: a phase name from a stranger's file is no phase (and would reach
 # the views as text).
 _MARKER_PHASES = frozenset(PHASES)
+_HISTORY_ACTIONS = frozenset(HISTORY_ACTIONS)
 _MARKER_EDGES = frozenset(("start", "end"))
 _FRAMEWORK_STAGES = frozenset(FRAMEWORK_STAGES)
 
@@ -294,6 +296,19 @@ def _recording(raw: Mapping[str, Any], path: str, read: _Fields) -> Recording:
         stacks=read.text(raw.get("stacks"), path + ".stacks"),
         context=read.text(raw.get("context"), path + ".context"),
         started_by=read.text(raw.get("started_by"), path + ".started_by"),
+        rearmed=read.each(raw.get("rearmed"), path + ".rearmed", _history_call),
+    )
+
+
+def _history_call(raw: Mapping[str, Any], path: str, read: _Fields) -> HistoryCall:
+    return HistoryCall(
+        action=read.word(raw.get("action"), path + ".action", _HISTORY_ACTIONS),
+        time_us=read.integer(raw.get("time_us"), path + ".time_us", signed=True),
+        caller=read.text(raw.get("caller"), path + ".caller"),
+        enabled=read.text(raw.get("enabled"), path + ".enabled"),
+        context=read.text(raw.get("context"), path + ".context"),
+        stacks=read.text(raw.get("stacks"), path + ".stacks"),
+        max_entries=read.integer(raw.get("max_entries"), path + ".max_entries"),
     )
 
 

@@ -64,6 +64,12 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.OOM_CAUGHT: (
         "the script caught this OOM and went on (as a batch-size finder does with its probes; OOM number {count} at this place): it may not be what stopped the run"
     ),
+    UnknownKind.HISTORY_REARMED: (
+        "something else called torch's _record_memory_history {times} after oomdoctor.install() (as torchtitan's memory profiler does; who and with which settings: the Environment section, or the dump's recording.rearmed): the history may be cut there (a stop clears it), and its settings changed there"
+    ),
+    UnknownKind.HISTORY_STOPPED: (
+        "something else stopped torch's allocator history and it could not be started again: events after that are missing"
+    ),
 }
 
 
@@ -77,6 +83,7 @@ def unknown(item: Unknown) -> str:
         blocks=plural(count, "block"),
         entries=plural(count, "entry", "entries"),
         allocations=plural(count, "allocation"),
+        times="once" if count == 1 else f"{count} times",
     )
 
 

@@ -10,7 +10,9 @@ JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_co
 `request_bytes`, `components`), `median` (`allocated_bytes`, `components`), `differences`,
 `verdicts`, `verdicts_agree`, `missing_ranks`, `repeated_ranks`, `notes`, `skipped`
 (`file`, `reason`), and `report`: the featured rank's full report as `oomdoctor report FILE
---format json` writes it, with its `file`.
+--format json` writes it, with its `file`. Read with --recursive, also `folders`: every folder of
+the tree holding snapshot files (`name`, `file_count`, `read`, `readable_count`, `ran_out_count`,
+`step`, `chosen`), and the notes say which folder's ranks are compared.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from oomdoctor.analysis.ranks import (
     ALLOCATED,
+    FolderSummary,
     RankComparison,
     RankContents,
     RankDifference,
@@ -34,6 +37,7 @@ from oomdoctor.units import plural
 
 RANKS_SCHEMA_VERSION = 1
 DIFFERENCE_LIMIT = 12
+FOLDER_LIMIT = 12  # other folders of a recursive read named in the notes
 
 
 def where(row: RankRow) -> str:
@@ -139,6 +143,40 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
         found.append("some files say neither in their metadata nor in their name which rank wrote them")
     if comparison.ran_out_count and comparison.ran_out_count < len(rows):
         found.append("ranks that did not run out are compared at their peak, the others at the OOM")
+    return tuple(found)
+
+
+def _folder_name(name: str) -> str:
+    return f"{name}/" if name else "the folder itself"
+
+
+def folder_notes(folders: tuple[FolderSummary, ...]) -> tuple[str, ...]:
+    """What a recursive read compared and what else it found, one sentence each."""
+    chosen = next((item for item in folders if item.chosen), None)
+    if chosen is None:
+        return ()
+    count = plural(len(folders), "folder")
+    if chosen.ran_out_count:
+        why = "the folder holding the OOM dumps"
+    else:
+        why = "no folder read holds an OOM: the first one read"
+    found = [
+        f"read with --recursive: these are the ranks of {_folder_name(chosen.name)} ({why}), one of {count} "
+        "holding snapshot files (read in this order: folders named for an OOM first, then the latest step, "
+        "then the newest files)"
+    ]
+    others = [item for item in folders if not item.chosen]
+    for item in others[:FOLDER_LIMIT]:
+        step = f" (step {item.step})" if item.step is not None else ""
+        if not item.read:
+            state = "not read"
+        elif item.ran_out_count:
+            state = f"read, {item.ran_out_count} ran out"
+        else:
+            state = f"read, {item.readable_count} readable, none ran out"
+        found.append(f"also found {_folder_name(item.name)}{step}: {plural(item.file_count, 'snapshot file')}, {state}")
+    if len(others) > FOLDER_LIMIT:
+        found.append(f"... and {len(others) - FOLDER_LIMIT} more folders (see --format json)")
     return tuple(found)
 
 
@@ -277,7 +315,11 @@ def _folder_line(directory: str, comparison: RankComparison, skipped: tuple[Skip
 
 
 def render_text(
-    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+    directory: str,
+    comparison: RankComparison,
+    dumps: tuple[RankDump, ...],
+    skipped: tuple[SkippedFile, ...],
+    folders: tuple[FolderSummary, ...] = (),
 ) -> str:
     from oomdoctor.views.text_report import render as render_report
 
@@ -290,7 +332,7 @@ def render_text(
     lines.append("How the ranks differ")
     lines.extend(f"  - {line}" for line in _summary_lines(comparison))
     lines.append("")
-    shown_notes = list(notes(comparison)) + [skipped_note(item) for item in skipped]
+    shown_notes = list(folder_notes(folders)) + list(notes(comparison)) + [skipped_note(item) for item in skipped]
     if shown_notes:
         lines.append("Notes")
         lines.extend(f"  - {note}" for note in shown_notes)
@@ -350,12 +392,16 @@ def _md_summary_rows(comparison: RankComparison) -> list[RankRow]:
 
 
 def render_markdown(
-    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+    directory: str,
+    comparison: RankComparison,
+    dumps: tuple[RankDump, ...],
+    skipped: tuple[SkippedFile, ...],
+    folders: tuple[FolderSummary, ...] = (),
 ) -> str:
-    full = _render_markdown(directory, comparison, dumps, skipped, summarise=False)
+    full = _render_markdown(directory, comparison, dumps, skipped, folders, summarise=False)
     if len(full) <= MD_BUDGET_CHARS:
         return full
-    return _render_markdown(directory, comparison, dumps, skipped, summarise=True)
+    return _render_markdown(directory, comparison, dumps, skipped, folders, summarise=True)
 
 
 def _render_markdown(
@@ -363,6 +409,7 @@ def _render_markdown(
     comparison: RankComparison,
     dumps: tuple[RankDump, ...],
     skipped: tuple[SkippedFile, ...],
+    folders: tuple[FolderSummary, ...],
     *,
     summarise: bool,
 ) -> str:
@@ -402,7 +449,7 @@ def _render_markdown(
     lines += _md_table(header, rows, set(range(1, len(header))))
     lines += ["", "### How the ranks differ", ""]
     lines += [f"- {_md_text(line)}" for line in _summary_lines(comparison)]
-    shown_notes = list(notes(comparison)) + [skipped_note(item) for item in skipped]
+    shown_notes = list(folder_notes(folders)) + list(notes(comparison)) + [skipped_note(item) for item in skipped]
     if shown_notes:
         lines += ["", "### Notes", ""] + [f"- {_md_text(note)}" for note in shown_notes]
     dump = featured(comparison, dumps)
@@ -434,14 +481,18 @@ def _plain_row(row: RankRow) -> dict[str, Any]:
 
 
 def to_dict(
-    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+    directory: str,
+    comparison: RankComparison,
+    dumps: tuple[RankDump, ...],
+    skipped: tuple[SkippedFile, ...],
+    folders: tuple[FolderSummary, ...] = (),
 ) -> dict[str, Any]:
     from oomdoctor.views.json_report import to_dict as report_dict
 
     dump = featured(comparison, dumps)
     report = report_dict(dump.analysis, dump.environment)
     report["file"] = dump.file
-    return {
+    document: dict[str, Any] = {
         "schema_version": RANKS_SCHEMA_VERSION,
         "kind": "ranks",
         "directory": directory,
@@ -471,18 +522,36 @@ def to_dict(
         "verdicts_agree": comparison.verdicts_agree,
         "missing_ranks": list(comparison.missing_ranks),
         "repeated_ranks": list(comparison.repeated_ranks),
-        "notes": list(notes(comparison)),
+        "notes": list(folder_notes(folders)) + list(notes(comparison)),
         "skipped": [{"file": item.name, "reason": item.reason} for item in skipped],
         "report": report,
     }
+    if folders:
+        document["folders"] = [
+            {
+                "name": item.name,
+                "file_count": item.file_count,
+                "read": item.read,
+                "readable_count": item.readable_count,
+                "ran_out_count": item.ran_out_count,
+                "step": item.step,
+                "chosen": item.chosen,
+            }
+            for item in folders
+        ]
+    return document
 
 
 def render_json(
-    directory: str, comparison: RankComparison, dumps: tuple[RankDump, ...], skipped: tuple[SkippedFile, ...]
+    directory: str,
+    comparison: RankComparison,
+    dumps: tuple[RankDump, ...],
+    skipped: tuple[SkippedFile, ...],
+    folders: tuple[FolderSummary, ...] = (),
 ) -> bytes:
     from oomdoctor.views.json_report import dumps as dumps_json
 
-    return dumps_json(to_dict(directory, comparison, dumps, skipped))
+    return dumps_json(to_dict(directory, comparison, dumps, skipped, folders))
 
 
 def render(
@@ -491,13 +560,16 @@ def render(
     comparison: RankComparison,
     dumps: tuple[RankDump, ...],
     skipped: tuple[SkippedFile, ...],
+    *,
+    folders: tuple[FolderSummary, ...] = (),
 ) -> bytes:
-    """The folder report in "text", "md" or "json", as `oomdoctor report DIR` prints it."""
+    """The folder report in "text", "md" or "json", as `oomdoctor report DIR` prints it (`folders`:
+    what a recursive read found, `RankFolder.folders`)."""
     if output_format == "json":
-        return render_json(directory, comparison, dumps, skipped)
+        return render_json(directory, comparison, dumps, skipped, folders)
     if output_format == "md":
-        return render_markdown(directory, comparison, dumps, skipped).encode()
-    return render_text(directory, comparison, dumps, skipped).encode()
+        return render_markdown(directory, comparison, dumps, skipped, folders).encode()
+    return render_text(directory, comparison, dumps, skipped, folders).encode()
 
 
 def info_line(row: RankContents) -> str:
