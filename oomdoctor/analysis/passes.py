@@ -258,6 +258,23 @@ def inputs_changed(
 # INPUT_ALLOCATIONS: each matched allocation moves it at most LOOKAHEAD + 1 on, and it looks
 # LOOKAHEAD past where it stands, so the allocations after these never change the alignment.
 _INPUT_ALIGN_REACH = INPUT_ALLOCATIONS * (LOOKAHEAD + 1) + LOOKAHEAD + 1
+# Passes of one structure align allocation for allocation: the match then ends at INPUT_ALLOCATIONS
+# and reads no further than this, so the earlier pass's allocations are read this far first.
+_INPUT_ALIGN_FIRST = INPUT_ALLOCATIONS + LOOKAHEAD + 1
+
+
+def _align_inputs(trace: DeviceTrace, head: list[tuple[int, object, int]], then: _Pass) -> _Alignment | str:
+    """`_align(head, the earlier forward's allocations)`, reading those only as far as it reaches:
+    the first _INPUT_ALIGN_FIRST, and all it can reach (_INPUT_ALIGN_REACH) only when a match ending
+    at `earlier_position` may have looked past them (it looks LOOKAHEAD past where it stands) or
+    when it failed."""
+    first = _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_FIRST)
+    if len(first) < _INPUT_ALIGN_FIRST:  # all there are
+        return _align(head, first)
+    alignment = _align(head, first)
+    if isinstance(alignment, _Alignment) and alignment.earlier_position + 1 + LOOKAHEAD <= _INPUT_ALIGN_FIRST:
+        return alignment
+    return _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH))
 
 
 class _InputsProbe:
@@ -294,11 +311,7 @@ class _InputsProbe:
         then = self.last_pass.get(earlier)
         if self.has_now and then is not None:
             head = self.head
-            alignment = (
-                _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH))
-                if head
-                else None
-            )
+            alignment = _align_inputs(trace, head, then) if head else None
             if isinstance(alignment, _Alignment) and alignment.sizes:
                 verdicts.append(any(a != b for a, b in alignment.sizes))
         if not verdicts:
