@@ -524,13 +524,18 @@ def survivor_sizes(
     differing = {a: b.size for a, b in final_blocks.items() if b.size != round_size(b.requested_size, divisions)}
     if not differing:
         return {}
-    last = dict(zip(trace.addrs, range(len(trace))))  # address -> its last event
-    actions = trace.actions
+    addrs, actions = trace.addrs, trace.actions
     found = {}
-    for address, size in differing.items():
-        index = last.get(address)
-        if index is not None and actions[index] == ALLOC:
-            found[index] = size
+    left = set(differing)  # addresses whose last event is still to be met, walking back
+    # the events at those addresses, latest first (the rest skipped in C)
+    for index in compress(range(len(addrs) - 1, -1, -1), map(differing.__contains__, reversed(addrs))):
+        address = addrs[index]
+        if address in left:
+            left.discard(address)
+            if actions[index] == ALLOC:
+                found[index] = differing[address]
+            if not left:
+                break
     return found
 
 
