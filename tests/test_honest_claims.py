@@ -197,3 +197,31 @@ def test_no_ratio_against_a_first_step_the_trace_began_inside():
     assert result.summary.facts.get("ratio") is None, result.summary
     rest = result.what_if.rest_of_pass
     assert rest is not None and not rest.extrapolated
+
+
+def test_inputs_alignment_reads_the_earlier_pass_only_as_far_as_it_can_reach():
+    """`inputs_changed` reads an earlier forward's first allocations only: the first
+    _INPUT_ALIGN_FIRST, then _INPUT_ALIGN_REACH when the match may have looked past them. Both give
+    what aligning against all of them gives."""
+    import random
+
+    from oomdoctor.analysis import passes
+
+    rng = random.Random(12)
+    for _ in range(20_000):
+        kinds = rng.choice([2, 3, 30])
+        head = [(i, rng.randrange(kinds), rng.randint(1, 4)) for i in range(rng.randint(1, passes.INPUT_ALLOCATIONS))]
+        if rng.random() < 0.5:  # mostly the same structure
+            sites = [head[i % len(head)][1] if rng.random() < 0.9 else rng.randrange(kinds) for i in range(100)]
+        else:
+            sites = [rng.randrange(kinds) for _ in range(100)]
+        earlier = [(i, site, rng.randint(1, 4)) for i, site in enumerate(sites[: rng.randint(0, 100)])]
+        whole = passes._align(head, earlier)
+        assert passes._align(head, earlier[: passes._INPUT_ALIGN_REACH]) == whole
+        first = passes._align(head, earlier[: passes._INPUT_ALIGN_FIRST])
+        enough = len(earlier) < passes._INPUT_ALIGN_FIRST or (
+            isinstance(first, passes._Alignment)
+            and first.earlier_position + 1 + passes.LOOKAHEAD <= passes._INPUT_ALIGN_FIRST
+        )
+        if enough:
+            assert first == whole

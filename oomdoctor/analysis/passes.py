@@ -131,12 +131,14 @@ def comparable_steps(trace: DeviceTrace, spans: Sequence[PhaseSpan], target_step
     return tuple(steps)
 
 
-def _allocations(trace: DeviceTrace, first: int, last: int) -> list[tuple[int, object, int]]:
-    """(event index, site key, size) of each allocation in [first, last]."""
+def _allocations(
+    trace: DeviceTrace, first: int, last: int, limit: int = MAX_ALLOCATIONS
+) -> list[tuple[int, object, int]]:
+    """(event index, site key, size) of each allocation in [first, last], the first `limit` of them."""
     actions, sizes = trace.actions, trace.sizes
     stop = min(last + 1, len(actions))
     allocs = compress(range(first, stop), map(ALLOC.__eq__, actions[first:stop]))
-    indices = list(islice(allocs, MAX_ALLOCATIONS))
+    indices = list(islice(allocs, min(limit, MAX_ALLOCATIONS)))
     numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
     key_of = {
         number: tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
@@ -248,24 +250,73 @@ def inputs_changed(
     """Whether the inputs' sizes differ between step `earlier` and `target_step`: the batch each
     step made before its forward, and the first allocations of each forward matched by site. None
     when neither gives evidence. `passes` (`_forwards(spans)`) and `spans_by_step` (the spans of
-    each step) save recomputing them for each of many steps."""
-    verdicts: list[bool] = []
-    now_spans = spans if spans_by_step is None else spans_by_step.get(target_step, ())
-    then_spans = spans if spans_by_step is None else spans_by_step.get(earlier, ())
-    before_now, before_then = _between_sizes(trace, now_spans, target_step), _between_sizes(trace, then_spans, earlier)
-    if before_now and before_then:
-        verdicts.append(before_now != before_then)
-    passes = _forwards(spans) if passes is None else passes
-    now = next((p for p in passes if p.step == target_step), None)
-    then = next((p for p in reversed(passes) if p.step == earlier), None)
-    if now is not None and then is not None:
-        head = _allocations(trace, now.first_index, now.forward_last)[:INPUT_ALLOCATIONS]
-        alignment = _align(head, _allocations(trace, then.first_index, then.forward_last)) if head else None
-        if isinstance(alignment, _Alignment) and alignment.sizes:
-            verdicts.append(any(a != b for a, b in alignment.sizes))
-    if not verdicts:
-        return None
-    return any(verdicts)
+    each step) save recomputing them for each of many steps (`_InputsProbe` keeps the target's side)."""
+    return _InputsProbe(trace, spans, target_step, passes, spans_by_step).against(earlier)
+
+
+# How many of an earlier forward's allocations `_align` can read when it matches the target's first
+# INPUT_ALLOCATIONS: each matched allocation moves it at most LOOKAHEAD + 1 on, and it looks
+# LOOKAHEAD past where it stands, so the allocations after these never change the alignment.
+_INPUT_ALIGN_REACH = INPUT_ALLOCATIONS * (LOOKAHEAD + 1) + LOOKAHEAD + 1
+# Passes of one structure align allocation for allocation: the match then ends at INPUT_ALLOCATIONS
+# and reads no further than this, so the earlier pass's allocations are read this far first.
+_INPUT_ALIGN_FIRST = INPUT_ALLOCATIONS + LOOKAHEAD + 1
+
+
+def _align_inputs(trace: DeviceTrace, head: list[tuple[int, object, int]], then: _Pass) -> _Alignment | str:
+    """`_align(head, the earlier forward's allocations)`, reading those only as far as it reaches:
+    the first _INPUT_ALIGN_FIRST, and all it can reach (_INPUT_ALIGN_REACH) only when a match ending
+    at `earlier_position` may have looked past them (it looks LOOKAHEAD past where it stands) or
+    when it failed."""
+    first = _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_FIRST)
+    if len(first) < _INPUT_ALIGN_FIRST:  # all there are
+        return _align(head, first)
+    alignment = _align(head, first)
+    if isinstance(alignment, _Alignment) and alignment.earlier_position + 1 + LOOKAHEAD <= _INPUT_ALIGN_FIRST:
+        return alignment
+    return _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH))
+
+
+class _InputsProbe:
+    """`inputs_changed` against one target step, its own side (its batch, its forward's first
+    allocations, where each step's passes are) computed once for every earlier step it is asked about."""
+
+    def __init__(
+        self,
+        trace: DeviceTrace,
+        spans: Sequence[PhaseSpan],
+        target_step: int,
+        passes: Sequence[_Pass] | None,
+        spans_by_step: Mapping[int, Sequence[PhaseSpan]] | None,
+    ) -> None:
+        self.trace, self.spans, self.spans_by_step = trace, spans, spans_by_step
+        now_spans = spans if spans_by_step is None else spans_by_step.get(target_step, ())
+        self.before_now = _between_sizes(trace, now_spans, target_step)
+        self.last_pass: dict[int, _Pass] = {}  # step -> its latest pass
+        first_pass: dict[int, _Pass] = {}
+        for one in _forwards(spans) if passes is None else passes:
+            first_pass.setdefault(one.step, one)
+            self.last_pass[one.step] = one
+        now = first_pass.get(target_step)
+        self.head = _allocations(trace, now.first_index, now.forward_last, INPUT_ALLOCATIONS) if now else []
+        self.has_now = now is not None
+
+    def against(self, earlier: int) -> bool | None:
+        verdicts: list[bool] = []
+        trace, spans_by_step = self.trace, self.spans_by_step
+        then_spans = self.spans if spans_by_step is None else spans_by_step.get(earlier, ())
+        before_then = _between_sizes(trace, then_spans, earlier)
+        if self.before_now and before_then:
+            verdicts.append(self.before_now != before_then)
+        then = self.last_pass.get(earlier)
+        if self.has_now and then is not None:
+            head = self.head
+            alignment = _align_inputs(trace, head, then) if head else None
+            if isinstance(alignment, _Alignment) and alignment.sizes:
+                verdicts.append(any(a != b for a, b in alignment.sizes))
+        if not verdicts:
+            return None
+        return any(verdicts)
 
 
 def rest_of_pass(
@@ -348,7 +399,6 @@ def pass_history(
         by_step: dict[int, list[PhaseSpan]] = {}
         for span in spans:
             by_step.setdefault(span.step, []).append(span)
-        changed = {
-            s: inputs_changed(trace, spans, s, target_step, passes=passes, spans_by_step=by_step) for s in comparable
-        }
+        probe = _InputsProbe(trace, spans, target_step, passes, by_step)
+        changed = {s: probe.against(s) for s in comparable}
     return PassHistory(comparable, changed, rest_of_pass(trace, spans, target_index, target_step, blocks, comparable))

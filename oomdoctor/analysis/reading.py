@@ -65,12 +65,12 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
 def replay(dump: DeviceDump, series_points: int) -> ReplayState:
     """One pass over the trace: the series by component, the peak, the OOMs, the steps and the
     history of the live set."""
-    component_of_alloc, component_of_pre_existing = _attribution.series_classifier(dump.registry, dump.pre_trace)
+    _, component_of_pre_existing = _attribution.series_classifier(dump.registry, dump.pre_trace)
     return walk(
         dump.trace,
         dump.segments,
         dump.spans,
-        component_of_alloc if dump.registry else None,
+        dump.registry.by_address if dump.registry else None,
         component_of_pre_existing,
         len(COMPONENTS),
         _attribution.ACTIVATIONS,

@@ -256,7 +256,7 @@ def walk(
     trace: DeviceTrace,
     segments: Sequence[Segment],
     spans: Sequence[PhaseSpan],
-    component_of_alloc: Callable[[int, int, int, str], int] | None,
+    registered: Mapping[int, tuple[int, str, int]] | None,
     component_of_pre_existing: Callable[[int, int], int],
     component_count: int,
     activation_component: int,
@@ -264,8 +264,10 @@ def walk(
     max_points: int = 480,
     phase_component_map: dict[str, int] | None = None,
 ) -> ReplayState:
-    """One pass over the trace. Without `component_of_alloc`, an allocation's component is the one
-    `phase_component_map` gives its phase (the last component, unknown, when it gives none).
+    """One pass over the trace. An allocation's component is the one `phase_component_map` gives
+    its phase (the last component, unknown, when it gives none), unless `registered` (oomdoctor's
+    registry: address -> (component, name, bytes)) holds its address with its requested bytes: then
+    that one (`attribution.series_classifier`'s component_of_alloc, inline: no call per alloc).
 
     Allocated bytes after an event follow docs/definitions.md ("The peak"): each live block at
     round_size(request), unless it survives to the dump (its exact bytes there, from its alloc on),
@@ -344,7 +346,11 @@ def walk(
                 if rounded is None:
                     rounded = rounded_cache[size] = round_size(size, divisions)
                 block_size = rounded
-            component = phase_component if component_of_alloc is None else component_of_alloc(index, addr, size, phase)
+            component = phase_component
+            if registered:
+                known = registered.get(addr)
+                if known is not None and known[2] == size:
+                    component = known[0]
             live[addr] = (index, component, block_size, size)
             allocated += block_size
             totals[component] += block_size
@@ -518,13 +524,18 @@ def survivor_sizes(
     differing = {a: b.size for a, b in final_blocks.items() if b.size != round_size(b.requested_size, divisions)}
     if not differing:
         return {}
-    last = dict(zip(trace.addrs, range(len(trace))))  # address -> its last event
-    actions = trace.actions
+    addrs, actions = trace.addrs, trace.actions
     found = {}
-    for address, size in differing.items():
-        index = last.get(address)
-        if index is not None and actions[index] == ALLOC:
-            found[index] = size
+    left = set(differing)  # addresses whose last event is still to be met, walking back
+    # the events at those addresses, latest first (the rest skipped in C)
+    for index in compress(range(len(addrs) - 1, -1, -1), map(differing.__contains__, reversed(addrs))):
+        address = addrs[index]
+        if address in left:
+            left.discard(address)
+            if actions[index] == ALLOC:
+                found[index] = differing[address]
+            if not left:
+                break
     return found
 
 

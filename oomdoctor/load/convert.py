@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import sys
+from array import array
 from collections.abc import Mapping
 from itertools import chain, compress, repeat
 from typing import Any
@@ -275,10 +276,19 @@ def _int_column(
         for index in compress(range(len(filled)), map(operator.is_, filled, repeat(None))):
             filled[index] = missing
         values = tuple(filled)
-    if ranged and (min(values) < _INT64_MIN or max(values) > _INT64_MAX):
-        index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
-        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits")
+    if ranged:
+        _check_int64(values, describe, device, key)
     return values
+
+
+def _check_int64(values: tuple[int, ...], describe: str, device: int, key: str) -> None:
+    """Raise unless every one of `values` (ints, never bools) fits in 64 bits: one C pass (an
+    int64 array refuses the first that does not), where min and max took two."""
+    try:
+        array("q", values)
+    except OverflowError:
+        index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
+        raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits") from None
 
 
 def _distinct(values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str) -> set[Any]:
@@ -340,8 +350,8 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         if not kinds.issubset((int, _NONE_TYPE)):
             raise _bad_value_error(values, (int, _NONE_TYPE), describe, device, "time_us")
         present = values if _NONE_TYPE not in kinds else tuple(v for v in values if v is not None)
-        if present:
-            _int_column(present, describe, device, "time_us", ranged=True)
+        if present:  # ints by now: only their range is left to check
+            _check_int64(present, describe, device, "time_us")
             times_us = values
     if times_us is not None:
         _note_once(era, "time_us on trace events", 2)

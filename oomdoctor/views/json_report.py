@@ -48,9 +48,24 @@ def _frames(stack: Stack) -> list[str]:
     ]
 
 
+# a class -> the names of its dataclass fields, or None when it is not a dataclass
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    names = _FIELD_NAMES.get(kind, ())
+    if names == ():
+        names = tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else None
+        _FIELD_NAMES[kind] = names
+    return names
+
+
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    """`value` as JSON-ready data: dataclasses (their fields) and dicts to dicts, lists and tuples
+    to lists. The field names are looked up once per class (a report has thousands of spans)."""
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
