@@ -1392,7 +1392,7 @@ def tui_strings(path: Path) -> list[str]:
     timeline = content.Timeline(analysis)
     columns = timeline.columns(80)
     for column in columns[:: max(1, len(columns) // 8)]:
-        content.stacked_cells(column.point, timeline.max_bytes, 12)
+        content.stacked_cells(column.peak, timeline.max_bytes, 12)
         strings.append(content.phase_words(column.phase))
     start = timeline.start_index()
     timeline.next_point(start, -10)

@@ -6,7 +6,9 @@ process, every collective a no-op, so each rank's shard is half of each tensor."
 from __future__ import annotations
 
 import pickle
+import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -57,10 +59,14 @@ def test_fsdp2_shards_are_named_as_parameters_gradients_and_optimizer_state(tmp_
     script = tmp_path / "fsdp2.py"
     script.write_text(FSDP2_SCRIPT)
     target = tmp_path / "end.pickle"
+    hooks = (sys.excepthook, threading.excepthook)
     result = rehearse_script(
         script, [str(target)], RehearsalConfig(device_memory_bytes=256 << 20), dump_dir=tmp_path / "oom-dumps"
     )
     assert result.exit_code == 0, result.error_text
+    # init_process_group wrapped sys.excepthook ("[rank0]: " before every line) and
+    # destroy_process_group left it: the rehearsal puts back the process's hooks
+    assert (sys.excepthook, threading.excepthook) == hooks
     with open(target, "rb") as file:
         data = pickle.load(file)
     by_name = {(entry["component"], entry["name"]): entry for entry in data[METADATA_KEY]["tensors"]}

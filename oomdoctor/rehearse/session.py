@@ -20,6 +20,7 @@ import platform
 import runpy
 import socket
 import sys
+import threading
 import time
 import traceback
 import types
@@ -214,6 +215,7 @@ def rehearse_script(
     dump_dir = Path(dump_dir)
     before = _dump_files(dump_dir)
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_hooks = _process_hooks()
     sys.argv = [str(script), *script_args]
     script_dir = str(script.resolve().parent)
     if sys.path:
@@ -266,8 +268,21 @@ def rehearse_script(
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
+        _restore_process_hooks(saved_hooks)
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
     return result
+
+
+def _process_hooks() -> tuple[Any, Any]:
+    return sys.excepthook, threading.excepthook
+
+
+def _restore_process_hooks(saved: tuple[Any, Any]) -> None:
+    """The script ran in this process: the exception hooks it left go when it ends (torch's
+    init_process_group wraps sys.excepthook to prefix "[rankN]: " to every line, and
+    destroy_process_group does not unwrap it; a later error in this process, or in a process
+    forked from it, would read so)."""
+    sys.excepthook, threading.excepthook = saved
 
 
 @contextlib.contextmanager
@@ -284,6 +299,7 @@ def rehearsal(config: RehearsalConfig, *, dump_dir: Path, filename: str = "") ->
     dump_dir = Path(dump_dir)
     before = _dump_files(dump_dir)
     result = RehearsalResult(exit_code=0)
+    saved_hooks = _process_hooks()
     with RehearsalSession(config) as session:
         result.dump_writer = _install_dump_writer(session, dump_dir)
         try:
@@ -298,6 +314,7 @@ def rehearsal(config: RehearsalConfig, *, dump_dir: Path, filename: str = "") ->
                 raise
         finally:
             _uninstall_capture(result.dump_writer)
+            _restore_process_hooks(saved_hooks)
             stats = session.backend.memory_stats(config.device)
             result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
             result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
