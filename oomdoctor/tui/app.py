@@ -20,7 +20,6 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import (
-    Footer,
     Header,
     Input,
     LoadingIndicator,
@@ -38,6 +37,7 @@ from oomdoctor.safetext import printable
 from oomdoctor.tui.allocations import AllocationsPane
 from oomdoctor.tui.components import ComponentsPane
 from oomdoctor.tui.dialogs import GoToEventScreen, HelpScreen
+from oomdoctor.tui.footer import Footer
 from oomdoctor.tui.guard import internal_error
 from oomdoctor.tui.overview import OverviewPane
 from oomdoctor.tui.safe import plain
