@@ -449,7 +449,15 @@ class OomdoctorApp(App[None]):
 
     def action_show_tab(self, tab: str) -> None:
         for tabbed in self.query(TabbedContent):
+            if tabbed.active == tab:
+                continue
             tabbed.active = tab
+            browser = self._browser()
+            if browser is not None and tab in browser.built:
+                # focused in the same turn as the tab is shown, not a message later in
+                # Browser._show_tab (which then finds it focused): one layout of the screen for
+                # both, not one each
+                browser.focus_tab()
 
     # --- keys and commands beyond the tabs ---------------------------------------------------------
 
