@@ -19,7 +19,18 @@ from oomdoctor.tui.dialogs import GoToEventScreen, HelpScreen, parse_event  # no
 from oomdoctor.tui.segments import SegmentsPane  # noqa: E402
 from oomdoctor.tui.timeline import TimelineChart  # noqa: E402
 from tests.test_devices import imbalanced  # noqa: E402
-from tests.test_tui import FRAGMENTED, LEAK, loaded, run_app, settle, stack_of, text_of  # noqa: E402
+from tests.test_tui import FRAGMENTED, LEAK, loaded, run_app, settle, stack_of, text_of, until  # noqa: E402
+
+
+async def to_the_chart(app, pilot):
+    """The Timeline tab shown and its chart focused, so that the arrow keys move its cursor (on a
+    loaded machine the focus can come a refresh after the tab; without it, left and right would
+    move between the tabs)."""
+    await pilot.press("2")
+    await settle(app, pilot)
+    await until(pilot, lambda: bool(app.query(TimelineChart)))
+    app.query_one(TimelineChart).focus()
+    await settle(app, pilot)
 
 
 def demo_app():
@@ -105,8 +116,7 @@ def test_segments_at_the_cursor_are_the_replayed_state_there():
     app = make_app(analysis, snapshot, source=LEAK.name)
 
     async def scenario(app, pilot):
-        await pilot.press("2")
-        await settle(app, pilot)
+        await to_the_chart(app, pilot)
         for _ in range(40):
             await pilot.press("left")
         await settle(app, pilot)
@@ -247,8 +257,7 @@ def _away_from_the_oom(then):
     app = make_app(analysis, snapshot, source=LEAK.name)
 
     async def scenario(app, pilot):
-        await pilot.press("2")
-        await settle(app, pilot)
+        await to_the_chart(app, pilot)
         for _ in range(40):
             await pilot.press("left")
         await settle(app, pilot)
