@@ -8,6 +8,7 @@ search a probe stopped (the script failed, or needs data under --fake) is one li
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -17,10 +18,12 @@ from oomdoctor.safetext import printable
 from oomdoctor.units import format_size
 
 SWEEP_FORMATS = ("text", "md", "json")
-_RESULT_WORDS = {FITS: "fits", OUT_OF_MEMORY: "runs out", NEEDS_DATA: "needs data"}
+# how a probe (a sweep's value, or a rank of `--world-size`) came out, in the tables of both
+RESULT_WORDS = {FITS: "fits", OUT_OF_MEMORY: "runs out", NEEDS_DATA: "needs data"}
 
 
-def _request(request: FailedRequest | None) -> str:
+def request_words(request: FailedRequest | None) -> str:
+    """'the request of 21.00 MiB (aten.mm.default) in backward at train.py:33' (a probe's OOM)."""
     if request is None:
         return "the request it could not get is not known"
     phase = f" in {request.phase.replace('_', ' ')}" if request.phase else ""
@@ -45,14 +48,14 @@ def headline(result: Sweep, *, name: str, device_memory_bytes: int, script: str)
         assert failure is not None
         return (
             f"Nothing fits: {name} {failure.value} (--lo, the smallest tried) runs out in {device}: "
-            f"{_request(failure.request)}"
+            f"{request_words(failure.request)}"
         )
     if failure is None:
         return (
             f"Largest {name} that fits in {device}: {fit.value}, the top of the range "
             f"(--hi {result.hi}; larger values were not tried)"
         )
-    return f"Largest {name} that fits in {device}: {fit.value} ({failure.value} runs out: {_request(failure.request)})"
+    return f"Largest {name} that fits in {device}: {fit.value} ({failure.value} runs out: {request_words(failure.request)})"
 
 
 def _contradiction(item: Contradiction, name: str) -> str:
@@ -74,14 +77,29 @@ def _assumption(result: Sweep, name: str) -> str:
 
 
 def _probe_rows(result: Sweep) -> list[tuple[str, str, str, str]]:
+    return [probe_cells(probe) for probe in result.probes]
+
+
+def probe_cells(probe: Probe) -> tuple[str, str, str, str]:
+    """A probe's value, how it came out, its peak allocated and reserved: a row of either table."""
+    return (
+        str(probe.value),
+        RESULT_WORDS.get(probe.outcome, probe.outcome),
+        format_size(probe.peak_allocated_bytes),
+        format_size(probe.peak_reserved_bytes),
+    )
+
+
+def table_lines(rows: Sequence[tuple[str, ...]], indent: str) -> list[str]:
+    """The rows with their first four cells aligned (two left, two right: the figures), any
+    further cell after them as it is."""
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
     return [
         (
-            str(probe.value),
-            _RESULT_WORDS.get(probe.outcome, probe.outcome),
-            format_size(probe.peak_allocated_bytes),
-            format_size(probe.peak_reserved_bytes),
-        )
-        for probe in result.probes
+            f"{indent}{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]:>{widths[3]}}"
+            + "".join(f"  {cell}" for cell in row[4:])
+        ).rstrip()
+        for row in rows
     ]
 
 
@@ -103,12 +121,7 @@ def render_sweep_text(
     if result.largest_fit is not None:
         lines.append("  " + _peak(result.largest_fit, usable_bytes))
     lines.append(f"  probes ({len(result.probes)}, in the order made):")
-    rows = [(name, "result", "peak allocated", "peak reserved"), *_probe_rows(result)]
-    widths = [max(len(row[column]) for row in rows) for column in range(4)]
-    for row in rows:
-        lines.append(
-            f"    {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]:>{widths[3]}}".rstrip()
-        )
+    lines += table_lines([(name, "result", "peak allocated", "peak reserved"), *_probe_rows(result)], "    ")
     lines.append("  " + _assumption(result, name))
     lines.extend(f"    {_contradiction(item, name)}" for item in result.contradictions)
     if dump is not None and result.smallest_failure is not None:
@@ -136,7 +149,7 @@ def render_sweep_markdown(
     return "\n".join(lines)
 
 
-def _request_json(request: FailedRequest | None) -> dict[str, Any] | None:
+def request_json(request: FailedRequest | None) -> dict[str, Any] | None:
     if request is None:
         return None
     return {
@@ -157,7 +170,7 @@ def _probe_json(probe: Probe | None) -> dict[str, Any] | None:
         "fits": probe.fits,
         "peak_allocated_bytes": probe.peak_allocated_bytes,
         "peak_reserved_bytes": probe.peak_reserved_bytes,
-        "request": _request_json(probe.request),
+        "request": request_json(probe.request),
         "reason": probe.reason,
     }
 
@@ -176,7 +189,7 @@ def sweep_rows(result: Sweep, *, name: str, device_memory_bytes: int, script: st
         "reached_hi": result.reached_hi,
         "peak_allocated_bytes": result.largest_fit.peak_allocated_bytes if result.largest_fit else None,
         "peak_reserved_bytes": result.largest_fit.peak_reserved_bytes if result.largest_fit else None,
-        "failing_request": _request_json(result.smallest_failure.request) if result.smallest_failure else None,
+        "failing_request": request_json(result.smallest_failure.request) if result.smallest_failure else None,
         "assumes_monotone": True,
         "contradictions": [
             {"kind": item.kind, "smaller": item.smaller.value, "larger": item.larger.value}

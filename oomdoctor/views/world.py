@@ -11,13 +11,13 @@ from typing import Any
 
 import orjson
 
-from oomdoctor.analysis.sweep import FITS, NEEDS_DATA, OUT_OF_MEMORY, FailedRequest, Probe
+from oomdoctor.analysis.sweep import OUT_OF_MEMORY, Probe
 from oomdoctor.analysis.world import World
 from oomdoctor.safetext import printable
 from oomdoctor.units import format_size, plural
+from oomdoctor.views.sweep import probe_cells, request_json, request_words, table_lines
 
 WORLD_FORMATS = ("text", "md", "json")
-_RESULT_WORDS = {FITS: "fits", OUT_OF_MEMORY: "runs out", NEEDS_DATA: "needs data"}
 
 
 def _ranks(ranks: tuple[Probe, ...]) -> str:
@@ -43,30 +43,14 @@ def headline(result: World, *, device_memory_bytes: int, script: str) -> str:
     return f"Fits on the {plural(len(result.ranks), 'rank')} rehearsed ({_ranks(result.ranks)}): {where}"
 
 
-def _request(request: FailedRequest | None) -> str:
-    if request is None:
-        return "the request it could not get is not known"
-    phase = f" in {request.phase.replace('_', ' ')}" if request.phase else ""
-    return f"the request of {format_size(request.request_bytes)} ({request.op}){phase} at {request.site}"
-
-
 def _detail(rank: Probe) -> str:
     if rank.outcome == OUT_OF_MEMORY:
-        return _request(rank.request)
+        return request_words(rank.request)
     return rank.reason or ""
 
 
 def _rows(result: World) -> list[tuple[str, str, str, str, str]]:
-    return [
-        (
-            str(rank.value),
-            _RESULT_WORDS.get(rank.outcome, rank.outcome),
-            format_size(rank.peak_allocated_bytes),
-            format_size(rank.peak_reserved_bytes),
-            _detail(rank),
-        )
-        for rank in result.ranks
-    ]
+    return [(*probe_cells(rank), _detail(rank)) for rank in result.ranks]
 
 
 def _maximum(result: World, usable_bytes: int) -> str | None:
@@ -87,12 +71,7 @@ def render_world_text(
 ) -> str:
     lines = [f"{headline(result, device_memory_bytes=device_memory_bytes, script=script)} — {mode}, experimental"]
     rows = [("rank", "result", "peak allocated", "peak reserved", ""), *_rows(result)]
-    widths = [max(len(row[column]) for row in rows) for column in range(4)]
-    for row in rows:
-        lines.append(
-            f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]:>{widths[3]}}"
-            f"  {row[4]}".rstrip()
-        )
+    lines += table_lines(rows, "  ")
     maximum = _maximum(result, usable_bytes)
     if maximum is not None:
         lines.append(f"  {maximum}")
@@ -116,18 +95,6 @@ def render_world_markdown(
     return "\n".join(lines)
 
 
-def _request_json(request: FailedRequest | None) -> dict[str, Any] | None:
-    if request is None:
-        return None
-    return {
-        "request_bytes": request.request_bytes,
-        "op": request.op,
-        "phase": request.phase,
-        "site": request.site,
-        "message": request.message,
-    }
-
-
 def world_rows(result: World, *, device_memory_bytes: int, script: str) -> dict[str, Any]:
     """The ranks as plain data (the JSON form)."""
     allocated, reserved = result.most_allocated, result.most_reserved
@@ -145,7 +112,7 @@ def world_rows(result: World, *, device_memory_bytes: int, script: str) -> dict[
                 "peak_allocated_bytes": rank.peak_allocated_bytes,
                 "peak_reserved_bytes": rank.peak_reserved_bytes,
                 "peak_requested_bytes": rank.peak_requested_bytes,
-                "request": _request_json(rank.request),
+                "request": request_json(rank.request),
                 "reason": rank.reason,
                 "dumps": list(rank.dumps),
             }
