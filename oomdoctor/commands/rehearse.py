@@ -186,6 +186,26 @@ def split_command(args: argparse.Namespace) -> tuple[Path, list[str]]:
     return Path(script), rest[index:]
 
 
+def _require_device_and_script(args: argparse.Namespace, script: Path) -> None:
+    if args.device_memory is None:
+        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
+    if not script.is_file():
+        raise OomdoctorError(f"no such script: {script}")
+
+
+def _output_format(args: argparse.Namespace) -> str:
+    """--format of the plan, a sweep or the ranks: text, md or json."""
+    output_format = getattr(args, "format", None) or "text"
+    if output_format not in ("text", "md", "json"):
+        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
+    return output_format
+
+
+def _dump_dir(args: argparse.Namespace) -> Path:
+    """Where dumps go: --out, else $OOMDOCTOR_DIR, else ./oom-dumps."""
+    return Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+
+
 def run(args: argparse.Namespace) -> int:
     script, script_args = split_command(args)
     width = text_width(args)  # a bad --width fails before the script runs
@@ -197,10 +217,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "ranks", None) is not None and not getattr(args, "probe_result", None):
         assert world_size is not None
         return run_ranks(args, script, script_args, world_size, ranks)
-    if args.device_memory is None:
-        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
-    if not script.is_file():
-        raise OomdoctorError(f"no such script: {script}")
+    _require_device_and_script(args, script)
     if importlib.util.find_spec("torch") is None:
         raise OomdoctorError("rehearse runs the script with PyTorch, which is not installed here")
     device_memory_bytes = parse_size_bytes(args.device_memory)
@@ -214,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     if alloc_conf is None:
         alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
     _check_alloc_conf(alloc_conf)
-    dump_dir = Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+    dump_dir = _dump_dir(args)
 
     from oomdoctor.rehearse.session import RehearsalConfig, rehearse_script
 
@@ -234,9 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if probing:
         write_probe_result(Path(probing), result)
         return result.exit_code
-    output_format = getattr(args, "format", None) or "text"
-    if output_format not in ("text", "md", "json"):
-        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
+    output_format = _output_format(args)
     plan = _plan(script, config, result, output_format)
     text = plan if plan is not None else format_result(script, config, result)
     if output_format == "text" or plan is None:  # the result without a plan is text in any format
@@ -463,16 +478,11 @@ def run_sweep(args: argparse.Namespace, script: Path, script_args: list[str]) ->
     hi = _sweep_bound("--hi", args.hi, max(DEFAULT_HI, lo))
     if hi < lo:
         raise OomdoctorError(f"--hi {hi} is below --lo {lo}")
-    if args.device_memory is None:
-        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
-    if not script.is_file():
-        raise OomdoctorError(f"no such script: {script}")
+    _require_device_and_script(args, script)
     device_memory_bytes = parse_size_bytes(args.device_memory)
     usable_bytes = device_memory_bytes - parse_size_bytes(args.outside_memory) - parse_size_bytes(args.cuda_context)
-    output_format = getattr(args, "format", None) or "text"
-    if output_format not in ("text", "md", "json"):
-        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
-    dump_dir = Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+    output_format = _output_format(args)
+    dump_dir = _dump_dir(args)
     with tempfile.TemporaryDirectory(prefix="oomdoctor-sweep-") as work:
 
         def probe(value: int) -> Any:
@@ -669,10 +679,7 @@ def run_ranks(args: argparse.Namespace, script: Path, script_args: list[str], wo
     from oomdoctor.analysis.world import world
     from oomdoctor.views.world import render_world
 
-    if args.device_memory is None:
-        raise OomdoctorError("--device-memory SIZE is required (for example --device-memory 24GiB)")
-    if not script.is_file():
-        raise OomdoctorError(f"no such script: {script}")
+    _require_device_and_script(args, script)
     if importlib.util.find_spec("torch") is None:
         raise OomdoctorError("rehearse runs the script with PyTorch, which is not installed here")
     device_memory_bytes = parse_size_bytes(args.device_memory)
@@ -680,10 +687,8 @@ def run_ranks(args: argparse.Namespace, script: Path, script_args: list[str], wo
     if usable_bytes <= 0:
         raise OomdoctorError("--outside-memory and --cuda-context leave no device memory for PyTorch")
     _check_alloc_conf(args.alloc_conf or "")
-    output_format = getattr(args, "format", None) or "text"
-    if output_format not in ("text", "md", "json"):
-        raise OomdoctorError(f"--format must be text, md or json, not {output_format!r}")
-    dump_dir = Path(args.out or os.environ.get("OOMDOCTOR_DIR") or "oom-dumps").resolve()
+    output_format = _output_format(args)
+    dump_dir = _dump_dir(args)
     with tempfile.TemporaryDirectory(prefix="oomdoctor-ranks-") as work:
 
         def rehearse_rank(rank: int) -> Probe:
