@@ -110,6 +110,7 @@ def _dump_dir(item: pytest.Function) -> Path:
 
 def _out_of_memory(config: Any, result: Any) -> str:
     """'would run out of GPU memory on a 24.00 GiB device: <verdict> — <summary>; the failing request ...'"""
+    from oomdoctor.rehearse.fake import short_path  # torch is imported: a marked test ran
     from oomdoctor.safetext import printable
     from oomdoctor.units import format_size
 
@@ -119,7 +120,7 @@ def _out_of_memory(config: Any, result: Any) -> str:
     dump = result.dump_paths[-1] if result.dump_paths else None
     judged = _verdict(dump)
     frame = oom.user_frame
-    site = f"{_short(frame['filename'])}:{frame['line']} in {frame['name']}" if frame else "an unknown line"
+    site = f"{short_path(frame['filename'])}:{frame['line']} in {frame['name']}" if frame else "an unknown line"
     phase = f" (phase: {oom.phase})" if oom.phase else ""
     lines = [
         f"would run out of GPU memory on {device} ({mode}, experimental): {judged}; the failing request at "
@@ -146,11 +147,3 @@ def _verdict(dump: Path | None) -> str:
     except OomdoctorError as error:
         return f"no verdict (the dump could not be read: {error})"
     return f"{analysis.verdict} — {phrasing.summary(analysis.summary).rstrip('.')}"
-
-
-def _short(filename: str) -> str:
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if relative.startswith("..") else relative

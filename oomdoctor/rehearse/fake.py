@@ -71,10 +71,11 @@ def site_of(frames: list[Any]) -> str:
     frame = user_frame(frames)
     if frame is None:
         return "unknown line"
-    return f"{_short(frame['filename'])}:{frame['line']}"
+    return f"{short_path(frame['filename'])}:{frame['line']}"
 
 
-def _short(filename: str) -> str:
+def short_path(filename: str) -> str:
+    """`filename` relative to the working folder when it lies below it, else as it is."""
     try:
         relative = os.path.relpath(filename)
     except ValueError:
@@ -437,5 +438,5 @@ def _traceback_site(trace: Any, script_filename: str) -> str:
         filename = entry.tb_frame.f_code.co_filename
         if filename.startswith(torch_dir) or recorder_module.is_machinery_file(filename) or filename.startswith("<"):
             continue
-        return f"{_short(filename)}:{entry.tb_lineno}"
-    return f"{_short(script_filename)}"
+        return f"{short_path(filename)}:{entry.tb_lineno}"
+    return f"{short_path(script_filename)}"

@@ -257,13 +257,7 @@ def rehearse_script(
                 _oom_in_a_cell(session, result)
             finally:
                 _uninstall_capture(result.dump_writer)
-            stats = session.backend.memory_stats(config.device)
-            result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
-            result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
-            result.peak_requested_bytes = int(stats.get("requested_bytes.all.peak", 0))
-            result.ooms_seen = session.ooms
-            if session.fake is not None:
-                result.fake_notes = session.fake.notes
+            _take_session(session, config, result)
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
@@ -271,6 +265,17 @@ def rehearse_script(
         _restore_process_hooks(saved_hooks)
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
     return result
+
+
+def _take_session(session: RehearsalSession, config: RehearsalConfig, result: RehearsalResult) -> None:
+    """What the session saw, into the result: the simulator's peaks, the OOMs, the fake notes."""
+    stats = session.backend.memory_stats(config.device)
+    result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
+    result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
+    result.peak_requested_bytes = int(stats.get("requested_bytes.all.peak", 0))
+    result.ooms_seen = session.ooms
+    if session.fake is not None:
+        result.fake_notes = session.fake.notes
 
 
 def _process_hooks() -> tuple[Any, Any]:
@@ -315,13 +320,7 @@ def rehearsal(config: RehearsalConfig, *, dump_dir: Path, filename: str = "") ->
         finally:
             _uninstall_capture(result.dump_writer)
             _restore_process_hooks(saved_hooks)
-            stats = session.backend.memory_stats(config.device)
-            result.peak_allocated_bytes = int(stats.get("allocated_bytes.all.peak", 0))
-            result.peak_reserved_bytes = int(stats.get("reserved_bytes.all.peak", 0))
-            result.peak_requested_bytes = int(stats.get("requested_bytes.all.peak", 0))
-            result.ooms_seen = session.ooms
-            if session.fake is not None:
-                result.fake_notes = session.fake.notes
+            _take_session(session, config, result)
     result.dump_paths = sorted(_dump_files(dump_dir) - before)
 
 
