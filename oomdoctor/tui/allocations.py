@@ -17,11 +17,12 @@ from oomdoctor.tui.content import (
     NOT_ATTRIBUTED,
     AllocationRow,
     allocation_rows,
+    blocks_after,
     component_label,
     cursor_label,
+    cursor_moment,
     filter_rows,
     label_width,
-    live_blocks_at,
     path_style,
     phase_words,
     target_words,
@@ -105,15 +106,10 @@ class AllocationsPane(GuardedPane, Vertical):
         if self.failed:
             return
         try:
-            target = self.analysis.replay.target_index
-            shown = None if event_index is None or event_index == target or replay is None else event_index
+            shown = cursor_moment(self.analysis, event_index, replay)
             if shown == self.shown_index:
                 return
-            if shown is None:
-                blocks = None
-            else:
-                state = replay.state_at(shown)  # type: ignore[union-attr]  # shown is None without one
-                blocks = live_blocks_at(state, replay.trace, replay.segments, self.analysis)  # type: ignore[union-attr]
+            blocks = None if shown is None or replay is None else blocks_after(replay, shown, self.analysis)
             self.shown_index = shown
             self.all_rows = allocation_rows(self.analysis, width=label_width(self.app.size.width), blocks=blocks)
             self.shown_rows = filter_rows(self.all_rows, self.query_text) if self.query_text else list(self.all_rows)

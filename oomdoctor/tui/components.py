@@ -15,11 +15,12 @@ from oomdoctor.tui.content import (
     NOT_ATTRIBUTED,
     NOT_ATTRIBUTED_LABEL,
     ComponentNode,
+    blocks_after,
     component_nodes,
     cursor_label,
+    cursor_moment,
     describe_block,
     label_width,
-    live_blocks_at,
     path_style,
     where_label,
 )
@@ -98,17 +99,16 @@ class ComponentsPane(GuardedPane, Vertical):
         if self.failed:
             return
         try:
-            target = self.analysis.replay.target_index
-            shown = None if event_index is None or event_index == target or replay is None else event_index
+            shown = cursor_moment(self.analysis, event_index, replay)
             if shown == self.shown_index:
                 return
             width = label_width(self.app.size.width)
-            if shown is None:
+            if shown is None or replay is None:
                 self.nodes = component_nodes(self.analysis, width=width)
             else:
-                state = replay.state_at(shown)  # type: ignore[union-attr]  # shown is None without one
-                blocks = live_blocks_at(state, replay.trace, replay.segments, self.analysis)  # type: ignore[union-attr]
-                self.nodes = component_nodes(self.analysis, width=width, blocks=blocks)
+                self.nodes = component_nodes(
+                    self.analysis, width=width, blocks=blocks_after(replay, shown, self.analysis)
+                )
             self.shown_index = shown
             tree = self.query_one("#component-tree", Tree)
             tree.clear()

@@ -15,6 +15,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.frame_kinds import lead_frame_index
 from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPeak, SeriesPoint
@@ -740,6 +741,18 @@ def target_words(analysis: Analysis) -> str:
 def cursor_label(event_index: int) -> str:
     """Which moment a tab shows when it follows the timeline cursor away from the target."""
     return f"after event {event_index} (the timeline cursor)"
+
+
+def cursor_moment(analysis: Analysis, event_index: int | None, replay: Replayer | None) -> int | None:
+    """The event a tab that follows the timeline cursor shows: None (the target, as the analysis
+    has it) when the cursor is at the target or nowhere yet, or when no replayer is ready."""
+    target = analysis.replay.target_index
+    return None if event_index is None or event_index == target or replay is None else event_index
+
+
+def blocks_after(replay: Replayer, event_index: int, analysis: Analysis) -> list[LiveBlock]:
+    """The blocks live right after `event_index`, replayed (`live_blocks_at`)."""
+    return live_blocks_at(replay.state_at(event_index), replay.trace, replay.segments, analysis)
 
 
 def live_blocks_at(
