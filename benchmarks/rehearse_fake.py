@@ -123,11 +123,22 @@ SWEEP_WORKLOAD = textwrap.dedent(
 )
 
 
+def run_oomdoctor(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """`argv` (a `python -m oomdoctor ...` command) with this checkout importable; (what it
+    printed, its wall seconds)."""
+    import os
+    import time
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (str(ROOT), env.get("PYTHONPATH")) if part)
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    return done, time.monotonic() - started
+
+
 def sweep_batch(preset: str, steps: int, device_memory: str, seq_len: int | None) -> None:
     """`oomdoctor rehearse --fake --sweep batch-size` of the preset's GPT on a device of
     `device_memory`: the largest batch that fits, as the verb prints it."""
-    import os
-    import time
 
     layers, width, heads, seq, _batch, vocab = PRESETS[preset]
     seq = seq_len or seq
@@ -140,19 +151,13 @@ def sweep_batch(preset: str, steps: int, device_memory: str, seq_len: int | None
         options = {"--layers": layers, "--width": width, "--heads": heads, "--seq-len": seq, "--vocab": vocab}
         argv += [str(part) for name, value in {**options, "--steps": steps}.items() for part in (name, value)]
         argv += ["--batch-size", "1"]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(part for part in (str(ROOT), env.get("PYTHONPATH")) if part)
-        started = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-        wall = time.monotonic() - started
+        done, wall = run_oomdoctor(argv)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(done.stdout.rstrip() or done.stderr[-3000:])
     print(f"  exit status {done.returncode}; {usage.ru_utime + usage.ru_stime:.1f} CPU s, {wall:.0f} s wall")
 
 
 def plan_world(preset: str, steps: int, world_size: int, ranks: str, bf16: bool, device_memory: str) -> None:
-    import os
-    import time
 
     layers, width, heads, seq, batch, vocab = PRESETS[preset]
     precision = "bf16 mixed precision" if bf16 else "fp32"
@@ -166,11 +171,7 @@ def plan_world(preset: str, steps: int, world_size: int, ranks: str, bf16: bool,
         argv = [sys.executable, "-m", "oomdoctor", "rehearse", "--fake", "--world-size", str(world_size)]
         argv += ["--ranks", ranks, "--device-memory", device_memory, "--format", "json", "--out", folder]
         argv += [str(script), "--", *(str(value) for value in (*PRESETS[preset], steps)), "bf16" if bf16 else "fp32"]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(part for part in (str(ROOT), env.get("PYTHONPATH")) if part)
-        started = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-        wall = time.monotonic() - started
+        done, wall = run_oomdoctor(argv)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     if "{" not in done.stdout:
         raise SystemExit(f"the plan failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
