@@ -319,6 +319,12 @@ def test_t_brings_allocations_back_to_the_oom_and_is_offered_only_away_from_it()
         # the tab shown and the cursor's moves taken in: on a loaded machine a refresh later
         await until(pilot, lambda: bool(app.check_action("back_to_target", ("oom",))))
         offered = app.check_action("back_to_target", ("oom",))
+        browser = app._browser()
+        why = (  # what check_action reads, for the failure message (this test has failed in full runs)
+            None if browser is None else (browser.cursor_event, browser.away_from_target),
+            app.query(TabbedContent).first().active if app.query(TabbedContent) else None,
+            app.analysis.replay.target_index if app.analysis is not None else None,
+        )
         titles = [command.title for command in app.get_system_commands(app.screen)]
         app.query_one("#allocation-table", DataTable).focus()  # out of the search: `t` is the app's again
         await settle(app, pilot)
@@ -326,7 +332,7 @@ def test_t_brings_allocations_back_to_the_oom_and_is_offered_only_away_from_it()
         await settle(app, pilot)
         pane = app.query_one(AllocationsPane)
         return (
-            offered,
+            (offered, why),
             titles,
             pane.shown_index,
             len(pane.all_rows),
@@ -335,8 +341,9 @@ def test_t_brings_allocations_back_to_the_oom_and_is_offered_only_away_from_it()
             app.check_action("back_to_target", ("oom",)),
         )
 
-    analysis, _, (offered, titles, shown, count, line, cursor, still) = _away_from_the_oom(then)
-    assert offered and "Back to the OOM" in titles
+    analysis, _, ((offered, why), titles, shown, count, line, cursor, still) = _away_from_the_oom(then)
+    assert offered, f"not offered: (cursor event, away), active tab, target = {why}"
+    assert "Back to the OOM" in titles
     assert shown is None and count == len(analysis.live_blocks) and "after event" not in line
     assert cursor == analysis.replay.target_index and not still
 
