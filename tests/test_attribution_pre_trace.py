@@ -4,7 +4,7 @@ workspaces, large pre-allocations and user code between steps (issue 11, causes 
 from __future__ import annotations
 
 from oomdoctor.analysis import analyse
-from oomdoctor.analysis.attribution import CUBLAS_DEFAULT_WORKSPACE_BYTES, model_state_copies
+from oomdoctor.analysis.attribution import CUBLAS_DEFAULT_WORKSPACE_BYTES, layer_stack_weights, model_state_copies
 from oomdoctor.model import Frame
 from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
@@ -111,6 +111,43 @@ def test_model_state_copies_reads_the_largest_consistent_count():
     one_big_single = [*[(400, 400)] * 4, (1000, 1000)]
     assert model_state_copies(one_big_single, 4) == 1
     assert model_state_copies([], 4) == 1
+
+
+def _layered_model(layers: int, width: int = 1024) -> list[int]:
+    """Requested bytes of one copy of a transformer's weights in fp32: per layer a fused qkv matrix,
+    an output projection, two MLP matrices, their biases and two norms; an embedding and a final norm."""
+    per_layer = [width * 3 * width, width * width, width * 4 * width, 4 * width * width]
+    per_layer += [3 * width, width, 4 * width, width, width, width, width, width]
+    return [4 * n for n in per_layer] * layers + [4 * 50000 * width, 4 * width, 4 * width]
+
+
+def test_one_copy_of_a_layered_model_without_a_trace_is_its_weights_and_the_rest_unknown():
+    sizes = _layered_model(12)
+    scratch = 32 * MiB + 4  # a buffer of no width of the model's
+    weights = layer_stack_weights([(r, r) for r in [*sizes, scratch]])
+    assert weights is not None
+    assert set(sizes) <= weights  # the embedding too: a multiple of the model's width
+    assert scratch not in weights
+
+    sim = Sim()
+    for requested in sizes:
+        sim.alloc(requested)
+    sim.alloc(scratch)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["parameters"] >= sum(sizes)
+    assert components["unknown"] >= scratch
+    assert components["parameters"] + components["unknown"] == sum(_components(sim).values())
+
+
+def test_shapes_without_a_layer_structure_are_not_read_as_weights():
+    assert layer_stack_weights([(r, r) for r in (10 * MiB, 10 * MiB, 3 * MiB, 7 * MiB, 5 * MiB)]) is None
+    # counts with no common layer count (a diffusion model's irregular blocks)
+    irregular = [*[(4 * MiB, 4 * MiB)] * 7, *[(2 * MiB, 2 * MiB)] * 5, *[(MiB, MiB)] * 11, (64 * MiB, 64 * MiB)]
+    assert layer_stack_weights(irregular) is None
+    # two or three layers cannot be told from copies of a small model's states
+    assert layer_stack_weights([(r, r) for r in _layered_model(3)]) is None
+    assert layer_stack_weights([]) is None
 
 
 def test_what_the_trace_does_to_a_frameless_pre_trace_block_decides_it():

@@ -43,9 +43,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "cs336_mixed_precision__niuhuangxiaozi__fwd_bwd_200_mixed_precision.pickle": {
         "categories": "3/1/0: backward temporaries partial (156.3 MiB for 127.9 MiB, +22%)",
     },
-    "device1_only_empty_traces__select_n__snapshot.pickle": {
-        "categories": "0/0/2: parameters/buffers wrong (0 for 487.5 MiB), other/unknown wrong (520.0 MiB for 32.5 MiB)",
-    },
     "segments_only_26GB__verl__mem.pickle": {
         "categories": "1/1/0: vLLM weights + Megatron param/grad buffers partial (2.14 GiB for 1.85 GiB, +16%)",
     },

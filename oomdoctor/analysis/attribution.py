@@ -163,6 +163,13 @@ _USER_FRAMES_READ = 4  # innermost user frames whose names are read
 _MODEL_STATE_KINDS = ("parameters", "gradients", "optimizer_state", "optimizer_state")
 _COPY_TOLERANCE = 0.01  # bytes in shapes that break a k-copy pattern, as a share of the frame-less bytes
 _COPY_SHAPES_SHARE = 2 / 3  # of the repeated shapes, those that must follow the pattern
+# One copy of a model built of identical layers: shapes that repeat once per layer.
+_LAYERS_MIN = 4  # fewer layers cannot be told from copies of a small model's states
+_LAYER_SHAPES_MIN = 3  # distinct shapes a layer has (its matrices, biases, norms)
+_LAYER_BYTES_SHARE = 0.9  # of the bytes in repeated shapes, those that repeat a multiple of the layer count
+_LAYERS_SHARE = 1 / 2  # of the frame-less bytes, those the layers hold
+_WIDTH_MIN_BYTES = 256  # the smallest per-layer vector taken for the model's width (no scalar buffer)
+_LAYER_CONFIDENCE = 0.3  # weights read from the shapes alone
 
 
 def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
@@ -277,6 +284,46 @@ def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) ->
         if broken <= total * _COPY_TOLERANCE and regular >= _COPY_SHAPES_SHARE * len(repeated):
             return copies
     return 1
+
+
+def layer_stack_weights(sizes: Sequence[tuple[int, int]]) -> set[int] | None:
+    """The requested bytes, among the frame-less pre-trace blocks' (requested, block bytes), of one
+    copy of a model built of identical layers, or None when the shapes show no such model.
+
+    Layers: a count L (at least _LAYERS_MIN) such that at least _LAYER_SHAPES_MIN shapes occur a
+    multiple of L times, holding _LAYER_BYTES_SHARE of the bytes in repeated shapes and
+    _LAYERS_SHARE of all. The model's other weights (embeddings, heads) share its width: every
+    matrix of a layer has it as one dimension, and the smallest vector that repeats once per layer
+    and divides the largest layer shape (a norm's weight or a bias) is one row of it. Shapes of
+    either kind are the weights; the rest (workspaces, masks of another width, scratch) are not
+    placed."""
+    counts: dict[int, int] = defaultdict(int)
+    held: dict[int, int] = defaultdict(int)
+    for requested, size in sizes:
+        counts[requested] += 1
+        held[requested] += size
+    total = sum(held.values())
+    repeated_bytes = sum(held[r] for r, n in counts.items() if n > 1)
+    if not total:
+        return None
+    for layers in range(max(counts.values()), _LAYERS_MIN - 1, -1):
+        per_layer = [r for r, n in counts.items() if n % layers == 0]
+        layer_bytes = sum(held[r] for r in per_layer)
+        if (
+            len(per_layer) >= _LAYER_SHAPES_MIN
+            and layer_bytes >= _LAYER_BYTES_SHARE * repeated_bytes
+            and layer_bytes >= _LAYERS_SHARE * total
+        ):
+            break
+    else:
+        return None
+    weights = set(per_layer)
+    largest = max(per_layer)
+    vectors = [r for r, n in counts.items() if n >= layers and r >= _WIDTH_MIN_BYTES and largest % r == 0]
+    if vectors:
+        width = min(vectors)
+        weights.update(r for r in counts if r % width == 0)
+    return weights
 
 
 def attribute(
@@ -491,8 +538,16 @@ def _place_model_states(
     if trains and OPTIMIZER_STATE not in placed_kinds:
         kinds += ["optimizer_state", "optimizer_state"]
     copies = model_state_copies([(a.requested_bytes, a.size_bytes) for a in frameless], len(kinds))
-    if copies == 1 and not traced:  # one set of shapes, and nothing runs a model: cannot tell
-        return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
+    if copies == 1 and not traced:  # one set of shapes, and nothing runs a model
+        weights = layer_stack_weights([(a.requested_bytes, a.size_bytes) for a in frameless])
+        if weights is None:  # nor do the shapes show one: cannot tell
+            return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
+        return {
+            a.address: (PARAMETERS, METHOD_SIZE_MATCH, _LAYER_CONFIDENCE)
+            if a.requested_bytes in weights
+            else (UNKNOWN, METHOD_NONE, 0.0)
+            for a in frameless
+        }
     last = phases.spans[-1] if phases.spans else None
     backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
     gradients_there = not gradients_made and any(a.requested_bytes in accumulated_sizes for a in frameless)
