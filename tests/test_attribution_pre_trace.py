@@ -263,3 +263,22 @@ def test_gradients_found_already_there_by_an_interrupted_backward_are_one_of_thr
     assert (there["parameters"], there["gradients"], there["optimizer_state"]) == (10 * MiB, 10 * MiB, 10 * MiB)
     adam = _three_copies_then_a_backward(accumulate=False)
     assert (adam["parameters"], adam["gradients"], adam["optimizer_state"]) == (10 * MiB, 0, 20 * MiB)
+
+
+def test_gradients_of_parameters_a_user_constructor_made_are_gradients_in_the_backward():
+    """Parameters made by the user's own module class (torch.empty in its __init__, no nn.Module
+    frames): blocks of their shapes the backward makes are the gradients while the backward runs."""
+    constructor = (Frame("modules/linear.py", 19, "__init__"), Frame("train.py", 20, "main"))
+    sim = Sim()
+    for size in (4, 4, 2):
+        sim.alloc(size * MiB, constructor)
+    activation = sim.alloc(16 * MiB, FORWARD_STACK)
+    gradients = [sim.alloc(size * MiB, ()) for size in (4, 4, 2)]  # the backward: no Python frames
+    scratch = sim.alloc(6 * MiB, ())  # the peak: a temporary of the backward
+    sim.free(scratch)
+    sim.free(activation)
+    del gradients
+    components = analyse(sim.snapshot(metadata=False, registry=False)).component_bytes()
+    assert components["parameters"] == 10 * MiB
+    assert components["gradients"] == 10 * MiB
+    assert components["temporaries"] == 6 * MiB

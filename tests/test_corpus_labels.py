@@ -40,9 +40,6 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "cs336__bcrafton__memory_snapshot.pickle": {
         "categories": "1/2/0: parameters + gradients partial (1.42 GiB for 1.73 GiB, -18%), optimizer state partial (1.71 GiB for 1.42 GiB, +20%)",
     },
-    "cs336_mixed_precision__niuhuangxiaozi__fwd_bwd_200_mixed_precision.pickle": {
-        "categories": "3/1/0: backward temporaries partial (156.3 MiB for 127.9 MiB, +22%)",
-    },
     "segments_only_26GB__verl__mem.pickle": {
         "categories": "1/1/0: vLLM weights + Megatron param/grad buffers partial (2.14 GiB for 1.85 GiB, +16%)",
     },

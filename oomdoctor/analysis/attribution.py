@@ -218,6 +218,21 @@ def _in_constructor(stack: Stack) -> bool:
     return any(function == "__init__" for _, function in _python_user_frames(stack))
 
 
+def _makes_parameter(stack: Stack) -> bool:
+    """Whether a block made before the first step by this stack is a parameter (as `_infer` places
+    one by its frames): a module's setup, a function named so, or a user constructor that is not an
+    optimizer's."""
+    cls = classify_stack(stack)
+    if cls == "module-setup":
+        return True
+    if cls == PHASE_OPTIMIZER:
+        return False
+    named = _by_names(stack)
+    if named is not None:
+        return named == PARAMETERS
+    return _in_constructor(stack)
+
+
 def _backward_made(stack: Stack) -> bool:
     return any("AccumulateGrad" in frame.name for frame in stack if not frame.filename.endswith(".py"))
 
@@ -350,11 +365,7 @@ def attribute(
                     parameter_sizes.add(allocation.requested_bytes)
             else:
                 span = phases.span_of(alloc_index)
-                if (
-                    span is not None
-                    and span.phase == PHASE_BEFORE
-                    and classify_stack(trace.frames_at(alloc_index)) == "module-setup"
-                ):
+                if span is not None and span.phase == PHASE_BEFORE and _makes_parameter(trace.frames_at(alloc_index)):
                     parameter_sizes.add(allocation.requested_bytes)
 
     blocks: list[LiveBlock] = []
