@@ -6,7 +6,7 @@ from __future__ import annotations
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.attribution import CUBLAS_DEFAULT_WORKSPACE_BYTES, layer_stack_weights, model_state_copies
 from oomdoctor.model import Frame
-from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
+from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
 ACCUMULATE_GRAD_STACK = (
     Frame("", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),
@@ -282,3 +282,30 @@ def test_gradients_of_parameters_a_user_constructor_made_are_gradients_in_the_ba
     assert components["parameters"] == 10 * MiB
     assert components["gradients"] == 10 * MiB
     assert components["temporaries"] == 6 * MiB
+
+
+def test_parameters_an_optimizer_replaces_out_of_place_stay_parameters():
+    """`p.data = p.data - lr * update` in an optimizer's step: the new block takes the place of the
+    parameter the step frees, step after step; the moments it keeps are its state."""
+    constructor = (Frame("modules/linear.py", 19, "__init__"), Frame("train.py", 20, "main"))
+    sim = Sim()
+    parameters = [sim.alloc(size * MiB, constructor) for size in (4, 2)]
+    moments = [sim.alloc(size * MiB, ADAM_INIT_STACK) for size in (4, 4, 2, 2)]
+    for _ in range(2):
+        activation = sim.alloc(16 * MiB, FORWARD_STACK)
+        gradients = [sim.alloc(size * MiB, ()) for size in (4, 2)]
+        sim.free(activation)
+        replaced = []
+        for parameter, size in zip(parameters, (4, 2)):
+            update = sim.alloc(size * MiB, FOREACH_STACK)  # a temporary of the step
+            replaced.append(sim.alloc(size * MiB, FOREACH_STACK))
+            sim.free(update)
+            sim.free(parameter)
+        parameters = replaced
+        for gradient in gradients:
+            sim.free(gradient)
+    del moments
+    snapshot = sim.snapshot(metadata=False, registry=False)
+    at_end = analyse(snapshot, at_event=len(snapshot.trace_of(0)) - 1).component_bytes()
+    assert at_end["parameters"] == 6 * MiB
+    assert at_end["optimizer_state"] == 12 * MiB

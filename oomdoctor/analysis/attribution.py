@@ -218,6 +218,11 @@ def _in_constructor(stack: Stack) -> bool:
     return any(function == "__init__" for _, function in _python_user_frames(stack))
 
 
+def _phase_of(phases: PhaseIndex, index: int) -> str | None:
+    span = phases.span_of(index)
+    return span.phase if span is not None else None
+
+
 def _makes_parameter(stack: Stack) -> bool:
     """Whether a block made before the first step by this stack is a parameter (as `_infer` places
     one by its frames): a module's setup, a function named so, or a user constructor that is not an
@@ -368,6 +373,13 @@ def attribute(
                 if span is not None and span.phase == PHASE_BEFORE and _makes_parameter(trace.frames_at(alloc_index)):
                     parameter_sizes.add(allocation.requested_bytes)
 
+    successors: set[int] = set()
+    if not exact and any(
+        a.alloc_index is not None and _phase_of(phases, a.alloc_index) == PHASE_OPTIMIZER for a in live
+    ):
+        seeds = [address for address, placed in pre_trace.items() if placed[0] == PARAMETERS]
+        successors = parameter_successors(trace, phases, seeds, after_target)
+
     blocks: list[LiveBlock] = []
     for address, alloc_index, size, requested in live:  # LiveAllocation's fields
         span = phases.span_of(alloc_index) if alloc_index is not None else None
@@ -390,6 +402,8 @@ def attribute(
             freed_at = frees.get(address)
             if _workspace_frames(stack):
                 component, method, confidence = WORKSPACE, METHOD_FRAMES, 0.9
+            elif alloc_index in successors:  # a parameter the optimizer step replaced out of place
+                component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
                 component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
             else:
@@ -415,6 +429,54 @@ def attribute(
         )
     blocks.sort(key=lambda b: -b.size_bytes)
     return blocks
+
+
+def parameter_successors(
+    trace: DeviceTrace,
+    phases: PhaseIndex,
+    seeds: Collection[int],
+    last_index: int,
+) -> set[int]:
+    """The indices of the allocations that an optimizer step made to replace a parameter out of
+    place (`p.data = p.data - lr * update`): in each optimizer phase up to `last_index`, a block made
+    there that outlives it takes the place of a parameter of its size that the phase freed. The
+    parameters are those made during setup by frames that say so, `seeds` (addresses of those
+    made before the trace), and the replacements themselves, step after step."""
+    parameters = set(seeds)
+    successors: set[int] = set()
+    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    made_by: dict[int, bool] = {}  # id of a stack -> whether it makes a parameter
+    for span in phases.spans:
+        if span.first_index > last_index:
+            break
+        end = min(span.last_index, last_index)
+        if span.phase == PHASE_BEFORE:
+            for index in range(span.first_index, end + 1):
+                if actions[index] == ALLOC:
+                    stack = trace.frames_at(index)
+                    verdict = made_by.get(id(stack))
+                    if verdict is None:
+                        verdict = made_by[id(stack)] = bool(stack) and _makes_parameter(stack)
+                    if verdict:
+                        parameters.add(addrs[index])
+        elif span.phase == PHASE_OPTIMIZER and parameters:
+            released: dict[int, int] = defaultdict(int)  # bytes -> parameters of that size freed here
+            made: dict[int, tuple[int, int]] = {}  # address -> (index, bytes) of blocks made here, live
+            for index in range(span.first_index, end + 1):
+                action = actions[index]
+                if action == ALLOC:
+                    made[addrs[index]] = (index, sizes[index])
+                elif action == FREE_REQUESTED:
+                    address = addrs[index]
+                    if made.pop(address, None) is None and address in parameters:
+                        parameters.discard(address)
+                        released[sizes[index]] += 1
+            for address, (index, size) in sorted(made.items(), key=lambda item: item[1][0]):
+                if released.get(size):
+                    released[size] -= 1
+                    parameters.add(address)
+                    successors.add(index)
+    return successors
 
 
 def first_frees_after(trace: DeviceTrace, addresses: Collection[int], start: int) -> dict[int, int]:
