@@ -129,11 +129,7 @@ def _captured(name: str):
 
 
 # What analysis gets wrong on the dumps as captured (strict xfails, as KNOWN_MISSES).
-CAPTURED_MISSES = {
-    "no-oom-forward-benchmark-with-grad-gpt": "dumped by hand after the loop, it is judged at the dump (between "
-    "steps), and the kept-graph risk looks only inside a forward: the last pass's graph, alive after it returned, "
-    "is not weighed",
-}
+CAPTURED_MISSES: dict[str, str] = {}
 
 
 def _captured_params():

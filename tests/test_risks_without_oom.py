@@ -10,7 +10,7 @@ from oomdoctor.analysis.results import Facts, Finding, Summary, SummaryKind
 from oomdoctor.analysis.verdicts import Context, _ordered
 from oomdoctor.model import Frame, TraceEvent
 from oomdoctor.views import phrasing
-from tests.builders import FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
+from tests.builders import FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
 
 ACCUMULATE_GRAD_STACK = (Frame("", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),)
 RELU_STACK = (
@@ -163,3 +163,25 @@ def _fragmentation_and_leak(capacity: int, usable_free: int) -> list[Finding]:
 def test_growth_over_steps_outranks_immaterial_fragments():
     assert _fragmentation_and_leak(capacity=8 * GiB, usable_free=4 * MiB) == ["creeping-leak", "fragmentation"]
     assert _fragmentation_and_leak(capacity=8 * GiB, usable_free=2 * GiB) == ["fragmentation", "creeping-leak"]
+
+
+def test_the_graph_of_the_last_forward_still_alive_after_it_returned_is_a_risk():
+    """A benchmark dumped by hand after its loop: the last pass has returned, and its output still
+    holds the graph that no backward will use."""
+
+    def dumped_after_the_loop(keep: bool):
+        sim = Sim()
+        sim.alloc(64 * MiB, SETUP_STACK)  # the model
+        sim.start_recording()
+        sim.marker("forward", "start")
+        _forward(sim, [4 * MiB] * 32, keep=keep)
+        sim.marker("forward", "end")
+        sim.alloc(MiB, USER_STACK)  # the loop's own code after the pass
+        return analyse(sim.snapshot(registry=False))
+
+    result = dumped_after_the_loop(keep=True)
+    assert result.verdict == "no-oom" and result.target_phase == "between_steps"
+    finding = _findings(result)["inference-with-grad"]
+    assert finding.summary.kind == SummaryKind.KEPT_GRAPH_RISK
+    assert "the last forward pass, returned, still keeps 128.00 MiB" in phrasing.summary(finding.summary)
+    assert "inference-with-grad" not in _findings(dumped_after_the_loop(keep=False))

@@ -373,22 +373,31 @@ def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     return _allocated_between(dump.trace, last_training + 1, forwards[-1].first_index)
 
 
-def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock]) -> tuple[int, int, int]:
+def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock]) -> tuple[int, int, int, bool]:
     """What the forward the target falls in keeps: (bytes allocated from the oldest of its
     activations and temporaries still alive at the target up to the target, the bytes of those
-    live ones, how many there are); zeros when the target is not in a forward.
+    live ones, how many there are, whether the pass had returned); zeros when the target is
+    neither in a forward nor after one with only code outside any pass run since (a benchmark
+    dumped by hand after its last forward: that pass has returned).
 
     A pass that keeps its graph keeps most of what it allocated since its oldest kept tensor, and
     keeps many tensors; under no_grad only the last few tensors are alive, or (when outputs are
     kept across steps of a loop) a small share of all that was allocated since the oldest."""
-    index = target.index
-    if index is None:
-        return 0, 0, 0
-    span = dump.phase_index.span_of(index)
-    if span is None or span.phase != PHASE_FORWARD:
-        return 0, 0, 0
+    index = target.index if target.index is not None else len(dump.trace) - 1
+    span = dump.phase_index.span_of(index) if index >= 0 else None
+    if span is None:
+        return 0, 0, 0, False
+    position = dump.spans.index(span)
+    returned = span.phase != PHASE_FORWARD
+    if returned:
+        while position >= 0 and dump.spans[position].phase == PHASE_BETWEEN:
+            position -= 1
+        if position < 0 or position == dump.spans.index(span) or dump.spans[position].phase != PHASE_FORWARD:
+            return 0, 0, 0, False
+        span = dump.spans[position]
+        index = span.last_index
     first = span.first_index
-    for earlier in reversed(dump.spans[: dump.spans.index(span)]):  # a forward may be cut into spans
+    for earlier in reversed(dump.spans[:position]):  # a forward may be cut into spans
         if earlier.phase != PHASE_FORWARD:
             break
         first = earlier.first_index
@@ -400,10 +409,10 @@ def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock
         and b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
     ]
     if not kept:
-        return 0, 0, 0
+        return 0, 0, 0, False
     oldest = min(b.alloc_index for b in kept if b.alloc_index is not None)
     allocated = _allocated_between(dump.trace, oldest, index + 1)
-    return allocated, sum(b.size_bytes for b in kept), len(kept)
+    return allocated, sum(b.size_bytes for b in kept), len(kept), returned
 
 
 def _at_end(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[dict[str, int], int | None]:
@@ -426,7 +435,7 @@ def _context(
     moment: _Moment,
 ) -> Context:
     """Everything the verdict tests read."""
-    pass_allocated, pass_kept, pass_kept_count = _current_pass(dump, target, blocks)
+    pass_allocated, pass_kept, pass_kept_count, pass_returned = _current_pass(dump, target, blocks)
     end_components, end_allocated = _at_end(dump, state, target)
     return Context(
         oom=accounted.fatal,
@@ -452,6 +461,7 @@ def _context(
         pass_allocated_bytes=pass_allocated,
         pass_kept_bytes=pass_kept,
         pass_kept_count=pass_kept_count,
+        pass_returned=pass_returned,
         earlier_passes_allocated_bytes=(
             _earlier_passes_allocated(dump, target) if moment.phase in (PHASE_FORWARD, PHASE_BETWEEN) else 0
         ),

@@ -104,6 +104,7 @@ class Context:
     pass_allocated_bytes: int = field(default=0)  # the forward's allocations since its oldest tensor still alive
     pass_kept_bytes: int = field(default=0)  # the forward's activations and temporaries alive at the target
     pass_kept_count: int = field(default=0)  # how many tensors those are
+    pass_returned: bool = field(default=False)  # the pass is the last forward, returned before the target
     earlier_passes_allocated_bytes: int = field(default=0)  # allocated by the earlier passes since the last backward
     request_frames: Stack = field(default=())  # the failed request's stack (the oom event's), innermost first
     trace_entries: int = field(default=0)
@@ -903,12 +904,16 @@ def _risk_kept_graph(ctx: Context) -> Finding | None:
     """A forward pass, in a dump that shows no training at all, keeping most of what it allocated:
     grad mode is on, so autograd keeps the graph for a backward that never runs. (Not at an OOM: a
     run's first forward keeps its graph for the backward to come, and nothing before it tells.)"""
-    if ctx.oom is not None or ctx.target_phase != PHASE_FORWARD or _training_seen(ctx):
+    if ctx.oom is not None or _training_seen(ctx):
+        return None
+    if ctx.target_phase != PHASE_FORWARD and not ctx.pass_returned:
         return None
     allocated_in_pass, kept = ctx.pass_allocated_bytes, ctx.pass_kept_bytes
     c = ctx.components
     transient = c.get(Component.ACTIVATIONS, 0) + c.get(Component.TEMPORARIES, 0)
-    if not allocated_in_pass or kept < KEPT_GRAPH_SHARE * allocated_in_pass:
+    # a pass that returned has freed what it no longer uses: what it keeps is its graph or its outputs
+    share = KEPT_GRAPHS_OF_PASSES if ctx.pass_returned else KEPT_GRAPH_SHARE
+    if not allocated_in_pass or kept < share * allocated_in_pass:
         return None
     if ctx.pass_kept_count < KEPT_GRAPH_MIN_TENSORS:
         return None
@@ -919,7 +924,13 @@ def _risk_kept_graph(ctx: Context) -> Finding | None:
         0.55,
         Summary(
             SummaryKind.KEPT_GRAPH_RISK,
-            Facts.of(kept=kept, share=kept / allocated_in_pass, parameters=c.get(Component.PARAMETERS, 0), at=_at(ctx)),
+            Facts.of(
+                kept=kept,
+                share=kept / allocated_in_pass,
+                parameters=c.get(Component.PARAMETERS, 0),
+                at=_at(ctx),
+                returned=int(ctx.pass_returned),
+            ),
         ),
         (
             Evidence(EvidenceKind.PASS_ALLOCATED, "pass_allocated_bytes", allocated_in_pass, ctx.target_index),
