@@ -10,7 +10,7 @@ from oomdoctor.analysis.results import Facts, Finding, Summary, SummaryKind
 from oomdoctor.analysis.verdicts import Context, _ordered
 from oomdoctor.model import Frame, TraceEvent
 from oomdoctor.views import phrasing
-from tests.builders import FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
+from tests.builders import FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, GiB, MiB, Sim
 
 ACCUMULATE_GRAD_STACK = (Frame("", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),)
 RELU_STACK = (
@@ -163,6 +163,27 @@ def _fragmentation_and_leak(capacity: int, usable_free: int) -> list[Finding]:
 def test_growth_over_steps_outranks_immaterial_fragments():
     assert _fragmentation_and_leak(capacity=8 * GiB, usable_free=4 * MiB) == ["creeping-leak", "fragmentation"]
     assert _fragmentation_and_leak(capacity=8 * GiB, usable_free=2 * GiB) == ["fragmentation", "creeping-leak"]
+
+
+def test_gradients_of_an_earlier_backward_still_alive_later_in_the_step_were_alive_through_its_forward():
+    """The peak in the optimizer step: gradients older than the step, still alive there, lived
+    through its forward (gradients accumulated in place, never set to None)."""
+    sim = Sim()
+    for _ in range(4):
+        sim.alloc(32 * MiB, SETUP_STACK)
+    for _ in range(4):
+        sim.alloc(32 * MiB, ACCUMULATE_GRAD_STACK)
+    sim.start_recording()
+    for activation in _forward(sim, [8 * MiB] * 4, keep=True):
+        sim.free(activation)
+    sim.free(sim.alloc(16 * MiB, ()))  # the backward, adding into the gradients already there
+    sim.free(sim.alloc(64 * MiB, FOREACH_STACK))  # the optimizer step's temporaries: the peak
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.target_phase == "optimizer_step"
+    finding = _findings(result)["gradients-kept"]
+    assert finding.evidence[0].bytes == 128 * MiB
+    words = phrasing.summary(finding.summary)
+    assert "(optimizer step of step 0)" in words and "alive through the step's forward" in words
 
 
 def test_the_graph_of_the_last_forward_still_alive_after_it_returned_is_a_risk():

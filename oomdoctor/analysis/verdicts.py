@@ -895,6 +895,14 @@ def _risk_checkpoint_gather(ctx: Context) -> Finding | None:
 # ---- risks, without an OOM event: the same evidence, judged at the peak or the dump ------------
 
 
+def _forward_of_the_step_before_target(ctx: Context) -> bool:
+    """Whether the target's step ran a forward that began before the target."""
+    if ctx.target_index is None and ctx.trace_entries <= 0:
+        return False
+    index = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
+    return any(s.phase == PHASE_FORWARD and s.step == ctx.target_step and s.first_index <= index for s in ctx.phases)
+
+
 def _training_seen(ctx: Context) -> bool:
     c = ctx.components
     return ctx.trains() or bool(c.get(Component.GRADIENTS, 0) or c.get(Component.OPTIMIZER_STATE, 0))
@@ -942,8 +950,12 @@ def _risk_kept_graph(ctx: Context) -> Finding | None:
 
 def _risk_gradients_kept(ctx: Context) -> Finding | None:
     """Gradients of an earlier backward alive while a forward runs: memory zero_grad(set_to_none)
-    would have freed before it."""
-    if ctx.oom is not None or ctx.target_phase != PHASE_FORWARD:
+    would have freed before it. Judged in the forward itself, or later in its step: gradients older
+    than the step and still alive at the target were alive through the step's forward."""
+    if ctx.oom is not None:
+        return None
+    in_forward = ctx.target_phase == PHASE_FORWARD
+    if not in_forward and not _forward_of_the_step_before_target(ctx):
         return None
     old, _, largest = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
     parameters = ctx.components.get(Component.PARAMETERS, 0)
@@ -952,7 +964,16 @@ def _risk_gradients_kept(ctx: Context) -> Finding | None:
     return Finding(
         Verdict.GRADIENTS_KEPT,
         0.5,
-        Summary(SummaryKind.GRADIENTS_KEPT_RISK, Facts.of(old=old, parameters=parameters, at=_at(ctx))),
+        Summary(
+            SummaryKind.GRADIENTS_KEPT_RISK,
+            Facts.of(
+                old=old,
+                parameters=parameters,
+                at=_at(ctx),
+                step=None if in_forward else ctx.target_step,
+                phase=None if in_forward else ctx.target_phase,
+            ),
+        ),
         (
             _block_evidence(EvidenceKind.OLD_GRADIENTS, "old_gradient_bytes", old, largest),
             _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),

@@ -312,6 +312,8 @@ def _summary_words(kind: str, f: Facts) -> str:
         which = "the last forward pass, returned, still keeps" if f.get("returned") else "a forward pass keeps"
         return f"At the {f.get('at')}, {which} {human(size('kept'))}, {f.number('share'):.0%} of what it allocated, and nothing in the dump trains: grad mode is on, so autograd keeps the graph for a backward that never runs."
     if kind == SummaryKind.GRADIENTS_KEPT_RISK:
+        if f.get("phase") is not None:  # judged later in the step than its forward
+            return f"At the {f.get('at')} ({(f.text('phase') or '').replace('_', ' ')} of step {f.get('step')}), {human(size('old'))} of gradients from an earlier backward are still alive: they were alive through the step's forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would have freed them."
         return f"At the {f.get('at')}, {human(size('old'))} of gradients from an earlier backward are alive during a forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would free them."
     if kind == SummaryKind.MODEL_STATES_AT_CAPACITY:
         capacity = f.size("capacity")
