@@ -206,3 +206,22 @@ def test_the_graph_of_the_last_forward_still_alive_after_it_returned_is_a_risk()
     assert finding.summary.kind == SummaryKind.KEPT_GRAPH_RISK
     assert "the last forward pass, returned, still keeps 128.00 MiB" in phrasing.summary(finding.summary)
     assert "inference-with-grad" not in _findings(dumped_after_the_loop(keep=False))
+
+
+def test_a_dump_whose_cache_holds_more_free_than_allocated_says_so():
+    sim = Sim()
+    sim.free(sim.alloc(64 * MiB))  # an earlier, larger allocation: its segments stay cached
+    sim.alloc(4 * MiB)
+    sim.alloc(3 * MiB)
+    sim.start_recording()  # no trace: judged at the dump
+    result = analyse(sim.snapshot(metadata=False))
+    accounting = result.accounting
+    assert accounting.free_cached_bytes > accounting.allocated_bytes
+    words = phrasing.summary(result.summary)
+    assert "PyTorch's cache holds more free than allocated" in words
+    assert f"{phrasing.human(accounting.free_cached_bytes)} of the {phrasing.human(accounting.reserved_bytes)}" in words
+
+    full = Sim()
+    full.alloc(64 * MiB)
+    full.start_recording()
+    assert "cache holds" not in phrasing.summary(analyse(full.snapshot(metadata=False)).summary)

@@ -1143,6 +1143,9 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
         at = _at(ctx)
         dominant, dominant_bytes = _dominant(ctx.components)
         end_dominant, end_bytes = _dominant(ctx.end_components) if ctx.end_allocated_bytes is not None else (None, 0)
+        # judged at the dump: the cache's free memory when it is more than what is allocated
+        cache = ctx.accounting
+        cached = cache.free_cached_bytes if ctx.target_index is None and cache.free_cached_bytes > peak > 0 else None
         primary = Finding(
             Verdict.NO_OOM,
             0.9,
@@ -1156,6 +1159,9 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
                     end_allocated=ctx.end_allocated_bytes,
                     end_dominant=end_dominant,
                     end_dominant_bytes=end_bytes,
+                    cached=cached,
+                    reserved=cache.reserved_bytes if cached is not None else None,
+                    releasable=cache.releasable_bytes if cached is not None else None,
                 ),
             ),
             (
