@@ -309,3 +309,16 @@ def test_parameters_an_optimizer_replaces_out_of_place_stay_parameters():
     at_end = analyse(snapshot, at_event=len(snapshot.trace_of(0)) - 1).component_bytes()
     assert at_end["parameters"] == 6 * MiB
     assert at_end["optimizer_state"] == 12 * MiB
+
+
+def test_a_flat_buffer_named_by_the_registry_is_one_group_of_its_component():
+    sim = Sim()
+    sim.marker("backward", "start")
+    bucket = "DDP gradient bucket (12 gradients: model.fc1.weight.grad … model.fc3.bias.grad)"
+    sim.alloc(48 * MiB, (), "gradient", bucket)
+    sim.alloc(8 * MiB, (), "gradient", "model.fc4.weight.grad")
+    sim.marker("backward", "end")
+    analysis = analyse(sim.snapshot())
+    gradients = next(share for share in analysis.components if share.name == "gradients")
+    groups = {group.key: group.bytes for group in gradients.by_module}
+    assert groups == {bucket: 48 * MiB, "model.fc4": 8 * MiB}

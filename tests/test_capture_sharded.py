@@ -1,7 +1,9 @@
 """The registry names sharded models' tensors: FSDP2 (`fully_shard`) parameters, gradients and
 optimizer state are DTensors, wrapper subclasses with no storage of their own, so the registry
 names their local shards. Rehearsed on CPU with torch's fake process group: world size 2 in one
-process, every collective a no-op, so each rank's shard is half of each tensor."""
+process, every collective a no-op, so each rank's shard is half of each tensor.
+
+DDP's gradient buckets are rehearsed too, on gloo with world size 1."""
 
 from __future__ import annotations
 
@@ -76,10 +78,17 @@ def test_fsdp2_shards_are_named_as_parameters_gradients_and_optimizer_state(tmp_
         shard = [shape[0] // 2, *shape[1:]]  # dim-0 sharding over 2 ranks
         expected += [
             ("parameter", name, shard),
-            ("gradient", f"{name}.grad", shard),
             ("optimizer_state", f"{name}.exp_avg", shard),
             ("optimizer_state", f"{name}.exp_avg_sq", shard),
         ]
+    # each layer's gradient shards are views into the one output of its reduce-scatter: that
+    # storage is named once, with its bytes (the two shards')
+    for layer in ("0", "2"):
+        weight, bias = full_shapes[f"{layer}.weight"], full_shapes[f"{layer}.bias"]
+        entry = by_name[("gradient", f"flat gradient buffer (2 gradients: {layer}.weight.grad, {layer}.bias.grad)")]
+        assert entry["size_bytes"] == 4 * (weight[0] * weight[1] + bias[0]) // 2
+        assert entry["shape"] == [entry["size_bytes"] // 4]
+    assert not any(component == "gradient" and name.endswith(".grad") for component, name in by_name)
     live = {
         block["address"]: block["size"]
         for segment in data["segments"]
@@ -92,3 +101,92 @@ def test_fsdp2_shards_are_named_as_parameters_gradients_and_optimizer_state(tmp_
         assert entry["size_bytes"] == 4 * shard[0] * (shard[1] if len(shard) > 1 else 1)
         # the shard's storage is a live block of the (simulated) device
         assert entry["address"] in live and live[entry["address"]] >= entry["size_bytes"], name
+
+
+# -- DDP's gradient buckets ---------------------------------------------------------------------
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import sys
+    import oomdoctor
+    oomdoctor.install()
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    target, mode, truth = sys.argv[1], sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 8))
+    # small buckets (find_unused_parameters keeps the construction-time bucketing): two of them
+    ddp = DistributedDataParallel(
+        model, gradient_as_bucket_view=mode == "view", bucket_cap_mb=0.04, find_unused_parameters=True
+    )
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=False)
+        ddp(torch.randn(4, 64)).square().mean().backward()
+        optimizer.step()
+    # DDP's own account of its buckets' bytes
+    sizes = [int(size) for size in ddp._get_ddp_logging_data()["bucket_sizes"].split(",")]
+    with open(truth, "w") as file:
+        json.dump(sizes, file)
+    oomdoctor.dump(target)
+    dist.destroy_process_group()
+    """
+)
+DDP_GRADIENTS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+
+
+def _rehearse_ddp(tmp_path, monkeypatch, mode: str):
+    import json
+
+    from oomdoctor.pipeline import load_and_analyse
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    target, truth = tmp_path / "end.pickle", tmp_path / "buckets.json"
+    hooks = (sys.excepthook, threading.excepthook)
+    try:
+        result = rehearse_script(
+            script,
+            [str(target), mode, str(truth)],
+            RehearsalConfig(device_memory_bytes=256 << 20),
+            dump_dir=tmp_path / "oom-dumps",
+        )
+    finally:
+        if torch.distributed.is_initialized():  # the script failed before it could
+            torch.distributed.destroy_process_group()
+    assert result.exit_code == 0, result.error_text
+    assert (sys.excepthook, threading.excepthook) == hooks  # init_process_group's wrapper is gone
+    with open(target, "rb") as file:
+        data = pickle.load(file)
+    _, analysis = load_and_analyse(target)
+    return data, analysis, json.loads(truth.read_text())
+
+
+def test_ddp_buckets_of_gradients_as_bucket_views_are_named_once_with_their_bytes(tmp_path, monkeypatch):
+    data, analysis, bucket_sizes = _rehearse_ddp(tmp_path, monkeypatch, "view")
+    assert len(bucket_sizes) == 2
+    gradients = [entry for entry in data[METADATA_KEY]["tensors"] if entry["component"] == "gradient"]
+    # one entry per bucket, not one per gradient (each gradient is a view into its bucket)
+    assert sorted(entry["size_bytes"] for entry in gradients) == sorted(bucket_sizes)
+    names = [entry["name"] for entry in gradients]
+    assert all(name.startswith("DDP gradient bucket (3 gradients: module.") for name in names), names
+    named = " ".join(names)
+    # DDP buckets in reverse order: the last layers' gradients share a bucket, the first layers' another
+    assert "module.0.weight.grad … module.2.weight.grad" in named and "module.2.bias.grad … module.4.bias.grad" in named
+    assert not any(entry["name"] == f"module.{name}.grad" for entry in gradients for name in DDP_GRADIENTS)
+    for entry in gradients:
+        assert entry["shape"] == [entry["size_bytes"] // 4] and entry["dtype"] == "float32"
+    # the analysis names each bucket's block after it, with the bucket's bytes
+    blocks = {block.address: block for block in analysis.live_blocks}
+    for entry in gradients:
+        block = blocks[entry["address"]]
+        assert (block.component, block.method, block.name) == ("gradients", "registry", entry["name"])
+        assert block.requested_bytes == entry["size_bytes"]

@@ -13,13 +13,16 @@ them are DTensors, wrapper subclasses with no storage of their own; each is regi
 shard (`_local_tensor`, or `to_local()`), under the parameter's name, with the shard's shape and
 bytes. While a forward or backward runs, FSDP2 puts the unsharded (all-gathered) parameters on the
 modules: those are named as the parameters then, and the shards the optimizer holds get its
-fallback names. DDP's gradient buckets live in its C++ reducer and are not named.
+fallback names.
 
-Last come the inputs: the tensors each root module's latest outermost call was given (remembered
-weakly by the phase recorder) that are still alive, named `<ModelClass>.forward arg 0` or
-`<ModelClass>.forward kwarg attention_mask`. A tensor that is already registered (a parameter, a
-buffer, ...), shares a registered storage, is an autograd result (has a grad_fn: another model's
-output, say) or is not on the device is left out.
+Flat buffers: when several registered tensors of one component are views into one storage (DDP's
+gradient buckets with `gradient_as_bucket_view=True`, FSDP2's reduce-scatter output, FSDP1's flat
+parameters with `use_orig_params=True`, Megatron's param-and-grad buffers), that storage is
+registered once, under a name that says what it is and which tensors it holds (`DDP gradient
+bucket (12 gradients: fc1.weight.grad … fc3.bias.grad)`), with the storage's shape and bytes.
+Tensors that all cover their whole storage (tied weights) keep an entry each. Without
+`gradient_as_bucket_view`, DDP's buckets are allocations of its C++ reducer that nothing in Python
+reaches, and are not named.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ from oomdoctor.metadata import (
 )
 
 StorageAddress = Callable[[Any], "int | None"]
+
+_MEMBER_NAME_LIMIT = 80  # characters of a member's name in a flat buffer's name (cut in the middle)
+_DDP_BUCKET = "DDP gradient bucket"
+_FLAT_LABEL = {
+    COMPONENT_PARAMETER: ("flat parameter buffer", "parameters"),
+    COMPONENT_GRADIENT: ("flat gradient buffer", "gradients"),
+    COMPONENT_OPTIMIZER_STATE: ("flat optimizer state buffer", "tensors"),
+    COMPONENT_BUFFER: ("flat buffer storage", "buffers"),
+}
 # (root module, [(place in the call, weak reference to a tensor)]), as the phase recorder keeps them
 InputRecords = Iterable[tuple[Any, Iterable[tuple[Any, Callable[[], Any]]]]]
 
@@ -77,15 +89,45 @@ def local_tensor(tensor: Any) -> Any:
     return tensor
 
 
+def _storage_bytes(tensor: Any) -> int | None:
+    try:
+        return int(tensor.untyped_storage().nbytes())
+    except Exception:
+        return None
+
+
+def _cut(name: str, limit: int = _MEMBER_NAME_LIMIT) -> str:
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) // 2
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head) :]}"
+
+
+def flat_buffer_name(label: str, noun: str, members: list[str]) -> str:
+    """`label (n noun: first … last)`, bounded in length whatever the members' names."""
+    if not members:
+        return label
+    if len(members) == 1:
+        return f"{label} ({_cut(members[0])})"
+    joint = ", " if len(members) == 2 else " … "
+    return f"{label} ({len(members)} {noun}: {_cut(members[0])}{joint}{_cut(members[-1])})"
+
+
 class _Collector:
     def __init__(self, storage_address: StorageAddress, default_device: int | None) -> None:
         self.storage_address = storage_address
         self.default_device = default_device
         self.entries: list[dict[str, Any]] = []
+        # per entry: (bytes of its whole storage or None, whether it owns a flat buffer, the label
+        # of a flat buffer it is a view into, when one holds several registered tensors)
+        self.layout: list[tuple[int | None, bool, str | None]] = []
         self.seen: set[tuple[int, str]] = set()  # (id(tensor), component)
         self.addresses: set[int] = set()  # storages registered so far
 
-    def add(self, tensor: Any, component: str, name: str) -> None:
+    def add(self, tensor: Any, component: str, name: str, *, owner: bool = False, label: str | None = None) -> None:
+        """Register `tensor`; `owner`: it is a flat buffer that others registered are views into
+        (its name names the buffer); `label`: what to call its storage if it is a view into one
+        that holds other registered tensors too."""
         key = (id(tensor), component)
         if key in self.seen:
             return
@@ -109,9 +151,71 @@ class _Collector:
                     "size_bytes": int(tensor.numel()) * int(tensor.element_size()),
                 }
             )
+            self.layout.append((_storage_bytes(tensor), owner, label))
             self.addresses.add(int(address))
         except Exception:  # sparse, meta or otherwise unusual tensors: skip, never fail the dump
             return
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The entries, with each flat buffer (a storage that several registered tensors of one
+        component are views into, or one registered as an owner) folded into one entry."""
+        groups: dict[tuple[int, str], list[int]] = {}
+        for index, entry in enumerate(self.entries):
+            if entry["component"] != COMPONENT_INPUT:
+                groups.setdefault((entry["address"], entry["component"]), []).append(index)
+        replaced: dict[int, dict[str, Any] | None] = {}
+        for (_, component), indices in groups.items():
+            merged = self._merge(component, indices)
+            if merged is not None:
+                replaced[indices[0]] = merged
+                replaced.update((index, None) for index in indices[1:])
+        if not replaced:
+            return self.entries
+        kept = (replaced.get(index, entry) for index, entry in enumerate(self.entries))
+        return [entry for entry in kept if entry is not None]
+
+    def _merge(self, component: str, indices: list[int]) -> dict[str, Any] | None:
+        storage = self.layout[indices[0]][0]
+        owners = [index for index in indices if self.layout[index][1]]
+        members = [index for index in indices if index not in owners[:1]]
+        names = list(dict.fromkeys(self.entries[index]["name"] for index in members))
+        if storage is None:
+            return None
+        if not owners:
+            if len(names) < 2 or all(self.entries[index]["size_bytes"] >= storage for index in indices):
+                return None  # one tensor, or aliases of one (tied weights): each keeps its entry
+            generic, noun = _FLAT_LABEL.get(component, ("flat storage", "tensors"))
+            label = self.layout[indices[0]][2] or generic
+        else:
+            label = self.entries[owners[0]]["name"]
+            noun = _FLAT_LABEL.get(component, ("", "tensors"))[1]
+            if len(indices) == 1 and self.entries[indices[0]]["size_bytes"] >= storage:
+                return None  # an owner alone, its whole storage: as registered
+        first = self.entries[owners[0] if owners else indices[0]]
+        element = max(1, first["size_bytes"] // max(1, _numel(first["shape"])))
+        return {
+            **first,
+            "name": flat_buffer_name(label, noun, names),
+            "shape": [storage // element],
+            "size_bytes": storage,
+        }
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _is_ddp(module: Any) -> bool:
+    """Whether a root module is torch's DistributedDataParallel (by its reducer, not its class)."""
+    attributes = getattr(module, "__dict__", None)
+    return (
+        isinstance(attributes, dict)
+        and attributes.get("reducer") is not None
+        and "module" in attributes.get("_modules", {})
+    )
 
 
 def collect_tensors(
@@ -129,14 +233,19 @@ def collect_tensors(
     roots.sort(key=_count_tensors, reverse=True)
     collector = _Collector(storage_address, default_device)
     parameter_names: dict[int, str] = {}
+    bucketed: set[int] = set()  # parameters whose gradients DDP buckets
     for prefix, module in zip(_prefixes(roots), roots):
+        ddp = _is_ddp(module)
         for name, parameter in module.named_parameters():
             parameter_names.setdefault(id(parameter), prefix + name)
+            if ddp:
+                bucketed.add(id(parameter))
         for name, buffer in module.named_buffers():
             if isinstance(buffer, torch.Tensor):
                 collector.add(buffer, COMPONENT_BUFFER, prefix + name)
 
     optimizer_list = list(optimizers)
+
     for optimizer in optimizer_list:
         for group_index, group in enumerate(getattr(optimizer, "param_groups", [])):
             for index, parameter in enumerate(group.get("params", [])):
@@ -158,7 +267,7 @@ def collect_tensors(
         collector.add(parameter, COMPONENT_PARAMETER, name)
         grad = getattr(parameter, "grad", None)
         if isinstance(grad, torch.Tensor):
-            collector.add(grad, COMPONENT_GRADIENT, name + ".grad")
+            collector.add(grad, COMPONENT_GRADIENT, name + ".grad", label=_DDP_BUCKET if key in bucketed else None)
 
     for optimizer in optimizer_list:
         state = getattr(optimizer, "state", {})
@@ -180,4 +289,4 @@ def collect_tensors(
                 continue
             registered.add(id(tensor))
             collector.add(tensor, COMPONENT_INPUT, f"{type(module).__name__}.forward {input_label(place)}")
-    return collector.entries
+    return collector.finish()
