@@ -190,3 +190,16 @@ def test_ddp_buckets_of_gradients_as_bucket_views_are_named_once_with_their_byte
         block = blocks[entry["address"]]
         assert (block.component, block.method, block.name) == ("gradients", "registry", entry["name"])
         assert block.requested_bytes == entry["size_bytes"]
+
+
+def test_ddp_buckets_outside_the_gradients_are_gradients_by_their_allocation_frames(tmp_path, monkeypatch):
+    data, analysis, bucket_sizes = _rehearse_ddp(tmp_path, monkeypatch, "copy")
+    registered = {entry["address"] for entry in data[METADATA_KEY]["tensors"]}
+    gradients = {entry["name"] for entry in data[METADATA_KEY]["tensors"] if entry["component"] == "gradient"}
+    assert gradients == {f"module.{name}.grad" for name in DDP_GRADIENTS}  # separate tensors, named as ever
+    # the buckets: allocations of DDP's C++ reducer that nothing in Python reaches
+    buckets = [b for b in analysis.live_blocks if b.address not in registered and b.requested_bytes in bucket_sizes]
+    assert sorted(b.requested_bytes for b in buckets) == sorted(bucket_sizes)
+    for block in buckets:
+        assert (block.component, block.method) == ("gradients", "frames"), block
+        assert any(frame.name == "_ddp_init_helper" for frame in block.frames)

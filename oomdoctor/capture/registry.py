@@ -22,7 +22,7 @@ registered once, under a name that says what it is and which tensors it holds (`
 bucket (12 gradients: fc1.weight.grad … fc3.bias.grad)`), with the storage's shape and bytes.
 Tensors that all cover their whole storage (tied weights) keep an entry each. Without
 `gradient_as_bucket_view`, DDP's buckets are allocations of its C++ reducer that nothing in Python
-reaches, and are not named.
+reaches: the analysis places them by their allocation frames.
 """
 
 from __future__ import annotations
