@@ -3,7 +3,8 @@ optimizer state are DTensors, wrapper subclasses with no storage of their own, s
 names their local shards. Rehearsed on CPU with torch's fake process group: world size 2 in one
 process, every collective a no-op, so each rank's shard is half of each tensor.
 
-DDP's gradient buckets are rehearsed too, on gloo with world size 1."""
+DDP's gradient buckets (gloo, world size 1) and DeepSpeed ZeRO's flat groups and partitions
+(stages 1 to 3 on DeepSpeed's CPU accelerator, in a child process) are rehearsed too."""
 
 from __future__ import annotations
 
@@ -203,3 +204,123 @@ def test_ddp_buckets_outside_the_gradients_are_gradients_by_their_allocation_fra
     for block in buckets:
         assert (block.component, block.method) == ("gradients", "frames"), block
         assert any(frame.name == "_ddp_init_helper" for frame in block.frames)
+
+
+# -- DeepSpeed ZeRO -----------------------------------------------------------------------------
+
+DEEPSPEED_SCRIPT = textwrap.dedent(
+    """
+    import importlib
+    import sys
+    import oomdoctor
+    oomdoctor.install()
+
+    import torch
+    import torch.nn as nn
+    import deepspeed
+
+    target, stage = sys.argv[1], int(sys.argv[2])
+    # DeepSpeed's CPU accelerator compiles a shared-memory all-reduce kernel (a C++ build of a
+    # minute) when its communication backend starts; a single rank needs none
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))  # 676 parameters
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "bf16": {"enabled": True},
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 4096,
+            "allgather_bucket_size": 4096,
+            "stage3_prefetch_bucket_size": 4096,
+            "stage3_param_persistence_threshold": 0,
+        },
+    }
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for step in range(2):
+        loss = engine(torch.randn(2, 16, dtype=torch.bfloat16)).float().square().mean()
+        engine.backward(loss)
+        if step == 1:  # the gradients reduced, the optimizer state made by the first step
+            oomdoctor.dump(target)
+        engine.step()
+    """
+)
+ZERO_PARAMETERS = 16 * 32 + 32 + 32 * 4 + 4
+ZERO_NAMES = "module.0.weight … module.2.bias"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow  # about 5 s a stage: DeepSpeed's import and engine, in a child process
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_zero_flat_groups_partitions_and_state_are_named(tmp_path, stage):
+    import importlib.util
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from oomdoctor.pipeline import load_and_analyse
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (the test extra installs it)")
+    script = tmp_path / "zero.py"
+    script.write_text(DEEPSPEED_SCRIPT)
+    target = tmp_path / "zero.pickle"
+    root = str(Path(__file__).resolve().parents[1])
+    environment = {
+        key: value for key, value in os.environ.items() if not key.startswith(("OOMDOCTOR_", "TORCHELASTIC_"))
+    }
+    environment.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        DS_ACCELERATOR="cpu",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"),
+    )
+    command = [sys.executable, "-m", "oomdoctor", "rehearse", str(script), "--device-memory", "256MiB"]
+    command += ["--out", str(tmp_path / "oom-dumps"), "--", str(target), str(stage)]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and target.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    with open(target, "rb") as file:
+        data = pickle.load(file)
+    entries = {(entry["component"], entry["name"]): entry for entry in data[METADATA_KEY]["tensors"]}
+    zero = f"ZeRO-{stage}"
+    if stage < 3:
+        flat16 = f"{zero} bf16 parameters of group 0 (4 parameters: {ZERO_NAMES})"
+        fp32 = f"{zero} fp32 partition of group 0"
+        gradients = f"{zero} gradient partition of group 0 (4 gradients: module.0.weight.grad … module.2.bias.grad)"
+    else:
+        flat16 = f"{zero} bf16 parameter partitions (4 parameters: {ZERO_NAMES})"
+        fp32 = f"{zero} fp32 partition of sub-group 0"
+        gradients = f"{zero} gradient partitions (4 gradients: module.0.weight.grad … module.2.bias.grad)"
+    expected = {
+        ("parameter", flat16): 2 * ZERO_PARAMETERS,  # one rank holds them all: no padding
+        ("parameter", fp32): 4 * ZERO_PARAMETERS,
+        ("optimizer_state", f"{fp32}.exp_avg"): 4 * ZERO_PARAMETERS,
+        ("optimizer_state", f"{fp32}.exp_avg_sq"): 4 * ZERO_PARAMETERS,
+        ("gradient", gradients): 2 * ZERO_PARAMETERS,
+    }
+    for key, size in expected.items():
+        assert key in entries, (key, sorted(entries))
+        assert entries[key]["size_bytes"] == size, key
+    # nothing left to the fallback names of the optimizer DeepSpeed wraps, nor one entry per view
+    assert not any(".param_groups." in name or name.startswith("AdamW.") for _, name in entries)
+    assert not any(name in ("module.0.weight", "module.0.weight.grad") for _, name in entries)
+    _, analysis = load_and_analyse(target)
+    blocks = {block.address: block for block in analysis.live_blocks}
+    component = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer_state"}
+    for (kind, name), size in expected.items():
+        block = blocks[entries[(kind, name)]["address"]]
+        assert (block.component, block.method, block.name) == (component[kind], "registry", name)
+        assert block.requested_bytes == size
