@@ -51,6 +51,12 @@ and memory_viz both read it. Every field is optional for readers: old or partial
                         size_bytes is the tensor's own numel x element size (views and tied
                         tensors can share an address); names are named_parameters() names,
                         gradients "<param>.grad", optimizer state "<param>.<key>" (exp_avg);
+                        a flat buffer (a storage several registered tensors of one component
+                        are views into: a DDP bucket, DeepSpeed ZeRO's flat groups) is one
+                        entry with the storage's bytes and 1-D shape, named "<what it is> (<n>
+                        <noun>: <first> … <last>)" ("DDP gradient bucket (12 gradients:
+                        fc1.weight.grad … fc3.bias.grad)"); DeepSpeed ZeRO's fp32 partitions
+                        are "ZeRO-2 fp32 partition of group 0" (docs/capture.md);
                         component "input": a tensor passed to a model's outermost call (its
                         latest), still alive, not a parameter, buffer or other registered
                         tensor and not an autograd result (no grad_fn), named

@@ -309,3 +309,61 @@ def test_parameters_an_optimizer_replaces_out_of_place_stay_parameters():
     at_end = analyse(snapshot, at_event=len(snapshot.trace_of(0)) - 1).component_bytes()
     assert at_end["parameters"] == 6 * MiB
     assert at_end["optimizer_state"] == 12 * MiB
+
+
+DDP_INIT_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1437, "_ddp_init_helper"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1011, "__init__"),
+    Frame("train.py", 24, "main"),
+)
+DDP_REBUILD_STACK = (  # the buckets rebuilt in the second iteration's forward
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1775, "_pre_forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1880, "_pre_forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1890, "forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1775, "_wrapped_call_impl"),
+    Frame("train.py", 40, "train_step"),
+)
+DDP_INPUT_STACK = (  # DDP moving the inputs to the device in the same function: not a bucket
+    Frame("/usr/lib/python3/site-packages/torch/distributed/utils.py", 140, "_recursive_to"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1789, "_pre_forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1890, "forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1775, "_wrapped_call_impl"),
+    Frame("train.py", 40, "train_step"),
+)
+
+
+def test_ddp_gradient_buckets_are_gradients_by_the_frames_of_ddp_s_reducer():
+    # Without gradient_as_bucket_view the buckets are allocations of DDP's C++ reducer that no
+    # registry reaches: its construction and the rebuild in a forward make them.
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    sim.alloc(24 * MiB, DDP_INIT_STACK)  # from before the trace
+    sim.start_recording()
+    sim.marker("forward", "start")
+    sim.alloc(40 * MiB, DDP_REBUILD_STACK)
+    sim.alloc(8 * MiB, DDP_INPUT_STACK)
+    sim.marker("forward", "end")
+    blocks = {b.requested_bytes: b for b in analyse(sim.snapshot(registry=False)).live_blocks}
+    assert (blocks[24 * MiB].component, blocks[24 * MiB].method) == ("gradients", "frames")
+    assert (blocks[40 * MiB].component, blocks[40 * MiB].method) == ("gradients", "frames")
+    assert blocks[8 * MiB].component == "activations"
+    # and where a registry names the model's tensors (gradient_as_bucket_view off), the same
+    sim.alloc(4 * MiB, SETUP_STACK, "parameter", "fc.weight")
+    blocks = {b.requested_bytes: b for b in analyse(sim.snapshot()).live_blocks}
+    assert blocks[4 * MiB].method == "registry"
+    assert (blocks[24 * MiB].component, blocks[24 * MiB].method) == ("gradients", "frames")
+    assert (blocks[40 * MiB].component, blocks[40 * MiB].method) == ("gradients", "frames")
+    assert blocks[8 * MiB].component == "activations"
+
+
+def test_a_flat_buffer_named_by_the_registry_is_one_group_of_its_component():
+    sim = Sim()
+    sim.marker("backward", "start")
+    bucket = "DDP gradient bucket (12 gradients: model.fc1.weight.grad … model.fc3.bias.grad)"
+    sim.alloc(48 * MiB, (), "gradient", bucket)
+    sim.alloc(8 * MiB, (), "gradient", "model.fc4.weight.grad")
+    sim.marker("backward", "end")
+    analysis = analyse(sim.snapshot())
+    gradients = next(share for share in analysis.components if share.name == "gradients")
+    groups = {group.key: group.bytes for group in gradients.by_module}
+    assert groups == {bucket: 48 * MiB, "model.fc4": 8 * MiB}

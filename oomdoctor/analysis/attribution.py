@@ -238,6 +238,24 @@ def _makes_parameter(stack: Stack) -> bool:
     return _in_constructor(stack)
 
 
+# DDP's reducer allocates its gradient buckets in C++, called from these functions of
+# torch/nn/parallel/distributed.py: the constructor's `_ddp_init_helper` (dist.Reducer) and the
+# bucket rebuild after the first iteration (`_pre_forward`, and the join hook's `main_hook`).
+# Without gradient_as_bucket_view nothing in Python reaches the buckets, so no registry names them.
+_DDP_FILE = "torch/nn/parallel/distributed.py"
+_DDP_BUCKET_FUNCTIONS = frozenset({"_ddp_init_helper", "_pre_forward", "main_hook"})
+
+
+def ddp_bucket_frames(stack: Stack) -> bool:
+    """Whether the innermost Python frame of a stack is where DDP's reducer makes its gradient
+    buckets (`_DDP_BUCKET_FUNCTIONS`)."""
+    for frame in stack:
+        filename = frame.filename.replace("\\", "/")
+        if filename.endswith(".py"):
+            return filename.endswith(_DDP_FILE) and frame.name in _DDP_BUCKET_FUNCTIONS
+    return False
+
+
 def _backward_made(stack: Stack) -> bool:
     return any("AccumulateGrad" in frame.name for frame in stack if not frame.filename.endswith(".py"))
 
@@ -250,6 +268,8 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
         return WORKSPACE, METHOD_SIZE_MATCH, 0.5
     if not stack:
         return None
+    if ddp_bucket_frames(stack):
+        return GRADIENTS, METHOD_FRAMES, 0.8
     cls = classify_stack(stack)
     if cls == PHASE_OPTIMIZER:  # made by an optimizer step and outlived it: the optimizer's state
         return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
@@ -392,6 +412,8 @@ def attribute(
         known = registry.by_address.get(address) if address not in frees else None
         if known is not None:
             component, name, method, confidence = known[0], known[1], METHOD_REGISTRY, 1.0
+        elif ddp_bucket_frames(stack):  # DDP's gradient buckets, which no registry reaches
+            component, method, confidence = GRADIENTS, METHOD_FRAMES, 0.8
         elif exact:
             component, method, confidence = PHASE_COMPONENT.get(phase, UNKNOWN), METHOD_PHASE, 0.9
             if alloc_index is None:
@@ -722,6 +744,8 @@ def _module_of(name: str) -> str:
     for suffix in (".exp_avg_sq", ".exp_avg", ".max_exp_avg_sq", ".momentum_buffer", ".grad"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
+    if " (" in name:  # a flat buffer, named with what it holds ("DDP gradient bucket (12 gradients: …)")
+        return name
     return name.rsplit(".", 1)[0] if "." in name else name
 
 

@@ -663,6 +663,8 @@ def module_of(name: str) -> str:
     for suffix in (".exp_avg_sq", ".exp_avg", ".max_exp_avg_sq", ".momentum_buffer", ".grad"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
+    if " (" in name:  # a flat buffer, named with what it holds ("DDP gradient bucket (12 gradients: …)")
+        return name
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
