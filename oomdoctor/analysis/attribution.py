@@ -738,7 +738,9 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
     return UNKNOWN, METHOD_NONE, 0.0
 
 
-def _module_of(name: str) -> str:
+def module_of(name: str) -> str:
+    """The module path a registry name belongs to (`model.fc1` for `model.fc1.weight.exp_avg`); a flat
+    buffer's name ("DDP gradient bucket (12 gradients: …)") and an input's are their own group."""
     if ".forward arg " in name or ".forward kwarg " in name:  # an input: group by the argument
         return name
     for suffix in (".exp_avg_sq", ".exp_avg", ".max_exp_avg_sq", ".momentum_buffer", ".grad"):
@@ -764,7 +766,7 @@ def shares(blocks: Sequence[LiveBlock], group_limit: int = 12) -> list[Component
         by_method[component][block.method] += block.size_bytes
         weighted[component] += block.confidence * block.size_bytes
         if block.name:
-            entry = modules[component][_module_of(block.name)]
+            entry = modules[component][module_of(block.name)]
             entry[0] += block.size_bytes
             entry[1] += 1
         line = source_line(block.frames)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from oomdoctor.analysis import Replayer
-from oomdoctor.analysis.attribution import source_line
+from oomdoctor.analysis.attribution import module_of, source_line
 from oomdoctor.analysis.frame_kinds import lead_frame_index
 from oomdoctor.analysis.results import Analysis, EventState, LiveBlock, PhaseSpan, SeriesPeak, SeriesPoint
 from oomdoctor.metadata import COMPONENTS
@@ -656,16 +656,6 @@ class ComponentNode:
     method: str
     confidence: float
     groups: tuple[BlockGroup, ...]
-
-
-def module_of(name: str) -> str:
-    """The module path a registry name belongs to (`model.fc1` for `model.fc1.weight.exp_avg`)."""
-    for suffix in (".exp_avg_sq", ".exp_avg", ".max_exp_avg_sq", ".momentum_buffer", ".grad"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    if " (" in name:  # a flat buffer, named with what it holds ("DDP gradient bucket (12 gradients: …)")
-        return name
-    return name.rsplit(".", 1)[0] if "." in name else name
 
 
 def component_nodes(
