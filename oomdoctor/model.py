@@ -24,6 +24,8 @@ objects on the fly (about a microsecond each). The fastest way over a whole trac
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, repeat
@@ -177,6 +179,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         "_numbering",
         "_stack_by_number",
         "_next_number",
+        "_positions",
     )
 
     def __init__(
@@ -212,6 +215,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         self._numbering: dict[tuple[int, ...], int] = {}  # a stack's frame identities -> its number
         self._stack_by_number: dict[int, Stack] = {}
         self._next_number = 0
+        self._positions: dict[str, list[int]] = {}  # action -> the indices of its events
 
     @classmethod
     def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
@@ -240,6 +244,28 @@ class DeviceTrace(Sequence[TraceEvent]):
     def __len__(self) -> int:
         return len(self.actions)
 
+    def positions(self, action: str) -> list[int]:
+        """The indices of the events of `action`, in order (found once per action, then shared: do
+        not change the list). Found by tuple.index, which compares in C without a call per event."""
+        found = self._positions.get(action)
+        if found is None:
+            found = []
+            find = self.actions.index
+            index = -1
+            try:
+                while True:
+                    index = find(action, index + 1)
+                    found.append(index)
+            except ValueError:
+                pass
+            self._positions[action] = found
+        return found
+
+    def positions_in(self, action: str, first: int, stop: int) -> list[int]:
+        """The indices i of the events of `action` with first <= i < stop, in order."""
+        found = self.positions(action)
+        return found[bisect_left(found, first) : bisect_left(found, stop)]
+
     def frames_at(self, index: int) -> Stack:
         """The stack of event `index` (innermost frame first), or NO_STACK when none was recorded."""
         if self._raw_stacks is None:
@@ -260,10 +286,12 @@ class DeviceTrace(Sequence[TraceEvent]):
             self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)
         known = self._stack_numbers
         numbers = list(map(known.__getitem__, indices))
-        if numbers and min(numbers) < 0:
+        if numbers and max(numbers) < 0:  # none numbered yet (the first call for these events)
+            numbers = self._number_stacks(list(indices))
+            deque(map(known.__setitem__, indices, numbers), maxlen=0)
+        elif numbers and min(numbers) < 0:
             missing = list(compress(indices, map((-1).__eq__, numbers)))
-            for index, number in zip(missing, self._number_stacks(missing)):
-                known[index] = number
+            deque(map(known.__setitem__, missing, self._number_stacks(missing)), maxlen=0)
             numbers = list(map(known.__getitem__, indices))
         stack_of = self._stack_by_number
         return numbers, {number: stack_of[number] for number in set(numbers)}
@@ -278,7 +306,8 @@ class DeviceTrace(Sequence[TraceEvent]):
             kinds.discard(type(None))
             kinds.add(tuple)
         base = self._next_number
-        if kinds.issubset((list, tuple)):
+        odd = not kinds.issubset((list, tuple))
+        if not odd:
             # a stack's key is the identities of its frames; a new key is numbered by where it first occurs
             numbering = self._numbering
             numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count(base)))
@@ -286,9 +315,12 @@ class DeviceTrace(Sequence[TraceEvent]):
             numbers = list(range(base, base + len(raws)))
         self._next_number = base + len(raws)
         stack_of = self._stack_by_number
-        for position, number in enumerate(numbers):
-            if number >= base and number not in stack_of:
-                stack_of[number] = self.frames_at(indices[position])
+        # a number new in this call is base + the position where its stack first occurs
+        for number in sorted(number for number in set(numbers) if number >= base):
+            stack_of[number] = self.frames_at(indices[number - base])
+        if odd and len(set(indices)) < len(indices):  # an event asked twice keeps the last number given
+            last = dict(zip(indices, numbers))
+            numbers = list(map(last.__getitem__, indices))
         return numbers
 
     def has_frames_at(self, index: int) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from itertools import compress, groupby
+from itertools import chain, groupby
 from typing import Any
 
 from oomdoctor.analysis.results import (
@@ -328,7 +328,6 @@ def annotation_windows(
     return windows, sorted(step_starts)
 
 
-_ALLOC_OR_OOM = frozenset({ALLOC, OOM})
 _ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 _WORK = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER})
 
@@ -378,7 +377,6 @@ def _split_at_returns(
     allocated between back-to-back passes, and no frame of a pass's own allocations tells them
     apart. The runs are split there (`raw` is changed in place); only frees inside forward runs are
     read, each distinct stack classified once."""
-    actions = trace.actions
     starts: set[int] = set()
     for number in range(len(raw) - 1, -1, -1):
         position, cls, _source = raw[number]
@@ -386,7 +384,7 @@ def _split_at_returns(
         if cls != _CLASS_FORWARD or end - position < 2:
             continue
         first, last = indices[position], indices[end - 1]
-        frees = list(compress(range(first, last), map(FREE_REQUESTED.__eq__, actions[first:last])))
+        frees = trace.positions_in(FREE_REQUESTED, first, last)
         if not frees:
             continue
         numbers, stacks = trace.stacks_at(frees)
@@ -436,9 +434,9 @@ def _frame_phases(
     the loop starts an iteration, from annotations) end what lies before them; `result.boundaries`
     keeps those that were used."""
     result = _FramePhases()
-    actions = trace.actions
     # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
-    indices = result.indices = list(compress(range(len(actions)), map(_ALLOC_OR_OOM.__contains__, actions)))
+    ooms = trace.positions(OOM)
+    indices = result.indices = sorted(chain(trace.positions(ALLOC), ooms)) if ooms else list(trace.positions(ALLOC))
     # each distinct stack is classified once; per allocation there is only a lookup
     numbers, stacks = trace.stacks_at(indices)
     by_stack: dict[int, tuple[str, str]] = {}  # id(stack) -> (class, source)
