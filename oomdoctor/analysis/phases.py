@@ -378,20 +378,30 @@ def _split_at_returns(
     apart. The runs are split there (`raw` is changed in place); only frees inside forward runs are
     read, each distinct stack classified once."""
     starts: set[int] = set()
+    # the frees inside each forward run, latest run first; their stacks are numbered in one call
+    runs: list[tuple[int, int, int, list[int]]] = []  # (run number, position, end, frees)
     for number in range(len(raw) - 1, -1, -1):
         position, cls, _source = raw[number]
         end = raw[number + 1][0] if number + 1 < len(raw) else len(indices)
         if cls != _CLASS_FORWARD or end - position < 2:
             continue
-        first, last = indices[position], indices[end - 1]
-        frees = trace.positions_in(FREE_REQUESTED, first, last)
-        if not frees:
-            continue
-        numbers, stacks = trace.stacks_at(frees)
-        classes = {}
-        for stack_number, stack in stacks.items():
-            label = by_stack.get(id(stack))
-            classes[stack_number] = label[0] if label is not None else _stack_class(stack)
+        frees = trace.positions_in(FREE_REQUESTED, indices[position], indices[end - 1])
+        if frees:
+            runs.append((number, position, end, frees))
+    if not runs:
+        return starts
+    all_numbers, stacks = trace.stacks_at(list(chain.from_iterable(run[3] for run in runs)))
+    classes = {}
+    class_of: dict[int, str] = {label_id: label[0] for label_id, label in by_stack.items()}  # id(stack) -> class
+    for stack_number, stack in stacks.items():
+        cls = class_of.get(id(stack))
+        if cls is None:
+            cls = class_of[id(stack)] = _stack_class(stack)
+        classes[stack_number] = cls
+    offset = 0
+    for number, position, end, frees in runs:  # the runs after one are split before it is
+        numbers = all_numbers[offset : offset + len(frees)]
+        offset += len(frees)
         cuts = set()
         for index, stack_number in zip(frees, numbers):
             if classes[stack_number] == _CLASS_USER:
@@ -399,7 +409,7 @@ def _split_at_returns(
                 if position < cut < end and _same_call_site(trace, indices[cut - 1], indices[cut]):
                     cuts.add(cut)
         for cut in sorted(cuts, reverse=True):
-            raw.insert(number + 1, [cut, cls, raw[number][2]])
+            raw.insert(number + 1, [cut, _CLASS_FORWARD, raw[number][2]])
         starts |= cuts
     return starts
 
