@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count, repeat
+from itertools import compress, count, islice, repeat
 from typing import TYPE_CHECKING, Any, overload
 
 from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
@@ -215,7 +215,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         self._numbering: dict[tuple[int, ...], int] = {}  # a stack's frame identities -> its number
         self._stack_by_number: dict[int, Stack] = {}
         self._next_number = 0
-        self._positions: dict[str, list[int]] = {}  # action -> the indices of its events
+        self._positions: dict[str, array[int]] = {}  # action -> the indices of its events
 
     @classmethod
     def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
@@ -244,12 +244,13 @@ class DeviceTrace(Sequence[TraceEvent]):
     def __len__(self) -> int:
         return len(self.actions)
 
-    def positions(self, action: str) -> list[int]:
+    def positions(self, action: str) -> array[int]:
         """The indices of the events of `action`, in order (found once per action, then shared: do
-        not change the list). Found by tuple.index, which compares in C without a call per event."""
+        not change them). Found by tuple.index, which compares in C without a call per event, and
+        kept as 8-byte integers."""
         found = self._positions.get(action)
         if found is None:
-            found = []
+            found = array("q")
             find = self.actions.index
             index = -1
             try:
@@ -261,10 +262,17 @@ class DeviceTrace(Sequence[TraceEvent]):
             self._positions[action] = found
         return found
 
-    def positions_in(self, action: str, first: int, stop: int) -> list[int]:
-        """The indices i of the events of `action` with first <= i < stop, in order."""
-        found = self.positions(action)
-        return found[bisect_left(found, first) : bisect_left(found, stop)]
+    def positions_in(self, action: str, first: int, stop: int, limit: int | None = None) -> Sequence[int]:
+        """The indices i of the events of `action` with first <= i < stop, in order (the first
+        `limit` of them): looked up when `positions(action)` was asked for, else found in the range."""
+        found = self._positions.get(action)
+        if found is not None:
+            start = bisect_left(found, first)
+            end = bisect_left(found, stop)
+            return found[start : end if limit is None else min(end, start + limit)]
+        first = max(first, 0)
+        matches = compress(range(first, stop), map(action.__eq__, self.actions[first:stop]))
+        return list(matches if limit is None else islice(matches, limit))
 
     def frames_at(self, index: int) -> Stack:
         """The stack of event `index` (innermost frame first), or NO_STACK when none was recorded."""

@@ -11,10 +11,8 @@ step. Each live block records the method that placed it and a confidence.
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
-from collections import defaultdict, deque
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from itertools import chain, compress, repeat
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.frame_kinds import USER, frame_kind, lead_frame_index
@@ -389,6 +387,7 @@ def pre_trace_placements(
     allocated. One placement serves the memory-over-time series and the blocks at the target."""
     if registry:
         return {}
+    allocated_in_trace: set[int] = set()
     allocations: list[LiveAllocation] = []
     frames_of: dict[int, Stack] = {}
     frees: dict[int, int] = {}
@@ -398,47 +397,30 @@ def pre_trace_placements(
     # .grad that was already there (AccumulateGrad keeps the tensor itself when .grad is None)
     accumulated_sizes: set[int] = set()
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
+    seen = allocated_in_trace.add
     spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
-    # the spans cover the trace once, in order: its allocations and frees are read in C, each
-    # address's first allocation and first free kept
-    first, stop = spans[0].first_index, spans[-1].last_index + 1
-    alloc_positions = trace.positions_in(ALLOC, first, stop)
-    free_positions = trace.positions_in(FREE_REQUESTED, first, stop)
-    first_alloc: dict[int, int] = {}
-    deque(map(first_alloc.setdefault, map(addrs.__getitem__, alloc_positions), alloc_positions), maxlen=0)
-    first_free: dict[int, int] = {}
-    deque(map(first_free.setdefault, map(addrs.__getitem__, free_positions), free_positions), maxlen=0)
-    never = len(trace)
-    for address, index in first_free.items():  # in the order of the frees
-        if first_alloc.get(address, never) > index:  # freed before the trace allocated it: made before
-            frees[address] = index
-            allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
-            frames_of[address] = trace.frames_at(index)
-    # the backward's allocations, each followed to the next free at its address (span by span: the
-    # phase of every event without a lookup)
-    for span in spans:
-        first, stop = span.first_index, span.last_index + 1
-        if span.phase == PHASE_BACKWARD:
-            end = span.last_index
-            allocs = alloc_positions[bisect_left(alloc_positions, first) : bisect_left(alloc_positions, stop)]
-            span_frees = free_positions[bisect_left(free_positions, first) : bisect_left(free_positions, stop)]
-            for index in sorted(chain(allocs, span_frees)):
+    for span in spans:  # span by span: the phase of every event without a lookup
+        backward = span.phase == PHASE_BACKWARD
+        end = span.last_index
+        for index in range(span.first_index, end + 1):
+            action = actions[index]
+            if action == ALLOC:
+                seen(addrs[index])
+                if backward:
+                    in_backward[addrs[index]] = (sizes[index], end)
+            elif action == FREE_REQUESTED:
                 address = addrs[index]
-                if actions[index] == ALLOC:
-                    in_backward[address] = (sizes[index], end)
-                elif in_backward:
+                if in_backward:
                     made = in_backward.pop(address, None)
                     if made is not None:
                         (backward_sizes if index > made[1] else accumulated_sizes).add(made[0])
-        elif in_backward:  # nothing joins it outside a backward: its frees are looked up in C
-            span_frees = free_positions[bisect_left(free_positions, first) : bisect_left(free_positions, stop)]
-            made_at = list(map(in_backward.pop, map(addrs.__getitem__, span_frees), repeat(None)))
-            found: Iterator[tuple[int, tuple[int, int]]] = compress(zip(span_frees, made_at), made_at)  # type: ignore[arg-type]
-            for index, (requested, last) in found:
-                (backward_sizes if index > last else accumulated_sizes).add(requested)
+                if address not in allocated_in_trace and address not in frees:
+                    frees[address] = index
+                    allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
+                    frames_of[address] = trace.frames_at(index)
     backward_sizes.update(requested for requested, _ in in_backward.values())  # never freed
     for address, block in final_blocks.items():
-        if address not in first_alloc and address not in frees:
+        if address not in allocated_in_trace and address not in frees:
             allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
             frames_of[address] = block.frames
     return place_pre_trace(

@@ -17,7 +17,6 @@ Reads only the trace and the phase spans; no I/O.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -136,9 +135,7 @@ def _allocations(
 ) -> list[tuple[int, object, int]]:
     """(event index, site key, size) of each allocation in [first, last], the first `limit` of them."""
     sizes = trace.sizes
-    allocs = trace.positions(ALLOC)
-    start = bisect.bisect_left(allocs, first)
-    indices = allocs[start : min(bisect.bisect_right(allocs, last), start + min(limit, MAX_ALLOCATIONS))]
+    indices = trace.positions_in(ALLOC, first, min(last + 1, len(sizes)), min(limit, MAX_ALLOCATIONS))
     numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
     key_of = {
         number: tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None

@@ -360,7 +360,7 @@ class _FramePhases:
     __slots__ = ("indices", "runs", "seen", "any_frames", "boundaries")
 
     def __init__(self) -> None:
-        self.indices: list[int] = []  # event index of each allocation (and `oom`)
+        self.indices: Sequence[int] = []  # event index of each allocation (and `oom`)
         # (position in `indices` where the run starts, phase, source, whether a new forward pass starts)
         self.runs: list[tuple[int, str, str, bool]] = []
         self.seen: set[str] = set()  # the phases of the runs
@@ -369,7 +369,7 @@ class _FramePhases:
 
 
 def _split_at_returns(
-    trace: DeviceTrace, indices: list[int], raw: list[list[Any]], by_stack: dict[int, tuple[str, str]]
+    trace: DeviceTrace, indices: Sequence[int], raw: list[list[Any]], by_stack: dict[int, tuple[str, str]]
 ) -> set[int]:
     """Positions (in `indices`) where a forward run of allocations is two passes: between two of its
     allocations the user's own code, outside any module, freed a tensor (a benchmark's `out =
@@ -379,7 +379,7 @@ def _split_at_returns(
     read, each distinct stack classified once."""
     starts: set[int] = set()
     # the frees inside each forward run, latest run first; their stacks are numbered in one call
-    runs: list[tuple[int, int, int, list[int]]] = []  # (run number, position, end, frees)
+    runs: list[tuple[int, int, int, Sequence[int]]] = []  # (run number, position, end, frees)
     for number in range(len(raw) - 1, -1, -1):
         position, cls, _source = raw[number]
         end = raw[number + 1][0] if number + 1 < len(raw) else len(indices)
@@ -399,11 +399,11 @@ def _split_at_returns(
             cls = class_of[id(stack)] = _stack_class(stack)
         classes[stack_number] = cls
     offset = 0
-    for number, position, end, frees in runs:  # the runs after one are split before it is
-        numbers = all_numbers[offset : offset + len(frees)]
-        offset += len(frees)
+    for number, position, end, run_frees in runs:  # the runs after one are split before it is
+        numbers = all_numbers[offset : offset + len(run_frees)]
+        offset += len(run_frees)
         cuts = set()
-        for index, stack_number in zip(frees, numbers):
+        for index, stack_number in zip(run_frees, numbers):
             if classes[stack_number] == _CLASS_USER:
                 cut = bisect.bisect_right(indices, index, position, end)
                 if position < cut < end and _same_call_site(trace, indices[cut - 1], indices[cut]):
@@ -446,7 +446,7 @@ def _frame_phases(
     result = _FramePhases()
     # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
     ooms = trace.positions(OOM)
-    indices = result.indices = sorted(chain(trace.positions(ALLOC), ooms)) if ooms else list(trace.positions(ALLOC))
+    indices = result.indices = sorted(chain(trace.positions(ALLOC), ooms)) if ooms else trace.positions(ALLOC)
     # each distinct stack is classified once; per allocation there is only a lookup
     numbers, stacks = trace.stacks_at(indices)
     by_stack: dict[int, tuple[str, str]] = {}  # id(stack) -> (class, source)
