@@ -15,7 +15,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Callable, Mapping
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Any
 
 from oomdoctor.allocator_rules import recorded_settings
@@ -467,7 +467,13 @@ def _optional_text_column(
         _note_once(era, f"no {key} on trace events", before_minor, upper=True)
         return None
     values = read(key)
-    distinct = _distinct(values, (str, _NONE_TYPE), describe, device, key)
+    first = values[0]
+    # one str on every event, as torch often writes these (count compares in C and hashes
+    # nothing; only a str equals a str), else each value's type checked
+    if type(first) is str and values.count(first) == len(values):
+        distinct: set[Any] = {first}
+    else:
+        distinct = _distinct(values, (str, _NONE_TYPE), describe, device, key)
     _note_once(era, f"{key} on trace events", since_minor)
     return _shared_strings(values, distinct)
 
@@ -511,7 +517,9 @@ def _pool_column_of_pairs(values: tuple[Any, ...]) -> tuple[tuple[int, int], ...
     if values.count(DEFAULT_POOL) == len(values):  # all the default pool (compared safely: no hashing)
         # equal to a tuple means a tuple (a list never equals one), and equal to (0, 0) a pair of
         # zeros, but False and 0.0 equal 0 too
-        if set(map(type, chain.from_iterable(values))) == {int}:
+        kinds = set(map(type, map(operator.itemgetter(0), values)))
+        kinds.update(map(type, map(operator.itemgetter(1), values)))
+        if kinds == {int}:
             return (DEFAULT_POOL,) * len(values)
         return None
     if not set(map(type, values)).issubset((tuple, list)) or set(map(len, values)) != {2}:
