@@ -290,21 +290,24 @@ class DeviceTrace(Sequence[TraceEvent]):
         call (it is remembered in one integer array); the per-event work is done in C."""
         if self._raw_stacks is None:
             return [0] * len(indices), {0: NO_STACK}
-        if self._stack_numbers is None:
-            self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)
         known = self._stack_numbers
-        numbers = list(map(known.__getitem__, indices))
-        if numbers and max(numbers) < 0:  # none numbered yet (the first call for these events)
-            numbers = self._number_stacks(list(indices))
+        if known is None:  # the first call: none numbered yet
+            known = self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)
+            numbers = self._number_stacks(indices)
             deque(map(known.__setitem__, indices, numbers), maxlen=0)
-        elif numbers and min(numbers) < 0:
-            missing = list(compress(indices, map((-1).__eq__, numbers)))
-            deque(map(known.__setitem__, missing, self._number_stacks(missing)), maxlen=0)
+        else:
             numbers = list(map(known.__getitem__, indices))
+            if numbers and max(numbers) < 0:  # none of these numbered yet
+                numbers = self._number_stacks(indices)
+                deque(map(known.__setitem__, indices, numbers), maxlen=0)
+            elif numbers and min(numbers) < 0:
+                missing = list(compress(indices, map((-1).__eq__, numbers)))
+                deque(map(known.__setitem__, missing, self._number_stacks(missing)), maxlen=0)
+                numbers = list(map(known.__getitem__, indices))
         stack_of = self._stack_by_number
         return numbers, {number: stack_of[number] for number in set(numbers)}
 
-    def _number_stacks(self, indices: list[int]) -> list[int]:
+    def _number_stacks(self, indices: Sequence[int]) -> list[int]:
         """New or known numbers for the stacks of `indices` (none numbered yet)."""
         assert self._raw_stacks is not None
         raws = list(map(self._raw_stacks.__getitem__, indices))
