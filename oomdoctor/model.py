@@ -24,9 +24,11 @@ objects on the fly (about a microsecond each). The fastest way over a whole trac
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count, repeat
+from itertools import compress, count, islice, repeat
 from typing import TYPE_CHECKING, Any, overload
 
 from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
@@ -177,6 +179,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         "_numbering",
         "_stack_by_number",
         "_next_number",
+        "_positions",
     )
 
     def __init__(
@@ -212,6 +215,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         self._numbering: dict[tuple[int, ...], int] = {}  # a stack's frame identities -> its number
         self._stack_by_number: dict[int, Stack] = {}
         self._next_number = 0
+        self._positions: dict[str, array[int]] = {}  # action -> the indices of its events
 
     @classmethod
     def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
@@ -240,6 +244,36 @@ class DeviceTrace(Sequence[TraceEvent]):
     def __len__(self) -> int:
         return len(self.actions)
 
+    def positions(self, action: str) -> array[int]:
+        """The indices of the events of `action`, in order (found once per action, then shared: do
+        not change them). Found by tuple.index, which compares in C without a call per event, and
+        kept as 8-byte integers."""
+        found = self._positions.get(action)
+        if found is None:
+            found = array("q")
+            find = self.actions.index
+            index = -1
+            try:
+                while True:
+                    index = find(action, index + 1)
+                    found.append(index)
+            except ValueError:
+                pass
+            self._positions[action] = found
+        return found
+
+    def positions_in(self, action: str, first: int, stop: int, limit: int | None = None) -> Sequence[int]:
+        """The indices i of the events of `action` with first <= i < stop, in order (the first
+        `limit` of them): looked up when `positions(action)` was asked for, else found in the range."""
+        found = self._positions.get(action)
+        if found is not None:
+            start = bisect_left(found, first)
+            end = bisect_left(found, stop)
+            return found[start : end if limit is None else min(end, start + limit)]
+        first = max(first, 0)
+        matches = compress(range(first, stop), map(action.__eq__, self.actions[first:stop]))
+        return list(matches if limit is None else islice(matches, limit))
+
     def frames_at(self, index: int) -> Stack:
         """The stack of event `index` (innermost frame first), or NO_STACK when none was recorded."""
         if self._raw_stacks is None:
@@ -256,19 +290,24 @@ class DeviceTrace(Sequence[TraceEvent]):
         call (it is remembered in one integer array); the per-event work is done in C."""
         if self._raw_stacks is None:
             return [0] * len(indices), {0: NO_STACK}
-        if self._stack_numbers is None:
-            self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)
         known = self._stack_numbers
-        numbers = list(map(known.__getitem__, indices))
-        if numbers and min(numbers) < 0:
-            missing = list(compress(indices, map((-1).__eq__, numbers)))
-            for index, number in zip(missing, self._number_stacks(missing)):
-                known[index] = number
+        if known is None:  # the first call: none numbered yet
+            known = self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)
+            numbers = self._number_stacks(indices)
+            deque(map(known.__setitem__, indices, numbers), maxlen=0)
+        else:
             numbers = list(map(known.__getitem__, indices))
+            if numbers and max(numbers) < 0:  # none of these numbered yet
+                numbers = self._number_stacks(indices)
+                deque(map(known.__setitem__, indices, numbers), maxlen=0)
+            elif numbers and min(numbers) < 0:
+                missing = list(compress(indices, map((-1).__eq__, numbers)))
+                deque(map(known.__setitem__, missing, self._number_stacks(missing)), maxlen=0)
+                numbers = list(map(known.__getitem__, indices))
         stack_of = self._stack_by_number
         return numbers, {number: stack_of[number] for number in set(numbers)}
 
-    def _number_stacks(self, indices: list[int]) -> list[int]:
+    def _number_stacks(self, indices: Sequence[int]) -> list[int]:
         """New or known numbers for the stacks of `indices` (none numbered yet)."""
         assert self._raw_stacks is not None
         raws = list(map(self._raw_stacks.__getitem__, indices))
@@ -278,7 +317,8 @@ class DeviceTrace(Sequence[TraceEvent]):
             kinds.discard(type(None))
             kinds.add(tuple)
         base = self._next_number
-        if kinds.issubset((list, tuple)):
+        odd = not kinds.issubset((list, tuple))
+        if not odd:
             # a stack's key is the identities of its frames; a new key is numbered by where it first occurs
             numbering = self._numbering
             numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count(base)))
@@ -286,9 +326,12 @@ class DeviceTrace(Sequence[TraceEvent]):
             numbers = list(range(base, base + len(raws)))
         self._next_number = base + len(raws)
         stack_of = self._stack_by_number
-        for position, number in enumerate(numbers):
-            if number >= base and number not in stack_of:
-                stack_of[number] = self.frames_at(indices[position])
+        # a number new in this call is base + the position where its stack first occurs
+        for number in sorted(number for number in set(numbers) if number >= base):
+            stack_of[number] = self.frames_at(indices[number - base])
+        if odd and len(set(indices)) < len(indices):  # an event asked twice keeps the last number given
+            last = dict(zip(indices, numbers))
+            numbers = list(map(last.__getitem__, indices))
         return numbers
 
     def has_frames_at(self, index: int) -> bool:

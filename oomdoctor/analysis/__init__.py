@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import compress
 
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
@@ -354,7 +353,7 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
 
 def _allocated_between(trace: DeviceTrace, start: int, stop: int) -> int:
     """Requested bytes of the allocations among events start..stop-1."""
-    return sum(compress(trace.sizes[start:stop], map(ALLOC.__eq__, trace.actions[start:stop])))
+    return sum(map(trace.sizes.__getitem__, trace.positions_in(ALLOC, start, stop)))
 
 
 def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:

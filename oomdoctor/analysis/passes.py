@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice
 
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -135,10 +134,8 @@ def _allocations(
     trace: DeviceTrace, first: int, last: int, limit: int = MAX_ALLOCATIONS
 ) -> list[tuple[int, object, int]]:
     """(event index, site key, size) of each allocation in [first, last], the first `limit` of them."""
-    actions, sizes = trace.actions, trace.sizes
-    stop = min(last + 1, len(actions))
-    allocs = compress(range(first, stop), map(ALLOC.__eq__, actions[first:stop]))
-    indices = list(islice(allocs, min(limit, MAX_ALLOCATIONS)))
+    sizes = trace.sizes
+    indices = trace.positions_in(ALLOC, first, min(last + 1, len(sizes)), min(limit, MAX_ALLOCATIONS))
     numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
     key_of = {
         number: tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None

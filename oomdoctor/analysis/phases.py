@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from itertools import compress, groupby
+from itertools import chain, groupby
 from typing import Any
 
 from oomdoctor.analysis.results import (
@@ -328,7 +328,6 @@ def annotation_windows(
     return windows, sorted(step_starts)
 
 
-_ALLOC_OR_OOM = frozenset({ALLOC, OOM})
 _ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 _WORK = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER})
 
@@ -361,7 +360,7 @@ class _FramePhases:
     __slots__ = ("indices", "runs", "seen", "any_frames", "boundaries")
 
     def __init__(self) -> None:
-        self.indices: list[int] = []  # event index of each allocation (and `oom`)
+        self.indices: Sequence[int] = []  # event index of each allocation (and `oom`)
         # (position in `indices` where the run starts, phase, source, whether a new forward pass starts)
         self.runs: list[tuple[int, str, str, bool]] = []
         self.seen: set[str] = set()  # the phases of the runs
@@ -370,7 +369,7 @@ class _FramePhases:
 
 
 def _split_at_returns(
-    trace: DeviceTrace, indices: list[int], raw: list[list[Any]], by_stack: dict[int, tuple[str, str]]
+    trace: DeviceTrace, indices: Sequence[int], raw: list[list[Any]], by_stack: dict[int, tuple[str, str]]
 ) -> set[int]:
     """Positions (in `indices`) where a forward run of allocations is two passes: between two of its
     allocations the user's own code, outside any module, freed a tensor (a benchmark's `out =
@@ -378,30 +377,39 @@ def _split_at_returns(
     allocated between back-to-back passes, and no frame of a pass's own allocations tells them
     apart. The runs are split there (`raw` is changed in place); only frees inside forward runs are
     read, each distinct stack classified once."""
-    actions = trace.actions
     starts: set[int] = set()
+    # the frees inside each forward run, latest run first; their stacks are numbered in one call
+    runs: list[tuple[int, int, int, Sequence[int]]] = []  # (run number, position, end, frees)
     for number in range(len(raw) - 1, -1, -1):
         position, cls, _source = raw[number]
         end = raw[number + 1][0] if number + 1 < len(raw) else len(indices)
         if cls != _CLASS_FORWARD or end - position < 2:
             continue
-        first, last = indices[position], indices[end - 1]
-        frees = list(compress(range(first, last), map(FREE_REQUESTED.__eq__, actions[first:last])))
-        if not frees:
-            continue
-        numbers, stacks = trace.stacks_at(frees)
-        classes = {}
-        for stack_number, stack in stacks.items():
-            label = by_stack.get(id(stack))
-            classes[stack_number] = label[0] if label is not None else _stack_class(stack)
+        frees = trace.positions_in(FREE_REQUESTED, indices[position], indices[end - 1])
+        if frees:
+            runs.append((number, position, end, frees))
+    if not runs:
+        return starts
+    all_numbers, stacks = trace.stacks_at(list(chain.from_iterable(run[3] for run in runs)))
+    classes = {}
+    class_of: dict[int, str] = {label_id: label[0] for label_id, label in by_stack.items()}  # id(stack) -> class
+    for stack_number, stack in stacks.items():
+        cls = class_of.get(id(stack))
+        if cls is None:
+            cls = class_of[id(stack)] = _stack_class(stack)
+        classes[stack_number] = cls
+    offset = 0
+    for number, position, end, run_frees in runs:  # the runs after one are split before it is
+        numbers = all_numbers[offset : offset + len(run_frees)]
+        offset += len(run_frees)
         cuts = set()
-        for index, stack_number in zip(frees, numbers):
+        for index, stack_number in zip(run_frees, numbers):
             if classes[stack_number] == _CLASS_USER:
                 cut = bisect.bisect_right(indices, index, position, end)
                 if position < cut < end and _same_call_site(trace, indices[cut - 1], indices[cut]):
                     cuts.add(cut)
         for cut in sorted(cuts, reverse=True):
-            raw.insert(number + 1, [cut, cls, raw[number][2]])
+            raw.insert(number + 1, [cut, _CLASS_FORWARD, raw[number][2]])
         starts |= cuts
     return starts
 
@@ -436,9 +444,9 @@ def _frame_phases(
     the loop starts an iteration, from annotations) end what lies before them; `result.boundaries`
     keeps those that were used."""
     result = _FramePhases()
-    actions = trace.actions
     # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
-    indices = result.indices = list(compress(range(len(actions)), map(_ALLOC_OR_OOM.__contains__, actions)))
+    ooms = trace.positions(OOM)
+    indices = result.indices = sorted(chain(trace.positions(ALLOC), ooms)) if ooms else trace.positions(ALLOC)
     # each distinct stack is classified once; per allocation there is only a lookup
     numbers, stacks = trace.stacks_at(indices)
     by_stack: dict[int, tuple[str, str]] = {}  # id(stack) -> (class, source)

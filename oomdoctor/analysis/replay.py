@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, islice
 
 from oomdoctor.analysis.results import (
     EventState,
@@ -320,8 +320,13 @@ def walk(
         climbing = actions[0] == FREE_REQUESTED
         if not climbing:
             interval_most, most_totals = 0, tuple(totals)
-    for index, action, addr, size in zip(range(count), actions, trace.addrs, trace.sizes):
-        if index == next_boundary:
+    # The events in chunks that end at a span boundary or a sample: the checks for those run
+    # once a chunk, not once an event.
+    events = zip(range(count), actions, trace.addrs, trace.sizes)
+    position = 0
+    while position < count:
+        if position == next_boundary:
+            index = position
             span_position += 1
             span = spans[span_position]
             phase = span.phase
@@ -336,62 +341,66 @@ def walk(
                 stats = steps.get(step) or steps.setdefault(step, StepStats(index, index, allocated, allocated, 0))
                 stats_peak = stats.peak_allocated_bytes
                 stats_activation_peak = stats.peak_activation_bytes
-        if action == ALLOC:
-            if index == next_survivor:  # live at the dump: its exact bytes there
-                block_size = survivors[index]
-                survivor_position += 1
-                next_survivor = survivor_order[survivor_position] if survivor_position < len(survivor_order) else -1
-            else:
-                rounded = rounded_cache.get(size)
-                if rounded is None:
-                    rounded = rounded_cache[size] = round_size(size, divisions)
-                block_size = rounded
-            component = phase_component
-            if registered:
-                known = registered.get(addr)
-                if known is not None and known[2] == size:
-                    component = known[0]
-            live[addr] = (index, component, block_size, size)
-            allocated += block_size
-            totals[component] += block_size
-            if allocated > interval_most:  # the peak is at least the interval's most
-                interval_most = allocated
-                most_index = index
-                climbing = True
-                if allocated > peak_value:
-                    peak_value = allocated
-                    peak_index = index
-            if allocated > stats_peak:
-                stats_peak = allocated
-            if component == activation_component and totals[component] > stats_activation_peak:
-                stats_activation_peak = totals[component]
-        elif action == FREE_REQUESTED:
-            entry = live.pop(addr, None)
-            if entry is None:
-                block_size = round_size(size, divisions)
-                entry = (-1, component_of_pre_existing(addr, block_size), block_size, size)
-                pre_existing_frees.append((index, addr, block_size))
-            if climbing:
-                climbing = False
-                if interval_most >= 0:  # the state just before this free is the interval's most
-                    most_totals = tuple(totals)
-                else:  # the interval opens with this free: its most is right after it, so far
-                    interval_most = allocated - entry[2]
-                    opening = totals[:]
-                    opening[entry[1]] -= entry[2]
-                    most_totals = tuple(opening)
-            allocated -= entry[2]
-            totals[entry[1]] -= entry[2]
-            pending[addr] = entry[2]
-        elif action == FREE_COMPLETED:
-            pending.pop(addr, None)
-        elif action == SEGMENT_ALLOC or action == SEGMENT_MAP:
-            reserved += size
-        elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
-            reserved -= size
-        elif action == OOM:
-            oom_indices.append(index)
-            copies.append((index, dict(live), dict(pending)))
+        stop = min(next_boundary if next_boundary > position else count, next_sample + 1, count)
+        for index, action, addr, size in islice(events, stop - position):
+            if action == ALLOC:
+                if index == next_survivor:  # live at the dump: its exact bytes there
+                    block_size = survivors[index]
+                    survivor_position += 1
+                    next_survivor = survivor_order[survivor_position] if survivor_position < len(survivor_order) else -1
+                else:
+                    rounded = rounded_cache.get(size)
+                    if rounded is None:
+                        rounded = rounded_cache[size] = round_size(size, divisions)
+                    block_size = rounded
+                component = phase_component
+                if registered:
+                    known = registered.get(addr)
+                    if known is not None and known[2] == size:
+                        component = known[0]
+                live[addr] = (index, component, block_size, size)
+                allocated += block_size
+                totals[component] += block_size
+                if allocated > interval_most:  # the peak is at least the interval's most
+                    interval_most = allocated
+                    most_index = index
+                    climbing = True
+                    if allocated > peak_value:
+                        peak_value = allocated
+                        peak_index = index
+                if allocated > stats_peak:
+                    stats_peak = allocated
+                if component == activation_component and totals[component] > stats_activation_peak:
+                    stats_activation_peak = totals[component]
+            elif action == FREE_REQUESTED:
+                entry = live.pop(addr, None)
+                if entry is None:
+                    block_size = round_size(size, divisions)
+                    entry = (-1, component_of_pre_existing(addr, block_size), block_size, size)
+                    pre_existing_frees.append((index, addr, block_size))
+                _, freed_component, freed_bytes, _ = entry
+                if climbing:
+                    climbing = False
+                    if interval_most >= 0:  # the state just before this free is the interval's most
+                        most_totals = tuple(totals)
+                    else:  # the interval opens with this free: its most is right after it, so far
+                        interval_most = allocated - freed_bytes
+                        opening = totals[:]
+                        opening[freed_component] -= freed_bytes
+                        most_totals = tuple(opening)
+                allocated -= freed_bytes
+                totals[freed_component] -= freed_bytes
+                pending[addr] = freed_bytes
+            elif action == FREE_COMPLETED:
+                pending.pop(addr, None)
+            elif action == SEGMENT_ALLOC or action == SEGMENT_MAP:
+                reserved += size
+            elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
+                reserved -= size
+            elif action == OOM:
+                oom_indices.append(index)
+                copies.append((index, dict(live), dict(pending)))
+        position = stop
         if index == next_sample:
             now = tuple(totals)
             mosts.append((most_index, interval_most, now if climbing or most_totals is None else most_totals))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import operator
 import sys
 from array import array
-from collections.abc import Mapping
-from itertools import chain, compress, repeat
+from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 from oomdoctor.allocator_rules import recorded_settings
@@ -273,8 +273,13 @@ def _int_column(
         if not kinds.issubset(allowed):
             raise _bad_value_error(values, allowed, describe, device, key)
         filled = list(values)
-        for index in compress(range(len(filled)), map(operator.is_, filled, repeat(None))):
-            filled[index] = missing
+        index = -1
+        try:
+            while True:  # list.index compares in C: None equals None only
+                index = filled.index(None, index + 1)
+                filled[index] = missing
+        except ValueError:
+            pass
         values = tuple(filled)
     if ranged:
         _check_int64(values, describe, device, key)
@@ -316,6 +321,39 @@ def _shared_strings(values: tuple[Any, ...], distinct: set[Any]) -> tuple[Any, .
     return tuple(map(table.__getitem__, values))
 
 
+def _column_reader(events: list[Any]) -> Callable[..., tuple[Any, ...]]:
+    """`column(key)`: the value of `key` in every event (None where it is missing). One C-level
+    pass with an itemgetter (a little faster than dict.get), which refuses a missing key or an
+    event that is no dict; then a pass with dict.get decides (None for a missing key, TypeError
+    for an event that is no dict). `column(key, always=False)`: a key some events lack (`addr`,
+    which `oom` events have not): dict.get at once."""
+    get = dict.get
+
+    def column(key: str, always: bool = True) -> tuple[Any, ...]:
+        if always:
+            try:
+                return tuple(map(operator.itemgetter(key), events))
+            except (KeyError, TypeError, IndexError):
+                pass
+        return tuple(map(get, events, repeat(key)))
+
+    return column
+
+
+def _positions(values: tuple[Any, ...], wanted: str) -> list[int]:
+    """The indices of `values` equal to the str `wanted` (str columns: the type is checked), found
+    by tuple.index, which compares in C without a call per value."""
+    found: list[int] = []
+    find = values.index
+    index = -1
+    try:
+        while True:
+            index = find(wanted, index + 1)
+            found.append(index)
+    except ValueError:
+        return found
+
+
 def _present(events: list[Any], key: str) -> bool:
     """torch writes a key on every event of a trace or on none (spec §1.9); look at both ends."""
     return key in events[0] or key in events[-1]
@@ -324,10 +362,7 @@ def _present(events: list[Any], key: str) -> bool:
 def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: str, era: _Era) -> DeviceTrace:
     if not events:
         return DeviceTrace(device, (), (), (), ())
-    get = dict.get
-
-    def column(key: str) -> tuple[Any, ...]:
-        return tuple(map(get, events, repeat(key)))
+    column = _column_reader(events)
 
     try:
         actions = column("action")
@@ -338,7 +373,8 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     actions = _shared_strings(actions, distinct_actions)
 
     sizes = _int_column(column("size"), describe, device, "size", ranged=True)
-    addrs = _int_column(column("addr"), describe, device, "addr", missing=0, ranged=True)  # `oom` has no addr
+    # `oom` events have no addr
+    addrs = _int_column(column("addr", always=False), describe, device, "addr", missing=0, ranged=True)
     streams = column("stream")
     if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
         streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
@@ -358,14 +394,14 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     else:
         _note_once(era, "no time_us on trace events", 1, upper=True)
 
-    compile_contexts = _optional_text_column(events, "compile_context", describe, device, era, 8, 7)
-    user_metadata = _optional_text_column(events, "user_metadata", describe, device, era, 10, 9)
-    pool_ids = _optional_pool_column(events, describe, device, era)
+    compile_contexts = _optional_text_column(events, column, "compile_context", describe, device, era, 8, 7)
+    user_metadata = _optional_text_column(events, column, "user_metadata", describe, device, era, 10, 9)
+    pool_ids = _optional_pool_column(events, column, describe, device, era)
     raw_stacks = column("frames")  # checked lazily: StackTable turns anything odd into no stack
 
     device_free: dict[int, int] = {}
     if OOM in distinct_actions:
-        for index in compress(range(len(actions)), map(OOM.__eq__, actions)):
+        for index in _positions(actions, OOM):
             free = events[index].get("device_free")
             if free is not None:
                 device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
@@ -418,22 +454,37 @@ def _note_once(era: _Era, evidence: str, minor: int, upper: bool = False) -> Non
 
 
 def _optional_text_column(
-    events: list[Any], key: str, describe: str, device: int, era: _Era, since_minor: int, before_minor: int
+    events: list[Any],
+    read: Callable[..., tuple[Any, ...]],
+    key: str,
+    describe: str,
+    device: int,
+    era: _Era,
+    since_minor: int,
+    before_minor: int,
 ) -> tuple[str | None, ...] | None:
     if not _present(events, key):
         _note_once(era, f"no {key} on trace events", before_minor, upper=True)
         return None
-    values = tuple(map(dict.get, events, repeat(key)))
-    distinct = _distinct(values, (str, _NONE_TYPE), describe, device, key)
+    values = read(key)
+    first = values[0]
+    # one str on every event, as torch often writes these (count compares in C and hashes
+    # nothing; only a str equals a str), else each value's type checked
+    if type(first) is str and values.count(first) == len(values):
+        distinct: set[Any] = {first}
+    else:
+        distinct = _distinct(values, (str, _NONE_TYPE), describe, device, key)
     _note_once(era, f"{key} on trace events", since_minor)
     return _shared_strings(values, distinct)
 
 
-def _optional_pool_column(events: list[Any], describe: str, device: int, era: _Era) -> tuple[Any, ...] | None:
+def _optional_pool_column(
+    events: list[Any], read: Callable[..., tuple[Any, ...]], describe: str, device: int, era: _Era
+) -> tuple[Any, ...] | None:
     if not _present(events, "pool_id"):
         _note_once(era, "no pool_id on trace events", 11, upper=True)
         return None
-    values = tuple(map(dict.get, events, repeat("pool_id")))
+    values = read("pool_id")
     _note_once(era, "pool_id on trace events", 12)
     fast = _pool_column_of_pairs(values)
     if fast is not None:
@@ -464,8 +515,11 @@ def _pool_column_of_pairs(values: tuple[Any, ...]) -> tuple[tuple[int, int], ...
     """The pool column in C-level passes when every value is a pair of int64s (as torch writes
     them); None when any is not (None, another shape: the checking loop decides)."""
     if values.count(DEFAULT_POOL) == len(values):  # all the default pool (compared safely: no hashing)
-        # equal to (0, 0) means a pair of zeros, but False and 0.0 equal 0 too
-        if set(map(type, values)) == {tuple} and set(map(type, chain.from_iterable(values))) == {int}:
+        # equal to a tuple means a tuple (a list never equals one), and equal to (0, 0) a pair of
+        # zeros, but False and 0.0 equal 0 too
+        kinds = set(map(type, map(operator.itemgetter(0), values)))
+        kinds.update(map(type, map(operator.itemgetter(1), values)))
+        if kinds == {int}:
             return (DEFAULT_POOL,) * len(values)
         return None
     if not set(map(type, values)).issubset((tuple, list)) or set(map(len, values)) != {2}:
