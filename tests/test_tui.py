@@ -608,6 +608,7 @@ def test_a_long_stack_scrolls_once_its_pane_is_focused(corpus_dir):
         pane = app.query_one("#allocation-stack", StackPane)
         pane.focus()
         await pilot.press("end")
+        await pilot.wait_for_animation()  # End scrolls animated, for about a second here
         await settle(app, pilot)
         return pane.region.height, pane.max_scroll_y, pane.scroll_y, stack_of(app, "allocation-stack").count("\n")
 

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Input, Static
 
 from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis
@@ -28,6 +28,7 @@ from oomdoctor.tui.content import (
     target_words,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
+from oomdoctor.tui.kept import DataTable
 from oomdoctor.tui.safe import plain, row
 from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size

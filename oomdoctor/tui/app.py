@@ -110,6 +110,7 @@ class Browser(Vertical):
         # has it) and the block the user last went to from a piece of evidence.
         self.cursor_event: int | None = None
         self.selected_block: int | None = None
+        self.panes: dict[str, Widget] = {}  # the tabs built after the overview, by tab
 
     def compose(self) -> ComposeResult:
         # Each pane builds its content itself, so that one that fails shows why in its own tab.
@@ -142,7 +143,8 @@ class Browser(Vertical):
             return False
         self.built.add(tab)
         await holder.query(".tab-placeholder").remove()
-        await holder.mount(self._pane(tab))
+        pane = self.panes[tab] = self._pane(tab)
+        await holder.mount(pane)
         _freeze_heap()
         return True
 
@@ -213,17 +215,16 @@ class Browser(Vertical):
         if tab == "timeline" and self.cursor_event is not None:
             for chart in self.query(TimelineChart).results(TimelineChart):
                 chart.cursor_index = chart.timeline.clamp(self.cursor_event)
-        elif tab == "segments":
-            for segments in self.query(SegmentsPane).results(SegmentsPane):
-                segments.show_event(self.cursor_event, self.selected_block)
-        elif tab == "components":
-            for components in self.query(ComponentsPane).results(ComponentsPane):
-                components.show_event(self.cursor_event, self.replay)
-        elif tab == "allocations":
-            for allocations in self.query(AllocationsPane).results(AllocationsPane):
-                allocations.show_event(self.cursor_event, self.replay)
-                if self.selected_block is not None:
-                    allocations.select_block(self.selected_block)
+            return
+        pane = self.panes.get(tab)
+        if isinstance(pane, SegmentsPane):
+            pane.show_event(self.cursor_event, self.selected_block)
+        elif isinstance(pane, ComponentsPane):
+            pane.show_event(self.cursor_event, self.replay)
+        elif isinstance(pane, AllocationsPane):
+            pane.show_event(self.cursor_event, self.replay)
+            if self.selected_block is not None:
+                pane.select_block(self.selected_block)
 
     async def go_to(self, event_index: int | None, address: int | None = None) -> None:
         """Show where a piece of evidence was read: its event under the timeline cursor (the other
@@ -448,22 +449,26 @@ class OomdoctorApp(App[None]):
             pane.redraw()
 
     def action_show_tab(self, tab: str) -> None:
-        for tabbed in self.query(TabbedContent):
-            if tabbed.active == tab:
-                continue
-            tabbed.active = tab
-            browser = self._browser()
-            if browser is not None and tab in browser.built:
-                # focused in the same turn as the tab is shown, not a message later in
-                # Browser._show_tab (which then finds it focused): one layout of the screen for
-                # both, not one each
-                browser.focus_tab()
+        browser = self._browser()
+        if browser is None:
+            return
+        tabbed = browser.query_one(TabbedContent)
+        if tabbed.active == tab:
+            return
+        tabbed.active = tab
+        if tab in browser.built:
+            # focused in the same turn as the tab is shown, not a message later in
+            # Browser._show_tab (which then finds it focused): one layout of the screen for
+            # both, not one each
+            browser.focus_tab()
 
     # --- keys and commands beyond the tabs ---------------------------------------------------------
 
     def _browser(self) -> Browser | None:
-        found = self.query(Browser)
-        return found.first() if found else None
+        # query_one, not query: the footer reads this through check_action several times a
+        # switch, and a query walks the whole screen (query_one stops at the Browser, a child
+        # of the screen, and keeps it until the screen's children change)
+        return self.query_one_optional(Browser)
 
     def _other_devices(self) -> tuple[int, ...]:
         if self.analysis is None:
@@ -488,8 +493,7 @@ class OomdoctorApp(App[None]):
             browser = self._browser()
             if browser is None or self.analysis is None or not browser.away_from_target:
                 return False
-            tabs = self.query(TabbedContent)
-            if not tabs or tabs.first().active not in _TABS_AT_THE_CURSOR:
+            if browser.query_one(TabbedContent).active not in _TABS_AT_THE_CURSOR:
                 return False
             return parameters == (("oom" if self.analysis.replay.target_kind == "oom" else "other"),)
         if action == "go_to_event":

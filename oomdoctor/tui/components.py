@@ -6,7 +6,6 @@ from __future__ import annotations
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Tree
 
 from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis, LiveBlock
@@ -25,6 +24,7 @@ from oomdoctor.tui.content import (
     where_label,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
+from oomdoctor.tui.kept import Tree
 from oomdoctor.tui.safe import plain
 from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size

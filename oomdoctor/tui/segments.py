@@ -6,7 +6,7 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis, EventState
@@ -23,6 +23,7 @@ from oomdoctor.tui.content import (
     where_label,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded
+from oomdoctor.tui.kept import DataTable
 from oomdoctor.tui.safe import lines, row
 from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size

@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from oomdoctor.analysis import Replayer
 from oomdoctor.analysis.results import Analysis, EventState
@@ -38,6 +38,7 @@ from oomdoctor.tui.content import (
     stacked_cells,
 )
 from oomdoctor.tui.guard import GuardedPane, guarded, report_failure
+from oomdoctor.tui.kept import DataTable
 from oomdoctor.tui.safe import plain, row
 from oomdoctor.tui.stack import StackPane
 from oomdoctor.units import human_size
