@@ -150,6 +150,16 @@ def test_shapes_without_a_layer_structure_are_not_read_as_weights():
     assert layer_stack_weights([]) is None
 
 
+def test_reading_layers_takes_work_in_proportion_to_the_blocks():
+    """200,000 frame-less blocks of one shape beside 20,000 shapes of one block each: every layer
+    count is read from the divisors of the counts, not tried against every shape (that would be
+    4e9 steps: the run would end on its timeout)."""
+    sizes = [(MiB, MiB)] * 200_000 + [(4096 + 512 * n, 4096 + 512 * n) for n in range(20_000)]
+    assert layer_stack_weights(sizes) is None  # one repeated shape is no layer
+    layered = [(r, r) for r in _layered_model(96)] + sizes[200_000:]
+    assert layer_stack_weights(layered) is None  # the layers hold too little of the bytes
+
+
 def test_what_the_trace_does_to_a_frameless_pre_trace_block_decides_it():
     sim = Sim()
     grad = sim.alloc(16 * MiB)

@@ -346,17 +346,26 @@ def layer_stack_weights(sizes: Sequence[tuple[int, int]]) -> set[int] | None:
     repeated_bytes = sum(held[r] for r, n in counts.items() if n > 1)
     if not total:
         return None
-    for layers in range(max(counts.values()), _LAYERS_MIN - 1, -1):
-        per_layer = [r for r, n in counts.items() if n % layers == 0]
-        layer_bytes = sum(held[r] for r in per_layer)
-        if (
-            len(per_layer) >= _LAYER_SHAPES_MIN
-            and layer_bytes >= _LAYER_BYTES_SHARE * repeated_bytes
-            and layer_bytes >= _LAYERS_SHARE * total
-        ):
-            break
-    else:
+    # per layer count L: the shapes occurring a multiple of L times and their bytes, from the
+    # divisors of each shape's count (work in proportion to the blocks, whatever the counts)
+    shapes_of: dict[int, int] = defaultdict(int)
+    bytes_of: dict[int, int] = defaultdict(int)
+    for requested, count in counts.items():
+        for layers in _divisors(count):
+            if layers >= _LAYERS_MIN:
+                shapes_of[layers] += 1
+                bytes_of[layers] += held[requested]
+    fitting = [
+        layers
+        for layers, shapes in shapes_of.items()
+        if shapes >= _LAYER_SHAPES_MIN
+        and bytes_of[layers] >= _LAYER_BYTES_SHARE * repeated_bytes
+        and bytes_of[layers] >= _LAYERS_SHARE * total
+    ]
+    if not fitting:
         return None
+    layers = max(fitting)
+    per_layer = [r for r, n in counts.items() if n % layers == 0]
     weights = set(per_layer)
     largest = max(per_layer)
     vectors = [r for r, n in counts.items() if n >= layers and r >= _WIDTH_MIN_BYTES and largest % r == 0]
@@ -364,6 +373,12 @@ def layer_stack_weights(sizes: Sequence[tuple[int, int]]) -> set[int] | None:
         width = min(vectors)
         weights.update(r for r in counts if r % width == 0)
     return weights
+
+
+def _divisors(number: int) -> list[int]:
+    """The divisors of a positive integer."""
+    small = [d for d in range(1, int(number**0.5) + 1) if number % d == 0]
+    return small + [number // d for d in reversed(small) if d * d != number]
 
 
 def attribute(
