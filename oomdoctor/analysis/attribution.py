@@ -304,16 +304,22 @@ def _place_by_fate(free_index: int | None, phases: PhaseIndex) -> tuple[int, str
     return UNKNOWN, METHOD_LIFETIME, 0.0
 
 
-def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) -> int:
-    """How many copies of one set of shapes the frame-less pre-trace blocks hold, from their
-    (requested bytes, block bytes): the largest k (at most `kinds_possible`) such that the shapes
-    occur a multiple of k times: all but _COPY_TOLERANCE of the bytes, and at least
-    _COPY_SHAPES_SHARE of the shapes that repeat (the small ones, norms and biases, count there)."""
+def _shape_totals(sizes: Sequence[tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per requested size of (requested bytes, block bytes) pairs: how many blocks, and their bytes."""
     counts: dict[int, int] = defaultdict(int)
     held: dict[int, int] = defaultdict(int)
     for requested, size in sizes:
         counts[requested] += 1
         held[requested] += size
+    return counts, held
+
+
+def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) -> int:
+    """How many copies of one set of shapes the frame-less pre-trace blocks hold, from their
+    (requested bytes, block bytes): the largest k (at most `kinds_possible`) such that the shapes
+    occur a multiple of k times: all but _COPY_TOLERANCE of the bytes, and at least
+    _COPY_SHAPES_SHARE of the shapes that repeat (the small ones, norms and biases, count there)."""
+    counts, held = _shape_totals(sizes)
     total = sum(held.values())
     repeated = [n for n in counts.values() if n > 1]
     if not total or not repeated:
@@ -337,11 +343,7 @@ def layer_stack_weights(sizes: Sequence[tuple[int, int]]) -> set[int] | None:
     and divides the largest layer shape (a norm's weight or a bias) is one row of it. Shapes of
     either kind are the weights; the rest (workspaces, masks of another width, scratch) are not
     placed."""
-    counts: dict[int, int] = defaultdict(int)
-    held: dict[int, int] = defaultdict(int)
-    for requested, size in sizes:
-        counts[requested] += 1
-        held[requested] += size
+    counts, held = _shape_totals(sizes)
     total = sum(held.values())
     repeated_bytes = sum(held[r] for r, n in counts.items() if n > 1)
     if not total:
@@ -647,9 +649,10 @@ def _place_model_states(
         kinds.append("gradients")
     if trains and OPTIMIZER_STATE not in placed_kinds:
         kinds += ["optimizer_state", "optimizer_state"]
-    copies = model_state_copies([(a.requested_bytes, a.size_bytes) for a in frameless], len(kinds))
+    sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
+    copies = model_state_copies(sizes, len(kinds))
     if copies == 1 and not traced:  # one set of shapes, and nothing runs a model
-        weights = layer_stack_weights([(a.requested_bytes, a.size_bytes) for a in frameless])
+        weights = layer_stack_weights(sizes)
         if weights is None:  # nor do the shapes show one: cannot tell
             return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
         return {
