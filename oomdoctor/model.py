@@ -26,10 +26,10 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice, repeat
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
 from oomdoctor.vocabulary import Action, BlockState
@@ -154,6 +154,22 @@ class TraceEvent:
     pool_id: tuple[int, int] | None = None
 
 
+_Indices = TypeVar("_Indices", bound="MutableSequence[int]")
+
+
+def indices_of(values: tuple[Any, ...], wanted: Any, found: _Indices) -> _Indices:
+    """`found` with the indices of `values` equal to `wanted` appended, in order: found by
+    tuple.index, which compares in C without a call per value."""
+    find = values.index
+    index = -1
+    try:
+        while True:
+            index = find(wanted, index + 1)
+            found.append(index)
+    except ValueError:
+        return found
+
+
 class DeviceTrace(Sequence[TraceEvent]):
     """One device's trace events, oldest first, held as columns (see the module docstring).
 
@@ -250,16 +266,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         kept as 8-byte integers."""
         found = self._positions.get(action)
         if found is None:
-            found = array("q")
-            find = self.actions.index
-            index = -1
-            try:
-                while True:
-                    index = find(action, index + 1)
-                    found.append(index)
-            except ValueError:
-                pass
-            self._positions[action] = found
+            found = self._positions[action] = indices_of(self.actions, action, array("q"))
         return found
 
     def positions_in(self, action: str, first: int, stop: int, limit: int | None = None) -> Sequence[int]:

@@ -37,6 +37,7 @@ from oomdoctor.model import (
     FrozenDict,
     Segment,
     Snapshot,
+    indices_of,
 )
 from oomdoctor.safetext import describe_value
 from oomdoctor.units import plural
@@ -340,20 +341,6 @@ def _column_reader(events: list[Any]) -> Callable[..., tuple[Any, ...]]:
     return column
 
 
-def _positions(values: tuple[Any, ...], wanted: str) -> list[int]:
-    """The indices of `values` equal to the str `wanted` (str columns: the type is checked), found
-    by tuple.index, which compares in C without a call per value."""
-    found: list[int] = []
-    find = values.index
-    index = -1
-    try:
-        while True:
-            index = find(wanted, index + 1)
-            found.append(index)
-    except ValueError:
-        return found
-
-
 def _present(events: list[Any], key: str) -> bool:
     """torch writes a key on every event of a trace or on none (spec §1.9); look at both ends."""
     return key in events[0] or key in events[-1]
@@ -401,7 +388,8 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
 
     device_free: dict[int, int] = {}
     if OOM in distinct_actions:
-        for index in _positions(actions, OOM):
+        oom_indices: list[int] = indices_of(actions, OOM, [])
+        for index in oom_indices:
             free = events[index].get("device_free")
             if free is not None:
                 device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
