@@ -63,13 +63,19 @@ def test_a_forward_that_keeps_its_graph_without_training_is_a_risk():
     assert "inference-with-grad" not in _findings(analyse(no_grad.snapshot(metadata=False)))
 
 
-def test_gradients_of_an_earlier_backward_alive_in_a_forward_are_a_risk():
+def _with_gradients_from_before() -> Sim:
+    """128 MiB of parameters and their gradients, made by a backward before recording began."""
     sim = Sim()
     for _ in range(4):
         sim.alloc(32 * MiB, SETUP_STACK)
     for _ in range(4):
         sim.alloc(32 * MiB, ACCUMULATE_GRAD_STACK)
     sim.start_recording()
+    return sim
+
+
+def test_gradients_of_an_earlier_backward_alive_in_a_forward_are_a_risk():
+    sim = _with_gradients_from_before()
     _forward(sim, [8 * MiB] * 4, keep=True)
     result = analyse(sim.snapshot(metadata=False))
     finding = _findings(result)["gradients-kept"]
@@ -168,12 +174,7 @@ def test_growth_over_steps_outranks_immaterial_fragments():
 def test_gradients_of_an_earlier_backward_still_alive_later_in_the_step_were_alive_through_its_forward():
     """The peak in the optimizer step: gradients older than the step, still alive there, lived
     through its forward (gradients accumulated in place, never set to None)."""
-    sim = Sim()
-    for _ in range(4):
-        sim.alloc(32 * MiB, SETUP_STACK)
-    for _ in range(4):
-        sim.alloc(32 * MiB, ACCUMULATE_GRAD_STACK)
-    sim.start_recording()
+    sim = _with_gradients_from_before()
     for activation in _forward(sim, [8 * MiB] * 4, keep=True):
         sim.free(activation)
     sim.free(sim.alloc(16 * MiB, ()))  # the backward, adding into the gradients already there
