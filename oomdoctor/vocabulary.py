@@ -70,12 +70,16 @@ class RegistryComponent(StrEnum):
 
 
 class Phase(StrEnum):
-    """Where in a training step an event happened. The first four are also capture's markers."""
+    """Where in a training step an event happened. The first four and EVALUATION are also capture's
+    markers."""
 
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER_STEP = "optimizer_step"
     ZERO_GRAD = "zero_grad"
+    # a forward pass that does not train, and its loop's own code: evaluation, validation,
+    # prediction or inference (under no_grad, in eval mode, or inside such a loop's function)
+    EVALUATION = "evaluation"
     BETWEEN_STEPS = "between_steps"
     BEFORE_FIRST_STEP = "before_first_step"  # before the first phase of the run was seen
     UNKNOWN = "unknown"

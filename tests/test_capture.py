@@ -345,6 +345,26 @@ def test_markers_bracket_phases_with_step_numbers(fake):
     assert times == sorted(times) and abs(times[-1] - time_ns() // 1000) < 60_000_000
 
 
+def test_a_model_called_with_gradients_off_is_marked_an_evaluation(fake):
+    oomdoctor.install()
+    model, _ = small_training(1, None, fake)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    with torch.inference_mode():
+        model(torch.randn(4, 8))
+    model(torch.randn(4, 8))  # eval mode with gradients on: a forward (it could still train)
+    sequence = [(marker["phase"], marker["edge"], marker["step"]) for marker in capture.current_markers()]
+    assert sequence[-6:] == [
+        ("evaluation", "start", 1),
+        ("evaluation", "end", 1),
+        ("evaluation", "start", 1),
+        ("evaluation", "end", 1),
+        ("forward", "start", 1),
+        ("forward", "end", 1),
+    ]
+
+
 def test_oom_in_forward_leaves_one_dump_with_registry_and_markers(fake, capsys):
     oomdoctor.install()
     with pytest.raises(torch.OutOfMemoryError):

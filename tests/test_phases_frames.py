@@ -460,3 +460,127 @@ def test_the_loss_module_after_the_model_is_the_same_pass():
     sim.alloc(MiB, loss_module)
     sim.alloc(MiB, BACKWARD)
     assert len(_forward_spans(sim)) == 1
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+EVAL_LOOP = (_frame("train.py", "evaluate", 80), *LOOP)
+EVAL_FORWARD = (*LINEAR, *EVAL_LOOP)
+EVAL_CODE = (_frame("metrics.py", "accuracy", 5), *EVAL_LOOP)  # the loop's own code, outside modules
+LIGHTNING_VALIDATION = (
+    *LINEAR,
+    _frame("module.py", "validation_step", 60),
+    _frame(f"{LIGHTNING}/strategies/strategy.py", "validation_step"),
+    _frame(f"{LIGHTNING}/loops/evaluation_loop.py", "_evaluation_step"),
+    _frame(f"{LIGHTNING}/loops/evaluation_loop.py", "run"),
+    _frame(f"{LIGHTNING}/loops/fit_loop.py", "on_advance_end"),
+    _frame(f"{LIGHTNING}/trainer/trainer.py", "fit"),
+    *LOOP,
+)
+# Lightning's closure is decorated with torch.enable_grad(): the frame no_grad's decorator leaves too
+ENABLE_GRAD_CLOSURE = (
+    *LINEAR,
+    _frame("module.py", "training_step", 40),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "closure"),
+    _frame(f"{TORCH}/utils/_contextlib.py", "decorate_context"),
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "__call__"),
+    *LIGHTNING_OUTER,
+)
+
+
+@pytest.mark.parametrize(
+    ("stack", "expected"),
+    [
+        (EVAL_FORWARD, "evaluation"),
+        (EVAL_CODE, "evaluation"),
+        (LIGHTNING_VALIDATION, "evaluation"),
+        ((*LINEAR, _frame("hf.py", "prediction_step"), _frame("hf.py", "evaluation_loop"), *LOOP), "evaluation"),
+        ((*LINEAR, _frame("run.py", "run_inference"), *LOOP), "evaluation"),
+        # a name that also says train, a test function, a function named for nothing: no evaluation
+        ((*LINEAR, _frame("run.py", "train_and_evaluate"), *LOOP), "forward"),
+        ((*LINEAR, _frame("test_model.py", "test_forward"), *LOOP), "forward"),
+        ((*LINEAR, _frame("run.py", "interval_step"), *LOOP), "forward"),
+        # the enable_grad (or no_grad) decorator's frame says nothing
+        (ENABLE_GRAD_CLOSURE, "forward"),
+        # a function named for evaluation inside a module's forward is the forward's own code
+        ((_frame("model.py", "eval_head", 3), *LINEAR[1:], *LOOP), "forward"),
+        # the optimizer, a backward inside an evaluation-named function keep their phase
+        ((*BACKWARD[:3], *EVAL_LOOP), "backward"),
+    ],
+)
+def test_a_pass_called_from_an_evaluation_loop_is_an_evaluation(stack, expected):
+    assert classify_stack(stack) == expected
+
+
+def test_an_evaluation_after_a_step_belongs_to_the_next_step_and_starts_no_step_of_its_own():
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    stacks = [
+        FORWARD,
+        BACKWARD,
+        ADAM_STEP,
+        EVAL_FORWARD,
+        EVAL_CODE,
+        EVAL_FORWARD,
+        EVAL_CODE,
+        FORWARD,
+        BACKWARD,
+        ADAM_STEP,
+    ]
+    phases = _run(stacks, annotations_at={3: [loader], 5: [loader], 7: [loader]})
+    assert phases == [
+        ("forward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+        ("evaluation", 1),
+        ("evaluation", 1),
+        ("evaluation", 1),
+        ("evaluation", 1),
+        ("forward", 1),
+        ("backward", 1),
+        ("optimizer_step", 1),
+    ]
+
+
+def test_each_evaluation_pass_keeps_its_own_span():
+    sim = Sim(total_bytes=8 << 30)
+    for _ in range(3):
+        sim.alloc(MiB, EVAL_FORWARD)
+        sim.alloc(MiB, LOSS)  # the loop's code in a function not named for evaluation
+    sim.alloc(MiB, LOSS)
+    spans, _ = build_spans(_trace(sim).trace_of(0), markers=None, annotations=(), device=0)
+    phases = [s.phase for s in spans]
+    assert phases[0] == "before_first_step"
+    assert phases.count("evaluation") == 3
+    # code between two of its passes is the evaluation's; after the last one, no pass is running
+    assert phases[-1] != "evaluation"
+
+
+def test_an_evaluation_pass_a_backward_follows_trained():
+    # a forward from a function named for evaluation whose result is backpropagated: it trained
+    stacks = [EVAL_FORWARD, EVAL_FORWARD, BACKWARD, ADAM_STEP]
+    assert _run(stacks) == [("forward", 0), ("forward", 0), ("backward", 0), ("optimizer_step", 0)]
+
+
+def test_an_evaluation_loop_keeping_its_outputs_is_found_from_frames():
+    # after a training step, eight passes from `evaluate` each keep their 2 MiB of logits (each
+    # intermediate freed once used, as under no_grad); the concatenation of what was kept fails
+    sim = Sim(total_bytes=64 * MiB)
+    sim.alloc(4 * MiB, MODEL_TO)
+    sim.free(sim.alloc(MiB, FORWARD))
+    sim.free(sim.alloc(MiB, BACKWARD))
+    sim.alloc(MiB, ADAM_STEP)
+    for _ in range(8):
+        sim.free(sim.alloc(4096, EVAL_CODE))  # the next batch
+        previous = None
+        for _ in range(4):
+            intermediate = sim.alloc(8 * MiB, EVAL_FORWARD)
+            if previous is not None:
+                sim.free(previous)
+            previous = intermediate
+        sim.alloc(2 * MiB, EVAL_FORWARD)  # the logits, kept
+        assert previous is not None
+        sim.free(previous)
+    sim.oom(16 * MiB, EVAL_CODE)
+    analysis = analyse(sim.snapshot(metadata=False))
+    assert (analysis.target_phase, analysis.target_step) == ("evaluation", 1)
+    assert analysis.verdict == "eval-outputs-kept", [f.verdict for f in analysis.secondary]

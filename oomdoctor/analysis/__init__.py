@@ -44,8 +44,8 @@ from oomdoctor.analysis.replay import (
     segments_at,
 )
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     PHASE_BETWEEN,
-    PHASE_FORWARD,
     PHASE_UNKNOWN,
     SOURCE_NONE,
     Accounting,
@@ -366,7 +366,7 @@ def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     last_training = max(
         (s.last_index for s in dump.spans if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
     )
-    forwards = [s for s in dump.spans if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
+    forwards = [s for s in dump.spans if s.phase in FORWARD_PASSES and last_training < s.first_index <= index]
     if len(forwards) < 2:
         return 0
     return _allocated_between(dump.trace, last_training + 1, forwards[-1].first_index)
@@ -387,17 +387,17 @@ def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock
     if span is None:
         return 0, 0, 0, False
     position = dump.spans.index(span)
-    returned = span.phase != PHASE_FORWARD
+    returned = span.phase not in FORWARD_PASSES
     if returned:
         while position >= 0 and dump.spans[position].phase == PHASE_BETWEEN:
             position -= 1
-        if position < 0 or position == dump.spans.index(span) or dump.spans[position].phase != PHASE_FORWARD:
+        if position < 0 or position == dump.spans.index(span) or dump.spans[position].phase not in FORWARD_PASSES:
             return 0, 0, 0, False
         span = dump.spans[position]
         index = span.last_index
     first = span.first_index
     for earlier in reversed(dump.spans[:position]):  # a forward may be cut into spans
-        if earlier.phase != PHASE_FORWARD:
+        if earlier.phase != span.phase:
             break
         first = earlier.first_index
     kept = [
@@ -462,7 +462,7 @@ def _context(
         pass_kept_count=pass_kept_count,
         pass_returned=pass_returned,
         earlier_passes_allocated_bytes=(
-            _earlier_passes_allocated(dump, target) if moment.phase in (PHASE_FORWARD, PHASE_BETWEEN) else 0
+            _earlier_passes_allocated(dump, target) if moment.phase in (*FORWARD_PASSES, PHASE_BETWEEN) else 0
         ),
         request_frames=dump.trace.frames_at(target.index) if accounted.fatal and target.index is not None else (),
         trace_entries=len(dump.trace),

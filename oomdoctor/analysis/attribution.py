@@ -18,6 +18,7 @@ from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.frame_kinds import USER, frame_kind, lead_frame_index
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     METHOD_FRAMES,
     METHOD_LIFETIME,
     METHOD_NONE,
@@ -27,6 +28,7 @@ from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BEFORE,
     PHASE_BETWEEN,
+    PHASE_EVALUATION,
     PHASE_FORWARD,
     PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
@@ -64,6 +66,7 @@ _REGISTRY_COMPONENT = {
 
 PHASE_COMPONENT = {
     PHASE_FORWARD: ACTIVATIONS,
+    PHASE_EVALUATION: ACTIVATIONS,  # under no_grad a pass keeps its outputs only: still the pass's
     PHASE_BACKWARD: TEMPORARIES,
     PHASE_OPTIMIZER: TEMPORARIES,
     PHASE_ZERO_GRAD: TEMPORARIES,
@@ -280,7 +283,7 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
     named = _by_names(stack)
     if named is not None:
         return named, METHOD_FRAMES, _NAME_CONFIDENCE
-    if cls == PHASE_FORWARD:  # a forward's output kept since before the trace
+    if cls in FORWARD_PASSES:  # a forward's output kept since before the trace
         return ACTIVATIONS, METHOD_FRAMES, 0.6
     if cls == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_FRAMES, 0.4
@@ -694,7 +697,7 @@ def _spans_first_forward(span, phases: PhaseIndex, after_target: int) -> bool:
     if span.phase != PHASE_BEFORE:
         return False
     following = phases.span_after(span)
-    return following is not None and following.phase == PHASE_FORWARD and following.first_index <= after_target
+    return following is not None and following.phase in FORWARD_PASSES and following.first_index <= after_target
 
 
 def _outlives(span, freed_at: int | None, trace_end: int) -> bool:
@@ -740,7 +743,7 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
         if span_over and not parameter_sizes:
             return GRADIENTS, METHOD_LIFETIME, 0.4
         return TEMPORARIES, METHOD_PHASE, 0.6
-    if phase == PHASE_FORWARD:
+    if phase in FORWARD_PASSES:
         return ACTIVATIONS, METHOD_PHASE, 0.7
     if phase == PHASE_BETWEEN:
         if stack_class == "module-setup":

@@ -23,6 +23,7 @@ from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BEFORE,
     PHASE_BETWEEN,
+    PHASE_EVALUATION,
     PHASE_FORWARD,
     PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
@@ -42,6 +43,9 @@ _CLASS_FORWARD = PHASE_FORWARD
 _CLASS_BACKWARD = PHASE_BACKWARD
 _CLASS_OPTIMIZER = PHASE_OPTIMIZER
 _CLASS_ZERO_GRAD = PHASE_ZERO_GRAD
+# a module's forward called from an evaluation loop's function: a pass that does not train
+_CLASS_EVALUATION = PHASE_EVALUATION
+_CLASS_EVALUATION_CODE = "evaluation-code"  # an evaluation loop's code outside modules (by its function)
 _CLASS_USER = "user"
 _CLASS_NO_FRAMES = "no-frames"
 _CLASS_MODULE_SETUP = "module-setup"  # parameters being created or moved (`.to`, `.cuda`, `__init__`)
@@ -62,6 +66,7 @@ _KIND_OPTIMIZER_SETUP = "optimizer-setup"
 _KIND_ZERO_GRAD = "zero_grad"
 _KIND_CLOSURE = "closure"
 _KIND_SETUP = "setup"
+_KIND_EVALUATION = "evaluation"  # an evaluation loop's function (by its name)
 
 _FORWARD_FUNCTIONS = frozenset({"_wrapped_call_impl", "_call_impl"})
 _AUTOGRAD_FUNCTIONS = frozenset({"backward", "_engine_run_backward", "grad", "run_backward"})
@@ -73,6 +78,13 @@ _BACKWARD_NAMES = frozenset({"backward", "_backward_impl"})
 # automatic optimization, LBFGS): what runs inside it is the step's forward and backward
 _CLOSURE_NAMES = frozenset({"closure", "_wrap_closure"})
 _SETUP_FUNCTIONS = frozenset({"_apply", "to", "cuda", "convert", "load_state_dict", "reset_parameters"})
+# the words of a function's name that make it an evaluation loop (`evaluate`, `run_eval`,
+# `validation_step`, `_evaluation_loop`, `prediction_step`, `predict_step`, `infer`); a name that
+# also says train (`train_and_evaluate`) is not one, nor is a test (pytest's `test_*`)
+_EVALUATION_WORDS = frozenset(
+    {"eval", "evaluate", "evaluation", "validate", "validation", "val", "predict", "prediction", "inference", "infer"}
+)
+_EVALUATION_NAMES = frozenset({"generate", "test_step", "test_loop"})  # Lightning's test loop; transformers' generate
 _OPTIMIZER_SETUP_FUNCTIONS = frozenset(
     {"__init__", "add_param_group", "load_state_dict", "_process_value_according_to_param_policy", "__setstate__"}
 )
@@ -80,6 +92,13 @@ _OPTIMIZER_SETUP_FUNCTIONS = frozenset(
 
 def _norm(filename: str) -> str:
     return filename.replace("\\", "/")
+
+
+def _is_evaluation_name(name: str) -> bool:
+    if name in _EVALUATION_NAMES:
+        return True
+    words = set(name.lower().split("_"))
+    return not words.isdisjoint(_EVALUATION_WORDS) and "train" not in words and "training" not in words
 
 
 def _frame_kind(filename: str, name: str) -> str | None:
@@ -110,6 +129,8 @@ def _frame_kind(filename: str, name: str) -> str | None:
         return _KIND_CLOSURE
     if "torch/nn/modules/" in filename or "torch/nn/parameter.py" in filename:
         return _KIND_SETUP
+    if _is_evaluation_name(name) and "/torch/" not in filename:
+        return _KIND_EVALUATION
     return None
 
 
@@ -130,6 +151,10 @@ def _stack_class(stack: Stack) -> str:
     setup = False
     python = False
     nested_grad = False
+    # outside any phase, a function named for evaluation. (A no_grad-decorated function's frame,
+    # `decorate_context`, is no evidence: torch.enable_grad() decorates with the same one, as
+    # Lightning's training-step closure is.)
+    evaluating = False
     for frame in reversed(stack):
         filename = _norm(frame.filename)
         if filename.endswith(".py"):
@@ -137,7 +162,9 @@ def _stack_class(stack: Stack) -> str:
         kind = _frame_kind(filename, frame.name)
         if kind is None:
             continue
-        if kind == _KIND_FORWARD:
+        if kind == _KIND_EVALUATION:
+            evaluating = evaluating or state is None
+        elif kind == _KIND_FORWARD:
             if state != _KIND_BACKWARD:
                 state = _KIND_FORWARD
         elif kind == _KIND_BACKWARD:
@@ -154,7 +181,9 @@ def _stack_class(stack: Stack) -> str:
         else:  # optimizer, its setup, zero_grad: whatever they run inside
             state = kind
     if state == _KIND_FORWARD:
-        return _CLASS_FORWARD_GRAD if nested_grad else _CLASS_FORWARD
+        if nested_grad:
+            return _CLASS_FORWARD_GRAD
+        return _CLASS_EVALUATION if evaluating else _CLASS_FORWARD
     if state == _KIND_BACKWARD:
         return _CLASS_BACKWARD if python else _CLASS_ENGINE
     if state == _KIND_OPTIMIZER:
@@ -165,18 +194,23 @@ def _stack_class(stack: Stack) -> str:
         return _CLASS_ZERO_GRAD
     if not python:
         return _CLASS_NO_FRAMES
-    return _CLASS_MODULE_SETUP if setup else _CLASS_USER
+    if setup:
+        return _CLASS_MODULE_SETUP
+    # the evaluation loop's own code (gathering outputs, a metric)
+    return _CLASS_EVALUATION_CODE if evaluating else _CLASS_USER
 
 
 def classify_stack(stack: Stack) -> str:
     """The phase an allocation's stack names ("forward", "backward", "optimizer_step",
-    "zero_grad"), else "module-setup" (parameters created or moved), "user" (code outside any of
+    "zero_grad", "evaluation"), else "module-setup" (parameters created or moved), "user" (code outside any of
     them: a loss, data, functional code) or "no-frames"."""
     return _PUBLIC_CLASS.get(_stack_class(stack), _CLASS_USER)
 
 
 _PUBLIC_CLASS = {
     _CLASS_FORWARD: _CLASS_FORWARD,
+    _CLASS_EVALUATION: _CLASS_EVALUATION,
+    _CLASS_EVALUATION_CODE: _CLASS_EVALUATION,
     _CLASS_FORWARD_GRAD: _CLASS_FORWARD,
     _CLASS_BACKWARD: _CLASS_BACKWARD,
     _CLASS_ENGINE: _CLASS_BACKWARD,
@@ -328,7 +362,8 @@ def annotation_windows(
     return windows, sorted(step_starts)
 
 
-_ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
+_ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, PHASE_EVALUATION})
+_PASSES = frozenset({PHASE_FORWARD, PHASE_EVALUATION})  # a pass; an evaluation's is no step's work
 _WORK = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER})
 
 
@@ -340,6 +375,10 @@ def _gap_phase(cls: str, before: str | None, after: str | None, work_seen: bool,
         return PHASE_BETWEEN if work_seen else PHASE_BEFORE
     if before == PHASE_FORWARD:  # the pass's own code outside modules: the loss, post-processing
         return PHASE_FORWARD
+    # an evaluation's code after its pass: between two passes, or in the loop's function after the
+    # last (a concatenation of what it kept); before its first pass it is the loop's batch, as a step's
+    if before == PHASE_EVALUATION and (after == PHASE_EVALUATION or cls == _CLASS_EVALUATION_CODE):
+        return PHASE_EVALUATION
     if before == PHASE_BACKWARD:
         if after == PHASE_OPTIMIZER:  # between backward() and step(): clipping, unscaling
             return PHASE_BACKWARD
@@ -383,7 +422,7 @@ def _split_at_returns(
     for number in range(len(raw) - 1, -1, -1):
         position, cls, _source = raw[number]
         end = raw[number + 1][0] if number + 1 < len(raw) else len(indices)
-        if cls != _CLASS_FORWARD or end - position < 2:
+        if cls not in (_CLASS_FORWARD, _CLASS_EVALUATION) or end - position < 2:
             continue
         frees = trace.positions_in(FREE_REQUESTED, indices[position], indices[end - 1])
         if frees:
@@ -404,12 +443,12 @@ def _split_at_returns(
         offset += len(run_frees)
         cuts = set()
         for index, stack_number in zip(run_frees, numbers):
-            if classes[stack_number] == _CLASS_USER:
+            if classes[stack_number] in (_CLASS_USER, _CLASS_EVALUATION_CODE):
                 cut = bisect.bisect_right(indices, index, position, end)
                 if position < cut < end and _same_call_site(trace, indices[cut - 1], indices[cut]):
                     cuts.add(cut)
         for cut in sorted(cuts, reverse=True):
-            raw.insert(number + 1, [cut, _CLASS_FORWARD, raw[number][2]])
+            raw.insert(number + 1, [cut, raw[number][1], raw[number][2]])
         starts |= cuts
     return starts
 
@@ -528,21 +567,43 @@ def _frame_phases(
         else:
             pending.append(number)
     settle(None)
+    _trained_passes(raw, phases, gaps, pass_starts)
 
     runs = result.runs
     for number, (position, _cls, source) in enumerate(raw):
         phase = phases[number]
         assert phase is not None
         # a forward entered from code outside any module: another pass (an evaluation loop's next batch)
-        new_pass = phase == PHASE_FORWARD and not gaps[number] and number > 0 and gaps[number - 1]
-        new_pass = new_pass and phases[number - 1] == PHASE_FORWARD
+        new_pass = phase in _PASSES and not gaps[number] and number > 0 and gaps[number - 1]
+        new_pass = new_pass and phases[number - 1] == phase
         # or the user's code freed something between two of its allocations: the pass had returned
-        new_pass = new_pass or (phase == PHASE_FORWARD and position in pass_starts)
+        new_pass = new_pass or (phase in _PASSES and position in pass_starts)
         if runs and not new_pass and runs[-1][1] == phase and runs[-1][2] == source:
             continue
         runs.append((position, phase, source, new_pass))
         result.seen.add(phase)
     return result
+
+
+def _trained_passes(
+    raw: Sequence[Sequence[Any]], phases: list[str | None], gaps: Sequence[bool], pass_starts: set[int]
+) -> None:
+    """An evaluation pass that a backward follows trained after all (a train step decorated with
+    `torch.enable_grad()`, a forward from a function named for evaluation): its runs become the
+    forward's (`phases` is changed in place). Passes before it keep their phase (a teacher's)."""
+    following: str | None = None
+    trained = False  # relabelling the runs of one pass, latest first
+    for number in range(len(raw) - 1, -1, -1):
+        if gaps[number]:
+            trained = False
+            continue
+        phase = phases[number]
+        if phase == PHASE_EVALUATION and (following == PHASE_BACKWARD or trained):
+            phases[number] = PHASE_FORWARD
+            trained = raw[number][0] not in pass_starts  # a pass that starts here: the one before is another
+        else:
+            trained = False
+        following = phases[number]
 
 
 def _is_boundary_annotation(name: str) -> bool:

@@ -18,9 +18,9 @@ from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.passes import TRAINING_PHASES, PassHistory
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     PHASE_BACKWARD,
     PHASE_BETWEEN,
-    PHASE_FORWARD,
     PHASE_OPTIMIZER,
     PHASE_ZERO_GRAD,
     Accounting,
@@ -373,7 +373,7 @@ def _test_oversized(ctx: Context) -> Finding | None:
 
 
 def _test_gradients_kept(ctx: Context) -> Finding | None:
-    if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN):
+    if ctx.oom is None or ctx.target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD, PHASE_BETWEEN):
         return None
     old, steps, largest = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
     parameters = ctx.components.get(Component.PARAMETERS, 0)
@@ -456,7 +456,7 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
     last_training = max(
         (s.last_index for s in ctx.phases if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
     )
-    forwards = [s for s in ctx.phases if s.phase == PHASE_FORWARD and last_training < s.first_index <= index]
+    forwards = [s for s in ctx.phases if s.phase in FORWARD_PASSES and last_training < s.first_index <= index]
     if len(forwards) < 2:
         return forwards, [], last_training
     current = forwards[-1]
@@ -473,7 +473,7 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
     """Repeated forward passes with no backward between them, each leaving its activations alive.
     (At an OOM: without one, `_risk_kept_graph` words the same evidence as a risk.)"""
-    if ctx.oom is None or ctx.target_phase != PHASE_FORWARD or ctx.target_index is None:
+    if ctx.oom is None or ctx.target_phase not in FORWARD_PASSES or ctx.target_index is None:
         return None
     forwards, kept, last_training = _kept_from_earlier_passes(ctx)
     if len(forwards) < 2:
@@ -584,7 +584,7 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
 
 
 def _test_activation_spike(ctx: Context) -> Finding | None:
-    if ctx.oom is None or ctx.target_phase not in (PHASE_FORWARD, PHASE_BACKWARD):
+    if ctx.oom is None or ctx.target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD):
         return None
     c = ctx.components
     # this pass's own: what earlier steps or earlier passes left alive is a leak's or a kept graph's
@@ -694,7 +694,7 @@ def kept_outputs(ctx: Context) -> KeptOutputs | None:
     used), so that what is kept grows pass after pass. Judged in a pass, or between steps after the
     passes (the loop's end, where the kept outputs are concatenated). None when the passes do not
     show that."""
-    if ctx.target_phase not in (PHASE_FORWARD, PHASE_BETWEEN):
+    if ctx.target_phase not in (*FORWARD_PASSES, PHASE_BETWEEN):
         return None
     forwards, kept, _ = _kept_from_earlier_passes(ctx)
     earlier = forwards[:-1]
@@ -900,7 +900,7 @@ def _forward_of_the_step_before_target(ctx: Context) -> bool:
     if ctx.target_index is None and ctx.trace_entries <= 0:
         return False
     index = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
-    return any(s.phase == PHASE_FORWARD and s.step == ctx.target_step and s.first_index <= index for s in ctx.phases)
+    return any(s.phase in FORWARD_PASSES and s.step == ctx.target_step and s.first_index <= index for s in ctx.phases)
 
 
 def _training_seen(ctx: Context) -> bool:
@@ -914,7 +914,7 @@ def _risk_kept_graph(ctx: Context) -> Finding | None:
     run's first forward keeps its graph for the backward to come, and nothing before it tells.)"""
     if ctx.oom is not None or _training_seen(ctx):
         return None
-    if ctx.target_phase != PHASE_FORWARD and not ctx.pass_returned:
+    if ctx.target_phase not in FORWARD_PASSES and not ctx.pass_returned:
         return None
     allocated_in_pass, kept = ctx.pass_allocated_bytes, ctx.pass_kept_bytes
     c = ctx.components
@@ -954,7 +954,7 @@ def _risk_gradients_kept(ctx: Context) -> Finding | None:
     than the step and still alive at the target were alive through the step's forward."""
     if ctx.oom is not None:
         return None
-    in_forward = ctx.target_phase == PHASE_FORWARD
+    in_forward = ctx.target_phase in FORWARD_PASSES
     if not in_forward and not _forward_of_the_step_before_target(ctx):
         return None
     old, _, largest = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)

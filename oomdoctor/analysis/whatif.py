@@ -15,9 +15,9 @@ import math
 from collections.abc import Iterable
 
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     PHASE_BACKWARD,
     PHASE_BETWEEN,
-    PHASE_FORWARD,
     LiveBlock,
     RestOfPass,
     WhatIf,
@@ -33,7 +33,7 @@ SCALED_COMPONENTS = ("activations", "inputs")
 def request_scales(target_phase: str, request_bytes: int = 0, blocks: Iterable[LiveBlock] = ()) -> bool:
     """Whether the failed request grows with the batch: it was made in forward, backward or between
     steps, and is not, in backward, exactly the size of a live parameter (then it is a gradient)."""
-    if target_phase not in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_BETWEEN):
+    if target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD, PHASE_BETWEEN):
         return False
     if target_phase == PHASE_BACKWARD and request_bytes:
         return not any(b.component == "parameters" and b.size_bytes == request_bytes for b in blocks)
@@ -50,7 +50,7 @@ def scalable_bytes(blocks: Iterable[LiveBlock]) -> int:
         b.size_bytes
         for b in blocks
         if b.component in SCALED_COMPONENTS
-        or (b.component == "temporaries" and b.phase in (PHASE_FORWARD, PHASE_BACKWARD))
+        or (b.component == "temporaries" and b.phase in (*FORWARD_PASSES, PHASE_BACKWARD))
     )
 
 

@@ -4,6 +4,7 @@ Phases are bracketed by wrapping the few entry points every training loop goes t
 
 * forward: `nn.Module.__call__`; only the outermost call makes a marker (calls made inside a
   forward, a backward (activation checkpointing recomputes) or another module are part of it);
+  a call made with gradients off (`torch.no_grad()`, `torch.inference_mode()`) is an evaluation;
 * backward: `torch.autograd.backward`, which `Tensor.backward` calls;
 * optimizer step: torch's global optimizer step pre/post hooks;
 * zero_grad: `Optimizer.zero_grad` and `Module.zero_grad`.
@@ -43,7 +44,7 @@ from itertools import islice
 from time import time_ns
 from typing import Any
 
-from oomdoctor.metadata import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD
+from oomdoctor.metadata import PHASE_BACKWARD, PHASE_EVALUATION, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD
 
 START = "start"
 END = "end"
@@ -196,6 +197,9 @@ class PhaseRecorder:
         # in this frame, so a nested module call costs one flag test more than without oomdoctor
         # instead of one more Python frame.
         inline_torch_call = _is_torch_call_impl(original)
+        import torch
+
+        grad_enabled = torch.is_grad_enabled
 
         @functools.wraps(original)
         def module_call(module: Any, *args: Any, **kwargs: Any) -> Any:
@@ -213,7 +217,8 @@ class PhaseRecorder:
                 root[1] = recorder._tensors_given(args, kwargs)
             if recorder.stepping:  # a step() that raised never ran its post hook
                 recorder.stepping.clear()
-            markers.append((PHASE_FORWARD, START, recorder.step, time_ns() // 1000))
+            phase = PHASE_FORWARD if grad_enabled() else PHASE_EVALUATION  # a pass that cannot train
+            markers.append((phase, START, recorder.step, time_ns() // 1000))
             if recorder.on_phase_start is not None:
                 recorder.on_phase_start()
             try:
@@ -225,7 +230,7 @@ class PhaseRecorder:
             finally:
                 recorder.in_forward = False
                 recorder.pass_module_calls = recorder.in_backward or not recorder.active
-                markers.append((PHASE_FORWARD, END, recorder.step, time_ns() // 1000))
+                markers.append((phase, END, recorder.step, time_ns() // 1000))
 
         return module_call
 

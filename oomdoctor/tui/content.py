@@ -33,6 +33,7 @@ PHASE_LETTERS = {
     "backward": "B",
     "optimizer_step": "O",
     "zero_grad": "Z",
+    "evaluation": "E",
     "between_steps": "·",
     "before_first_step": "-",
     "unknown": "?",

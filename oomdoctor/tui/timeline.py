@@ -69,7 +69,13 @@ SHORT_LABELS = {
     "other": "other",
     "unknown": "unknown",
 }
-PHASE_COLORS = {"forward": "#59a14f", "backward": "#f28e2b", "optimizer_step": "#e15759", "zero_grad": "#b07aa1"}
+PHASE_COLORS = {
+    "forward": "#59a14f",
+    "backward": "#f28e2b",
+    "optimizer_step": "#e15759",
+    "zero_grad": "#b07aa1",
+    "evaluation": "#4e79a7",
+}
 TOP_BLOCKS = 8
 QUICK_REPLAY_SECONDS = 0.02  # a cursor replay this quick runs on the app's thread
 REPLAY_DELAY_SECONDS = 0.008  # after this, so the keys of a burst move the cursor first
