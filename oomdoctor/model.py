@@ -345,6 +345,11 @@ class DeviceTrace(Sequence[TraceEvent]):
         return self._raw_stacks is not None and bool(self._raw_stacks[index])
 
     @property
+    def any_frames(self) -> bool:
+        """Whether any event carries a non-empty stack (stops at the first that does)."""
+        return self._raw_stacks is not None and any(self._raw_stacks)
+
+    @property
     def events_with_frames(self) -> int:
         """How many events carry a non-empty stack (cheap: nothing is converted)."""
         if self._raw_stacks is None:

@@ -469,7 +469,7 @@ def walk(
         history=LiveHistory(trace, final_blocks, divisions, copies, live, pre_existing_frees, rounded_cache),
         steps=steps,
         allocated_offset_bytes=allocated_offset,
-        has_frames=trace.events_with_frames > 0,
+        has_frames=trace.any_frames,
         has_time=times is not None,
     )
 
