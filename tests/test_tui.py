@@ -801,3 +801,13 @@ def test_a_dump_with_thousands_of_live_blocks_lists_the_largest_and_still_search
         label.startswith(f"{len(analysis.live_blocks)} of {len(analysis.live_blocks)} live blocks")
         and f"largest {SHOWN_ROWS} listed" in label
     )
+
+
+def test_every_phase_has_its_own_timeline_letter_and_every_pass_a_colour():
+    from oomdoctor.tui.timeline import PHASE_COLORS
+    from oomdoctor.vocabulary import Phase
+
+    letters = [content.PHASE_LETTERS.get(phase.value) for phase in Phase]
+    assert None not in letters and len(set(letters)) == len(letters)
+    assert {Phase.FORWARD, Phase.EVALUATION, Phase.BACKWARD, Phase.OPTIMIZER_STEP} <= set(PHASE_COLORS)
+    assert PHASE_COLORS[Phase.EVALUATION] != PHASE_COLORS[Phase.FORWARD]
