@@ -480,11 +480,9 @@ LIGHTNING_VALIDATION = (
 # Lightning's closure is decorated with torch.enable_grad(): the frame no_grad's decorator leaves too
 ENABLE_GRAD_CLOSURE = (
     *LINEAR,
-    _frame("module.py", "training_step", 40),
-    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "closure"),
+    *LIGHTNING_STEP[:4],  # training_step .. closure
     _frame(f"{TORCH}/utils/_contextlib.py", "decorate_context"),
-    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "__call__"),
-    *LIGHTNING_OUTER,
+    *LIGHTNING_STEP[4:],  # the closure's __call__ and the optimizer step around it
 )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
-from oomdoctor.analysis.passes import TRAINING_PHASES, pass_history
+from oomdoctor.analysis.passes import pass_history, passes_since_training
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
@@ -363,10 +363,7 @@ def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     index = target.index if target.index is not None else len(dump.trace) - 1
     if index < 0:
         return 0
-    last_training = max(
-        (s.last_index for s in dump.spans if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
-    )
-    forwards = [s for s in dump.spans if s.phase in FORWARD_PASSES and last_training < s.first_index <= index]
+    forwards, last_training = passes_since_training(dump.spans, index)
     if len(forwards) < 2:
         return 0
     return _allocated_between(dump.trace, last_training + 1, forwards[-1].first_index)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     PHASE_BACKWARD,
     PHASE_BETWEEN,
     PHASE_FORWARD,
@@ -41,6 +42,15 @@ INPUT_ALLOCATIONS = 8  # the first allocations of a forward that stand for its i
 MAX_ALLOCATIONS = 50_000  # bound the work per pass
 SCALED = (Component.ACTIVATIONS, Component.INPUTS, Component.TEMPORARIES)
 TRAINING_PHASES = (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
+
+
+def passes_since_training(spans: Sequence[PhaseSpan], index: int) -> tuple[list[PhaseSpan], int]:
+    """The forward and evaluation spans begun after the last backward, optimizer step or zero_grad
+    that began at or before event `index`, up to it; and where that last one ended (-1: none)."""
+    last_training = max(
+        (s.last_index for s in spans if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
+    )
+    return [s for s in spans if s.phase in FORWARD_PASSES and last_training < s.first_index <= index], last_training
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from itertools import chain, groupby
 from typing import Any
 
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     PHASE_BACKWARD,
     PHASE_BEFORE,
     PHASE_BETWEEN,
@@ -363,7 +364,6 @@ def annotation_windows(
 
 
 _ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, PHASE_EVALUATION})
-_PASSES = frozenset({PHASE_FORWARD, PHASE_EVALUATION})  # a pass; an evaluation's is no step's work
 _WORK = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER})
 
 
@@ -574,10 +574,10 @@ def _frame_phases(
         phase = phases[number]
         assert phase is not None
         # a forward entered from code outside any module: another pass (an evaluation loop's next batch)
-        new_pass = phase in _PASSES and not gaps[number] and number > 0 and gaps[number - 1]
+        new_pass = phase in FORWARD_PASSES and not gaps[number] and number > 0 and gaps[number - 1]
         new_pass = new_pass and phases[number - 1] == phase
         # or the user's code freed something between two of its allocations: the pass had returned
-        new_pass = new_pass or (phase in _PASSES and position in pass_starts)
+        new_pass = new_pass or (phase in FORWARD_PASSES and position in pass_starts)
         if runs and not new_pass and runs[-1][1] == phase and runs[-1][2] == source:
             continue
         runs.append((position, phase, source, new_pass))
@@ -588,9 +588,9 @@ def _frame_phases(
 def _trained_passes(
     raw: Sequence[Sequence[Any]], phases: list[str | None], gaps: Sequence[bool], pass_starts: set[int]
 ) -> None:
-    """An evaluation pass that a backward follows trained after all (a train step decorated with
-    `torch.enable_grad()`, a forward from a function named for evaluation): its runs become the
-    forward's (`phases` is changed in place). Passes before it keep their phase (a teacher's)."""
+    """An evaluation pass that a backward follows trained after all (a forward called from a function
+    named for evaluation whose result is backpropagated): its runs become the forward's (`phases` is
+    changed in place). Passes before it keep their phase (a teacher's)."""
     following: str | None = None
     trained = False  # relabelling the runs of one pass, latest first
     for number in range(len(raw) - 1, -1, -1):

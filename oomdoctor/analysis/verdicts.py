@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.checkpointing import save_frame
-from oomdoctor.analysis.passes import TRAINING_PHASES, PassHistory
+from oomdoctor.analysis.passes import TRAINING_PHASES, PassHistory, passes_since_training
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -453,10 +453,7 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
     index = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
     if index < 0:
         return [], [], -1
-    last_training = max(
-        (s.last_index for s in ctx.phases if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
-    )
-    forwards = [s for s in ctx.phases if s.phase in FORWARD_PASSES and last_training < s.first_index <= index]
+    forwards, last_training = passes_since_training(ctx.phases, index)
     if len(forwards) < 2:
         return forwards, [], last_training
     current = forwards[-1]

@@ -10,10 +10,10 @@ The file is read and analysed in the background behind a progress bar; then five
                   Enter on an evidence item goes to its event or block
   2 Timeline      memory by component over the recorded events, steps (s0, s1, ...)
                   and phases (F forward, B backward, O optimizer step, Z zero_grad,
-                  E evaluation, · between steps) under it; left/right move a cursor (shift: ten
-                  times as far, [ and ]: one event, o: the OOM, p: the peak) and
-                  show what was live after that event; e lists the events around
-                  it instead (Enter moves the cursor to one)
+                  E evaluation, · between steps) under it; left/right move a cursor
+                  (shift: ten times as far, [ and ]: one event, o: the OOM, p: the
+                  peak) and show what was live after that event; e lists the events
+                  around it instead (Enter moves the cursor to one)
   3 Segments      the segments at the cursor's event, a bar of each one's blocks;
                   a block's stack
   4 Components    parameters, gradients, optimizer state, ... down to module paths,
