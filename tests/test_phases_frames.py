@@ -58,6 +58,12 @@ ADAM_STEP = (
     *LOOP,
 )
 ADAM_LOAD = (_frame(f"{TORCH}/optim/optimizer.py", "load_state_dict"), *LOOP)
+ADAM_SAVE = (  # a sharded optimizer's state gathered by a hook of optimizer.state_dict(), to save it
+    _frame("trainer.py", "gather_full_moments", 40),
+    _frame(f"{TORCH}/optim/optimizer.py", "state_dict"),
+    _frame("trainer.py", "save_checkpoint", 52),
+    *LOOP,
+)
 MODEL_TO = (
     _frame(f"{TORCH}/nn/modules/module.py", "convert"),
     _frame(f"{TORCH}/nn/modules/module.py", "_apply"),
@@ -317,6 +323,17 @@ def test_a_step_ends_only_after_a_completed_backward_or_optimizer_step():
     assert [s for _, s in phases] == [0] * 9 + [1] * 4
     # an optimizer that updates in place allocates nothing: each completed backward ends a step
     assert [s for _, s in _run(micro * 3)] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_an_optimizer_state_dict_saved_after_a_step_is_no_step():
+    assert classify_stack(ADAM_SAVE) == "user"
+    assert _run([FORWARD, BACKWARD, ADAM_STEP, ADAM_SAVE, ADAM_SAVE]) == [
+        ("forward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+        ("between_steps", 1),
+        ("between_steps", 1),
+    ]
 
 
 def test_optimizer_state_loaded_at_setup_is_no_step():

@@ -434,6 +434,9 @@ def attribute(
             component, name, method, confidence = known[0], known[1], METHOD_REGISTRY, 1.0
         elif ddp_bucket_frames(stack):  # DDP's gradient buckets, which no registry reaches
             component, method, confidence = GRADIENTS, METHOD_FRAMES, 0.8
+        elif exact and alloc_index is not None and save_frame(stack) is not None:
+            # a copy made to save a checkpoint (a state dict built or gathered): no model state, no input
+            component, method, confidence = OTHER, METHOD_FRAMES, 0.8
         elif exact:
             component, method, confidence = PHASE_COMPONENT.get(phase, UNKNOWN), METHOD_PHASE, 0.9
             if alloc_index is None:

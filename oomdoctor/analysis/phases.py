@@ -89,6 +89,9 @@ _EVALUATION_NAMES = frozenset({"generate", "test_step", "test_loop"})  # Lightni
 _OPTIMIZER_SETUP_FUNCTIONS = frozenset(
     {"__init__", "add_param_group", "load_state_dict", "_process_value_according_to_param_policy", "__setstate__"}
 )
+# `Optimizer.state_dict()` (its `pack_group` too) copies nothing and steps nothing: what its hooks
+# allocate (a sharded optimizer's state gathered to save a checkpoint) is no optimizer step's
+_OPTIMIZER_STATE_DICT_FUNCTIONS = frozenset({"state_dict", "pack_group"})
 
 
 def _norm(filename: str) -> str:
@@ -113,6 +116,8 @@ def _frame_kind(filename: str, name: str) -> str | None:
             return None
         if name == "zero_grad":
             return _KIND_ZERO_GRAD
+        if name in _OPTIMIZER_STATE_DICT_FUNCTIONS:
+            return None
         return _KIND_OPTIMIZER_SETUP if name in _OPTIMIZER_SETUP_FUNCTIONS else _KIND_OPTIMIZER
     if filename.endswith("torch/nn/modules/module.py"):
         if name in _FORWARD_FUNCTIONS:
