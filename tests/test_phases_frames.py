@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from oomdoctor.analysis import analyse
-from oomdoctor.analysis.phases import PhaseIndex, build_spans, classify_stack
+from oomdoctor.analysis.phases import PhaseIndex, _annotation_phase, build_spans, classify_stack
 from oomdoctor.model import Annotation, Frame, Snapshot
 from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, MiB, Sim
 
@@ -599,3 +599,127 @@ def test_an_evaluation_loop_keeping_its_outputs_is_found_from_frames():
     analysis = analyse(sim.snapshot(metadata=False))
     assert (analysis.target_phase, analysis.target_step) == ("evaluation", 1)
     assert analysis.verdict == "eval-outputs-kept", [f.verdict for f in analysis.secondary]
+
+
+# --- evaluation windows (record_function annotations) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("[LightningModule]LitModel.validation_step", "evaluation"),  # Lightning's PyTorchProfiler
+        ("[Strategy]DDPStrategy.test_step", "evaluation"),
+        ("evaluate", "evaluation"),
+        ("run_inference", "evaluation"),
+        ("[LightningModule]LitModel.training_step", None),
+        ("train_and_evaluate", None),  # a name that also says train
+        ("model_forward", "forward"),
+        ("[LightningModule]LitModel.backward", "backward"),
+        ("Optimizer.step#AdamW.step", "optimizer_step"),
+        ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", None),
+    ],
+)
+def test_a_window_named_for_evaluation_is_one(name, expected):
+    assert _annotation_phase(name) == expected
+
+
+def _windowed(calls: list) -> list[tuple[str, int]]:
+    """A trace from `calls`: a stack allocates 1 MiB (freed at once); ("START", name) and
+    ("END", name) open and close a record_function window; (phase, step) of each allocation."""
+    sim = Sim(total_bytes=8 << 30)
+    annotations: list[Annotation] = []
+    allocations = 0
+    for call in calls:
+        if isinstance(call, tuple) and call[:1] in (("START",), ("END",)):
+            annotations.append(Annotation(call[1], call[0], 0, sim._tick()))
+            continue
+        sim.free(sim.alloc(MiB, call))
+        allocations += 1
+    return _phase_steps(_trace(sim, tuple(annotations)), list(range(allocations)))
+
+
+def test_a_validation_window_makes_its_passes_an_evaluation_of_the_next_step():
+    # Lightning's profiler windows: a training step, then two validation steps, each running the
+    # model (a forward window inside it) on a batch its DataLoader handed over; then training again
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    validation = "[LightningModule]LitModel.validation_step"
+    forward = "[LightningModule]LitModel.forward"
+    calls: list = [FORWARD, BACKWARD, ADAM_STEP]
+    for _ in range(2):
+        calls += [("START", loader), ("END", loader), ("START", validation), ("START", forward)]
+        calls += [FORWARD, FORWARD, ("END", forward), LOSS, ("END", validation)]
+    calls += [FORWARD, BACKWARD, ADAM_STEP]
+    assert _windowed(calls) == [
+        ("forward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+        *[("evaluation", 1)] * 6,
+        ("forward", 1),
+        ("backward", 1),
+        ("optimizer_step", 1),
+    ]
+
+
+def test_each_validation_window_is_a_pass_of_its_own():
+    validation = "[LightningModule]LitModel.validation_step"
+    calls: list = [FORWARD, BACKWARD, ADAM_STEP]
+    for _ in range(3):
+        calls += [("START", validation), FORWARD, LOSS, ("END", validation)]
+    sim_spans = _windowed_spans(calls)
+    assert [s.phase for s in sim_spans].count("evaluation") == 3
+
+
+def test_an_evaluation_window_with_a_backward_inside_trained():
+    # as a frame-read evaluation that a backward follows: the window's forward is a forward
+    window = "evaluate"
+    assert _windowed([("START", window), FORWARD, BACKWARD, ("END", window)]) == [("forward", 0), ("backward", 0)]
+
+
+def _windowed_spans(calls: list):
+    sim = Sim(total_bytes=8 << 30)
+    annotations: list[Annotation] = []
+    for call in calls:
+        if isinstance(call, tuple) and call[:1] in (("START",), ("END",)):
+            annotations.append(Annotation(call[1], call[0], 0, sim._tick()))
+        else:
+            sim.free(sim.alloc(MiB, call))
+    spans, _ = build_spans(
+        _trace(sim, tuple(annotations)).trace_of(0), markers=None, annotations=tuple(annotations), device=0
+    )
+    return spans
+
+
+def test_a_validation_loop_keeping_its_outputs_is_found_from_its_windows():
+    # as the frames-only loop above, but the stacks name no evaluation function: Lightning's
+    # profiler windows (`validation_step`, the model's `forward` inside it) tell the passes apart
+    sim = Sim(total_bytes=64 * MiB)
+    annotations: list[Annotation] = []
+
+    def mark(name: str, stage: str) -> None:
+        annotations.append(Annotation(name, stage, 0, sim._tick()))
+
+    validation, forward = "[LightningModule]LitModel.validation_step", "[LightningModule]LitModel.forward"
+    sim.alloc(4 * MiB, MODEL_TO)
+    sim.free(sim.alloc(MiB, FORWARD))
+    sim.free(sim.alloc(MiB, BACKWARD))
+    sim.alloc(MiB, ADAM_STEP)
+    for _ in range(8):
+        mark(validation, "START")
+        mark(forward, "START")
+        previous = None
+        for _ in range(4):
+            intermediate = sim.alloc(8 * MiB, FORWARD)
+            if previous is not None:
+                sim.free(previous)
+            previous = intermediate
+        sim.alloc(2 * MiB, FORWARD)  # the logits, kept
+        assert previous is not None
+        sim.free(previous)
+        mark(forward, "END")
+        mark(validation, "END")
+    mark(validation, "START")  # the epoch's end: what was kept, concatenated
+    sim.oom(16 * MiB, LOSS)
+    analysis = analyse(dataclasses.replace(sim.snapshot(metadata=False), annotations=tuple(annotations)))
+    assert analysis.verdict == "eval-outputs-kept"
+    assert (analysis.target_phase, analysis.target_step) == ("evaluation", 1)
+    assert [s.phase for s in analysis.phases].count("evaluation") >= 8

@@ -322,6 +322,9 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
 
 
 def _annotation_phase(name: str) -> str | None:
+    """The phase a `record_function` window names: torch's optimizer windows, a backward, an
+    evaluation (a window named as an evaluation function is: `evaluate`, Lightning's profiler's
+    `[LightningModule]Model.validation_step`), a forward."""
     if name.startswith("Optimizer.step#"):
         return PHASE_OPTIMIZER
     if name.startswith("Optimizer.zero_grad#"):
@@ -329,9 +332,33 @@ def _annotation_phase(name: str) -> str | None:
     lowered = name.lower()
     if "backward" in lowered:
         return PHASE_BACKWARD
+    function = lowered.rsplit("]", 1)[-1].rsplit("#", 1)[-1].rsplit(".", 1)[-1].strip()
+    if _is_evaluation_name(function):
+        return PHASE_EVALUATION
     if "forward" in lowered:
         return PHASE_FORWARD
     return None
+
+
+def _nested_in_evaluation(windows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """The windows without the forwards and evaluations inside an evaluation window (the model's
+    forward that a `validation_step` window runs, the module's window inside the strategy's): they
+    are part of that evaluation, one pass."""
+    evaluating = {(first, last) for first, last, phase in windows if phase == PHASE_EVALUATION}
+
+    def inside(first: int, last: int, *, strictly: bool) -> bool:
+        return any(
+            e_first <= first and last <= e_last and not (strictly and (e_first, e_last) == (first, last))
+            for e_first, e_last in evaluating
+        )
+
+    kept = [
+        (first, last, phase)
+        for first, last, phase in windows
+        if not (phase == PHASE_FORWARD and inside(first, last, strictly=False))
+        and not (phase == PHASE_EVALUATION and inside(first, last, strictly=True))
+    ]
+    return list(dict.fromkeys(kept))  # one evaluation window under two names (one range) once
 
 
 def annotation_windows(
@@ -365,7 +392,7 @@ def annotation_windows(
             first, _ = _index_window(times, start_us, start_us)
             if first < len(trace) and phase is not None:
                 windows.append((first, len(trace) - 1, phase))
-    return windows, sorted(step_starts)
+    return _nested_in_evaluation(windows), sorted(step_starts)
 
 
 _ANCHORS = frozenset({PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, PHASE_EVALUATION})
@@ -676,9 +703,14 @@ def build_spans(
         last = starts[number + 1] - 1 if number + 1 < len(starts) else count - 1
         pieces.append((starts[number], last, phase, source, new_pass))
     for first, last, phase in sorted(windows):
-        # the stacks' forward and backward inside an optimizer step are its closure's
+        if phase == PHASE_EVALUATION and any(
+            first <= p_first <= last and p_phase in _TRAINING for p_first, _, p_phase, *_ in pieces
+        ):
+            continue  # an evaluation window in which a backward began trained: the stacks' phases stand
+        # the stacks' forward and backward inside an optimizer step are its closure's; each
+        # evaluation window is a pass of its own
         keep = _CLOSURE_PHASES if phase == PHASE_OPTIMIZER else frozenset()
-        pieces = _overlay(pieces, first, last, phase, keep)
+        pieces = _overlay(pieces, first, last, phase, keep, new_pass=phase == PHASE_EVALUATION)
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
     spans = _number_steps(
         pieces,
@@ -696,6 +728,7 @@ def _base_source(found: _FramePhases) -> str:
 
 
 _CLOSURE_PHASES = frozenset({PHASE_FORWARD, PHASE_BACKWARD})
+_TRAINING = frozenset({PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 
 
 def _inside(index: int, windows: Sequence[tuple[int, int]]) -> bool:
@@ -704,9 +737,16 @@ def _inside(index: int, windows: Sequence[tuple[int, int]]) -> bool:
 
 
 def _overlay(
-    pieces: list[tuple[int, int, str, str, bool]], first: int, last: int, phase: str, keep: frozenset[str]
+    pieces: list[tuple[int, int, str, str, bool]],
+    first: int,
+    last: int,
+    phase: str,
+    keep: frozenset[str],
+    *,
+    new_pass: bool = False,
 ) -> list[tuple[int, int, str, str, bool]]:
-    """The pieces with events first..last given the window's phase, except pieces whose phase is in `keep`."""
+    """The pieces with events first..last given the window's phase, except pieces whose phase is in
+    `keep`; with `new_pass`, the window is a pass of its own (not merged with one just before it)."""
     result: list[tuple[int, int, str, str, bool]] = []
     for piece in pieces:
         p_first, p_last = piece[0], piece[1]
@@ -715,7 +755,9 @@ def _overlay(
             continue
         if p_first < first:
             result.append((p_first, first - 1, *piece[2:]))
-        result.append((max(first, p_first), min(last, p_last), phase, SOURCE_ANNOTATIONS, False))
+        result.append(
+            (max(first, p_first), min(last, p_last), phase, SOURCE_ANNOTATIONS, new_pass and p_first <= first)
+        )
         if p_last > last:
             result.append((last + 1, p_last, piece[2], piece[3], False))
     return result
@@ -738,6 +780,15 @@ def _number_steps(
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
     allocation follows: a tail of frees is no step of its own.
     """
+    # one phase's contiguous pieces are one before numbering (a window that began at its first
+    # allocation's segment_alloc has a piece without an allocation first: it is the same step's)
+    joined: list[tuple[int, int, str, str, bool]] = []
+    for piece in pieces:
+        if joined and not piece[4] and joined[-1][2:4] == piece[2:4] and joined[-1][1] + 1 == piece[0]:
+            joined[-1] = (joined[-1][0], piece[1], *joined[-1][2:])
+        else:
+            joined.append(piece)
+    pieces = joined
     if boundaries:
         cut: list[tuple[int, int, str, str, bool]] = []
         for first, last, phase, source, new_pass in pieces:
