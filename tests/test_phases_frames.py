@@ -576,25 +576,33 @@ def test_an_evaluation_pass_a_backward_follows_trained():
     assert _run(stacks) == [("forward", 0), ("forward", 0), ("backward", 0), ("optimizer_step", 0)]
 
 
-def test_an_evaluation_loop_keeping_its_outputs_is_found_from_frames():
-    # after a training step, eight passes from `evaluate` each keep their 2 MiB of logits (each
-    # intermediate freed once used, as under no_grad); the concatenation of what was kept fails
-    sim = Sim(total_bytes=64 * MiB)
+def _step_then_passes_keeping_outputs(sim: Sim, stack, *, before=lambda: None, after=lambda: None) -> None:
+    """A model moved to the device and one training step, then eight passes of `stack` that each
+    free their 8 MiB intermediates as they go (as under no_grad) and keep 2 MiB of logits; `before`
+    and `after` run around each pass."""
     sim.alloc(4 * MiB, MODEL_TO)
     sim.free(sim.alloc(MiB, FORWARD))
     sim.free(sim.alloc(MiB, BACKWARD))
     sim.alloc(MiB, ADAM_STEP)
     for _ in range(8):
-        sim.free(sim.alloc(4096, EVAL_CODE))  # the next batch
+        before()
         previous = None
         for _ in range(4):
-            intermediate = sim.alloc(8 * MiB, EVAL_FORWARD)
+            intermediate = sim.alloc(8 * MiB, stack)
             if previous is not None:
                 sim.free(previous)
             previous = intermediate
-        sim.alloc(2 * MiB, EVAL_FORWARD)  # the logits, kept
+        sim.alloc(2 * MiB, stack)  # the logits, kept
         assert previous is not None
         sim.free(previous)
+        after()
+
+
+def test_an_evaluation_loop_keeping_its_outputs_is_found_from_frames():
+    # after a training step, eight passes from `evaluate` each keep their 2 MiB of logits (each
+    # intermediate freed once used, as under no_grad); the concatenation of what was kept fails
+    sim = Sim(total_bytes=64 * MiB)
+    _step_then_passes_keeping_outputs(sim, EVAL_FORWARD, before=lambda: sim.free(sim.alloc(4096, EVAL_CODE)))
     sim.oom(16 * MiB, EVAL_CODE)
     analysis = analyse(sim.snapshot(metadata=False))
     assert (analysis.target_phase, analysis.target_step) == ("evaluation", 1)
@@ -623,9 +631,9 @@ def test_a_window_named_for_evaluation_is_one(name, expected):
     assert _annotation_phase(name) == expected
 
 
-def _windowed(calls: list) -> list[tuple[str, int]]:
+def _windowed_trace(calls: list) -> tuple[Snapshot, int]:
     """A trace from `calls`: a stack allocates 1 MiB (freed at once); ("START", name) and
-    ("END", name) open and close a record_function window; (phase, step) of each allocation."""
+    ("END", name) open and close a record_function window. Returns it and its allocation count."""
     sim = Sim(total_bytes=8 << 30)
     annotations: list[Annotation] = []
     allocations = 0
@@ -635,7 +643,13 @@ def _windowed(calls: list) -> list[tuple[str, int]]:
             continue
         sim.free(sim.alloc(MiB, call))
         allocations += 1
-    return _phase_steps(_trace(sim, tuple(annotations)), list(range(allocations)))
+    return _trace(sim, tuple(annotations)), allocations
+
+
+def _windowed(calls: list) -> list[tuple[str, int]]:
+    """(phase, step) of each allocation of `_windowed_trace(calls)`."""
+    snapshot, allocations = _windowed_trace(calls)
+    return _phase_steps(snapshot, list(range(allocations)))
 
 
 def test_a_validation_window_makes_its_passes_an_evaluation_of_the_next_step():
@@ -676,16 +690,8 @@ def test_an_evaluation_window_with_a_backward_inside_trained():
 
 
 def _windowed_spans(calls: list):
-    sim = Sim(total_bytes=8 << 30)
-    annotations: list[Annotation] = []
-    for call in calls:
-        if isinstance(call, tuple) and call[:1] in (("START",), ("END",)):
-            annotations.append(Annotation(call[1], call[0], 0, sim._tick()))
-        else:
-            sim.free(sim.alloc(MiB, call))
-    spans, _ = build_spans(
-        _trace(sim, tuple(annotations)).trace_of(0), markers=None, annotations=tuple(annotations), device=0
-    )
+    snapshot, _ = _windowed_trace(calls)
+    spans, _ = build_spans(snapshot.trace_of(0), markers=None, annotations=snapshot.annotations, device=0)
     return spans
 
 
@@ -699,24 +705,12 @@ def test_a_validation_loop_keeping_its_outputs_is_found_from_its_windows():
         annotations.append(Annotation(name, stage, 0, sim._tick()))
 
     validation, forward = "[LightningModule]LitModel.validation_step", "[LightningModule]LitModel.forward"
-    sim.alloc(4 * MiB, MODEL_TO)
-    sim.free(sim.alloc(MiB, FORWARD))
-    sim.free(sim.alloc(MiB, BACKWARD))
-    sim.alloc(MiB, ADAM_STEP)
-    for _ in range(8):
-        mark(validation, "START")
-        mark(forward, "START")
-        previous = None
-        for _ in range(4):
-            intermediate = sim.alloc(8 * MiB, FORWARD)
-            if previous is not None:
-                sim.free(previous)
-            previous = intermediate
-        sim.alloc(2 * MiB, FORWARD)  # the logits, kept
-        assert previous is not None
-        sim.free(previous)
-        mark(forward, "END")
-        mark(validation, "END")
+    _step_then_passes_keeping_outputs(
+        sim,
+        FORWARD,
+        before=lambda: (mark(validation, "START"), mark(forward, "START")),
+        after=lambda: (mark(forward, "END"), mark(validation, "END")),
+    )
     mark(validation, "START")  # the epoch's end: what was kept, concatenated
     sim.oom(16 * MiB, LOSS)
     analysis = analyse(dataclasses.replace(sim.snapshot(metadata=False), annotations=tuple(annotations)))
