@@ -26,6 +26,7 @@ import pytest
 from oomdoctor.analysis import analyse
 from oomdoctor.load import load
 from oomdoctor.metadata import METADATA_KEY, PHASES
+from oomdoctor.views.report_rows import target_context
 from oomdoctor.vocabulary import Verdict
 from tests.conftest import FIXTURES, fixture_module
 
@@ -197,6 +198,18 @@ def test_stripped_variant_gets_its_moment(entry):
     result = _analysis(entry["name"])
     step = entry["step"] - entry["steps_before_trace"]
     assert (result.target_phase, result.target_step) == (entry["phase"], step)
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in ENTRIES if e["name"].startswith("late-recording-")], ids=lambda entry: entry["name"]
+)
+def test_a_step_counted_from_a_late_trace_says_so(entry):
+    """Where optimizer state predates the trace, the stripped report's step is the trace's: its
+    header says so; the dump as captured (markers count every step) does not."""
+    stripped, captured = _analysis(entry["name"]), _captured(entry["name"])
+    counted_late = "of the trace, " in target_context(stripped)
+    assert counted_late is (entry["steps_before_trace"] > 0), target_context(stripped)
+    assert "of the trace" not in target_context(captured)
 
 
 # --------------------------------------------------------------------------- the variants themselves

@@ -47,6 +47,7 @@ from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BETWEEN,
     PHASE_UNKNOWN,
+    SOURCE_MARKERS,
     SOURCE_NONE,
     Accounting,
     Analysis,
@@ -548,7 +549,9 @@ def _unknowns(
         frameless = sum(1 for b in blocks if b.alloc_index is None and not b.frames)
         if frameless:
             unknowns.append(Unknown(UnknownKind.PRE_EXISTING_NO_STACK, frameless))
-        if any(b.alloc_index is None and b.component == Component.OPTIMIZER_STATE for b in blocks):
+        # markers count every step since capture began; a trace's own phases only those it shows
+        pre_trace_state = any(b.alloc_index is None and b.component == Component.OPTIMIZER_STATE for b in blocks)
+        if pre_trace_state and dump.phase_source != SOURCE_MARKERS:
             unknowns.append(Unknown(UnknownKind.STEPS_BEFORE_TRACE))
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:

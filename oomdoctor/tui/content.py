@@ -25,7 +25,7 @@ from oomdoctor.safetext import printable
 from oomdoctor.units import human_size, plural
 from oomdoctor.views import phrasing
 from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
-from oomdoctor.views.report_rows import COMPONENT_LABELS, allocated_rows, evidence_line, where_label
+from oomdoctor.views.report_rows import COMPONENT_LABELS, allocated_rows, evidence_line, target_step_words, where_label
 from oomdoctor.views.shorten import PathStyle, frame_text, shorten_name
 
 PHASE_LETTERS = {
@@ -62,7 +62,7 @@ def _section(title: str, lines: Iterable[str]) -> Section:
 def overview_sections(analysis: Analysis, source: str) -> list[Section]:
     """The verdict and summary, then evidence, recommendations and the memory at the target."""
     replay = analysis.replay
-    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
+    step = target_step_words(analysis)
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     headline = (
         phrasing.summary(analysis.summary),

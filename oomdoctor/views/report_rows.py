@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group
+from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group, UnknownKind
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.units import human_size
 from oomdoctor.views import phrasing
@@ -19,10 +19,19 @@ def where_label(analysis: Analysis) -> str:
     return _WHERE[analysis.replay.target_kind]
 
 
+def target_step_words(analysis: Analysis) -> str:
+    """'step 3, ' (nothing when the step is unknown); 'step 0 of the trace, ' where optimizer
+    state from before the trace shows that steps ran before it, which its numbers do not count."""
+    if analysis.target_step is None:
+        return ""
+    before = any(item.kind == UnknownKind.STEPS_BEFORE_TRACE for item in analysis.unknowns)
+    return f"step {analysis.target_step}{' of the trace' if before else ''}, "
+
+
 def target_context(analysis: Analysis) -> str:
     """'Device 0 at the OOM (step 3, backward, event 812 of 900; phases from markers)'."""
     replay = analysis.replay
-    step = f"step {analysis.target_step}, " if analysis.target_step is not None else ""
+    step = target_step_words(analysis)
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     phase = analysis.target_phase.replace("_", " ")
     return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; {phrasing.phase_source(analysis.phase_source)})"
