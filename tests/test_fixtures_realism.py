@@ -66,11 +66,7 @@ VOCABULARY = {verdict.value for verdict in Verdict}
 # delete it when a fix makes its test XPASS. Checks not listed pass today (late-recording-model-states-
 # mlp-adamw, closure-optimizer-state-mlp-adam, accumulation-optimizer-state-gpt-adamw and
 # slow-leak-mlp-kept-predictions pass all three).
-KNOWN_MISSES: dict[str, dict[str, str]] = {
-    "eval-outputs-kept-gpt": {
-        "moment": "forward of step 1: the OOM is the torch.cat after the evaluation loop",
-    },
-}
+KNOWN_MISSES: dict[str, dict[str, str]] = {}
 
 
 def _params(check: str, *, oom_only: bool = False):

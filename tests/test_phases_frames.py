@@ -717,3 +717,97 @@ def test_a_validation_loop_keeping_its_outputs_is_found_from_its_windows():
     assert analysis.verdict == "eval-outputs-kept"
     assert (analysis.target_phase, analysis.target_step) == ("evaluation", 1)
     assert [s.phase for s in analysis.phases].count("evaluation") >= 8
+
+
+# --- a loop run without autograd, from memory alone -----------------------------------------
+
+
+def _spans(sim: Sim) -> list:
+    spans, _ = build_spans(_trace(sim).trace_of(0), markers=None, annotations=(), device=0)
+    return spans
+
+
+def test_an_inline_no_grad_loop_of_a_training_script_is_an_evaluation():
+    # `with torch.no_grad(): for batch in loader: kept.append(model(batch))` written in `main`: the
+    # frames name no evaluation function, but each pass freed its intermediates as it went and no
+    # backward follows any; the concatenation after the loop is between steps
+    sim = Sim(total_bytes=64 * MiB)
+    _step_then_passes_keeping_outputs(sim, FORWARD, before=lambda: sim.free(sim.alloc(4096, LOSS)))
+    sim.oom(16 * MiB, LOSS)
+    phases = [s.phase for s in _spans(sim)]
+    assert phases.count("evaluation") == 8 and "forward" in phases  # the training step's stays one
+    analysis = analyse(sim.snapshot(metadata=False))
+    assert analysis.verdict == "eval-outputs-kept"
+    assert (analysis.target_phase, analysis.target_step) == ("between_steps", 1)
+
+
+def test_passes_that_keep_their_graphs_stay_forwards():
+    # the same loop with autograd on: each pass holds every intermediate (saved for a backward)
+    sim = Sim(total_bytes=1 << 30)
+    sim.alloc(4 * MiB, MODEL_TO)
+    sim.free(sim.alloc(MiB, FORWARD))
+    sim.free(sim.alloc(MiB, BACKWARD))
+    sim.alloc(MiB, ADAM_STEP)
+    for _ in range(4):
+        sim.free(sim.alloc(4096, LOSS))
+        for _ in range(4):
+            sim.alloc(8 * MiB, FORWARD)
+    sim.oom(16 * MiB, LOSS)
+    assert "evaluation" not in [s.phase for s in _spans(sim)]
+
+
+def test_one_pass_that_holds_little_is_no_loop():
+    # a checkpointed forward holds only its segments' inputs; the OOM in the loss after it: a forward
+    sim = Sim(total_bytes=64 * MiB)
+    sim.alloc(4 * MiB, MODEL_TO)
+    sim.free(sim.alloc(MiB, FORWARD))
+    sim.free(sim.alloc(MiB, BACKWARD))
+    sim.alloc(MiB, ADAM_STEP)
+    for _ in range(4):
+        sim.free(sim.alloc(8 * MiB, FORWARD))
+    sim.alloc(MiB, FORWARD)
+    sim.oom(16 * MiB, LOSS)
+    assert "evaluation" not in [s.phase for s in _spans(sim)]
+
+
+def test_a_teachers_pass_before_the_students_stays_a_forward():
+    # knowledge distillation: the teacher's pass (no_grad: it holds its outputs only), then the
+    # student's, checkpointed (it holds little too), which a backward follows: the student's trained
+    sim = Sim(total_bytes=1 << 30)
+    teacher = (*LINEAR, _frame("train.py", "main", 58), LOOP[1])
+    for _ in range(2):
+        sim.free(sim.alloc(4096, LOSS))
+        previous = None
+        for _ in range(4):
+            intermediate = sim.alloc(8 * MiB, teacher)
+            if previous is not None:
+                sim.free(previous)
+            previous = intermediate
+        sim.alloc(MiB, teacher)
+        assert previous is not None
+        sim.free(previous)
+        sim.alloc(MiB, LOSS)  # the loop's code: the teacher's soft targets
+        for _ in range(4):
+            sim.free(sim.alloc(8 * MiB, FORWARD))
+        sim.alloc(MiB, FORWARD)
+        sim.alloc(MiB, BACKWARD)
+        sim.alloc(MiB, ADAM_STEP)
+    assert "evaluation" not in [s.phase for s in _spans(sim)]
+
+
+def test_a_no_grad_loop_in_a_run_that_never_trains_stays_forwards():
+    # an inference script: nothing in the trace trains, so no pass is told apart from a training one
+    sim = Sim(total_bytes=64 * MiB)
+    sim.alloc(4 * MiB, MODEL_TO)
+    for _ in range(4):
+        sim.free(sim.alloc(4096, LOSS))
+        previous = None
+        for _ in range(3):
+            intermediate = sim.alloc(8 * MiB, FORWARD)
+            if previous is not None:
+                sim.free(previous)
+            previous = intermediate
+        sim.alloc(2 * MiB, FORWARD)
+        assert previous is not None
+        sim.free(previous)
+    assert "evaluation" not in [s.phase for s in _spans(sim)]

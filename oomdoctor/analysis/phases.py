@@ -546,7 +546,8 @@ def _frame_phases(
         position += len(list(run))
     classes_seen = {run[1] for run in raw}
     has_optimizer = optimizer_annotated or _CLASS_OPTIMIZER in classes_seen
-    if trains or classes_seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, _CLASS_ENGINE}:
+    trains_here = trains or bool(classes_seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, _CLASS_ENGINE})
+    if trains_here:
         result.boundaries = sorted(boundaries)
         # a run the loop's mark falls inside is split there
         for boundary in result.boundaries:
@@ -557,6 +558,32 @@ def _frame_phases(
     marks = {bisect.bisect_left(indices, boundary) for boundary in result.boundaries}
     pass_starts = _split_at_returns(trace, indices, raw, by_stack)
 
+    phases, gaps = _walk(raw, marks, has_optimizer, pass_starts)
+    if trains_here and _untrained_loops(trace, indices, raw, phases, gaps, pass_starts):
+        phases, gaps = _walk(raw, marks, has_optimizer, pass_starts)  # the loops' code after them, again
+
+    runs = result.runs
+    for number, (position, _cls, source) in enumerate(raw):
+        phase = phases[number]
+        assert phase is not None
+        # a forward entered from code outside any module: another pass (an evaluation loop's next batch)
+        new_pass = phase in FORWARD_PASSES and not gaps[number] and number > 0 and gaps[number - 1]
+        new_pass = new_pass and phases[number - 1] == phase
+        # or the user's code freed something between two of its allocations: the pass had returned
+        new_pass = new_pass or (phase in FORWARD_PASSES and position in pass_starts)
+        if runs and not new_pass and runs[-1][1] == phase and runs[-1][2] == source:
+            continue
+        runs.append((position, phase, source, new_pass))
+        result.seen.add(phase)
+    return result
+
+
+def _walk(
+    raw: list[list[Any]], marks: set[int], has_optimizer: bool, pass_starts: set[int]
+) -> tuple[list[str], list[bool]]:
+    """The phase of each run of `raw` (a stack's class decides it, or where it lies: `_gap_phase`),
+    and whether it was placed by where it lies; passes that a backward follows trained
+    (`_trained_passes`)."""
     phases: list[str | None] = [None] * len(raw)
     gaps = [False] * len(raw)  # placed by where it lies, not by its stack
     pending: list[int] = []
@@ -600,21 +627,99 @@ def _frame_phases(
             pending.append(number)
     settle(None)
     _trained_passes(raw, phases, gaps, pass_starts)
+    return phases, gaps  # type: ignore[return-value]  # every run is placed
 
-    runs = result.runs
-    for number, (position, _cls, source) in enumerate(raw):
-        phase = phases[number]
-        assert phase is not None
-        # a forward entered from code outside any module: another pass (an evaluation loop's next batch)
-        new_pass = phase in FORWARD_PASSES and not gaps[number] and number > 0 and gaps[number - 1]
-        new_pass = new_pass and phases[number - 1] == phase
-        # or the user's code freed something between two of its allocations: the pass had returned
-        new_pass = new_pass or (phase in FORWARD_PASSES and position in pass_starts)
-        if runs and not new_pass and runs[-1][1] == phase and runs[-1][2] == source:
+
+# a pass that holds less than this share of what it allocated kept its outputs, not a graph (under
+# no_grad every intermediate is freed once used; with autograd on, the tensors saved for backward stay)
+KEPT_GRAPHS_OF_PASSES = 0.25
+
+
+def _untrained_loops(
+    trace: DeviceTrace,
+    indices: Sequence[int],
+    raw: list[list[Any]],
+    phases: Sequence[str],
+    gaps: Sequence[bool],
+    pass_starts: set[int],
+) -> bool:
+    """In a run that trains, a loop of forward passes that ran without autograd is an evaluation:
+    two or more passes in a row with no backward (or other phase) between them or after the last,
+    each holding, once its modules returned, less than KEPT_GRAPHS_OF_PASSES of what it allocated
+    (the inline `with torch.no_grad(): for batch in loader: model(batch)` of a training script, whose
+    frames name no evaluation function). A pass the trace ends in before its modules returned is
+    the loop's when the passes before it are. Their module runs become evaluation runs (`raw` is
+    changed in place); True when any did."""
+    count = len(raw)
+    passes: list[tuple[int, int, int]] = []  # (first run, last module run, end run): one forward pass each
+    number = 0
+    while number < count:
+        if phases[number] != PHASE_FORWARD or gaps[number]:
+            number += 1
             continue
-        runs.append((position, phase, source, new_pass))
-        result.seen.add(phase)
-    return result
+        first = last_module = number
+        number += 1
+        while number < count and phases[number] == PHASE_FORWARD:
+            if not gaps[number]:
+                if gaps[number - 1] or raw[number][0] in pass_starts:
+                    break  # entered from code outside any module, or after the previous pass returned
+                last_module = number
+            number += 1
+        passes.append((first, last_module, number))
+    changed = False
+    chain: list[tuple[int, int, int]] = []
+    for position, one in enumerate(passes):
+        chain.append(one)
+        follows = passes[position + 1][0] if position + 1 < len(passes) else None
+        if follows == one[2]:
+            continue  # the next pass follows at once: the loop goes on
+        if one[2] < count and phases[one[2]] in (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD):
+            chain.pop()  # this pass trained; the ones before it in a row did not (a teacher's)
+        changed |= _relabel_if_untrained(trace, indices, raw, chain)
+        chain = []
+    return changed
+
+
+def _relabel_if_untrained(
+    trace: DeviceTrace, indices: Sequence[int], raw: list[list[Any]], chain: Sequence[tuple[int, int, int]]
+) -> bool:
+    """Relabel the module runs of `chain` (consecutive passes, none followed by a backward) as an
+    evaluation when at least two of them are measured and each measured one holds only its outputs."""
+    if len(chain) < 2:
+        return False
+    measured = 0
+    for first, last_module, _end in chain:
+        if last_module + 1 >= len(raw):
+            continue  # the trace ends in this pass's modules: it continues the loop
+        low, stop = indices[raw[first][0]], indices[raw[last_module + 1][0]]
+        allocated, held = _pass_memory(trace, low, stop)
+        if not allocated or held >= KEPT_GRAPHS_OF_PASSES * allocated:
+            return False
+        measured += 1
+    if measured < 2:
+        return False
+    for first, last_module, _end in chain:
+        for number in range(first, last_module + 1):
+            if raw[number][1] == _CLASS_FORWARD:
+                raw[number][1] = _CLASS_EVALUATION
+    return True
+
+
+def _pass_memory(trace: DeviceTrace, low: int, stop: int) -> tuple[int, int]:
+    """The bytes allocated by the events low..stop-1 and, of them, those still allocated at stop."""
+    allocs = trace.positions_in(ALLOC, low, stop)
+    frees = trace.positions_in(FREE_REQUESTED, low, stop)
+    addrs, sizes = trace.addrs, trace.sizes
+    live: dict[int, int] = {}
+    allocated = 0
+    for index in sorted(chain(allocs, frees)):
+        address = addrs[index]
+        if trace.actions[index] == ALLOC:
+            live[address] = sizes[index]
+            allocated += sizes[index]
+        else:
+            live.pop(address, None)
+    return allocated, sum(live.values())
 
 
 def _trained_passes(

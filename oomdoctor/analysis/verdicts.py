@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.passes import TRAINING_PHASES, PassHistory, passes_since_training
+from oomdoctor.analysis.phases import KEPT_GRAPHS_OF_PASSES
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -62,7 +63,6 @@ SMALLEST_GPU_BYTES = GIB  # no CUDA GPU has less: a capacity below it means memo
 # Risks judged without an OOM event
 KEPT_GRAPH_SHARE = 0.4  # a pass under no_grad frees each intermediate once used; keeping this share keeps a graph
 KEPT_GRAPH_MIN_TENSORS = 16  # and a graph is many tensors (no_grad keeps the last few alive)
-KEPT_GRAPHS_OF_PASSES = 0.25  # earlier passes that kept less of what they allocated kept their outputs, not graphs
 MODEL_STATES_SHARE = 0.9  # model states this share of allocated: they are what fills memory
 AT_CAPACITY_FREE_PART = 100  # at capacity: the cache holds under a hundredth of reserved free
 FEW_TRACE_ENTRIES = 8  # a trace this short (torch 2.0 kept one entry by default) may have lost its OOM
