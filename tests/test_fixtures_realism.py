@@ -59,13 +59,10 @@ ENTRIES = json.loads(MANIFEST.read_text()).get("realism", [])
 MANIFEST_COMPONENTS = list(FIXTURE_ENTRIES[0]["components"])  # the fixtures' components, in their order
 VOCABULARY = {verdict.value for verdict in Verdict}
 
-# What analysis of the stripped dumps says today instead of the truth, per variant and check (judged on
-# the working tree of 2026-12-02, with analysis changes then in progress, among them the closure's phases:
-# at HEAD ccc82b9 both closure variants also missed components and moment, closure-optimizer-state-mlp-adam
-# got model-states-too-large, and eval-outputs-kept-gpt's moment was right). Each row is a strict xfail:
-# delete it when a fix makes its test XPASS. Checks not listed pass today (late-recording-model-states-
-# mlp-adamw, closure-optimizer-state-mlp-adam, accumulation-optimizer-state-gpt-adamw and
-# slow-leak-mlp-kept-predictions pass all three).
+# What analysis of the stripped dumps says today instead of the truth, per variant and check: each row
+# is a strict xfail, deleted when a fix makes its test XPASS. Empty since c208bc8 (the last rows were
+# the late-recording moments, counted against the truth's step from the program's start, the
+# checkpoint's copies, which the truth named inputs, and the inline evaluation loop's moment).
 KNOWN_MISSES: dict[str, dict[str, str]] = {}
 
 
