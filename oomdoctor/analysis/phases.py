@@ -816,6 +816,8 @@ def build_spans(
         # evaluation window is a pass of its own
         keep = _CLOSURE_PHASES if phase == PHASE_OPTIMIZER else frozenset()
         pieces = _overlay(pieces, first, last, phase, keep, new_pass=phase == PHASE_EVALUATION)
+    if windows:
+        pieces = _joined(pieces)
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
     spans = _number_steps(
         pieces,
@@ -868,6 +870,19 @@ def _overlay(
     return result
 
 
+def _joined(pieces: list[tuple[int, int, str, str, bool]]) -> list[tuple[int, int, str, str, bool]]:
+    """One phase's contiguous pieces as one, before the steps are numbered: a window that began at
+    its first allocation's segment_alloc left a piece without an allocation first, which is the same
+    step's as the rest of the window."""
+    joined: list[tuple[int, int, str, str, bool]] = []
+    for piece in pieces:
+        if joined and not piece[4] and joined[-1][2:4] == piece[2:4] and joined[-1][1] + 1 == piece[0]:
+            joined[-1] = (joined[-1][0], piece[1], *joined[-1][2:])
+        else:
+            joined.append(piece)
+    return joined
+
+
 def _number_steps(
     pieces: list[tuple[int, int, str, str, bool]],
     boundaries: list[int],
@@ -885,15 +900,6 @@ def _number_steps(
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
     allocation follows: a tail of frees is no step of its own.
     """
-    # one phase's contiguous pieces are one before numbering (a window that began at its first
-    # allocation's segment_alloc has a piece without an allocation first: it is the same step's)
-    joined: list[tuple[int, int, str, str, bool]] = []
-    for piece in pieces:
-        if joined and not piece[4] and joined[-1][2:4] == piece[2:4] and joined[-1][1] + 1 == piece[0]:
-            joined[-1] = (joined[-1][0], piece[1], *joined[-1][2:])
-        else:
-            joined.append(piece)
-    pieces = joined
     if boundaries:
         cut: list[tuple[int, int, str, str, bool]] = []
         for first, last, phase, source, new_pass in pieces:
