@@ -343,22 +343,17 @@ def _annotation_phase(name: str) -> str | None:
 def _nested_in_evaluation(windows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """The windows without the forwards and evaluations inside an evaluation window (the model's
     forward that a `validation_step` window runs, the module's window inside the strategy's): they
-    are part of that evaluation, one pass."""
-    evaluating = {(first, last) for first, last, phase in windows if phase == PHASE_EVALUATION}
-
-    def inside(first: int, last: int, *, strictly: bool) -> bool:
-        return any(
-            e_first <= first and last <= e_last and not (strictly and (e_first, e_last) == (first, last))
-            for e_first, e_last in evaluating
-        )
-
-    kept = [
-        (first, last, phase)
-        for first, last, phase in windows
-        if not (phase == PHASE_FORWARD and inside(first, last, strictly=False))
-        and not (phase == PHASE_EVALUATION and inside(first, last, strictly=True))
-    ]
-    return list(dict.fromkeys(kept))  # one evaluation window under two names (one range) once
+    are part of that evaluation, one pass. One sweep in order of start: a window is inside one when
+    an evaluation window that began no later reaches at least as far."""
+    kept: list[tuple[int, int, str]] = []
+    reach = -1  # the furthest end of the evaluation windows begun so far
+    for first, last, phase in sorted(windows, key=lambda w: (w[0], w[2] != PHASE_EVALUATION, -w[1])):
+        if phase in (PHASE_EVALUATION, PHASE_FORWARD) and last <= reach:
+            continue
+        if phase == PHASE_EVALUATION:
+            reach = last
+        kept.append((first, last, phase))
+    return kept
 
 
 def annotation_windows(
@@ -781,9 +776,9 @@ def build_spans(
 
     windows, step_starts = annotation_windows(trace, annotations, device)
     # an optimizer step's window: a closure may run the step's forward and backward inside it
-    stepping = [(first, last) for first, last, phase in windows if phase == PHASE_OPTIMIZER]
+    stepping = _Interiors([(first, last) for first, last, phase in windows if phase == PHASE_OPTIMIZER])
     # the loop's own marks count as step boundaries only in a run that trains, and not inside a step
-    marks = [b for b in boundary_indices(trace, annotations, device) if not _inside(b, stepping)]
+    marks = [b for b in boundary_indices(trace, annotations, device) if b not in stepping]
     found = _frame_phases(
         trace,
         sorted(set(marks) | set(step_starts)),
@@ -807,17 +802,8 @@ def build_spans(
     for number, (_position, phase, source, new_pass) in enumerate(runs):
         last = starts[number + 1] - 1 if number + 1 < len(starts) else count - 1
         pieces.append((starts[number], last, phase, source, new_pass))
-    for first, last, phase in sorted(windows):
-        if phase == PHASE_EVALUATION and any(
-            first <= p_first <= last and p_phase in _TRAINING for p_first, _, p_phase, *_ in pieces
-        ):
-            continue  # an evaluation window in which a backward began trained: the stacks' phases stand
-        # the stacks' forward and backward inside an optimizer step are its closure's; each
-        # evaluation window is a pass of its own
-        keep = _CLOSURE_PHASES if phase == PHASE_OPTIMIZER else frozenset()
-        pieces = _overlay(pieces, first, last, phase, keep, new_pass=phase == PHASE_EVALUATION)
     if windows:
-        pieces = _joined(pieces)
+        pieces = _joined(_overlay_windows(pieces, windows))
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
     spans = _number_steps(
         pieces,
@@ -838,9 +824,27 @@ _CLOSURE_PHASES = frozenset({PHASE_FORWARD, PHASE_BACKWARD})
 _TRAINING = frozenset({PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 
 
-def _inside(index: int, windows: Sequence[tuple[int, int]]) -> bool:
-    """Whether `index` lies inside one of the windows, after its first event."""
-    return any(first < index <= last for first, last in windows)
+class _Interiors:
+    """The events inside any of some windows, after each one's first event, as sorted disjoint
+    ranges: `index in interiors` is a bisection, however many windows there are."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self, windows: Sequence[tuple[int, int]] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for first, last in sorted(windows):
+            if first + 1 > last:
+                continue
+            if self._ends and first + 1 <= self._ends[-1] + 1:
+                self._ends[-1] = max(self._ends[-1], last)
+            else:
+                self._starts.append(first + 1)
+                self._ends.append(last)
+
+    def __contains__(self, index: int) -> bool:
+        position = bisect.bisect_right(self._starts, index) - 1
+        return position >= 0 and index <= self._ends[position]
 
 
 def _overlay(
@@ -870,6 +874,38 @@ def _overlay(
     return result
 
 
+def _overlay_windows(
+    pieces: list[tuple[int, int, str, str, bool]], windows: Sequence[tuple[int, int, str]]
+) -> list[tuple[int, int, str, str, bool]]:
+    """The pieces with each window laid over them in order of start (`_overlay`). One sweep: what
+    ends before a window begins is final, so each window is laid over the pieces it covers only,
+    and many windows over a long trace cost what the pieces and windows do, not their product."""
+    done: list[tuple[int, int, str, str, bool]] = []
+    open_pieces: list[tuple[int, int, str, str, bool]] = []  # laid by a window, a later one may cover them
+    position = 0
+    for first, last, phase in sorted(windows):
+        ended = 0
+        while ended < len(open_pieces) and open_pieces[ended][1] < first:
+            ended += 1
+        done += open_pieces[:ended]
+        covered = open_pieces[ended:]
+        if not covered:
+            while position < len(pieces) and pieces[position][1] < first:
+                done.append(pieces[position])
+                position += 1
+        while position < len(pieces) and pieces[position][0] <= last:
+            covered.append(pieces[position])
+            position += 1
+        if phase == PHASE_EVALUATION and any(first <= p[0] <= last and p[2] in _TRAINING for p in covered):
+            open_pieces = covered  # an evaluation window in which a backward began trained: the stacks' phases stand
+            continue
+        # the stacks' forward and backward inside an optimizer step are its closure's; each
+        # evaluation window is a pass of its own
+        keep = _CLOSURE_PHASES if phase == PHASE_OPTIMIZER else frozenset()
+        open_pieces = _overlay(covered, first, last, phase, keep, new_pass=phase == PHASE_EVALUATION)
+    return done + open_pieces + pieces[position:]
+
+
 def _joined(pieces: list[tuple[int, int, str, str, bool]]) -> list[tuple[int, int, str, str, bool]]:
     """One phase's contiguous pieces as one, before the steps are numbered: a window that began at
     its first allocation's segment_alloc left a piece without an allocation first, which is the same
@@ -889,7 +925,7 @@ def _number_steps(
     *,
     allocations: Sequence[int],
     has_optimizer: bool,
-    stepping: Sequence[tuple[int, int]] = (),
+    stepping: _Interiors | None = None,
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
 
@@ -900,13 +936,15 @@ def _number_steps(
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
     allocation follows: a tail of frees is no step of its own.
     """
+    stepping = stepping or _Interiors()
     if boundaries:
         cut: list[tuple[int, int, str, str, bool]] = []
         for first, last, phase, source, new_pass in pieces:
-            for boundary in boundaries:
-                if first < boundary <= last:
-                    cut.append((first, boundary - 1, phase, source, new_pass))
-                    first, new_pass = boundary, False
+            # the boundaries inside the piece, after its first event (`boundaries` is sorted)
+            low, high = bisect.bisect_right(boundaries, first), bisect.bisect_right(boundaries, last)
+            for boundary in boundaries[low:high]:
+                cut.append((first, boundary - 1, phase, source, new_pass))
+                first, new_pass = boundary, False
             cut.append((first, last, phase, source, new_pass))
         pieces = cut
     marks = set(boundaries)
@@ -922,7 +960,7 @@ def _number_steps(
         allocates = position < len(allocations) and allocations[position] <= last
         ends_step = first in marks and first <= last_allocation
         # inside an optimizer step's window the closure's phases change, but the step goes on
-        if allocates and previous is not None and previous != phase and not _inside(first, stepping):
+        if allocates and previous is not None and previous != phase and first not in stepping:
             if previous == PHASE_OPTIMIZER:
                 ends_step = True
             elif previous == PHASE_BACKWARD and not has_optimizer and phase != PHASE_OPTIMIZER:
