@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomdoctor.analysis.results import (
+    FORWARD_PASSES,
     SOURCE_NONE,
     Change,
     DeviceSummary,
@@ -302,7 +303,10 @@ def _summary_words(kind: str, f: Facts) -> str:
             cause = ", with inputs of the same sizes"
         return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
-        return f"Activations of the {f.get('phase')} pass ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
+        phase = f.text("phase") or ""
+        # a forward's own activations, or those a forward left alive in a later phase (the backward)
+        whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
+        return f"Activations {whose} ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
     if kind == SummaryKind.NO_OOM:
         return (
             f"No out-of-memory event was recorded on this device; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
