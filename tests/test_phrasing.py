@@ -74,3 +74,13 @@ def test_a_component_names_its_largest_tensor_and_a_projection_its_moments():
     assert phrasing.summary(summary) == (
         "No out-of-memory event was recorded on this device; the figures describe the peak (3.00 MiB allocated)."
     )
+
+
+def test_activations_dominating_a_backward_are_a_forwards_alive_in_it():
+    def sentence(phase: str) -> str:
+        return phrasing.summary(Summary(SummaryKind.ACTIVATIONS_DOMINATE, Facts.of(phase=phase, activations=1 << 20)))
+
+    assert sentence("forward").startswith("Activations of the forward pass (1.00 MiB)")
+    assert sentence("evaluation").startswith("Activations of the evaluation pass")
+    assert sentence("backward").startswith("Activations alive in the backward (1.00 MiB)")
+    assert sentence("optimizer_step").startswith("Activations alive in the optimizer step")
