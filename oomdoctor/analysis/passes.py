@@ -25,8 +25,7 @@ from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
     PHASE_FORWARD,
-    PHASE_OPTIMIZER,
-    PHASE_ZERO_GRAD,
+    TRAINING_PHASES,
     LiveBlock,
     PhaseSpan,
     RestOfPass,
@@ -41,7 +40,6 @@ MISMATCH_PART = 10  # more than a tenth of this pass's allocations unmatched: no
 INPUT_ALLOCATIONS = 8  # the first allocations of a forward that stand for its inputs' sizes
 MAX_ALLOCATIONS = 50_000  # bound the work per pass
 SCALED = (Component.ACTIVATIONS, Component.INPUTS, Component.TEMPORARIES)
-TRAINING_PHASES = (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
 
 
 def passes_since_training(spans: Sequence[PhaseSpan], index: int) -> tuple[list[PhaseSpan], int]:

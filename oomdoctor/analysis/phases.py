@@ -34,6 +34,7 @@ from oomdoctor.analysis.results import (
     SOURCE_MARKERS,
     SOURCE_NONE,
     SOURCE_USER_METADATA,
+    TRAINING_PHASES,
     PhaseSpan,
 )
 from oomdoctor.dump_metadata import Marker
@@ -541,7 +542,7 @@ def _frame_phases(
         position += len(list(run))
     classes_seen = {run[1] for run in raw}
     has_optimizer = optimizer_annotated or _CLASS_OPTIMIZER in classes_seen
-    trains_here = trains or bool(classes_seen & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD, _CLASS_ENGINE})
+    trains_here = trains or bool(classes_seen & (TRAINING_PHASES | {_CLASS_ENGINE}))
     if trains_here:
         result.boundaries = sorted(boundaries)
         # a run the loop's mark falls inside is split there
@@ -668,7 +669,7 @@ def _untrained_loops(
         follows = passes[position + 1][0] if position + 1 < len(passes) else None
         if follows == one[2]:
             continue  # the next pass follows at once: the loop goes on
-        if one[2] < count and phases[one[2]] in (PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD):
+        if one[2] < count and phases[one[2]] in TRAINING_PHASES:
             chain.pop()  # this pass trained; the ones before it in a row did not (a teacher's)
         changed |= _relabel_if_untrained(trace, indices, raw, chain)
         chain = []
@@ -821,7 +822,6 @@ def _base_source(found: _FramePhases) -> str:
 
 
 _CLOSURE_PHASES = frozenset({PHASE_FORWARD, PHASE_BACKWARD})
-_TRAINING = frozenset({PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 
 
 class _Interiors:
@@ -896,7 +896,7 @@ def _overlay_windows(
         while position < len(pieces) and pieces[position][0] <= last:
             covered.append(pieces[position])
             position += 1
-        if phase == PHASE_EVALUATION and any(first <= p[0] <= last and p[2] in _TRAINING for p in covered):
+        if phase == PHASE_EVALUATION and any(first <= p[0] <= last and p[2] in TRAINING_PHASES for p in covered):
             open_pieces = covered  # an evaluation window in which a backward began trained: the stacks' phases stand
             continue
         # the stacks' forward and backward inside an optimizer step are its closure's; each
@@ -925,7 +925,7 @@ def _number_steps(
     *,
     allocations: Sequence[int],
     has_optimizer: bool,
-    stepping: _Interiors | None = None,
+    stepping: _Interiors,
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
 
@@ -936,7 +936,6 @@ def _number_steps(
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
     allocation follows: a tail of frees is no step of its own.
     """
-    stepping = stepping or _Interiors()
     if boundaries:
         cut: list[tuple[int, int, str, str, bool]] = []
         for first, last, phase, source, new_pass in pieces:

@@ -35,6 +35,8 @@ PHASE_ZERO_GRAD = Phase.ZERO_GRAD.value
 PHASE_EVALUATION = Phase.EVALUATION.value
 # a forward pass, whether it trains or not
 FORWARD_PASSES = frozenset({PHASE_FORWARD, PHASE_EVALUATION})
+# the phases that only training runs: after a pass, one of them means the pass trained
+TRAINING_PHASES = frozenset({PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
 PHASE_BETWEEN = Phase.BETWEEN_STEPS.value
 PHASE_BEFORE = Phase.BEFORE_FIRST_STEP.value
 PHASE_UNKNOWN = Phase.UNKNOWN.value

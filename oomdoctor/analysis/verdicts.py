@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from oomdoctor.analysis.attribution import source_line
 from oomdoctor.analysis.checkpointing import save_frame
-from oomdoctor.analysis.passes import TRAINING_PHASES, PassHistory, passes_since_training
+from oomdoctor.analysis.passes import PassHistory, passes_since_training
 from oomdoctor.analysis.phases import KEPT_GRAPHS_OF_PASSES
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
@@ -24,6 +24,7 @@ from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
     PHASE_OPTIMIZER,
     PHASE_ZERO_GRAD,
+    TRAINING_PHASES,
     Accounting,
     Evidence,
     EvidenceKind,
@@ -135,7 +136,7 @@ class Context:
 
     def trains(self) -> bool:
         """The trace shows a backward, an optimizer step or zero_grad, or a replica's trace does."""
-        return bool(self.phases_seen() & set(TRAINING_PHASES)) or self.peer_trains
+        return bool(self.phases_seen() & TRAINING_PHASES) or self.peer_trains
 
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
