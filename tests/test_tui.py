@@ -520,6 +520,9 @@ def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
         await settle(app, pilot)
         typing = table.row_count  # the search waits for a pause in the typing
         await pilot.pause(SEARCH_PAUSE * 2)
+        # the pause's timer and the filter's worker run on the app's clock, which a loaded machine
+        # delays: wait (at most 3 s) for the filtered rows rather than for a fixed time
+        await until(pilot, lambda: table.row_count != before)
         await settle(app, pilot)
         after = table.row_count
         count_label = text_of(app.query_one("#allocation-count", Static))
