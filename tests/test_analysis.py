@@ -278,6 +278,30 @@ def test_empty_snapshot_is_analysed():
     assert UnknownKind.NO_HISTORY in {u.kind for u in result.unknowns}
 
 
+def test_snapshot_without_a_trace_says_nothing_about_one():
+    """With no trace every block is older than it: the report says there is no history once, and
+    counts the blocks without a stack, instead of lines about what predates the trace or what the
+    trace did to them."""
+    sim = Sim(total_bytes=4 * GiB)
+    sim.alloc(64 * MiB, SETUP_STACK)
+    for _ in range(3):
+        sim.alloc(128 * MiB, ())
+    sim.alloc(32 * MiB, ADAM_INIT_STACK)
+    traced = sim.snapshot(metadata=False)
+    result = analyse(Snapshot(segments=traced.segments, traces=()))
+    kinds = [u.kind for u in result.unknowns]
+    assert UnknownKind.NO_HISTORY in kinds
+    assert not {UnknownKind.PRE_EXISTING, UnknownKind.PRE_EXISTING_NO_STACK, UnknownKind.STEPS_BEFORE_TRACE} & set(
+        kinds
+    )
+    (stackless,) = [u for u in result.unknowns if u.kind == UnknownKind.NO_STACK]
+    assert stackless.count == 3
+    words = [phrasing.unknown(u) for u in result.unknowns]
+    assert not [w for w in words if "the trace" in w], words
+    # the same blocks with their trace: older than nothing, so no such line
+    assert UnknownKind.NO_STACK not in {u.kind for u in analyse(traced).unknowns}
+
+
 def test_analysis_imports_no_torch_rich_or_textual():
     code = (
         "import sys, oomdoctor.analysis, oomdoctor.views.json_report, oomdoctor.views.text_report;"

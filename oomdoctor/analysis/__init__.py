@@ -544,7 +544,11 @@ def _unknowns(
     if dump.ring_buffer_wrapped:
         unknowns.append(Unknown(UnknownKind.RING_BUFFER_WRAPPED, len(trace)))
     pre_count, _ = _pre_existing(state, blocks)
-    if pre_count:
+    if not trace:  # every block predates the (absent) trace: NO_HISTORY says so; only the stackless are counted
+        frameless = sum(1 for b in blocks if not b.frames)
+        if frameless:
+            unknowns.append(Unknown(UnknownKind.NO_STACK, frameless))
+    elif pre_count:
         unknowns.append(Unknown(UnknownKind.PRE_EXISTING, pre_count))
         frameless = sum(1 for b in blocks if b.alloc_index is None and not b.frames)
         if frameless:

@@ -57,6 +57,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.PRE_EXISTING_NO_STACK: (
         "{count} of the blocks live at the target predate the trace and carry no stack: what they are is inferred from their shapes and what the trace does to them"
     ),
+    UnknownKind.NO_STACK: (
+        "what the blocks live at the dump without a stack are ({count}): with no history either, it is inferred from their sizes alone"
+    ),
     UnknownKind.NO_DEVICE_TOTAL: "device total memory (not in a plain snapshot), so memory outside PyTorch is unknown",
     UnknownKind.NO_DEVICE_FREE: "free device memory at the target event, so memory outside PyTorch is unknown",
     UnknownKind.OOM_RETRIED: (
