@@ -364,6 +364,23 @@ def test_model_states_too_large():
     assert any(r.id == "shard-model-states" for r in result.recommendations)
 
 
+def test_weights_that_cannot_fit_get_weight_advice_not_sharding_of_training_state():
+    """A model being loaded for inference: nothing trains, there are no gradients or optimizer
+    state, so the advice is about the weights (precision, offloading, tensor parallelism), not
+    FSDP's sharding of training state."""
+    sim = Sim(total_bytes=264 * MiB)
+    for i in range(4):
+        sim.alloc(64 * MiB, SETUP_STACK, "parameter", f"layer{i}.weight")
+    sim.oom(64 * MiB)
+    result = analyse(sim.snapshot())
+    assert result.verdict == "model-states-too-large", result.summary
+    ids = [r.id for r in result.recommendations]
+    assert "shard-model-states" not in ids
+    (weights,) = [r for r in result.recommendations if r.id == "smaller-weights"]
+    assert weights.estimated_saved_bytes == 128 * MiB  # half the weights
+    assert "quantised" in phrasing.recommendation(weights)
+
+
 def test_activation_spike_against_earlier_steps():
     sim = Sim(total_bytes=560 * MiB)
     sim.alloc(64 * MiB, SETUP_STACK, "parameter", "w")

@@ -26,6 +26,7 @@ import pytest
 from oomdoctor.analysis import analyse
 from oomdoctor.load import load
 from oomdoctor.metadata import METADATA_KEY, PHASES
+from oomdoctor.views.phrasing import summary
 from oomdoctor.views.report_rows import target_context
 from oomdoctor.vocabulary import Verdict
 from tests.conftest import FIXTURES, fixture_module
@@ -203,6 +204,21 @@ def test_a_step_counted_from_a_late_trace_says_so(entry):
     counted_late = "of the trace, " in target_context(stripped)
     assert counted_late is (entry["steps_before_trace"] > 0), target_context(stripped)
     assert "of the trace" not in target_context(captured)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [e for e in ENTRIES if e["name"].startswith("late-recording-") and e["verdict"] == "gradients-kept"],
+    ids=lambda entry: entry["name"],
+)
+def test_gradients_kept_from_before_a_late_trace_say_so(entry):
+    """The stale gradients of a trace started after the first step were made before it: the
+    summary says so, stripped and as captured, instead of 'from earlier steps' of a step 0."""
+    for analysis in (_analysis(entry["name"]), _captured(entry["name"])):
+        assert analysis.verdict == "gradients-kept"
+        facts = analysis.summary.facts
+        assert facts.size("before_trace") == facts.size("old") > 0
+        assert "made before the trace began" in summary(analysis.summary)
 
 
 # --------------------------------------------------------------------------- the variants themselves

@@ -76,6 +76,22 @@ def test_a_component_names_its_largest_tensor_and_a_projection_its_moments():
     )
 
 
+def test_gradients_kept_says_which_were_made_before_the_trace():
+    def sentence(**before: int) -> str:
+        facts = Facts.of(old=64 << 20, step=1, phase="backward").adding(**before)
+        return phrasing.summary(Summary(SummaryKind.GRADIENTS_KEPT, facts))
+
+    assert sentence().startswith("64.00 MiB of gradients from earlier steps were still alive during step 1's backward")
+    assert sentence(before_trace=16 << 20).startswith(
+        "64.00 MiB of gradients from earlier steps (16.00 MiB of them from before the trace began) were still alive"
+    )
+    between = Facts.of(old=64 << 20, step=2, phase="between_steps")
+    assert "were still alive before step 2's forward;" in phrasing.summary(Summary(SummaryKind.GRADIENTS_KEPT, between))
+    assert sentence(before_trace=64 << 20).startswith(
+        "64.00 MiB of gradients made before the trace began (an earlier step's backward) were still alive during step 1's"
+    )
+
+
 def test_activations_dominating_a_backward_are_a_forwards_alive_in_it():
     def sentence(phase: str) -> str:
         return phrasing.summary(Summary(SummaryKind.ACTIVATIONS_DOMINATE, Facts.of(phase=phase, activations=1 << 20)))

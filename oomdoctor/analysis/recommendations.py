@@ -256,11 +256,14 @@ def recommend(
         states = parameters + gradients + optimizer_state
         states_needed, _, _ = projected_parts(ctx)
         buffers = c.get(Component.BUFFERS, 0)
-        add(
-            Change.SHARD_MODEL_STATES,
-            states // 2,
-            (states_needed - buffers) // 2,
-        )
+        if training:
+            add(
+                Change.SHARD_MODEL_STATES,
+                states // 2,
+                (states_needed - buffers) // 2,
+            )
+        else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
+            add(Change.SMALLER_WEIGHTS, parameters // 2)
     if Verdict.OVERSIZED_REQUEST in verdicts:
         # without an OOM, the request that hit the limit and was retried
         request = ctx.request or max((n.request_bytes for n in ctx.near_ooms), default=0)

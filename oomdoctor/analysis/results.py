@@ -312,7 +312,7 @@ class SummaryKind(StrEnum):
     MODEL_STATES_TOO_LARGE = "model-states-too-large"  # needed, capacity, projected_moments, optimizer_kind
     FRAGMENTATION = "fragmentation"  # usable, request, largest
     OVERSIZED_REQUEST = "oversized-request"  # request, share (of the capacity), transient
-    GRADIENTS_KEPT = "gradients-kept"  # old, step, phase
+    GRADIENTS_KEPT = "gradients-kept"  # old, step, phase, before_trace (of old; only when some are)
     CREEPING_LEAK = "creeping-leak"  # old, step
     INFERENCE_WITH_GRAD = "inference-with-grad"  # passes, since_backward, kept
     OPTIMIZER_FIRST_STEP = "optimizer-first-step"  # optimizer_state, parameters, gradients
@@ -425,6 +425,7 @@ class Change(StrEnum):
     EXPANDABLE_SEGMENTS = "expandable-segments"
     NO_GRAD = "no-grad"
     SHARD_MODEL_STATES = "shard-model-states"
+    SMALLER_WEIGHTS = "smaller-weights"  # model states that are weights only: nothing trains
     CHUNK_LARGE_OP = "chunk-large-op"
     FREE_OTHER_PROCESSES = "free-other-processes"
     OUTPUTS_TO_CPU = "outputs-to-cpu"

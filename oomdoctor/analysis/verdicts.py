@@ -381,10 +381,14 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
     if old <= 0 or (parameters and old < parameters // GRADIENTS_KEPT_MIN_PART) or old < ctx.missing:
         return None
     no_zero_grad = PHASE_ZERO_GRAD not in ctx.phases_seen()
+    facts = Facts.of(old=old, step=ctx.target_step, phase=ctx.target_phase)
+    before_trace = old - ctx.old_bytes((Component.GRADIENTS,))[0]  # made before any step the trace shows
+    if before_trace:
+        facts = facts.adding(before_trace=before_trace)
     return Finding(
         Verdict.GRADIENTS_KEPT,
         0.8 if no_zero_grad else 0.65,
-        Summary(SummaryKind.GRADIENTS_KEPT, Facts.of(old=old, step=ctx.target_step, phase=ctx.target_phase)),
+        Summary(SummaryKind.GRADIENTS_KEPT, facts),
         (
             _block_evidence(EvidenceKind.OLD_GRADIENTS, "old_gradient_bytes", old, largest),
             _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),

@@ -238,6 +238,9 @@ CHANGES: dict[str, str] = {
     Change.SHARD_MODEL_STATES: (
         "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half."
     ),
+    Change.SMALLER_WEIGHTS: (
+        'Hold the weights in less GPU memory: load them in half precision or quantised (8- or 4-bit), keep some layers on the CPU (offloading, as `device_map="auto"` does), or split them across GPUs (tensor parallelism).'
+    ),
     Change.CHUNK_LARGE_OP: (
         "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much."
     ),
@@ -285,7 +288,20 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.OVERSIZED_REQUEST:
         return f"One allocation of {human(size('request'))} failed: {f.number('share'):.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(size('transient'))})."
     if kind == SummaryKind.GRADIENTS_KEPT:
-        return f"{human(size('old'))} of gradients from earlier steps were still alive during step {f.get('step')}'s {f.get('phase')}; they are not needed before the next backward."
+        before = size("before_trace")
+        if before and before >= (size("old") or 0):  # the earlier steps are not in the trace
+            made = "made before the trace began (an earlier step's backward)"
+        else:
+            made = (
+                f"from earlier steps ({human(before)} of them from before the trace began)"
+                if before
+                else "from earlier steps"
+            )
+        if f.get("phase") == "between_steps":  # a step's code before its forward
+            during = f"before step {f.get('step')}'s forward"
+        else:
+            during = f"during step {f.get('step')}'s {(f.text('phase') or '').replace('_', ' ')}"
+        return f"{human(size('old'))} of gradients {made} were still alive {during}; they are not needed before the next backward."
     if kind == SummaryKind.CREEPING_LEAK:
         return f"{human(size('old'))} allocated in earlier steps' forward or backward was still alive at the {f.get('at') or 'OOM'} in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
     if kind == SummaryKind.INFERENCE_WITH_GRAD:
