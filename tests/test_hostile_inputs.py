@@ -367,3 +367,45 @@ def test_output_is_written_whole(monkeypatch):
     monkeypatch.setattr(sys, "stdout", Stdout())
     write_output(b"x" * 1000 + b"end")
     assert bytes(raw.data) == b"x" * 1000 + b"end"
+
+
+def test_a_huge_frame_name_is_shortened_once_at_load_keeping_its_ends():
+    """Every rule reads a frame wherever it recurs: a megabyte name shared by thousands of frames
+    (r20) must cost its length once, not times theirs."""
+    from oomdoctor.load import load
+    from oomdoctor.load.stacks import FRAME_TEXT_LIMIT
+
+    data = _frame_amplification()
+    snapshot = load(pickle.dumps(data, protocol=4))
+    frames = {frame for segment in snapshot.segments for block in segment.blocks for frame in block.frames}
+    assert len(frames) == 1  # one shared Frame, as the file shares one dict
+    (frame,) = frames
+    original = data["segments"][0]["blocks"][0]["frames"][0]["filename"]
+    assert len(frame.filename) < FRAME_TEXT_LIMIT + 100 < len(original)
+    assert frame.filename.startswith("/src/aaa") and frame.filename.endswith("aaa.py")
+    left_out = len(original) - 2 * (FRAME_TEXT_LIMIT // 2)
+    assert f"({left_out:,} characters left out)" in frame.filename
+    assert frame.name == "f"  # a short name is left as it is
+
+
+def test_a_frame_name_at_the_limit_is_kept_whole():
+    from oomdoctor.load import load
+    from oomdoctor.load.stacks import FRAME_TEXT_LIMIT
+
+    name = "/src/" + "b" * (FRAME_TEXT_LIMIT - 8) + ".py"
+    assert len(name) == FRAME_TEXT_LIMIT
+    data = one_block_snapshot(filename=name)
+    snapshot = load(pickle.dumps(data, protocol=4))
+    assert {f.filename for s in snapshot.segments for b in s.blocks for f in b.frames} == {name}
+
+
+def test_frame_rules_read_each_distinct_frame_once(monkeypatch):
+    """The phase and checkpoint rules are asked once per distinct frame, not per block holding it."""
+    from oomdoctor.analysis import analyse, checkpointing, phases
+    from oomdoctor.load import load
+
+    phases._frame_kind.cache_clear()
+    checkpointing._saves.cache_clear()
+    analyse(load(pickle.dumps(_frame_amplification(), protocol=4)))
+    assert phases._frame_kind.cache_info().misses == 1
+    assert checkpointing._saves.cache_info().misses == 1

@@ -121,7 +121,11 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
             return "adam"
         if name.endswith("momentum_buffer"):
             return "sgd"
+    seen: set[int] = set()
     for block in blocks:
+        if id(block.frames) in seen:  # stacks are shared: read each once
+            continue
+        seen.add(id(block.frames))
         for frame in block.frames:
             filename = frame.filename.replace("\\", "/")
             if "torch/optim/" in filename:

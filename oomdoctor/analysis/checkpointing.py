@@ -4,6 +4,8 @@ state) and by the checkpoint-gather verdict."""
 
 from __future__ import annotations
 
+import functools
+
 from oomdoctor.model import Frame, Stack
 
 _DCP_FILES = "torch/distributed/checkpoint/"
@@ -17,6 +19,7 @@ def _tokens(name: str) -> set[str]:
     return {part for part in name.lower().split("_") if part}
 
 
+@functools.lru_cache(maxsize=65536)  # a frame recurs in every stack that holds it: read it once
 def _saves(frame: Frame) -> bool:
     """A frame of code that saves a checkpoint or builds a state dict: torch.distributed.checkpoint,
     or a function whose name says so (FSDP's `_full_post_state_dict_hook`, `get_model_state_dict`,
@@ -36,6 +39,7 @@ def _saves(frame: Frame) -> bool:
     return "checkpoint" in tokens and bool(tokens & _WRITE_TOKENS)
 
 
+@functools.lru_cache(maxsize=65536)
 def _loads(frame: Frame) -> bool:
     """A frame of code that loads a checkpoint (`load_state_dict`, `set_model_state_dict`, FSDP's
     `_full_pre_load_state_dict_hook`, `from_pretrained`, a resume): its copies are not a save's."""

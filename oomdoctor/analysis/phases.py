@@ -15,6 +15,7 @@ annotations, when more allocations follow (`_number_steps`).
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from itertools import chain, groupby
 from typing import Any
@@ -106,8 +107,10 @@ def _is_evaluation_name(name: str) -> bool:
     return not words.isdisjoint(_EVALUATION_WORDS) and "train" not in words and "training" not in words
 
 
+@functools.lru_cache(maxsize=65536)
 def _frame_kind(filename: str, name: str) -> str | None:
-    """What one frame says about the phase, or None when it says nothing."""
+    """What one frame says about the phase, or None when it says nothing (read once per distinct
+    frame: a frame recurs in every stack that holds it)."""
     if not filename.endswith(".py"):  # a C++ frame (stacks="all"); the autograd engine's thread
         if "autograd::Engine" in name or "AccumulateGrad" in name or "Backward" in name:
             return _KIND_BACKWARD

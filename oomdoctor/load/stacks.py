@@ -5,7 +5,11 @@ a list of such dicts. `StackTable` keeps that sharing: each raw frame dict becom
 (found again by the dict's identity, or by value for files such as JSON where nothing is shared),
 and each distinct sequence of frames becomes one tuple, whichever event or block asks for it.
 Conversion is tolerant: a malformed frame becomes `Frame("??", 0, "??")` instead of an error,
-because it happens lazily, long after the file was accepted.
+because it happens lazily, long after the file was accepted. A file or function name longer than
+`FRAME_TEXT_LIMIT` is shortened in its middle, saying how many characters were left out: no path a
+system can open is that long (Linux's PATH_MAX is 4096) nor any C++ name torch records, while every
+rule that reads a frame reads it wherever the frame recurs, so a hostile name of megabytes shared
+by thousands of frames would cost its length times theirs.
 """
 
 from __future__ import annotations
@@ -15,6 +19,16 @@ from typing import Any
 from oomdoctor.model import NO_STACK, Frame, Stack
 
 UNKNOWN_FRAME = Frame("??", 0, "??")
+FRAME_TEXT_LIMIT = 16384  # characters of a frame's file or function name
+
+
+def shortened(text: str, limit: int = FRAME_TEXT_LIMIT) -> str:
+    """`text`, or its start and end around a note of how many characters were left out (its end
+    kept: a file name's suffix and base name are what the rules and a reader look at)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}… ({len(text) - 2 * half:,} characters left out) …{text[-half:]}"
 
 
 class StackTable:
@@ -51,6 +65,8 @@ class StackTable:
             line = 0
         if type(name) is not str:
             name = "??"
+        if len(filename) > FRAME_TEXT_LIMIT or len(name) > FRAME_TEXT_LIMIT:
+            filename, name = shortened(filename), shortened(name)
         key = (filename, line, name)
         frame = self._frame_by_value.get(key)
         if frame is None:
