@@ -218,12 +218,13 @@ def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
-def run_command(arguments, cwd, env_extra=None):
+def run_command(arguments, cwd, env_extra=None, code=None):
+    """`python -m oomdoctor ARGUMENTS`, or `python -c CODE ARGUMENTS`, as a user runs it."""
     env = dict(os.environ, OOMDOCTOR_READ_SECONDS="3", **(env_extra or {}))
     env.pop("OOMDOCTOR_IN_PROCESS", None)
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "oomdoctor", *arguments],
+        [sys.executable, *(["-c", code] if code else ["-m", "oomdoctor"]), *arguments],
         cwd=cwd, env=env, capture_output=True, timeout=TIME_LIMIT_S, preexec_fn=_limit_memory,
     )  # fmt: skip
     return result, time.monotonic() - started
@@ -288,13 +289,26 @@ def test_unpickler_bombs_refused_in_one_line(name, tmp_path):
     assert seconds < 15
 
 
-def test_hash_bomb_in_a_folder_is_one_skipped_file(tmp_path):
-    """The per-file time limit of a folder report: the bomb is skipped, the other rank is read."""
+# The command as `python -m oomdoctor` runs it, on a host whose CPUs other work keeps busy (the
+# folder reader then asks for no parallel workers)
+BUSY_HOST = (
+    "import sys, oomdoctor.load.folder as f; f.idle_cpus = lambda cpus=None: 0.0; "
+    "from oomdoctor.cli import entry; sys.argv[0] = 'oomdoctor'; entry()"
+)
+
+
+@pytest.mark.parametrize("host", ["idle", "busy"])
+def test_hash_bomb_in_a_folder_is_one_skipped_file(tmp_path, host):
+    """The per-file time limit of a folder report: the bomb is skipped, the other rank is read,
+    also where a busy host reads the files one after the other."""
     folder = tmp_path / "ranks"
     folder.mkdir()
     (folder / "oom-rank0-h-1-20250101T000000Z.pickle").write_bytes(pickle.dumps(_evidence_image(), protocol=4))
     (folder / "oom-rank1-h-1-20250101T000000Z.pickle").write_bytes(_tuple_bomb())
-    result, seconds = run_command(["report", str(folder)], tmp_path)
+    if host == "busy":
+        result, seconds = run_command(["report", str(folder)], tmp_path, code=BUSY_HOST)
+    else:
+        result, seconds = run_command(["report", str(folder)], tmp_path)
     assert result.returncode == 0, result.stderr
     assert seconds < 30
     text = result.stdout.decode()

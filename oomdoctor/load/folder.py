@@ -346,7 +346,8 @@ def map_files(
     parallel: bool = True,
 ) -> tuple[FileOutcome, ...]:
     """`work(path)` for every path, in parallel processes unless there is one file (or `parallel` is
-    False), returned in the order of `paths`."""
+    False, or the host has no idle CPU: then in this process, or in one worker process where this
+    one may be killed by the unpickling time limit), returned in the order of `paths`."""
     if max_workers is None:
         largest_file_bytes = max((_size_bytes(path) for path in paths), default=0)
         workers = worker_count(
@@ -358,7 +359,12 @@ def map_files(
     else:
         workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:
-        return tuple(_guarded(work, path) for path in paths)
+        if len(paths) <= 1 or not guard.enabled():
+            return tuple(_guarded(work, path) for path in paths)
+        # This process ends when a hostile file outlasts the unpickling time limit (the command's
+        # watched child): one worker it can afford to lose reads them in turn, so that such a
+        # file costs only its own row, however busy the host (a busy one asks for no parallelism).
+        workers = 1
     outcomes: dict[int, FileOutcome] = {}
     pending = list(range(len(paths)))
     try:
