@@ -104,6 +104,23 @@ def test_without_a_trace_four_copies_are_the_model_states_and_a_lone_block_is_un
     assert components["parameters"] == 0
 
 
+def test_a_shape_that_is_no_copy_of_the_set_is_unknown_not_a_parameter():
+    """Four copies of a parameter set, and beside them two blocks of a shape that occurs twice (a
+    kept output, a workspace): the two are no copies of the set, and nothing says what they are."""
+    sim = Sim()
+    for _ in range(4):
+        for size in (64, 64, 32, 16):
+            sim.alloc(size * MiB)
+    for _ in range(2):
+        sim.alloc(3 * MiB)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["parameters"] == 176 * MiB
+    assert components["gradients"] == 176 * MiB
+    assert components["optimizer_state"] == 352 * MiB
+    assert components["unknown"] == 6 * MiB
+
+
 def test_model_state_copies_reads_the_largest_consistent_count():
     four = [(size, size) for size in (400, 400, 200, 100) for _ in range(4)]
     assert model_state_copies(four, 4) == 4

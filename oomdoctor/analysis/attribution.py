@@ -686,8 +686,10 @@ def _place_model_states(
         group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies if len(group) % copies == 0 else 0
         for position, allocation in enumerate(group):
-            kind = order[position // per_copy] if per_copy else "parameters"
-            result[allocation.address] = (INDEX[kind], METHOD_SIZE_MATCH, confidence)
+            if per_copy:
+                result[allocation.address] = (INDEX[order[position // per_copy]], METHOD_SIZE_MATCH, confidence)
+            else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
+                result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
     return result
 
 
