@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_OPTIMIZER,
+    PHASE_ZERO_GRAD,
     Change,
     Recommendation,
     WhatIf,
@@ -111,6 +112,13 @@ def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
     return replace(need, rest_gap_bytes=need.shortfall_bytes + max(0, extra))
 
 
+def _made_by_torch_optimizer(frames) -> bool:
+    """Whether the innermost Python frame of a stack is torch's optimizer code (an optimizer of the
+    user's own subclasses torch's, so torch's step wrapper sits outside its frames)."""
+    innermost = next((f for f in frames if f.filename.replace("\\", "/").endswith(".py")), None)
+    return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
+
+
 def recommend(
     ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None
 ) -> tuple[Recommendation, ...]:
@@ -169,9 +177,14 @@ def recommend(
         """The batch scale whose what-if peak is this saving below today's."""
         return 1 - saved_bytes / scalable if scalable else None
 
+    # In the optimizer step (or its zero_grad) every gradient the backward made is there, freed
+    # before the forward or not, and the backward has released what forward saved for it: freeing
+    # stale gradients and checkpointing save nothing at such a moment (they do in the forward)
+    in_step = ctx.target_phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
     if (
         activations
         and training
+        and not in_step
         and Verdict.INFERENCE_WITH_GRAD not in verdicts
         and Verdict.EVAL_OUTPUTS_KEPT not in verdicts  # kept outputs are no graph to checkpoint
         and verdicts
@@ -209,15 +222,20 @@ def recommend(
             optimizer_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
             projected_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
         )
-        step_temporaries = sum(
-            b.size_bytes for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER
+    step_temporaries = [
+        b for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER
+    ]
+    if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
+        # torch's optimizers make them in their foreach lists; an optimizer of the user's own builds
+        # new tensors where it could update in place
+        own = any(b.frames for b in step_temporaries) and not any(
+            _made_by_torch_optimizer(b.frames) for b in step_temporaries
         )
-        if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
-            add(
-                Change.FOREACH_FALSE,
-                step_temporaries,
-            )
-    if Verdict.GRADIENTS_KEPT in verdicts:
+        add(
+            Change.IN_PLACE_OPTIMIZER if own else Change.FOREACH_FALSE,
+            sum(b.size_bytes for b in step_temporaries),
+        )
+    if Verdict.GRADIENTS_KEPT in verdicts and not in_step:
         old, _, _ = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
         add(
             Change.ZERO_GRAD_SET_TO_NONE,

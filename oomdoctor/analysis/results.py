@@ -420,6 +420,7 @@ class Change(StrEnum):
     SMALLER_BATCH = "smaller-batch"
     EIGHT_BIT_OPTIMIZER = "eight-bit-optimizer"
     FOREACH_FALSE = "foreach-false"
+    IN_PLACE_OPTIMIZER = "in-place-optimizer"  # an optimizer of the user's own that allocates its update
     ZERO_GRAD_SET_TO_NONE = "zero-grad-set-to-none"
     FREE_KEPT_TENSORS = "free-kept-tensors"
     EXPANDABLE_SEGMENTS = "expandable-segments"

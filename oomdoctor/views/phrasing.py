@@ -223,6 +223,9 @@ CHANGES: dict[str, str] = {
     Change.FOREACH_FALSE: (
         "Pass foreach=False (or fused=True) to the optimizer so its step does not allocate a parameter-sized list of temporaries."
     ),
+    Change.IN_PLACE_OPTIMIZER: (
+        "Update the optimizer's state and the parameters in place (`exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)`, `p.addcdiv_(...)`) so its step allocates no parameter-sized temporaries."
+    ),
     Change.ZERO_GRAD_SET_TO_NONE: (
         "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward."
     ),
