@@ -226,3 +226,41 @@ def test_a_dump_whose_cache_holds_more_free_than_allocated_says_so():
     full.alloc(64 * MiB)
     full.start_recording()
     assert "cache holds" not in phrasing.summary(analyse(full.snapshot(metadata=False)).summary)
+
+
+def _no_oom(sim: Sim, events: int) -> tuple[float, str]:
+    sim.start_recording()
+    for _ in range(events // 4):
+        sim.free(sim.alloc(MiB, USER_STACK))
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.verdict == "no-oom"
+    return result.confidence, phrasing.summary(result.summary)
+
+
+def test_without_a_trace_the_file_cannot_tell_whether_the_run_ran_out():
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    confidence, text = _no_oom(sim, 0)
+    assert confidence <= 0.3
+    assert text.startswith("This file cannot tell whether the run ran out of memory: it holds no allocation history")
+    assert "No out-of-memory event was recorded" not in text
+
+
+def test_a_trace_too_short_to_show_an_oom_says_so_and_a_long_one_does_not():
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    confidence, text = _no_oom(sim, 4)
+    assert confidence <= 0.3
+    assert "its trace holds only 4 entries, and an OOM before them would not show" in text
+
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    confidence, text = _no_oom(sim, 40)
+    assert confidence == 0.9
+    assert text.startswith("No out-of-memory event was recorded on this device; the figures describe the peak")
+
+
+def test_an_empty_snapshot_says_nothing_was_recorded():
+    confidence, text = _no_oom(Sim(), 0)
+    assert confidence <= 0.3
+    assert text.startswith("This file holds no GPU memory and no allocation history for this device")

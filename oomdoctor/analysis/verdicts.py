@@ -28,6 +28,7 @@ from oomdoctor.analysis.results import (
     Accounting,
     Evidence,
     EvidenceKind,
+    Fact,
     Facts,
     Finding,
     Fragmentation,
@@ -67,6 +68,8 @@ KEPT_GRAPH_MIN_TENSORS = 16  # and a graph is many tensors (no_grad keeps the la
 MODEL_STATES_SHARE = 0.9  # model states this share of allocated: they are what fills memory
 AT_CAPACITY_FREE_PART = 100  # at capacity: the cache holds under a hundredth of reserved free
 FEW_TRACE_ENTRIES = 8  # a trace this short (torch 2.0 kept one entry by default) may have lost its OOM
+NO_OOM_CONFIDENCE = 0.9  # a trace that could have kept an OOM event holds none
+NO_OOM_BLIND_CONFIDENCE = 0.3  # no trace, or one too short to have kept it: the file cannot tell
 FRAGMENTATION_MATERIAL_PART = 20  # fragments under a twentieth of the capacity do not outrank growth
 # Outputs kept across evaluation batches (a loop of forward passes without backward)
 EVAL_MIN_KEEPING_PASSES = 2  # earlier passes that each left outputs alive
@@ -1148,9 +1151,17 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
         # judged at the dump: the cache's free memory when it is more than what is allocated
         cache = ctx.accounting
         cached = cache.free_cached_bytes if ctx.target_index is None and cache.free_cached_bytes > peak > 0 else None
+        # without a trace, or with one too short to have kept an OOM event, that none is recorded
+        # says nothing of whether the run ran out
+        blind = ctx.trace_entries <= FEW_TRACE_ENTRIES
+        blind_facts: dict[str, Fact] = (
+            {"entries": ctx.trace_entries, "empty": ctx.trace_entries == 0 and cache.reserved_bytes == 0}
+            if blind
+            else {}
+        )
         primary = Finding(
             Verdict.NO_OOM,
-            0.9,
+            NO_OOM_BLIND_CONFIDENCE if blind else NO_OOM_CONFIDENCE,
             Summary(
                 SummaryKind.NO_OOM,
                 Facts.of(
@@ -1164,7 +1175,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
                     cached=cached,
                     reserved=cache.reserved_bytes if cached is not None else None,
                     releasable=cache.releasable_bytes if cached is not None else None,
-                ),
+                ).adding(**blind_facts),
             ),
             (
                 Evidence(

@@ -330,8 +330,17 @@ def _summary_words(kind: str, f: Facts) -> str:
         whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
         return f"Activations {whose} ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
     if kind == SummaryKind.NO_OOM:
+        if f.get("empty"):
+            return "This file holds no GPU memory and no allocation history for this device: PyTorch had reserved nothing when it was written and no history was recorded (torch.cuda.memory._record_memory_history() must run before the work), so it cannot tell whether the run ran out."
+        entries = f.size("entries")
+        if entries is None:
+            recorded = "No out-of-memory event was recorded on this device"
+        elif entries == 0:
+            recorded = "This file cannot tell whether the run ran out of memory: it holds no allocation history for this device (history recording was off)"
+        else:
+            recorded = f"This file cannot tell whether the run ran out of memory: its trace holds only {plural(entries, 'entry', 'entries')}, and an OOM before them would not show"
         return (
-            f"No out-of-memory event was recorded on this device; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
+            f"{recorded}; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
             + _dominance(f)
             + _cached(f)
         )
