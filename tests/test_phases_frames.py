@@ -811,3 +811,41 @@ def test_a_no_grad_loop_in_a_run_that_never_trains_stays_forwards():
         assert previous is not None
         sim.free(previous)
     assert "evaluation" not in [s.phase for s in _spans(sim)]
+
+
+# A Lightning step's forward with the user's training_step renamed away: only the closure says it trains
+CLOSURE_ONLY_FORWARD = (
+    *LINEAR,
+    _frame(f"{LIGHTNING}/loops/optimization/automatic.py", "closure"),
+    *LIGHTNING_OUTER,
+)
+
+
+def test_a_stack_trains_inside_an_optimizer_s_closure_or_a_training_step():
+    from oomdoctor.analysis.phases import trains_by_frames
+
+    assert trains_by_frames(LIGHTNING_FORWARD)  # training_step (and the closure)
+    assert trains_by_frames(CLOSURE_ONLY_FORWARD)
+    assert trains_by_frames((*LINEAR, _frame(f"{SITE}/transformers/trainer.py", "training_step", 30), *LOOP))
+    assert not trains_by_frames((*LINEAR, _frame("train.py", "train_step", 30), *LOOP))  # a script's name
+    assert not trains_by_frames(FORWARD)  # a module's forward alone: inference as much as training
+    assert not trains_by_frames((*LINEAR, _frame("eval.py", "closure", 5), *LOOP))  # no optimizer calls it
+    assert not trains_by_frames(ADAM_STEP)  # the optimizer's own code, no closure
+    assert not trains_by_frames(())
+
+
+@pytest.mark.parametrize("stack", [CLOSURE_ONLY_FORWARD, FORWARD])
+def test_an_oom_in_the_first_forward_of_a_closure_trains_and_is_advised_as_training(stack):
+    """No backward in the trace yet: the closure alone says the run trains, so the advice is a
+    training run's (checkpointing; a smaller micro-batch with accumulation), not a plain smaller batch."""
+    sim = Sim(total_bytes=512 * MiB)
+    for _ in range(8):
+        sim.alloc(8 * MiB, stack)
+    sim.oom(256 * MiB, stack)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.target_phase == "forward"
+    ids = {r.id for r in result.recommendations}
+    if stack is CLOSURE_ONLY_FORWARD:
+        assert {"activation-checkpointing", "smaller-micro-batch"} <= ids and "smaller-batch" not in ids
+    else:
+        assert "activation-checkpointing" not in ids and "smaller-micro-batch" not in ids

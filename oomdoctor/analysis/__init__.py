@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
+from oomdoctor.analysis import phases as _phases
 from oomdoctor.analysis.passes import pass_history, passes_since_training
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import place, read_device, replay
@@ -471,7 +472,22 @@ def _context(
         end_components=end_components,
         end_allocated_bytes=end_allocated,
         passes=pass_history(dump.trace, dump.spans, target.index, moment.step, blocks),
+        frames_train=_frames_train(dump, target, blocks, moment.step),
     )
+
+
+def _frames_train(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock], step: int | None) -> bool:
+    """Whether the failed request's stack, or a stack of a block the judged step allocated, runs
+    inside a training step (`phases.trains_by_frames`); each distinct stack read once."""
+    stacks = [dump.trace.frames_at(target.index)] if target.index is not None else []
+    stacks += [b.frames for b in blocks if b.alloc_index is not None and b.step == step]
+    seen: set[int] = set()
+    for stack in stacks:
+        if stack and id(stack) not in seen:
+            seen.add(id(stack))
+            if _phases.trains_by_frames(stack):
+                return True
+    return False
 
 
 def _diagnose(ctx: Context, target: _Target, moment: _Moment, devices: Sequence[DeviceSummary] = ()) -> _Judgement:

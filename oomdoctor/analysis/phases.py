@@ -217,6 +217,30 @@ def classify_stack(stack: Stack) -> str:
     return _PUBLIC_CLASS.get(_stack_class(stack), _CLASS_USER)
 
 
+# The frameworks' name for the function that runs one training step (Lightning's
+# `LightningModule.training_step`, transformers' `Trainer.training_step`): what runs inside it
+# trains. A script's own names (`train_step`, `train`) say less: an evaluation helper is called
+# from a `train()` loop too
+_TRAINING_STEP_NAMES = frozenset({"training_step"})
+
+
+def trains_by_frames(stack: Stack) -> bool:
+    """Whether a stack runs inside a training step by its frames: a closure an optimizer's step
+    calls (`optimizer.step(closure)`: Lightning's automatic optimization, LBFGS), or a Python
+    function named as the frameworks name the step. A forward there trains, even before any backward."""
+    in_optimizer = False
+    for frame in reversed(stack):
+        filename = _norm(frame.filename)
+        if frame.name in _TRAINING_STEP_NAMES and filename.endswith(".py"):
+            return True
+        kind = _frame_kind(filename, frame.name)
+        if kind == _KIND_OPTIMIZER:
+            in_optimizer = True
+        elif kind == _KIND_CLOSURE and in_optimizer:
+            return True
+    return False
+
+
 _PUBLIC_CLASS = {
     _CLASS_FORWARD: _CLASS_FORWARD,
     _CLASS_EVALUATION: _CLASS_EVALUATION,

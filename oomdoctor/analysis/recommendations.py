@@ -140,7 +140,13 @@ def recommend(
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
     # and so does one whose replica on another device got to a backward or optimizer step
-    training = bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER}) or ctx.peer_trains or bool(gradients or optimizer_state)
+    # and so does one whose stacks run inside a training step (an optimizer's closure)
+    training = (
+        bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
+        or ctx.peer_trains
+        or ctx.frames_train
+        or bool(gradients or optimizer_state)
+    )
     found: list[Recommendation] = []
     if verdicts == {Verdict.NO_OOM}:
         return ()

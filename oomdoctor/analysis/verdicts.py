@@ -118,6 +118,9 @@ class Context:
     # another device running the same model reached a backward or optimizer step this device's
     # trace, cut short by its OOM, never did (analysis/devices.py): the run trains
     peer_trains: bool = field(default=False)
+    # the judged moment's stacks run inside a training step (phases.trains_by_frames): an OOM in
+    # the first forward of a Lightning run trains, though no backward is in its trace
+    frames_train: bool = field(default=False)
 
     @property
     def request(self) -> int:
@@ -138,8 +141,9 @@ class Context:
         return {s.phase for s in self.phases}
 
     def trains(self) -> bool:
-        """The trace shows a backward, an optimizer step or zero_grad, or a replica's trace does."""
-        return bool(self.phases_seen() & TRAINING_PHASES) or self.peer_trains
+        """The trace shows a backward, an optimizer step or zero_grad, or a replica's trace does,
+        or the judged moment's stacks run inside a training step."""
+        return bool(self.phases_seen() & TRAINING_PHASES) or self.peer_trains or self.frames_train
 
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
