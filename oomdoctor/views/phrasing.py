@@ -236,13 +236,13 @@ CHANGES: dict[str, str] = {
         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range."
     ),
     Change.NO_GRAD: (
-        "Wrap evaluation in torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`."
+        "Run forward-only work (evaluation, inference, a forward benchmark) under torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`."
     ),
     Change.SHARD_MODEL_STATES: (
         "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half."
     ),
     Change.SMALLER_WEIGHTS: (
-        'Hold the weights in less GPU memory: load them in half precision or quantised (8- or 4-bit), keep some layers on the CPU (offloading, as `device_map="auto"` does), or split them across GPUs (tensor parallelism).'
+        'Hold the weights in less GPU memory: quantise them (8- or 4-bit), load them in half precision if they are in float32, keep some layers on the CPU (offloading, as `device_map="auto"` does), or split them across GPUs (tensor parallelism).'
     ),
     Change.CHUNK_LARGE_OP: (
         "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much."
