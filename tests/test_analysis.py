@@ -378,7 +378,7 @@ def test_weights_that_cannot_fit_get_weight_advice_not_sharding_of_training_stat
     assert "shard-model-states" not in ids
     (weights,) = [r for r in result.recommendations if r.id == "smaller-weights"]
     assert weights.estimated_saved_bytes == 128 * MiB  # half the weights
-    assert "quantised" in phrasing.recommendation(weights)
+    assert "quantise them" in phrasing.recommendation(weights)
 
 
 def test_activation_spike_against_earlier_steps():
