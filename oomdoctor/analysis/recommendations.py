@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from oomdoctor.analysis.frame_kinds import is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_OPTIMIZER,
@@ -115,7 +116,7 @@ def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
 def _made_by_torch_optimizer(frames) -> bool:
     """Whether the innermost Python frame of a stack is torch's optimizer code (an optimizer of the
     user's own subclasses torch's, so torch's step wrapper sits outside its frames)."""
-    innermost = next((f for f in frames if f.filename.replace("\\", "/").endswith(".py")), None)
+    innermost = next((f for f in frames if is_python_source(f)), None)
     return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
 
 
