@@ -229,10 +229,12 @@ def recommend(
             optimizer_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
             projected_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
         )
-    step_temporaries = [
-        b for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER
-    ]
-    if ctx.target_phase == PHASE_OPTIMIZER and step_temporaries:
+    step_temporaries = (
+        [b for b in ctx.live_blocks if b.component == Component.TEMPORARIES and b.phase == PHASE_OPTIMIZER]
+        if ctx.target_phase == PHASE_OPTIMIZER
+        else []
+    )
+    if step_temporaries:
         # torch's optimizers make them in their foreach lists; an optimizer of the user's own builds
         # new tensors where it could update in place
         own = any(b.frames for b in step_temporaries) and not any(
