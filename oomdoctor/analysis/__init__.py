@@ -471,7 +471,9 @@ def _context(
         trace_entries=len(dump.trace),
         end_components=end_components,
         end_allocated_bytes=end_allocated,
-        passes=pass_history(dump.trace, dump.spans, target.index, moment.step, blocks),
+        passes=pass_history(
+            dump.trace, dump.spans, target.index if target.kind == "oom" else None, moment.step, blocks
+        ),
         frames_train=_frames_train(dump, target, blocks, moment.step),
     )
 

@@ -392,11 +392,13 @@ def rest_of_pass(
 def pass_history(
     trace: DeviceTrace,
     spans: Sequence[PhaseSpan],
-    target_index: int | None,
+    oom_index: int | None,
     target_step: int | None,
     blocks: Sequence[LiveBlock],
 ) -> PassHistory:
-    """Everything `Context.passes` holds, computed once."""
+    """Everything `Context.passes` holds, computed once. `oom_index`: the judged OOM event, None
+    when the moment judged is a peak or the dump (nothing cut a pass short there: the rest of the
+    pass that holds a peak ran, and stayed below it)."""
     comparable = comparable_steps(trace, spans, target_step)
     changed: dict[int, bool | None] = {}
     if target_step is not None and comparable:
@@ -406,4 +408,4 @@ def pass_history(
             by_step.setdefault(span.step, []).append(span)
         probe = _InputsProbe(trace, spans, target_step, passes, by_step)
         changed = {s: probe.against(s) for s in comparable}
-    return PassHistory(comparable, changed, rest_of_pass(trace, spans, target_index, target_step, blocks, comparable))
+    return PassHistory(comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable))
