@@ -222,7 +222,14 @@ def recommend(
                 scalable // 2,
                 scale=0.5,
             )
-    if Verdict.OPTIMIZER_STATE_BUILDUP in verdicts or Verdict.MODEL_STATES_TOO_LARGE in verdicts:
+    # without an OOM, advice is sized against the peak: a risk there with optimizer state its largest
+    # part gets the change that shrinks that part too
+    state_dominates = optimizer_state > 0 and max(c.values(), default=0) == optimizer_state
+    if (
+        Verdict.OPTIMIZER_STATE_BUILDUP in verdicts
+        or Verdict.MODEL_STATES_TOO_LARGE in verdicts
+        or (Verdict.NO_OOM in verdicts and state_dominates)
+    ):
         _, projected_state, _ = projected_parts(ctx)
         add(
             Change.EIGHT_BIT_OPTIMIZER,
