@@ -25,7 +25,15 @@ from oomdoctor.safetext import printable
 from oomdoctor.units import human_size, plural
 from oomdoctor.views import phrasing
 from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
-from oomdoctor.views.report_rows import COMPONENT_LABELS, allocated_rows, evidence_line, target_step_words, where_label
+from oomdoctor.views.report_rows import (
+    COMPONENT_LABELS,
+    allocated_rows,
+    evidence_line,
+    main_risk,
+    risk_line,
+    target_step_words,
+    where_label,
+)
 from oomdoctor.views.shorten import PathStyle, frame_text, shorten_name
 
 PHASE_LETTERS = {
@@ -64,8 +72,10 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
     replay = analysis.replay
     step = target_step_words(analysis)
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
+    risk, others, others_title = main_risk(analysis)
     headline = (
         phrasing.summary(analysis.summary),
+        *((risk_line(risk),) if risk is not None else ()),
         f"Device {analysis.device} {where_label(analysis)} ({step}{phase_words(analysis.target_phase)}{event}).",
         f"File: {source}",
     )
@@ -91,10 +101,8 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
                 ),
             )
         )
-    if analysis.secondary:
-        sections.append(
-            _section("Also found", tuple(f"{f.verdict}: {phrasing.summary(f.summary)}" for f in analysis.secondary))
-        )
+    if others:
+        sections.append(_section(others_title, tuple(f"{f.verdict}: {phrasing.summary(f.summary)}" for f in others)))
     if analysis.unknowns:
         sections.append(_section("Not determined from this file", phrasing.unknowns(analysis.unknowns)))
     return sections

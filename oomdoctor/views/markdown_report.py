@@ -32,6 +32,7 @@ from oomdoctor.views.report_rows import (
     evidence_places,
     evidence_value,
     largest_groups,
+    main_risk,
     target_context,
     where_label,
 )
@@ -147,6 +148,12 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     add(f"## oomdoctor: {_code(analysis.verdict)} (confidence {analysis.confidence:.0%})")
     add("")
     add(f"> {_escape(phrasing.summary(analysis.summary))}")
+    risk, others, others_title = main_risk(analysis)
+    if risk is not None:
+        add(">")
+        add(
+            f"> **Main risk**, {_code(risk.verdict)} (confidence {risk.confidence:.0%}): {_escape(phrasing.summary(risk.summary))}"
+        )
     add("")
     context = _escape(target_context(analysis)) + "."
     if source:
@@ -205,10 +212,10 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
             )
         add("")
 
-    if analysis.secondary:
-        add("### Also found")
+    if others:
+        add(f"### {others_title}")
         add("")
-        for finding in analysis.secondary:
+        for finding in others:
             add(
                 f"- {_code(finding.verdict)} (confidence {finding.confidence:.0%}): {_escape(phrasing.summary(finding.summary))}"
             )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Group, UnknownKind
+from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Finding, Group, UnknownKind
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.units import human_size
 from oomdoctor.views import phrasing
+from oomdoctor.vocabulary import Verdict
 
 COMPONENT_LABELS = {name: name.replace("_", " ") for name in COMPONENTS}
 GROUPS_PER_COMPONENT = 3
@@ -35,6 +36,20 @@ def target_context(analysis: Analysis) -> str:
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     phase = analysis.target_phase.replace("_", " ")
     return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; {phrasing.phase_source(analysis.phase_source)})"
+
+
+def main_risk(analysis: Analysis) -> tuple[Finding | None, tuple[Finding, ...], str]:
+    """Without an OOM, the strongest risk found is said right under the summary (the headline
+    stays "no-oom": nothing ran out): (that risk, the other findings, their section's title).
+    With an OOM: (None, every secondary finding, "Also found")."""
+    if analysis.verdict == Verdict.NO_OOM and analysis.secondary:
+        return analysis.secondary[0], analysis.secondary[1:], "Other risks"
+    return None, analysis.secondary, "Also found"
+
+
+def risk_line(finding: Finding) -> str:
+    """'Main risk, inference-with-grad (confidence 50%): At the peak, ...'."""
+    return f"Main risk, {finding.verdict} (confidence {finding.confidence:.0%}): {phrasing.summary(finding.summary)}"
 
 
 LAYOUT_LABEL = "as laid out"

@@ -15,6 +15,8 @@ from oomdoctor.views.report_rows import (
     device_rows,
     evidence_line,
     largest_groups,
+    main_risk,
+    risk_line,
     target_context,
     where_label,
 )
@@ -25,6 +27,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     add = lines.append
     add(f"Verdict: {analysis.verdict}  (confidence {analysis.confidence:.0%})")
     add(phrasing.summary(analysis.summary))
+    risk, others, others_title = main_risk(analysis)
+    if risk is not None:
+        add(risk_line(risk))
     if source:
         add(f"File: {source}")
     replay = analysis.replay
@@ -116,9 +121,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             )
         add("")
 
-    if analysis.secondary:
-        add("Also found")
-        for finding in analysis.secondary:
+    if others:
+        add(others_title)
+        for finding in others:
             add(f"  - {finding.verdict}: {phrasing.summary(finding.summary)}")
         add("")
     if analysis.device_summaries:
