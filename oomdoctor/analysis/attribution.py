@@ -259,6 +259,28 @@ def ddp_bucket_frames(stack: Stack) -> bool:
     return False
 
 
+# DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
+# the first, every step: torch's replicate broadcasts the model (the replica's parameters and
+# buffers), the scatter (DataParallel.scatter, torch's or a subclass's such as torch_geometric's,
+# and torch's scatter_kwargs) moves each device's share of the inputs. The phase (a forward) would
+# call both activations.
+_REPLICATE_FILE = "torch/nn/parallel/replicate.py"
+_SCATTER_FUNCTIONS = frozenset({"scatter", "scatter_kwargs"})
+_SCATTER_FILES = ("/data_parallel.py", "/scatter_gather.py")
+
+
+def data_parallel_kind(stack: Stack) -> int | None:
+    """PARAMETERS for a block DataParallel's replicate made, INPUTS for one its scatter made (the
+    innermost of the two frames decides), None otherwise."""
+    for frame in stack:
+        filename = frame.filename.replace("\\", "/")
+        if filename.endswith(_REPLICATE_FILE):
+            return PARAMETERS
+        if frame.name in _SCATTER_FUNCTIONS and filename.endswith(_SCATTER_FILES):
+            return INPUTS
+    return None
+
+
 def _backward_made(stack: Stack) -> bool:
     return any("AccumulateGrad" in frame.name for frame in stack if not frame.filename.endswith(".py"))
 
@@ -434,6 +456,8 @@ def attribute(
             component, name, method, confidence = known[0], known[1], METHOD_REGISTRY, 1.0
         elif ddp_bucket_frames(stack):  # DDP's gradient buckets, which no registry reaches
             component, method, confidence = GRADIENTS, METHOD_FRAMES, 0.8
+        elif alloc_index is not None and (replicated := data_parallel_kind(stack)) is not None:
+            component, method, confidence = replicated, METHOD_FRAMES, 0.8  # no registry names a replica
         elif exact and alloc_index is not None and save_frame(stack) is not None:
             # a copy made to save a checkpoint (a state dict built or gathered): no model state, no input
             component, method, confidence = OTHER, METHOD_FRAMES, 0.8
