@@ -176,3 +176,56 @@ def test_corpus_data_parallel_imbalance():
     finding = next(f for f in analysis.secondary if f.verdict == Verdict.DEVICE_IMBALANCE)
     assert finding.summary.facts.get("peer") == 2
     assert finding.summary.facts.number("ratio") == pytest.approx(78.29 / 20.08, rel=0.02)
+
+
+SCATTER_STACK = (
+    Frame(PARALLEL + "comm.py", 205, "scatter"),
+    Frame(PARALLEL + "_functions.py", 102, "forward"),
+    Frame(PARALLEL + "scatter_gather.py", 35, "scatter_map"),
+    Frame(PARALLEL + "scatter_gather.py", 50, "scatter"),
+    Frame(PARALLEL + "scatter_gather.py", 80, "scatter_kwargs"),
+    Frame(PARALLEL + "data_parallel.py", 195, "scatter"),
+    Frame(PARALLEL + "data_parallel.py", 180, "forward"),
+    Frame("train.py", 40, "train_step"),
+)
+
+
+def test_a_replica_is_parameters_and_its_share_of_the_batch_inputs():
+    """DataParallel's replicate and scatter run inside its forward; what they make is the replica's
+    parameters and the device's share of the inputs, not the forward's activations."""
+    sim = replica(30, 200 * MiB)
+    sim.alloc(64 * MiB, SCATTER_STACK)
+    sim.oom(2 * GiB, REPLICA_FORWARD)
+    analysis = analyse(several_devices(replica(4, 100 * MiB), sim))
+    shares = {s.name: (s.bytes, s.method) for s in analysis.components if s.bytes}
+    assert shares["parameters"] == (100 * MiB, "frames")
+    assert shares["inputs"] == (64 * MiB, "frames")
+    assert shares["activations"][0] == 30 * 200 * MiB
+
+
+def test_an_imbalance_is_advised_to_balance_the_work():
+    """Balanced, the judged device holds about the mean of what the replicas held at their peaks."""
+    analysis = analyse(imbalanced())
+    saved = {r.id: r for r in analysis.recommendations}
+    balanced = (6100 * MiB + 500 * MiB) // 2
+    assert saved["balance-devices"].estimated_saved_bytes == 6100 * MiB - balanced
+    assert "DataParallel splits a batch by count" in text_report.render(analysis)
+
+
+def test_balanced_replicas_are_not_advised_to_balance():
+    balanced = several_devices(replica(28, 200 * MiB), replica(30, 200 * MiB, oom=2 * GiB))
+    assert "balance-devices" not in {r.id for r in analyse(balanced).recommendations}
+
+
+@pytest.mark.skipif(not MULTI_DEVICE.exists(), reason="the corpus (../shared/corpus) is absent")
+def test_corpus_data_parallel_replica_and_inputs():
+    """The expert's reading of cuda:1 at its OOM: the replica's parameters (broadcast_coalesced,
+    0.234 GiB), the scattered graph batch (0.133 GiB), the forward's activations; balancing the
+    work across the GPUs is the first advice."""
+    from oomdoctor.load import load
+
+    analysis = analyse(load(MULTI_DEVICE))
+    shares = {s.name: s.bytes for s in analysis.components}
+    assert shares["parameters"] == 251666432
+    assert shares["inputs"] == pytest.approx(143321600, rel=0.01)
+    assert analysis.recommendations[0].id == "balance-devices"

@@ -504,7 +504,7 @@ def _diagnose(ctx: Context, target: _Target, moment: _Moment, devices: Sequence[
     verdicts = {primary.verdict, *(f.verdict for f in secondary)}
     need = requirement(ctx, verdicts)
     whatif = _what_if(ctx, target, moment, need)
-    return _Judgement(primary, secondary, recommend(ctx, verdicts, need, whatif), whatif)
+    return _Judgement(primary, secondary, recommend(ctx, verdicts, need, whatif, imbalance), whatif)
 
 
 def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) -> WhatIf:

@@ -12,6 +12,8 @@ from oomdoctor.analysis.results import (
     PHASE_OPTIMIZER,
     PHASE_ZERO_GRAD,
     Change,
+    EvidenceKind,
+    Finding,
     Recommendation,
     WhatIf,
 )
@@ -120,8 +122,21 @@ def _made_by_torch_optimizer(frames) -> bool:
     return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
 
 
+def balanced_bytes(ctx: Context, imbalance: Finding) -> int:
+    """What the judged device would hold with the work shared equally among the replicas: the mean
+    of what each held at its peak (the judged one at its moment). An estimate: the replicas' fixed
+    parts (the model) are alike, and a device that holds more than its replica (device 0's extra
+    modules) raises the mean, so the saving is, if anything, understated."""
+    peaks = [ctx.allocated_bytes, *(e.bytes or 0 for e in imbalance.evidence if e.kind == EvidenceKind.PEER_PEAK)]
+    return sum(peaks) // len(peaks)
+
+
 def recommend(
-    ctx: Context, verdicts: set[str], need: Requirement | None = None, what_if: WhatIf | None = None
+    ctx: Context,
+    verdicts: set[str],
+    need: Requirement | None = None,
+    what_if: WhatIf | None = None,
+    imbalance: Finding | None = None,
 ) -> tuple[Recommendation, ...]:
     """Ranked changes, each with the bytes it saves and whether it alone would have let the run fit.
 
@@ -298,6 +313,9 @@ def recommend(
             )
         else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
             add(Change.SMALLER_WEIGHTS, parameters // 2)
+    if imbalance is not None:
+        saved = ctx.allocated_bytes - balanced_bytes(ctx, imbalance)
+        add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved))
     if Verdict.OVERSIZED_REQUEST in verdicts:
         # without an OOM, the request that hit the limit and was retried
         request = ctx.request or max((n.request_bytes for n in ctx.near_ooms), default=0)

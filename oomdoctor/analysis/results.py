@@ -431,6 +431,7 @@ class Change(StrEnum):
     FREE_OTHER_PROCESSES = "free-other-processes"
     OUTPUTS_TO_CPU = "outputs-to-cpu"
     STATE_DICT_TO_CPU = "state-dict-to-cpu"
+    BALANCE_DEVICES = "balance-devices"  # replicas on several devices got unequal shares of the work
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,6 +251,9 @@ CHANGES: dict[str, str] = {
     Change.OUTPUTS_TO_CPU: (
         "Stop keeping every batch's outputs on the GPU: move each to the CPU as it is made (`logits.cpu()`; transformers' `eval_accumulation_steps`), reduce them first (`preprocess_logits_for_metrics`: argmax, not logits), or compute the metric batch by batch."
     ),
+    Change.BALANCE_DEVICES: (
+        "Balance the work across the devices (DataParallel splits a batch by count, not by size): bucket or sort the inputs by size, or cap their size per batch; or move to DistributedDataParallel."
+    ),
     Change.STATE_DICT_TO_CPU: (
         "Gather the state dict to the CPU, not the GPU (FSDP `FullStateDictConfig(offload_to_cpu=True, rank0_only=True)`; `get_model_state_dict` with `StateDictOptions(full_state_dict=True, cpu_offload=True)`), or save a sharded checkpoint with torch.distributed.checkpoint so no rank holds a full copy."
     ),
