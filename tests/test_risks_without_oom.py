@@ -128,6 +128,27 @@ def test_a_cache_flush_retry_is_a_near_oom_and_its_request_is_judged():
     assert "oversized-request" not in _findings(analyse(asked.snapshot(metadata=False)))
 
 
+def test_a_near_oom_bounds_the_capacity_the_what_if_reads():
+    """With no capacity in the file, the refused cudaMalloc bounds it: past the scale whose peak
+    needs more than that bound the batch cannot fit; below it, nothing is claimed."""
+    sim = Sim(total_bytes=4 * GiB)
+    _near_oom(sim, FORWARD_STACK)  # in a forward: it scales with the batch
+    what_if = analyse(sim.snapshot(metadata=False)).what_if
+    assert what_if.capacity_bytes is None and what_if.case == "capacity-bounded"
+    assert what_if.capacity_bound_bytes == 1024 * MiB + 1536 * MiB
+    upper = what_if.upper_bound_scale
+    assert upper is not None and what_if.predicted_peak_bytes(upper) >= what_if.capacity_bound_bytes
+    assert what_if.predicted_peak_bytes(upper - 0.01) < what_if.capacity_bound_bytes
+    assert what_if.fits_at(upper) is False and what_if.fits_at(0.5) is None
+    assert what_if.largest_fitting_scale is None
+    assert "under 2.50 GiB" in phrasing.what_if_note(what_if)
+    assert f"past {upper:.2f}x" in phrasing.what_if_note(what_if)
+
+    plain = Sim(total_bytes=4 * GiB)
+    plain.alloc(1536 * MiB, FORWARD_STACK)
+    assert analyse(plain.snapshot(metadata=False)).what_if.case == "capacity-unknown"
+
+
 def test_the_no_oom_headline_says_what_dominates_at_the_peak_and_at_the_dump():
     sim = Sim()
     sim.alloc(64 * MiB, SETUP_STACK)

@@ -536,6 +536,8 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         scales_request=ctx.request_scales,
         placement_limit=need.placement_limit,
         rest=ctx.passes.rest,
+        # with no capacity known, the tightest near-OOM bounds it (what the device then refused)
+        capacity_bound=min((n.capacity_bound_bytes for n in ctx.near_ooms), default=None),
     )
 
 

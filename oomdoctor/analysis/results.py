@@ -469,6 +469,8 @@ class WhatIfCase(StrEnum):
     """What the batch-size what-if found; `oomdoctor.views.phrasing` words each one."""
 
     CAPACITY_UNKNOWN = "capacity-unknown"  # the dump does not say how large the device is
+    # nor does it, but a near-OOM bounds it from above: past upper_bound_scale the peak cannot fit
+    CAPACITY_BOUNDED = "capacity-bounded"
     FIXED_TOO_LARGE = "fixed-too-large"  # the fixed part alone does not fit: no batch size would
     NO_BUDGET = "no-budget"  # nothing at the target grows with the batch
     LINEAR = "linear"  # the peak fits up to largest_fitting_scale
@@ -543,13 +545,16 @@ class WhatIf:
     basis: WhatIfBasis | None = None  # made from a recorded step's peak rather than the target event
     rest_of_pass: RestOfPass | None = None  # the OOM interrupted a forward: its rest, extrapolated or unknown
     upper_bound_scale: float | None = None  # PASS_INTERRUPTED: at the OOM instant it fits up to here, at most
+    # CAPACITY_BOUNDED: PyTorch could have had less than this (a near-OOM's failed cudaMalloc)
+    capacity_bound_bytes: int | None = None
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:
         capacity unknown, or the OOM interrupted a pass whose rest is unknown and the scale is within
         what the instant allows)."""
         if self.capacity_bytes is None:
-            return None
+            bound = self.capacity_bound_bytes
+            return False if bound is not None and self.predicted_peak_bytes(scale) >= bound else None
         if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
             return False
         fits = self.predicted_peak_bytes(scale) <= self.capacity_bytes

@@ -67,6 +67,7 @@ def what_if(
     placement_limit: float | None = None,
     basis: WhatIfBasis | None = None,
     rest: RestOfPass | None = None,
+    capacity_bound: int | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -86,6 +87,10 @@ def what_if(
     are its projected peak (and the gradients its backward makes are fixed), never below the
     instant's; unknown, the instant's largest scale is only an upper bound (`upper_bound_scale`):
     the rest of the forward and the backward still come, so no scale within it is said to fit.
+
+    `capacity_bound`: with the capacity unknown, what PyTorch could have had at most (a near-OOM:
+    a cudaMalloc of the request failed with this much reserved and requested). Past the scale whose
+    peak reaches it (`upper_bound_scale`) the peak cannot fit; below it, whether it fits is unknown.
     """
     scalable = scalable_bytes
     fixed = sum(components.values()) - scalable
@@ -112,7 +117,14 @@ def what_if(
         fixed = projected_need_bytes - scalable
         projected = True
     largest = None
-    if capacity_bytes is None:
+    upper_bound = None
+    bounded = capacity_bytes is None and capacity_bound is not None and scalable > 0 and fixed < capacity_bound
+    if not bounded:
+        capacity_bound = None  # none, or not needed: the capacity is known, or nothing scales
+    if capacity_bound is not None:
+        case = WhatIfCase.CAPACITY_BOUNDED
+        upper_bound = -(-(capacity_bound - fixed) * 100 // scalable) / 100  # rounded up: past it, more than the bound
+    elif capacity_bytes is None:
         case = WhatIfCase.CAPACITY_UNKNOWN
     elif fixed >= capacity_bytes:
         largest = 0.0
@@ -125,7 +137,6 @@ def what_if(
         if placement_limit is not None and placement_limit < largest:
             largest = placement_limit
             case = WhatIfCase.PLACEMENT
-    upper_bound = None
     if rest is not None and not rest.extrapolated and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
         upper_bound, largest, case = largest, None, WhatIfCase.PASS_INTERRUPTED
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
@@ -145,6 +156,7 @@ def what_if(
         basis=basis,
         rest_of_pass=rest,
         upper_bound_scale=upper_bound,
+        capacity_bound_bytes=capacity_bound,
     )
 
 

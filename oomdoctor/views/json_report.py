@@ -138,6 +138,7 @@ def _what_if(what_if: WhatIf) -> dict[str, Any]:
         "placement_limit_scale": what_if.placement_limit_scale,
         "case": what_if.case,
         "upper_bound_scale": what_if.upper_bound_scale,
+        "capacity_bound_bytes": what_if.capacity_bound_bytes,
         "rest_of_pass": _plain(dataclasses.asdict(what_if.rest_of_pass)) if what_if.rest_of_pass is not None else None,
     }
 

@@ -111,6 +111,12 @@ def what_if_note(what_if: WhatIf) -> str:
     case = what_if.case
     if case == WhatIfCase.CAPACITY_UNKNOWN:
         note = "capacity unknown (a plain snapshot without an OOM event does not say how large the device is)"
+    elif case == WhatIfCase.CAPACITY_BOUNDED:
+        note = (
+            f"capacity unknown, but under {human(what_if.capacity_bound_bytes or 0)}: a cudaMalloc failed there and was"
+            f" retried after the cache was freed; past {what_if.upper_bound_scale or 0:.2f}x the peak would need more"
+            " than that, and below it whether the peak fits is unknown"
+        )
     elif case == WhatIfCase.FIXED_TOO_LARGE:
         states = "model states projected at full size" if what_if.projected_states else "model states"
         request = ", the failed request" if what_if.request_fixed else ""
