@@ -251,7 +251,7 @@ CHANGES: dict[str, str] = {
         'Hold the weights in less GPU memory: quantise them (8- or 4-bit), load them in half precision if they are in float32, keep some layers on the CPU (offloading, as `device_map="auto"` does), or split them across GPUs (tensor parallelism).'
     ),
     Change.CHUNK_LARGE_OP: (
-        "Compute the oversized operation in chunks (for logits: a chunked or fused cross-entropy) so no single tensor needs that much."
+        "Compute the oversized operation in pieces: split its input along the batch, sequence or spatial dimensions and process one piece at a time (for logits, a chunked or fused cross-entropy), so no single tensor needs that much."
     ),
     Change.FREE_OTHER_PROCESSES: "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
     Change.OUTPUTS_TO_CPU: (
