@@ -470,6 +470,8 @@ class Snapshot:
     container: str = "pickle"  # how the bytes held it: pickle-protocol-N, gzip, json, html (memory_viz)
     torch_version_hint: str = ""  # e.g. "2.8 to 2.9", ">= 2.10", from the keys present; "" unknown
     notes: tuple[str, ...] = ()  # what the loader dropped as untrustworthy, one sentence each
+    # every segment carries `is_expandable` (torch >= 2.1): a False there was written, not defaulted
+    expandable_recorded: bool = False
 
     @property
     def devices(self) -> tuple[int, ...]:

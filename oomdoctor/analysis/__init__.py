@@ -32,7 +32,7 @@ from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis import phases as _phases
 from oomdoctor.analysis.passes import pass_history, passes_since_training
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
-from oomdoctor.analysis.reading import place, read_device, replay
+from oomdoctor.analysis.reading import expandable_from_segments, place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
 from oomdoctor.analysis.replay import (
     LiveHistory,
@@ -286,7 +286,12 @@ def _account(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Account
     request = fatal.request_bytes if fatal is not None else None
     request_stream = dump.trace.streams[fatal.event_index] if fatal is not None else None
     fragmentation = _accounting.fragmentation_of(
-        layout, request_bytes=request, request_stream=request_stream, settings=settings, device_free_bytes=device_free
+        layout,
+        request_bytes=request,
+        request_stream=request_stream,
+        settings=settings,
+        device_free_bytes=device_free,
+        expandable_seen=expandable_from_segments(dump),
     )
     accounting = _accounting.account(
         layout,

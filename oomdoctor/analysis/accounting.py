@@ -113,7 +113,10 @@ def fragmentation_of(
     request_stream: int | None,
     settings: AllocatorSettings | None,
     device_free_bytes: int | None,
+    expandable_seen: bool | None = None,
 ) -> Fragmentation:
+    """`expandable_seen`: whether expandable segments were on by the dump's own segments
+    (`reading.expandable_from_segments`), for when the settings are not recorded."""
     pools: dict[tuple[str, int], list[int]] = {}
     details = []
     internal = external = 0
@@ -185,11 +188,13 @@ def fragmentation_of(
         would_fit_if_contiguous=would_fit,
         pools=pool_rows,
         segments=tuple(details),
-        expandable_segments=settings.expandable_segments if settings is not None else _expandable_seen(segments),
+        expandable_segments=(
+            settings.expandable_segments
+            if settings is not None
+            else True
+            if any(s.is_expandable for s in segments)
+            else expandable_seen
+        ),
         max_split_size_bytes=max_split,
         alloc_conf=settings.raw_conf if settings is not None else None,
     )
-
-
-def _expandable_seen(segments: Sequence[Segment]) -> bool | None:
-    return True if any(s.is_expandable for s in segments) else None

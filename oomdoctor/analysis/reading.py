@@ -18,7 +18,7 @@ from oomdoctor.analysis.replay import LiveHistory, ReplayState, columns, final_l
 from oomdoctor.analysis.results import LiveAllocation, LiveBlock, PhaseSpan
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import AllocatorSettings, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import DEFAULT_POOL, AllocatorSettings, DeviceTrace, Segment, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class DeviceDump:
     phase_source: str
     phase_index: PhaseIndex
     ring_buffer_wrapped: bool  # older events are lost
+    expandable_recorded: bool  # the dump's segments say whether each is expandable (Snapshot's)
 
 
 def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
@@ -59,7 +60,20 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         phase_source=phase_source,
         phase_index=phase_index,
         ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
+        expandable_recorded=snapshot.expandable_recorded,
     )
+
+
+def expandable_from_segments(dump: DeviceDump) -> bool | None:
+    """Whether expandable segments were on, by the dump's own segments (when the allocator's
+    settings are not recorded): on when one is expandable; off when every segment says whether it
+    is and a segment of the default pool is not (a private pool's may not be, whatever the
+    setting); else unknown."""
+    if any(s.is_expandable for s in dump.segments):
+        return True
+    if dump.expandable_recorded and any(s.pool_id == DEFAULT_POOL for s in dump.segments):
+        return False
+    return None
 
 
 def replay(dump: DeviceDump, series_points: int) -> ReplayState:

@@ -130,6 +130,7 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
 
     stacks = StackTable()
     segments, legacy = _build_segments(raw_segments, stacks, describe)
+    expandable_recorded = bool(raw_segments) and all("is_expandable" in s for s in raw_segments)
     if legacy:
         source_format = "legacy-history"
         era.at_most(0, "per-block 'history'")
@@ -161,6 +162,7 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
         container=container,
         torch_version_hint=era.describe() if (era.hints or full_dict) else "",
         notes=tuple(notes),
+        expandable_recorded=expandable_recorded,
     )
 
 
