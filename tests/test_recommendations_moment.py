@@ -78,3 +78,28 @@ def test_an_optimizer_of_the_user_s_own_is_told_to_update_in_place():
 def test_user_frames_alone_are_not_read_as_torch_s_optimizer():
     analysis = _steps_without_zero_grad(None, USER_STACK)
     assert "in-place-optimizer" in _ids(analysis)
+
+
+def test_the_kept_gradients_risk_at_an_optimizer_step_peak_says_the_saving_is_in_the_forward():
+    """The risk's words agree with the advice: at an optimizer-step peak zero_grad is not advised,
+    and the finding says its saving is in the forward, not at this moment."""
+    from oomdoctor.views import phrasing
+
+    analysis = _steps_without_zero_grad(None)
+    finding = next(f for f in analysis.secondary if f.verdict == "gradients-kept")
+    words = phrasing.summary(finding.summary)
+    assert "optimizer step of step 1" in words
+    assert "not at this moment, when every gradient exists either way" in words
+
+
+def test_a_near_oom_names_the_event_its_retry_succeeded_at():
+    from oomdoctor.views import phrasing
+    from tests.builders import GiB
+    from tests.test_risks_without_oom import RELU_STACK, _near_oom
+
+    sim = Sim(total_bytes=4 * GiB)
+    _near_oom(sim, RELU_STACK)
+    finding = next(f for f in analyse(sim.snapshot(metadata=False)).secondary if f.verdict == "oversized-request")
+    index = finding.summary.facts.get("index")
+    assert sim.events[index].action == "segment_alloc"
+    assert f"retried it (it succeeded at event {index})" in phrasing.summary(finding.summary)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
+    PHASE_OPTIMIZER,
+    PHASE_ZERO_GRAD,
     SOURCE_NONE,
     Change,
     DeviceSummary,
@@ -358,7 +360,14 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"At the {f.get('at')}, {which} {human(size('kept'))}, {f.number('share'):.0%} of what it allocated, and nothing in the dump trains: grad mode is on, so autograd keeps the graph for a backward that never runs."
     if kind == SummaryKind.GRADIENTS_KEPT_RISK:
         if f.get("phase") is not None:  # judged later in the step than its forward
-            return f"At the {f.get('at')} ({(f.text('phase') or '').replace('_', ' ')} of step {f.get('step')}), {human(size('old'))} of gradients from an earlier backward are still alive: they were alive through the step's forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would have freed them."
+            phase = f.text("phase") or ""
+            # in the optimizer step (or its zero_grad) the backward's gradients exist either way
+            moment = (
+                ", not at this moment, when every gradient exists either way"
+                if phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
+                else ""
+            )
+            return f"At the {f.get('at')} ({phase.replace('_', ' ')} of step {f.get('step')}), {human(size('old'))} of gradients from an earlier backward are still alive: they were alive through the step's forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would have freed them there{moment}."
         return f"At the {f.get('at')}, {human(size('old'))} of gradients from an earlier backward are alive during a forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would free them."
     if kind == SummaryKind.MODEL_STATES_AT_CAPACITY:
         capacity = f.size("capacity")
@@ -369,7 +378,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         )
         return f"Model states fill what PyTorch reserved ({human(size('states'))} of {human(size('reserved'))}, {human(size('free'))} free in the cache) {why}: if this dump was written at an OOM, the model states do not fit."
     if kind == SummaryKind.NEAR_OOM_OVERSIZED:
-        return f"The device ran out once without an OOM: at event {f.get('index')} a {human(size('request'))} request failed in cudaMalloc, the allocator freed {human(size('flushed'))} of cache and retried. That one request is {f.number('share'):.0%} of the most the device could have held for PyTorch then (under {human(size('bound'))})."
+        return f"The device ran out once without an OOM: a {human(size('request'))} request failed in cudaMalloc, the allocator freed {human(size('flushed'))} of cache and retried it (it succeeded at event {f.get('index')}). That one request is {f.number('share'):.0%} of the most the device could have held for PyTorch then (under {human(size('bound'))})."
     if kind == SummaryKind.OVERSIZED_TENSOR_RISK:
         return f"One live tensor of {human(size('largest'))} is {f.number('share'):.0%} of what PyTorch could have on this device."
     if kind == SummaryKind.DEVICE_IMBALANCE:
