@@ -326,6 +326,19 @@ def spans_on(label: Mapping[str, Any], device: Any) -> list[Mapping[str, Any]]:
     ]
 
 
+def replica_finished_forward(label: Mapping[str, Any], device: Any) -> bool:
+    """Whether the label shows, on another device, a forward that no OOM cut short there: a replica
+    (DataParallel) that ran the pass the OOM interrupted on `device` to its end, which the rest
+    of that pass can be extrapolated from."""
+    spans = [s for s in (label.get("steps") or {}).get("phases") or [] if isinstance(s, Mapping)]
+    others = {s.get("device") for s in spans} - {device, None}
+    return any(
+        any("forward" in str(s.get("phase", "")).lower() for s in spans_on(label, other))
+        and not any("oom" in str(s.get("phase", "")).lower() for s in spans_on(label, other))
+        for other in others
+    )
+
+
 def completed_steps_before(label: Mapping[str, Any], device: Any, index: int) -> int:
     """Optimizer steps the label shows completed before an event (docs/corpus-score.md, "Step")."""
     return sum(
@@ -412,7 +425,7 @@ def contradictions(label: Mapping[str, Any], report: Mapping[str, Any], kind: st
                 found.append(f"{said}; the label shows no completed step before the {expected.moment}")
         elif kind == "fits":
             first_forward = expected.moment == "oom" and "forward" in expected.phases and not expected.steps[0]
-            if same_device and first_forward:
+            if same_device and first_forward and not replica_finished_forward(label, device):
                 found.append(f"{said}; the label's OOM interrupted the first forward, with no completed step before it")
         elif kind == "dominant":
             entries = label_components(label, claim.moment or "peak", device)
@@ -622,6 +635,13 @@ def test_contradictions_on_a_made_up_label():
     assert len(contradictions(first, fitting, "fits")) == 2
     unknown = _report(recommendations=[{**halving, "would_fit_alone": None}], what_if={"largest_fitting_scale": None})
     assert contradictions(first, unknown, "fits") == []
+    # unless a replica on another device ran that forward to its end (DataParallel): extrapolable
+    replica = {"phase": "dev1: forward (replica 1)", "device": 1, "start_index": 0, "end_index": 50}
+    beside = {**first, "steps": {**first["steps"], "phases": [*first["steps"]["phases"], replica]}}
+    assert contradictions(beside, fitting, "fits") == []
+    cut = {**replica, "phase": "dev1: OOM", "start_index": 51, "end_index": 51}
+    both_cut = {**beside, "steps": {**beside["steps"], "phases": [*beside["steps"]["phases"], cut]}}
+    assert len(contradictions(both_cut, fitting, "fits")) == 2
     # an OOM total within the estimate's tolerance passes, 3% off does not
     near = [{"text": "allocated bytes at the OOM", "metric": "allocated_bytes", "bytes": (1000 << 20) + (10 << 20)}]
     far = [{"text": "allocated bytes at the OOM", "metric": "allocated_bytes", "bytes": (1000 << 20) + (30 << 20)}]

@@ -229,3 +229,67 @@ def test_corpus_data_parallel_replica_and_inputs():
     assert shares["parameters"] == 251666432
     assert shares["inputs"] == pytest.approx(143321600, rel=0.01)
     assert analysis.recommendations[0].id == "balance-devices"
+
+
+def _cut_short_beside_a_finished_replica(replica_later: bool = False):
+    """Device 1 ran out three allocations into its forward (its first: nothing earlier in its trace
+    shows the rest); device 0, a replica, ran the same forward, eight allocations, to its end, and
+    its trace ended before device 1's OOM (or, with `replica_later`, went on past it)."""
+    finished = replica(8, 100 * MiB)
+    cut = Sim(total_bytes=8 * GiB)
+    cut.time_us += 0 if replica_later else 10_000  # device 1's events come after device 0's last
+    cut.alloc(100 * MiB, REPLICATE_STACK)
+    for _ in range(3):
+        cut.alloc(800 * MiB, REPLICA_FORWARD)
+    index = cut.oom(2 * GiB)
+    cut.events[index] = dataclasses.replace(cut.events[index], frames=REPLICA_FORWARD)
+    if replica_later:
+        finished.time_us += 10_000_000
+        finished.alloc(1 * MiB, REPLICA_FORWARD)
+    return analyse(several_devices(finished, cut))
+
+
+def test_a_pass_cut_short_is_extrapolated_from_a_replica_that_finished_it():
+    analysis = _cut_short_beside_a_finished_replica()
+    rest = analysis.what_if.rest_of_pass
+    assert analysis.device == 1 and rest is not None and rest.extrapolated
+    assert rest.earlier_device == 0
+    assert rest.projected_pass_bytes > rest.pass_bytes  # five more of the replica's allocations to come
+    note = text_report.render(analysis)
+    assert "extrapolated from device 0's completed pass of the same layers" in note
+
+
+def test_a_replica_still_running_at_the_oom_does_not_tell_the_rest():
+    rest = _cut_short_beside_a_finished_replica(replica_later=True).what_if.rest_of_pass
+    assert rest is not None and not rest.extrapolated and rest.reason == "no-earlier-pass"
+
+
+def test_a_site_is_read_from_python_frames_in_a_stacks_all_dump():
+    """A `stacks="all"` stack starts with the unwinder's and the allocator's C++ frames, alike for
+    every allocation: the site is the innermost Python frames."""
+    from oomdoctor.analysis.passes import site_key
+
+    native = (
+        Frame("??", 0, "torch::unwind::unwind()"),
+        Frame("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::Native::malloc"),
+    )
+    one = (*native, Frame("model.py", 174, "update_nodes"), Frame("model.py", 231, "forward"))
+    other = (*native, Frame("model.py", 181, "update_nodes"), Frame("model.py", 231, "forward"))
+    assert site_key(one) == (("model.py", 174), ("model.py", 231))
+    assert site_key(one) != site_key(other)
+    assert site_key(native) is None and site_key(()) is None
+
+
+@pytest.mark.skipif(not MULTI_DEVICE.exists(), reason="the corpus (../shared/corpus) is absent")
+def test_corpus_data_parallel_rest_of_the_pass_from_a_replica():
+    """cuda:1 ran out 5 of 12 message-passing iterations into its forward; cuda:2 ran all 12 (the
+    expert: the full forward needs ~157 GiB there, so half the batch is not enough; balanced it fits)."""
+    from oomdoctor.load import load
+
+    analysis = analyse(load(MULTI_DEVICE))
+    rest = analysis.what_if.rest_of_pass
+    assert rest is not None and rest.earlier_device == 2
+    assert 140 * GiB < rest.projected_pass_bytes < 200 * GiB
+    fits = {r.id: r.would_fit_alone for r in analysis.recommendations}
+    assert fits["smaller-batch"] is False
+    assert analysis.recommendations[0].id == "balance-devices"

@@ -30,7 +30,7 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis import phases as _phases
-from oomdoctor.analysis.passes import pass_history, passes_since_training
+from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import expandable_from_segments, place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
@@ -202,8 +202,8 @@ def analyse(
     accounted = _account(dump, state, target)
     blocks, shares = _attribute(dump, state, target)
     moment = _judge_moment(dump, state, target)
-    devices = _compare_devices(snapshot, dump, state, target, shares)
-    ctx = _context(dump, state, target, accounted, blocks, shares, moment)
+    devices, replicas = _compare_devices(snapshot, dump, state, target, shares)
+    ctx = _context(dump, state, target, accounted, blocks, shares, moment, replicas)
     ctx.peer_trains = _devices.peer_trains(devices)
     judgement = _diagnose(ctx, target, moment, devices)
     unknowns = _unknowns(dump, state, target, accounted, blocks)
@@ -213,10 +213,11 @@ def analyse(
 
 def _compare_devices(
     snapshot: Snapshot, dump: _DeviceDump, state: ReplayState, target: _Target, shares: Sequence[ComponentShare]
-) -> tuple[DeviceSummary, ...]:
-    """Every device of a snapshot that holds several, the judged one read from its own analysis."""
+) -> tuple[tuple[DeviceSummary, ...], tuple[Replica, ...]]:
+    """Every device of a snapshot that holds several, the judged one read from its own analysis;
+    and the replicas of its model among them."""
     if len(snapshot.devices) < 2:
-        return ()
+        return (), ()
     judged = _devices.JudgedDevice(
         device=dump.index,
         trace=dump.trace,
@@ -440,6 +441,7 @@ def _context(
     blocks: list[LiveBlock],
     shares: list[ComponentShare],
     moment: _Moment,
+    replicas: Sequence[Replica] = (),
 ) -> Context:
     """Everything the verdict tests read."""
     pass_allocated, pass_kept, pass_kept_count, pass_returned = _current_pass(dump, target, blocks)
@@ -477,7 +479,7 @@ def _context(
         end_components=end_components,
         end_allocated_bytes=end_allocated,
         passes=pass_history(
-            dump.trace, dump.spans, target.index if target.kind == "oom" else None, moment.step, blocks
+            dump.trace, dump.spans, target.index if target.kind == "oom" else None, moment.step, blocks, replicas
         ),
         frames_train=_frames_train(dump, target, blocks, moment.step),
     )

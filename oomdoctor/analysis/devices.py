@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis import attribution as _attribution
-from oomdoctor.analysis.reading import place, read_device, replay
+from oomdoctor.analysis.passes import Replica
+from oomdoctor.analysis.reading import DeviceDump, place, read_device, replay
 from oomdoctor.analysis.replay import final_live_blocks
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -82,11 +83,16 @@ class _Code:
     data_parallel: bool
 
 
-def summarise(snapshot: Snapshot, metadata: DumpMetadata, judged: JudgedDevice) -> tuple[DeviceSummary, ...]:
-    """One summary per device of `snapshot`, in device order; none when it holds one device."""
+def summarise(
+    snapshot: Snapshot, metadata: DumpMetadata, judged: JudgedDevice
+) -> tuple[tuple[DeviceSummary, ...], tuple[Replica, ...]]:
+    """One summary per device of `snapshot`, in device order, and the replicas of the judged
+    device's model among the others (their traces and phases, for `passes.rest_of_pass`); none
+    when it holds one device."""
     devices = snapshot.devices
     if len(devices) < 2:
-        return ()
+        return (), ()
+    replicas: list[Replica] = []
     judged_code = _code_of(judged.trace)
     moment_time = _time_at(judged.trace, judged.moment_index)
     summaries = []
@@ -110,8 +116,11 @@ def summarise(snapshot: Snapshot, metadata: DumpMetadata, judged: JudgedDevice) 
                 )
             )
         else:
-            summaries.append(_peer(snapshot, metadata, device, judged_code, moment_time))
-    return _training_told(summaries)
+            summary, dump = _peer(snapshot, metadata, device, judged_code, moment_time)
+            summaries.append(summary)
+            if summary.replica and len(dump.trace):
+                replicas.append(Replica(device, dump.trace, dump.spans))
+    return _training_told(summaries), tuple(replicas)
 
 
 def _training_told(summaries: list[DeviceSummary]) -> tuple[DeviceSummary, ...]:
@@ -163,8 +172,8 @@ def _summary(
 
 def _peer(
     snapshot: Snapshot, metadata: DumpMetadata, device: int, judged_code: _Code, moment_time: int | None
-) -> DeviceSummary:
-    """Read one other device as `analyse` reads the judged one, at its own moment."""
+) -> tuple[DeviceSummary, DeviceDump]:
+    """Read one other device as `analyse` reads the judged one, at its own moment (and what was read)."""
     dump = read_device(snapshot, metadata, device)
     trace, segments, spans = dump.trace, dump.segments, dump.spans
     state = replay(dump, 2)
@@ -182,7 +191,7 @@ def _peer(
     if aligned is not None:
         at_judged = sum(a.size_bytes for a in history.at(aligned)[0].values())
     code = _code_of(trace)
-    return _summary(
+    summary = _summary(
         device,
         trace,
         segments,
@@ -197,6 +206,7 @@ def _peer(
         replica=_replicas(judged_code, code),
         code=code,
     )
+    return summary, dump
 
 
 def _time_at(trace: DeviceTrace, index: int | None) -> int | None:

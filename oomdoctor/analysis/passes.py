@@ -10,7 +10,9 @@ the OOM interrupted"):
   blocks made between steps, before the forward; the first allocations of each forward), None
   without evidence either way;
 * `rest_of_pass`: at an OOM inside a forward, the rest of the pass and its backward extrapolated
-  from the latest comparable pass whose allocations this one follows, or why it cannot be.
+  from the latest comparable pass whose allocations this one follows, or, when the trace has none,
+  from a replica's pass on another device (DataParallel runs the same forward on each) that ran to
+  its end; or why it cannot be.
 
 Reads only the trace and the phase spans; no I/O.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, frame_kind
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -31,7 +34,7 @@ from oomdoctor.analysis.results import (
     RestOfPass,
     RestUnknown,
 )
-from oomdoctor.model import ALLOC, FREE_REQUESTED, OOM, DeviceTrace
+from oomdoctor.model import ALLOC, FREE_REQUESTED, OOM, DeviceTrace, Stack
 from oomdoctor.vocabulary import Component
 
 KEY_FRAMES = 3  # an allocation's site: its innermost frames (file, line)
@@ -49,6 +52,16 @@ def passes_since_training(spans: Sequence[PhaseSpan], index: int) -> tuple[list[
         (s.last_index for s in spans if s.phase in TRAINING_PHASES and s.first_index <= index), default=-1
     )
     return [s for s in spans if s.phase in FORWARD_PASSES and last_training < s.first_index <= index], last_training
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """Another device of the snapshot running the judged device's model (`devices.summarise`):
+    its trace and phases, read as the judged device's are."""
+
+    device: int
+    trace: DeviceTrace
+    spans: Sequence[PhaseSpan]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +151,14 @@ def comparable_steps(trace: DeviceTrace, spans: Sequence[PhaseSpan], target_step
     return tuple(steps)
 
 
+def site_key(frames: Stack) -> tuple[tuple[str, int], ...] | None:
+    """An allocation's site: the (file, line) of its innermost Python frames (a `stacks="all"`
+    stack starts with the unwinder's and the allocator's C++ frames, alike for every allocation);
+    None without Python frames (the autograd engine's, or no stack recorded)."""
+    python = [f for f in frames if frame_kind(f) in PYTHON_KINDS][:KEY_FRAMES]
+    return tuple((f.filename, f.line) for f in python) or None
+
+
 def _allocations(
     trace: DeviceTrace, first: int, last: int, limit: int = MAX_ALLOCATIONS
 ) -> list[tuple[int, object, int]]:
@@ -145,10 +166,7 @@ def _allocations(
     sizes = trace.sizes
     indices = trace.positions_in(ALLOC, first, min(last + 1, len(sizes)), min(limit, MAX_ALLOCATIONS))
     numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
-    key_of = {
-        number: tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
-        for number, frames in stacks.items()
-    }
+    key_of = {number: site_key(frames) for number, frames in stacks.items()}
     return list(zip(indices, map(key_of.__getitem__, numbers), map(sizes.__getitem__, indices)))
 
 
@@ -158,13 +176,14 @@ class _Alignment:
     earlier_bytes: int  # the earlier pass's matched allocations
     earlier_position: int  # how many of the earlier pass's allocations the match reached
     sizes: tuple[tuple[int, int], ...]  # (now, earlier) sizes of the first matched pairs
+    skipped: int = 0  # the earlier pass's allocations the match passed over
 
 
 def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, int]]) -> _Alignment | str:
     """Match this pass's allocations, in order, to the earlier pass's by site (every site matches
     when neither has frames); a RestUnknown when they do not follow each other."""
     i = j = 0
-    now_bytes = earlier_bytes = unmatched = 0
+    now_bytes = earlier_bytes = unmatched = skipped = 0
     pairs: list[tuple[int, int]] = []
     while i < len(now):
         if j >= len(earlier):
@@ -180,6 +199,7 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
             continue
         ahead = next((k for k in range(j + 1, min(j + 1 + LOOKAHEAD, len(earlier))) if earlier[k][1] == key), None)
         if ahead is not None:
+            skipped += ahead - j
             j = ahead  # the earlier pass made allocations this one skips
             continue
         unmatched += 1
@@ -188,7 +208,7 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
             return RestUnknown.STRUCTURE_DIFFERS
     if unmatched * MISMATCH_PART > len(now) or not earlier_bytes:
         return RestUnknown.STRUCTURE_DIFFERS
-    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs))
+    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped)
 
 
 def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
@@ -331,11 +351,12 @@ def rest_of_pass(
     target_step: int | None,
     blocks: Sequence[LiveBlock],
     comparable: tuple[int, ...],
+    replicas: Sequence[Replica] = (),
 ) -> RestOfPass | None:
     """At an OOM inside a forward, its rest extrapolated from the latest earlier completed pass of
     the same structure (a comparable step's, or an earlier pass of the same step when the run does
-    not train) whose allocations this pass follows; else why not. None when the target is not in
-    a forward."""
+    not train) whose allocations this pass follows; failing that, from a replica's pass that ran to
+    its end (`_finished_passes`); else why not. None when the target is not in a forward."""
     if target_index is None:
         return None
     passes = _forwards(spans)
@@ -356,12 +377,9 @@ def rest_of_pass(
             or p.step == current.step  # an earlier pass of this step: another evaluation batch, a micro-batch
         )
     ]
-    if not earlier:
-        return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own)
     now = _allocations(trace, current.first_index, target_index)
     if trace.actions[target_index] == OOM:  # the failed request is this pass's next allocation
-        frames = trace.frames_at(target_index)
-        key = tuple((f.filename, f.line) for f in frames[:KEY_FRAMES]) if frames else None
+        key = site_key(trace.frames_at(target_index))
         # an OOM entry without frames in a pass whose allocations carry them says nothing of its site
         if key is not None or all(k is None for _, k, _ in now):
             now.append((target_index, key, trace.sizes[target_index]))
@@ -372,21 +390,77 @@ def rest_of_pass(
         if isinstance(alignment, str):
             reason = alignment
             continue
-        ratio = alignment.now_bytes / alignment.earlier_bytes
-        peak, kept = _own_peak(trace, then)
-        projected = int((peak - kept) * ratio)
-        return RestOfPass(
-            current.step,
-            None,
-            then.step,
-            ratio,
-            alignment.earlier_position / len(allocations) if allocations else None,
-            peak,
-            kept,
-            own,
-            max(projected, own),
-        )
+        return _extrapolated(current, own, trace, then, allocations, alignment, None)
+    if not earlier and replicas:  # nothing earlier in this trace: the replica's pass this one follows best
+        found = _replica_pass(now, replicas, trace.times_us[target_index] if trace.times_us is not None else None)
+        if found is not None:
+            return _extrapolated(current, own, *found)
     return RestOfPass(current.step, reason, pass_bytes=own)
+
+
+def _replica_pass(
+    now: list[tuple[int, object, int]], replicas: Sequence[Replica], oom_time: int | None
+) -> tuple[DeviceTrace, _Pass, list[tuple[int, object, int]], _Alignment, int] | None:
+    """Of the replicas' passes that ran to their end (`_finished_passes`, the latest four of each),
+    the one this pass follows with the fewest of its allocations passed over (the same code on a
+    device that also ran other work, device 0's extra modules say, is passed over), the latest first
+    on a tie: (its trace, the pass, its allocations, the alignment, the device)."""
+    best = None
+    for replica in replicas:
+        for then in reversed(_finished_passes(replica, oom_time)[-4:]):
+            allocations = _allocations(replica.trace, then.first_index, then.forward_last)
+            alignment = _align(now, allocations)
+            if isinstance(alignment, str):
+                continue
+            if best is None or alignment.skipped < best[3].skipped:
+                best = (replica.trace, then, allocations, alignment, replica.device)
+    return best
+
+
+def _extrapolated(
+    current: _Pass,
+    own: int,
+    trace: DeviceTrace,
+    then: _Pass,
+    allocations: list[tuple[int, object, int]],
+    alignment: _Alignment,
+    device: int | None,
+) -> RestOfPass:
+    """The rest of `current` from the completed pass `then` (of `trace`; on `device` when a replica's)."""
+    ratio = alignment.now_bytes / alignment.earlier_bytes
+    peak, kept = _own_peak(trace, then)
+    projected = int((peak - kept) * ratio)
+    return RestOfPass(
+        current.step,
+        None,
+        then.step,
+        ratio,
+        alignment.earlier_position / len(allocations) if allocations else None,
+        peak,
+        kept,
+        own,
+        max(projected, own),
+        device,
+    )
+
+
+def _finished_passes(replica: Replica, before_time: int | None) -> list[_Pass]:
+    """The replica's passes that ran to their end, oldest first: no OOM in them, and something
+    after them in its trace, or its trace ended (by time_us) before `before_time`, the judged OOM,
+    while the judged device was still in its pass (DataParallel's other threads run their forward
+    to its end before the OOM is raised)."""
+    trace = replica.trace
+    if not len(trace):
+        return []
+    last = len(trace) - 1
+    last_time = trace.times_us[last] if trace.times_us is not None else None
+    ended_before = before_time is not None and last_time is not None and last_time < before_time
+    return [
+        p
+        for p in _forwards(replica.spans)
+        if not trace.positions_in(OOM, p.first_index, min(p.last_index + 1, len(trace)))
+        and (p.last_index < last or ended_before)
+    ]
 
 
 def pass_history(
@@ -395,6 +469,7 @@ def pass_history(
     oom_index: int | None,
     target_step: int | None,
     blocks: Sequence[LiveBlock],
+    replicas: Sequence[Replica] = (),
 ) -> PassHistory:
     """Everything `Context.passes` holds, computed once. `oom_index`: the judged OOM event, None
     when the moment judged is a peak or the dump (nothing cut a pass short there: the rest of the
@@ -408,4 +483,6 @@ def pass_history(
             by_step.setdefault(span.step, []).append(span)
         probe = _InputsProbe(trace, spans, target_step, passes, by_step)
         changed = {s: probe.against(s) for s in comparable}
-    return PassHistory(comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable))
+    return PassHistory(
+        comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas)
+    )

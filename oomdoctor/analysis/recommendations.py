@@ -122,13 +122,15 @@ def _made_by_torch_optimizer(frames) -> bool:
     return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
 
 
-def balanced_bytes(ctx: Context, imbalance: Finding) -> int:
-    """What the judged device would hold with the work shared equally among the replicas: the mean
-    of what each held at its peak (the judged one at its moment). An estimate: the replicas' fixed
-    parts (the model) are alike, and a device that holds more than its replica (device 0's extra
-    modules) raises the mean, so the saving is, if anything, understated."""
-    peaks = [ctx.allocated_bytes, *(e.bytes or 0 for e in imbalance.evidence if e.kind == EvidenceKind.PEER_PEAK)]
-    return sum(peaks) // len(peaks)
+def balancing_saves(ctx: Context, imbalance: Finding, rest_extra: int = 0) -> int:
+    """What the judged device would hold less with the work shared equally among the replicas:
+    balanced, each holds about the mean of what the replicas held at their peaks (the judged one at
+    its moment, plus `rest_extra`: what the rest of a pass the OOM interrupted adds, extrapolated).
+    An estimate: the replicas' fixed parts (the model) are alike, and a device that holds more than
+    its replica (device 0's extra modules) raises the mean, so the saving is, if anything, understated."""
+    judged = ctx.allocated_bytes + rest_extra
+    peaks = [judged, *(e.bytes or 0 for e in imbalance.evidence if e.kind == EvidenceKind.PEER_PEAK)]
+    return judged - sum(peaks) // len(peaks)
 
 
 def recommend(
@@ -150,8 +152,10 @@ def recommend(
     c = ctx.components
     activations = c.get(Component.ACTIVATIONS, 0)
     rest = ctx.passes.rest
+    rest_extra = 0  # what the rest of the pass the OOM interrupted adds, extrapolated
     if rest is not None and rest.extrapolated and what_if is not None and what_if.rest_of_pass is rest:
-        activations += max(0, rest.projected_pass_bytes - rest.pass_bytes)  # at the interrupted pass's projected peak
+        rest_extra = max(0, rest.projected_pass_bytes - rest.pass_bytes)
+        activations += rest_extra  # at the interrupted pass's projected peak
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
@@ -314,7 +318,7 @@ def recommend(
         else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
             add(Change.SMALLER_WEIGHTS, parameters // 2)
     if imbalance is not None:
-        saved = ctx.allocated_bytes - balanced_bytes(ctx, imbalance)
+        saved = balancing_saves(ctx, imbalance, rest_extra)  # at the pass's projected peak, as halving the batch
         add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved))
     if Verdict.OVERSIZED_REQUEST in verdicts:
         # without an OOM, the request that hit the limit and was retried

@@ -493,7 +493,8 @@ class RestOfPass:
     """The OOM came part-way through a forward (docs/definitions.md, "A pass the OOM interrupted"):
     what the rest of the pass, and its backward, would have needed.
 
-    Extrapolated (`reason` None) from `earlier_step`'s completed pass of the same structure: this
+    Extrapolated (`reason` None) from `earlier_step`'s completed pass of the same structure (on
+    `earlier_device`, a replica, when this trace holds none): this
     pass allocated `size_ratio` times what that pass had at the same point (`progress` of its
     allocations made); its own peak (`earlier_peak_bytes`, of which `earlier_kept_bytes` outlived its
     backward: the gradients it made) scaled by the ratio is this pass's projected own peak
@@ -508,6 +509,7 @@ class RestOfPass:
     earlier_kept_bytes: int = 0
     pass_bytes: int = 0
     projected_pass_bytes: int = 0
+    earlier_device: int | None = None  # the pass is a replica's on this device (DataParallel), not this trace's
 
     @property
     def extrapolated(self) -> bool:

@@ -139,9 +139,15 @@ def what_if_note(what_if: WhatIf) -> str:
             note += f"{', with the model states projected at full size' if what_if.projected_states else ''})"
     rest = what_if.rest_of_pass
     if rest is not None and rest.extrapolated and case != WhatIfCase.PASS_INTERRUPTED:
+        source = (
+            f"step {rest.earlier_step}'s completed pass of the same layers ("
+            if rest.earlier_device is None
+            else f"device {rest.earlier_device}'s completed pass of the same layers (a replica that ran its step"
+            f" {rest.earlier_step} to the end while this device was still in its own; "
+        )
         note += (
             f"; the OOM cut step {rest.step}'s forward short, so the rest of the pass and its backward are"
-            f" extrapolated from step {rest.earlier_step}'s completed pass of the same layers (this one allocated"
+            f" extrapolated from {source}this one allocated"
             f" {rest.size_ratio or 0:.2f}x what it had at the same point): this pass's own peak projected at"
             f" {human(rest.projected_pass_bytes)}, {human(rest.pass_bytes)} at the OOM"
         )
