@@ -801,7 +801,10 @@ def module_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def shares(blocks: Sequence[LiveBlock], group_limit: int = 12) -> list[ComponentShare]:
+GROUP_LIMIT = 12  # groups (module paths, source lines) kept per component
+
+
+def shares(blocks: Sequence[LiveBlock], group_limit: int = GROUP_LIMIT) -> list[ComponentShare]:
     """Bytes per component in COMPONENTS order, with the placing method and groupings."""
     totals: dict[str, int] = defaultdict(int)
     counts: dict[str, int] = defaultdict(int)

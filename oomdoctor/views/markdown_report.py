@@ -26,6 +26,7 @@ from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     DEVICE_COLUMNS,
+    NO_FRAMES_GROUP,
     allocated_rows,
     component_rows,
     device_rows,
@@ -303,7 +304,9 @@ def _components(analysis: Analysis, add) -> None:
     add("| component | size | bytes | share | blocks | method | confidence | largest groups |")
     add("|---|---:|---:|---:|---:|---|---:|---|")
     for share, fraction in component_rows(analysis):
-        group_text = "<br>".join(f"{human(g.bytes)} {_code(g.key)}" for g in largest_groups(share))
+        group_text = "<br>".join(
+            f"{human(g.bytes)} {g.key if g.key == NO_FRAMES_GROUP else _code(g.key)}" for g in largest_groups(share)
+        )
         percent = f"{fraction:.1%}" if fraction is not None else "-"
         add(
             f"| {_cell(COMPONENT_LABELS.get(share.name, share.name))} | {human(share.bytes)} | {_exact(share.bytes)} | {percent} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from oomdoctor.analysis.attribution import GROUP_LIMIT
 from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Finding, Group, UnknownKind
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.units import human_size
@@ -109,9 +110,23 @@ def component_rows(analysis: Analysis) -> list[tuple[ComponentShare, float | Non
     return [(share, share.bytes / total_bytes if total_bytes else None) for share in analysis.components if share.bytes]
 
 
+NO_FRAMES_GROUP = "(no Python frames)"
+
+
 def largest_groups(share: ComponentShare) -> tuple[Group, ...]:
-    """The component's largest module paths (else source lines) to name under it."""
-    return (share.by_module or share.by_source_line)[:GROUPS_PER_COMPONENT]
+    """The component's largest module paths (else source lines) to name under it. Under source
+    lines, the blocks that have none (no Python frames: from before the trace, or the autograd
+    engine's) are a group of their own (`NO_FRAMES_GROUP`) when every line is listed, so a small
+    block's line does not stand alone for a component that frame-less blocks fill."""
+    if share.by_module:
+        return share.by_module[:GROUPS_PER_COMPONENT]
+    groups = list(share.by_source_line)
+    if groups and len(groups) < GROUP_LIMIT:
+        rest = share.bytes - sum(g.bytes for g in groups)
+        if rest > 0:
+            groups.append(Group(NO_FRAMES_GROUP, rest, share.block_count - sum(g.block_count for g in groups)))
+            groups.sort(key=lambda g: -g.bytes)
+    return tuple(groups[:GROUPS_PER_COMPONENT])
 
 
 DEVICE_COLUMNS = (
