@@ -241,7 +241,7 @@ CHANGES: dict[str, str] = {
         "Update the optimizer's state and the parameters in place (`exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)`, `p.addcdiv_(...)`) so its step allocates no parameter-sized temporaries."
     ),
     Change.ZERO_GRAD_SET_TO_NONE: (
-        "Call optimizer.zero_grad(set_to_none=True) every step so the previous step's gradients are freed before forward."
+        "Call zero_grad(set_to_none=True) before each forward (the optimizer's, or the model's where no optimizer runs), so the previous step's gradients are freed before the forward, not after it."
     ),
     Change.FREE_KEPT_TENSORS: (
         "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs."
