@@ -482,6 +482,7 @@ def _context(
             dump.trace, dump.spans, target.index if target.kind == "oom" else None, moment.step, blocks, replicas
         ),
         frames_train=_frames_train(dump, target, blocks, moment.step),
+        optimizer_annotated=dump.optimizer_annotated,
     )
 
 

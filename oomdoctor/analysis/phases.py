@@ -349,6 +349,12 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
     return _fill(windows, len(trace))
 
 
+def optimizer_annotation(name: str) -> bool:
+    """Whether a `record_function` annotation is torch's window of an optimizer's step or zero_grad
+    (a run that has them trains)."""
+    return name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+
+
 def _annotation_phase(name: str) -> str | None:
     """The phase a `record_function` window names: torch's optimizer windows, a backward, an
     evaluation (a window named as an evaluation function is: `evaluate`, Lightning's profiler's

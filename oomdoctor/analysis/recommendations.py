@@ -161,10 +161,12 @@ def recommend(
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
     # and so does one whose replica on another device got to a backward or optimizer step
     # and so does one whose stacks run inside a training step (an optimizer's closure)
+    # and so does one whose process ran an optimizer's step or zero_grad (its annotations)
     training = (
         bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
         or ctx.peer_trains
         or ctx.frames_train
+        or ctx.optimizer_annotated
         or bool(gradients or optimizer_state)
     )
     found: list[Recommendation] = []

@@ -121,6 +121,9 @@ class Context:
     # the judged moment's stacks run inside a training step (phases.trains_by_frames): an OOM in
     # the first forward of a Lightning run trains, though no backward is in its trace
     frames_train: bool = field(default=False)
+    # the process ran an optimizer's step or zero_grad (torch's record_function annotations, on any
+    # device): it trains, though this device's trace holds no backward (DataParallel's first forward)
+    optimizer_annotated: bool = field(default=False)
 
     @property
     def request(self) -> int:
@@ -142,8 +145,14 @@ class Context:
 
     def trains(self) -> bool:
         """The trace shows a backward, an optimizer step or zero_grad, or a replica's trace does,
-        or the judged moment's stacks run inside a training step."""
-        return bool(self.phases_seen() & TRAINING_PHASES) or self.peer_trains or self.frames_train
+        or the judged moment's stacks run inside a training step, or the process's annotations
+        show an optimizer at work."""
+        return (
+            bool(self.phases_seen() & TRAINING_PHASES)
+            or self.peer_trains
+            or self.frames_train
+            or self.optimizer_annotated
+        )
 
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
