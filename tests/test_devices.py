@@ -310,3 +310,13 @@ def test_an_optimizer_s_annotation_tells_the_run_trains():
     annotated = dataclasses.replace(plain, annotations=tuple(zero_grad))
     ids = {r.id for r in analyse(annotated).recommendations}
     assert "smaller-micro-batch" in ids and "smaller-batch" not in ids
+
+
+def test_a_replica_s_forward_without_a_backward_says_no_backward_is_counted():
+    from oomdoctor.views import phrasing
+
+    what_if = _cut_short_beside_a_finished_replica().what_if
+    assert what_if.rest_of_pass is not None and not what_if.rest_of_pass.earlier_backward
+    note = phrasing.what_if_note(what_if)
+    assert "so the rest of the pass is extrapolated" in note
+    assert "(that pass ran no backward, so no backward is counted)" in note

@@ -441,6 +441,7 @@ def _extrapolated(
         own,
         max(projected, own),
         device,
+        then.last_index > then.forward_last,
     )
 
 

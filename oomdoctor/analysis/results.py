@@ -510,6 +510,7 @@ class RestOfPass:
     pass_bytes: int = 0
     projected_pass_bytes: int = 0
     earlier_device: int | None = None  # the pass is a replica's on this device (DataParallel), not this trace's
+    earlier_backward: bool = True  # that pass ran a backward (else what one adds is not in the projection)
 
     @property
     def extrapolated(self) -> bool:

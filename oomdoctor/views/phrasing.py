@@ -145,14 +145,17 @@ def what_if_note(what_if: WhatIf) -> str:
             else f"device {rest.earlier_device}'s completed pass of the same layers (a replica that ran its step"
             f" {rest.earlier_step} to the end while this device was still in its own; "
         )
+        what = "the rest of the pass and its backward are" if rest.earlier_backward else "the rest of the pass is"
         note += (
-            f"; the OOM cut step {rest.step}'s forward short, so the rest of the pass and its backward are"
+            f"; the OOM cut step {rest.step}'s forward short, so {what}"
             f" extrapolated from {source}this one allocated"
             f" {rest.size_ratio or 0:.2f}x what it had at the same point): this pass's own peak projected at"
             f" {human(rest.projected_pass_bytes)}, {human(rest.pass_bytes)} at the OOM"
         )
         if rest.earlier_kept_bytes:
             note += f", and {human(rest.earlier_kept_bytes)} of gradients its backward makes"
+        if not rest.earlier_backward:
+            note += " (that pass ran no backward, so no backward is counted)"
     if what_if.rough:
         note += "; that far from the measured batch the linear model is a rough guide only"
     basis = what_if.basis
