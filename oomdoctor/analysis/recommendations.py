@@ -4,6 +4,7 @@ against what the run lacked (`Requirement`). Reads the same `Context` as the ver
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.frame_kinds import is_python_source
@@ -14,6 +15,7 @@ from oomdoctor.analysis.results import (
     Change,
     EvidenceKind,
     Finding,
+    LiveBlock,
     Recommendation,
     WhatIf,
 )
@@ -120,6 +122,34 @@ def _made_by_torch_optimizer(frames) -> bool:
     user's own subclasses torch's, so torch's step wrapper sits outside its frames)."""
     innermost = next((f for f in frames if is_python_source(f)), None)
     return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
+
+
+_SOFTMAX_FRAMES = 4  # innermost Python frames that may hold the softmax (a wrapper, torch's functional)
+
+
+def attention_score_bytes(blocks: Sequence[LiveBlock]) -> int:
+    """Live bytes of attention-score matrices an unfused attention materialised: blocks made by a
+    softmax (one of the innermost Python frames' functions is named so) inside a function named for
+    attention (`attention`, `attn`), and the blocks of that attention of the same sizes (the scores
+    before the softmax). Fused attention keeps none of them whole. Forward and backward made
+    alike; each distinct stack read once."""
+    made: list[LiveBlock] = []
+    read: dict[int, tuple[bool, bool]] = {}  # id(stack) -> (in an attention, made by its softmax)
+    for block in blocks:
+        if block.alloc_index is None or not block.frames:
+            continue
+        found = read.get(id(block.frames))
+        if found is None:
+            names = [f.name.lower() for f in block.frames if is_python_source(f)]
+            attention = any("attention" in name or "attn" in name for name in names)
+            found = read[id(block.frames)] = (
+                attention,
+                attention and any("softmax" in n for n in names[:_SOFTMAX_FRAMES]),
+            )
+        if found[0]:
+            made.append(block)
+    sizes = {b.size_bytes for b in made if read[id(b.frames)][1]}
+    return sum(b.size_bytes for b in made if b.size_bytes in sizes)
 
 
 def balancing_saves(ctx: Context, imbalance: Finding, rest_extra: int = 0) -> int:
@@ -319,6 +349,9 @@ def recommend(
             )
         else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
             add(Change.SMALLER_WEIGHTS, parameters // 2)
+    scores = attention_score_bytes(ctx.live_blocks) if not in_step else 0
+    if scores:
+        add(Change.FUSED_ATTENTION, scores, scale=scale_after(scores))
     if imbalance is not None:
         saved = balancing_saves(ctx, imbalance, rest_extra)  # at the pass's projected peak, as halving the batch
         add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved))

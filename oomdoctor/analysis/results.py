@@ -432,6 +432,7 @@ class Change(StrEnum):
     OUTPUTS_TO_CPU = "outputs-to-cpu"
     STATE_DICT_TO_CPU = "state-dict-to-cpu"
     BALANCE_DEVICES = "balance-devices"  # replicas on several devices got unequal shares of the work
+    FUSED_ATTENTION = "fused-attention"  # an attention that materialises its score matrices
 
 
 @dataclass(frozen=True, slots=True)

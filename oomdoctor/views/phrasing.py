@@ -268,6 +268,9 @@ CHANGES: dict[str, str] = {
     Change.OUTPUTS_TO_CPU: (
         "Stop keeping every batch's outputs on the GPU: move each to the CPU as it is made (`logits.cpu()`; transformers' `eval_accumulation_steps`), reduce them first (`preprocess_logits_for_metrics`: argmax, not logits), or compute the metric batch by batch."
     ),
+    Change.FUSED_ATTENTION: (
+        'Use fused attention (torch.nn.functional.scaled_dot_product_attention, FlashAttention; in transformers, attn_implementation="sdpa") so the attention-score matrices are never materialised whole.'
+    ),
     Change.BALANCE_DEVICES: (
         "Balance the work across the devices (DataParallel splits a batch by count, not by size): bucket or sort the inputs by size, or cap their size per batch; or move to DistributedDataParallel."
     ),

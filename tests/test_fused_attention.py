@@ -1,0 +1,41 @@
+"""An attention that materialises its score matrices (a softmax inside a function named for
+attention, as hand-written and transformers' eager attention do) is advised fused attention,
+saving the scores it keeps: the softmax's outputs and the same-sized scores before it."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.recommendations import attention_score_bytes
+from oomdoctor.model import Frame
+from tests.builders import FORWARD_STACK, MiB, Sim
+
+ATTENTION = Frame("model.py", 40, "scaled_dot_product_attention")
+SOFTMAX_STACK = (Frame("nn_utils.py", 7, "softmax"), ATTENTION, *FORWARD_STACK)
+SCORES_STACK = (Frame("/usr/lib/python3/site-packages/torch/functional.py", 402, "einsum"), ATTENTION, *FORWARD_STACK)
+VALUES_STACK = (Frame("model.py", 44, "scaled_dot_product_attention"), *FORWARD_STACK)
+MLP_SOFTMAX = (Frame("nn_utils.py", 7, "softmax"), Frame("model.py", 90, "router"), *FORWARD_STACK)
+
+
+def _forward_oom(layers: int, stacks=(SCORES_STACK, SOFTMAX_STACK)):
+    sim = Sim(total_bytes=1024 * MiB)
+    sim.alloc(64 * MiB, component="parameter", name="weights")
+    sim.marker("forward", "start")
+    for _ in range(layers):
+        for stack in stacks:
+            sim.alloc(48 * MiB, stack)
+        sim.alloc(12 * MiB, VALUES_STACK)  # the attention's output: not a score matrix
+    sim.oom(512 * MiB, SOFTMAX_STACK)
+    return analyse(sim.snapshot(registry=False))
+
+
+def test_an_unfused_attention_is_advised_fused_attention():
+    analysis = _forward_oom(layers=4)
+    assert attention_score_bytes(analysis.live_blocks) == 4 * 2 * 48 * MiB
+    saved = {r.id: r.estimated_saved_bytes for r in analysis.recommendations}
+    assert saved["fused-attention"] == 4 * 2 * 48 * MiB
+
+
+def test_a_softmax_outside_an_attention_is_not_a_score_matrix():
+    analysis = _forward_oom(layers=4, stacks=(MLP_SOFTMAX,))
+    assert attention_score_bytes(analysis.live_blocks) == 0
+    assert "fused-attention" not in {r.id for r in analysis.recommendations}
