@@ -285,3 +285,22 @@ def test_an_empty_snapshot_says_nothing_was_recorded():
     confidence, text = _no_oom(Sim(), 0)
     assert confidence <= 0.3
     assert text.startswith("This file holds no GPU memory and no allocation history for this device")
+
+
+def test_a_file_that_cannot_tell_says_so_in_the_verdict_line():
+    from oomdoctor.tui.content import overview_sections
+    from oomdoctor.views import markdown_report, text_report
+
+    blind = Sim()
+    blind.alloc(64 * MiB, SETUP_STACK)
+    blind.start_recording()  # no history at all
+    analysis = analyse(blind.snapshot(metadata=False))
+    assert analysis.verdict == "no-oom"  # the verdict id is unchanged; the words say it cannot tell
+    assert text_report.render(analysis).startswith("Verdict: no-oom, cannot tell  (confidence 30%)")
+    assert markdown_report.render(analysis).startswith("## oomdoctor: `no-oom`, cannot tell (confidence 30%)")
+    assert overview_sections(analysis, "dump.pickle")[0].title.startswith("Verdict: no-oom, cannot tell")
+
+    seen = Sim()
+    for _ in range(6):
+        seen.free(seen.alloc(8 * MiB, SETUP_STACK))
+    assert text_report.render(analyse(seen.snapshot(metadata=False))).startswith("Verdict: no-oom  (confidence 90%)")

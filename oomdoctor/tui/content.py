@@ -32,6 +32,7 @@ from oomdoctor.views.report_rows import (
     main_risk,
     risk_line,
     target_step_words,
+    verdict_words,
     where_label,
 )
 from oomdoctor.views.shorten import PathStyle, frame_text, shorten_name
@@ -79,7 +80,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
         f"Device {analysis.device} {where_label(analysis)} ({step}{phase_words(analysis.target_phase)}{event}).",
         f"File: {source}",
     )
-    sections = [_section(f"Verdict: {analysis.verdict} (confidence {analysis.confidence:.0%})", headline)]
+    sections = [_section(f"Verdict: {verdict_words(analysis)} (confidence {analysis.confidence:.0%})", headline)]
     sections.append(_section("Evidence", tuple(evidence_line(item) for item in analysis.evidence)))
     if analysis.recommendations:
         lines = []

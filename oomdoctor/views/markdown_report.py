@@ -35,6 +35,7 @@ from oomdoctor.views.report_rows import (
     largest_groups,
     main_risk,
     target_context,
+    verdict_words,
     where_label,
 )
 
@@ -146,7 +147,8 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     replay = analysis.replay
     where = where_label(analysis)
 
-    add(f"## oomdoctor: {_code(analysis.verdict)} (confidence {analysis.confidence:.0%})")
+    cannot_tell = ", cannot tell" if verdict_words(analysis) != analysis.verdict else ""
+    add(f"## oomdoctor: {_code(analysis.verdict)}{cannot_tell} (confidence {analysis.confidence:.0%})")
     add("")
     add(f"> {_escape(phrasing.summary(analysis.summary))}")
     risk, others, others_title = main_risk(analysis)

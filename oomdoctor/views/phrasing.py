@@ -354,7 +354,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"Activations {whose} ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
     if kind == SummaryKind.NO_OOM:
         if f.get("empty"):
-            return "This file holds no GPU memory and no allocation history for this device: PyTorch had reserved nothing when it was written and no history was recorded (torch.cuda.memory._record_memory_history() must run before the work), so it cannot tell whether the run ran out."
+            return "This file holds no GPU memory and no allocation history for this device: PyTorch had reserved nothing when it was written and no history was recorded (torch.cuda.memory._record_memory_history() must run before the work, and the snapshot be written while its tensors are alive), so it cannot tell whether the run ran out."
         entries = f.size("entries")
         if entries is None:
             recorded = "No out-of-memory event was recorded on this device"

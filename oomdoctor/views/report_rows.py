@@ -39,6 +39,13 @@ def target_context(analysis: Analysis) -> str:
     return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; {phrasing.phase_source(analysis.phase_source)})"
 
 
+def verdict_words(analysis: Analysis) -> str:
+    """The verdict as the header shows it: 'no-oom, cannot tell' where the file could not have kept
+    an OOM event (no history, or too short a trace: the summary says which)."""
+    blind = analysis.verdict == Verdict.NO_OOM and analysis.summary.facts.get("entries") is not None
+    return f"{analysis.verdict}, cannot tell" if blind else analysis.verdict
+
+
 def main_risk(analysis: Analysis) -> tuple[Finding | None, tuple[Finding, ...], str]:
     """Without an OOM, the strongest risk found is said right under the summary (the headline
     stays "no-oom": nothing ran out): (that risk, the other findings, their section's title).

@@ -18,6 +18,7 @@ from oomdoctor.views.report_rows import (
     main_risk,
     risk_line,
     target_context,
+    verdict_words,
     where_label,
 )
 
@@ -25,7 +26,7 @@ from oomdoctor.views.report_rows import (
 def render(analysis: Analysis, *, source: str | None = None) -> str:
     lines: list[str] = []
     add = lines.append
-    add(f"Verdict: {analysis.verdict}  (confidence {analysis.confidence:.0%})")
+    add(f"Verdict: {verdict_words(analysis)}  (confidence {analysis.confidence:.0%})")
     add(phrasing.summary(analysis.summary))
     risk, others, others_title = main_risk(analysis)
     if risk is not None:
