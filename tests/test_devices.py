@@ -256,7 +256,7 @@ def test_a_pass_cut_short_is_extrapolated_from_a_replica_that_finished_it():
     assert rest.earlier_device == 0
     assert rest.projected_pass_bytes > rest.pass_bytes  # five more of the replica's allocations to come
     note = text_report.render(analysis)
-    assert "extrapolated from device 0's completed pass of the same layers" in note
+    assert "extrapolated from device 0's pass of the same layers" in note
 
 
 def test_a_replica_still_running_at_the_oom_does_not_tell_the_rest():
@@ -291,9 +291,13 @@ def test_corpus_data_parallel_rest_of_the_pass_from_a_replica():
     rest = analysis.what_if.rest_of_pass
     assert rest is not None and rest.earlier_device == 2
     assert 140 * GiB < rest.projected_pass_bytes < 200 * GiB
+    # the run trains (AdamW's zero_grad annotated) but no replica ran a backward: what it adds is
+    # unknown, so nothing is said to fit, and the what-if's scale is an upper bound only
+    assert analysis.what_if.case == "backward-unknown" and analysis.what_if.largest_fitting_scale is None
+    assert analysis.what_if.upper_bound_scale is not None
     fits = {r.id: r.would_fit_alone for r in analysis.recommendations}
     assert fits["smaller-micro-batch"] is False
-    assert fits["balance-devices"] is True and "activation-checkpointing" in fits
+    assert fits["balance-devices"] is None and fits["activation-checkpointing"] is None
 
 
 def test_an_optimizer_s_annotation_tells_the_run_trains():
@@ -320,3 +324,27 @@ def test_a_replica_s_forward_without_a_backward_says_no_backward_is_counted():
     note = phrasing.what_if_note(what_if)
     assert "so the rest of the pass is extrapolated" in note
     assert "(that pass ran no backward, so no backward is counted)" in note
+
+
+def test_a_replica_s_forward_tells_nothing_of_the_backward_of_a_run_that_trains():
+    from oomdoctor.model import Annotation
+    from oomdoctor.views import phrasing
+
+    sim_free = _cut_short_beside_a_finished_replica()
+    assert sim_free.what_if.case != "backward-unknown"  # nothing shows this run trains
+    finished = replica(8, 100 * MiB)
+    cut = Sim(total_bytes=8 * GiB)
+    cut.time_us += 10_000
+    cut.alloc(100 * MiB, REPLICATE_STACK)
+    for _ in range(3):
+        cut.alloc(800 * MiB, REPLICA_FORWARD)
+    index = cut.oom(2 * GiB)
+    cut.events[index] = dataclasses.replace(cut.events[index], frames=REPLICA_FORWARD)
+    zero_grad = tuple(Annotation("Optimizer.zero_grad#SGD.zero_grad", stage, 0, 1) for stage in ("START", "END"))
+    analysis = analyse(dataclasses.replace(several_devices(finished, cut), annotations=zero_grad))
+    what_if = analysis.what_if
+    assert what_if.case == "backward-unknown" and what_if.largest_fitting_scale is None
+    assert "an upper bound only: the run trains, and what its backward adds is unknown" in phrasing.what_if_note(
+        what_if
+    )
+    assert all(r.would_fit_alone is not True for r in analysis.recommendations)

@@ -33,7 +33,7 @@ from oomdoctor.analysis import phases as _phases
 from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import expandable_from_segments, place, read_device, replay
-from oomdoctor.analysis.recommendations import Requirement, recommend, requirement
+from oomdoctor.analysis.recommendations import Requirement, backward_unknown, recommend, requirement
 from oomdoctor.analysis.replay import (
     LiveHistory,
     ReplayState,
@@ -546,6 +546,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         rest=ctx.passes.rest,
         # with no capacity known, the tightest near-OOM bounds it (what the device then refused)
         capacity_bound=min((n.capacity_bound_bytes for n in ctx.near_ooms), default=None),
+        backward_unknown=backward_unknown(ctx),
     )
 
 

@@ -107,14 +107,30 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
 def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
     """At an OOM inside a forward: the rest of the pass and its backward still come. Extrapolated,
     what they add (beyond the failed request, which the pass's projected peak holds) raises the
-    requirement; unknown, a change that covers the shortfall is not known to be enough."""
+    requirement; unknown, a change that covers the shortfall is not known to be enough. So is it
+    when the run trains and the pass extrapolated from ran no backward (`backward_unknown`)."""
     rest = ctx.passes.rest
     if rest is None or ctx.oom is None or need.shortfall_bytes is None:
         return need
     if not rest.extrapolated:
         return replace(need, rest_unknown=True)
     extra = rest.extra_bytes - (ctx.request if ctx.request_scales else 0)
-    return replace(need, rest_gap_bytes=need.shortfall_bytes + max(0, extra))
+    return replace(need, rest_gap_bytes=need.shortfall_bytes + max(0, extra), rest_unknown=backward_unknown(ctx))
+
+
+def backward_unknown(ctx: Context) -> bool:
+    """The rest of the interrupted pass was extrapolated from a replica's pass that ran no backward
+    (DataParallel's first forward), in a run that trains: what its backward adds is unknown. (An
+    earlier pass of this trace with no backward was a forward-only pass, evaluation say, as the
+    interrupted one is.)"""
+    rest = ctx.passes.rest
+    return (
+        rest is not None
+        and rest.extrapolated
+        and rest.earlier_device is not None
+        and not rest.earlier_backward
+        and ctx.trains()
+    )
 
 
 def _made_by_torch_optimizer(frames) -> bool:
@@ -204,6 +220,9 @@ def recommend(
         return ()
     scalable = what_if.scalable_bytes if what_if is not None else ctx.scalable_bytes
     needed = need.needed_bytes
+    # what a change must save not to be noise: a hundredth of what was needed, or without an OOM
+    # (advice sized against the peak) of the peak
+    noise_floor = needed if needed is not None else ctx.allocated_bytes if ctx.oom is None else None
 
     def add(
         rec_id: str,
@@ -218,7 +237,7 @@ def recommend(
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
-        if shown <= 0 or (needed is not None and shown * NEGLIGIBLE_SAVING_PART < needed):
+        if shown <= 0 or (noise_floor is not None and shown * NEGLIGIBLE_SAVING_PART < noise_floor):
             return
         fits = need.covered_by(saved_now, projected)
         if fits is False and request_scale is not None and need.placement_limit is not None:

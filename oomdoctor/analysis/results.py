@@ -479,6 +479,8 @@ class WhatIfCase(StrEnum):
     PASS_INTERRUPTED = (
         "pass-interrupted"  # the OOM cut a forward short and nothing shows its rest: at most upper_bound_scale
     )
+    # the forward's rest extrapolated, but the run trains and that pass ran no backward: at most upper_bound_scale
+    BACKWARD_UNKNOWN = "backward-unknown"
 
 
 class RestUnknown(StrEnum):
@@ -562,7 +564,7 @@ class WhatIf:
         if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
             return False
         fits = self.predicted_peak_bytes(scale) <= self.capacity_bytes
-        if fits and self.case == WhatIfCase.PASS_INTERRUPTED:
+        if fits and self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN):
             return None
         return fits
 

@@ -68,6 +68,7 @@ def what_if(
     basis: WhatIfBasis | None = None,
     rest: RestOfPass | None = None,
     capacity_bound: int | None = None,
+    backward_unknown: bool = False,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -87,6 +88,9 @@ def what_if(
     are its projected peak (and the gradients its backward makes are fixed), never below the
     instant's; unknown, the instant's largest scale is only an upper bound (`upper_bound_scale`):
     the rest of the forward and the backward still come, so no scale within it is said to fit.
+
+    `backward_unknown`: the rest was extrapolated from a pass that ran no backward, in a run that
+    trains (`recommendations.backward_unknown`): the largest scale is an upper bound only.
 
     `capacity_bound`: with the capacity unknown, what PyTorch could have had at most (a near-OOM:
     a cudaMalloc of the request failed with this much reserved and requested). Past the scale whose
@@ -139,6 +143,13 @@ def what_if(
             case = WhatIfCase.PLACEMENT
     if rest is not None and not rest.extrapolated and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
         upper_bound, largest, case = largest, None, WhatIfCase.PASS_INTERRUPTED
+    elif (
+        backward_unknown
+        and rest is not None
+        and rest.extrapolated
+        and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
+    ):
+        upper_bound, largest, case = largest, None, WhatIfCase.BACKWARD_UNKNOWN
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
     return WhatIf(
         scalable_bytes=scalable,

@@ -116,8 +116,8 @@ def what_if_note(what_if: WhatIf) -> str:
     elif case == WhatIfCase.CAPACITY_BOUNDED:
         note = (
             f"capacity unknown, but under {human(what_if.capacity_bound_bytes or 0)}: a cudaMalloc failed there and was"
-            f" retried after the cache was freed; past {what_if.upper_bound_scale or 0:.2f}x the peak would need more"
-            " than that, and below it whether the peak fits is unknown"
+            f" retried after the cache was freed; at 1.00x the run went on, past {what_if.upper_bound_scale or 0:.2f}x"
+            " the peak would need more than that bound, and between the two whether it fits is unknown"
         )
     elif case == WhatIfCase.FIXED_TOO_LARGE:
         states = "model states projected at full size" if what_if.projected_states else "model states"
@@ -127,6 +127,11 @@ def what_if_note(what_if: WhatIf) -> str:
         note = "no activation budget at the target event: changing the batch would not change this peak"
     elif case == WhatIfCase.PASS_INTERRUPTED:
         note = _interrupted_words(what_if)
+    elif case == WhatIfCase.BACKWARD_UNKNOWN:
+        note = (
+            f"the forward's peak would fit up to {what_if.upper_bound_scale or 0:.2f}x, an upper bound only: the run"
+            " trains, and what its backward adds is unknown"
+        )
     elif case == WhatIfCase.PLACEMENT:
         note = (
             f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
@@ -142,8 +147,8 @@ def what_if_note(what_if: WhatIf) -> str:
         source = (
             f"step {rest.earlier_step}'s completed pass of the same layers ("
             if rest.earlier_device is None
-            else f"device {rest.earlier_device}'s completed pass of the same layers (a replica that ran its step"
-            f" {rest.earlier_step} to the end while this device was still in its own; "
+            else f"device {rest.earlier_device}'s pass of the same layers (a replica that ran the same forward to"
+            " its end while this device was still in its own; "
         )
         what = "the rest of the pass and its backward are" if rest.earlier_backward else "the rest of the pass is"
         note += (
@@ -361,7 +366,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         elif entries == 0:
             recorded = "This file cannot tell whether the run ran out of memory: it holds no allocation history for this device (history recording was off)"
         else:
-            recorded = f"This file cannot tell whether the run ran out of memory: its trace holds only {plural(entries, 'entry', 'entries')}, and an OOM before them would not show"
+            recorded = f"This file cannot tell whether the run ran out of memory: its trace holds only {plural(entries, 'entry', 'entries')}, and an OOM before {'it' if entries == 1 else 'them'} would not show"
         return (
             f"{recorded}; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
             + _dominance(f)
