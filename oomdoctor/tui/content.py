@@ -28,6 +28,7 @@ from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     allocated_rows,
+    changes_title,
     evidence_line,
     main_risk,
     risk_line,
@@ -89,7 +90,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
             lines.append(
                 f"{position}. {phrasing.recommendation(rec)} (saves about {human_size(rec.estimated_saved_bytes)}{'; ' + fits if fits else ''})"
             )
-        sections.append(_section("What to change (largest saving first)", tuple(lines)))
+        sections.append(_section(changes_title(analysis), tuple(lines)))
     sections.append(_section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))
     sections.append(_section("Live memory by component", tuple(component_lines(analysis))))
     if analysis.what_if.largest_fitting_scale is not None:

@@ -28,6 +28,7 @@ from oomdoctor.views.report_rows import (
     DEVICE_COLUMNS,
     NO_FRAMES_GROUP,
     allocated_rows,
+    changes_basis,
     component_rows,
     device_rows,
     evidence_places,
@@ -173,6 +174,10 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     if analysis.recommendations:
         add("### What to change")
         add("")
+        basis = changes_basis(analysis)
+        if basis is not None:  # the savings' basis, when not the OOM instant
+            add(f"Largest saving first; {_escape(basis)}.")
+            add("")
         add("| # | change | saves about | would fit on its own |")
         add("|---:|---|---:|:---:|")
         for position, rec in enumerate(analysis.recommendations, 1):

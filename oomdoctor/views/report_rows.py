@@ -39,6 +39,22 @@ def target_context(analysis: Analysis) -> str:
     return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; {phrasing.phase_source(analysis.phase_source)})"
 
 
+def changes_basis(analysis: Analysis) -> str | None:
+    """Where the rest of a pass the OOM interrupted was extrapolated, the batch-sized changes'
+    savings are at that pass's projected peak (the what-if gives it), which may be more than the
+    device held at the OOM: said so (None otherwise)."""
+    rest = analysis.what_if.rest_of_pass
+    if rest is None or not rest.extrapolated:
+        return None
+    return f"batch-sized changes at the interrupted pass's projected peak, {human_size(rest.projected_pass_bytes)} of its own"
+
+
+def changes_title(analysis: Analysis) -> str:
+    """The heading of the recommendations, with their savings' basis when not the OOM instant."""
+    basis = changes_basis(analysis)
+    return f"What to change (largest saving first{'; ' + basis if basis else ''})"
+
+
 def verdict_words(analysis: Analysis) -> str:
     """The verdict as the header shows it: 'no-oom, cannot tell' where the file could not have kept
     an OOM event (no history, or too short a trace: the summary says which)."""

@@ -11,6 +11,7 @@ from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     DEVICE_COLUMNS,
     allocated_rows,
+    changes_title,
     component_rows,
     device_rows,
     evidence_line,
@@ -44,7 +45,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     add("")
 
     if analysis.recommendations:
-        add("What to change (largest saving first)")
+        add(changes_title(analysis))
         for position, rec in enumerate(analysis.recommendations, 1):
             fits = {True: "would fit on its own", False: "not enough on its own", None: ""}[rec.would_fit_alone]
             add(f"  {position}. {phrasing.recommendation(rec)}")
