@@ -155,8 +155,13 @@ def site_key(frames: Stack) -> tuple[tuple[str, int], ...] | None:
     """An allocation's site: the (file, line) of its innermost Python frames (a `stacks="all"`
     stack starts with the unwinder's and the allocator's C++ frames, alike for every allocation);
     None without Python frames (the autograd engine's, or no stack recorded)."""
-    python = [f for f in frames if frame_kind(f) in PYTHON_KINDS][:KEY_FRAMES]
-    return tuple((f.filename, f.line) for f in python) or None
+    key: list[tuple[str, int]] = []
+    for frame in frames:
+        if frame_kind(frame) in PYTHON_KINDS:
+            key.append((frame.filename, frame.line))
+            if len(key) == KEY_FRAMES:
+                break
+    return tuple(key) or None
 
 
 def _allocations(
