@@ -382,6 +382,8 @@ def rest_of_pass(
             or p.step == current.step  # an earlier pass of this step: another evaluation batch, a micro-batch
         )
     ]
+    if not earlier and not replicas:
+        return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own)
     now = _allocations(trace, current.first_index, target_index)
     if trace.actions[target_index] == OOM:  # the failed request is this pass's next allocation
         key = site_key(trace.frames_at(target_index))
