@@ -39,3 +39,17 @@ def test_a_softmax_outside_an_attention_is_not_a_score_matrix():
     analysis = _forward_oom(layers=4, stacks=(MLP_SOFTMAX,))
     assert attention_score_bytes(analysis.live_blocks) == 0
     assert "fused-attention" not in {r.id for r in analysis.recommendations}
+
+
+def test_an_attention_name_far_out_in_the_stack_is_not_an_attention():
+    """A model's top-level function named for attention does not make its classifier's softmax an
+    attention score: both must be among the innermost Python frames."""
+    outer = (
+        Frame("nn_utils.py", 7, "softmax"),
+        Frame("model.py", 90, "classify"),
+        Frame("model.py", 120, "head"),
+        Frame("model.py", 130, "forward"),
+        Frame("train.py", 10, "train_attention_model"),
+    )
+    analysis = _forward_oom(layers=4, stacks=(outer,))
+    assert attention_score_bytes(analysis.live_blocks) == 0

@@ -140,13 +140,13 @@ def _made_by_torch_optimizer(frames) -> bool:
     return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
 
 
-_SOFTMAX_FRAMES = 4  # innermost Python frames that may hold the softmax (a wrapper, torch's functional)
+_ATTENTION_FRAMES = 4  # innermost Python frames read for the softmax and the attention (wrappers, torch's functional)
 
 
 def attention_score_bytes(blocks: Sequence[LiveBlock]) -> int:
     """Live bytes of attention-score matrices an unfused attention materialised: blocks made by a
-    softmax (one of the innermost Python frames' functions is named so) inside a function named for
-    attention (`attention`, `attn`), and the blocks of that attention of the same sizes (the scores
+    softmax inside a function named for attention (`attention`, `attn`; both among the innermost
+    Python frames, so a model's top-level function named so does not count), and the blocks of that attention of the same sizes (the scores
     before the softmax). Fused attention keeps none of them whole. Forward and backward made
     alike; each distinct stack read once."""
     made: list[LiveBlock] = []
@@ -156,12 +156,9 @@ def attention_score_bytes(blocks: Sequence[LiveBlock]) -> int:
             continue
         found = read.get(id(block.frames))
         if found is None:
-            names = [f.name.lower() for f in block.frames if is_python_source(f)]
+            names = [f.name.lower() for f in block.frames if is_python_source(f)][:_ATTENTION_FRAMES]
             attention = any("attention" in name or "attn" in name for name in names)
-            found = read[id(block.frames)] = (
-                attention,
-                attention and any("softmax" in n for n in names[:_SOFTMAX_FRAMES]),
-            )
+            found = read[id(block.frames)] = (attention, attention and any("softmax" in n for n in names))
         if found[0]:
             made.append(block)
     sizes = {b.size_bytes for b in made if read[id(b.frames)][1]}
