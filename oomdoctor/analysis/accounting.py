@@ -188,13 +188,15 @@ def fragmentation_of(
         would_fit_if_contiguous=would_fit,
         pools=pool_rows,
         segments=tuple(details),
-        expandable_segments=(
-            settings.expandable_segments
-            if settings is not None
-            else True
-            if any(s.is_expandable for s in segments)
-            else expandable_seen
-        ),
+        expandable_segments=_expandable(settings, segments, expandable_seen),
         max_split_size_bytes=max_split,
         alloc_conf=settings.raw_conf if settings is not None else None,
     )
+
+
+def _expandable(settings: AllocatorSettings | None, segments: Sequence[Segment], seen: bool | None) -> bool | None:
+    """The recorded setting; else on when a segment at the target is expandable; else what the
+    dump's own segments say (`seen`)."""
+    if settings is not None:
+        return settings.expandable_segments
+    return True if any(s.is_expandable for s in segments) else seen
