@@ -30,6 +30,7 @@ from oomdoctor.views.report_rows import (
     allocated_rows,
     changes_basis,
     component_rows,
+    cut_by_the_oom,
     device_rows,
     evidence_places,
     evidence_value,
@@ -215,8 +216,9 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("| step | peak allocated | allocated at its end | activations peak |")
         add("|---:|---:|---:|---:|")
         for summary in analysis.steps[-8:]:
+            after = " (after the OOM)" if cut_by_the_oom(analysis, summary) else ""
             add(
-                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)} | {human(summary.peak_activation_bytes)} |"
+                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)}{after} | {human(summary.peak_activation_bytes)} |"
             )
         add("")
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from oomdoctor.analysis.attribution import GROUP_LIMIT
-from oomdoctor.analysis.results import Analysis, ComponentShare, Evidence, Finding, Group, UnknownKind
+from oomdoctor.analysis.results import (
+    Analysis,
+    ComponentShare,
+    Evidence,
+    Finding,
+    Group,
+    StepSummary,
+    UnknownKind,
+)
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.units import human_size
 from oomdoctor.views import phrasing
@@ -37,6 +45,14 @@ def target_context(analysis: Analysis) -> str:
     event = f", event {replay.target_index} of {replay.event_count}" if replay.target_index is not None else ""
     phase = analysis.target_phase.replace("_", " ")
     return f"Device {analysis.device} {where_label(analysis)} ({step}{phase}{event}; {phrasing.phase_source(analysis.phase_source)})"
+
+
+def cut_by_the_oom(analysis: Analysis, step: StepSummary) -> bool:
+    """Whether the step holds the judged OOM and events after it (the exception's unwinding frees):
+    what it holds at its last event is after the OOM, not the end of a step that ran."""
+    replay = analysis.replay
+    index = replay.target_index
+    return replay.target_kind == "oom" and index is not None and step.first_index <= index < step.last_index
 
 
 def changes_basis(analysis: Analysis) -> str | None:

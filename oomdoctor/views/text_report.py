@@ -13,6 +13,7 @@ from oomdoctor.views.report_rows import (
     allocated_rows,
     changes_title,
     component_rows,
+    cut_by_the_oom,
     device_rows,
     evidence_line,
     largest_groups,
@@ -118,8 +119,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     if analysis.steps:
         add("Steps (allocated bytes)")
         for step in analysis.steps[-8:]:
+            end = "after OOM " if cut_by_the_oom(analysis, step) else "at its end"  # the OOM's unwinding
             add(
-                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   at its end {human(step.end_allocated_bytes):>12}   activations peak {human(step.peak_activation_bytes):>12}"
+                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   {end} {human(step.end_allocated_bytes):>12}   activations peak {human(step.peak_activation_bytes):>12}"
             )
         add("")
 
