@@ -202,3 +202,20 @@ def test_text_cannot_start_a_block_inside_a_list_item(text):
         "paragraph_open",
     ], text
     assert _visible(tokens) == text.lstrip()
+
+
+def test_the_changes_own_code_is_code_in_markdown():
+    """oomdoctor's own sentences keep their code spans in the Markdown table (they were escaped into
+    literal backticks); only text from the file is escaped."""
+    from oomdoctor.views.markdown_report import _own_cell
+
+    cell = _own_cell("accumulate `loss.item()`, not `loss`")
+    assert cell == "accumulate `loss.item()`, not `loss`"
+    assert "\\`" not in _own_cell("a `x|y` b")  # a pipe inside stays inside its code span
+    assert _own_cell("an unpaired ` tick") == _cell_of("an unpaired ` tick")
+
+
+def _cell_of(text: str) -> str:
+    from oomdoctor.views.markdown_report import _cell
+
+    return _cell(text)

@@ -126,6 +126,15 @@ def _cell(text: object) -> str:
     return inline_text(text, cell=True)
 
 
+def _own_cell(text: str) -> str:
+    """One of oomdoctor's own sentences (never the file's) in a table cell: what it puts between
+    backticks becomes a code span, the rest is escaped as any text is."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no code spans
+        return _cell(text)
+    return "".join(_code(part) if position % 2 else _cell(part) for position, part in enumerate(parts))
+
+
 def _code(text: object) -> str:
     """An inline code span, safe in a table cell."""
     return code_span(text, cell=True)
@@ -183,7 +192,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("|---:|---|---:|:---:|")
         for position, rec in enumerate(analysis.recommendations, 1):
             add(
-                f"| {position} | {_cell(phrasing.recommendation(rec))} | {human(rec.estimated_saved_bytes)} | {_fits(rec.would_fit_alone)} |"
+                f"| {position} | {_own_cell(phrasing.recommendation(rec))} | {human(rec.estimated_saved_bytes)} | {_fits(rec.would_fit_alone)} |"
             )
         add("")
 
