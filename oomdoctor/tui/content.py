@@ -136,7 +136,11 @@ def memory_lines(analysis: Analysis) -> list[str]:
         rows.append(("  pending free", acc.pending_free_bytes, ""))
     if acc.request_bytes is not None:
         rows.append(
-            ("failed request", acc.request_bytes, f'message: "Tried to allocate {human_size(acc.message_bytes)}"')
+            (
+                "failed request",
+                acc.request_bytes,
+                f'the OOM message would say "Tried to allocate {human_size(acc.message_bytes)}"',
+            )
         )
     if acc.missing_bytes is not None:
         rows.append(("missing", acc.missing_bytes, "request minus what it could have had"))

@@ -312,7 +312,9 @@ def _memory(analysis: Analysis, where: str, add) -> None:
     if acc.request_bytes is not None:
         add(f"| **failed request** | **{human(acc.request_bytes)}** | {_exact(acc.request_bytes)} |")
         if acc.message_bytes is not None:
-            add(f'| "Tried to allocate" in the message | {human(acc.message_bytes)} | {_exact(acc.message_bytes)} |')
+            add(
+                f'| "Tried to allocate" in the OOM message (computed from the request) | {human(acc.message_bytes)} | {_exact(acc.message_bytes)} |'
+            )
     add("")
 
 

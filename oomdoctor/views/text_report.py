@@ -74,7 +74,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add(f"    pending free        {human(acc.pending_free_bytes):>12}")
     if acc.request_bytes is not None:
         add(
-            f'  failed request        {human(acc.request_bytes):>12}  (the message said "Tried to allocate {human(acc.message_bytes)}")'
+            f'  failed request        {human(acc.request_bytes):>12}  (the OOM message would say "Tried to allocate {human(acc.message_bytes)}")'
         )
     add("")
 
