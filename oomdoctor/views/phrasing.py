@@ -258,7 +258,7 @@ CHANGES: dict[str, str] = {
         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range."
     ),
     Change.NO_GRAD: (
-        "Run forward-only work (evaluation, inference, a forward benchmark) under torch.inference_mode() (or torch.no_grad()) so forward keeps no graph, and accumulate `loss.item()`, not `loss`."
+        "Run forward-only work (evaluation, inference, a forward benchmark) under torch.inference_mode() (or torch.no_grad()) so forward keeps no graph; where a loss is summed over batches, sum `loss.item()`, not `loss`."
     ),
     Change.SHARD_MODEL_STATES: (
         "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half."
@@ -395,7 +395,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         )
         return f"Model states fill what PyTorch reserved ({human(size('states'))} of {human(size('reserved'))}, {human(size('free'))} free in the cache) {why}: if this dump was written at an OOM, the model states do not fit."
     if kind == SummaryKind.NEAR_OOM_OVERSIZED:
-        return f"The device ran out once without an OOM: a {human(size('request'))} request failed in cudaMalloc, the allocator freed {human(size('flushed'))} of cache and retried it (it succeeded at event {f.get('index')}). That one request is {f.number('share'):.0%} of the most the device could have held for PyTorch then (under {human(size('bound'))})."
+        return f"The device ran out once without an OOM: a {human(size('request'))} request failed in cudaMalloc, the allocator freed {human(size('flushed'))} of cache and retried it (it succeeded at event {f.get('index')}). That one request is at least {f.number('share'):.0%} of the most the device could have held for PyTorch then (under {human(size('bound'))})."
     if kind == SummaryKind.OVERSIZED_TENSOR_RISK:
         return f"One live tensor of {human(size('largest'))} is {f.number('share'):.0%} of what PyTorch could have on this device."
     if kind == SummaryKind.DEVICE_IMBALANCE:

@@ -89,15 +89,19 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     add("")
 
     frag = analysis.fragmentation
+    add("Fragmentation")
     if frag.request_pool is not None:
-        add("Fragmentation")
         add(
             f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}"
         )
         add(
             f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}; expandable segments: {_flag(frag.expandable_segments)}"
         )
-        add("")
+    else:  # no failed request: the setting still tells what the cache can do with its free memory
+        add(f"  expandable segments: {_flag(frag.expandable_segments)}")
+    if frag.alloc_conf:
+        add(f"  PYTORCH_CUDA_ALLOC_CONF: {frag.alloc_conf}")
+    add("")
 
     wi = analysis.what_if
     note = phrasing.what_if_note(wi)
