@@ -352,7 +352,7 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
 def optimizer_annotation(name: str) -> bool:
     """Whether a `record_function` annotation is torch's window of an optimizer's step or zero_grad
     (a run that has them trains)."""
-    return name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+    return _annotation_phase(name) in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
 
 
 def _annotation_phase(name: str) -> str | None:

@@ -202,14 +202,11 @@ def recommend(
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
-    # and so does one whose replica on another device got to a backward or optimizer step
-    # and so does one whose stacks run inside a training step (an optimizer's closure)
-    # and so does one whose process ran an optimizer's step or zero_grad (its annotations)
+    # and so does one that something besides its phases tells trains (a replica's trace, the
+    # judged moment's frames, the process's annotations)
     training = (
         bool(seen & {PHASE_BACKWARD, PHASE_OPTIMIZER})
-        or ctx.peer_trains
-        or ctx.frames_train
-        or ctx.optimizer_annotated
+        or ctx.trains_beyond_phases()
         or bool(gradients or optimizer_state)
     )
     found: list[Recommendation] = []

@@ -144,15 +144,15 @@ class Context:
         return {s.phase for s in self.phases}
 
     def trains(self) -> bool:
-        """The trace shows a backward, an optimizer step or zero_grad, or a replica's trace does,
-        or the judged moment's stacks run inside a training step, or the process's annotations
-        show an optimizer at work."""
-        return (
-            bool(self.phases_seen() & TRAINING_PHASES)
-            or self.peer_trains
-            or self.frames_train
-            or self.optimizer_annotated
-        )
+        """The trace shows a backward, an optimizer step or zero_grad, or something else does
+        (`trains_beyond_phases`)."""
+        return bool(self.phases_seen() & TRAINING_PHASES) or self.trains_beyond_phases()
+
+    def trains_beyond_phases(self) -> bool:
+        """What tells the run trains besides this trace's phases: a replica's trace reached a
+        backward or optimizer step, the judged moment's stacks run inside a training step, or the
+        process's annotations show an optimizer at work."""
+        return self.peer_trains or self.frames_train or self.optimizer_annotated
 
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False

@@ -28,6 +28,7 @@ from oomdoctor.views.report_rows import (
     DEVICE_COLUMNS,
     NO_FRAMES_GROUP,
     allocated_rows,
+    cannot_tell,
     changes_basis,
     component_rows,
     cut_by_the_oom,
@@ -37,7 +38,6 @@ from oomdoctor.views.report_rows import (
     largest_groups,
     main_risk,
     target_context,
-    verdict_words,
     where_label,
 )
 
@@ -158,8 +158,8 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     replay = analysis.replay
     where = where_label(analysis)
 
-    cannot_tell = ", cannot tell" if verdict_words(analysis) != analysis.verdict else ""
-    add(f"## oomdoctor: {_code(analysis.verdict)}{cannot_tell} (confidence {analysis.confidence:.0%})")
+    blind = ", cannot tell" if cannot_tell(analysis) else ""
+    add(f"## oomdoctor: {_code(analysis.verdict)}{blind} (confidence {analysis.confidence:.0%})")
     add("")
     add(f"> {_escape(phrasing.summary(analysis.summary))}")
     risk, others, others_title = main_risk(analysis)

@@ -71,11 +71,15 @@ def changes_title(analysis: Analysis) -> str:
     return f"What to change (largest saving first{'; ' + basis if basis else ''})"
 
 
+def cannot_tell(analysis: Analysis) -> bool:
+    """Whether the file could not have kept an OOM event (no history, or too short a trace: the
+    summary says which)."""
+    return analysis.verdict == Verdict.NO_OOM and analysis.summary.facts.get("entries") is not None
+
+
 def verdict_words(analysis: Analysis) -> str:
-    """The verdict as the header shows it: 'no-oom, cannot tell' where the file could not have kept
-    an OOM event (no history, or too short a trace: the summary says which)."""
-    blind = analysis.verdict == Verdict.NO_OOM and analysis.summary.facts.get("entries") is not None
-    return f"{analysis.verdict}, cannot tell" if blind else analysis.verdict
+    """The verdict as the header shows it: 'no-oom, cannot tell' where `cannot_tell`."""
+    return f"{analysis.verdict}, cannot tell" if cannot_tell(analysis) else analysis.verdict
 
 
 def main_risk(analysis: Analysis) -> tuple[Finding | None, tuple[Finding, ...], str]:
