@@ -53,3 +53,50 @@ def test_an_attention_name_far_out_in_the_stack_is_not_an_attention():
     )
     analysis = _forward_oom(layers=4, stacks=(outer,))
     assert attention_score_bytes(analysis.live_blocks) == 0
+
+
+def _forward_backward(layers: int, *, oom: bool, stacks=(SCORES_STACK, SOFTMAX_STACK), engine_bytes=48 * MiB):
+    """Forward through `layers` attentions, then a backward whose autograd engine (no Python frames)
+    makes two blocks of `engine_bytes` per layer and one 20 MiB block that is no score's size."""
+    sim = Sim(total_bytes=2048 * MiB)
+    sim.alloc(64 * MiB, component="parameter", name="weights")
+    sim.marker("forward", "start")
+    for _ in range(layers):
+        for stack in stacks:
+            sim.alloc(48 * MiB, stack)
+        sim.alloc(12 * MiB, VALUES_STACK)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for _ in range(layers):
+        sim.alloc(engine_bytes)
+        sim.alloc(engine_bytes)
+    sim.alloc(20 * MiB)
+    if oom:
+        sim.oom(1024 * MiB)
+    return analyse(sim.snapshot(registry=False))
+
+
+def test_the_backward_gradients_of_the_scores_are_score_matrices_too():
+    """The autograd engine's blocks of a score matrix's size (the gradients of the scores and of the
+    softmax: no Python frames) are what fused attention's backward does not materialise either."""
+    analysis = _forward_backward(layers=3, oom=True)
+    assert attention_score_bytes(analysis.live_blocks) == 3 * 2 * 48 * MiB + 3 * 2 * 48 * MiB
+    # blocks of other sizes, and the engine's blocks where no attention made a score matrix, are not
+    other = _forward_backward(layers=3, oom=True, engine_bytes=40 * MiB)
+    assert attention_score_bytes(other.live_blocks) == 3 * 2 * 48 * MiB
+    mlp = _forward_backward(layers=3, oom=True, stacks=(MLP_SOFTMAX,))
+    assert attention_score_bytes(mlp.live_blocks) == 0
+
+
+def test_without_an_oom_or_a_risk_only_fused_attention_is_advised():
+    """A run that did not run out and shows no risk gets no trade-off (checkpointing, a smaller
+    batch), but an unfused attention is waste at no benefit: it is advised, sized at the peak."""
+    analysis = _forward_backward(layers=3, oom=False)
+    assert analysis.verdict == "no-oom"
+    assert not analysis.secondary
+    assert [(r.id, r.estimated_saved_bytes) for r in analysis.recommendations] == [
+        ("fused-attention", 3 * 2 * 48 * MiB + 3 * 2 * 48 * MiB)
+    ]
+    plain = _forward_backward(layers=3, oom=False, stacks=(MLP_SOFTMAX,))
+    assert plain.verdict == "no-oom" and not plain.secondary
+    assert plain.recommendations == ()

@@ -4,7 +4,7 @@ against what the run lacked (`Requirement`). Reads the same `Context` as the ver
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.frame_kinds import is_python_source
@@ -146,23 +146,41 @@ _ATTENTION_FRAMES = 4  # innermost Python frames read for the softmax and the at
 def attention_score_bytes(blocks: Sequence[LiveBlock]) -> int:
     """Live bytes of attention-score matrices an unfused attention materialised: blocks made by a
     softmax inside a function named for attention (`attention`, `attn`; both among the innermost
-    Python frames, so a model's top-level function named so does not count), and the blocks of that attention of the same sizes (the scores
-    before the softmax). Fused attention keeps none of them whole. Forward and backward made
-    alike; each distinct stack read once."""
+    Python frames, so a model's top-level function named so does not count), the blocks of that
+    attention of the same sizes (the scores before the softmax), and the backward's temporaries of
+    those sizes that no Python frame made (the autograd engine's gradients of the scores and of the
+    softmax: torch's SDPA backward, or a hand-written softmax's div, neg and mul). Fused attention
+    keeps none of them whole. Each distinct stack read once."""
     made: list[LiveBlock] = []
-    read: dict[int, tuple[bool, bool]] = {}  # id(stack) -> (in an attention, made by its softmax)
+    engine: list[LiveBlock] = []  # the backward's frame-less temporaries
+    read: dict[int, tuple[bool, bool, bool]] = {}  # id(stack) -> (in an attention, made by its softmax, Python frames)
     for block in blocks:
-        if block.alloc_index is None or not block.frames:
+        if block.alloc_index is None:
+            continue
+        if not block.frames:
+            if block.phase == PHASE_BACKWARD and block.component == Component.TEMPORARIES:
+                engine.append(block)
             continue
         found = read.get(id(block.frames))
         if found is None:
-            names = [f.name.lower() for f in block.frames if is_python_source(f)][:_ATTENTION_FRAMES]
-            attention = any("attention" in name or "attn" in name for name in names)
-            found = read[id(block.frames)] = (attention, attention and any("softmax" in n for n in names))
+            names = [f.name.lower() for f in block.frames if is_python_source(f)]
+            inner = names[:_ATTENTION_FRAMES]
+            attention = any("attention" in name or "attn" in name for name in inner)
+            found = read[id(block.frames)] = (attention, attention and any("softmax" in n for n in inner), bool(names))
         if found[0]:
             made.append(block)
+        elif not found[2] and block.phase == PHASE_BACKWARD and block.component == Component.TEMPORARIES:
+            engine.append(block)
     sizes = {b.size_bytes for b in made if read[id(b.frames)][1]}
-    return sum(b.size_bytes for b in made if b.size_bytes in sizes)
+    return sum(b.size_bytes for b in (*made, *engine) if b.size_bytes in sizes)
+
+
+def _advise_fused_attention(
+    ctx: Context, add: Callable[..., None], scale_after: Callable[[float], float | None]
+) -> None:
+    scores = attention_score_bytes(ctx.live_blocks)
+    if scores:
+        add(Change.FUSED_ATTENTION, scores, scale=scale_after(scores))
 
 
 def balancing_saves(ctx: Context, imbalance: Finding, rest_extra: int = 0) -> int:
@@ -210,8 +228,9 @@ def recommend(
         or bool(gradients or optimizer_state)
     )
     found: list[Recommendation] = []
-    if verdicts == {Verdict.NO_OOM}:
-        return ()
+    # without an OOM or a risk, only a change that removes waste is advised (fused attention
+    # materialises no score matrices, at no cost), none that trades speed or batch for memory
+    waste_only = verdicts == {Verdict.NO_OOM}
     scalable = what_if.scalable_bytes if what_if is not None else ctx.scalable_bytes
     needed = need.needed_bytes
     # what a change must save not to be noise: a hundredth of what was needed, or without an OOM
@@ -247,6 +266,10 @@ def recommend(
     def scale_after(saved_bytes: float) -> float | None:
         """The batch scale whose what-if peak is this saving below today's."""
         return 1 - saved_bytes / scalable if scalable else None
+
+    if waste_only:
+        _advise_fused_attention(ctx, add, scale_after)
+        return tuple(found)
 
     # In the optimizer step (or its zero_grad) every gradient the backward made is there, freed
     # before the forward or not, and the backward has released what forward saved for it: freeing
@@ -362,9 +385,8 @@ def recommend(
             )
         else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
             add(Change.SMALLER_WEIGHTS, parameters // 2)
-    scores = attention_score_bytes(ctx.live_blocks) if not in_step else 0
-    if scores:
-        add(Change.FUSED_ATTENTION, scores, scale=scale_after(scores))
+    if not in_step:
+        _advise_fused_attention(ctx, add, scale_after)
     if imbalance is not None:
         saved = balancing_saves(ctx, imbalance, rest_extra)  # at the pass's projected peak, as halving the batch
         add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved))
