@@ -92,7 +92,7 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     if ctx.placement_failure() and ctx.request:
         largest = ctx.fragmentation.largest_usable_free_block_bytes
         limit = placement_limit(ctx.request, largest, ctx.accounting.device_free_bytes, ctx.large_segment_bytes)
-    first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
+    first_step = ctx.in_first_optimizer_step()
     if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
         return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit))
     states_now = sum(model_states(ctx))

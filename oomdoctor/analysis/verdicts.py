@@ -24,6 +24,7 @@ from oomdoctor.analysis.results import (
     PHASE_BETWEEN,
     PHASE_OPTIMIZER,
     PHASE_ZERO_GRAD,
+    SOURCE_MARKERS,
     TRAINING_PHASES,
     Accounting,
     Evidence,
@@ -154,6 +155,28 @@ class Context:
         process's annotations show an optimizer at work."""
         return self.peer_trains or self.frames_train or self.optimizer_annotated
 
+    def optimizer_state_made(self) -> tuple[int, int | None]:
+        """(live optimizer state made before the trace began, the event at which the last of the
+        live state made in the trace was made; None when none was)."""
+        before = 0
+        last: int | None = None
+        for block in self.live_blocks:
+            if block.component != Component.OPTIMIZER_STATE:
+                continue
+            if block.alloc_index is None:
+                before += block.size_bytes
+            elif last is None or block.alloc_index > last:
+                last = block.alloc_index
+        return before, last
+
+    def in_first_optimizer_step(self) -> bool:
+        """The target is in the trace's first step's optimizer step and nothing shows an earlier
+        one ran: no live optimizer state predates the trace (a trace that began late, or a ring
+        buffer that wrapped, counts its steps from 0 too)."""
+        if self.target_phase != PHASE_OPTIMIZER or (self.target_step or 0) != 0:
+            return False
+        return self.optimizer_state_made()[0] == 0
+
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
     ) -> tuple[int, set[int], LiveBlock | None]:
@@ -275,8 +298,7 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     projected_moments = None
     projected_gradients = max(gradients, parameters) if ctx.trains() else gradients
     projected_state = optimizer_state
-    in_first_step = ctx.target_phase == PHASE_OPTIMIZER and (ctx.target_step or 0) == 0
-    if in_first_step or (optimizer_state and optimizer_state < parameters):
+    if ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < parameters):
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
         projected_state = max(optimizer_state, moments * parameters)
         projected_moments = moments
@@ -551,8 +573,7 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         return None
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     step = ctx.target_step or 0
-    first_step_optimizer = ctx.target_phase == PHASE_OPTIMIZER and step == 0
-    if first_step_optimizer:
+    if ctx.in_first_optimizer_step():
         return Finding(
             Verdict.OPTIMIZER_STATE_BUILDUP,
             0.8,
@@ -567,10 +588,13 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
             ),
         )
     # state made before the trace began: an optimizer step ran before it, though the trace counts from 0
-    before_trace = sum(
-        b.size_bytes for b in ctx.live_blocks if b.alloc_index is None and b.component == Component.OPTIMIZER_STATE
-    )
+    before_trace, state_done = ctx.optimizer_state_made()
     if (step < 1 and not before_trace) or optimizer_state <= 0:
+        return None
+    # a completed step like the target's that began once the state was whole ran with it and fit:
+    # the state is not what changed (what this step adds is judged by the spike test)
+    state_whole = -1 if state_done is None else state_done
+    if any(s.first_index > state_whole for s in ctx.steps if s.step in set(ctx.passes.comparable_steps)):
         return None
     activations_now = ctx.components.get(Component.ACTIVATIONS, 0)
     earlier_peak = _earlier_activation_peak(ctx)
@@ -584,13 +608,26 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         return None  # this step's extra activations alone explain the OOM: a spike, not the new state
     if optimizer_state < ctx.missing:
         return None
-    traced_later_step = step >= 1
+    comparable = [s for s in ctx.passes.comparable_steps if s < step]
+    # markers number the run's steps from the capture's start: state from before the trace at the
+    # run's step 1 was made by step 0's optimizer step, after step 0's forward and backward fit
+    made_by_step_0 = bool(before_trace) and step == 1 and ctx.phase_source == SOURCE_MARKERS
+    if made_by_step_0:
+        comparable = [0]
+    traced_later_step = step >= 1 and (not before_trace or made_by_step_0)
     return Finding(
         Verdict.OPTIMIZER_STATE_BUILDUP,
         0.7 if traced_later_step else 0.5,
         Summary(
             SummaryKind.OPTIMIZER_LATER_STEP if traced_later_step else SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE,
-            Facts.of(step=step, optimizer_state=optimizer_state, before_trace=before_trace),
+            Facts.of(
+                step=step,
+                optimizer_state=optimizer_state,
+                before_trace=before_trace,
+                earlier_step=max(comparable) if comparable else None,
+                phase=ctx.target_phase,
+                temporaries=ctx.components.get(Component.TEMPORARIES, 0),
+            ),
         ),
         (
             _component_evidence(ctx, EvidenceKind.OPTIMIZER_STATE_AT_OOM, Component.OPTIMIZER_STATE),
@@ -659,7 +696,10 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
             ),
         )
         if spike
-        else Summary(SummaryKind.ACTIVATIONS_DOMINATE, Facts.of(phase=ctx.target_phase, activations=activations))
+        else Summary(
+            SummaryKind.ACTIVATIONS_DOMINATE,
+            Facts.of(phase=ctx.target_phase, activations=activations, ratio=ratio, earlier_step=earlier_step),
+        )
     )
     return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.6, summary, tuple(evidence))
 

@@ -341,9 +341,15 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.OPTIMIZER_FIRST_STEP:
         return f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(size('optimizer_state'))} of state so far on top of {human(size('parameters'))} of parameters and {human(size('gradients'))} of gradients."
     if kind == SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE:
-        return f"{human(size('optimizer_state'))} of optimizer state is alive at the OOM, {human(size('before_trace'))} of it made before the trace began (so an optimizer step ran before it) and enough to cover what the request lacked: the state the first step() created raised the baseline. The trace holds no earlier step to compare this one's activations with."
+        state, before = human(size("optimizer_state")), human(size("before_trace"))
+        if f.get("phase") == PHASE_OPTIMIZER:  # not the first step: its state is there already
+            return f"The OOM came inside an optimizer step that is not the run's first ({before} of its state was made before the trace began): {state} of optimizer state and {human(size('temporaries'))} of the step's temporaries are alive, and together they do not fit."
+        return f"{state} of optimizer state is alive at the OOM, {before} of it made before the trace began (so an optimizer step ran before it), enough to cover what the request lacked. The trace holds no completed step like this one to compare with: if the run's earlier steps fit with this state alive, what this step adds is the cause, not the state."
     if kind == SummaryKind.OPTIMIZER_LATER_STEP:
-        return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that did not exist during step 0, which fit: the state created by the first step() raised the baseline."
+        earlier = f.get("earlier_step")
+        if earlier is None:
+            return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive, made by an optimizer step earlier in the trace: the state raised the baseline. The trace holds no completed step like this one to compare with."
+        return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that step {earlier}, which fit, ran without: the state an optimizer step created since raised the baseline."
     if kind == SummaryKind.ACTIVATION_SPIKE:
         changed = f.get("inputs_changed")  # a cause only where the inputs' sizes show it
         cause = ""
@@ -356,7 +362,15 @@ def _summary_words(kind: str, f: Facts) -> str:
         phase = f.text("phase") or ""
         # a forward's own activations, or those a forward left alive in a later phase (the backward)
         whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
-        return f"Activations {whose} ({human(size('activations'))}) dominate live memory: the batch or sequence is too large for this device."
+        ratio = f.get("ratio")
+        if ratio is not None and f.get("earlier_step") is not None:  # a completed step like this one fit
+            than = (
+                ": this step needs more than the earlier ones did"
+                if f.number("ratio") > 1
+                else ", though no more than in the earlier steps: what else is alive is what grew"
+            )
+            return f"Activations {whose} ({human(size('activations'))}, {f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory{than}."
+        return f"Activations {whose} ({human(size('activations'))}) dominate live memory: at this batch and sequence size the pass needs more than the device has."
     if kind == SummaryKind.NO_OOM:
         if f.get("empty"):
             return "This file holds no GPU memory and no allocation history for this device: PyTorch had reserved nothing when it was written and no history was recorded (torch.cuda.memory._record_memory_history() must run before the work, and the snapshot be written while its tensors are alive), so it cannot tell whether the run ran out."
