@@ -341,10 +341,10 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.OPTIMIZER_FIRST_STEP:
         return f"The OOM came inside the first optimizer.step(), where a stateful optimizer creates its state lazily: {human(size('optimizer_state'))} of state so far on top of {human(size('parameters'))} of parameters and {human(size('gradients'))} of gradients."
     if kind == SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE:
-        state, before = human(size("optimizer_state")), human(size("before_trace"))
+        state_words, before_words = human(size("optimizer_state")), human(size("before_trace"))
         if f.get("phase") == PHASE_OPTIMIZER:  # not the first step: its state is there already
-            return f"The OOM came inside an optimizer step that is not the run's first ({before} of its state was made before the trace began): {state} of optimizer state and {human(size('temporaries'))} of the step's temporaries are alive, and together they do not fit."
-        return f"{state} of optimizer state is alive at the OOM, {before} of it made before the trace began (so an optimizer step ran before it), enough to cover what the request lacked. The trace holds no completed step like this one to compare with: if the run's earlier steps fit with this state alive, what this step adds is the cause, not the state."
+            return f"The OOM came inside an optimizer step that is not the run's first ({before_words} of its state was made before the trace began): {state_words} of optimizer state and {human(size('temporaries'))} of the step's temporaries are alive, and together they do not fit."
+        return f"{state_words} of optimizer state is alive at the OOM, {before_words} of it made before the trace began (so an optimizer step ran before it), enough to cover what the request lacked. The trace holds no completed step like this one to compare with: if the run's earlier steps fit with this state alive, what this step adds is the cause, not the state."
     if kind == SummaryKind.OPTIMIZER_LATER_STEP:
         earlier = f.get("earlier_step")
         if earlier is None:
