@@ -568,14 +568,47 @@ def first_frees_after(trace: DeviceTrace, addresses: Collection[int], start: int
     return found
 
 
+_FREE_STACK_PAIRS = 256  # alloc/free pairs compared before trusting that frees carry the alloc's stack
+
+
+def frees_carry_alloc_stacks(trace: DeviceTrace) -> bool:
+    """Whether the trace's free events carry the stack of the allocation they free, so that the
+    stack of a free of a block from before the trace says what made it. They do when recorded with
+    `context="alloc"`; with `context="all"` (the default) a free carries the stack of the code that
+    freed it (autograd releasing a saved tensor, zero_grad), which says when the block went, never
+    what it was. Told apart on the blocks the trace both allocates and frees: every pair compared
+    has equal stacks (a pair at one line, a temporary, has them under either setting; one that
+    differs settles it). No pair: not trusted."""
+    if not trace.any_frames:
+        return False
+    actions, addrs = trace.actions, trace.addrs
+    open_allocs: dict[int, int] = {}
+    pairs = 0
+    for index, action in enumerate(actions):
+        if action == ALLOC:
+            open_allocs[addrs[index]] = index
+        elif action == FREE_REQUESTED:
+            made = open_allocs.pop(addrs[index], None)
+            if made is None:
+                continue
+            if trace.frames_at(made) != trace.frames_at(index):
+                return False
+            pairs += 1
+            if pairs == _FREE_STACK_PAIRS:
+                break
+    return pairs > 0
+
+
 def pre_trace_placements(
     trace: DeviceTrace, final_blocks: Mapping[int, Block], phases: PhaseIndex, registry: Registry
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of every allocation made before the trace began: those it
-    frees (a free event carries the stack of the allocation it frees) and the dump's blocks it never
-    allocated. One placement serves the memory-over-time series and the blocks at the target."""
+    frees (by the stack of the allocation when the free events carry it, `frees_carry_alloc_stacks`;
+    else by what the trace does to them) and the dump's blocks it never allocated (by their own
+    stacks). One placement serves the memory-over-time series and the blocks at the target."""
     if registry:
         return {}
+    alloc_stacks = frees_carry_alloc_stacks(trace)
     allocated_in_trace: set[int] = set()
     allocations: list[LiveAllocation] = []
     frames_of: dict[int, Stack] = {}
@@ -606,7 +639,8 @@ def pre_trace_placements(
                 if address not in allocated_in_trace and address not in frees:
                     frees[address] = index
                     allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
-                    frames_of[address] = trace.frames_at(index)
+                    if alloc_stacks:
+                        frames_of[address] = trace.frames_at(index)
     backward_sizes.update(requested for requested, _ in in_backward.values())  # never freed
     for address, block in final_blocks.items():
         if address not in allocated_in_trace and address not in frees:
