@@ -11,6 +11,7 @@ figures. The words are `oomdoctor.views.phrasing`'s.
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -510,6 +511,17 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
     return forwards, kept, last_training
 
 
+def _passes_per_backward(ctx: Context) -> int:
+    """The most forward passes a backward before the target consumed (those since the training
+    phase before it); unbounded when no backward came before the target (a run's first step may
+    run any number before its own)."""
+    target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
+    backwards = [s for s in ctx.phases if s.phase == PHASE_BACKWARD and s.last_index < target]
+    if not backwards:
+        return sys.maxsize
+    return max(len(passes_since_training(ctx.phases, b.first_index - 1)[0]) for b in backwards)
+
+
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
     """Repeated forward passes with no backward between them, each leaving its activations alive.
     (At an OOM: without one, `_risk_kept_graph` words the same evidence as a risk.)"""
@@ -517,6 +529,12 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
         return None
     forwards, kept, last_training = _kept_from_earlier_passes(ctx)
     if len(forwards) < 2:
+        return None
+    if ctx.trains() and len(forwards) <= _passes_per_backward(ctx):
+        # a run that trains calls its model this many times before a backward (a siamese or
+        # contrastive pair, a reward model's chosen and rejected, a GAN's discriminator on real and
+        # fake): these passes' graphs wait for the step's backward. A first step has no earlier
+        # backward to show how many it runs, so nothing tells them from a loop that keeps graphs.
         return None
     current = forwards[-1]
     kept_bytes = sum(b.size_bytes for b in kept)
