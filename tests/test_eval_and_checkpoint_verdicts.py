@@ -150,3 +150,12 @@ def test_save_frames():
     assert save_frame((Frame(f"{TORCH}/utils/checkpoint.py", 1, "checkpoint"),)) is None  # activation checkpointing
     assert save_frame((Frame("lightning/pytorch/trainer/connectors/checkpoint_connector.py", 1, "dump_checkpoint"),))
     assert save_frame(FORWARD_STACK) is None
+
+
+def test_a_hook_that_saves_outputs_is_no_checkpoint_save():
+    """'save' alone is as often a forward hook's (`save_output`, `save_activation`, pytorch-grad-cam's
+    `save_gradient`) as a checkpoint's: a save counts when it names what a checkpoint holds."""
+    for hook in ("save_output", "save_activation", "save_features", "save_gradient", "save_image"):
+        assert save_frame((Frame("extract.py", 12, hook), *FORWARD_STACK)) is None, hook
+    for saver in ("save_model", "save_state", "save_weights", "_save_checkpoint", "save_ckpt"):
+        assert save_frame((Frame("train.py", 12, saver),)) is not None, saver

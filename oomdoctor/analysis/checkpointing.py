@@ -11,6 +11,9 @@ from oomdoctor.model import Frame, Stack
 _DCP_FILES = "torch/distributed/checkpoint/"
 _NOT_SAVING_FILES = ("torch/autograd/", "torch/utils/checkpoint.py")
 _SAVE_TOKENS = frozenset({"save", "saving"})
+# what a save must name to be a checkpoint's: a bare "save" is as often a hook's (`save_output`,
+# `save_activation`, `save_features`: feature extraction and interpretability code keeps tensors so)
+_SAVED_THINGS = frozenset({"checkpoint", "ckpt", "model", "state", "weights", "pretrained", "snapshot", "params"})
 _WRITE_TOKENS = frozenset({"dump", "write", "store"})
 _LOAD_TOKENS = frozenset({"load", "loading", "restore", "resume"})
 
@@ -23,8 +26,9 @@ def _tokens(name: str) -> set[str]:
 def _saves(frame: Frame) -> bool:
     """A frame of code that saves a checkpoint or builds a state dict: torch.distributed.checkpoint,
     or a function whose name says so (FSDP's `_full_post_state_dict_hook`, `get_model_state_dict`,
-    accelerate's `get_state_dict`, DeepSpeed's `save_checkpoint` and
-    `_zero3_consolidated_16bit_state_dict`, transformers' `save_model`, a user's `save_checkpoint`).
+    accelerate's `get_state_dict` and `save_state`, DeepSpeed's `save_checkpoint` and
+    `_zero3_consolidated_16bit_state_dict`, transformers' `save_model` and `save_pretrained`, a
+    user's `save_checkpoint`): a save of a checkpoint, a model, its state or weights, not a hook's.
     Not autograd's saved tensors, and not activation checkpointing (`torch/utils/checkpoint.py`)."""
     filename = frame.filename.replace("\\", "/")
     if any(part in filename for part in _NOT_SAVING_FILES):
@@ -34,7 +38,7 @@ def _saves(frame: Frame) -> bool:
     tokens = _tokens(frame.name)
     if "backward" in tokens:  # ctx.save_for_backward
         return False
-    if tokens & _SAVE_TOKENS or "state_dict" in frame.name.lower():
+    if "state_dict" in frame.name.lower() or (tokens & _SAVE_TOKENS and tokens & _SAVED_THINGS):
         return True
     return "checkpoint" in tokens and bool(tokens & _WRITE_TOKENS)
 
