@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 from oomdoctor.analysis.checkpointing import save_frame
-from oomdoctor.analysis.frame_kinds import USER, frame_kind, lead_frame_index
+from oomdoctor.analysis.frame_kinds import USER, frame_kind, is_python_source, lead_frame_index
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
@@ -155,9 +156,16 @@ CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 _WORKSPACE_FRAME_WORD = "workspace"  # in the C++ frame that allocates one (cuBLAS getNewWorkspace, cuDNN Workspace)
 # Words in the names of user code that allocates a kind of memory (frameworks name them so).
 _PREALLOCATED_WORDS = re.compile(r"kv_?cache|cache_engine|allocate_cache|init_cache|static_?cache|mem(ory_)?pool")
-_OPTIMIZER_WORDS = re.compile(r"optim|adam|sgd|lion|adafactor|lamb\b|shampoo|muon|sophia")
-_PARAMETER_WORDS = re.compile(r"weight|param|embedding|load_state_dict|from_pretrained|load_model|model_provider")
-_GRADIENT_WORDS = re.compile(r"grad")
+# Whole words of a name (split at "_", "." and digits): a word inside another (`hyperparam`,
+# `optimized`, `million`, `gradio`, `upgrade`) says nothing.
+_OPTIMIZER_WORDS = frozenset(
+    {"optim", "optimizer", "optimizers", "adam", "adamw", "sgd", "lion", "adafactor", "lamb", "shampoo", "muon"}
+    | {"sophia", "adagrad", "rmsprop"}
+)
+_PARAMETER_WORDS = frozenset({"weight", "weights", "param", "params", "parameter", "parameters"})
+_PARAMETER_PHRASES = re.compile(r"load_state_dict|from_pretrained|load_model|model_provider")
+_GRADIENT_WORDS = frozenset({"grad", "grads", "gradient", "gradients"})
+_WORD_SPLIT = re.compile(r"[^a-z]+")
 _DATA_WORDS = re.compile(r"batch|collate|__next__|data_?loader|pin_memory|prefetch|^to$|^cuda$|^to_device$")
 _NAME_CONFIDENCE = 0.4  # a kind read from the names of the user's functions and files
 _USER_FRAMES_READ = 4  # innermost user frames whose names are read
@@ -194,17 +202,35 @@ def _workspace_frames(stack: Stack) -> bool:
     return any(_WORKSPACE_FRAME_WORD in frame.name.lower() for frame in stack if not frame.filename.endswith(".py"))
 
 
+# Libraries that read tensors from a file (torch.load, safetensors' load_file and safe_open): what
+# they place on the GPU is weights (or a resumed run's state), never a batch.
+_WEIGHT_READERS = ("/safetensors/", "torch/serialization.py")
+
+
+def _reads_weights(stack: Stack) -> bool:
+    return any(
+        reader in frame.filename.replace("\\", "/")
+        for frame in stack
+        if is_python_source(frame)
+        for reader in _WEIGHT_READERS
+    )
+
+
 def _by_names(stack: Stack) -> int | None:
-    """The kind of memory the user's own function and file names say they allocate, if any."""
+    """The kind of memory the user's own function and file names (and the libraries that read
+    weights from files) say they allocate, if any."""
+    if _reads_weights(stack):
+        return PARAMETERS
     for stem, function in _python_user_frames(stack):
         text = f"{stem} {function}"
         if _PREALLOCATED_WORDS.search(text):
             return PREALLOCATED
-        if _OPTIMIZER_WORDS.search(stem) or _OPTIMIZER_WORDS.search(function):
+        words = set(_WORD_SPLIT.split(text))
+        if words & _OPTIMIZER_WORDS:
             return OPTIMIZER_STATE
-        if _PARAMETER_WORDS.search(text):
+        if words & _PARAMETER_WORDS or _PARAMETER_PHRASES.search(text):
             return PARAMETERS
-        if _GRADIENT_WORDS.search(function):
+        if set(_WORD_SPLIT.split(function)) & _GRADIENT_WORDS:
             return GRADIENTS
     return None
 
@@ -259,6 +285,30 @@ def ddp_bucket_frames(stack: Stack) -> bool:
     return False
 
 
+# FSDP's own parameter storage: FSDP1's flat parameters (made, sharded and unsharded in
+# _flat_param.py), FSDP2's sharded parameters (_fsdp_param.py) and its all-gather outputs (the
+# unsharded parameters a forward or backward uses). Their gradients (reduce-scatter) are not.
+_FSDP_PARAMETER_FILES = ("torch/distributed/fsdp/_flat_param.py", "torch/distributed/fsdp/_fully_shard/_fsdp_param.py")
+_FSDP_COLLECTIVES = "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"
+
+
+def fsdp_parameter_frames(stack: Stack) -> bool:
+    """Whether the innermost torch frames of a stack are FSDP making or gathering parameters."""
+    for frame in stack:
+        filename = frame.filename.replace("\\", "/")
+        if not filename.endswith(".py"):
+            continue
+        if "grad" in frame.name.lower() or "reduce" in frame.name.lower():
+            return False
+        if filename.endswith(_FSDP_PARAMETER_FILES):
+            return True
+        if filename.endswith(_FSDP_COLLECTIVES):
+            return "all_gather" in frame.name
+        if "/torch/" not in filename:  # past torch's frames: the user's code decides nothing here
+            return False
+    return False
+
+
 # DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
 # the first, every step: torch's replicate broadcasts the model (the replica's parameters and
 # buffers), the scatter (DataParallel.scatter, torch's or a subclass's such as torch_geometric's,
@@ -295,6 +345,8 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
         return None
     if ddp_bucket_frames(stack):
         return GRADIENTS, METHOD_FRAMES, 0.8
+    if fsdp_parameter_frames(stack):
+        return PARAMETERS, METHOD_FRAMES, 0.8
     cls = classify_stack(stack)
     if cls == PHASE_OPTIMIZER:  # made by an optimizer step and outlived it: the optimizer's state
         return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
@@ -302,11 +354,11 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
         return GRADIENTS, METHOD_FRAMES, 0.8 if _backward_made(stack) else 0.6
     if cls == "module-setup":
         return PARAMETERS, METHOD_FRAMES, 0.8
+    if cls in FORWARD_PASSES:  # a forward's output kept since before the trace (whatever its code is named)
+        return ACTIVATIONS, METHOD_FRAMES, 0.6
     named = _by_names(stack)
     if named is not None:
         return named, METHOD_FRAMES, _NAME_CONFIDENCE
-    if cls in FORWARD_PASSES:  # a forward's output kept since before the trace
-        return ACTIVATIONS, METHOD_FRAMES, 0.6
     if cls == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_FRAMES, 0.4
     return None
@@ -456,6 +508,8 @@ def attribute(
             component, name, method, confidence = known[0], known[1], METHOD_REGISTRY, 1.0
         elif ddp_bucket_frames(stack):  # DDP's gradient buckets, which no registry reaches
             component, method, confidence = GRADIENTS, METHOD_FRAMES, 0.8
+        elif fsdp_parameter_frames(stack):  # FSDP's flat, sharded or gathered parameters
+            component, method, confidence = PARAMETERS, METHOD_FRAMES, 0.8
         elif alloc_index is not None and (replicated := data_parallel_kind(stack)) is not None:
             component, method, confidence = replicated, METHOD_FRAMES, 0.8  # no registry names a replica
         elif exact and alloc_index is not None and save_frame(stack) is not None:
@@ -496,8 +550,28 @@ def attribute(
                 frames=stack,
             )
         )
+    blocks = _weights_among_first_inputs(blocks)
     blocks.sort(key=lambda b: -b.size_bytes)
     return blocks
+
+
+def _weights_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
+    """Blocks made before the first forward and alive in it are its inputs, unless their shapes
+    repeat once per layer of a model (`layer_stack_weights`): a batch's tensors do not, the weights
+    a model's loader put on the GPU by code that names nothing (FSDP's flat shards, a checkpoint
+    read straight to the device) do. Those are parameters, by their shapes alone."""
+    first_inputs = [b for b in blocks if b.component == COMPONENTS[INPUTS] and b.method == METHOD_LIFETIME]
+    if not first_inputs:
+        return blocks
+    weights = layer_stack_weights([(b.requested_bytes, b.size_bytes) for b in first_inputs])
+    if not weights:
+        return blocks
+    return [
+        replace(b, component=COMPONENTS[PARAMETERS], method=METHOD_SIZE_MATCH, confidence=_LAYER_CONFIDENCE)
+        if b.component == COMPONENTS[INPUTS] and b.method == METHOD_LIFETIME and b.requested_bytes in weights
+        else b
+        for b in blocks
+    ]
 
 
 def parameter_successors(

@@ -1,0 +1,138 @@
+"""What names and library frames may say about a block's kind, and what they may not.
+
+- A name counts by its whole words: `hyperparam_sweep.py` names no parameter, `optimized_inference.py`
+  no optimizer, `compute_embeddings` no weight.
+- Weights read from a file straight to the GPU (safetensors, torch.load) are parameters, and so is
+  FSDP's own parameter storage (flat, sharded or gathered), whatever phase they are made in.
+- Blocks made before the first forward whose shapes repeat once per layer are a model's weights,
+  not its inputs (which a smaller batch would shrink).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from oomdoctor.analysis import analyse
+from oomdoctor.model import Frame
+from tests.builders import ADAM_INIT_STACK, SETUP_STACK, GiB, MiB, Sim
+
+TORCH = "/usr/lib/python3/site-packages/torch/"
+FSDP = TORCH + "distributed/fsdp/"
+BACKWARD_STACK = (
+    Frame(TORCH + "autograd/graph.py", 825, "_engine_run_backward"),
+    Frame(TORCH + "autograd/__init__.py", 347, "backward"),
+    Frame("train.py", 42, "main"),
+)
+
+
+def _forward(script: str = "train.py"):
+    return (
+        Frame(TORCH + "nn/functional.py", 100, "linear"),
+        Frame("model.py", 12, "forward"),
+        Frame(TORCH + "nn/modules/module.py", 1751, "_wrapped_call_impl"),
+        Frame(script, 40, "main"),
+    )
+
+
+def _components(analysis) -> dict[str, int]:
+    return {c.name: c.bytes for c in analysis.components if c.bytes}
+
+
+def _batch_between_steps(script: str) -> dict[str, int]:
+    """A step, then a 3 GiB batch moved to the GPU by the script's own line, and the next forward
+    running out: the batch is made between steps, where names are read."""
+    sim = Sim(total_bytes=16 * GiB)
+    setup = (SETUP_STACK[0], Frame(script, 20, "main"))
+    for _ in range(8):
+        sim.alloc(128 * MiB, setup)
+    acts = [sim.alloc(512 * MiB, _forward(script)) for _ in range(8)]
+    grads = [sim.alloc(128 * MiB, (*BACKWARD_STACK[:2], Frame(script, 42, "main"))) for _ in range(8)]
+    for block in acts:
+        sim.free(block)
+    for block in grads:
+        sim.free(block)
+    sim.alloc(3 * GiB, (Frame(script, 38, "main"),))
+    for _ in range(8):
+        sim.alloc(512 * MiB, _forward(script))
+    sim.oom(8 * GiB, _forward(script))
+    return _components(analyse(sim.snapshot(metadata=False)))
+
+
+@pytest.mark.parametrize("script", ["hyperparam_sweep.py", "train_embeddings.py", "optimized_inference.py"])
+def test_a_word_inside_another_names_nothing(script):
+    components = _batch_between_steps(script)
+    plain = _batch_between_steps("train.py")
+    assert components == plain
+    assert components.get("parameters", 0) == 8 * 128 * MiB  # the weights alone
+    assert "optimizer_state" not in components
+
+
+def test_a_whole_word_still_counts():
+    assert _batch_between_steps("sgd_runs.py").get("optimizer_state", 0) >= 3 * GiB
+
+
+def _loaded_then_forward(load_stack, *, layers: int = 0) -> dict[str, int]:
+    """Weights put on the GPU before the first forward by `load_stack` (40 blocks of 256 MiB, or
+    with `layers` a model of that many identical layers of three shapes), then an OOM in it."""
+    sim = Sim(total_bytes=24 * GiB)
+    if layers:
+        for _ in range(layers):
+            for size in (96 * MiB, 48 * MiB, 2 * MiB):
+                sim.alloc(size, load_stack)
+        sim.alloc(16 * 520 * 8, load_stack)  # the batch: 16 sequences of 520 token ids
+    else:
+        for _ in range(40):
+            sim.alloc(256 * MiB, load_stack)
+    for _ in range(12):
+        sim.alloc(1 * GiB, _forward("serve.py"))
+    sim.oom(8 * GiB, _forward("serve.py"))
+    return _components(analyse(sim.snapshot(metadata=False)))
+
+
+def test_weights_read_from_a_file_are_parameters():
+    for reader in ("/usr/lib/python3/site-packages/safetensors/torch.py", TORCH + "serialization.py"):
+        components = _loaded_then_forward((Frame(reader, 315, "load_file"), Frame("serve.py", 15, "main")))
+        assert components.get("parameters") == 40 * 256 * MiB, reader
+        assert "inputs" not in components
+
+
+def test_a_layer_stack_made_before_the_first_forward_is_weights_not_inputs():
+    components = _loaded_then_forward((Frame("serve.py", 15, "main"),), layers=24)
+    assert components.get("parameters") == 24 * (96 + 48 + 2) * MiB
+    assert 0 < components.get("inputs", 0) < 1 * MiB  # the batch's one tensor is still an input
+
+
+def test_fsdp_parameters_are_parameters_in_any_phase():
+    flat = (
+        Frame(FSDP + "_flat_param.py", 780, "flatten_tensors"),
+        Frame(FSDP + "fully_sharded_data_parallel.py", 480, "__init__"),
+        Frame("train.py", 30, "main"),
+    )
+    unshard = (
+        Frame(FSDP + "_flat_param.py", 1400, "_alloc_padded_unsharded_flat_param"),
+        Frame(FSDP + "_runtime_utils.py", 400, "_pre_forward"),
+        Frame(FSDP + "fully_sharded_data_parallel.py", 850, "forward"),
+        Frame(TORCH + "nn/modules/module.py", 1751, "_wrapped_call_impl"),
+        Frame("train.py", 50, "main"),
+    )
+    gathered = (
+        Frame(FSDP + "_fully_shard/_fsdp_collectives.py", 200, "foreach_all_gather"),
+        Frame(FSDP + "_fully_shard/_fsdp_param_group.py", 300, "unshard"),
+        Frame("model.py", 12, "forward"),
+        Frame(TORCH + "nn/modules/module.py", 1751, "_wrapped_call_impl"),
+        Frame("train.py", 50, "main"),
+    )
+    reduced = (Frame(FSDP + "_fully_shard/_fsdp_collectives.py", 400, "foreach_reduce"), *BACKWARD_STACK)
+    sim = Sim(total_bytes=16 * GiB)
+    for _ in range(4):
+        sim.alloc(512 * MiB, flat)
+    sim.alloc(1 * GiB, unshard)
+    sim.alloc(1 * GiB, gathered)
+    for _ in range(4):
+        sim.alloc(1 * GiB, _forward())
+    sim.alloc(256 * MiB, reduced)
+    sim.alloc(256 * MiB, ADAM_INIT_STACK)
+    sim.oom(8 * GiB, _forward())
+    components = _components(analyse(sim.snapshot(metadata=False)))
+    assert components.get("parameters") == 4 * 512 * MiB + 2 * GiB
+    assert components.get("activations", 0) >= 4 * GiB
