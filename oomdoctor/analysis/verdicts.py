@@ -170,6 +170,18 @@ class Context:
                 last = block.alloc_index
         return before, last
 
+    def optimizer_step_seen(self) -> bool:
+        """An optimizer step shows in the trace (its allocations' frames) or in the annotations. An
+        optimizer that allocates nothing in its step (SGD with momentum, a fused Adam) and records
+        no annotation (before torch 2.5) leaves none: then gradients alive across backwards may
+        be kept on purpose, accumulated over micro-batches. Markers number the run's steps by its
+        completed optimizer steps, so a markers step past 0 shows one ran."""
+        return (
+            PHASE_OPTIMIZER in self.phases_seen()
+            or self.optimizer_annotated
+            or (self.phase_source == SOURCE_MARKERS and (self.target_step or 0) >= 1)
+        )
+
     def in_first_optimizer_step(self) -> bool:
         """The target is in the trace's first step's optimizer step and nothing shows an earlier
         one ran: no live optimizer state predates the trace (a trace that began late, or a ring
@@ -424,9 +436,12 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
     before_trace = old - ctx.old_bytes((Component.GRADIENTS,))[0]  # made before any step the trace shows
     if before_trace:
         facts = facts.adding(before_trace=before_trace)
+    accumulating = not ctx.optimizer_step_seen()
+    if accumulating:
+        facts = facts.adding(no_optimizer_step=1)
     return Finding(
         Verdict.GRADIENTS_KEPT,
-        0.8 if no_zero_grad else 0.65,
+        0.5 if accumulating else 0.8 if no_zero_grad else 0.65,
         Summary(SummaryKind.GRADIENTS_KEPT, facts),
         (
             _block_evidence(EvidenceKind.OLD_GRADIENTS, "old_gradient_bytes", old, largest),
@@ -1048,6 +1063,7 @@ def _risk_gradients_kept(ctx: Context) -> Finding | None:
                 at=_at(ctx),
                 step=None if in_forward else ctx.target_step,
                 phase=None if in_forward else ctx.target_phase,
+                no_optimizer_step=int(not ctx.optimizer_step_seen()),
             ),
         ),
         (

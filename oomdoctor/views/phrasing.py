@@ -332,7 +332,7 @@ def _summary_words(kind: str, f: Facts) -> str:
             during = f"before step {f.get('step')}'s forward"
         else:
             during = f"during step {f.get('step')}'s {(f.text('phase') or '').replace('_', ' ')}"
-        return f"{human(size('old'))} of gradients {made} were still alive {during}; they are not needed before the next backward."
+        return f"{human(size('old'))} of gradients {made} were still alive {during}; they are not needed before the next backward{_UNLESS_ACCUMULATING if f.get('no_optimizer_step') else ''}."
     if kind == SummaryKind.CREEPING_LEAK:
         return f"{human(size('old'))} allocated in earlier steps' forward or backward was still alive at the {f.get('at') or 'OOM'} in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
     if kind == SummaryKind.INFERENCE_WITH_GRAD:
@@ -398,8 +398,10 @@ def _summary_words(kind: str, f: Facts) -> str:
                 if phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
                 else ""
             )
-            return f"At the {f.get('at')} ({phase.replace('_', ' ')} of step {f.get('step')}), {human(size('old'))} of gradients from an earlier backward are still alive: they were alive through the step's forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would have freed them there{moment}."
-        return f"At the {f.get('at')}, {human(size('old'))} of gradients from an earlier backward are alive during a forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would free them."
+            unless = _UNLESS_ACCUMULATING if f.get("no_optimizer_step") else ""
+            return f"At the {f.get('at')} ({phase.replace('_', ' ')} of step {f.get('step')}), {human(size('old'))} of gradients from an earlier backward are still alive: they were alive through the step's forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would have freed them there{moment}{unless}."
+        unless = _UNLESS_ACCUMULATING if f.get("no_optimizer_step") else ""
+        return f"At the {f.get('at')}, {human(size('old'))} of gradients from an earlier backward are alive during a forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would free them{unless}."
     if kind == SummaryKind.MODEL_STATES_AT_CAPACITY:
         capacity = f.size("capacity")
         why = (
@@ -518,6 +520,10 @@ def _counted(value: object, noun: str, nouns: str | None = None) -> str:
 
 def _component_words(name: str) -> str:
     return _COMPONENT_WORDS.get(name, name)
+
+
+# where no optimizer step shows between the backwards, the gradients may be kept on purpose
+_UNLESS_ACCUMULATING = ", unless the run accumulates them on purpose (no optimizer step shows since they were made)"
 
 
 def summary(item: Summary) -> str:
