@@ -104,6 +104,23 @@ def test_other_code_on_another_device_is_not_compared():
     assert "not compared as replicas" in text_report.render(analysis)
 
 
+def test_a_model_split_across_devices_is_no_pair_of_replicas():
+    """device_map="auto": each device runs its own layers, called from one user line and of one
+    layer class (the same source lines): no DataParallel frames, so no replicas and no imbalance."""
+    layer = (*FORWARD_STACK[:3], Frame("run.py", 20, "main"))
+    first, last = Sim(total_bytes=8 * GiB), Sim(total_bytes=8 * GiB)
+    for _ in range(4):
+        first.alloc(100 * MiB, layer)
+    for _ in range(30):
+        last.alloc(200 * MiB, layer)
+    last.oom(2 * GiB, layer)
+    analysis = analyse(several_devices(first, last))
+    zero = analysis.device_summaries[0]
+    assert not zero.replica and not zero.data_parallel
+    assert all(f.verdict != Verdict.DEVICE_IMBALANCE for f in analysis.secondary)
+    assert "balance-devices" not in {r.id for r in analysis.recommendations}
+
+
 def test_training_is_decided_across_devices():
     """Device 1's trace stops at its OOM in the forward; device 0's replica reached its backward."""
     cut_short = replica(30, 200 * MiB, oom=2 * GiB)

@@ -51,12 +51,10 @@ from oomdoctor.vocabulary import Verdict
 
 IMBALANCE_RATIO = 1.5  # the judged device held this many times the highest peak of every replica,
 IMBALANCE_MIN_BYTES = 256 * MIB  # and this much more
-SHARED_SITES_SHARE = 0.5  # replicas: this share of the smaller set of allocation sites in common
-SITES_HEAD = 1024  # allocation sites read from the first alloc events of a trace,
+SITES_HEAD = 1024  # stacks read from the first alloc events of a trace,
 SITES_SPREAD = 3072  # and from this many more spread over the rest (a trace may hold a million)
 TRAINING_PHASES = frozenset({PHASE_BACKWARD, PHASE_OPTIMIZER})
 DATA_PARALLEL_MARKERS = ("torch/nn/parallel/", "torch_geometric/nn/data_parallel")
-_TORCH_PATH = ("/torch/", "site-packages/", "dist-packages/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +77,6 @@ class JudgedDevice:
 class _Code:
     """What a trace's allocations say about the code that made them."""
 
-    sites: frozenset[str]  # source lines outside torch and installed packages
     data_parallel: bool
 
 
@@ -232,36 +229,30 @@ def _index_at_time(trace: DeviceTrace, time_us: int | None) -> int | None:
 
 
 def _code_of(trace: DeviceTrace) -> _Code:
-    """The source lines a trace allocates from (a bounded sample of its alloc events) and whether
-    DataParallel's frames are among them."""
+    """Whether DataParallel's frames are among the stacks of a trace's allocations (a bounded
+    sample of its alloc events: a trace may hold a million)."""
     allocs = [i for i, action in enumerate(trace.actions) if action == ALLOC and trace.has_frames_at(i)]
     if len(allocs) > SITES_HEAD + SITES_SPREAD:
         rest = allocs[SITES_HEAD:]
         stride = len(rest) / SITES_SPREAD
         allocs = allocs[:SITES_HEAD] + [rest[int(k * stride)] for k in range(SITES_SPREAD)]
-    sites: set[str] = set()
-    data_parallel = False
     seen: set[int] = set()
     for index in allocs:
         stack = trace.frames_at(index)
         if id(stack) in seen:
             continue
         seen.add(id(stack))
-        if not data_parallel:
-            data_parallel = any(
-                marker in frame.filename.replace("\\", "/") for frame in stack for marker in DATA_PARALLEL_MARKERS
-            )
-        line = _attribution.source_line(stack)
-        if line is not None and not any(part in line.replace("\\", "/") for part in _TORCH_PATH):
-            sites.add(line)
-    return _Code(frozenset(sites), data_parallel)
+        if any(marker in frame.filename.replace("\\", "/") for frame in stack for marker in DATA_PARALLEL_MARKERS):
+            return _Code(data_parallel=True)
+    return _Code(data_parallel=False)
 
 
 def _replicas(one: _Code, other: _Code) -> bool:
-    if one.data_parallel and other.data_parallel:
-        return True
-    smaller = min(len(one.sites), len(other.sites))
-    return smaller > 0 and len(one.sites & other.sites) >= SHARED_SITES_SHARE * smaller
+    """Two devices run replicas of one model when both show DataParallel's frames. Shared source
+    lines do not show it: a model split across devices (device_map="auto", pipeline stages) runs
+    the same user line on every device, and layers of one class share their lines too, yet no
+    device runs what another does, and balancing their inputs means nothing."""
+    return one.data_parallel and other.data_parallel
 
 
 def imbalance(
