@@ -112,7 +112,8 @@ class Method(StrEnum):
 
     REGISTRY = "registry"  # exact: oomdoctor's registry of named tensors
     PHASE = "phase"  # the phase in which the block was allocated
-    FRAMES = "frames"  # the allocation's stack
+    FRAMES = "frames"  # the allocation's stack: torch's or a library's code that says what it makes
+    NAMES = "names"  # the words of the user's own function and file names in that stack
     LIFETIME = "lifetime"  # when it was allocated and that it is still alive
     SIZE_MATCH = "size-match"  # its size equals a parameter's
     NONE = "none"

@@ -136,3 +136,19 @@ def test_fsdp_parameters_are_parameters_in_any_phase():
     components = _components(analyse(sim.snapshot(metadata=False)))
     assert components.get("parameters") == 4 * 512 * MiB + 2 * GiB
     assert components.get("activations", 0) >= 4 * GiB
+
+
+def test_a_kind_read_from_names_says_so():
+    """A component placed by the words of the user's own names reports the method 'names' (a
+    user's choice of words), not 'frames' (what torch's or a library's code shows)."""
+    sim = Sim(total_bytes=16 * GiB)
+    for _ in range(8):
+        sim.alloc(128 * MiB, (Frame("my_optimizer.py", 20, "__init__"), Frame("train.py", 12, "main")))
+    sim.alloc(1 * GiB, (Frame("/usr/lib/python3/site-packages/safetensors/torch.py", 315, "load_file"),))
+    for _ in range(8):
+        sim.alloc(1 * GiB, _forward())
+    sim.oom(8 * GiB, _forward())
+    analysis = analyse(sim.snapshot(metadata=False))
+    methods = {c.name: c.method for c in analysis.components if c.bytes}
+    assert methods["optimizer_state"] == "names"
+    assert methods["parameters"] == "frames"

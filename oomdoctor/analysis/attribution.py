@@ -22,6 +22,7 @@ from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     METHOD_FRAMES,
     METHOD_LIFETIME,
+    METHOD_NAMES,
     METHOD_NONE,
     METHOD_PHASE,
     METHOD_REGISTRY,
@@ -168,6 +169,7 @@ _GRADIENT_WORDS = frozenset({"grad", "grads", "gradient", "gradients"})
 _WORD_SPLIT = re.compile(r"[^a-z]+")
 _DATA_WORDS = re.compile(r"batch|collate|__next__|data_?loader|pin_memory|prefetch|^to$|^cuda$|^to_device$")
 _NAME_CONFIDENCE = 0.4  # a kind read from the names of the user's functions and files
+_WEIGHT_READER_CONFIDENCE = 0.5  # weights read from a file by a library that does so
 _USER_FRAMES_READ = 4  # innermost user frames whose names are read
 # Copies of one parameter set that the frame-less blocks may hold: parameters, gradients and the
 # two moments of Adam-like optimizers (in that order of likelihood).
@@ -214,6 +216,16 @@ def _reads_weights(stack: Stack) -> bool:
         if is_python_source(frame)
         for reader in _WEIGHT_READERS
     )
+
+
+def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
+    """(component, method, confidence) of a block by what its code is called: a library that reads
+    weights from a file (frames), else the words of the user's own function and file names
+    (names, a low confidence: a name is the user's choice, not torch's evidence)."""
+    if _reads_weights(stack):
+        return PARAMETERS, METHOD_FRAMES, _WEIGHT_READER_CONFIDENCE
+    named = _by_names(stack)
+    return (named, METHOD_NAMES, _NAME_CONFIDENCE) if named is not None else None
 
 
 def _by_names(stack: Stack) -> int | None:
@@ -356,9 +368,9 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
         return PARAMETERS, METHOD_FRAMES, 0.8
     if cls in FORWARD_PASSES:  # a forward's output kept since before the trace (whatever its code is named)
         return ACTIVATIONS, METHOD_FRAMES, 0.6
-    named = _by_names(stack)
+    named = _placed_by_names(stack)
     if named is not None:
-        return named, METHOD_FRAMES, _NAME_CONFIDENCE
+        return named
     if cls == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_FRAMES, 0.4
     return None
@@ -855,9 +867,9 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
             return PARAMETERS, METHOD_FRAMES, 0.8
         if stack_class == PHASE_OPTIMIZER:
             return OPTIMIZER_STATE, METHOD_FRAMES, 0.7
-        named = _by_names(stack)
+        named = _placed_by_names(stack)
         if named is not None:
-            return named, METHOD_FRAMES, _NAME_CONFIDENCE
+            return named
         if _in_constructor(stack):  # made by a constructor during setup: a module's parameters
             return PARAMETERS, METHOD_FRAMES, 0.6
         if requested in parameter_sizes:
@@ -885,9 +897,9 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
     if phase == PHASE_BETWEEN:
         if stack_class == "module-setup":
             return PARAMETERS, METHOD_FRAMES, 0.6
-        named = _by_names(stack)
+        named = _placed_by_names(stack)
         if named is not None:
-            return named, METHOD_FRAMES, _NAME_CONFIDENCE
+            return named
         if not stack or _loads_data(stack):
             return INPUTS, METHOD_PHASE, 0.6 if stack else 0.4
         return OTHER, METHOD_PHASE, 0.4

@@ -24,6 +24,7 @@ SOURCE_NONE = PhaseSource.NONE.value
 METHOD_REGISTRY = Method.REGISTRY.value
 METHOD_PHASE = Method.PHASE.value
 METHOD_FRAMES = Method.FRAMES.value
+METHOD_NAMES = Method.NAMES.value
 METHOD_LIFETIME = Method.LIFETIME.value
 METHOD_SIZE_MATCH = Method.SIZE_MATCH.value
 METHOD_NONE = Method.NONE.value
