@@ -152,3 +152,25 @@ def test_a_kind_read_from_names_says_so():
     methods = {c.name: c.method for c in analysis.components if c.bytes}
     assert methods["optimizer_state"] == "names"
     assert methods["parameters"] == "frames"
+
+
+def test_torch_s_averaged_model_is_a_copy_of_the_weights_not_optimizer_state():
+    """torch.optim.swa_utils.AveragedModel (an EMA of the model) deep-copies the parameters: it
+    lives under torch/optim/ but holds no optimizer's state."""
+    copy = (
+        Frame(TORCH + "nn/parameter.py", 68, "__deepcopy__"),
+        Frame("/usr/lib/python3.11/copy.py", 153, "deepcopy"),
+        Frame(TORCH + "optim/swa_utils.py", 220, "__init__"),
+        Frame("train.py", 25, "main"),
+    )
+    sim = Sim(total_bytes=16 * GiB)
+    for _ in range(8):
+        sim.alloc(256 * MiB, SETUP_STACK)
+    for _ in range(8):
+        sim.alloc(256 * MiB, copy)
+    for _ in range(8):
+        sim.alloc(1 * GiB, _forward())
+    sim.oom(8 * GiB, _forward())
+    components = _components(analyse(sim.snapshot(metadata=False)))
+    assert "optimizer_state" not in components
+    assert components.get("parameters") == 16 * 256 * MiB

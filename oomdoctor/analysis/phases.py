@@ -116,7 +116,9 @@ def _frame_kind(filename: str, name: str) -> str | None:
             return _KIND_BACKWARD
         return None
     if "torch/optim/" in filename:
-        if "lr_scheduler" in filename:
+        # a scheduler allocates nothing of the optimizer's; swa_utils' AveragedModel is a copy of
+        # the model (an EMA of its weights), made by deepcopy and updated between steps
+        if "lr_scheduler" in filename or "swa_utils" in filename:
             return None
         if name == "zero_grad":
             return _KIND_ZERO_GRAD
