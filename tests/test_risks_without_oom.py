@@ -53,7 +53,7 @@ def test_a_forward_that_keeps_its_graph_without_training_is_a_risk():
     assert result.verdict == "no-oom"
     finding = _findings(result)["inference-with-grad"]
     assert finding.summary.kind == SummaryKind.KEPT_GRAPH_RISK
-    assert "grad mode is on" in phrasing.summary(finding.summary)
+    assert "with grad mode on" in phrasing.summary(finding.summary)
     assert "no-grad" in {r.id for r in result.recommendations}
 
     no_grad = Sim()

@@ -1001,7 +1001,7 @@ def _training_seen(ctx: Context) -> bool:
 
 def _risk_kept_graph(ctx: Context) -> Finding | None:
     """A forward pass, in a dump that shows no training at all, keeping most of what it allocated:
-    grad mode is on, so autograd keeps the graph for a backward that never runs. (Not at an OOM: a
+    grad mode is on, so autograd keeps the graph for a backward that had not run. (Not at an OOM: a
     run's first forward keeps its graph for the backward to come, and nothing before it tells.)"""
     if ctx.oom is not None or _training_seen(ctx):
         return None

@@ -387,8 +387,11 @@ def _summary_words(kind: str, f: Facts) -> str:
             + _cached(f)
         )
     if kind == SummaryKind.KEPT_GRAPH_RISK:
-        which = "the last forward pass, returned, still keeps" if f.get("returned") else "a forward pass keeps"
-        return f"At the {f.get('at')}, {which} {human(size('kept'))}, {f.number('share'):.0%} of what it allocated, and nothing in the dump trains: grad mode is on, so autograd keeps the graph for a backward that never runs."
+        kept = f"{human(size('kept'))}, {f.number('share'):.0%} of what it allocated, and nothing in the dump trains"
+        if f.get("returned"):  # the dump came after the pass: no backward had run by then
+            return f"At the {f.get('at')}, the last forward pass, returned, still keeps {kept}: that is its graph, kept with grad mode on for a backward that had not run when the dump was written."
+        # judged inside the pass: a backward may yet follow it
+        return f"At the {f.get('at')}, a forward pass keeps {kept}: with grad mode on, autograd keeps the graph for a backward, which inference or a benchmark never runs."
     if kind == SummaryKind.GRADIENTS_KEPT_RISK:
         if f.get("phase") is not None:  # judged later in the step than its forward
             phase = f.text("phase") or ""
