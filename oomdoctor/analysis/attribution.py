@@ -512,6 +512,10 @@ def attribute(
         phase = span.phase if span is not None else PHASE_BEFORE
         step = span.step if span is not None else None
         stack = trace.frames_at(alloc_index) if alloc_index is not None else frames_of.get(address, ())
+        if not stack and alloc_index is not None and address not in frees:
+            # a trace recorded without stacks (context="state", the legacy API's default) while the
+            # dump's block, this same allocation, keeps the stack it was made with
+            stack = frames_of.get(address, ())
         name = None
         # The registry names the tensors alive at the dump: a block freed after the target is another
         # allocation that once had the same address.
@@ -905,6 +909,10 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
         return OTHER, METHOD_PHASE, 0.4
     if phase == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_PHASE, 0.6
+    if stack and phase == PHASE_UNKNOWN:  # no phases to place it by: its own stack may say what it is
+        placed = _place_by_own_frames(stack, requested, freed_at is None)
+        if placed is not None:
+            return placed
     return UNKNOWN, METHOD_NONE, 0.0
 
 

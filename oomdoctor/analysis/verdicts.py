@@ -24,6 +24,7 @@ from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
     PHASE_OPTIMIZER,
+    PHASE_UNKNOWN,
     PHASE_ZERO_GRAD,
     SOURCE_MARKERS,
     TRAINING_PHASES,
@@ -672,7 +673,10 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
 
 
 def _test_activation_spike(ctx: Context) -> Finding | None:
-    if ctx.oom is None or ctx.target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD):
+    # with no phases at all (a trace without stacks), activations placed by their blocks' own
+    # stacks still show what filled memory, at a lower confidence
+    phases_unknown = ctx.target_phase == PHASE_UNKNOWN and not ctx.phases_seen() - {PHASE_UNKNOWN}
+    if ctx.oom is None or (ctx.target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD) and not phases_unknown):
         return None
     c = ctx.components
     # this pass's own: what earlier steps or earlier passes left alive is a leak's or a kept graph's
@@ -734,7 +738,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
             Facts.of(phase=ctx.target_phase, activations=activations, ratio=ratio, earlier_step=earlier_step),
         )
     )
-    return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.6, summary, tuple(evidence))
+    return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.4 if phases_unknown else 0.6, summary, tuple(evidence))
 
 
 def _guess_outside_without_total(ctx: Context) -> Finding | None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_OPTIMIZER,
+    PHASE_UNKNOWN,
     PHASE_ZERO_GRAD,
     SOURCE_NONE,
     Change,
@@ -360,6 +361,8 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         phase = f.text("phase") or ""
+        if phase == PHASE_UNKNOWN:  # no phases: the blocks' own stacks placed them
+            return f"Activations ({human(size('activations'))}, placed by their blocks' own stacks: the trace records none) dominate live memory: the pass that made them needs more than the device has."
         # a forward's own activations, or those a forward left alive in a later phase (the backward)
         whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
         ratio = f.get("ratio")
