@@ -138,6 +138,18 @@ def _layered_model(layers: int, width: int = 1024) -> list[int]:
     return [4 * n for n in per_layer] * layers + [4 * 50000 * width, 4 * width, 4 * width]
 
 
+def test_one_regular_model_is_no_pair_of_copies():
+    """A transformer's counts may all be even (qkv, projections, an untied embedding and head),
+    but for its norms: two a layer and one at the end, 2L + 1. Copies repeat every shape, so one
+    model is one copy, however small its norms' bytes are."""
+    width = 1024
+    per_layer = [width * 3 * width, width * width, width * 4 * width, 4 * width * width, width, width]
+    one = [4 * n for n in per_layer] * 12 + [4 * 50000 * width] * 2 + [4 * width]  # + embedding, head, final norm
+    assert model_state_copies([(r, r) for r in one], 4) == 1
+    assert model_state_copies([(r, r) for r in one * 2], 4) == 2
+    assert model_state_copies([(r, r) for r in one * 4], 4) == 4
+
+
 def test_one_copy_of_a_layered_model_without_a_trace_is_its_weights_and_the_rest_unknown():
     sizes = _layered_model(12)
     scratch = 32 * MiB + 4  # a buffer of no width of the model's

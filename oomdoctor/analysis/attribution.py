@@ -406,8 +406,10 @@ def _shape_totals(sizes: Sequence[tuple[int, int]]) -> tuple[dict[int, int], dic
 def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) -> int:
     """How many copies of one set of shapes the frame-less pre-trace blocks hold, from their
     (requested bytes, block bytes): the largest k (at most `kinds_possible`) such that the shapes
-    occur a multiple of k times: all but _COPY_TOLERANCE of the bytes, and at least
-    _COPY_SHAPES_SHARE of the shapes that repeat (the small ones, norms and biases, count there)."""
+    occur a multiple of k times: all but _COPY_TOLERANCE of the bytes, at least _COPY_SHAPES_SHARE
+    of the shapes that repeat (the small ones, norms and biases, count there), and every shape that
+    repeats at least _LAYERS_MIN times (one model's layers: a regular model's counts may all be
+    even but for its final norm's shape, 2L + 1)."""
     counts, held = _shape_totals(sizes)
     total = sum(held.values())
     repeated = [n for n in counts.values() if n > 1]
@@ -416,7 +418,10 @@ def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) ->
     for copies in range(min(kinds_possible, len(_MODEL_STATE_KINDS)), 1, -1):
         broken = sum(held[r] for r, n in counts.items() if n % copies)
         regular = sum(1 for n in repeated if n % copies == 0)
-        if broken <= total * _COPY_TOLERANCE and regular >= _COPY_SHAPES_SHARE * len(repeated):
+        # a shape that repeats as a layer's do (a norm's weight: twice a layer and once more at the
+        # end) but not k times over is one model's, whatever its bytes: copies repeat every shape
+        layered_broken = any(n >= _LAYERS_MIN and n % copies for n in repeated)
+        if broken <= total * _COPY_TOLERANCE and regular >= _COPY_SHAPES_SHARE * len(repeated) and not layered_broken:
             return copies
     return 1
 
