@@ -72,3 +72,21 @@ def test_saved_activations_freed_by_the_backward_are_not_read_as_gradients():
         first = analysis.replay.series[0].components
         assert first[GRADIENTS] < 256 * MiB
         assert first[ACTIVATIONS] >= 4 * 256 * MiB
+
+
+def test_pairs_whose_allocation_has_no_stack_tell_nothing():
+    """The autograd engine's allocations carry no stack (stacks="python"), and under context="all"
+    their frees carry none either: such pairs match under both settings, so only pairs with an
+    allocation stack decide."""
+    sim = Sim(total_bytes=4 * GiB)
+    for _ in range(8):
+        sim.free(sim.alloc(16 * MiB))  # the engine's: no stack on either
+    block = sim.alloc(16 * MiB, FORWARD_STACK)
+    sim.free(block)
+    events = [
+        replace(e, frames=BACKWARD_STACK) if e.action == FREE_REQUESTED and e.frames == FORWARD_STACK else e
+        for e in sim.events
+    ]
+    assert not frees_carry_alloc_stacks(DeviceTrace.from_events(0, tuple(events)))
+    engine_only = [e for e in sim.events if not e.frames]
+    assert not frees_carry_alloc_stacks(DeviceTrace.from_events(0, tuple(engine_only)))

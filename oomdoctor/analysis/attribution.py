@@ -161,12 +161,20 @@ _PREALLOCATED_WORDS = re.compile(r"kv_?cache|cache_engine|allocate_cache|init_ca
 # `optimized`, `million`, `gradio`, `upgrade`) says nothing.
 _OPTIMIZER_WORDS = frozenset(
     {"optim", "optimizer", "optimizers", "adam", "adamw", "sgd", "lion", "adafactor", "lamb", "shampoo", "muon"}
-    | {"sophia", "adagrad", "rmsprop"}
+    | {"sophia", "adagrad", "rmsprop", "nadam", "nadamw", "radam", "adamp", "adamax", "adabelief", "lars"}
+    | {"novograd", "prodigy", "adan"}
 )
 _PARAMETER_WORDS = frozenset({"weight", "weights", "param", "params", "parameter", "parameters"})
 _PARAMETER_PHRASES = re.compile(r"load_state_dict|from_pretrained|load_model|model_provider")
 _GRADIENT_WORDS = frozenset({"grad", "grads", "gradient", "gradients"})
 _WORD_SPLIT = re.compile(r"[^a-z]+")
+_CAMEL_CASE = re.compile(r"(?<=[a-z])(?=[A-Z])")  # initWeights, AdamOptimizer: words too
+
+
+def _words(name: str) -> set[str]:
+    return set(_WORD_SPLIT.split(_CAMEL_CASE.sub("_", name).lower()))
+
+
 _DATA_WORDS = re.compile(r"batch|collate|__next__|data_?loader|pin_memory|prefetch|^to$|^cuda$|^to_device$")
 _NAME_CONFIDENCE = 0.4  # a kind read from the names of the user's functions and files
 _WEIGHT_READER_CONFIDENCE = 0.5  # weights read from a file by a library that does so
@@ -186,14 +194,14 @@ _LAYER_CONFIDENCE = 0.3  # weights read from the shapes alone
 
 
 def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
-    """(file stem, function) of the innermost user frames, lower-cased."""
+    """(file stem, function) of the innermost user frames, as written (camelCase splits into words)."""
     found = []
     for frame in stack:
         filename = frame.filename.replace("\\", "/")
         if not filename.endswith(".py") or "/torch/" in filename or "<frozen" in filename:
             continue
-        stem = filename.rsplit("/", 1)[-1][:-3].lower()
-        found.append((stem, frame.name.lower()))
+        stem = filename.rsplit("/", 1)[-1][:-3]
+        found.append((stem, frame.name))
         if len(found) == _USER_FRAMES_READ:
             break
     return found
@@ -222,7 +230,7 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
     """(component, method, confidence) of a block by what its code is called: a library that reads
     weights from a file (frames), else the words of the user's own function and file names
     (names, a low confidence: a name is the user's choice, not torch's evidence)."""
-    if _reads_weights(stack):
+    if _reads_weights(stack) and not _loads_data(stack):
         return PARAMETERS, METHOD_FRAMES, _WEIGHT_READER_CONFIDENCE
     named = _by_names(stack)
     return (named, METHOD_NAMES, _NAME_CONFIDENCE) if named is not None else None
@@ -230,19 +238,20 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
 
 def _by_names(stack: Stack) -> int | None:
     """The kind of memory the user's own function and file names (and the libraries that read
-    weights from files) say they allocate, if any."""
-    if _reads_weights(stack):
+    weights from files, outside data loading: a dataset of cached tensors is read so too) say
+    they allocate, if any."""
+    if _reads_weights(stack) and not _loads_data(stack):
         return PARAMETERS
     for stem, function in _python_user_frames(stack):
-        text = f"{stem} {function}"
+        text = f"{stem} {function}".lower()
         if _PREALLOCATED_WORDS.search(text):
             return PREALLOCATED
-        words = set(_WORD_SPLIT.split(text))
+        words = _words(stem) | _words(function)
         if words & _OPTIMIZER_WORDS:
             return OPTIMIZER_STATE
         if words & _PARAMETER_WORDS or _PARAMETER_PHRASES.search(text):
             return PARAMETERS
-        if set(_WORD_SPLIT.split(function)) & _GRADIENT_WORDS:
+        if _words(function) & _GRADIENT_WORDS:
             return GRADIENTS
     return None
 
@@ -252,7 +261,7 @@ def _loads_data(stack: Stack) -> bool:
     for frame in stack:
         if frame.filename.replace("\\", "/").find("torch/utils/data/") >= 0:
             return True
-    return any(_DATA_WORDS.search(function) for _, function in _python_user_frames(stack))
+    return any(_DATA_WORDS.search(function.lower()) for _, function in _python_user_frames(stack))
 
 
 def _in_constructor(stack: Stack) -> bool:
@@ -587,6 +596,10 @@ def _weights_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
     weights = layer_stack_weights([(b.requested_bytes, b.size_bytes) for b in first_inputs])
     if not weights:
         return blocks
+    # only the shapes that repeat: a batch's one tensor may share the model's width (hidden states,
+    # an image batch), as its embedding does, and nothing tells those apart
+    counts, _ = _shape_totals([(b.requested_bytes, b.size_bytes) for b in first_inputs])
+    weights = {r for r in weights if counts[r] > 1}
     return [
         replace(b, component=COMPONENTS[PARAMETERS], method=METHOD_SIZE_MATCH, confidence=_LAYER_CONFIDENCE)
         if b.component == COMPONENTS[INPUTS] and b.method == METHOD_LIFETIME and b.requested_bytes in weights
@@ -686,7 +699,10 @@ def frees_carry_alloc_stacks(trace: DeviceTrace) -> bool:
             made = open_allocs.pop(addrs[index], None)
             if made is None:
                 continue
-            if trace.frames_at(made) != trace.frames_at(index):
+            made_by = trace.frames_at(made)
+            if not made_by:  # the autograd engine's allocations carry no stack: they tell nothing
+                continue
+            if made_by != trace.frames_at(index):
                 return False
             pairs += 1
             if pairs == _FREE_STACK_PAIRS:

@@ -11,7 +11,6 @@ figures. The words are `oomdoctor.views.phrasing`'s.
 from __future__ import annotations
 
 import bisect
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
     PHASE_BETWEEN,
+    PHASE_EVALUATION,
     PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
     PHASE_ZERO_GRAD,
@@ -44,7 +44,7 @@ from oomdoctor.analysis.results import (
     SummaryKind,
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
-from oomdoctor.model import Frame, Stack
+from oomdoctor.model import Frame, Segment, Stack
 from oomdoctor.units import GIB, MIB
 from oomdoctor.vocabulary import Component, Verdict
 
@@ -64,6 +64,7 @@ KEPT_GRAPH_MIN_PART = 10  # earlier forward passes' activations: a tenth of the 
 SPIKE_OVER_STATE_GROWTH = 0.1  # activations above the earlier peak by this share: a spike, not new state
 ACTIVATIONS_MIN_SHARE = 0.3  # activations and temporaries at least this share of allocated (or the largest)
 SPIKE_RATIO = 1.2  # activations this many times the earlier steps' peak: a spike
+CALLS_PER_STEP_UNSEEN = 3  # model calls one training step may make before its backward, with none seen
 SMALLEST_GPU_BYTES = GIB  # no CUDA GPU has less: a capacity below it means memory was held outside
 # Risks judged without an OOM event
 KEPT_GRAPH_SHARE = 0.4  # a pass under no_grad frees each intermediate once used; keeping this share keeps a graph
@@ -127,6 +128,7 @@ class Context:
     # the process ran an optimizer's step or zero_grad (torch's record_function annotations, on any
     # device): it trains, though this device's trace holds no backward (DataParallel's first forward)
     optimizer_annotated: bool = field(default=False)
+    layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
 
     @property
     def request(self) -> int:
@@ -184,12 +186,34 @@ class Context:
         )
 
     def in_first_optimizer_step(self) -> bool:
-        """The target is in the trace's first step's optimizer step and nothing shows an earlier
-        one ran: no live optimizer state predates the trace (a trace that began late, or a ring
-        buffer that wrapped, counts its steps from 0 too)."""
+        """The target is in the trace's first step's optimizer step, and that is the run's first:
+        the step is creating optimizer state (a stateful optimizer makes it lazily, in its first
+        step), or none predates the trace. (A trace that began late, or a ring buffer that wrapped,
+        counts its steps from 0 too; state from before the trace that this step does not add to
+        was made by an earlier step, or up front as DeepSpeed makes it.)"""
         if self.target_phase != PHASE_OPTIMIZER or (self.target_step or 0) != 0:
             return False
-        return self.optimizer_state_made()[0] == 0
+        creating = any(
+            b.component == Component.OPTIMIZER_STATE
+            and b.alloc_index is not None
+            and b.phase == PHASE_OPTIMIZER
+            and b.step == self.target_step
+            for b in self.live_blocks
+        )
+        return creating or self.optimizer_state_made()[0] == 0
+
+    def old_blocks(self, components: tuple[str, ...], *, pre_trace: bool = False) -> list[LiveBlock]:
+        """The live blocks `old_bytes` counts (without a phase filter)."""
+        return [
+            block
+            for block in self.live_blocks
+            if block.component in components
+            and (
+                pre_trace
+                if block.alloc_index is None
+                else self.target_step is not None and block.step is not None and block.step < self.target_step
+            )
+        ]
 
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
@@ -199,14 +223,7 @@ class Context:
         total = 0
         steps: set[int] = set()
         largest = None
-        for block in self.live_blocks:
-            if block.component not in components:
-                continue
-            if block.alloc_index is None:
-                if not pre_trace:
-                    continue
-            elif self.target_step is None or block.step is None or block.step >= self.target_step:
-                continue
+        for block in self.old_blocks(components, pre_trace=pre_trace):
             if phases is not None and block.phase not in phases:
                 continue
             total += block.size_bytes
@@ -529,12 +546,12 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
 
 def _passes_per_backward(ctx: Context) -> int:
     """The most forward passes a backward before the target consumed (those since the training
-    phase before it); unbounded when no backward came before the target (a run's first step may
-    run any number before its own)."""
+    phase before it); with no backward before the target, what a training step's structure runs
+    at most (a triplet's three calls)."""
     target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
     backwards = [s for s in ctx.phases if s.phase == PHASE_BACKWARD and s.last_index < target]
     if not backwards:
-        return sys.maxsize
+        return CALLS_PER_STEP_UNSEEN
     return max(len(passes_since_training(ctx.phases, b.first_index - 1)[0]) for b in backwards)
 
 
@@ -546,11 +563,12 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     forwards, kept, last_training = _kept_from_earlier_passes(ctx)
     if len(forwards) < 2:
         return None
-    if ctx.trains() and len(forwards) <= _passes_per_backward(ctx):
+    evaluating = all(f.phase == PHASE_EVALUATION for f in forwards)
+    if ctx.trains() and not evaluating and len(forwards) <= _passes_per_backward(ctx):
         # a run that trains calls its model this many times before a backward (a siamese or
         # contrastive pair, a reward model's chosen and rejected, a GAN's discriminator on real and
-        # fake): these passes' graphs wait for the step's backward. A first step has no earlier
-        # backward to show how many it runs, so nothing tells them from a loop that keeps graphs.
+        # fake): these passes' graphs wait for the step's backward. Passes an evaluation loop runs
+        # (by its function's name) are no training step's.
         return None
     current = forwards[-1]
     kept_bytes = sum(b.size_bytes for b in kept)
@@ -640,14 +658,22 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         and growth >= ctx.missing
     ):
         return None  # this step's extra activations alone explain the OOM: a spike, not the new state
-    if optimizer_state < ctx.missing:
-        return None
     comparable = [s for s in ctx.passes.comparable_steps if s < step]
     # markers number the run's steps from the capture's start: state from before the trace at the
     # run's step 1 was made by step 0's optimizer step, after step 0's forward and backward fit
     made_by_step_0 = bool(before_trace) and step == 1 and ctx.phase_source == SOURCE_MARKERS
     if made_by_step_0:
         comparable = [0]
+    new_state = optimizer_state
+    if comparable and not made_by_step_0:  # the state made since the latest step that fit began
+        began = next((s.first_index for s in ctx.steps if s.step == max(comparable)), -1)
+        new_state = sum(
+            b.size_bytes
+            for b in ctx.live_blocks
+            if b.component == Component.OPTIMIZER_STATE and b.alloc_index is not None and b.alloc_index >= began
+        )
+    if new_state < ctx.missing:
+        return None
     traced_later_step = step >= 1 and (not before_trace or made_by_step_0)
     return Finding(
         Verdict.OPTIMIZER_STATE_BUILDUP,
@@ -656,7 +682,7 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
             SummaryKind.OPTIMIZER_LATER_STEP if traced_later_step else SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE,
             Facts.of(
                 step=step,
-                optimizer_state=optimizer_state,
+                optimizer_state=new_state if traced_later_step else optimizer_state,
                 before_trace=before_trace,
                 earlier_step=max(comparable) if comparable else None,
                 phase=ctx.target_phase,
@@ -716,6 +742,8 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
                 facts=Facts.of(ratio=ratio),
             )
         )
+    if ratio is not None and ratio <= 1:
+        return None  # the pass failed short of what the earlier steps reached and fit: something else grew
     spike = ratio is not None and ratio > SPIKE_RATIO
     kept_bytes = sum(b.size_bytes for b in kept.values())
     if not spike and kept_bytes and kept_bytes >= ctx.missing:
@@ -776,6 +804,7 @@ class KeptOutputs:
     kept_bytes: int
     largest_pass_bytes: int
     largest: LiveBlock | None
+    blocks: tuple[LiveBlock, ...] = ()  # the kept blocks themselves
 
     def share(self, ctx: Context) -> float | None:
         allocated = ctx.earlier_passes_allocated_bytes
@@ -811,7 +840,7 @@ def kept_outputs(ctx: Context) -> KeptOutputs | None:
     if not allocated or kept_bytes >= KEPT_GRAPHS_OF_PASSES * allocated:
         return None  # graphs kept (inference-with-grad), or nothing to weigh the kept bytes against
     largest = max(kept, key=lambda b: b.size_bytes)
-    return KeptOutputs(len(forwards), keeping, kept_bytes, max(per_pass), largest)
+    return KeptOutputs(len(forwards), keeping, kept_bytes, max(per_pass), largest, tuple(kept))
 
 
 def _eval_outputs_finding(ctx: Context, outputs: KeptOutputs, confidence: float, at: str | None) -> Finding:

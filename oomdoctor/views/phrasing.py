@@ -55,7 +55,7 @@ UNKNOWNS: dict[str, str] = {
     ),
     UnknownKind.PRE_EXISTING: "{allocations} predate the trace; when they were made is unknown",
     UnknownKind.STEPS_BEFORE_TRACE: (
-        "how many optimizer steps ran before the trace: steps are counted from its start, and optimizer state made before it shows at least one ran earlier"
+        "how many optimizer steps ran before the trace: steps are counted from its start, and optimizer state made before it suggests at least one ran earlier (or the optimizer made its state up front, as DeepSpeed does)"
     ),
     UnknownKind.PRE_EXISTING_NO_STACK: (
         "{count} of the blocks live at the target predate the trace and carry no stack: what they are is inferred from their shapes and what the trace does to them"
@@ -250,7 +250,7 @@ CHANGES: dict[str, str] = {
         "Update the optimizer's state and the parameters in place (`exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)`, `p.addcdiv_(...)`) so its step allocates no parameter-sized temporaries."
     ),
     Change.ZERO_GRAD_SET_TO_NONE: (
-        "Call zero_grad(set_to_none=True) before each forward (the optimizer's, or the model's where no optimizer runs), so the previous step's gradients are freed before the forward, not after it."
+        "Call zero_grad(set_to_none=True) before each forward (the optimizer's, or the model's where no optimizer runs), so the previous step's gradients are freed before the forward, not after it; where gradients are accumulated over micro-batches on purpose, only before each optimizer step's first."
     ),
     Change.FREE_KEPT_TENSORS: (
         "Stop keeping tensors across steps: accumulate `loss.item()` or `loss.detach()`, not `loss`; clear lists of outputs."
@@ -344,8 +344,8 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.OPTIMIZER_STATE_BEFORE_TRACE:
         state_words, before_words = human(size("optimizer_state")), human(size("before_trace"))
         if f.get("phase") == PHASE_OPTIMIZER:  # not the first step: its state is there already
-            return f"The OOM came inside an optimizer step that is not the run's first ({before_words} of its state was made before the trace began): {state_words} of optimizer state and {human(size('temporaries'))} of the step's temporaries are alive, and together they do not fit."
-        return f"{state_words} of optimizer state is alive at the OOM, {before_words} of it made before the trace began (so an optimizer step ran before it), enough to cover what the request lacked. The trace holds no completed step like this one to compare with: if the run's earlier steps fit with this state alive, what this step adds is the cause, not the state."
+            return f"The OOM came inside an optimizer step whose state was made before the trace began ({before_words}: by an earlier step, or up front as DeepSpeed makes it): {state_words} of optimizer state and {human(size('temporaries'))} of the step's temporaries are alive, and together they do not fit."
+        return f"{state_words} of optimizer state is alive at the OOM, {before_words} of it made before the trace began (by an earlier optimizer step, or up front as DeepSpeed makes it), enough to cover what the request lacked. The trace holds no completed step like this one to compare with: if the run's earlier steps fit with this state alive, what this step adds is the cause, not the state."
     if kind == SummaryKind.OPTIMIZER_LATER_STEP:
         earlier = f.get("earlier_step")
         if earlier is None:
@@ -362,17 +362,12 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         phase = f.text("phase") or ""
         if phase == PHASE_UNKNOWN:  # no phases: the blocks' own stacks placed them
-            return f"Activations ({human(size('activations'))}, placed by their blocks' own stacks: the trace records none) dominate live memory: the pass that made them needs more than the device has."
+            return f"Activations ({human(size('activations'))}, placed by their blocks' own stacks) dominate live memory; the trace records no stacks, so which passes made them, and whether earlier ones kept theirs, is unknown."
         # a forward's own activations, or those a forward left alive in a later phase (the backward)
         whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
         ratio = f.get("ratio")
-        if ratio is not None and f.get("earlier_step") is not None:  # a completed step like this one fit
-            than = (
-                ": this step needs more than the earlier ones did"
-                if f.number("ratio") > 1
-                else ", though no more than in the earlier steps: what else is alive is what grew"
-            )
-            return f"Activations {whose} ({human(size('activations'))}, {f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory{than}."
+        if ratio is not None and f.get("earlier_step") is not None:  # a completed step like this one fit, with less
+            return f"Activations {whose} ({human(size('activations'))}, {f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory: this step needs more than the earlier ones did."
         return f"Activations {whose} ({human(size('activations'))}) dominate live memory: at this batch and sequence size the pass needs more than the device has."
     if kind == SummaryKind.NO_OOM:
         if f.get("empty"):
