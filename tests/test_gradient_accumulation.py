@@ -19,7 +19,7 @@ BACKWARD_STACK = (
 )
 
 
-def _micro_batches(*, optimizer_step_seen: bool):
+def _micro_batches(*, optimizer_step_seen: bool, oom_before_forward: bool = False):
     """AdamW state from an earlier step, then two micro-batches' forward and backward (the first
     makes the gradients, the second adds into them), and a third forward that runs out. With
     `optimizer_step_seen` an optimizer step that allocates runs after the second backward."""
@@ -39,6 +39,10 @@ def _micro_batches(*, optimizer_step_seen: bool):
                 sim.free(grad)  # added into the .grad the first made
     if optimizer_step_seen:
         sim.free(sim.alloc(256 * MiB, FOREACH_STACK))
+    if oom_before_forward:  # the next batch, moved to the GPU by the loop's own line, runs out
+        sim.alloc(6 * GiB + 512 * MiB, (Frame("train.py", 36, "train_step"),))
+        sim.oom(2 * GiB, (Frame("train.py", 37, "train_step"),))
+        return analyse(sim.snapshot(metadata=False))
     for _ in range(7):
         sim.alloc(1 * GiB, FORWARD_STACK)
     sim.oom(1 * GiB, FORWARD_STACK)
@@ -57,3 +61,12 @@ def test_gradients_kept_past_an_optimizer_step_are_stale():
     assert analysis.verdict == "gradients-kept"
     assert analysis.confidence > 0.5
     assert "accumulates" not in phrasing.summary(analysis.summary)
+
+
+def test_zero_grad_is_not_said_to_fit_where_the_gradients_may_be_accumulated():
+    accumulating = _micro_batches(optimizer_step_seen=False, oom_before_forward=True)
+    stale = _micro_batches(optimizer_step_seen=True, oom_before_forward=True)
+    assert accumulating.verdict == stale.verdict == "gradients-kept"
+    fits = {r.id: r.would_fit_alone for r in accumulating.recommendations}
+    assert "zero-grad-set-to-none" in fits and fits["zero-grad-set-to-none"] is None
+    assert {r.id: r.would_fit_alone for r in stale.recommendations}["zero-grad-set-to-none"] is not None

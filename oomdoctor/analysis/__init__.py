@@ -168,6 +168,7 @@ class _Accounted:
     fragmentation: Fragmentation
     accounting: Accounting
     capacity_bytes: int | None  # what PyTorch could have had: reserved + device free, else the device total
+    layout: tuple[Segment, ...] = ()  # the segments and their blocks at the target
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +309,7 @@ def _account(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Account
         capacity = accounting.reserved_bytes + device_free
     elif device_total is not None:
         capacity = device_total
-    return _Accounted(oom_events, fatal, request, large_segment, fragmentation, accounting, capacity)
+    return _Accounted(oom_events, fatal, request, large_segment, fragmentation, accounting, capacity, tuple(layout))
 
 
 def _device_free(
@@ -450,6 +451,7 @@ def _context(
         oom=accounted.fatal,
         accounting=accounted.accounting,
         fragmentation=accounted.fragmentation,
+        layout=accounted.layout,
         components={s.name: s.bytes for s in shares},
         live_blocks=blocks,
         phases=dump.spans,

@@ -7,7 +7,7 @@ allocated    = requested + rounding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from oomdoctor.analysis.results import Accounting, Fragmentation, PoolFree, SegmentDetail, Unknown, UnknownKind
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, SMALL_SEGMENT_BYTES, pool_of, segment_size
@@ -192,6 +192,38 @@ def fragmentation_of(
         max_split_size_bytes=max_split,
         alloc_conf=settings.raw_conf if settings is not None else None,
     )
+
+
+def place_after_freeing(
+    layout: Sequence[Segment],
+    freed: Collection[int],
+    *,
+    request_bytes: int,
+    request_stream: int | None,
+    device_free_bytes: int | None,
+    message_bytes: int | None,
+) -> bool:
+    """Whether a request that failed for want of one place finds one once the blocks at the
+    addresses `freed` are free: a run of adjacent free blocks in one segment of its pool (and
+    stream) at least as large; or, as the allocator retries after releasing the cached segments
+    left wholly free, room on the device for its cudaMalloc (spec §7)."""
+    pool = pool_of(request_bytes)
+    released = 0
+    for segment in layout:
+        run = 0
+        whole = True
+        same_place = pool_label(segment) == pool and (request_stream is None or segment.stream == request_stream)
+        for block in sorted(segment.blocks, key=lambda b: b.address):
+            if block.state == INACTIVE or (block.state == ACTIVE_ALLOCATED and block.address in freed):
+                run += block.size
+                if same_place and run >= request_bytes:
+                    return True
+            else:
+                run = 0
+                whole = False
+        if whole and tuple(segment.pool_id) == (0, 0):
+            released += segment.total_size
+    return device_free_bytes is not None and message_bytes is not None and device_free_bytes + released >= message_bytes
 
 
 def _expandable(settings: AllocatorSettings | None, segments: Sequence[Segment], seen: bool | None) -> bool | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from oomdoctor.analysis.accounting import place_after_freeing
 from oomdoctor.analysis.frame_kinds import is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -133,6 +134,26 @@ def backward_unknown(ctx: Context) -> bool:
     )
 
 
+def _makes_place(ctx: Context, freed: Sequence[LiveBlock]) -> bool:
+    """Whether the failed request finds a place once the blocks `freed` are free (the layout at
+    the OOM, `accounting.place_after_freeing`)."""
+    if not ctx.layout or ctx.oom is None:
+        return False
+    return place_after_freeing(
+        ctx.layout,
+        {b.address for b in freed},
+        request_bytes=ctx.request,
+        request_stream=ctx.fragmentation.request_stream,
+        device_free_bytes=ctx.accounting.device_free_bytes,
+        message_bytes=ctx.accounting.message_bytes,
+    )
+
+
+# Changes that make a place for a request that failed on placement: a smaller batch shrinks the
+# request itself (the what-if checks the place), expandable segments map free pages as one range.
+_MAKES_A_PLACE = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH, Change.EXPANDABLE_SEGMENTS})
+
+
 def _made_by_torch_optimizer(frames) -> bool:
     """Whether the innermost Python frame of a stack is torch's optimizer code (an optimizer of the
     user's own subclasses torch's, so torch's step wrapper sits outside its frames)."""
@@ -243,6 +264,8 @@ def recommend(
         saved_projected: float | None = None,
         scale: float | None = None,
         request_scale: float | None = None,
+        fit_unknown: bool = False,
+        freed: Sequence[LiveBlock] | None = None,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
@@ -261,6 +284,13 @@ def recommend(
             fits = what_if is not None and what_if.fits_at(scale) is True
         elif fits is None and scale is not None and what_if is not None and what_if.fits_at(scale) is False:
             fits = False  # not enough even at the OOM instant of the interrupted pass
+        if fits and need.placement_limit is not None and request_scale is None and rec_id not in _MAKES_A_PLACE:
+            # the request failed for want of one place, not of bytes: a change that frees known
+            # blocks fits where their freeing leaves one (the layout at the OOM says); any other is
+            # not known to
+            fits = True if freed is not None and _makes_place(ctx, freed) else None
+        if fits and fit_unknown:
+            fits = None
         found.append(Recommendation(rec_id, shown, fits))
 
     def scale_after(saved_bytes: float) -> float | None:
@@ -292,7 +322,16 @@ def recommend(
             Verdict.GRADIENTS_KEPT,
         }
     ):
-        saved = int(activations * CHECKPOINTING_SAVES)
+        # of this pass's own activations: what earlier steps left alive (a leak's) it does not free
+        earlier = sum(
+            b.size_bytes
+            for b in ctx.live_blocks
+            if b.component == Component.ACTIVATIONS
+            and b.step is not None
+            and ctx.target_step is not None
+            and b.step < ctx.target_step
+        )
+        saved = int(max(0, activations - earlier) * CHECKPOINTING_SAVES)
         add(
             Change.ACTIVATION_CHECKPOINTING,
             saved,
@@ -339,37 +378,40 @@ def recommend(
             sum(b.size_bytes for b in step_temporaries),
         )
     if Verdict.GRADIENTS_KEPT in verdicts and not in_step:
-        old, _, _ = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
+        stale = ctx.old_blocks((Component.GRADIENTS,), pre_trace=True)
+        # with no optimizer step in sight they may be accumulated on purpose: then freeing them is
+        # no change the run can make, and whether it would fit is not said
         add(
             Change.ZERO_GRAD_SET_TO_NONE,
-            old,
+            sum(b.size_bytes for b in stale),
+            fit_unknown=not ctx.optimizer_step_seen(),
+            freed=stale,
         )
     if Verdict.CREEPING_LEAK in verdicts:
-        old, _, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
-        add(
-            Change.FREE_KEPT_TENSORS,
-            old,
-        )
+        leaked = ctx.old_blocks((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
+        add(Change.FREE_KEPT_TENSORS, sum(b.size_bytes for b in leaked), freed=leaked)
     if Verdict.FRAGMENTATION in verdicts and ctx.expandable_on is not True:
         add(
             Change.EXPANDABLE_SEGMENTS,
             ctx.fragmentation.usable_free_bytes,
         )
     if Verdict.INFERENCE_WITH_GRAD in verdicts:
-        kept = sum(
-            b.size_bytes
+        graph = [
+            b
             for b in ctx.live_blocks
             if b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
             and b.alloc_index is not None
             and b.step == ctx.target_step
-        )
-        add(
-            Change.NO_GRAD,
-            kept * NO_GRAD_SAVES,
-        )
+        ]
+        # no_grad frees most of them (NO_GRAD_SAVES), not known which: no place is claimed from them
+        add(Change.NO_GRAD, sum(b.size_bytes for b in graph) * NO_GRAD_SAVES)
     if Verdict.EVAL_OUTPUTS_KEPT in verdicts:
         outputs = kept_outputs(ctx)  # moved to the CPU (or reduced) as made, the earlier passes' outputs go
-        add(Change.OUTPUTS_TO_CPU, outputs.kept_bytes if outputs is not None else 0)
+        add(
+            Change.OUTPUTS_TO_CPU,
+            outputs.kept_bytes if outputs is not None else 0,
+            freed=outputs.blocks if outputs is not None else None,
+        )
     if Verdict.CHECKPOINT_GATHER in verdicts:
         gathered = gathered_for_save(ctx)  # gathered to the CPU, the copies go; one unit's unshard may stay
         add(Change.STATE_DICT_TO_CPU, gathered.live_bytes if gathered is not None else 0)
