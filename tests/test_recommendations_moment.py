@@ -103,3 +103,22 @@ def test_a_near_oom_names_the_event_its_retry_succeeded_at():
     index = finding.summary.facts.get("index")
     assert sim.events[index].action == "segment_alloc"
     assert f"retried it (it succeeded at event {index})" in phrasing.summary(finding.summary)
+
+
+def test_a_report_of_the_dump_says_its_batch_sized_savings_are_at_a_recorded_peak():
+    """Judged at the dump, the what-if is made from a recorded step's peak: halving the batch is
+    sized there, which may be more than the dump holds, and the heading says so."""
+    from pathlib import Path
+
+    from oomdoctor.load import load
+    from oomdoctor.views import report_rows
+
+    dump = (
+        Path(__file__).resolve().parent.parent / "fixtures/dumps/realism/no-oom-forward-benchmark-with-grad-gpt.pickle"
+    )
+    analysis = analyse(load(dump))
+    assert analysis.replay.target_kind == "dump" and analysis.what_if.basis is not None
+    halved = next(r for r in analysis.recommendations if r.id in ("smaller-batch", "smaller-micro-batch"))
+    assert halved.estimated_saved_bytes > analysis.replay.target_allocated_bytes  # why the heading must say
+    title = report_rows.changes_title(analysis)
+    assert f"at step {analysis.what_if.basis.step}'s peak" in title

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from oomdoctor.analysis.attribution import GROUP_LIMIT
 from oomdoctor.analysis.results import (
     Analysis,
+    Change,
     ComponentShare,
     Evidence,
     Finding,
@@ -58,11 +59,20 @@ def cut_by_the_oom(analysis: Analysis, step: StepSummary) -> bool:
 def changes_basis(analysis: Analysis) -> str | None:
     """Where the rest of a pass the OOM interrupted was extrapolated, the batch-sized changes'
     savings are at that pass's projected peak (the what-if gives it), which may be more than the
-    device held at the OOM: said so (None otherwise)."""
+    device held at the OOM; where the what-if was made from a recorded step's peak (a report of the
+    dump), at that peak, which may be more than the dump holds: said so (None otherwise)."""
     rest = analysis.what_if.rest_of_pass
-    if rest is None or not rest.extrapolated:
-        return None
-    return f"batch-sized changes at the interrupted pass's projected peak, {human_size(rest.projected_pass_bytes)} of its own"
+    basis = analysis.what_if.basis
+    if rest is not None and rest.extrapolated:
+        return f"batch-sized changes at the interrupted pass's projected peak, {human_size(rest.projected_pass_bytes)} of its own"
+    if basis is not None and any(r.id in _BATCH_SIZED for r in analysis.recommendations):
+        # the what-if was made from a recorded step's peak, not the moment the report describes
+        return f"batch-sized changes at step {basis.step}'s peak, {human_size(basis.peak_allocated_bytes)}"
+    return None
+
+
+# changes whose saving the what-if sizes (a fraction of its scalable bytes)
+_BATCH_SIZED = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH})
 
 
 def changes_title(analysis: Analysis) -> str:
