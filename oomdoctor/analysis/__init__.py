@@ -522,6 +522,8 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
     dump came after it (between steps, say) and no OOM says otherwise."""
     components = ctx.components
     request = ctx.oom.request_bytes if ctx.oom is not None else 0
+    # no free figure at this moment: the capacity is the device's total, an upper bound
+    at_most = ctx.accounting.device_free_bytes is None and ctx.capacity_bytes is not None
     peak_step = None
     if ctx.oom is None and target.kind == "dump":
         peak_step = _peak_step(moment.steps, sum(components.values()))
@@ -534,6 +536,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
             target_phase=PHASE_BETWEEN,
             capacity_bytes=ctx.capacity_bytes,
             basis=WhatIfBasis(peak_step.step, peak, activations),
+            capacity_at_most=at_most,
         )
     return what_if(
         components,
@@ -549,6 +552,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         # with no capacity known, the tightest near-OOM bounds it (what the device then refused)
         capacity_bound=min((n.capacity_bound_bytes for n in ctx.near_ooms), default=None),
         backward_unknown=backward_unknown(ctx),
+        capacity_at_most=at_most,
     )
 
 

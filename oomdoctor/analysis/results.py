@@ -554,6 +554,9 @@ class WhatIf:
     upper_bound_scale: float | None = None  # PASS_INTERRUPTED: at the OOM instant it fits up to here, at most
     # CAPACITY_BOUNDED: PyTorch could have had less than this (a near-OOM's failed cudaMalloc)
     capacity_bound_bytes: int | None = None
+    # the capacity is the device's total (no free figure at this moment): an upper bound, less what
+    # the CUDA context and other processes held; a scale within it is not known to fit
+    capacity_at_most: bool = False
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:
@@ -565,7 +568,7 @@ class WhatIf:
         if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
             return False
         fits = self.predicted_peak_bytes(scale) <= self.capacity_bytes
-        if fits and self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN):
+        if fits and (self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN) or self.capacity_at_most):
             return None
         return fits
 

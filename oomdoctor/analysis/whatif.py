@@ -69,6 +69,7 @@ def what_if(
     rest: RestOfPass | None = None,
     capacity_bound: int | None = None,
     backward_unknown: bool = False,
+    capacity_at_most: bool = False,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -91,6 +92,10 @@ def what_if(
 
     `backward_unknown`: the rest was extrapolated from a pass that ran no backward, in a run that
     trains (`recommendations.backward_unknown`): the largest scale is an upper bound only.
+
+    `capacity_at_most`: the capacity is the device's total (no free figure for this moment), more
+    than PyTorch could have had by what the CUDA context and other processes held: the largest
+    scale is an upper bound.
 
     `capacity_bound`: with the capacity unknown, what PyTorch could have had at most (a near-OOM:
     a cudaMalloc of the request failed with this much reserved and requested). Past the scale whose
@@ -168,6 +173,7 @@ def what_if(
         rest_of_pass=rest,
         upper_bound_scale=upper_bound,
         capacity_bound_bytes=capacity_bound,
+        capacity_at_most=capacity_at_most and capacity_bytes is not None,
     )
 
 

@@ -98,7 +98,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
             _section(
                 "What if the batch were scaled",
                 (
-                    f"largest scale that fits: {analysis.what_if.largest_fitting_scale:.2f}x"
+                    f"largest scale that fits: {phrasing.largest_scale(analysis.what_if)}"
                     f" ({phrasing.what_if_note(analysis.what_if)})",
                 ),
             )

@@ -139,6 +139,7 @@ def _what_if(what_if: WhatIf) -> dict[str, Any]:
         "case": what_if.case,
         "upper_bound_scale": what_if.upper_bound_scale,
         "capacity_bound_bytes": what_if.capacity_bound_bytes,
+        "capacity_at_most": what_if.capacity_at_most,
         "rest_of_pass": _plain(dataclasses.asdict(what_if.rest_of_pass)) if what_if.rest_of_pass is not None else None,
     }
 

@@ -206,7 +206,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
     words = phrasing.what_if_note(wi)
     note = _escape(words[:1].upper() + words[1:]) + ("" if words.endswith(".") else ".")
     if wi.largest_fitting_scale is not None:
-        add(f"Largest scale that fits: **{wi.largest_fitting_scale:.2f}x**. {note}")
+        add(f"Largest scale that fits: **{phrasing.largest_scale(wi)}**. {note}")
     else:
         add(note)
     add("")

@@ -109,6 +109,13 @@ def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
 # --- what if the batch were scaled ----------------------------------------------------------------
 
 
+def largest_scale(what_if: WhatIf) -> str | None:
+    """'largest scale that fits: 2.31x' ('at most 2.31x' against the device's total), or None."""
+    if what_if.largest_fitting_scale is None:
+        return None
+    return f"{'at most ' if what_if.capacity_at_most else ''}{what_if.largest_fitting_scale:.2f}x"
+
+
 def what_if_note(what_if: WhatIf) -> str:
     """What the batch-size what-if found, as one clause (the views add the capital and full stop)."""
     case = what_if.case
@@ -140,6 +147,8 @@ def what_if_note(what_if: WhatIf) -> str:
         )
     else:
         note = f"activations scale linearly with batch size and (at least) with sequence length; at {what_if.largest_fitting_scale:.2f}x the peak fits"
+        if what_if.capacity_at_most:
+            note += " at most: that is against the device's total, and what the CUDA context and other processes held is not recorded for this moment"
         if what_if.calibrated:
             note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
             note += f"{', with the model states projected at full size' if what_if.projected_states else ''})"

@@ -107,7 +107,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     note = phrasing.what_if_note(wi)
     add("What if the batch (or sequence) were scaled")
     if wi.largest_fitting_scale is not None:
-        add(f"  largest scale that fits: {wi.largest_fitting_scale:.2f}x  ({note})")
+        add(f"  largest scale that fits: {phrasing.largest_scale(wi)}  ({note})")
     else:
         add(f"  {note}")
     add("")
