@@ -54,7 +54,8 @@ def test_a_later_step_that_adds_a_little_is_not_blamed_on_state_the_earlier_step
     assert analysis.verdict == "activation-spike"
     assert "optimizer-state-buildup" not in {f.verdict for f in analysis.secondary}
     summary = phrasing.summary(analysis.summary)
-    assert "1.08x the peak of step" in summary and "which fit" in summary
+    # 6.5 GiB of activations and the 256 MiB the pass still asked for, against step 4's 6 GiB
+    assert "1.12x the peak of step" in summary and "which fit" in summary
     assert "needs more than the earlier ones did" in summary
 
 

@@ -596,10 +596,17 @@ def _weights_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
     weights = layer_stack_weights([(b.requested_bytes, b.size_bytes) for b in first_inputs])
     if not weights:
         return blocks
-    # only the shapes that repeat: a batch's one tensor may share the model's width (hidden states,
-    # an image batch), as its embedding does, and nothing tells those apart
+    # the shapes that repeat, and a single one of the model's width (an embedding) made before the
+    # last of them: a batch's one tensor may share the width too (hidden states, an image batch),
+    # and is made once the model is there
     counts, _ = _shape_totals([(b.requested_bytes, b.size_bytes) for b in first_inputs])
-    weights = {r for r in weights if counts[r] > 1}
+    repeated = {r for r in weights if counts[r] > 1}
+    last_layer = max((b.alloc_index or -1 for b in first_inputs if b.requested_bytes in repeated), default=-1)
+    weights = repeated | {
+        b.requested_bytes
+        for b in first_inputs
+        if b.requested_bytes in weights and b.alloc_index is not None and b.alloc_index < last_layer
+    }
     return [
         replace(b, component=COMPONENTS[PARAMETERS], method=METHOD_SIZE_MATCH, confidence=_LAYER_CONFIDENCE)
         if b.component == COMPONENTS[INPUTS] and b.method == METHOD_LIFETIME and b.requested_bytes in weights

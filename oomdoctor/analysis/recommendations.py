@@ -25,6 +25,7 @@ from oomdoctor.analysis.verdicts import (
     CUDA_CONTEXT_ALLOWANCE_PART,
     Context,
     gathered_for_save,
+    kept_from_earlier_passes,
     kept_outputs,
     model_states,
     projected_parts,
@@ -149,9 +150,7 @@ def _makes_place(ctx: Context, freed: Sequence[LiveBlock]) -> bool:
     )
 
 
-# Changes that make a place for a request that failed on placement: a smaller batch shrinks the
-# request itself (the what-if checks the place), expandable segments map free pages as one range.
-_MAKES_A_PLACE = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH, Change.EXPANDABLE_SEGMENTS})
+_SMALLER_BATCH = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH})
 
 
 def _made_by_torch_optimizer(frames) -> bool:
@@ -284,11 +283,23 @@ def recommend(
             fits = what_if is not None and what_if.fits_at(scale) is True
         elif fits is None and scale is not None and what_if is not None and what_if.fits_at(scale) is False:
             fits = False  # not enough even at the OOM instant of the interrupted pass
-        if fits and need.placement_limit is not None and request_scale is None and rec_id not in _MAKES_A_PLACE:
+        # a smaller batch shrinks the request itself where it grows with the batch (the what-if
+        # then checks its place); expandable segments map free pages as one range
+        makes_a_place = rec_id == Change.EXPANDABLE_SEGMENTS or (
+            rec_id in _SMALLER_BATCH and what_if is not None and what_if.placement_limit_scale is not None
+        )
+        if need.placement_limit is not None and request_scale is None and not makes_a_place:
             # the request failed for want of one place, not of bytes: a change that frees known
-            # blocks fits where their freeing leaves one (the layout at the OOM says); any other is
-            # not known to
-            fits = True if freed is not None and _makes_place(ctx, freed) else None
+            # blocks fits where their freeing leaves one (the layout at the OOM says, whatever the
+            # byte count); any other is not known to
+            if freed is not None and _makes_place(ctx, freed):
+                fits = (
+                    None
+                    if need.rest_unknown
+                    else projected >= need.projected_gap_bytes and projected >= need.rest_gap_bytes or None
+                )
+            elif fits:
+                fits = None
         if fits and fit_unknown:
             fits = None
         found.append(Recommendation(rec_id, shown, fits))
@@ -384,7 +395,7 @@ def recommend(
         add(
             Change.ZERO_GRAD_SET_TO_NONE,
             sum(b.size_bytes for b in stale),
-            fit_unknown=not ctx.optimizer_step_seen(),
+            fit_unknown=ctx.gradients_maybe_accumulated(),
             freed=stale,
         )
     if Verdict.CREEPING_LEAK in verdicts:
@@ -403,8 +414,12 @@ def recommend(
             and b.alloc_index is not None
             and b.step == ctx.target_step
         ]
-        # no_grad frees most of them (NO_GRAD_SAVES), not known which: no place is claimed from them
-        add(Change.NO_GRAD, sum(b.size_bytes for b in graph) * NO_GRAD_SAVES)
+        # no_grad frees most of them (NO_GRAD_SAVES): certainly the earlier passes' kept graphs
+        add(
+            Change.NO_GRAD,
+            sum(b.size_bytes for b in graph) * NO_GRAD_SAVES,
+            freed=kept_from_earlier_passes(ctx),
+        )
     if Verdict.EVAL_OUTPUTS_KEPT in verdicts:
         outputs = kept_outputs(ctx)  # moved to the CPU (or reduced) as made, the earlier passes' outputs go
         add(

@@ -11,6 +11,7 @@ figures. The words are `oomdoctor.views.phrasing`'s.
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -173,17 +174,26 @@ class Context:
                 last = block.alloc_index
         return before, last
 
-    def optimizer_step_seen(self) -> bool:
+    def optimizer_step_seen(self, since: int | None = None) -> bool:
         """An optimizer step shows in the trace (its allocations' frames) or in the annotations. An
         optimizer that allocates nothing in its step (SGD with momentum, a fused Adam) and records
         no annotation (before torch 2.5) leaves none: then gradients alive across backwards may
         be kept on purpose, accumulated over micro-batches. Markers number the run's steps by its
-        completed optimizer steps, so a markers step past 0 shows one ran."""
+        completed optimizer steps, so a markers step past 0 shows one ran. `since`: a step in the
+        trace counts only where it ended after that event (the gradients were made)."""
         return (
-            PHASE_OPTIMIZER in self.phases_seen()
+            any(s.phase == PHASE_OPTIMIZER and (since is None or s.last_index > since) for s in self.phases)
             or self.optimizer_annotated
             or (self.phase_source == SOURCE_MARKERS and (self.target_step or 0) >= 1)
         )
+
+    def gradients_maybe_accumulated(self) -> bool:
+        """No optimizer step shows since the oldest of the gradients from earlier steps (or from
+        before the trace) was made: they may be accumulated over micro-batches on purpose."""
+        made = [
+            b.alloc_index for b in self.old_blocks((Component.GRADIENTS,), pre_trace=True) if b.alloc_index is not None
+        ]
+        return not self.optimizer_step_seen(since=min(made) if made else None)
 
     def in_first_optimizer_step(self) -> bool:
         """The target is in the trace's first step's optimizer step, and that is the run's first:
@@ -454,7 +464,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
     before_trace = old - ctx.old_bytes((Component.GRADIENTS,))[0]  # made before any step the trace shows
     if before_trace:
         facts = facts.adding(before_trace=before_trace)
-    accumulating = not ctx.optimizer_step_seen()
+    accumulating = ctx.gradients_maybe_accumulated()
     if accumulating:
         facts = facts.adding(no_optimizer_step=1)
     return Finding(
@@ -551,8 +561,16 @@ def _passes_per_backward(ctx: Context) -> int:
     target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
     backwards = [s for s in ctx.phases if s.phase == PHASE_BACKWARD and s.last_index < target]
     if not backwards:
-        return CALLS_PER_STEP_UNSEEN
+        # inside a training step by its frames (Lightning's training_step, an optimizer's closure):
+        # any number of calls may await its backward (multi-crop views); else a triplet's three
+        return sys.maxsize if ctx.frames_train else CALLS_PER_STEP_UNSEEN
     return max(len(passes_since_training(ctx.phases, b.first_index - 1)[0]) for b in backwards)
+
+
+def kept_from_earlier_passes(ctx: Context) -> list[LiveBlock]:
+    """The activations and temporaries of the forward passes since the last backward, but the
+    latest, still alive at the target (what grad mode kept of them)."""
+    return _kept_from_earlier_passes(ctx)[1]
 
 
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
@@ -742,8 +760,15 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
                 facts=Facts.of(ratio=ratio),
             )
         )
-    if ratio is not None and ratio <= 1:
-        return None  # the pass failed short of what the earlier steps reached and fit: something else grew
+    # what this pass reached counting what it still needed: the failed request when it grows with
+    # the batch, and the rest of an interrupted pass where extrapolated
+    reached = activations + (ctx.request if ctx.request_scales else 0)
+    rest = ctx.passes.rest
+    if rest is not None and rest.extrapolated:
+        reached = max(reached, rest.projected_pass_bytes)
+    reached_ratio = reached / earlier_peak if earlier_peak else None
+    if reached_ratio is not None and reached_ratio <= 1:
+        return None  # the pass needed no more than the earlier steps reached and fit: something else grew
     spike = ratio is not None and ratio > SPIKE_RATIO
     kept_bytes = sum(b.size_bytes for b in kept.values())
     if not spike and kept_bytes and kept_bytes >= ctx.missing:
@@ -763,7 +788,13 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
         if spike
         else Summary(
             SummaryKind.ACTIVATIONS_DOMINATE,
-            Facts.of(phase=ctx.target_phase, activations=activations, ratio=ratio, earlier_step=earlier_step),
+            Facts.of(
+                phase=ctx.target_phase,
+                activations=activations,
+                ratio=reached_ratio,
+                earlier_step=earlier_step,
+                still_needed=int(reached != activations),
+            ),
         )
     )
     return Finding(Verdict.ACTIVATION_SPIKE, 0.8 if spike else 0.4 if phases_unknown else 0.6, summary, tuple(evidence))
@@ -1096,7 +1127,7 @@ def _risk_gradients_kept(ctx: Context) -> Finding | None:
                 at=_at(ctx),
                 step=None if in_forward else ctx.target_step,
                 phase=None if in_forward else ctx.target_phase,
-                no_optimizer_step=int(not ctx.optimizer_step_seen()),
+                no_optimizer_step=int(ctx.gradients_maybe_accumulated()),
             ),
         ),
         (

@@ -113,7 +113,8 @@ def largest_scale(what_if: WhatIf) -> str | None:
     """'largest scale that fits: 2.31x' ('at most 2.31x' against the device's total), or None."""
     if what_if.largest_fitting_scale is None:
         return None
-    return f"{'at most ' if what_if.capacity_at_most else ''}{what_if.largest_fitting_scale:.2f}x"
+    bound = what_if.capacity_at_most and what_if.largest_fitting_scale > 0  # none fitting is definite
+    return f"{'at most ' if bound else ''}{what_if.largest_fitting_scale:.2f}x"
 
 
 def what_if_note(what_if: WhatIf) -> str:
@@ -147,7 +148,7 @@ def what_if_note(what_if: WhatIf) -> str:
         )
     else:
         note = f"activations scale linearly with batch size and (at least) with sequence length; at {what_if.largest_fitting_scale:.2f}x the peak fits"
-        if what_if.capacity_at_most:
+        if what_if.capacity_at_most and (what_if.largest_fitting_scale or 0) > 0:
             note += " at most: that is against the device's total, and what the CUDA context and other processes held is not recorded for this moment"
         if what_if.calibrated:
             note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
@@ -376,7 +377,8 @@ def _summary_words(kind: str, f: Facts) -> str:
         whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
         ratio = f.get("ratio")
         if ratio is not None and f.get("earlier_step") is not None:  # a completed step like this one fit, with less
-            return f"Activations {whose} ({human(size('activations'))}, {f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory: this step needs more than the earlier ones did."
+            counting = "with the failed request or the rest of the pass, " if f.get("still_needed") else ""
+            return f"Activations {whose} ({human(size('activations'))}; {counting}{f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory: this step needs more than the earlier ones did."
         return f"Activations {whose} ({human(size('activations'))}) dominate live memory: at this batch and sequence size the pass needs more than the device has."
     if kind == SummaryKind.NO_OOM:
         if f.get("empty"):
