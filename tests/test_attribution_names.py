@@ -175,3 +175,16 @@ def test_torch_s_averaged_model_is_a_copy_of_the_weights_not_optimizer_state():
     components = _components(analyse(sim.snapshot(metadata=False)))
     assert "optimizer_state" not in components
     assert components.get("parameters") == 16 * 256 * MiB
+
+
+def test_tensors_a_data_loader_reads_from_files_are_no_weights():
+    """Cached latents read with torch.load inside a DataLoader's worker are a batch, not weights."""
+    cached = (
+        Frame(TORCH + "serialization.py", 1025, "load"),
+        Frame("dataset.py", 30, "__getitem__"),
+        Frame(TORCH + "utils/data/_utils/fetch.py", 52, "fetch"),
+        Frame(TORCH + "utils/data/dataloader.py", 700, "__next__"),
+        Frame("train.py", 36, "main"),
+    )
+    components = _loaded_then_forward(cached)
+    assert "parameters" not in components

@@ -218,7 +218,9 @@ _WEIGHT_READERS = ("/safetensors/", "torch/serialization.py")
 
 
 def _reads_weights(stack: Stack) -> bool:
-    return any(
+    """Whether the stack reads tensors from a file (a weights reader's frames) outside data loading
+    (a dataset of cached tensors is read so too)."""
+    return not _loads_data(stack) and any(
         reader in frame.filename.replace("\\", "/")
         for frame in stack
         if is_python_source(frame)
@@ -230,7 +232,7 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
     """(component, method, confidence) of a block by what its code is called: a library that reads
     weights from a file (frames), else the words of the user's own function and file names
     (names, a low confidence: a name is the user's choice, not torch's evidence)."""
-    if _reads_weights(stack) and not _loads_data(stack):
+    if _reads_weights(stack):
         return PARAMETERS, METHOD_FRAMES, _WEIGHT_READER_CONFIDENCE
     named = _by_names(stack)
     return (named, METHOD_NAMES, _NAME_CONFIDENCE) if named is not None else None
@@ -238,9 +240,8 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
 
 def _by_names(stack: Stack) -> int | None:
     """The kind of memory the user's own function and file names (and the libraries that read
-    weights from files, outside data loading: a dataset of cached tensors is read so too) say
-    they allocate, if any."""
-    if _reads_weights(stack) and not _loads_data(stack):
+    weights from files, `_reads_weights`) say they allocate, if any."""
+    if _reads_weights(stack):
         return PARAMETERS
     for stem, function in _python_user_frames(stack):
         text = f"{stem} {function}".lower()
