@@ -100,3 +100,18 @@ def test_without_an_oom_or_a_risk_only_fused_attention_is_advised():
     plain = _forward_backward(layers=3, oom=False, stacks=(MLP_SOFTMAX,))
     assert plain.verdict == "no-oom" and not plain.secondary
     assert plain.recommendations == ()
+
+
+def test_an_output_as_large_as_the_scores_is_not_counted_with_them():
+    """Where the sequence is as long as a head is wide, the attention's output (scores @ v) has the
+    scores' size: made after the softmax, it is no score matrix."""
+    sim = Sim(total_bytes=1024 * MiB)
+    sim.alloc(64 * MiB, component="parameter", name="weights")
+    sim.marker("forward", "start")
+    for _ in range(4):
+        sim.alloc(48 * MiB, SCORES_STACK)
+        sim.alloc(48 * MiB, SOFTMAX_STACK)
+        sim.alloc(48 * MiB, VALUES_STACK)  # the output, of the same size
+    sim.oom(512 * MiB, SOFTMAX_STACK)
+    analysis = analyse(sim.snapshot(registry=False))
+    assert attention_score_bytes(analysis.live_blocks) == 4 * 2 * 48 * MiB

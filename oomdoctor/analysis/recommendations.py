@@ -192,7 +192,16 @@ def attention_score_bytes(blocks: Sequence[LiveBlock]) -> int:
         elif not found[2] and block.phase == PHASE_BACKWARD and block.component == Component.TEMPORARIES:
             engine.append(block)
     sizes = {b.size_bytes for b in made if read[id(b.frames)][1]}
-    return sum(b.size_bytes for b in (*made, *engine) if b.size_bytes in sizes)
+    # of the attention's other blocks of those sizes, the scores are those its softmax comes next
+    # after; a block of the same size made after it (the output, where the sequence is as long as
+    # a head is wide) is none
+    in_order = sorted((b for b in made if b.size_bytes in sizes), key=lambda b: b.alloc_index or 0)
+    scores = [
+        b
+        for b, following in zip(in_order, [*in_order[1:], None])
+        if read[id(b.frames)][1] or (following is not None and read[id(following.frames)][1])
+    ]
+    return sum(b.size_bytes for b in scores) + sum(b.size_bytes for b in engine if b.size_bytes in sizes)
 
 
 def _advise_fused_attention(
