@@ -602,7 +602,10 @@ def _weights_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
     # and is made once the model is there
     counts, _ = _shape_totals([(b.requested_bytes, b.size_bytes) for b in first_inputs])
     repeated = {r for r in weights if counts[r] > 1}
-    last_layer = max((b.alloc_index or -1 for b in first_inputs if b.requested_bytes in repeated), default=-1)
+    last_layer = max(
+        (b.alloc_index for b in first_inputs if b.requested_bytes in repeated and b.alloc_index is not None),
+        default=-1,
+    )
     weights = repeated | {
         b.requested_bytes
         for b in first_inputs
