@@ -59,6 +59,12 @@ SETUP_STACK = (
     Frame("train.py", 20, "main"),
 )
 USER_STACK = (Frame("train.py", 38, "train_step"),)
+BACKWARD_STACK = (  # loss.backward() in the training step: the autograd engine's Python entry
+    Frame("/usr/lib/python3/site-packages/torch/autograd/graph.py", 825, "_engine_run_backward"),
+    Frame("/usr/lib/python3/site-packages/torch/autograd/__init__.py", 347, "backward"),
+    Frame("/usr/lib/python3/site-packages/torch/_tensor.py", 648, "backward"),
+    Frame("train.py", 42, "train_step"),
+)
 
 
 def metadata_fields(meta: Any) -> dict[str, Any]:

@@ -12,15 +12,8 @@ from oomdoctor.analysis import analyse
 from oomdoctor.analysis.attribution import frees_carry_alloc_stacks
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import FREE_COMPLETED, FREE_REQUESTED, DeviceTrace, Frame
-from tests.builders import FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
+from tests.builders import BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
 
-TORCH = "/usr/lib/python3/site-packages/torch/"
-BACKWARD_STACK = (
-    Frame(TORCH + "autograd/graph.py", 825, "_engine_run_backward"),
-    Frame(TORCH + "autograd/__init__.py", 347, "backward"),
-    Frame(TORCH + "_tensor.py", 648, "backward"),
-    Frame("train.py", 42, "train_step"),
-)
 GRADIENTS, ACTIVATIONS = COMPONENTS.index("gradients"), COMPONENTS.index("activations")
 LOSS_STACK = (Frame("train.py", 40, "train_step"),)
 

@@ -7,17 +7,8 @@ from __future__ import annotations
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import SummaryKind
-from oomdoctor.model import Frame
 from oomdoctor.views import phrasing
-from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
-
-TORCH = "/usr/lib/python3/site-packages/torch/"
-BACKWARD_STACK = (
-    Frame(TORCH + "autograd/graph.py", 825, "_engine_run_backward"),
-    Frame(TORCH + "autograd/__init__.py", 347, "backward"),
-    Frame(TORCH + "_tensor.py", 648, "backward"),
-    Frame("train.py", 42, "train_step"),
-)
+from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
 
 
 def _steps(activations: list[int], *, state_at: int = 0, last_oom: bool = True):

@@ -7,15 +7,9 @@ from __future__ import annotations
 
 from oomdoctor.analysis import analyse
 from oomdoctor.model import Frame
-from tests.builders import ADAM_INIT_STACK, SETUP_STACK, GiB, MiB, Sim
+from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, SETUP_STACK, GiB, MiB, Sim
 
 TORCH = "/usr/lib/python3/site-packages/torch/"
-BACKWARD_STACK = (
-    Frame(TORCH + "autograd/graph.py", 825, "_engine_run_backward"),
-    Frame(TORCH + "autograd/__init__.py", 347, "backward"),
-    Frame(TORCH + "_tensor.py", 648, "backward"),
-    Frame("train.py", 42, "train_step"),
-)
 LOSS = (Frame(TORCH + "nn/functional.py", 3000, "cosine_similarity"), Frame("train.py", 45, "train_step"))
 NORM = (Frame(TORCH + "nn/functional.py", 4800, "normalize"), Frame("train.py", 41, "train_step"))
 BATCH = (Frame(TORCH + "utils/data/dataloader.py", 700, "__next__"), Frame("train.py", 58, "evaluate"))
