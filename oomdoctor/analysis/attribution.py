@@ -239,10 +239,7 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
 
 
 def _by_names(stack: Stack) -> int | None:
-    """The kind of memory the user's own function and file names (and the libraries that read
-    weights from files, `_reads_weights`) say they allocate, if any."""
-    if _reads_weights(stack):
-        return PARAMETERS
+    """The kind of memory the user's own function and file names say they allocate, if any."""
     for stem, function in _python_user_frames(stack):
         text = f"{stem} {function}".lower()
         if _PREALLOCATED_WORDS.search(text):
@@ -283,9 +280,9 @@ def _makes_parameter(stack: Stack) -> bool:
         return True
     if cls == PHASE_OPTIMIZER:
         return False
-    named = _by_names(stack)
+    named = _placed_by_names(stack)
     if named is not None:
-        return named == PARAMETERS
+        return named[0] == PARAMETERS
     return _in_constructor(stack)
 
 
@@ -730,7 +727,7 @@ def pre_trace_placements(
     stacks). One placement serves the memory-over-time series and the blocks at the target."""
     if registry:
         return {}
-    alloc_stacks = frees_carry_alloc_stacks(trace)
+    alloc_stacks: bool | None = None  # frees_carry_alloc_stacks, read at the first free that needs it
     allocated_in_trace: set[int] = set()
     allocations: list[LiveAllocation] = []
     frames_of: dict[int, Stack] = {}
@@ -761,6 +758,8 @@ def pre_trace_placements(
                 if address not in allocated_in_trace and address not in frees:
                     frees[address] = index
                     allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
+                    if alloc_stacks is None:
+                        alloc_stacks = frees_carry_alloc_stacks(trace)
                     if alloc_stacks:
                         frames_of[address] = trace.frames_at(index)
     backward_sizes.update(requested for requested, _ in in_backward.values())  # never freed

@@ -73,13 +73,6 @@ class JudgedDevice:
     components: Sequence[ComponentShare]
 
 
-@dataclass(frozen=True, slots=True)
-class _Code:
-    """What a trace's allocations say about the code that made them."""
-
-    data_parallel: bool
-
-
 def summarise(
     snapshot: Snapshot, metadata: DumpMetadata, judged: JudgedDevice
 ) -> tuple[tuple[DeviceSummary, ...], tuple[Replica, ...]]:
@@ -90,7 +83,7 @@ def summarise(
     if len(devices) < 2:
         return (), ()
     replicas: list[Replica] = []
-    judged_code = _code_of(judged.trace)
+    judged_data_parallel = _runs_data_parallel(judged.trace)
     moment_time = _time_at(judged.trace, judged.moment_index)
     summaries = []
     for device in devices:
@@ -109,11 +102,11 @@ def summarise(
                     allocated_at_judged=None,
                     judged=True,
                     replica=True,
-                    code=judged_code,
+                    data_parallel=judged_data_parallel,
                 )
             )
         else:
-            summary, dump = _peer(snapshot, metadata, device, judged_code, moment_time)
+            summary, dump = _peer(snapshot, metadata, device, judged_data_parallel, moment_time)
             summaries.append(summary)
             if summary.replica and len(dump.trace):
                 replicas.append(Replica(device, dump.trace, dump.spans))
@@ -143,7 +136,7 @@ def _summary(
     allocated_at_judged: int | None,
     judged: bool,
     replica: bool,
-    code: _Code,
+    data_parallel: bool,
 ) -> DeviceSummary:
     phases = tuple(dict.fromkeys(s.phase for s in spans)) if len(trace) else ()
     largest = max(components, key=lambda c: c.bytes, default=None)
@@ -163,12 +156,12 @@ def _summary(
         largest_component_bytes=largest.bytes if largest is not None else 0,
         allocated_at_judged_bytes=allocated_at_judged,
         replica=replica,
-        data_parallel=code.data_parallel,
+        data_parallel=data_parallel,
     )
 
 
 def _peer(
-    snapshot: Snapshot, metadata: DumpMetadata, device: int, judged_code: _Code, moment_time: int | None
+    snapshot: Snapshot, metadata: DumpMetadata, device: int, judged_data_parallel: bool, moment_time: int | None
 ) -> tuple[DeviceSummary, DeviceDump]:
     """Read one other device as `analyse` reads the judged one, at its own moment (and what was read)."""
     dump = read_device(snapshot, metadata, device)
@@ -187,7 +180,7 @@ def _peer(
     aligned = _index_at_time(trace, moment_time)
     if aligned is not None:
         at_judged = sum(a.size_bytes for a in history.at(aligned)[0].values())
-    code = _code_of(trace)
+    data_parallel = _runs_data_parallel(trace)
     summary = _summary(
         device,
         trace,
@@ -200,8 +193,12 @@ def _peer(
         components=_attribution.shares(blocks),
         allocated_at_judged=at_judged,
         judged=False,
-        replica=_replicas(judged_code, code),
-        code=code,
+        # replicas of one model: both devices show DataParallel's frames. Shared source lines do
+        # not show it: a model split across devices (device_map="auto", pipeline stages) runs the
+        # same user line on every device, and layers of one class share their lines too, yet no
+        # device runs what another does, and balancing their inputs means nothing
+        replica=judged_data_parallel and data_parallel,
+        data_parallel=data_parallel,
     )
     return summary, dump
 
@@ -228,7 +225,7 @@ def _index_at_time(trace: DeviceTrace, time_us: int | None) -> int | None:
     return found
 
 
-def _code_of(trace: DeviceTrace) -> _Code:
+def _runs_data_parallel(trace: DeviceTrace) -> bool:
     """Whether DataParallel's frames are among the stacks of a trace's allocations (a bounded
     sample of its alloc events: a trace may hold a million)."""
     allocs = [i for i, action in enumerate(trace.actions) if action == ALLOC and trace.has_frames_at(i)]
@@ -243,16 +240,8 @@ def _code_of(trace: DeviceTrace) -> _Code:
             continue
         seen.add(id(stack))
         if any(marker in frame.filename.replace("\\", "/") for frame in stack for marker in DATA_PARALLEL_MARKERS):
-            return _Code(data_parallel=True)
-    return _Code(data_parallel=False)
-
-
-def _replicas(one: _Code, other: _Code) -> bool:
-    """Two devices run replicas of one model when both show DataParallel's frames. Shared source
-    lines do not show it: a model split across devices (device_map="auto", pipeline stages) runs
-    the same user line on every device, and layers of one class share their lines too, yet no
-    device runs what another does, and balancing their inputs means nothing."""
-    return one.data_parallel and other.data_parallel
+            return True
+    return False
 
 
 def imbalance(

@@ -150,7 +150,8 @@ def _makes_place(ctx: Context, freed: Sequence[LiveBlock]) -> bool:
     )
 
 
-_SMALLER_BATCH = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH})
+# changes that halve the batch: the what-if sizes their saving (a fraction of its scalable bytes)
+BATCH_SIZED_CHANGES = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH})
 
 
 def _made_by_torch_optimizer(frames) -> bool:
@@ -295,7 +296,7 @@ def recommend(
         # a smaller batch shrinks the request itself where it grows with the batch (the what-if
         # then checks its place); expandable segments map free pages as one range
         makes_a_place = rec_id == Change.EXPANDABLE_SEGMENTS or (
-            rec_id in _SMALLER_BATCH and what_if is not None and what_if.placement_limit_scale is not None
+            rec_id in BATCH_SIZED_CHANGES and what_if is not None and what_if.placement_limit_scale is not None
         )
         if need.placement_limit is not None and request_scale is None and not makes_a_place:
             # the request failed for want of one place, not of bytes: a change that frees known
@@ -343,14 +344,7 @@ def recommend(
         }
     ):
         # of this pass's own activations: what earlier steps left alive (a leak's) it does not free
-        earlier = sum(
-            b.size_bytes
-            for b in ctx.live_blocks
-            if b.component == Component.ACTIVATIONS
-            and b.step is not None
-            and ctx.target_step is not None
-            and b.step < ctx.target_step
-        )
+        earlier, _, _ = ctx.old_bytes((Component.ACTIVATIONS,))
         saved = int(max(0, activations - earlier) * CHECKPOINTING_SAVES)
         add(
             Change.ACTIVATION_CHECKPOINTING,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from oomdoctor.analysis.attribution import GROUP_LIMIT
+from oomdoctor.analysis.recommendations import BATCH_SIZED_CHANGES
 from oomdoctor.analysis.results import (
     Analysis,
-    Change,
     ComponentShare,
     Evidence,
     Finding,
@@ -65,14 +65,10 @@ def changes_basis(analysis: Analysis) -> str | None:
     basis = analysis.what_if.basis
     if rest is not None and rest.extrapolated:
         return f"batch-sized changes at the interrupted pass's projected peak, {human_size(rest.projected_pass_bytes)} of its own"
-    if basis is not None and any(r.id in _BATCH_SIZED for r in analysis.recommendations):
+    if basis is not None and any(r.id in BATCH_SIZED_CHANGES for r in analysis.recommendations):
         # the what-if was made from a recorded step's peak, not the moment the report describes
         return f"batch-sized changes at step {basis.step}'s peak, {human_size(basis.peak_allocated_bytes)}"
     return None
-
-
-# changes whose saving the what-if sizes (a fraction of its scalable bytes)
-_BATCH_SIZED = frozenset({Change.SMALLER_BATCH, Change.SMALLER_MICRO_BATCH})
 
 
 def changes_title(analysis: Analysis) -> str:
