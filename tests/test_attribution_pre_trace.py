@@ -179,6 +179,38 @@ def test_shapes_without_a_layer_structure_are_not_read_as_weights():
     assert layer_stack_weights([]) is None
 
 
+def _kept_outputs_beside_a_small_model() -> list[tuple[int, int]]:
+    """Three copies of a small model's shapes (parameters and Adam's two moments) and, beside them,
+    60 outputs of one shape a loop kept (a list of predictions): a count every copy count divides."""
+    model = [8 * MiB, 8 * MiB, 2 * MiB, 8192, 8192, 4096] * 3
+    return [(r, r) for r in [*model, *[3 * MiB] * 60]]
+
+
+def test_one_shape_stacked_alone_is_no_copies_of_a_model_nor_its_layers():
+    """A model's layers stack their shapes together (matrices with their biases and norms); one
+    shape that holds most of the bytes stacked many times more often than any other is a loop's
+    kept outputs, not model states or a layer stack, whatever counts divide its count."""
+    sizes = _kept_outputs_beside_a_small_model()
+    assert model_state_copies(sizes, 4) == 1
+    assert layer_stack_weights(sizes) is None
+
+    sim = Sim()
+    for requested, _ in sizes:
+        sim.alloc(requested)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["parameters"] == components["gradients"] == components["optimizer_state"] == 0
+    assert components["unknown"] == sum(r for r, _ in sizes)
+
+
+def test_a_layer_s_shapes_stacked_together_are_still_copies():
+    """Against the rule above: the largest shape stacked as often as a layer's others (a norm a
+    layer) is a layered model, in copies or alone."""
+    one = _layered_model(12)
+    assert model_state_copies([(r, r) for r in one * 4], 4) == 4
+    assert layer_stack_weights([(r, r) for r in one]) is not None
+
+
 def test_reading_layers_takes_work_in_proportion_to_the_blocks():
     """200,000 frame-less blocks of one shape beside 20,000 shapes of one block each: every layer
     count is read from the divisors of the counts, not tried against every shape (that would be

@@ -191,6 +191,7 @@ _LAYER_BYTES_SHARE = 0.9  # of the bytes in repeated shapes, those that repeat a
 _LAYERS_SHARE = 1 / 2  # of the frame-less bytes, those the layers hold
 _WIDTH_MIN_BYTES = 256  # the smallest per-layer vector taken for the model's width (no scalar buffer)
 _LAYER_CONFIDENCE = 0.3  # weights read from the shapes alone
+_SAME_SHAPE_PER_COMPANION = 4  # matrices of one shape in a layer per smaller tensor beside them (q, k, v, o)
 
 
 def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
@@ -428,9 +429,27 @@ def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) ->
         # a shape that repeats as a layer's do (a norm's weight: twice a layer and once more at the
         # end) but not k times over is one model's, whatever its bytes: copies repeat every shape
         layered_broken = any(n >= _LAYERS_MIN and n % copies for n in repeated)
-        if broken <= total * _COPY_TOLERANCE and regular >= _COPY_SHAPES_SHARE * len(repeated) and not layered_broken:
+        if (
+            broken <= total * _COPY_TOLERANCE
+            and regular >= _COPY_SHAPES_SHARE * len(repeated)
+            and not layered_broken
+            and not _stacked_alone(counts, held, copies)
+        ):
             return copies
     return 1
+
+
+def _stacked_alone(counts: Mapping[int, int], held: Mapping[int, int], copies: int) -> bool:
+    """Whether, in each of `copies` copies, the shape holding the most bytes is stacked as a
+    layer's is (_LAYERS_MIN times or more) and more than _SAME_SHAPE_PER_COMPANION times as often
+    as any other shape: a layer holds at most a few matrices of one shape (an attention's q, k, v
+    and output) and with them at least one smaller tensor (a bias, a norm), so a model's layers
+    stack their shapes together, while one shape stacked alone is what a loop that keeps its
+    outputs leaves (a list of predictions, a cache of features)."""
+    largest = max(held, key=held.__getitem__)
+    stacked = counts[largest] // copies
+    others = max((n for r, n in counts.items() if r != largest), default=0) // copies
+    return stacked >= _LAYERS_MIN and stacked > _SAME_SHAPE_PER_COMPANION * max(others, 1)
 
 
 def layer_stack_weights(sizes: Sequence[tuple[int, int]]) -> set[int] | None:
@@ -447,7 +466,7 @@ def layer_stack_weights(sizes: Sequence[tuple[int, int]]) -> set[int] | None:
     counts, held = _shape_totals(sizes)
     total = sum(held.values())
     repeated_bytes = sum(held[r] for r, n in counts.items() if n > 1)
-    if not total:
+    if not total or _stacked_alone(counts, held, 1):
         return None
     # per layer count L: the shapes occurring a multiple of L times and their bytes, from the
     # divisors of each shape's count (work in proportion to the blocks, whatever the counts)
