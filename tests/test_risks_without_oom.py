@@ -95,6 +95,15 @@ def test_model_states_filling_the_cache_with_a_one_entry_trace_may_not_fit():
     assert finding.summary.kind == SummaryKind.MODEL_STATES_AT_CAPACITY
     assert "1 entry" in phrasing.summary(finding.summary)
 
+    untraced = Sim()
+    for _ in range(6):
+        untraced.alloc(40 * MiB, SETUP_STACK)
+    untraced.start_recording()
+    finding = _findings(analyse(untraced.snapshot(metadata=False)))["model-states-too-large"]
+    words = phrasing.summary(finding.summary)
+    assert "no trace that could have kept an OOM event" in words
+    assert "0 entries" not in words
+
     roomy = Sim()
     for _ in range(6):
         roomy.alloc(40 * MiB, SETUP_STACK)

@@ -416,10 +416,13 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"At the {f.get('at')}, {human(size('old'))} of gradients from an earlier backward are alive during a forward (parameters: {human(size('parameters'))}); zero_grad(set_to_none=True) before the forward would free them{unless}."
     if kind == SummaryKind.MODEL_STATES_AT_CAPACITY:
         capacity = f.size("capacity")
+        entries = f.size("entries") or 0
         why = (
             f"of the {human(capacity)} PyTorch could have"
             if capacity is not None
-            else f"and the trace holds only {plural(f.size('entries') or 0, 'entry', 'entries')}, too few to have kept an OOM event"
+            else f"and the trace holds only {plural(entries, 'entry', 'entries')}, too few to have kept an OOM event"
+            if entries
+            else "and there is no trace that could have kept an OOM event"
         )
         return f"Model states fill what PyTorch reserved ({human(size('states'))} of {human(size('reserved'))}, {human(size('free'))} free in the cache) {why}: if this dump was written at an OOM, the model states do not fit."
     if kind == SummaryKind.NEAR_OOM_OVERSIZED:
