@@ -47,6 +47,25 @@ def test_a_pre_trace_block_is_placed_by_its_own_frames():
     assert components["unknown"] == 0
 
 
+def test_a_pre_trace_copy_made_to_save_a_checkpoint_is_no_model_state():
+    """A block from before the trace whose own stack gathers a state dict (as FSDP's optimizer
+    state dict does: a function named for parameters inside one named for the state dict) is a
+    save's copy, as it is when the trace made it: not a parameter by its names."""
+    gather = (
+        Frame("train.py", 104, "_gather_orig_param_state"),
+        Frame("train.py", 110, "optim_state_dict"),
+        Frame("train.py", 150, "main"),
+    )
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    sim.alloc(48 * MiB, gather)
+    sim.start_recording()
+    _forward(sim)
+    components = _components(sim)
+    assert components["other"] == 48 * MiB
+    assert components["parameters"] == 64 * MiB
+
+
 def test_frameless_pre_trace_blocks_under_a_traced_forward_are_the_parameters():
     sim = Sim()
     for size in (4, 4, 4, 2, 2, 1):

@@ -363,6 +363,8 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
         return WORKSPACE, METHOD_SIZE_MATCH, 0.5
     if not stack:
         return None
+    if save_frame(stack) is not None:  # a copy made to save a checkpoint (a state dict gathered): no model state
+        return OTHER, METHOD_FRAMES, 0.6
     if ddp_bucket_frames(stack):
         return GRADIENTS, METHOD_FRAMES, 0.8
     if fsdp_parameter_frames(stack):
