@@ -66,6 +66,35 @@ def test_a_pre_trace_copy_made_to_save_a_checkpoint_is_no_model_state():
     assert components["parameters"] == 64 * MiB
 
 
+def test_a_pre_trace_batch_is_an_input_by_its_own_frames():
+    """With no trace to say when it was made (a snapshot recorded with context="state"), a block
+    whose stack makes a batch is an input, as the trace's between-steps rule places one."""
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    sim.alloc(3 * MiB, BATCH_STACK)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["inputs"] == 3 * MiB
+    assert components["parameters"] == 64 * MiB
+
+
+def test_user_code_that_does_not_say_what_it_made_joins_no_copies_of_the_model_states():
+    """Frame-less blocks are read as copies of one set of shapes; a block whose stack is user
+    code that says nothing of what it makes is not frame-less: its shape matching a parameter's
+    says nothing either, so it is unknown, and the copies are read without it."""
+    sim = Sim()
+    for _ in range(4):
+        for size in (4, 4, 2, 1):
+            sim.alloc(size * MiB)
+    sim.alloc(2 * MiB, (Frame("bench.py", 110, "run_benchmark"),))
+    sim.start_recording()
+    components = _components(sim)
+    assert components["unknown"] == 2 * MiB
+    assert components["parameters"] == 11 * MiB
+    assert components["gradients"] == 11 * MiB
+    assert components["optimizer_state"] == 22 * MiB
+
+
 def test_frameless_pre_trace_blocks_under_a_traced_forward_are_the_parameters():
     sim = Sim()
     for size in (4, 4, 4, 2, 2, 1):

@@ -383,6 +383,8 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
         return named
     if cls == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_FRAMES, 0.4
+    if _loads_data(stack):  # a batch made or moved (data loading, or user code named for it)
+        return INPUTS, METHOD_FRAMES, 0.5
     return None
 
 
@@ -818,6 +820,9 @@ def place_pre_trace(
         placement = _place_by_own_frames(frames_of.get(address, ()), allocation.requested_bytes, freed_at is None)
         if placement is None:
             placement = _place_by_fate(freed_at, phases)
+        if placement is None and _python_user_frames(frames_of.get(address, ())):
+            # user code made it and does not say what it is: no shape of a model's states says so either
+            placement = (UNKNOWN, METHOD_NONE, 0.0)
         if placement is None:
             frameless.append(allocation)
         else:
