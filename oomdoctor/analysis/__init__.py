@@ -447,6 +447,7 @@ def _context(
     """Everything the verdict tests read."""
     pass_allocated, pass_kept, pass_kept_count, pass_returned = _current_pass(dump, target, blocks)
     end_components, end_allocated = _at_end(dump, state, target)
+    frames_train = _frames_train(dump, target, blocks, moment.step)
     return Context(
         oom=accounted.fatal,
         accounting=accounted.accounting,
@@ -481,9 +482,15 @@ def _context(
         end_components=end_components,
         end_allocated_bytes=end_allocated,
         passes=pass_history(
-            dump.trace, dump.spans, target.index if target.kind == "oom" else None, moment.step, blocks, replicas
+            dump.trace,
+            dump.spans,
+            target.index if target.kind == "oom" else None,
+            moment.step,
+            blocks,
+            replicas,
+            frames_train or dump.optimizer_annotated,
         ),
-        frames_train=_frames_train(dump, target, blocks, moment.step),
+        frames_train=frames_train,
         optimizer_annotated=dump.optimizer_annotated,
     )
 

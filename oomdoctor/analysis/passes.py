@@ -81,8 +81,11 @@ class _Pass:
     step: int
 
 
-def _forwards(spans: Sequence[PhaseSpan]) -> list[_Pass]:
-    """Each forward (consecutive forward spans of one step are one) with the backward after it."""
+def _forwards(spans: Sequence[PhaseSpan], *, each_span: bool = False) -> list[_Pass]:
+    """Each forward (consecutive forward spans of one step are one: a training step's calls before
+    its backward) with the backward after it. `each_span`: in a run that does not train, each
+    forward span is a pass of its own (phases.py starts a new span where a pass returned and the
+    next began: a generation loop's next token, a benchmark's next iteration)."""
     passes: list[_Pass] = []
     position = 0
     while position < len(spans):
@@ -92,7 +95,12 @@ def _forwards(spans: Sequence[PhaseSpan]) -> list[_Pass]:
             continue
         first, last, step = span.first_index, span.last_index, span.step
         position += 1
-        while position < len(spans) and spans[position].phase == PHASE_FORWARD and spans[position].step == step:
+        while (
+            not each_span
+            and position < len(spans)
+            and spans[position].phase == PHASE_FORWARD
+            and spans[position].step == step
+        ):
             last = spans[position].last_index
             position += 1
         end = last
@@ -357,14 +365,18 @@ def rest_of_pass(
     blocks: Sequence[LiveBlock],
     comparable: tuple[int, ...],
     replicas: Sequence[Replica] = (),
+    trains: bool = False,
 ) -> RestOfPass | None:
     """At an OOM inside a forward, its rest extrapolated from the latest earlier completed pass of
     the same structure (a comparable step's, or an earlier pass of the same step when the run does
     not train) whose allocations this pass follows; failing that, from a replica's pass that ran to
-    its end (`_finished_passes`); else why not. None when the target is not in a forward."""
+    its end (`_finished_passes`); else why not. None when the target is not in a forward.
+    `trains`: something besides the spans tells the run trains (the stacks, the annotations); in a
+    run that does not, each forward span is a pass (`_forwards`)."""
     if target_index is None:
         return None
-    passes = _forwards(spans)
+    trains = trains or _trains(spans) or any(_trains(replica.spans) for replica in replicas)
+    passes = _forwards(spans, each_span=not trains)
     current = next((p for p in passes if p.first_index <= target_index <= p.forward_last), None)
     if current is None:
         return None
@@ -478,10 +490,11 @@ def pass_history(
     target_step: int | None,
     blocks: Sequence[LiveBlock],
     replicas: Sequence[Replica] = (),
+    trains: bool = False,
 ) -> PassHistory:
     """Everything `Context.passes` holds, computed once. `oom_index`: the judged OOM event, None
     when the moment judged is a peak or the dump (nothing cut a pass short there: the rest of the
-    pass that holds a peak ran, and stayed below it)."""
+    pass that holds a peak ran, and stayed below it). `trains`: as `rest_of_pass`'s."""
     comparable = comparable_steps(trace, spans, target_step)
     changed: dict[int, bool | None] = {}
     if target_step is not None and comparable:
@@ -492,5 +505,5 @@ def pass_history(
         probe = _InputsProbe(trace, spans, target_step, passes, by_step)
         changed = {s: probe.against(s) for s in comparable}
     return PassHistory(
-        comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas)
+        comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
     )

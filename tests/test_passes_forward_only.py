@@ -1,0 +1,79 @@
+"""A run that does not train (generation, a forward benchmark) read from frames alone: each forward
+pass is its own pass, so the rest of the one the OOM interrupted is extrapolated from the pass
+before it (passes._forwards, `each_span`), as it is from the markers of such a run."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.model import Frame
+from oomdoctor.units import MIB as MiB
+from oomdoctor.views import phrasing
+from tests.builders import BACKWARD_STACK, SETUP_STACK, Sim
+
+MODULE_CALL = Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1751, "_call_impl")
+LOOP = Frame("generate.py", 40, "main")  # `logits = model(tokens)` in the loop
+SAMPLE = (Frame("generate.py", 44, "main"),)  # the loop's own code after the pass: sampling
+
+
+def _layer(op: int) -> tuple[Frame, ...]:
+    return (
+        Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100 + op, "linear"),
+        Frame("model.py", 30 + op, "forward"),
+        MODULE_CALL,
+        LOOP,
+    )
+
+
+def _run(sim: Sim, passes: int, oom_at: int) -> None:
+    """`passes` forward passes of six 4 MiB allocations each, all kept (grad mode keeps the graph
+    of a pass that no backward uses), then sampling in the loop's code; the last pass runs out at
+    its `oom_at`th allocation."""
+    sim.alloc(8 * MiB, SETUP_STACK)  # the model
+    for number in range(passes):
+        for op in range(6):
+            if number == passes - 1 and op == oom_at:
+                sim.oom(4 * MiB, _layer(op))
+                return
+            sim.alloc(4 * MiB, _layer(op))
+        sim.alloc(1 * MiB, SAMPLE)
+
+
+def test_the_rest_of_a_forward_only_pass_comes_from_the_pass_before_it():
+    sim = Sim(total_bytes=60 * MiB)
+    _run(sim, passes=3, oom_at=2)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.target_phase == "forward"
+    rest = result.what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated, rest
+    # the pass before it: 24 MiB of layers and the 1 MiB its loop's code sampled; this one had made
+    # 8 MiB when it ran out
+    assert rest.size_ratio == 1.0 and rest.projected_pass_bytes == 25 * MiB and rest.pass_bytes == 8 * MiB
+    assert not rest.earlier_backward and rest.earlier_kept_bytes == 0
+    assert "no earlier completed pass" not in phrasing.what_if_note(result.what_if)
+
+
+def test_a_training_steps_calls_before_its_backward_stay_one_pass():
+    """Counter-example: in a run that trains, two model calls before one backward (a siamese pair)
+    are one pass; the second call is not extrapolated from the first."""
+    sim = Sim(total_bytes=80 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK)
+    for step in range(2):
+        kept = []
+        for call in range(2):
+            for op in range(3):
+                if step == 1 and call == 1 and op == 1:
+                    sim.oom(4 * MiB, _layer(op))
+                    break
+                kept.append(sim.alloc(4 * MiB, _layer(op)))
+            else:
+                sim.alloc(1 * MiB, SAMPLE)  # the pair's loss, outside the model
+                continue
+            break
+        if step == 0:
+            for address in reversed(kept):
+                sim.free(address)
+            sim.free(sim.alloc(2 * MiB, BACKWARD_STACK))
+    result = analyse(sim.snapshot(metadata=False))
+    rest = result.what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated and rest.earlier_backward, rest
+    assert rest.earlier_step == 0 and rest.pass_bytes == 17 * MiB
