@@ -328,20 +328,44 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
         needed=total,
         projected_moments=moments,
         optimizer_kind=ctx.optimizer_kind,
-        projected_gradients=int(ctx.trains() and gradients < parameters),
+        projected_gradients=int(ctx.trains() and gradients < trained_parameters(ctx)),
+        trained=trained_parameters(ctx) if trained_parameters(ctx) < parameters else None,
     )
+
+
+def _backward_done_in_step(ctx: Context) -> bool:
+    """A backward of the target's step ended before the target (the step's optimizer step, or a
+    later micro-batch): every parameter that trains has its gradient by then."""
+    target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
+    return any(s.phase == PHASE_BACKWARD and s.step == ctx.target_step and s.last_index < target for s in ctx.phases)
+
+
+def trained_parameters(ctx: Context) -> int:
+    """The bytes of parameters that train, which gradients and optimizer state are projected at:
+    the parameters, unless the dump shows fewer train (frozen weights: a LoRA base, an RLHF
+    reference model). After a backward of the target's step, the live gradients are every trained
+    parameter's; after the optimizer's first step, its state is complete and holds at least one
+    moment per trained parameter (Adam two, SGD momentum or Lion one)."""
+    parameters, gradients, optimizer_state, _ = model_states(ctx)
+    if gradients and _backward_done_in_step(ctx):
+        return min(parameters, gradients)
+    if optimizer_state and not ctx.in_first_optimizer_step():
+        return min(parameters, optimizer_state)
+    return parameters
 
 
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
-    state was projected at; None when it was taken as it is)."""
+    state was projected at; None when it was taken as it is). Gradients and state are projected at
+    the parameters that train (`trained_parameters`)."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
+    trained = trained_parameters(ctx)
     projected_moments = None
-    projected_gradients = max(gradients, parameters) if ctx.trains() else gradients
+    projected_gradients = max(gradients, trained) if ctx.trains() else gradients
     projected_state = optimizer_state
-    if ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < parameters):
+    if ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
-        projected_state = max(optimizer_state, moments * parameters)
+        projected_state = max(optimizer_state, moments * trained)
         projected_moments = moments
     return parameters + projected_gradients + projected_state + buffers, projected_state, projected_moments
 

@@ -308,12 +308,14 @@ def _projection(facts: Facts) -> str:
     """' (optimizer state projected at 2x the parameters)' when the model states were projected
     (gradients too, in a run that trains but holds fewer of them than parameters)."""
     moments = facts.get("projected_moments")
+    trained = facts.size("trained") if facts.get("trained") is not None else None
+    which = "the parameters" if trained is None else f"the {human(trained)} of parameters that train"
     parts = []
     if facts.get("projected_gradients"):
-        parts.append("gradients projected at the parameters' size")
+        parts.append(f"gradients projected at {which}' size" if trained is None else f"gradients projected at {which}")
     if moments is not None:
         assumed = "" if facts.get("optimizer_kind") else ", assuming Adam-style moments"
-        parts.append(f"optimizer state projected at {moments}x the parameters{assumed}")
+        parts.append(f"optimizer state projected at {moments}x {which}{assumed}")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

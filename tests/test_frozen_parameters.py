@@ -1,0 +1,65 @@
+"""Model states projected over the parameters that train, not every parameter (verdicts.
+trained_parameters): a frozen base (LoRA) or a frozen reference model (RLHF) gets no gradients and
+no optimizer state, and the dump shows which train once a backward or a first optimizer step ran."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.units import MIB as MiB
+from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, Sim
+
+FROZEN_MIB = 36  # the frozen weights
+TRAINED_MIB = 4  # the adapters
+
+
+def _model(sim: Sim) -> None:
+    sim.alloc(FROZEN_MIB * MiB, SETUP_STACK, "parameter", "base.weight")
+    sim.alloc(TRAINED_MIB * MiB, SETUP_STACK, "parameter", "adapter.weight")
+
+
+def _step(sim: Sim, activation_mib: int, *, oom_in: str | None = None) -> None:
+    sim.marker("forward", "start")
+    kept = [sim.alloc(activation_mib * MiB, FORWARD_STACK)]
+    if oom_in == "forward":
+        sim.oom(8 * MiB, FORWARD_STACK)
+        return
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.free(kept.pop())
+    grad = sim.alloc(TRAINED_MIB * MiB, BACKWARD_STACK, "gradient", "adapter.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    if sim.step == 0:
+        sim.alloc(TRAINED_MIB * MiB, ADAM_INIT_STACK, "optimizer_state", "exp_avg")
+        if oom_in == "optimizer_step":
+            sim.oom(TRAINED_MIB * MiB, ADAM_INIT_STACK)
+            return
+        sim.alloc(TRAINED_MIB * MiB, ADAM_INIT_STACK, "optimizer_state", "exp_avg_sq")
+    sim.marker("optimizer_step", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(grad)
+    sim.marker("zero_grad", "end")
+
+
+def test_the_first_optimizer_step_projects_the_state_of_the_parameters_with_gradients():
+    # 40 MiB of parameters, 4 MiB of them trained: the states need 40 + 4 + 2 x 4 = 52 MiB; projected
+    # over every parameter (40 + 40 + 80) they would seem three times the device
+    sim = Sim(total_bytes=72 * MiB)
+    _model(sim)
+    sim.alloc(20 * MiB, FORWARD_STACK)  # what else the run holds
+    _step(sim, 8, oom_in="optimizer_step")
+    result = analyse(sim.snapshot())
+    assert result.target_phase == "optimizer_step"
+    assert result.verdict != "model-states-too-large"
+    assert "model-states-too-large" not in {f.verdict for f in result.secondary}
+
+
+def test_a_later_steps_forward_takes_the_state_the_first_step_made_as_complete():
+    sim = Sim(total_bytes=100 * MiB)
+    _model(sim)
+    _step(sim, 8)
+    _step(sim, 48, oom_in="forward")  # a longer batch: 48 MiB of activations and 8 more asked for
+    result = analyse(sim.snapshot())
+    assert (result.target_phase, result.target_step) == ("forward", 1)
+    assert result.verdict == "activation-spike", result.verdict
+    assert "model-states-too-large" not in {f.verdict for f in result.secondary}
