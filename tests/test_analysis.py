@@ -420,7 +420,7 @@ def test_inference_with_grad_keeps_each_pass():
     sim = Sim(total_bytes=600 * MiB)
     sim.alloc(64 * MiB, SETUP_STACK, "parameter", "w")
     for batch in range(5):
-        _forward_pass(sim, [100 * MiB])  # each pass's graph is kept by the running loss
+        _forward_pass(sim, [20 * MiB] * 5)  # each pass's graph (a tensor per layer) is kept by the running loss
         if batch == 4:
             sim.oom(100 * MiB)
             break

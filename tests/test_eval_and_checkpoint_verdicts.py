@@ -159,3 +159,39 @@ def test_a_hook_that_saves_outputs_is_no_checkpoint_save():
         assert save_frame((Frame("extract.py", 12, hook), *FORWARD_STACK)) is None, hook
     for saver in ("save_model", "save_state", "save_weights", "_save_checkpoint", "save_ckpt"):
         assert save_frame((Frame("train.py", 12, saver),)) is not None, saver
+
+
+def _eval_loop_with_wide_outputs(tensors_kept: int) -> object:
+    """Evaluation passes (plain snapshot, frames only) whose kept share is above a quarter: a narrow
+    model with a large vocabulary frees 21 MiB of intermediates a pass and keeps 8 MiB, in
+    `tensors_kept` tensors (1: the logits, under no_grad; many: a graph, saved at every layer). The
+    sixth pass's concatenation runs out."""
+    layer = (
+        Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100, "linear"),
+        Frame("model.py", 30, "forward"),
+        Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1751, "_call_impl"),
+        Frame("train.py", 60, "evaluate"),
+    )
+    loop = (Frame("train.py", 58, "evaluate"),)
+    sim = Sim(total_bytes=128 * MiB)
+    sim.alloc(10 * MiB, SETUP_STACK)
+    for _batch in range(6):
+        sim.alloc(64 * 1024, loop)  # the batch
+        for _ in range(7):
+            sim.free(sim.alloc(3 * MiB, layer))  # intermediates freed once used
+        for _ in range(tensors_kept):
+            sim.alloc(8 * MiB // tensors_kept, layer)
+    sim.oom(48 * MiB, (Frame("train.py", 64, "evaluate"),))  # torch.cat of the kept logits
+    return sim.snapshot(metadata=False)
+
+
+def test_outputs_above_a_quarter_of_each_pass_are_outputs_when_few_tensors_hold_them():
+    result = analyse(_eval_loop_with_wide_outputs(1))
+    assert result.verdict == "eval-outputs-kept", result.summary
+    assert "inference-with-grad" not in {f.verdict for f in result.secondary}
+    assert all(r.id != "no-grad" for r in result.recommendations)
+
+
+def test_the_same_bytes_in_a_tensor_per_layer_are_graphs():
+    result = analyse(_eval_loop_with_wide_outputs(8))
+    assert result.verdict == "inference-with-grad", result.summary

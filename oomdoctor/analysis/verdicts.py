@@ -81,6 +81,11 @@ EVAL_MIN_KEEPING_PASSES = 2  # earlier passes that each left outputs alive
 EVAL_KEEPING_PART = 4  # and at least 3/4 of the earlier passes did
 EVAL_ONE_PASS_SHARE = 0.6  # no one pass holds more than this share of what is kept: it piles up
 EVAL_OUTPUTS_RISK_SHARE = 0.25  # without an OOM, kept outputs this share of allocated at the peak
+# an earlier pass that keeps at most this many tensors (the typical one) kept its outputs (logits,
+# labels, predictions), not its graph: autograd saves tensors at every layer of a pass. Outputs
+# can be more than a quarter of what a pass allocated (a large vocabulary's logits after a narrow
+# model), so the share alone does not tell them apart.
+OUTPUT_TENSORS_PER_PASS = 4
 # A state dict gathered at checkpoint save
 CHECKPOINT_MIN_PART = 2  # saving code holding at least half of the device's parameters: a copy of them
 CHECKPOINT_RISK_SHARE = 0.25  # without an OOM, the save's copies this share of allocated at the peak
@@ -591,6 +596,32 @@ def _passes_per_backward(ctx: Context) -> int:
     return max(len(passes_since_training(ctx.phases, b.first_index - 1)[0]) for b in backwards)
 
 
+def _kept_per_pass(forwards: Sequence[PhaseSpan], kept: Sequence[LiveBlock]) -> tuple[list[int], list[int]]:
+    """(bytes, blocks) of `kept` per earlier pass of `forwards` (all but the latest): each block
+    counts to the pass it was allocated in, or after (the loop's code before the next pass)."""
+    earlier = forwards[:-1]
+    starts = [s.first_index for s in earlier]
+    per_pass = [0] * len(earlier)
+    counts = [0] * len(earlier)
+    for block in kept:
+        assert block.alloc_index is not None
+        position = max(bisect.bisect_right(starts, block.alloc_index) - 1, 0)
+        per_pass[position] += block.size_bytes
+        counts[position] += 1
+    return per_pass, counts
+
+
+def _graphs_kept(ctx: Context, kept_bytes: int, counts: Sequence[int]) -> bool:
+    """Whether what the earlier passes keep is their graphs: at least KEPT_GRAPHS_OF_PASSES of what
+    they allocated, and more tensors than outputs are (OUTPUT_TENSORS_PER_PASS, the typical pass
+    that keeps any)."""
+    allocated = ctx.earlier_passes_allocated_bytes
+    if kept_bytes < KEPT_GRAPHS_OF_PASSES * allocated:
+        return False
+    keeping = sorted(n for n in counts if n)
+    return not keeping or keeping[len(keeping) // 2] > OUTPUT_TENSORS_PER_PASS
+
+
 def kept_from_earlier_passes(ctx: Context) -> list[LiveBlock]:
     """The activations and temporaries of the forward passes since the last backward, but the
     latest, still alive at the target (what grad mode kept of them)."""
@@ -617,7 +648,7 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     capacity = ctx.capacity_bytes or 0
     if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // KEPT_GRAPH_MIN_PART):
         return None
-    if ctx.earlier_passes_allocated_bytes and kept_bytes < KEPT_GRAPHS_OF_PASSES * ctx.earlier_passes_allocated_bytes:
+    if ctx.earlier_passes_allocated_bytes and not _graphs_kept(ctx, kept_bytes, _kept_per_pass(forwards, kept)[1]):
         return None  # the earlier passes kept their outputs, not their graphs
     largest = max(kept, key=lambda b: b.size_bytes)
     return Finding(
@@ -879,11 +910,7 @@ def kept_outputs(ctx: Context) -> KeptOutputs | None:
     earlier = forwards[:-1]
     if len(earlier) < EVAL_MIN_KEEPING_PASSES or not kept:
         return None
-    starts = [s.first_index for s in earlier]
-    per_pass = [0] * len(earlier)
-    for block in kept:
-        assert block.alloc_index is not None
-        per_pass[max(bisect.bisect_right(starts, block.alloc_index) - 1, 0)] += block.size_bytes
+    per_pass, counts = _kept_per_pass(forwards, kept)
     keeping = sum(1 for n in per_pass if n)
     kept_bytes = sum(per_pass)
     # outputs pile up: (nearly) every earlier pass kept some, none most of them
@@ -891,8 +918,7 @@ def kept_outputs(ctx: Context) -> KeptOutputs | None:
         return None
     if max(per_pass) > EVAL_ONE_PASS_SHARE * kept_bytes:
         return None
-    allocated = ctx.earlier_passes_allocated_bytes
-    if not allocated or kept_bytes >= KEPT_GRAPHS_OF_PASSES * allocated:
+    if not ctx.earlier_passes_allocated_bytes or _graphs_kept(ctx, kept_bytes, counts):
         return None  # graphs kept (inference-with-grad), or nothing to weigh the kept bytes against
     largest = max(kept, key=lambda b: b.size_bytes)
     return KeptOutputs(len(forwards), keeping, kept_bytes, max(per_pass), largest, tuple(kept))
