@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from oomdoctor.analysis.checkpointing import save_frame
-from oomdoctor.analysis.frame_kinds import USER, frame_kind, is_python_source, lead_frame_index
+from oomdoctor.analysis.frame_kinds import LIBRARY, TORCH, USER, frame_kind, is_python_source, lead_frame_index
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
@@ -154,6 +154,7 @@ def _stack_mentions(stack: Stack, names: tuple[str, ...]) -> bool:
 # torch's default cuBLAS workspace before Hopper (CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8"): one per
 # handle and stream, allocated through the caching allocator at the first matmul and never freed.
 CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+STATE_SITE_FRAMES = 1  # a user-written optimizer's allocation site: its innermost frame of user or library code
 _WORKSPACE_FRAME_WORD = "workspace"  # in the C++ frame that allocates one (cuBLAS getNewWorkspace, cuDNN Workspace)
 # Words in the names of user code that allocates a kind of memory (frameworks name them so).
 _PREALLOCATED_WORDS = re.compile(r"kv_?cache|cache_engine|allocate_cache|init_cache|static_?cache|mem(ory_)?pool")
@@ -540,6 +541,7 @@ def attribute(
     ):
         seeds = [address for address, placed in pre_trace.items() if placed[0] == PARAMETERS]
         successors = parameter_successors(trace, phases, seeds, after_target)
+    state = state_blocks(trace, phases, live, after_target) if not exact else set()
 
     blocks: list[LiveBlock] = []
     for address, alloc_index, size, requested in live:  # LiveAllocation's fields
@@ -582,7 +584,16 @@ def attribute(
                 component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
             else:
                 component, method, confidence = _infer(
-                    alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, len(trace) - 1
+                    alloc_index,
+                    phase,
+                    span,
+                    stack,
+                    requested,
+                    parameter_sizes,
+                    after_target,
+                    freed_at,
+                    len(trace) - 1,
+                    state,
                 )
             if component == OTHER and span is not None and _spans_first_forward(span, phases, after_target):
                 component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
@@ -918,7 +929,78 @@ def _outlives(span, freed_at: int | None, trace_end: int) -> bool:
     return freed_at > span.last_index if freed_at is not None else span.last_index < trace_end
 
 
-def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, trace_end):
+def _optimizer_site(stack: Stack) -> tuple[tuple[str, int], ...] | None:
+    """The site (file, line of its innermost Python frames) of an allocation an optimizer's own
+    code outside torch made: a user-written or library optimizer's step (Lion, Adafactor written
+    with tensor ops), whose frames name no `_init_group`. None for torch.optim's own code, or
+    without Python frames."""
+    key: list[tuple[str, int]] = []
+    for frame in stack:
+        kind = frame_kind(frame)
+        if kind == TORCH and not key:
+            return None  # torch.optim's own code: its frames say what is state
+        if kind in (USER, LIBRARY):
+            key.append((frame.filename, frame.line))
+            if len(key) == STATE_SITE_FRAMES:
+                break
+    return tuple(key) or None
+
+
+def state_blocks(
+    trace: DeviceTrace, phases: PhaseIndex, live: Collection[LiveAllocation], after_target: int
+) -> set[int]:
+    """The live blocks (their alloc event indices) that a user-written optimizer's step
+    (`_optimizer_site`) made as its state: each outlived, up to the target, a block the same step
+    made after it and freed (a temporary lives only as long as its parameter's update, so none
+    made before it outlives it: only state does, as `state["exp_avg"] = torch.zeros_like(p)` and
+    the update's temporaries that come and go after it). Then every live block of a site all of
+    whose blocks in the step are alive and one of which is state (the state of the parameter the
+    step reached last, at the same line, though nothing after it was freed yet). A line that also
+    made blocks the step freed (`m = b1 * m + (1 - b1) * g` out of place) lends its blocks nothing.
+    Only the optimizer steps that made a live block are read."""
+    spans = {
+        id(span): span
+        for a in live
+        if a.alloc_index is not None
+        and (span := phases.span_of(a.alloc_index)) is not None
+        and span.phase == PHASE_OPTIMIZER
+    }
+    state: set[int] = set()
+    actions, addrs = trace.actions, trace.addrs
+    site_of_stack: dict[int, tuple[tuple[str, int], ...] | None] = {}
+    for span in spans.values():
+        last = min(span.last_index, after_target)
+        # address -> (alloc index, site): made in this span at a user-written optimizer's site, not
+        # yet freed, in the order made; `pending` those not yet found to outlive a later one
+        made: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        pending: dict[int, int] = {}  # address -> alloc index
+        freed_sites: set[tuple[tuple[str, int], ...]] = set()
+        for index in range(span.first_index, last + 1):
+            action = actions[index]
+            if action == ALLOC:
+                stack = trace.frames_at(index)
+                if id(stack) not in site_of_stack:
+                    site_of_stack[id(stack)] = _optimizer_site(stack)
+                site = site_of_stack[id(stack)]
+                if site is not None:
+                    made[addrs[index]] = (index, site)
+                    pending[addrs[index]] = index
+            elif action == FREE_REQUESTED and addrs[index] in made:
+                freed_made_at, freed_site = made.pop(addrs[index])
+                freed_sites.add(freed_site)
+                pending.pop(addrs[index], None)
+                while pending:  # the ones made before it, first in the dict: they outlived it
+                    address, made_at = next(iter(pending.items()))
+                    if made_at > freed_made_at:
+                        break
+                    state.add(made_at)
+                    del pending[address]
+        sites = {made[addrs[i]][1] for i in state if addrs[i] in made} - freed_sites
+        state |= {made_at for made_at, site in made.values() if site in sites}
+    return state
+
+
+def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, trace_end, state=()):
     if save_frame(stack) is not None:  # a copy made to save a checkpoint (a state dict gathered): no model state
         return OTHER, METHOD_FRAMES, 0.6
     stack_class = classify_stack(stack) if stack else "no-frames"
@@ -942,6 +1024,8 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
             return OPTIMIZER_STATE, METHOD_LIFETIME, 0.8
         if stack and _stack_mentions(stack, ("_init_group", "zeros_like", "_init_state")):
             return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
+        if alloc_index in state:  # outlived the step's later temporaries (`state_blocks`)
+            return OPTIMIZER_STATE, METHOD_LIFETIME, 0.6
         if stack:
             return TEMPORARIES, METHOD_FRAMES, 0.6
         if span is not None and span.step == 0 and requested in parameter_sizes:

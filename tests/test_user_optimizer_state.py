@@ -1,0 +1,75 @@
+"""A user-written optimizer's state (Lion or AdamW written with tensor ops in the user's file: no
+`_init_group` frame) read from a plain snapshot at an OOM inside its first step: the blocks that
+outlive the step's later temporaries are its state (attribution.state_blocks), not temporaries."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.model import Frame
+from oomdoctor.units import MIB as MiB
+from tests.builders import BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, Sim
+
+STEP_WRAPPER = (
+    Frame("/usr/lib/python3/site-packages/torch/optim/optimizer.py", 485, "wrapper"),
+    Frame("train.py", 80, "main"),
+)
+
+
+def _in_step(line: int) -> tuple[Frame, ...]:
+    return (Frame("optim.py", line, "step"), *STEP_WRAPPER)
+
+
+ZEROS_LIKE = _in_step(28)  # state["exp_avg"] = torch.zeros_like(p)
+UPDATE = _in_step(31)  # update = exp_avg.mul(beta1).add(grad, alpha=1 - beta1).sign_()
+OUT_OF_PLACE = _in_step(40)  # m = beta1 * m + (1 - beta1) * grad
+
+
+def _trained(sim: Sim, sizes: tuple[int, ...]) -> None:
+    for size in sizes:
+        sim.alloc(size * MiB, SETUP_STACK)
+    sim.free(sim.alloc(8 * MiB, FORWARD_STACK))
+    for size in sizes:
+        sim.alloc(size * MiB, BACKWARD_STACK)  # the gradients
+
+
+def test_a_user_written_lions_state_is_state_at_an_oom_in_its_first_step():
+    sizes = (24, 48)
+    sim = Sim(total_bytes=220 * MiB)
+    _trained(sim, sizes)
+    state_0 = sim.alloc(24 * MiB, ZEROS_LIKE)
+    sim.free(sim.alloc(24 * MiB, UPDATE))  # exp_avg.mul(beta1): freed once the add made its result
+    sim.alloc(24 * MiB, UPDATE)  # `update`, alive until the next parameter's replaces it
+    sim.alloc(48 * MiB, ZEROS_LIKE)  # the second parameter's state
+    sim.oom(48 * MiB, UPDATE)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.target_phase == "optimizer_step"
+    by_address = {b.address: b.component for b in result.live_blocks}
+    assert by_address[state_0] == "optimizer_state"
+    components = result.component_bytes()
+    assert components.get("optimizer_state") == 72 * MiB, components
+    assert components.get("temporaries") == 24 * MiB, components
+
+
+def test_an_out_of_place_update_lends_its_line_nothing():
+    """Counter-example: `m = beta1 * m + (1 - beta1) * grad` makes two temporaries and the new state
+    at one line; mid-step, the parameter being updated has its temporaries alive."""
+    sizes = (16, 16, 16)
+    sim = Sim(total_bytes=1024 * MiB)
+    _trained(sim, sizes)
+    kept = []
+    for number, size in enumerate(sizes):
+        first = sim.alloc(size * MiB, OUT_OF_PLACE)  # beta1 * m
+        second = sim.alloc(size * MiB, OUT_OF_PLACE)  # (1 - beta1) * grad
+        kept.append(sim.alloc(size * MiB, OUT_OF_PLACE))  # the new m
+        if number == len(sizes) - 1:
+            sim.oom(size * MiB, OUT_OF_PLACE)
+            break
+        sim.free(first)
+        sim.free(second)
+    result = analyse(sim.snapshot(metadata=False))
+    by_address = {b.address: b.component for b in result.live_blocks}
+    # the first parameter's new m outlived the second's temporaries: state
+    assert by_address[kept[0]] == "optimizer_state"
+    # the last parameter's two temporaries: their line made blocks the step freed, so it makes
+    # nothing state but what outlived a later temporary
+    assert by_address[first] == by_address[second] == "temporaries"
