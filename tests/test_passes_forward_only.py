@@ -24,10 +24,10 @@ def _layer(op: int) -> tuple[Frame, ...]:
     )
 
 
-def _run(sim: Sim, passes: int, oom_at: int) -> None:
+def _run(sim: Sim, passes: int, oom_at: int | None) -> None:
     """`passes` forward passes of six 4 MiB allocations each, all kept (grad mode keeps the graph
     of a pass that no backward uses), then sampling in the loop's code; the last pass runs out at
-    its `oom_at`th allocation."""
+    its `oom_at`th allocation (None: no OOM)."""
     sim.alloc(8 * MiB, SETUP_STACK)  # the model
     for number in range(passes):
         for op in range(6):
@@ -77,3 +77,17 @@ def test_a_training_steps_calls_before_its_backward_stay_one_pass():
     rest = result.what_if.rest_of_pass
     assert rest is not None and rest.extrapolated and rest.earlier_backward, rest
     assert rest.earlier_step == 0 and rest.pass_bytes == 17 * MiB
+
+
+def test_where_the_rest_is_unknown_no_backward_is_said_to_come_in_a_run_that_does_not_train():
+    """The earlier passes ran no backward and nothing says the run trains: the interrupted pass's
+    rest is the rest of its forward (here its allocations follow no earlier pass: another site)."""
+    sim = Sim(total_bytes=60 * MiB)
+    _run(sim, passes=2, oom_at=None)
+    # the third pass runs out in a module none of the earlier passes called
+    sim.oom(16 * MiB, (Frame("head.py", 7, "forward"), MODULE_CALL, LOOP))
+    result = analyse(sim.snapshot(metadata=False))
+    rest = result.what_if.rest_of_pass
+    assert rest is not None and not rest.extrapolated and not rest.earlier_backward, rest
+    note = phrasing.what_if_note(result.what_if)
+    assert "the rest of the forward still comes" in note and "backward still come" not in note

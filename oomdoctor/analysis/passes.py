@@ -414,7 +414,8 @@ def rest_of_pass(
         found = _replica_pass(now, replicas, trace.times_us[target_index] if trace.times_us is not None else None)
         if found is not None:
             return _extrapolated(current, own, *found)
-    return RestOfPass(current.step, reason, pass_bytes=own)
+    # the earlier passes of a run that does not train ran no backward: none follows this one either
+    return RestOfPass(current.step, reason, pass_bytes=own, earlier_backward=trains or not earlier)
 
 
 def _replica_pass(

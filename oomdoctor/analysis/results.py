@@ -514,7 +514,9 @@ class RestOfPass:
     pass_bytes: int = 0
     projected_pass_bytes: int = 0
     earlier_device: int | None = None  # the pass is a replica's on this device (DataParallel), not this trace's
-    earlier_backward: bool = True  # that pass ran a backward (else what one adds is not in the projection)
+    # that pass ran a backward (else what one adds is not in the projection); unknown rest: the run's
+    # earlier passes did (False: they ran none, in a run that does not train, so none follows this one)
+    earlier_backward: bool = True
 
     @property
     def extrapolated(self) -> bool:

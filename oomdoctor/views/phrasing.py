@@ -231,10 +231,16 @@ def _interrupted_words(what_if: WhatIf) -> str:
     step = f"step {rest.step}'s" if rest is not None and rest.step is not None else "the"
     why = _REST_UNKNOWN_WORDS.get(RestUnknown(rest.reason), "") if rest is not None and rest.reason else ""
     bound = what_if.upper_bound_scale or 0.0
+    # earlier passes that ran no backward, in a run that does not train: none follows this one
+    rest_words = (
+        "the rest of the forward still comes"
+        if rest is not None and not rest.earlier_backward
+        else ("the rest of the forward and the backward still come")
+    )
     return (
         f"whether a smaller batch fits is unknown: the OOM cut {step} forward short and {why}. At the OOM"
-        f" instant the peak would fit up to {bound:.2f}x, an upper bound only: the rest of the forward and the"
-        " backward still come (a larger scale does not fit)"
+        f" instant the peak would fit up to {bound:.2f}x, an upper bound only: {rest_words} (a larger scale does"
+        " not fit)"
     )
 
 
