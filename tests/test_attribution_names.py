@@ -38,9 +38,10 @@ def _components(analysis) -> dict[str, int]:
     return {c.name: c.bytes for c in analysis.components if c.bytes}
 
 
-def _batch_between_steps(script: str) -> dict[str, int]:
-    """A step, then a 3 GiB batch moved to the GPU by the script's own line, and the next forward
-    running out: the batch is made between steps, where names are read."""
+def _batch_between_steps(script: str, function: str = "main") -> dict[str, int]:
+    """A step, then a 3 GiB block made by `function` of the script (its entry point: a batch moved
+    to the GPU), and the next forward running out: the block is made between steps, where names
+    are read."""
     sim = Sim(total_bytes=16 * GiB)
     setup = (SETUP_STACK[0], Frame(script, 20, "main"))
     for _ in range(8):
@@ -51,7 +52,8 @@ def _batch_between_steps(script: str) -> dict[str, int]:
         sim.free(block)
     for block in grads:
         sim.free(block)
-    sim.alloc(3 * GiB, (Frame(script, 38, "main"),))
+    entry = function in ("main", "<module>")
+    sim.alloc(3 * GiB, (Frame(script, 38, function), *(() if entry else (Frame(script, 60, "main"),))))
     for _ in range(8):
         sim.alloc(512 * MiB, _forward(script))
     sim.oom(8 * GiB, _forward(script))
@@ -68,8 +70,17 @@ def test_a_word_inside_another_names_nothing(script):
 
 
 def test_a_whole_word_still_counts():
-    assert _batch_between_steps("sgd_runs.py").get("optimizer_state", 0) >= 3 * GiB
-    assert _batch_between_steps("NAdamWRuns.py").get("optimizer_state", 0) >= 3 * GiB  # camelCase words
+    assert _batch_between_steps("sgd_runs.py", "refresh").get("optimizer_state", 0) >= 3 * GiB
+    assert _batch_between_steps("NAdamWRuns.py", "refresh").get("optimizer_state", 0) >= 3 * GiB  # camelCase words
+
+
+@pytest.mark.parametrize("script", ["train_adamw.py", "recsys_lion.py", "finetune_weights.py"])
+def test_a_script_s_name_says_nothing_of_what_its_entry_point_allocates(script):
+    """A script named for its optimizer or its weights runs the whole program from its entry point
+    (`main`, the module's top level): the batch that entry point moves to the GPU is read as in any
+    script, not as optimizer state or parameters by the file's name."""
+    assert _batch_between_steps(script) == _batch_between_steps("train.py")
+    assert _batch_between_steps(script, "<module>") == _batch_between_steps("train.py", "<module>")
 
 
 def _loaded_then_forward(load_stack, *, layers: int = 0) -> dict[str, int]:

@@ -240,9 +240,17 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
     return (named, METHOD_NAMES, _NAME_CONFIDENCE) if named is not None else None
 
 
+# A script's own entry points: they run the whole program, so the script's file name (train_adamw.py,
+# finetune_lora.py) says what the program is about, not what their lines allocate.
+_SCRIPT_ENTRIES = frozenset({"<module>", "main"})
+
+
 def _by_names(stack: Stack) -> int | None:
-    """The kind of memory the user's own function and file names say they allocate, if any."""
+    """The kind of memory the user's own function and file names say they allocate, if any (the
+    file's name only for a function of it that is not the script's entry point)."""
     for stem, function in _python_user_frames(stack):
+        if function in _SCRIPT_ENTRIES:
+            stem = ""
         text = f"{stem} {function}".lower()
         if _PREALLOCATED_WORDS.search(text):
             return PREALLOCATED
