@@ -362,6 +362,29 @@ def test_zero_grad_and_dataloader_annotations_mark_iterations():
     ]
 
 
+@pytest.mark.parametrize(
+    "mark", ["Optimizer.zero_grad#SGD.zero_grad", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"]
+)
+def test_a_loop_mark_between_a_forward_and_its_backward_starts_no_step(mark):
+    # `loss = model(x); optimizer.zero_grad(); loss.backward(); optimizer.step()` (and a loader that
+    # fetches the next batch before the backward): the mark is inside the iteration, whose backward
+    # and update are the same step as its forward
+    stacks = [MODEL_TO, FORWARD, LOSS, BACKWARD, ADAM_STEP, FORWARD, LOSS, BACKWARD, ADAM_STEP, FORWARD]
+    phases = _run(stacks, annotations_at={3: [mark], 7: [mark]})
+    assert phases == [
+        ("before_first_step", 0),
+        ("forward", 0),
+        ("forward", 0),
+        ("backward", 0),
+        ("optimizer_step", 0),
+        ("forward", 1),
+        ("forward", 1),
+        ("backward", 1),
+        ("optimizer_step", 1),
+        ("forward", 2),
+    ]
+
+
 # --- forward-only traces ------------------------------------------------------------------------
 
 

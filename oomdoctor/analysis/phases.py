@@ -847,6 +847,7 @@ def build_spans(
         allocations=indices,
         has_optimizer=has_optimizer,
         stepping=stepping,
+        loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
     )
     source = SOURCE_ANNOTATIONS if windows else (SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA)
     return spans, source
@@ -961,6 +962,7 @@ def _number_steps(
     allocations: Sequence[int],
     has_optimizer: bool,
     stepping: _Interiors,
+    loop_marks: frozenset[int] = frozenset(),
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
 
@@ -969,7 +971,10 @@ def _number_steps(
     (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
     `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
-    allocation follows: a tail of frees is no step of its own.
+    allocation follows: a tail of frees is no step of its own. A loop's mark (`loop_marks`: a
+    `zero_grad`, a DataLoader's next batch) between a forward and the backward that comes next is
+    inside that iteration (`loss = model(x); optimizer.zero_grad(); loss.backward()`, a loader that
+    fetches the next batch before the backward): a backward is never the first phase of a step.
     """
     if boundaries:
         cut: list[tuple[int, int, str, str, bool]] = []
@@ -983,16 +988,26 @@ def _number_steps(
         pieces = cut
     marks = set(boundaries)
     last_allocation = allocations[-1] if allocations else -1
+    allocating: list[bool] = []  # whether each piece allocates
+    position = 0
+    for first, last, *_ in pieces:
+        while position < len(allocations) and allocations[position] < first:
+            position += 1
+        allocating.append(position < len(allocations) and allocations[position] <= last)
+    coming: list[str | None] = [None] * len(pieces)  # the phase of the first allocating piece from each on
+    for number in range(len(pieces) - 1, -1, -1):
+        coming[number] = (
+            pieces[number][2] if allocating[number] else (coming[number + 1] if number + 1 < len(pieces) else None)
+        )
     spans: list[PhaseSpan] = []
     step = 0
     work = False  # the current step has done something
     previous: str | None = None  # the phase of the latest piece that allocated
-    position = 0
-    for first, last, phase, source, new_pass in pieces:
-        while position < len(allocations) and allocations[position] < first:
-            position += 1
-        allocates = position < len(allocations) and allocations[position] <= last
+    for number, (first, last, phase, source, new_pass) in enumerate(pieces):
+        allocates = allocating[number]
         ends_step = first in marks and first <= last_allocation
+        if ends_step and first in loop_marks and previous == PHASE_FORWARD and coming[number] == PHASE_BACKWARD:
+            ends_step = False  # a mark between a forward and its backward
         # inside an optimizer step's window the closure's phases change, but the step goes on
         if allocates and previous is not None and previous != phase and first not in stepping:
             if previous == PHASE_OPTIMIZER:
