@@ -10,6 +10,8 @@ import pytest
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.recommendations import CHECKPOINTING_SAVES
 from oomdoctor.load import load
+from oomdoctor.model import Frame
+from tests.builders import BACKWARD_STACK, SETUP_STACK, MiB, Sim
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dumps"
 
@@ -33,3 +35,38 @@ def test_checkpointing_saves_only_the_pass_s_own_activations(name):
     saved = {r.id: r.estimated_saved_bytes for r in analysis.recommendations}["activation-checkpointing"]
     assert saved <= (own + rest_extra) * CHECKPOINTING_SAVES + 1
     assert saved < (own + leaked + rest_extra) * CHECKPOINTING_SAVES
+
+
+CHECKPOINTED_STACK = (  # a layer's op inside torch.utils.checkpoint's region (use_reentrant=False)
+    Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100, "linear"),
+    Frame("model.py", 12, "forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1751, "_wrapped_call_impl"),
+    Frame("/usr/lib/python3/site-packages/torch/utils/checkpoint.py", 519, "checkpoint"),
+    Frame("train.py", 40, "train_step"),
+)
+
+
+def test_checkpointing_saves_nothing_of_activations_inside_checkpointed_regions():
+    """A run that checkpoints its blocks already: its live activations at a forward OOM are the
+    running block's inside (attention scores) and the blocks' outputs, all made inside
+    torch/utils/checkpoint.py. Checkpointing them again frees nothing; it was advised at 70% of them."""
+    sim = Sim(total_bytes=160 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    kept = [sim.alloc(4 * MiB, CHECKPOINTED_STACK) for _ in range(2)]
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for address in kept:
+        sim.free(address)
+    sim.alloc(8 * MiB, BACKWARD_STACK, "gradient", "w.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("forward", "start")
+    for _ in range(8):
+        sim.alloc(16 * MiB, CHECKPOINTED_STACK)
+    sim.oom(64 * MiB, CHECKPOINTED_STACK)
+    analysis = analyse(sim.snapshot())
+    assert analysis.target_phase == "forward"
+    saved = {r.id: r.estimated_saved_bytes for r in analysis.recommendations}.get("activation-checkpointing", 0)
+    assert saved == 0

@@ -31,6 +31,7 @@ from oomdoctor.analysis.verdicts import (
     projected_parts,
 )
 from oomdoctor.analysis.whatif import placement_limit
+from oomdoctor.model import Frame
 from oomdoctor.vocabulary import Component, Verdict
 
 # What each change is estimated to save (the what-if checks the batch scale it implies).
@@ -86,6 +87,16 @@ class Requirement:
             and saved_projected_bytes >= self.rest_gap_bytes
         )
         return None if fits and self.rest_unknown else fits
+
+
+# torch.utils.checkpoint's own file: a frame of it in a stack runs inside a checkpointed region
+_CHECKPOINT_FILE = "torch/utils/checkpoint.py"
+
+
+def _checkpointed(stack: Sequence[Frame]) -> bool:
+    """Whether an allocation was made inside an activation-checkpointed region (its forward, or
+    its recomputation in backward)."""
+    return any(frame.filename.replace("\\", "/").endswith(_CHECKPOINT_FILE) for frame in stack)
 
 
 def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
@@ -343,9 +354,17 @@ def recommend(
             Verdict.GRADIENTS_KEPT,
         }
     ):
-        # of this pass's own activations: what earlier steps left alive (a leak's) it does not free
+        # of this pass's own activations: what earlier steps left alive (a leak's) it does not free,
+        # nor what checkpointed regions make (their outputs, or their inside while one runs): the
+        # run checkpoints those already, in the live blocks' share (the rest of an interrupted pass
+        # runs the same layers)
         earlier, _, _ = ctx.old_bytes((Component.ACTIVATIONS,))
-        saved = int(max(0, activations - earlier) * CHECKPOINTING_SAVES)
+        live_activations = c.get(Component.ACTIVATIONS, 0)
+        checkpointed = sum(
+            b.size_bytes for b in ctx.live_blocks if b.component == Component.ACTIVATIONS and _checkpointed(b.frames)
+        )
+        unchecked = 1 - checkpointed / live_activations if live_activations else 1
+        saved = int(max(0, activations - earlier) * unchecked * CHECKPOINTING_SAVES)
         add(
             Change.ACTIVATION_CHECKPOINTING,
             saved,
