@@ -11,6 +11,7 @@ from oomdoctor.analysis import analyse
 from oomdoctor.analysis.recommendations import CHECKPOINTING_SAVES
 from oomdoctor.load import load
 from oomdoctor.model import Frame
+from oomdoctor.views import phrasing
 from tests.builders import BACKWARD_STACK, SETUP_STACK, MiB, Sim
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dumps"
@@ -70,3 +71,51 @@ def test_checkpointing_saves_nothing_of_activations_inside_checkpointed_regions(
     assert analysis.target_phase == "forward"
     saved = {r.id: r.estimated_saved_bytes for r in analysis.recommendations}.get("activation-checkpointing", 0)
     assert saved == 0
+
+
+RECOMPUTE_STACK = (  # a checkpointed block's forward run again by the backward
+    Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100, "linear"),
+    Frame("model.py", 12, "forward"),
+    Frame("/usr/lib/python3/site-packages/torch/utils/checkpoint.py", 1688, "recompute_fn"),
+    *BACKWARD_STACK,
+)
+
+
+def _checkpointed_step(sim: Sim, recompute_mib: int, *, oom: bool = False) -> None:
+    """A step of a model that checkpoints its blocks: forward keeps two 1 MiB block outputs, the
+    backward recomputes a block (four tensors of `recompute_mib`) and makes an 8 MiB gradient."""
+    sim.marker("forward", "start")
+    kept = [sim.alloc(MiB, CHECKPOINTED_STACK) for _ in range(2)]
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    recomputed = [sim.alloc(recompute_mib * MiB, RECOMPUTE_STACK) for _ in range(3)]
+    if oom:
+        sim.oom(recompute_mib * MiB, RECOMPUTE_STACK)
+        return
+    for address in [*recomputed, *kept]:
+        sim.free(address)
+    grad = sim.alloc(8 * MiB, BACKWARD_STACK, "gradient", "w.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(grad)
+    sim.marker("zero_grad", "end")
+
+
+def test_a_backward_whose_recompute_fills_memory_is_not_said_to_be_dominated_by_activations():
+    """The OOM in a checkpointed model's backward, recomputing a block at a longer sequence: 96 MiB
+    of the backward's temporaries and 2 MiB of activations (the block outputs forward kept). The
+    summary said 'Activations alive in the backward (2.00 MiB ...) dominate live memory'."""
+    sim = Sim(total_bytes=128 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    for _ in range(2):
+        _checkpointed_step(sim, 8)
+    _checkpointed_step(sim, 32, oom=True)
+    analysis = analyse(sim.snapshot())
+    assert analysis.target_phase == "backward" and analysis.verdict == "activation-spike"
+    summary = phrasing.summary(analysis.summary)
+    assert "temporaries" in summary and "96.00 MiB of them the backward's temporaries" in summary, summary
+    # against the earlier steps' whole peaks (8 MiB parameters, 2 MiB kept, 24 MiB recomputed): 98 / 34
+    earlier = next(e for e in analysis.evidence if e.kind == "earlier-peak-activations")
+    assert earlier.bytes == 34 * MiB

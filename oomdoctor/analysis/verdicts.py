@@ -673,15 +673,16 @@ def _earlier_activation_peak(ctx: Context) -> int:
     return _comparable_peak(ctx)[0]
 
 
-def _comparable_peak(ctx: Context) -> tuple[int, int | None]:
-    """(the peak, the step that reached it) over the comparable completed steps."""
+def _comparable_peak(ctx: Context, *, whole: bool = False) -> tuple[int, int | None]:
+    """(the activations' peak, the step that reached it) over the comparable completed steps; with
+    `whole`, their peak of all allocated bytes (model states included) instead."""
     comparable = set(ctx.passes.comparable_steps)
-    best = max(
-        (s for s in ctx.steps if s.step in comparable and s.peak_activation_bytes),
-        key=lambda s: s.peak_activation_bytes,
-        default=None,
-    )
-    return (best.peak_activation_bytes, best.step) if best is not None else (0, None)
+
+    def peak(s: StepSummary) -> int:
+        return s.peak_allocated_bytes if whole else s.peak_activation_bytes
+
+    best = max((s for s in ctx.steps if s.step in comparable and peak(s)), key=peak, default=None)
+    return (peak(best), best.step) if best is not None else (0, None)
 
 
 def _inputs_changed(ctx: Context) -> bool | None:
@@ -798,8 +799,15 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     if activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others:
         return None
     step = ctx.target_step or 0
-    earlier_peak, earlier_step = _comparable_peak(ctx)
-    ratio = activations / earlier_peak if earlier_peak else None
+    # in a backward whose own temporaries outweigh the activations left (a checkpointed region
+    # recomputed, the gradients of attention scores), the pass's memory is both: they are counted
+    # together, against the earlier steps' whole peaks (which hold both, and the model states)
+    backward_own = temporaries if ctx.target_phase == PHASE_BACKWARD and temporaries > activations else 0
+    if backward_own:
+        earlier_peak, earlier_step = _comparable_peak(ctx, whole=True)
+    else:
+        earlier_peak, earlier_step = _comparable_peak(ctx)
+    ratio = (activations + backward_own) / earlier_peak if earlier_peak else None
     evidence = [
         _component_evidence(ctx, EvidenceKind.LIVE_ACTIVATIONS, Component.ACTIVATIONS),
         _component_evidence(ctx, EvidenceKind.LIVE_TEMPORARIES, Component.TEMPORARIES),
@@ -810,14 +818,14 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
         evidence.append(
             Evidence(
                 EvidenceKind.EARLIER_PEAK_ACTIVATIONS,
-                "earlier_peak_activation_bytes",
+                "earlier_peak_allocated_bytes" if backward_own else "earlier_peak_activation_bytes",
                 earlier_peak,
-                facts=Facts.of(ratio=ratio),
+                facts=Facts.of(ratio=ratio, whole=int(bool(backward_own)) or None),
             )
         )
     # what this pass reached counting what it still needed: the failed request when it grows with
     # the batch, and the rest of an interrupted pass where extrapolated
-    reached = activations + (ctx.request if ctx.request_scales else 0)
+    reached = activations + backward_own + (ctx.request if ctx.request_scales else 0)
     rest = ctx.passes.rest
     if rest is not None and rest.extrapolated:
         reached = max(reached, rest.projected_pass_bytes)
@@ -838,6 +846,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
                 ratio=ratio,
                 earlier_step=earlier_step,
                 inputs_changed=_inputs_changed(ctx),
+                temporaries=backward_own or None,
             ),
         )
         if spike
@@ -848,7 +857,8 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
                 activations=activations,
                 ratio=reached_ratio,
                 earlier_step=earlier_step,
-                still_needed=int(reached != activations),
+                still_needed=int(reached != activations + backward_own),
+                temporaries=backward_own or None,
             ),
         )
     )

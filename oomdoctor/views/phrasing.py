@@ -376,6 +376,9 @@ def _summary_words(kind: str, f: Facts) -> str:
             cause = " (a longer sequence or a bigger batch)"
         elif changed is False:
             cause = ", with inputs of the same sizes"
+        if f.get("temporaries"):  # a backward's own temporaries with them, against whole peaks
+            both = (size("activations") or 0) + (size("temporaries") or 0)
+            return f"Activations and temporaries of step {f.get('step')}'s {f.get('phase')} reached {human(both)} ({human(size('temporaries'))} of them the backward's temporaries), {f.number('ratio'):.1f}x the peak allocated by earlier steps{cause}."
         return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         phase = f.text("phase") or ""
@@ -384,6 +387,13 @@ def _summary_words(kind: str, f: Facts) -> str:
         # a forward's own activations, or those a forward left alive in a later phase (the backward)
         whose = f"of the {phase} pass" if phase in FORWARD_PASSES else f"alive in the {phase.replace('_', ' ')}"
         ratio = f.get("ratio")
+        if f.get("temporaries"):  # a backward's own temporaries outweigh the activations: both are its memory
+            both = (size("activations") or 0) + (size("temporaries") or 0)
+            what = f"Activations and temporaries {whose} ({human(both)}, {human(size('temporaries'))} of them the backward's temporaries"
+            if ratio is not None and f.get("earlier_step") is not None:
+                counting = "with the failed request or the rest of the pass, " if f.get("still_needed") else ""
+                return f"{what}; {counting}{f.number('ratio'):.2f}x all that step {f.get('earlier_step')} had allocated at its peak, which fit) dominate live memory: this step needs more than the earlier ones did."
+            return f"{what}) dominate live memory: at this batch and sequence size the pass needs more than the device has."
         if ratio is not None and f.get("earlier_step") is not None:  # a completed step like this one fit, with less
             counting = "with the failed request or the rest of the pass, " if f.get("still_needed") else ""
             return f"Activations {whose} ({human(size('activations'))}; {counting}{f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory: this step needs more than the earlier ones did."
@@ -615,7 +625,12 @@ def _evidence_words(kind: str, f: Facts) -> str:
         return f"end-of-step allocated memory grew over {_counted(f.get('steps'), 'consecutive step')}, per step"
     if kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS:
         ratio = f.get("ratio")
-        return "peak activations of earlier steps" + (f" (now {f.number('ratio'):.2f}x)" if ratio is not None else "")
+        what = (
+            "peak allocated by earlier steps (model states included)"
+            if f.get("whole")
+            else "peak activations of earlier steps"
+        )
+        return what + (f" (now {f.number('ratio'):.2f}x)" if ratio is not None else "")
     if kind == EvidenceKind.KEPT_OUTPUTS:
         return f"outputs of {_counted(f.get('passes'), 'earlier forward pass', 'earlier forward passes')}, still alive"
     if kind == EvidenceKind.EARLIER_PASSES_ALLOCATED:
