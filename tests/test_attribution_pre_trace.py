@@ -486,3 +486,27 @@ def test_a_flat_buffer_named_by_the_registry_is_one_group_of_its_component():
     gradients = next(share for share in analysis.components if share.name == "gradients")
     groups = {group.key: group.bytes for group in gradients.by_module}
     assert groups == {bucket: 48 * MiB, "model.fc4": 8 * MiB}
+
+
+def test_a_second_copy_of_the_weights_is_no_optimizer_state_where_the_trace_makes_the_state():
+    """Recording begun after setup: the parameters and an EMA copy of them (two copies of every
+    shape) predate the trace; its first optimizer step makes Adam's two moments (`_init_group`),
+    so no state was there before it: the second copy is not optimizer state (it was, adding 50%
+    to the state the step made)."""
+    sim = Sim()
+    shapes = (4, 4, 2, 1)
+    for _ in range(2):
+        for size in shapes:
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    _forward(sim)
+    for size in shapes:
+        sim.alloc(size * MiB, BACKWARD_STACK)
+    for size in shapes:
+        for _ in range(2):
+            sim.alloc(size * MiB, ADAM_INIT_STACK)
+    sim.oom(4 * MiB, FOREACH_STACK)
+    components = _components(sim)
+    assert components["optimizer_state"] == 22 * MiB  # the two moments the step made
+    assert components["gradients"] == 11 * MiB
+    assert components["parameters"] + components["other"] + components["unknown"] == 22 * MiB

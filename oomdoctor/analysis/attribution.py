@@ -142,6 +142,10 @@ def _stack_mentions(stack: Stack, names: tuple[str, ...]) -> bool:
     return any(frame.name in names for frame in stack)
 
 
+# The functions in which an optimizer makes its state (torch.optim's lazy init in the first step)
+_STATE_INIT_FUNCTIONS = ("_init_group", "zeros_like", "_init_state")
+
+
 # ---- blocks from before the trace -------------------------------------------------------------
 #
 # A block allocated before recording began has no alloc event: what it is comes, in order of trust,
@@ -780,10 +784,12 @@ def pre_trace_placements(
     # .grad that was already there (AccumulateGrad keeps the tensor itself when .grad is None)
     accumulated_sizes: set[int] = set()
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
+    state_made: list[int] = []  # event indices of the optimizer steps' allocations (its state among them)
     seen = allocated_in_trace.add
     spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
     for span in spans:  # span by span: the phase of every event without a lookup
         backward = span.phase == PHASE_BACKWARD
+        stepping = span.phase == PHASE_OPTIMIZER
         end = span.last_index
         for index in range(span.first_index, end + 1):
             action = actions[index]
@@ -791,6 +797,8 @@ def pre_trace_placements(
                 seen(addrs[index])
                 if backward:
                     in_backward[addrs[index]] = (sizes[index], end)
+                elif stepping:
+                    state_made.append(index)
             elif action == FREE_REQUESTED:
                 address = addrs[index]
                 if in_backward:
@@ -809,6 +817,11 @@ def pre_trace_placements(
         if address not in allocated_in_trace and address not in frees:
             allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
             frames_of[address] = block.frames
+    # requested bytes of the optimizer state the trace's steps make (their lazy init): no state of
+    # these shapes was there before the trace
+    state_sizes = {
+        sizes[index] for index in state_made if _stack_mentions(trace.frames_at(index), _STATE_INIT_FUNCTIONS)
+    }
     return place_pre_trace(
         allocations,
         frames_of=frames_of,
@@ -816,6 +829,7 @@ def pre_trace_placements(
         phases=phases,
         backward_sizes=backward_sizes,
         accumulated_sizes=accumulated_sizes - backward_sizes,
+        state_sizes=state_sizes,
     )
 
 
@@ -827,10 +841,12 @@ def place_pre_trace(
     phases: PhaseIndex,
     backward_sizes: Collection[int] = (),
     accumulated_sizes: Collection[int] = (),
+    state_sizes: Collection[int] = (),
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
-    `accumulated_sizes`: of those it made and freed inside it (and of no size that outlived it)."""
+    `accumulated_sizes`: of those it made and freed inside it (and of no size that outlived it),
+    `state_sizes`: of the optimizer state the trace's optimizer steps made."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -847,7 +863,9 @@ def place_pre_trace(
         else:
             placed[address] = placement
     if frameless:
-        placed.update(_place_model_states(frameless, placed.values(), phases, backward_sizes, accumulated_sizes))
+        placed.update(
+            _place_model_states(frameless, placed.values(), phases, backward_sizes, accumulated_sizes, state_sizes)
+        )
     return placed
 
 
@@ -857,6 +875,7 @@ def _place_model_states(
     phases: PhaseIndex,
     backward_sizes: Collection[int],
     accumulated_sizes: Collection[int] = (),
+    state_sizes: Collection[int] = (),
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -867,7 +886,10 @@ def _place_model_states(
     made the gradients (they were None before it): then the further copies are optimizer moments.
     One that makes blocks of these shapes and frees them inside it added them into gradients that
     were there already (zero_grad left them, or was not called): then a copy is the gradients, even
-    in a backward the OOM interrupted."""
+    in a backward the OOM interrupted. An optimizer step in the trace that makes its state for these
+    shapes (its first: state is made lazily) shows none was there: then no copy is optimizer state
+    (a second copy of the weights is then another model's, an EMA's or a teacher's, read as
+    parameters)."""
     seen_phases = {span.phase for span in phases.spans}
     traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
@@ -877,7 +899,8 @@ def _place_model_states(
     kinds = ["parameters"]
     if trains and GRADIENTS not in placed_kinds and not gradients_made:
         kinds.append("gradients")
-    if trains and OPTIMIZER_STATE not in placed_kinds:
+    state_made = any(a.requested_bytes in state_sizes for a in frameless)
+    if trains and OPTIMIZER_STATE not in placed_kinds and not state_made:
         kinds += ["optimizer_state", "optimizer_state"]
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
@@ -1030,7 +1053,7 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
         # outlives the step that made it (freed after the step ends, or never): the optimizer's state
         if span_over or _outlives(span, freed_at, trace_end):
             return OPTIMIZER_STATE, METHOD_LIFETIME, 0.8
-        if stack and _stack_mentions(stack, ("_init_group", "zeros_like", "_init_state")):
+        if stack and _stack_mentions(stack, _STATE_INIT_FUNCTIONS):
             return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
         if alloc_index in state:  # outlived the step's later temporaries (`state_blocks`)
             return OPTIMIZER_STATE, METHOD_LIFETIME, 0.6
