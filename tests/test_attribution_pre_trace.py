@@ -510,3 +510,30 @@ def test_a_second_copy_of_the_weights_is_no_optimizer_state_where_the_trace_make
     assert components["optimizer_state"] == 22 * MiB  # the two moments the step made
     assert components["gradients"] == 11 * MiB
     assert components["parameters"] + components["other"] + components["unknown"] == 22 * MiB
+
+
+def test_a_forward_inside_a_training_step_reads_the_copies_though_the_trace_ends_before_its_backward():
+    """Recording begun after an AdamW step (parameters and two moments, three copies of every
+    shape, predate it) and the OOM in the next forward, which runs inside Lightning's
+    training_step: the run trains, so the copies are parameters and moments, not three sets of
+    parameters (the phases alone, a forward, showed no training)."""
+    sim = Sim()
+    for _ in range(3):
+        for size in (4, 4, 2, 1):
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    lightning_forward = (*FORWARD_STACK[:-1], Frame("model.py", 50, "training_step"), FORWARD_STACK[-1])
+    sim.alloc(8 * MiB, lightning_forward)
+    sim.oom(8 * MiB, lightning_forward)
+    components = _components(sim)
+    assert components["parameters"] == 11 * MiB
+    assert components["optimizer_state"] == 22 * MiB
+
+    plain = Sim()  # the same without the training step's frame: nothing shows a training run
+    for _ in range(3):
+        for size in (4, 4, 2, 1):
+            plain.alloc(size * MiB)
+    plain.start_recording()
+    plain.alloc(8 * MiB, FORWARD_STACK)
+    plain.oom(8 * MiB, FORWARD_STACK)
+    assert _components(plain)["parameters"] == 33 * MiB

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.frame_kinds import LIBRARY, TORCH, USER, frame_kind, is_python_source, lead_frame_index
-from oomdoctor.analysis.phases import PhaseIndex, classify_stack
+from oomdoctor.analysis.phases import PhaseIndex, classify_stack, trains_by_frames
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     METHOD_FRAMES,
@@ -785,11 +785,13 @@ def pre_trace_placements(
     accumulated_sizes: set[int] = set()
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
     state_made: list[int] = []  # event indices of the optimizer steps' allocations (its state among them)
+    forward_allocations: list[int] = []  # event indices of the forwards' allocations
     seen = allocated_in_trace.add
     spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
     for span in spans:  # span by span: the phase of every event without a lookup
         backward = span.phase == PHASE_BACKWARD
         stepping = span.phase == PHASE_OPTIMIZER
+        forward = span.phase == PHASE_FORWARD
         end = span.last_index
         for index in range(span.first_index, end + 1):
             action = actions[index]
@@ -799,6 +801,8 @@ def pre_trace_placements(
                     in_backward[addrs[index]] = (sizes[index], end)
                 elif stepping:
                     state_made.append(index)
+                elif forward:
+                    forward_allocations.append(index)
             elif action == FREE_REQUESTED:
                 address = addrs[index]
                 if in_backward:
@@ -822,6 +826,11 @@ def pre_trace_placements(
     state_sizes = {
         sizes[index] for index in state_made if _stack_mentions(trace.frames_at(index), _STATE_INIT_FUNCTIONS)
     }
+    # a forward that runs inside a training step by its frames (Lightning's training_step, an
+    # optimizer's closure) trains, though the trace may end before its backward
+    trains_in_frames = bool(allocations) and any(
+        trains_by_frames(stack) for stack in trace.stacks_at(forward_allocations)[1].values()
+    )
     return place_pre_trace(
         allocations,
         frames_of=frames_of,
@@ -830,6 +839,7 @@ def pre_trace_placements(
         backward_sizes=backward_sizes,
         accumulated_sizes=accumulated_sizes - backward_sizes,
         state_sizes=state_sizes,
+        trains=trains_in_frames,
     )
 
 
@@ -842,11 +852,13 @@ def place_pre_trace(
     backward_sizes: Collection[int] = (),
     accumulated_sizes: Collection[int] = (),
     state_sizes: Collection[int] = (),
+    trains: bool = False,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
     `accumulated_sizes`: of those it made and freed inside it (and of no size that outlived it),
-    `state_sizes`: of the optimizer state the trace's optimizer steps made."""
+    `state_sizes`: of the optimizer state the trace's optimizer steps made; `trains`: the trace's
+    stacks show the run training (a forward inside a training step) whatever its phases."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -864,7 +876,9 @@ def place_pre_trace(
             placed[address] = placement
     if frameless:
         placed.update(
-            _place_model_states(frameless, placed.values(), phases, backward_sizes, accumulated_sizes, state_sizes)
+            _place_model_states(
+                frameless, placed.values(), phases, backward_sizes, accumulated_sizes, state_sizes, trains=trains
+            )
         )
     return placed
 
@@ -876,12 +890,15 @@ def _place_model_states(
     backward_sizes: Collection[int],
     accumulated_sizes: Collection[int] = (),
     state_sizes: Collection[int] = (),
+    *,
+    trains: bool = False,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
 
     The copies are parameters, then those the run shows it can have: gradients and optimizer
-    moments in a run that trains (or one the dump has no trace of), less a kind the blocks' own
+    moments in a run that trains (its phases, or `trains`: its stacks run a training step; or one the
+    dump has no trace of), less a kind the blocks' own
     frames already found. A traced backward that makes blocks of these shapes that outlive it
     made the gradients (they were None before it): then the further copies are optimizer moments.
     One that makes blocks of these shapes and frees them inside it added them into gradients that
@@ -893,7 +910,7 @@ def _place_model_states(
     seen_phases = {span.phase for span in phases.spans}
     traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
-    trains = untraced or bool(seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
+    trains = trains or untraced or bool(seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
     placed_kinds = {component for component, _, _ in placed}
     gradients_made = any(a.requested_bytes in backward_sizes for a in frameless)
     kinds = ["parameters"]
