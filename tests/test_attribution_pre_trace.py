@@ -537,3 +537,14 @@ def test_a_forward_inside_a_training_step_reads_the_copies_though_the_trace_ends
     plain.alloc(8 * MiB, FORWARD_STACK)
     plain.oom(8 * MiB, FORWARD_STACK)
     assert _components(plain)["parameters"] == 33 * MiB
+
+
+def test_fused_adams_step_counts_break_no_copies():
+    """A fused (or capturable) Adam keeps a one-element step count per parameter on the device:
+    seven parameters, seven scalars. Seven is no multiple of three, but scalars are no layer's:
+    the three copies of the weights are still read (the counts made them one copy before)."""
+    one = [8 * MiB, 4 * MiB, 4 * MiB, 4 * MiB, 4 * MiB, 2 * MiB, MiB]
+    sizes = [(r, r) for r in one * 3] + [(4, 512)] * len(one)
+    assert model_state_copies(sizes, 4) == 3
+    norms = [(r, r) for r in one * 3] + [(4096, 4096)] * 7  # a norm's weight, seven times: a layer's
+    assert model_state_copies(norms, 4) == 1

@@ -444,8 +444,10 @@ def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) ->
         broken = sum(held[r] for r, n in counts.items() if n % copies)
         regular = sum(1 for n in repeated if n % copies == 0)
         # a shape that repeats as a layer's do (a norm's weight: twice a layer and once more at the
-        # end) but not k times over is one model's, whatever its bytes: copies repeat every shape
-        layered_broken = any(n >= _LAYERS_MIN and n % copies for n in repeated)
+        # end) but not k times over is one model's, whatever its bytes: copies repeat every shape.
+        # Scalars are no layer's: a fused or capturable Adam keeps one step count per parameter on
+        # the device, as many as the parameters, whatever the copies
+        layered_broken = any(n >= _LAYERS_MIN and n % copies for r, n in counts.items() if r >= _WIDTH_MIN_BYTES)
         if (
             broken <= total * _COPY_TOLERANCE
             and regular >= _COPY_SHAPES_SHARE * len(repeated)
