@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from oomdoctor.analysis import analyse
+from oomdoctor.model import Frame
 from tests.builders import FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
 
@@ -70,3 +71,26 @@ def test_a_plain_snapshot_keeps_other_when_the_first_phase_is_not_a_forward():
     assert result.target_phase == "optimizer_step"
     components = result.component_bytes()
     assert components["inputs"] == 0 and components["other"] == 8 * MiB
+
+
+EMA_STACK = (Frame("train.py", 29, "<listcomp>"), Frame("train.py", 29, "main"))  # [p.detach().clone() for p in ...]
+
+
+def test_a_copy_of_the_weights_made_by_user_code_before_training_is_no_parameter_and_no_batch():
+    """An EMA of the parameters kept as cloned tensors (`ema = [p.detach().clone() for p in
+    model.parameters()]`) before the first step, in a plain snapshot: each clone has a parameter's
+    size, and lives into the first forward. It was read as parameters (by size), doubling them and
+    the model states projected from them; a batch it is not either. It is other."""
+    sim = Sim(total_bytes=512 * MiB)
+    for _ in range(2):
+        sim.alloc(64 * MiB, SETUP_STACK)
+    for _ in range(2):
+        sim.alloc(64 * MiB, EMA_STACK)
+    batch = sim.alloc(MiB, USER_STACK)
+    sim.alloc(32 * MiB, FORWARD_STACK)
+    sim.oom(64 * MiB, FORWARD_STACK)
+    components = analyse(sim.snapshot(metadata=False)).component_bytes()
+    assert components["parameters"] == 128 * MiB
+    assert components["other"] == 128 * MiB
+    assert components["inputs"] == MiB
+    assert batch

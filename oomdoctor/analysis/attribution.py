@@ -609,7 +609,12 @@ def attribute(
                     len(trace) - 1,
                     state,
                 )
-            if component == OTHER and span is not None and _spans_first_forward(span, phases, after_target):
+            if (
+                component == OTHER
+                and method != METHOD_SIZE_MATCH  # a weight's copy is no batch
+                and span is not None
+                and _spans_first_forward(span, phases, after_target)
+            ):
                 component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
         blocks.append(
             LiveBlock(
@@ -1066,6 +1071,10 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
         if _in_constructor(stack):  # made by a constructor during setup: a module's parameters
             return PARAMETERS, METHOD_FRAMES, 0.6
         if requested in parameter_sizes:
+            if _python_user_frames(stack):
+                # the user's own code (no module, no constructor) copying a weight before training:
+                # an EMA or a snapshot of the weights, a mask or a Fisher estimate of their shape
+                return OTHER, METHOD_SIZE_MATCH, 0.5
             return PARAMETERS, METHOD_SIZE_MATCH, 0.5
         return OTHER, METHOD_PHASE, 0.5
     if phase == PHASE_OPTIMIZER:
