@@ -225,3 +225,59 @@ def test_inputs_alignment_reads_the_earlier_pass_only_as_far_as_it_can_reach():
         )
         if enough:
             assert first == whole
+
+
+SAMPLE_STACK = (Frame("sample.py", 20, "main"),)  # the sampler's own code between passes: x = x - eps
+
+
+def test_a_forward_only_loop_extrapolates_from_its_own_earlier_passes():
+    """A sampler under no_grad (a diffusion model's denoising steps, plain snapshot): each pass keeps
+    its skip tensors until its end, the sampler's code runs between passes. A pass at twice the size
+    runs out half-way; the passes before it, one step's as every pass of a forward-only run is, are
+    of the same structure and tell the rest of it."""
+    sim = Sim(total_bytes=40 * MiB)
+    _model(sim)
+    x = sim.alloc(4 * MiB, SAMPLE_STACK)
+    for size, oom_at in ((4, None), (4, None), (4, None), (8, 3)):
+        kept = []
+        for layer in range(LAYERS):
+            if layer == oom_at:
+                sim.oom(size * MiB, _layer_stack(layer, 0))
+                break
+            kept.append(sim.alloc(size * MiB, _layer_stack(layer, 0)))
+        else:
+            for address in kept:
+                sim.free(address)
+            previous, x = x, sim.alloc((4 if size == 4 else 8) * MiB, SAMPLE_STACK)
+            sim.free(previous)
+    result = analyse(sim.snapshot(metadata=False, registry=False))
+    assert result.target_phase == "forward"
+    rest = result.what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated, rest
+    assert rest.size_ratio == 2.0
+
+
+def test_an_unknown_rest_names_a_backward_only_where_the_trace_shows_training():
+    """Where the trace holds only the interrupted forward (a first step, or an inference run under
+    no_grad), nothing shows a backward will follow: the note said 'the rest of the forward and the
+    backward still come' of a diffusion sampler that runs none. Where a backward ran, it does."""
+    sim = Sim(total_bytes=140 * MiB)
+    _model(sim)
+    _step(sim, 20, oom_at=6)
+    note = phrasing.what_if_note(analyse(sim.snapshot()).what_if)
+    assert "the rest of the forward, and its backward if the run trains, still come" in note, note
+
+    trained = Sim(total_bytes=140 * MiB)
+    _model(trained)
+    trained.marker("forward", "start")  # an earlier step of other code: it cannot tell this pass's rest
+    kept = trained.alloc(MiB, (Frame("model.py", 99, "forward"), Frame("train.py", 40, "train_step")))
+    trained.marker("forward", "end")
+    trained.marker("backward", "start")
+    trained.free(kept)
+    trained.marker("backward", "end")
+    trained.marker("optimizer_step", "start")
+    trained.marker("optimizer_step", "end")
+    _step(trained, 20, oom_at=6)
+    what_if = analyse(trained.snapshot()).what_if
+    assert what_if.rest_of_pass is not None and not what_if.rest_of_pass.extrapolated
+    assert "the rest of the forward and the backward still come" in phrasing.what_if_note(what_if)

@@ -560,6 +560,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         capacity_bound=min((n.capacity_bound_bytes for n in ctx.near_ooms), default=None),
         backward_unknown=backward_unknown(ctx),
         capacity_at_most=at_most,
+        trains=ctx.trains(),
     )
 
 

@@ -559,6 +559,8 @@ class WhatIf:
     # the capacity is the device's total (no free figure at this moment): an upper bound, less what
     # the CUDA context and other processes held; a scale within it is not known to fit
     capacity_at_most: bool = False
+    # the trace shows the run training: a backward follows the interrupted forward (else only if it trains)
+    trains: bool = True
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:

@@ -70,6 +70,7 @@ def what_if(
     capacity_bound: int | None = None,
     backward_unknown: bool = False,
     capacity_at_most: bool = False,
+    trains: bool = True,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -96,6 +97,9 @@ def what_if(
     `capacity_at_most`: the capacity is the device's total (no free figure for this moment), more
     than PyTorch could have had by what the CUDA context and other processes held: the largest
     scale is an upper bound.
+
+    `trains`: the trace shows the run training (a backward follows the interrupted forward); else a
+    backward follows only if the run trains (a forward-only trace of inference runs none).
 
     `capacity_bound`: with the capacity unknown, what PyTorch could have had at most (a near-OOM:
     a cudaMalloc of the request failed with this much reserved and requested). Past the scale whose
@@ -174,6 +178,7 @@ def what_if(
         upper_bound_scale=upper_bound,
         capacity_bound_bytes=capacity_bound,
         capacity_at_most=capacity_at_most and capacity_bytes is not None,
+        trains=trains,
     )
 
 

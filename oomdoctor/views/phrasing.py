@@ -231,16 +231,18 @@ def _interrupted_words(what_if: WhatIf) -> str:
     step = f"step {rest.step}'s" if rest is not None and rest.step is not None else "the"
     why = _REST_UNKNOWN_WORDS.get(RestUnknown(rest.reason), "") if rest is not None and rest.reason else ""
     bound = what_if.upper_bound_scale or 0.0
-    # earlier passes that ran no backward, in a run that does not train: none follows this one
-    rest_words = (
-        "the rest of the forward still comes"
-        if rest is not None and not rest.earlier_backward
-        else ("the rest of the forward and the backward still come")
-    )
+    # a trace that shows training runs a backward after the forward; earlier passes that ran none,
+    # in a run that does not train, show none follows this one; else one comes only if the run
+    # trains (nothing in the trace says: its first forward, an inference run under no_grad)
+    if rest is not None and not rest.earlier_backward:
+        still = "the rest of the forward still comes"
+    elif what_if.trains:
+        still = "the rest of the forward and the backward still come"
+    else:
+        still = "the rest of the forward, and its backward if the run trains, still come"
     return (
         f"whether a smaller batch fits is unknown: the OOM cut {step} forward short and {why}. At the OOM"
-        f" instant the peak would fit up to {bound:.2f}x, an upper bound only: {rest_words} (a larger scale does"
-        " not fit)"
+        f" instant the peak would fit up to {bound:.2f}x, an upper bound only: {still} (a larger scale does not fit)"
     )
 
 
