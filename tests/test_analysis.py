@@ -24,6 +24,7 @@ from oomdoctor.model import (
 from oomdoctor.views import phrasing
 from tests.builders import (
     ADAM_INIT_STACK,
+    BACKWARD_STACK,
     FOREACH_STACK,
     FORWARD_STACK,
     SETUP_STACK,
@@ -362,6 +363,33 @@ def test_model_states_too_large():
     result = analyse(sim.snapshot())
     assert result.verdict == "model-states-too-large", result.summary
     assert any(r.id == "shard-model-states" for r in result.recommendations)
+
+
+def test_frozen_parameters_are_projected_without_gradients_or_optimizer_state():
+    """A plain snapshot of a first optimizer step beside a frozen model (a reference or teacher
+    model, an EMA copy, a LoRA's base weights): 256 MiB of weights get no gradient. The backward has
+    completed, so the 64 MiB of gradients are all there are and Adam's state is 2x those, not 2x
+    every parameter: the states need 448 MiB, not 1.25 GiB."""
+    sim = Sim(total_bytes=560 * MiB)
+    for _ in range(5):
+        sim.alloc(64 * MiB, SETUP_STACK)
+    acts = _forward_pass(sim, [8 * MiB] * 2)
+    for a in acts:
+        sim.free(a)
+    sim.alloc(64 * MiB, BACKWARD_STACK)
+    for _ in range(2):
+        sim.alloc(64 * MiB, ADAM_INIT_STACK)
+    sim.alloc(64 * MiB, FOREACH_STACK)
+    sim.oom(64 * MiB, FOREACH_STACK)
+    result = analyse(sim.snapshot(metadata=False, registry=False))
+    assert {c.name: c.bytes for c in result.components}["gradients"] == 64 * MiB
+    assert result.verdict == "optimizer-state-buildup", result.summary
+    needed = [
+        e
+        for e in (*result.evidence, *(e for f in result.secondary for e in f.evidence))
+        if e.metric == "model_states_needed_bytes"
+    ]
+    assert all(e.bytes <= 5 * 64 * MiB + 64 * MiB + 128 * MiB for e in needed)
 
 
 def test_weights_that_cannot_fit_get_weight_advice_not_sharding_of_training_state():
