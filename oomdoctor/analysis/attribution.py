@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from oomdoctor.analysis.checkpointing import save_frame
@@ -791,14 +791,10 @@ def pre_trace_placements(
     # .grad that was already there (AccumulateGrad keeps the tensor itself when .grad is None)
     accumulated_sizes: set[int] = set()
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
-    state_made: list[int] = []  # event indices of the optimizer steps' allocations (its state among them)
-    forward_allocations: list[int] = []  # event indices of the forwards' allocations
     seen = allocated_in_trace.add
     spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
     for span in spans:  # span by span: the phase of every event without a lookup
         backward = span.phase == PHASE_BACKWARD
-        stepping = span.phase == PHASE_OPTIMIZER
-        forward = span.phase == PHASE_FORWARD
         end = span.last_index
         for index in range(span.first_index, end + 1):
             action = actions[index]
@@ -806,10 +802,6 @@ def pre_trace_placements(
                 seen(addrs[index])
                 if backward:
                     in_backward[addrs[index]] = (sizes[index], end)
-                elif stepping:
-                    state_made.append(index)
-                elif forward:
-                    forward_allocations.append(index)
             elif action == FREE_REQUESTED:
                 address = addrs[index]
                 if in_backward:
@@ -828,16 +820,6 @@ def pre_trace_placements(
         if address not in allocated_in_trace and address not in frees:
             allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
             frames_of[address] = block.frames
-    # requested bytes of the optimizer state the trace's steps make (their lazy init): no state of
-    # these shapes was there before the trace
-    state_sizes = {
-        sizes[index] for index in state_made if _stack_mentions(trace.frames_at(index), _STATE_INIT_FUNCTIONS)
-    }
-    # a forward that runs inside a training step by its frames (Lightning's training_step, an
-    # optimizer's closure) trains, though the trace may end before its backward
-    trains_in_frames = bool(allocations) and any(
-        trains_by_frames(stack) for stack in trace.stacks_at(forward_allocations)[1].values()
-    )
     return place_pre_trace(
         allocations,
         frames_of=frames_of,
@@ -845,9 +827,34 @@ def pre_trace_placements(
         phases=phases,
         backward_sizes=backward_sizes,
         accumulated_sizes=accumulated_sizes - backward_sizes,
-        state_sizes=state_sizes,
-        trains=trains_in_frames,
+        state_sizes=lambda: _state_init_sizes(trace, phases),
+        trains=lambda: _forwards_train(trace, phases),
     )
+
+
+def _made_in(trace: DeviceTrace, phases: PhaseIndex, phase: str) -> list[int]:
+    """The alloc events of the spans of `phase`, in order."""
+    found: list[int] = []
+    for span in phases.spans:
+        if span.phase == phase:
+            found.extend(trace.positions_in(ALLOC, span.first_index, span.last_index + 1))
+    return found
+
+
+def _state_init_sizes(trace: DeviceTrace, phases: PhaseIndex) -> set[int]:
+    """The requested bytes of the optimizer state the trace's steps make (their lazy init): no state
+    of these shapes was there before the trace. Each distinct stack read once."""
+    made = _made_in(trace, phases, PHASE_OPTIMIZER)
+    numbers, stacks = trace.stacks_at(made)
+    init = {number for number, stack in stacks.items() if _stack_mentions(stack, _STATE_INIT_FUNCTIONS)}
+    return {trace.sizes[index] for index, number in zip(made, numbers) if number in init}
+
+
+def _forwards_train(trace: DeviceTrace, phases: PhaseIndex) -> bool:
+    """Whether a forward of the trace runs inside a training step by its frames (Lightning's
+    training_step, an optimizer's closure): the run trains, though the trace may end before its
+    backward."""
+    return any(trains_by_frames(stack) for stack in trace.stacks_at(_made_in(trace, phases, PHASE_FORWARD))[1].values())
 
 
 def place_pre_trace(
@@ -858,14 +865,15 @@ def place_pre_trace(
     phases: PhaseIndex,
     backward_sizes: Collection[int] = (),
     accumulated_sizes: Collection[int] = (),
-    state_sizes: Collection[int] = (),
-    trains: bool = False,
+    state_sizes: Callable[[], Collection[int]] = frozenset,
+    trains: Callable[[], bool] = bool,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
     `accumulated_sizes`: of those it made and freed inside it (and of no size that outlived it),
     `state_sizes`: of the optimizer state the trace's optimizer steps made; `trains`: the trace's
-    stacks show the run training (a forward inside a training step) whatever its phases."""
+    stacks show the run training (a forward inside a training step) whatever its phases. The last
+    two are read only where frame-less blocks are left to place."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -884,7 +892,7 @@ def place_pre_trace(
     if frameless:
         placed.update(
             _place_model_states(
-                frameless, placed.values(), phases, backward_sizes, accumulated_sizes, state_sizes, trains=trains
+                frameless, placed.values(), phases, backward_sizes, accumulated_sizes, state_sizes(), trains=trains()
             )
         )
     return placed
