@@ -95,6 +95,26 @@ def test_user_code_that_does_not_say_what_it_made_joins_no_copies_of_the_model_s
     assert components["optimizer_state"] == 22 * MiB
 
 
+def test_what_an_optimizer_s_update_function_made_is_a_temporary_but_sgd_s_momentum():
+    """torch.optim's update functions make no state, but SGD's (its momentum buffers, at the first
+    step): a block from before the trace made by `_multi_tensor_adam` and alive at the dump is the
+    update's temporary (the dump was written inside the step), one made by `_init_group` state."""
+    sgd_update = (
+        Frame("/usr/lib/python3/site-packages/torch/optim/sgd.py", 400, "_multi_tensor_sgd"),
+        Frame("/usr/lib/python3/site-packages/torch/optim/sgd.py", 120, "step"),
+        Frame("train.py", 44, "train_step"),
+    )
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    sim.alloc(32 * MiB, ADAM_INIT_STACK)
+    sim.alloc(16 * MiB, FOREACH_STACK)
+    sim.alloc(8 * MiB, sgd_update)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["temporaries"] == 16 * MiB
+    assert components["optimizer_state"] == 40 * MiB
+
+
 def test_frameless_pre_trace_blocks_under_a_traced_forward_are_the_parameters():
     sim = Sim()
     for size in (4, 4, 4, 2, 2, 1):

@@ -368,6 +368,20 @@ def _backward_made(stack: Stack) -> bool:
     return any("AccumulateGrad" in frame.name for frame in stack if not frame.filename.endswith(".py"))
 
 
+# torch.optim's update functions (`_multi_tensor_adam`, `_single_tensor_rmsprop`, `_fused_adamw`):
+# every optimizer but SGD makes its state elsewhere (its `_init_group`, its constructor), so what
+# these allocate is the update's temporaries; SGD's make the momentum buffers at the first step.
+_UPDATE_FUNCTION = re.compile(r"_(single_tensor|multi_tensor|fused)_(?!sgd$)\w+")
+
+
+def _update_temporary(stack: Stack) -> bool:
+    """Whether the innermost torch.optim frame of a stack is an update function that makes no state."""
+    for frame in stack:
+        if "torch/optim/" in frame.filename.replace("\\", "/"):
+            return _UPDATE_FUNCTION.fullmatch(frame.name) is not None
+    return False
+
+
 def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tuple[int, str, float] | None:
     """A pre-trace block placed by the stack the dump keeps for it."""
     if _workspace_frames(stack):
@@ -383,6 +397,8 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
     if fsdp_parameter_frames(stack):
         return PARAMETERS, METHOD_FRAMES, 0.8
     cls = classify_stack(stack)
+    if cls == PHASE_OPTIMIZER and _update_temporary(stack):  # alive at the dump inside the update
+        return TEMPORARIES, METHOD_FRAMES, 0.7
     if cls == PHASE_OPTIMIZER:  # made by an optimizer step and outlived it: the optimizer's state
         return OPTIMIZER_STATE, METHOD_FRAMES, 0.8
     if cls == PHASE_BACKWARD:  # made by the autograd engine and outlived the backward
