@@ -514,7 +514,7 @@ def _diagnose(ctx: Context, target: _Target, moment: _Moment, devices: Sequence[
     the one requirement (`recommendations.requirement`); the devices compared add their finding."""
     primary, secondary = diagnose(ctx)
     imbalance = _devices.imbalance(
-        devices, allocated_bytes=ctx.allocated_bytes, missing_bytes=ctx.missing, target_index=ctx.target_index
+        devices, allocated_bytes=ctx.allocated_bytes, missing_bytes=ctx.needed, target_index=ctx.target_index
     )
     if imbalance is not None:
         secondary = (*secondary, imbalance)

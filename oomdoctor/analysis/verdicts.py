@@ -151,6 +151,14 @@ class Context:
     def missing(self) -> int:
         return self.accounting.missing_bytes or 0
 
+    @property
+    def needed(self) -> int:
+        """What a cause must cover to have made the request fit: the missing bytes, or, when the
+        free bytes added up to enough but no single place could take the request (missing is 0),
+        the gap to the nearest place (`shortfall`). Bytes that cover neither could have been freed
+        without the request fitting."""
+        return self.shortfall() or 0
+
     def phases_seen(self) -> set[str]:
         return {s.phase for s in self.phases}
 
@@ -384,7 +392,7 @@ def _test_outside(ctx: Context) -> Finding | None:
     if ctx.oom is None or outside is None or not total:
         return None
     context_allowance = min(CUDA_CONTEXT_ALLOWANCE_BYTES, total // CUDA_CONTEXT_ALLOWANCE_PART)
-    if outside < total // OUTSIDE_MIN_PART or outside - context_allowance < ctx.missing:
+    if outside < total // OUTSIDE_MIN_PART or outside - context_allowance < ctx.needed:
         return None
     return Finding(
         Verdict.OUTSIDE_PYTORCH,
@@ -486,7 +494,7 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
         return None
     old, steps, largest = ctx.old_bytes((Component.GRADIENTS,), pre_trace=True)
     parameters = ctx.components.get(Component.PARAMETERS, 0)
-    if old <= 0 or (parameters and old < parameters // GRADIENTS_KEPT_MIN_PART) or old < ctx.missing:
+    if old <= 0 or (parameters and old < parameters // GRADIENTS_KEPT_MIN_PART) or old < ctx.needed:
         return None
     no_zero_grad = PHASE_ZERO_GRAD not in ctx.phases_seen()
     facts = Facts.of(old=old, step=ctx.target_step, phase=ctx.target_phase)
@@ -516,8 +524,8 @@ def _test_leak(ctx: Context) -> Finding | None:
     old, steps, largest = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
     capacity = ctx.capacity_bytes or 0
     growth = _end_of_step_growth(ctx.steps)
-    strong = old > 0 and len(steps) >= LEAK_MIN_STEPS and (old >= capacity // LEAK_MIN_PART or old >= ctx.missing)
-    growing = growth is not None and growth[0] >= LEAK_MIN_STEPS and growth[1] > 0 and old > 0 and old >= ctx.missing
+    strong = old > 0 and len(steps) >= LEAK_MIN_STEPS and (old >= capacity // LEAK_MIN_PART or old >= ctx.needed)
+    growing = growth is not None and growth[0] >= LEAK_MIN_STEPS and growth[1] > 0 and old > 0 and old >= ctx.needed
     if not (strong or growing) or (ctx.oom is None and not (strong and growing)):  # without an OOM: both
         return None
     evidence = [
@@ -646,7 +654,7 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     current = forwards[-1]
     kept_bytes = sum(b.size_bytes for b in kept)
     capacity = ctx.capacity_bytes or 0
-    if kept_bytes <= 0 or (kept_bytes < ctx.missing and kept_bytes < capacity // KEPT_GRAPH_MIN_PART):
+    if kept_bytes <= 0 or (kept_bytes < ctx.needed and kept_bytes < capacity // KEPT_GRAPH_MIN_PART):
         return None
     if ctx.earlier_passes_allocated_bytes and not _graphs_kept(ctx, kept_bytes, _kept_per_pass(forwards, kept)[1]):
         return None  # the earlier passes kept their outputs, not their graphs
@@ -729,7 +737,7 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         earlier_peak
         and ctx.target_phase != PHASE_OPTIMIZER
         and growth > SPIKE_OVER_STATE_GROWTH * earlier_peak
-        and growth >= ctx.missing
+        and growth >= ctx.needed
     ):
         return None  # this step's extra activations alone explain the OOM: a spike, not the new state
     comparable = [s for s in ctx.passes.comparable_steps if s < step]
@@ -746,7 +754,7 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
             for b in ctx.live_blocks
             if b.component == Component.OPTIMIZER_STATE and b.alloc_index is not None and b.alloc_index >= began
         )
-    if new_state < ctx.missing:
+    if new_state < ctx.needed:
         return None
     traced_later_step = step >= 1 and (not before_trace or made_by_step_0)
     return Finding(
@@ -834,7 +842,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
         return None  # the pass needed no more than the earlier steps reached and fit: something else grew
     spike = ratio is not None and ratio > SPIKE_RATIO
     kept_bytes = sum(b.size_bytes for b in kept.values())
-    if not spike and kept_bytes and kept_bytes >= ctx.missing:
+    if not spike and kept_bytes and kept_bytes >= ctx.needed:
         return None  # what earlier steps or passes left alive explains the OOM, not this batch
     summary = (
         Summary(
@@ -990,7 +998,7 @@ def _test_eval_outputs_kept(ctx: Context) -> Finding | None:
     if outputs is None:
         return None
     capacity = ctx.capacity_bytes or 0
-    if outputs.kept_bytes < ctx.missing and outputs.kept_bytes < capacity // KEPT_GRAPH_MIN_PART:
+    if outputs.kept_bytes < ctx.needed and outputs.kept_bytes < capacity // KEPT_GRAPH_MIN_PART:
         return None
     return _eval_outputs_finding(ctx, outputs, 0.75, None)
 
