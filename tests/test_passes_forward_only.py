@@ -5,7 +5,7 @@ before it (passes._forwards, `each_span`), as it is from the markers of such a r
 from __future__ import annotations
 
 from oomdoctor.analysis import analyse
-from oomdoctor.model import Frame
+from oomdoctor.model import DeviceTrace, Frame, TraceEvent
 from oomdoctor.units import MIB as MiB
 from oomdoctor.views import phrasing
 from tests.builders import BACKWARD_STACK, SETUP_STACK, Sim
@@ -91,3 +91,23 @@ def test_where_the_rest_is_unknown_no_backward_is_said_to_come_in_a_run_that_doe
     assert rest is not None and not rest.extrapolated and not rest.earlier_backward, rest
     note = phrasing.what_if_note(result.what_if)
     assert "the rest of the forward still comes" in note and "backward still come" not in note
+
+
+def test_own_peak_counts_a_reused_address_once_as_kept():
+    """A backward that allocates at one address, frees it and allocates there again (a Lightning-style
+    closure's step reuses gradient-sized blocks) keeps only the last of them: the pass's kept bytes at
+    its peak never exceed the peak. Counting every allocation at a kept address made them larger, and
+    the interrupted pass's rest was projected at 0 bytes (peak − kept < 0)."""
+    from oomdoctor.analysis.passes import _own_peak, _Pass
+
+    events = [
+        TraceEvent("alloc", 0x1000, 4 * MiB, 0, (), 1),  # the forward's activation
+        TraceEvent("alloc", 0x2000, MiB, 0, (), 2),  # the backward: freed at once
+        TraceEvent("free_requested", 0x2000, MiB, 0, (), 3),
+        TraceEvent("alloc", 0x2000, MiB, 0, (), 4),  # the same address again: kept
+        TraceEvent("free_requested", 0x1000, 4 * MiB, 0, (), 5),
+        TraceEvent("alloc", 0x3000, MiB, 0, (), 6),  # kept
+    ]
+    trace = DeviceTrace.from_events(0, events)
+    peak, kept = _own_peak(trace, _Pass(first_index=0, forward_last=0, last_index=5, step=0))
+    assert (peak, kept) == (5 * MiB, 0)

@@ -235,7 +235,9 @@ def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
             live[addrs[index]] = (sizes[index], index)
         elif actions[index] == FREE_REQUESTED:
             live.pop(addrs[index], None)
-    kept = {a for a, (_, i) in live.items() if i > one.forward_last}  # made in the backward, alive at its end
+    # the allocations made in the backward and alive at its end, by index: an address the backward
+    # (or an optimizer step the pass's span holds) allocated, freed and allocated again is kept once
+    kept = {i for _, i in live.values() if i > one.forward_last}
     held = peak = kept_at_peak = kept_now = 0
     live.clear()
     for index in range(one.first_index, last + 1):
@@ -243,7 +245,7 @@ def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
             address = addrs[index]
             live[address] = (sizes[index], index)
             held += sizes[index]
-            if address in kept and index > one.forward_last:
+            if index in kept:
                 kept_now += sizes[index]
             if held > peak:
                 peak, kept_at_peak = held, kept_now
