@@ -583,3 +583,43 @@ def test_kept_gradients_that_could_not_have_made_room_are_no_cause():
     assert result.accounting.missing_bytes == 0
     verdicts = [result.verdict, *(f.verdict for f in result.secondary)]
     assert "gradients-kept" not in verdicts, (result.verdict, result.summary)
+
+
+def _zero_grad_order_sim(*, zero_grad_before_forward: bool) -> Sim:
+    """Step 0 trains; step 1's forward runs out with step 0's gradients alive. With
+    `zero_grad_before_forward` a zero_grad ran before that forward and left them (set_to_none=False);
+    else the loop calls zero_grad between forward and backward (a Lightning closure, the tutorial
+    order `loss = model(x); opt.zero_grad(); loss.backward()`), so none ran since they were made."""
+    sim = Sim(total_bytes=700 * MiB)
+    sim.alloc(128 * MiB, SETUP_STACK, "parameter", "model.weight")
+    for step in range(2):
+        if step == 1 and zero_grad_before_forward:
+            sim.marker("zero_grad", "start")
+            sim.free(sim.alloc(512, USER_STACK))  # an event inside it, so the trace shows the phase
+            sim.marker("zero_grad", "end")
+        sim.marker("forward", "start")
+        acts = [sim.alloc(80 * MiB, FORWARD_STACK) for _ in range(6 if step == 0 else 5)]
+        if step == 1:
+            sim.oom(80 * MiB, FORWARD_STACK)
+            break
+        sim.marker("forward", "end")
+        if not zero_grad_before_forward:
+            sim.marker("zero_grad", "start")
+            sim.free(sim.alloc(512, USER_STACK))
+            sim.marker("zero_grad", "end")
+        sim.marker("backward", "start")
+        for address in acts:
+            sim.free(address)
+        sim.alloc(128 * MiB, BACKWARD_STACK, "gradient", "model.weight.grad")
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+    return sim
+
+
+@pytest.mark.parametrize(("zero_grad_before_forward", "kind"), [(True, "zero-grad-kept"), (False, "zero-grad-later")])
+def test_gradients_kept_says_whether_zero_grad_kept_them_or_has_not_run_since(zero_grad_before_forward, kind):
+    result = analyse(_zero_grad_order_sim(zero_grad_before_forward=zero_grad_before_forward).snapshot())
+    finding = next(f for f in (result, *result.secondary) if f.verdict == "gradients-kept")
+    kinds = {e.kind.value for e in finding.evidence}
+    assert kind in kinds and not kinds & ({"zero-grad-kept", "zero-grad-later"} - {kind}), kinds

@@ -369,6 +369,7 @@ class EvidenceKind(StrEnum):
     OLD_GRADIENTS = "old-gradients"
     NO_ZERO_GRAD = "no-zero-grad"
     ZERO_GRAD_KEPT = "zero-grad-kept"
+    ZERO_GRAD_LATER = "zero-grad-later"
     KEPT_FROM_EARLIER_STEPS = "kept-from-earlier-steps"  # steps
     STEP_GROWTH = "step-growth"  # steps
     FORWARD_PASSES = "forward-passes"

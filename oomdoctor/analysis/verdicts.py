@@ -512,11 +512,31 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
             _block_evidence(EvidenceKind.OLD_GRADIENTS, "old_gradient_bytes", old, largest),
             _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
             Evidence(
-                EvidenceKind.NO_ZERO_GRAD if no_zero_grad else EvidenceKind.ZERO_GRAD_KEPT,
+                EvidenceKind.NO_ZERO_GRAD
+                if no_zero_grad
+                else EvidenceKind.ZERO_GRAD_KEPT
+                if _survived_zero_grad(ctx)
+                else EvidenceKind.ZERO_GRAD_LATER,
                 "zero_grad_seen",
                 value=int(not no_zero_grad),
             ),
         ),
+    )
+
+
+def _survived_zero_grad(ctx: Context) -> bool:
+    """Whether an old gradient still alive was made before a zero_grad that ran (before the target):
+    zero_grad kept it (set_to_none=False, or it zeroes in place). Gradients made from before the
+    trace survived every zero_grad the trace shows. When each was made after the last zero_grad, a
+    zero_grad that frees them simply has not run since (a loop that calls it after the forward)."""
+    target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
+    starts = [s.first_index for s in ctx.phases if s.phase == PHASE_ZERO_GRAD and s.first_index <= target]
+    if not starts:
+        return False
+    last_zero_grad = max(starts)
+    return any(
+        b.alloc_index is None or b.alloc_index < last_zero_grad
+        for b in ctx.old_blocks((Component.GRADIENTS,), pre_trace=True)
     )
 
 

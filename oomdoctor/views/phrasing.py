@@ -587,6 +587,7 @@ EVIDENCE: dict[str, str] = {
     EvidenceKind.OLD_GRADIENTS: "gradients allocated in earlier steps, still alive",
     EvidenceKind.NO_ZERO_GRAD: "no zero_grad phase recorded",
     EvidenceKind.ZERO_GRAD_KEPT: "zero_grad ran but kept the tensors (set_to_none=False)",
+    EvidenceKind.ZERO_GRAD_LATER: "zero_grad ran, but not between the backward that made these gradients and this moment (the loop calls it later in the step)",
     EvidenceKind.FORWARD_PASSES: "forward passes without a backward",
     EvidenceKind.EARLIER_PASS_ACTIVATIONS: "activations of earlier forward passes still alive",
     EvidenceKind.FIRST_STEP_OOM: "OOM during step 0's optimizer step",
