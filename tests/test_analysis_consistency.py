@@ -224,3 +224,33 @@ def test_kept_activations_are_not_called_a_batch_too_large(name):
     if analysis.verdict == "inference-with-grad":
         # an evaluation pass has no backward to recompute for: checkpointing is not the fix
         assert all(r.id != "activation-checkpointing" for r in analysis.recommendations)
+
+
+def test_an_evaluation_pass_of_a_run_that_trains_is_told_neither_to_accumulate_nor_to_checkpoint():
+    """A run trains, then its evaluation (a pass that does not train) runs out: that pass saves
+    nothing for a backward, so activation checkpointing saves nothing and there are no gradients to
+    accumulate over micro-batches (a Trainer's evaluation_loop after training: the advice was 'Halve
+    the micro-batch and accumulate gradients' and 'activation checkpointing ... would fit on its own')."""
+    sim = Sim(total_bytes=600 * MiB)
+    sim.alloc(64 * MiB, SETUP_STACK, "parameter", "model.weight")
+    sim.marker("forward", "start")
+    acts = [sim.alloc(32 * MiB, FORWARD_STACK) for _ in range(4)]
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for address in acts:
+        sim.free(address)
+    sim.alloc(64 * MiB, (), "gradient", "model.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.alloc(64 * MiB, (), "optimizer_state", "model.weight.exp_avg")
+    sim.alloc(64 * MiB, (), "optimizer_state", "model.weight.exp_avg_sq")
+    sim.marker("optimizer_step", "end")
+    sim.marker("evaluation", "start")
+    for _ in range(8):
+        sim.alloc(32 * MiB, FORWARD_STACK)
+    sim.oom(128 * MiB, FORWARD_STACK)
+    analysis = analyse(sim.snapshot())
+    assert analysis.target_phase == "evaluation"
+    ids = {r.id for r in analysis.recommendations}
+    assert "smaller-micro-batch" not in ids and "activation-checkpointing" not in ids, ids
+    assert "smaller-batch" in ids, ids

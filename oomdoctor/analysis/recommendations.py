@@ -11,6 +11,7 @@ from oomdoctor.analysis.accounting import place_after_freeing
 from oomdoctor.analysis.frame_kinds import is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
+    PHASE_EVALUATION,
     PHASE_OPTIMIZER,
     PHASE_ZERO_GRAD,
     Change,
@@ -268,6 +269,10 @@ def recommend(
         or ctx.trains_beyond_phases()
         or bool(gradients or optimizer_state)
     )
+    # the judged moment is in a pass that does not train (an evaluation loop's, by its frames or
+    # annotations): it saves nothing for a backward, so there is no graph to checkpoint and no
+    # gradient to accumulate over micro-batches, whatever the run did before
+    pass_trains = training and ctx.target_phase != PHASE_EVALUATION
     found: list[Recommendation] = []
     # without an OOM or a risk, only a change that removes waste is advised (fused attention
     # materialises no score matrices, at no cost), none that trades speed or batch for memory
@@ -339,7 +344,7 @@ def recommend(
     in_step = ctx.target_phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
     if (
         activations
-        and training
+        and pass_trains
         and not in_step
         and Verdict.INFERENCE_WITH_GRAD not in verdicts
         and Verdict.EVAL_OUTPUTS_KEPT not in verdicts  # kept outputs are no graph to checkpoint
@@ -372,7 +377,7 @@ def recommend(
         )
     if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (
-            training and Verdict.INFERENCE_WITH_GRAD not in verdicts
+            pass_trains and Verdict.INFERENCE_WITH_GRAD not in verdicts
         ):  # an evaluation pass has no gradients to accumulate
             add(Change.SMALLER_MICRO_BATCH, scalable // 2, scale=0.5)
         else:
