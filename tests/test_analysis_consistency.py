@@ -14,6 +14,7 @@ import pytest
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import EvidenceKind
 from oomdoctor.load import load
+from oomdoctor.model import Frame
 from oomdoctor.views import phrasing, text_report
 from tests.builders import FORWARD_STACK, SETUP_STACK, MiB, Sim
 from tests.conftest import CORPUS_SNAPSHOTS, FIXTURES
@@ -254,3 +255,71 @@ def test_an_evaluation_pass_of_a_run_that_trains_is_told_neither_to_accumulate_n
     ids = {r.id for r in analysis.recommendations}
     assert "smaller-micro-batch" not in ids and "activation-checkpointing" not in ids, ids
     assert "smaller-batch" in ids, ids
+
+
+EVAL_CAT_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/_tensor.py", 10, "cat"),
+    Frame("trainer.py", 79, "evaluation_loop"),
+    Frame("trainer.py", 120, "evaluate"),
+)
+
+
+def _evaluation_with_running_concatenation(total_bytes: int, cat_stack=EVAL_CAT_STACK) -> Sim:
+    """A run trains a step, then evaluates: each evaluation pass makes 4 x 24 MiB of intermediates
+    (freed) and 16 MiB of logits, and the loop concatenates the logits to what it kept so far
+    (`all_logits = torch.cat((all_logits, logits))`, transformers' evaluation loop without
+    eval_accumulation_steps), dropping the previous concatenation and the batch's logits. The
+    concatenation after the fifth pass (80 MiB) fails."""
+    sim = Sim(total_bytes=total_bytes)
+    sim.alloc(32 * MiB, SETUP_STACK, "parameter", "model.weight")
+    sim.marker("forward", "start")
+    acts = [sim.alloc(24 * MiB, FORWARD_STACK) for _ in range(4)]
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for address in acts:
+        sim.free(address)
+    sim.alloc(32 * MiB, (), "gradient", "model.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    kept = None
+    for batch in range(5):
+        sim.marker("evaluation", "start")
+        scratch = [sim.alloc(24 * MiB, FORWARD_STACK) for _ in range(4)]
+        logits = sim.alloc(16 * MiB, FORWARD_STACK)
+        for address in scratch:
+            sim.free(address)
+        sim.marker("evaluation", "end")
+        if batch == 4:
+            sim.oom(80 * MiB, cat_stack)
+            break
+        if kept is None:
+            kept = logits
+            continue
+        joined = sim.alloc(16 * MiB * (batch + 1), cat_stack)
+        sim.free(kept)
+        sim.free(logits)
+        kept = joined
+    return sim
+
+
+def test_a_running_concatenation_of_evaluation_outputs_is_kept_outputs():
+    """The concatenation is one tensor made after the latest earlier pass, but it holds what every
+    earlier pass output: the kept outputs pile up pass after pass (eval-outputs-kept), and halving
+    the batch would not shrink them (they grow with the batches evaluated, not with the batch)."""
+    analysis = analyse(_evaluation_with_running_concatenation(200 * MiB).snapshot())
+    assert analysis.verdict == "eval-outputs-kept", (analysis.verdict, analysis.summary)
+    ids = {r.id for r in analysis.recommendations}
+    assert "smaller-batch" not in ids and "smaller-micro-batch" not in ids, ids
+
+
+def test_a_cache_a_model_concatenates_inside_its_forward_is_no_kept_output():
+    """The same growth made inside a module's forward (a decoder's keys and values concatenated each
+    generation step) is the model's input to its next pass, not outputs the loop gathers."""
+    in_forward = (
+        Frame("model.py", 30, "forward"),
+        Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1751, "_wrapped_call_impl"),
+        Frame("generate.py", 50, "decode"),
+    )
+    analysis = analyse(_evaluation_with_running_concatenation(200 * MiB, in_forward).snapshot())
+    assert analysis.verdict != "eval-outputs-kept", analysis.summary

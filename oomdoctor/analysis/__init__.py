@@ -30,7 +30,7 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis import phases as _phases
-from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training
+from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training, running_concatenations
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import expandable_from_segments, place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, backward_unknown, recommend, requirement
@@ -492,6 +492,11 @@ def _context(
         ),
         frames_train=frames_train,
         optimizer_annotated=dump.optimizer_annotated,
+        concatenations=(
+            running_concatenations(dump.trace, dump.spans, target.index, blocks)
+            if moment.phase in (*FORWARD_PASSES, PHASE_BETWEEN)
+            else {}
+        ),
     )
 
 

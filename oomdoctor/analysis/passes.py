@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, frame_kind
+from oomdoctor.analysis.phases import in_module_forward
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -510,3 +511,89 @@ def pass_history(
     return PassHistory(
         comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
     )
+
+
+def running_concatenations(
+    trace: DeviceTrace, spans: Sequence[PhaseSpan], index: int | None, blocks: Sequence[LiveBlock]
+) -> dict[int, tuple[tuple[int, int], ...]]:
+    """The live blocks that are the latest of a running concatenation over the forward passes since
+    the last training phase (a loop that does `kept = torch.cat((kept, outputs))` after each batch, as
+    transformers' evaluation loop does for the logits without eval_accumulation_steps): address ->
+    the chain's (allocation event, bytes), oldest first.
+
+    A link: an earlier allocation at the same site (its innermost frames), smaller, made before a
+    forward pass that began before the later one, and freed after the later one was made with no
+    other allocation at that site in between (the concatenation read it, then the loop dropped it).
+    The block is made by the loop's code, outside any module's forward. A chain has at least three
+    allocations, or none is returned for the block."""
+    if index is None:
+        return {}
+    forwards, _ = passes_since_training(spans, index)
+    if len(forwards) < 3:
+        return {}
+    first = forwards[0].first_index
+    starts = [f.first_index for f in forwards]
+    candidates = [
+        b
+        for b in blocks
+        if b.alloc_index is not None
+        and first <= b.alloc_index <= index
+        and b.component not in (Component.PARAMETERS, Component.GRADIENTS, Component.OPTIMIZER_STATE)
+    ]
+    if not candidates:
+        return {}
+    # the loop's own code, not a module's: a cache a model grows inside its forward (a decoder's keys
+    # and values, concatenated each generation step) is the model's input to the next pass
+    sites = {
+        b.address: site_key(frames)
+        for b in candidates
+        if b.alloc_index is not None and not in_module_forward(frames := trace.frames_at(b.alloc_index))
+    }
+    wanted = {key for key in sites.values() if key is not None}
+    if not wanted:
+        return {}
+    indices = trace.positions_in(ALLOC, first, index + 1, MAX_ALLOCATIONS)
+    numbers, stacks = trace.stacks_at(indices)
+    key_of = {number: site_key(frames) for number, frames in stacks.items()}
+    by_site: dict[object, list[int]] = {}
+    for position, number in zip(indices, numbers):
+        key = key_of[number]
+        if key in wanted:
+            by_site.setdefault(key, []).append(position)
+    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    # where each of those allocations was freed (before the target), in one sweep
+    watched = {position for positions in by_site.values() for position in positions}
+    open_at: dict[int, int] = {}
+    freed_at: dict[int, int] = {}
+    for position in range(first, index + 1):
+        action = actions[position]
+        if action == FREE_REQUESTED:
+            made = open_at.pop(addrs[position], None)
+            if made is not None:
+                freed_at[made] = position
+        elif action == ALLOC and position in watched:
+            open_at[addrs[position]] = position
+
+    found: dict[int, tuple[tuple[int, int], ...]] = {}
+    for block in candidates:
+        key = sites.get(block.address)
+        if key is None or block.alloc_index is None:
+            continue
+        same_site = by_site.get(key, [])
+        chain = [(block.alloc_index, sizes[block.alloc_index])]
+        current = block.alloc_index
+        while True:
+            earlier = [p for p in same_site if p < current]
+            if not earlier:
+                break
+            previous = earlier[-1]
+            freed = freed_at.get(previous)
+            if freed is None or freed < current or sizes[previous] >= chain[-1][1]:
+                break
+            if any(current < p < freed for p in same_site) or not any(previous < s < current for s in starts):
+                break
+            chain.append((previous, sizes[previous]))
+            current = previous
+        if len(chain) >= 3:
+            found[block.address] = tuple(reversed(chain))
+    return found

@@ -219,6 +219,12 @@ def classify_stack(stack: Stack) -> str:
     return _PUBLIC_CLASS.get(_stack_class(stack), _CLASS_USER)
 
 
+def in_module_forward(stack: Stack) -> bool:
+    """Whether an allocation's stack runs inside a module's forward (training or not), not in the
+    loop's own code around the passes."""
+    return _stack_class(stack) in (_CLASS_FORWARD, _CLASS_EVALUATION, _CLASS_FORWARD_GRAD)
+
+
 # The frameworks' name for the function that runs one training step (Lightning's
 # `LightningModule.training_step`, transformers' `Trainer.training_step`): what runs inside it
 # trains. A script's own names (`train_step`, `train`) say less: an evaluation helper is called

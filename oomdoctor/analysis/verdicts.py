@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oomdoctor.analysis.attribution import source_line
@@ -135,6 +135,9 @@ class Context:
     # device): it trains, though this device's trace holds no backward (DataParallel's first forward)
     optimizer_annotated: bool = field(default=False)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
+    # live blocks that are the latest of a running concatenation over the passes since the last
+    # training phase (passes.running_concatenations): address -> its chain of (event, bytes)
+    concatenations: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @property
     def request(self) -> int:
@@ -606,7 +609,9 @@ def _kept_from_earlier_passes(ctx: Context) -> tuple[list[PhaseSpan], list[LiveB
         for b in ctx.live_blocks
         if b.alloc_index is not None
         and last_training < b.alloc_index < current.first_index
-        and b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
+        # a running concatenation holds the earlier passes' outputs, whatever its phase made it
+        # (the loop's code between passes: inputs by the markers' phases)
+        and (b.component in (Component.ACTIVATIONS, Component.TEMPORARIES) or b.address in ctx.concatenations)
     ]
     return forwards, kept, last_training
 
@@ -624,18 +629,36 @@ def _passes_per_backward(ctx: Context) -> int:
     return max(len(passes_since_training(ctx.phases, b.first_index - 1)[0]) for b in backwards)
 
 
-def _kept_per_pass(forwards: Sequence[PhaseSpan], kept: Sequence[LiveBlock]) -> tuple[list[int], list[int]]:
+def _kept_per_pass(
+    forwards: Sequence[PhaseSpan],
+    kept: Sequence[LiveBlock],
+    concatenations: Mapping[int, tuple[tuple[int, int], ...]] | None = None,
+) -> tuple[list[int], list[int]]:
     """(bytes, blocks) of `kept` per earlier pass of `forwards` (all but the latest): each block
-    counts to the pass it was allocated in, or after (the loop's code before the next pass)."""
+    counts to the pass it was allocated in, or after (the loop's code before the next pass). A
+    running concatenation (`concatenations`: the block's chain of (event, bytes)) holds what each
+    link added: each link's growth counts to the pass before it (the block's rounding to its last)."""
     earlier = forwards[:-1]
     starts = [s.first_index for s in earlier]
     per_pass = [0] * len(earlier)
     counts = [0] * len(earlier)
+
+    def credit(index: int, size: int) -> None:
+        position = max(bisect.bisect_right(starts, index) - 1, 0)
+        per_pass[position] += size
+        counts[position] += 1
+
     for block in kept:
         assert block.alloc_index is not None
-        position = max(bisect.bisect_right(starts, block.alloc_index) - 1, 0)
-        per_pass[position] += block.size_bytes
-        counts[position] += 1
+        chain = (concatenations or {}).get(block.address)
+        if not chain:
+            credit(block.alloc_index, block.size_bytes)
+            continue
+        grown = 0
+        for event, size in chain:
+            credit(event, size - grown)
+            grown = size
+        per_pass[max(bisect.bisect_right(starts, chain[-1][0]) - 1, 0)] += block.size_bytes - grown
     return per_pass, counts
 
 
@@ -948,7 +971,7 @@ def kept_outputs(ctx: Context) -> KeptOutputs | None:
     earlier = forwards[:-1]
     if len(earlier) < EVAL_MIN_KEEPING_PASSES or not kept:
         return None
-    per_pass, counts = _kept_per_pass(forwards, kept)
+    per_pass, counts = _kept_per_pass(forwards, kept, ctx.concatenations)
     keeping = sum(1 for n in per_pass if n)
     kept_bytes = sum(per_pass)
     # outputs pile up: (nearly) every earlier pass kept some, none most of them
