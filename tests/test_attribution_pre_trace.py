@@ -568,3 +568,29 @@ def test_fused_adams_step_counts_break_no_copies():
     assert model_state_copies(sizes, 4) == 3
     norms = [(r, r) for r in one * 3] + [(4096, 4096)] * 7  # a norm's weight, seven times: a layer's
     assert model_state_copies(norms, 4) == 1
+
+
+def test_between_steps_user_code_that_lives_into_the_next_forward_is_its_batch():
+    """A loop that makes its batch in a function not named for one (a GNN's `graph()`, images made in
+    `main()`) just before the step's forward, which then runs out: the batch lives into the forward,
+    as the first step's does (`_spans_next_forward`), so it is inputs, not other. The step's
+    optimizer step may open before the forward (optimizer.step(closure)): it is passed over."""
+    for closure in (False, True):
+        sim = Sim()
+        sim.marker("forward", "start")
+        sim.free(sim.alloc(8 * MiB, FORWARD_STACK))
+        sim.marker("forward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+        sim.alloc(6 * MiB, USER_STACK)  # the next step's batch
+        if closure:  # the step's opening before its closure's forward, a span of the same step
+            sim.marker("optimizer_step", "start")
+            sim.free(sim.alloc(512, USER_STACK))  # an event inside it, so the trace shows the phase
+            sim.marker("optimizer_step", "end")
+            sim.step -= 1  # as annotations show it: the step it opens has not ended
+        sim.marker("forward", "start")
+        sim.alloc(16 * MiB, FORWARD_STACK)
+        sim.oom(64 * MiB, FORWARD_STACK)
+        result = analyse(sim.snapshot(metadata=True, registry=False))
+        components = result.component_bytes()
+        assert components["inputs"] == 6 * MiB and components["other"] == 0, (closure, components)

@@ -627,9 +627,13 @@ def attribute(
                 )
             if (
                 component == OTHER
-                and method != METHOD_SIZE_MATCH  # a weight's copy is no batch
                 and span is not None
-                and _spans_first_forward(span, phases, after_target)
+                and (
+                    (span.phase == PHASE_BEFORE and method != METHOD_SIZE_MATCH)  # a weight's copy is no batch
+                    # between steps, only what nothing else placed (no checkpoint's copy, no name)
+                    or (span.phase == PHASE_BETWEEN and method == METHOD_PHASE)
+                )
+                and _spans_next_forward(span, phases, after_target)
             ):
                 component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
         blocks.append(
@@ -988,15 +992,22 @@ def _place_model_states(
     return result
 
 
-def _spans_first_forward(span, phases: PhaseIndex, after_target: int) -> bool:
-    """Whether a block allocated in `span` (before the first phase) lives into the forward after it.
+def _spans_next_forward(span, phases: PhaseIndex, after_target: int) -> bool:
+    """Whether a block allocated in `span` (before the first phase, or between steps) lives into the
+    forward right after it: what a loop makes just before its forward and keeps through it is the
+    batch, whatever its functions are named (a GNN's `graph()`, a detector's images made in
+    `main()`).
 
     The block is live at the target, so it lives into that forward when the forward began at or
-    before the target.
+    before the target. Between steps, the step's optimizer step may open before its forward (an
+    `optimizer.step(closure)` runs the forward inside it): such a span of the same step is passed.
     """
-    if span.phase != PHASE_BEFORE:
+    if span.phase not in (PHASE_BEFORE, PHASE_BETWEEN):
         return False
     following = phases.span_after(span)
+    if span.phase == PHASE_BETWEEN:
+        while following is not None and following.phase == PHASE_OPTIMIZER and following.step == span.step:
+            following = phases.span_after(following)
     return following is not None and following.phase in FORWARD_PASSES and following.first_index <= after_target
 
 
