@@ -323,3 +323,43 @@ def test_a_cache_a_model_concatenates_inside_its_forward_is_no_kept_output():
     )
     analysis = analyse(_evaluation_with_running_concatenation(200 * MiB, in_forward).snapshot())
     assert analysis.verdict != "eval-outputs-kept", analysis.summary
+
+
+def test_a_placement_failure_in_a_forward_counts_the_spare_free_bytes_against_the_rest_of_the_pass():
+    """The OOM is the first allocation of a forward twice the size of the last step's (a bigger batch),
+    and fails on placement: 4 MiB free on the device and 32 MiB free in the cache, in 8 MiB blocks,
+    for a 16 MiB request. The rest of the pass needs bytes, not a place: what it lacks is the request
+    and the rest less the free bytes (the what-if's gap), not the gap to a place plus the whole rest.
+    Halving the batch fits by the what-if and must be said to fit (a Lightning-like run said 'not
+    enough on its own' beside 'largest scale that fits: 0.58x')."""
+
+    class KeptCache(Sim):
+        def release_cache(self) -> None:  # cache the flush cannot return (blocks of split segments)
+            pass
+
+    layers = [
+        (
+            Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100, "linear"),
+            Frame("model.py", 12 + i, "forward"),
+        )
+        for i in range(4)
+    ]
+    sim = KeptCache(total_bytes=68 * MiB)
+    sim.alloc(16 * MiB, SETUP_STACK, "parameter", "model.weight")
+    sim.marker("forward", "start")
+    acts = [sim.alloc(8 * MiB, layer) for layer in layers]
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for address in acts:
+        sim.free(address)
+    sim.alloc(16 * MiB, (), "gradient", "model.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("forward", "start")
+    sim.oom(16 * MiB, layers[0])
+    analysis = analyse(sim.snapshot())
+    assert analysis.accounting.missing_bytes == 0 and analysis.what_if.rest_of_pass.extrapolated
+    halve = next(r for r in analysis.recommendations if r.id in BATCH_RECOMMENDATIONS)
+    assert analysis.what_if.fits_at(0.5) is True
+    assert halve.would_fit_alone is True, halve

@@ -128,8 +128,14 @@ def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
         return need
     if not rest.extrapolated:
         return replace(need, rest_unknown=True)
-    extra = rest.extra_bytes - (ctx.request if ctx.request_scales else 0)
-    return replace(need, rest_gap_bytes=need.shortfall_bytes + max(0, extra), rest_unknown=backward_unknown(ctx))
+    extra = max(0, rest.extra_bytes - (ctx.request if ctx.request_scales else 0))
+    # the request and the rest of the pass need bytes: what they lack beyond the free bytes (the
+    # missing bytes plus the rest, where the free bytes fell short; on a placement failure the free
+    # bytes exceeded the request, and that spare counts against the rest), or at least the gap to a
+    # place for the request itself
+    headroom = ctx.accounting.headroom_bytes
+    lacking = ctx.request + extra - headroom if headroom is not None else need.shortfall_bytes + extra
+    return replace(need, rest_gap_bytes=max(need.shortfall_bytes, lacking), rest_unknown=backward_unknown(ctx))
 
 
 def backward_unknown(ctx: Context) -> bool:
