@@ -138,7 +138,7 @@ def test_a_spike_ratio_names_a_cause_when_the_inputs_grew():
     assert result.summary.facts.get("inputs_changed") is True
     assert result.summary.facts.get("earlier_step") in (0, 1)
     text = phrasing.summary(result.summary)
-    assert "x the peak of earlier steps (a longer sequence or a bigger batch)" in text
+    assert "x the peak of earlier steps (larger inputs: a bigger batch, a longer sequence or larger images)" in text
 
 
 def test_a_spike_ratio_without_an_input_change_names_no_cause():

@@ -375,7 +375,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         changed = f.get("inputs_changed")  # a cause only where the inputs' sizes show it
         cause = ""
         if changed is True:
-            cause = " (a longer sequence or a bigger batch)"
+            cause = " (larger inputs: a bigger batch, a longer sequence or larger images)"
         elif changed is False:
             cause = ", with inputs of the same sizes"
         if f.get("temporaries"):  # a backward's own temporaries with them, against whole peaks
