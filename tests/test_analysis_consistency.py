@@ -12,7 +12,7 @@ import json
 import pytest
 
 from oomdoctor.analysis import analyse
-from oomdoctor.analysis.results import EvidenceKind
+from oomdoctor.analysis.results import EvidenceKind, SummaryKind
 from oomdoctor.load import load
 from oomdoctor.model import Frame
 from oomdoctor.views import phrasing, text_report
@@ -363,3 +363,41 @@ def test_a_placement_failure_in_a_forward_counts_the_spare_free_bytes_against_th
     halve = next(r for r in analysis.recommendations if r.id in BATCH_RECOMMENDATIONS)
     assert analysis.what_if.fits_at(0.5) is True
     assert halve.would_fit_alone is True, halve
+
+
+def test_a_forward_cut_short_at_its_first_allocation_is_judged_by_its_projected_whole():
+    """A loop that calls zero_grad between forward and backward (Lightning's closure) doubles its
+    batch; the forward runs out at its first allocation, twice the last step's there, with the last
+    step's gradients alive. The pass holds nothing yet, but its rest, extrapolated from the last
+    step's, needs twice what that step's did: the spike is the headline, the kept gradients (which
+    could have made room for the first allocation only) secondary."""
+    layers = [
+        (
+            Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100, "linear"),
+            Frame("model.py", 12 + i, "forward"),
+        )
+        for i in range(8)
+    ]
+    sim = Sim(total_bytes=136 * MiB)
+    sim.alloc(64 * MiB, SETUP_STACK, "parameter", "model.weight")
+    sim.marker("forward", "start")
+    acts = [sim.alloc(8 * MiB, layer) for layer in layers]
+    sim.marker("forward", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(sim.alloc(512, FORWARD_STACK))  # an event inside it, so the trace shows the phase
+    sim.marker("zero_grad", "end")
+    sim.marker("backward", "start")
+    for address in acts:
+        sim.free(address)
+    sim.alloc(64 * MiB, (), "gradient", "model.weight.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("forward", "start")
+    sim.oom(16 * MiB, layers[0])
+    analysis = analyse(sim.snapshot())
+    assert analysis.verdict == "activation-spike", analysis.summary
+    assert analysis.summary.kind == SummaryKind.ACTIVATION_SPIKE_PROJECTED
+    assert "gradients-kept" in {f.verdict for f in analysis.secondary}
+    text = phrasing.summary(analysis.summary)
+    assert "ran out near its start" in text and "2.00x step 0's at the same point" in text, text

@@ -320,6 +320,9 @@ class SummaryKind(StrEnum):
     OPTIMIZER_LATER_STEP = "optimizer-later-step"  # step, optimizer_state
     OPTIMIZER_STATE_BEFORE_TRACE = "optimizer-state-before-trace"  # optimizer_state, before_trace
     ACTIVATION_SPIKE = "activation-spike"  # step, phase, activations, ratio
+    # a forward cut short near its start: activations so far, its projected whole and its ratio to the
+    # earlier steps' activation peak, size_ratio (its allocations to rest_step's at the same point)
+    ACTIVATION_SPIKE_PROJECTED = "activation-spike-projected"
     ACTIVATIONS_DOMINATE = "activations-dominate"  # phase, activations
     NO_OOM = "no-oom"  # at ("peak" | "dump"), allocated; dominant, dominant_bytes; end_* the same at the dump
     UNKNOWN = "unknown"

@@ -847,7 +847,12 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     )
     allocated = ctx.accounting.allocated_bytes or 1
     others = max([v for k, v in c.items() if k not in (Component.ACTIVATIONS,)] + [kept_activations])
-    if activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others:
+    rest = ctx.passes.rest
+    projected_pass = rest.projected_pass_bytes if rest is not None and rest.extrapolated else None
+    # a forward the OOM cut short near its start holds little yet: what it would have needed is its
+    # projected whole (the rest extrapolated from a comparable earlier pass), judged below
+    early = activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others
+    if early and (projected_pass is None or projected_pass < others):
         return None
     step = ctx.target_step or 0
     # in a backward whose own temporaries outweigh the activations left (a checkpointed region
@@ -877,9 +882,8 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     # what this pass reached counting what it still needed: the failed request when it grows with
     # the batch, and the rest of an interrupted pass where extrapolated
     reached = activations + backward_own + (ctx.request if ctx.request_scales else 0)
-    rest = ctx.passes.rest
-    if rest is not None and rest.extrapolated:
-        reached = max(reached, rest.projected_pass_bytes)
+    if projected_pass is not None:
+        reached = max(reached, projected_pass)
     reached_ratio = reached / earlier_peak if earlier_peak else None
     if reached_ratio is not None and reached_ratio <= 1:
         return None  # the pass needed no more than the earlier steps reached and fit: something else grew
@@ -887,6 +891,25 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     kept_bytes = sum(b.size_bytes for b in kept.values())
     if not spike and kept_bytes and kept_bytes >= ctx.needed:
         return None  # what earlier steps or passes left alive explains the OOM, not this batch
+    if early:
+        # cut short near its start: a spike only where the projected pass outgrew the earlier peak
+        if rest is None or reached_ratio is None or reached_ratio <= SPIKE_RATIO:
+            return None
+        projected_summary = Summary(
+            SummaryKind.ACTIVATION_SPIKE_PROJECTED,
+            Facts.of(
+                step=step,
+                phase=ctx.target_phase,
+                activations=activations,
+                projected=reached,
+                ratio=reached_ratio,
+                size_ratio=rest.size_ratio,
+                earlier_step=earlier_step,
+                rest_step=rest.earlier_step,
+                inputs_changed=_inputs_changed(ctx),
+            ),
+        )
+        return Finding(Verdict.ACTIVATION_SPIKE, 0.6, projected_summary, tuple(evidence))
     summary = (
         Summary(
             SummaryKind.ACTIVATION_SPIKE,
@@ -1372,11 +1395,19 @@ def _spike_over_kept_gradients(findings: list[Finding], ctx: Context) -> Finding
     """The activation spike, when it outweighs gradients a run frees every step (zero_grad runs,
     only after this forward: a closure's order): what this batch added beyond the earlier steps'
     peak is more than the gradients still alive."""
-    spike = next((f for f in findings if f.summary.kind == SummaryKind.ACTIVATION_SPIKE), None)
+    spike = next(
+        (
+            f
+            for f in findings
+            if f.summary.kind in (SummaryKind.ACTIVATION_SPIKE, SummaryKind.ACTIVATION_SPIKE_PROJECTED)
+        ),
+        None,
+    )
     if spike is None or PHASE_ZERO_GRAD not in ctx.phases_seen():
         return None
     facts = spike.summary.facts
-    ratio, activations = facts.number("ratio"), facts.size("activations") or 0
+    # a pass cut short near its start is weighed by its projected whole
+    ratio, activations = facts.number("ratio"), facts.size("projected") or facts.size("activations") or 0
     if ratio <= SPIKE_RATIO:
         return None
     grown = activations - activations / ratio

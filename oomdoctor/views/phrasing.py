@@ -382,6 +382,16 @@ def _summary_words(kind: str, f: Facts) -> str:
             both = (size("activations") or 0) + (size("temporaries") or 0)
             return f"Activations and temporaries of step {f.get('step')}'s {f.get('phase')} reached {human(both)} ({human(size('temporaries'))} of them the backward's temporaries), {f.number('ratio'):.1f}x the peak allocated by earlier steps{cause}."
         return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
+    if kind == SummaryKind.ACTIVATION_SPIKE_PROJECTED:
+        changed = f.get("inputs_changed")
+        cause = (
+            " (larger inputs: a bigger batch, a longer sequence or larger images)"
+            if changed is True
+            else ", with inputs of the same sizes"
+            if changed is False
+            else ""
+        )
+        return f"Step {f.get('step')}'s {f.get('phase')} ran out near its start, with {human(size('activations'))} of its own activations so far: its allocations up to the failed request were {f.number('size_ratio'):.2f}x step {f.get('rest_step')}'s at the same point{cause}, and the whole pass is projected at {human(size('projected'))}, {f.number('ratio'):.1f}x the activation peak of earlier steps (an estimate, extrapolated from step {f.get('rest_step')}'s pass)."
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         phase = f.text("phase") or ""
         if phase == PHASE_UNKNOWN:  # no phases: the blocks' own stacks placed them
