@@ -401,3 +401,15 @@ def test_a_forward_cut_short_at_its_first_allocation_is_judged_by_its_projected_
     assert "gradients-kept" in {f.verdict for f in analysis.secondary}
     text = phrasing.summary(analysis.summary)
     assert "ran out near its start" in text and "2.00x step 0's at the same point" in text, text
+
+
+def test_the_concatenation_of_kept_outputs_is_not_told_to_be_computed_in_pieces():
+    """When the failed request is the concatenation of every kept output (oversized-request beside
+    eval-outputs-kept), its result is what the loop keeps, whole: chunking the op saves nothing
+    (it was said to save 60 MiB and fit, in a Trainer-like evaluation loop); keeping the outputs off
+    the device does."""
+    analysis = analyse(_evaluation_with_running_concatenation(160 * MiB).snapshot())
+    assert analysis.verdict == "eval-outputs-kept", analysis.summary
+    assert "oversized-request" in {f.verdict for f in analysis.secondary}
+    ids = {r.id for r in analysis.recommendations}
+    assert "chunk-large-op" not in ids and "outputs-to-cpu" in ids, ids

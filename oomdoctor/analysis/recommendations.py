@@ -480,7 +480,13 @@ def recommend(
     if imbalance is not None:
         saved = balancing_saves(ctx, imbalance, rest_extra)  # at the pass's projected peak, as halving the batch
         add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved))
-    if Verdict.OVERSIZED_REQUEST in verdicts:
+    gathering = None
+    if Verdict.OVERSIZED_REQUEST in verdicts and Verdict.EVAL_OUTPUTS_KEPT in verdicts and ctx.request:
+        outputs = kept_outputs(ctx)
+        gathering = outputs is not None and ctx.request >= outputs.kept_bytes
+    if Verdict.OVERSIZED_REQUEST in verdicts and not gathering:
+        # (a request that holds every kept output is their concatenation: its result is what the loop
+        # keeps, whole, so computing it in pieces saves nothing; keeping them off the device does)
         # without an OOM, the request that hit the limit and was retried
         request = ctx.request or max((n.request_bytes for n in ctx.near_ooms), default=0)
         add(
