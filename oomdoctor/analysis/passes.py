@@ -19,8 +19,10 @@ Reads only the trace and the phase spans; no I/O.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 
 from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, frame_kind
 from oomdoctor.analysis.phases import in_module_forward
@@ -560,38 +562,53 @@ def running_concatenations(
         key = key_of[number]
         if key in wanted:
             by_site.setdefault(key, []).append(position)
-    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
-    # where each of those allocations was freed (before the target), in one sweep
-    watched = {position for positions in by_site.values() for position in positions}
-    open_at: dict[int, int] = {}
+    addrs, sizes = trace.addrs, trace.sizes
+
+    def could_chain(block: LiveBlock) -> bool:
+        """The two allocations before it at its site grow up to it: a chain of three may end there."""
+        same_site = by_site.get(sites.get(block.address), [])
+        before = bisect.bisect_left(same_site, block.alloc_index or 0)
+        return (
+            before >= 2 and sizes[same_site[before - 2]] < sizes[same_site[before - 1]] < sizes[block.alloc_index or 0]
+        )
+
+    chained = [b for b in candidates if sites.get(b.address) is not None and could_chain(b)]
+    if not chained:
+        return {}
+    # where each allocation of those sites was freed (before the target): the first free of its
+    # address after it, among the frees of the watched addresses (found in C, not by a walk of events)
+    watched = [position for key in {sites[b.address] for b in chained} for position in by_site[key]]
+    watched_addresses = {addrs[position] for position in watched}
+    frees = trace.positions_in(FREE_REQUESTED, first, index + 1)
+    frees_of: dict[int, list[int]] = {}
+    for position in compress(frees, map(watched_addresses.__contains__, map(addrs.__getitem__, frees))):
+        frees_of.setdefault(addrs[position], []).append(position)
     freed_at: dict[int, int] = {}
-    for position in range(first, index + 1):
-        action = actions[position]
-        if action == FREE_REQUESTED:
-            made = open_at.pop(addrs[position], None)
-            if made is not None:
-                freed_at[made] = position
-        elif action == ALLOC and position in watched:
-            open_at[addrs[position]] = position
+    for position in watched:
+        later = frees_of.get(addrs[position], ())
+        after = bisect.bisect_right(later, position)
+        if after < len(later):
+            freed_at[position] = later[after]
 
     found: dict[int, tuple[tuple[int, int], ...]] = {}
-    for block in candidates:
-        key = sites.get(block.address)
-        if key is None or block.alloc_index is None:
-            continue
-        same_site = by_site.get(key, [])
-        chain = [(block.alloc_index, sizes[block.alloc_index])]
-        current = block.alloc_index
+    for block in chained:
+        same_site = by_site[sites[block.address]]  # in event order: every step below is a bisection
+        current = block.alloc_index or 0
+        chain = [(current, sizes[current])]
         while True:
-            earlier = [p for p in same_site if p < current]
-            if not earlier:
+            before = bisect.bisect_left(same_site, current)
+            if not before:
                 break
-            previous = earlier[-1]
+            previous = same_site[before - 1]
             freed = freed_at.get(previous)
             if freed is None or freed < current or sizes[previous] >= chain[-1][1]:
                 break
-            if any(current < p < freed for p in same_site) or not any(previous < s < current for s in starts):
-                break
+            following = bisect.bisect_right(same_site, current)
+            if following < len(same_site) and same_site[following] < freed:
+                break  # another allocation at the site while the earlier one was alive
+            began = bisect.bisect_right(starts, previous)
+            if began == len(starts) or starts[began] >= current:
+                break  # no pass began between them
             chain.append((previous, sizes[previous]))
             current = previous
         if len(chain) >= 3:
