@@ -594,3 +594,40 @@ def test_between_steps_user_code_that_lives_into_the_next_forward_is_its_batch()
         result = analyse(sim.snapshot(metadata=True, registry=False))
         components = result.component_bytes()
         assert components["inputs"] == 6 * MiB and components["other"] == 0, (closure, components)
+
+
+def test_frameless_copies_of_weights_their_frames_found_are_not_parameters_again():
+    """A ring buffer that wrapped inside the first optimizer step (a small max_entries): the
+    parameters keep the frames that built them, the gradients none (the autograd engine's
+    thread makes them without Python frames), Adam's moments their _init_group frames. The
+    frame-less copy is the gradients; it was read as a second set of parameters, and the
+    verdict projected gradients and state over twice the weights (model-states-too-large)."""
+    sim = Sim()
+    shapes = (4, 4, 2, 1)
+    for size in shapes:
+        sim.alloc(size * MiB, SETUP_STACK)
+    for size in shapes:
+        sim.alloc(size * MiB)  # gradients: no Python frames
+    for size in shapes:
+        for _ in range(2):
+            sim.alloc(size * MiB, ADAM_INIT_STACK)
+    sim.start_recording()
+    sim.alloc(4 * MiB, FOREACH_STACK)
+    sim.oom(4 * MiB, FOREACH_STACK)
+    components = _components(sim)
+    assert components["parameters"] == 11 * MiB
+    assert components["gradients"] == 11 * MiB
+    assert components["optimizer_state"] == 22 * MiB
+
+    other = Sim()  # a frame-less block of no weight's shape beside them is not a gradient
+    for size in shapes:
+        other.alloc(size * MiB, SETUP_STACK)
+    for size in shapes:
+        other.alloc(size * MiB)
+    other.alloc(7 * MiB)
+    other.start_recording()
+    other.alloc(4 * MiB, FOREACH_STACK)
+    other.oom(4 * MiB, FOREACH_STACK)
+    components = _components(other)
+    assert components["parameters"] == 11 * MiB
+    assert components["unknown"] >= 7 * MiB

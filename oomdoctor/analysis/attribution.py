@@ -910,9 +910,17 @@ def place_pre_trace(
         else:
             placed[address] = placement
     if frameless:
+        weights = {a.requested_bytes for a in allocations if placed.get(a.address, _UNPLACED)[0] == PARAMETERS}
         placed.update(
             _place_model_states(
-                frameless, placed.values(), phases, backward_sizes, accumulated_sizes, state_sizes(), trains=trains()
+                frameless,
+                placed.values(),
+                phases,
+                backward_sizes,
+                accumulated_sizes,
+                state_sizes(),
+                trains=trains(),
+                weight_sizes=weights,
             )
         )
     return placed
@@ -927,9 +935,16 @@ def _place_model_states(
     state_sizes: Collection[int] = (),
     *,
     trains: bool = False,
+    weight_sizes: Collection[int] = (),
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
+
+    `weight_sizes`: the requested bytes of the pre-trace blocks their own frames placed as parameters.
+    Where there are any, the frames were recorded when the weights were made (Python code makes
+    them): a frame-less block is no parameter, but a copy of their shapes (gradients, which the
+    autograd engine's threads make without Python frames; optimizer moments) or, of another shape,
+    unknown.
 
     The copies are parameters, then those the run shows it can have: gradients and optimizer
     moments in a run that trains (its phases, or `trains`: its stacks run a training step; or one the
@@ -948,15 +963,18 @@ def _place_model_states(
     trains = trains or untraced or bool(seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
     placed_kinds = {component for component, _, _ in placed}
     gradients_made = any(a.requested_bytes in backward_sizes for a in frameless)
-    kinds = ["parameters"]
+    weights_found = bool(weight_sizes)
+    kinds = [] if weights_found else ["parameters"]
     if trains and GRADIENTS not in placed_kinds and not gradients_made:
         kinds.append("gradients")
     state_made = any(a.requested_bytes in state_sizes for a in frameless)
     if trains and OPTIMIZER_STATE not in placed_kinds and not state_made:
         kinds += ["optimizer_state", "optimizer_state"]
+    if not kinds:  # the weights, their gradients and state are all found by their frames: a copy is none of them
+        return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
-    if copies == 1 and not traced:  # one set of shapes, and nothing runs a model
+    if copies == 1 and not traced and not weights_found:  # one set of shapes, and nothing runs a model
         weights = layer_stack_weights(sizes)
         if weights is None:  # nor do the shapes show one: cannot tell
             return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
@@ -985,7 +1003,9 @@ def _place_model_states(
         group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies if len(group) % copies == 0 else 0
         for position, allocation in enumerate(group):
-            if per_copy:
+            if weights_found and allocation.requested_bytes not in weight_sizes:
+                result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
+            elif per_copy:
                 result[allocation.address] = (INDEX[order[position // per_copy]], METHOD_SIZE_MATCH, confidence)
             else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
                 result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
