@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from oomdoctor.analysis import analyse
-from oomdoctor.model import NO_STACK
+from oomdoctor.model import NO_STACK, Annotation
 from oomdoctor.views import phrasing
-from tests.builders import FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
+from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
 
 
 def _forward_oom(*, stacks_on_trace: bool):
@@ -40,3 +40,45 @@ def test_with_stacks_on_the_trace_the_phase_decides_as_before():
     analysis = _forward_oom(stacks_on_trace=True)
     assert analysis.target_phase == "forward"
     assert analysis.verdict == "activation-spike" and analysis.confidence == 0.6
+
+
+def _first_adam_step_recorded_with_context_state() -> Sim:
+    """An MLP's first Adam step recorded from the start with context="state": the trace carries no
+    stacks; the blocks keep theirs, but the gradients have none (the autograd engine's thread makes
+    them without Python frames). The optimizer step is marked by its profiler annotation."""
+    sim = Sim(total_bytes=4 * GiB)
+    shapes = (64, 64, 16, 1)
+    for size in shapes:
+        sim.alloc(size * MiB, SETUP_STACK)
+    sim.free(sim.alloc(32 * MiB, FORWARD_STACK))
+    for size in shapes:
+        sim.alloc(size * MiB)  # the gradients
+    sim.step_start = sim._tick()
+    for size in shapes:
+        for _ in range(2):
+            sim.alloc(size * MiB, ADAM_INIT_STACK)
+    sim.oom(1 * GiB, FOREACH_STACK)
+    sim.events = [replace(e, frames=NO_STACK) for e in sim.events]
+    return sim
+
+
+def test_frameless_copies_of_framed_weights_in_a_traced_training_run_are_gradients():
+    """With context="state" the trace cannot tell the phases before the optimizer step: the
+    gradients (blocks of the weights' shapes without any frame) were unknown, and the summary said
+    "0 bytes of gradients" of a run holding 145 MiB of them."""
+    sim = _first_adam_step_recorded_with_context_state()
+    base = sim.snapshot(metadata=False)
+    annotations = (
+        Annotation("Optimizer.step#Adam.step", "START", 0, sim.step_start),
+        Annotation("Optimizer.step#Adam.step", "END", 0, sim._tick()),
+    )
+    analysis = analyse(replace(base, annotations=annotations))
+    assert analysis.target_phase == "optimizer_step"
+    components = analysis.component_bytes()
+    assert components["parameters"] == 145 * MiB
+    assert components["gradients"] == 145 * MiB
+    assert components["optimizer_state"] == 290 * MiB
+    assert components["unknown"] == 0
+
+    untrained = analyse(base)  # nothing in the trace shows training: the frame-less blocks stay unknown
+    assert untrained.component_bytes()["gradients"] == 0

@@ -565,6 +565,17 @@ def attribute(
                 if span is not None and span.phase == PHASE_BEFORE and _makes_parameter(trace.frames_at(alloc_index)):
                     parameter_sizes.add(allocation.requested_bytes)
 
+    # the requested bytes of the live blocks whose own stacks make a parameter (Python code makes
+    # weights), in a run the trace shows training: a block of these shapes without any frame, in a
+    # phase the trace cannot tell, was made by a thread without Python, the autograd engine's
+    # (AccumulateGrad): a gradient, as a frame-less pre-trace copy beside framed weights is
+    framed_weights: set[int] = set()
+    if not exact and {span.phase for span in phases.spans} & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}:
+        for allocation in live:
+            own = frames_of.get(allocation.address, ())
+            if own and _makes_parameter(own):
+                framed_weights.add(allocation.requested_bytes)
+
     successors: set[int] = set()
     if not exact and any(
         a.alloc_index is not None and _phase_of(phases, a.alloc_index) == PHASE_OPTIMIZER for a in live
@@ -612,6 +623,8 @@ def attribute(
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
                 component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
+            elif phase == PHASE_UNKNOWN and not stack and requested in framed_weights:
+                component, method, confidence = GRADIENTS, METHOD_SIZE_MATCH, 0.4
             else:
                 component, method, confidence = _infer(
                     alloc_index,
