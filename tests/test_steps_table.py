@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from oomdoctor.analysis import analyse
 from oomdoctor.views import markdown_report, text_report
-from tests.builders import FORWARD_STACK, MiB, Sim
+from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, MiB, Sim
 
 
 def _oom(unwinds: bool):
@@ -30,3 +30,35 @@ def test_a_step_that_went_on_after_the_oom_says_so():
 def test_a_trace_that_stops_at_the_oom_keeps_its_words():
     rows = [line for line in text_report.render(_oom(unwinds=False)).splitlines() if line.startswith("  step ")]
     assert rows and "at its end" in rows[-1]
+
+
+def _late_trace(*, adam: bool) -> str:
+    """Recording begun after the model was made: its parameters predate the trace; one step
+    (forward, backward, optimizer step) and the next forward's OOM are traced."""
+    sim = Sim()
+    for _ in range(4):
+        sim.alloc(16 * MiB, SETUP_STACK)
+    sim.start_recording()
+    activation = sim.alloc(64 * MiB, FORWARD_STACK)
+    gradients = [sim.alloc(16 * MiB, BACKWARD_STACK) for _ in range(4)]
+    sim.free(activation)
+    if adam:  # the first step's state, made in the trace: the trace holds the run's first step
+        for _ in range(8):
+            sim.alloc(16 * MiB, ADAM_INIT_STACK)
+    for block in gradients:
+        sim.free(block)
+    sim.alloc(64 * MiB, FORWARD_STACK)
+    sim.oom(2 << 30, FORWARD_STACK)
+    return text_report.render(analyse(sim.snapshot(metadata=False)))
+
+
+def test_a_trace_begun_after_the_model_counts_its_steps_as_its_own():
+    """A trace begun after the model was made, with an optimizer that makes no state (plain SGD,
+    or state read as another kind): nothing shows how many steps ran before it, so its step is the
+    trace's (the header said "step 1", a run's step, of a run that had trained for one before)."""
+    report = _late_trace(adam=False)
+    assert "(step 1 of the trace, forward" in report
+    assert "how many steps ran before the trace" in report
+    made_state = _late_trace(adam=True)  # the trace's optimizer step made the state: the run's first
+    assert "(step 1, forward" in made_state
+    assert "how many steps ran before the trace" not in made_state

@@ -609,6 +609,15 @@ def _unknowns(
         pre_trace_state = any(b.alloc_index is None and b.component == Component.OPTIMIZER_STATE for b in blocks)
         if pre_trace_state and dump.phase_source != SOURCE_MARKERS:
             unknowns.append(Unknown(UnknownKind.STEPS_BEFORE_TRACE))
+        elif (
+            dump.phase_source != SOURCE_MARKERS
+            and any(b.alloc_index is None and b.component == Component.PARAMETERS for b in blocks)
+            and not any(b.alloc_index is not None and b.component == Component.OPTIMIZER_STATE for b in blocks)
+        ):
+            # the trace began after the model was made, and no optimizer state it made shows it holds
+            # the run's first step: a stateless optimizer (plain SGD), an evaluation, or state read as
+            # another kind leaves nothing to count the steps that ran before it
+            unknowns.append(Unknown(UnknownKind.TRACE_AFTER_SETUP))
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(Unknown(UnknownKind.OOM_RETRIED))

@@ -57,6 +57,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.STEPS_BEFORE_TRACE: (
         "how many optimizer steps ran before the trace: steps are counted from its start, and optimizer state made before it suggests at least one ran earlier (or the optimizer made its state up front, as DeepSpeed does)"
     ),
+    UnknownKind.TRACE_AFTER_SETUP: (
+        "how many steps ran before the trace: its steps are counted from its start, which came after the model's parameters were made"
+    ),
     UnknownKind.PRE_EXISTING_NO_STACK: (
         "{count} of the blocks live at the target predate the trace and carry no stack: what they are is inferred from their shapes and what the trace does to them"
     ),
