@@ -45,6 +45,10 @@ LOOKAHEAD = 8  # allocations one pass may have that the other lacks (a workspace
 MISMATCH_PART = 10  # more than a tenth of this pass's allocations unmatched: not the same structure
 INPUT_ALLOCATIONS = 8  # the first allocations of a forward that stand for its inputs' sizes
 MAX_ALLOCATIONS = 50_000  # bound the work per pass
+# A pass another follows with less misfit by this much (of the matched bytes) is extrapolated from
+# instead of the latest earlier one: its allocations scale by one ratio (a batch halved), where the
+# latest one's do not (a sequence doubled: attention grows by four, the rest by two)
+MISFIT_MARGIN = 0.05
 SCALED = (Component.ACTIVATIONS, Component.INPUTS, Component.TEMPORARIES)
 
 
@@ -193,6 +197,7 @@ class _Alignment:
     earlier_position: int  # how many of the earlier pass's allocations the match reached
     sizes: tuple[tuple[int, int], ...]  # (now, earlier) sizes of the first matched pairs
     skipped: int = 0  # the earlier pass's allocations the match passed over
+    misfit: float = 0.0  # share of the matched bytes one ratio (now / earlier bytes) does not explain
 
 
 def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, int]]) -> _Alignment | str:
@@ -201,6 +206,7 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
     i = j = 0
     now_bytes = earlier_bytes = unmatched = skipped = 0
     pairs: list[tuple[int, int]] = []
+    matched: list[tuple[int, int]] = []
     while i < len(now):
         if j >= len(earlier):
             return RestUnknown.BEYOND_EARLIER
@@ -208,6 +214,7 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
         if key == earlier[j][1]:
             now_bytes += now[i][2]
             earlier_bytes += earlier[j][2]
+            matched.append((now[i][2], earlier[j][2]))
             if len(pairs) < INPUT_ALLOCATIONS:
                 pairs.append((now[i][2], earlier[j][2]))
             i += 1
@@ -224,7 +231,9 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
             return RestUnknown.STRUCTURE_DIFFERS
     if unmatched * MISMATCH_PART > len(now) or not earlier_bytes:
         return RestUnknown.STRUCTURE_DIFFERS
-    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped)
+    ratio = now_bytes / earlier_bytes
+    misfit = sum(abs(a - ratio * b) for a, b in matched) / now_bytes if now_bytes else 0.0
+    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped, misfit)
 
 
 def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
@@ -374,8 +383,10 @@ def rest_of_pass(
 ) -> RestOfPass | None:
     """At an OOM inside a forward, its rest extrapolated from the latest earlier completed pass of
     the same structure (a comparable step's, or an earlier pass of the same step when the run does
-    not train) whose allocations this pass follows; failing that, from a replica's pass that ran to
-    its end (`_finished_passes`); else why not. None when the target is not in a forward.
+    not train) whose allocations this pass follows, or, where the run went on after the OOM (the
+    script caught it), from a pass after it that ran to its end and that this pass follows with
+    allocations scaled more evenly (MISFIT_MARGIN: the same batch tried again at half its size);
+    failing that, from a replica's pass that ran to its end (`_finished_passes`); else why not. None when the target is not in a forward.
     `trains`: something besides the spans tells the run trains (the stacks, the annotations); in a
     run that does not, each forward span is a pass (`_forwards`)."""
     if target_index is None:
@@ -399,7 +410,8 @@ def rest_of_pass(
             or p.step == current.step  # an earlier pass of this step: another evaluation batch, a micro-batch
         )
     ]
-    if not earlier and not replicas:
+    after = _passes_after(trace, passes, current, trains)[:4]
+    if not earlier and not after and not replicas:
         return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own)
     now = _allocations(trace, current.first_index, target_index)
     if trace.actions[target_index] == OOM:  # the failed request is this pass's next allocation
@@ -408,19 +420,38 @@ def rest_of_pass(
         if key is not None or all(k is None for _, k, _ in now):
             now.append((target_index, key, trace.sizes[target_index]))
     reason: str = RestUnknown.NO_EARLIER_PASS
-    for then in reversed(earlier[-4:]):  # the latest first
+    best = None
+    for then in [*reversed(earlier[-4:]), *after]:  # the latest earlier one first, then those after the OOM
         allocations = _allocations(trace, then.first_index, then.forward_last)
         alignment = _align(now, allocations)
         if isinstance(alignment, str):
             reason = alignment
             continue
-        return _extrapolated(current, own, trace, then, allocations, alignment, None)
+        if best is None or alignment.misfit < best[2].misfit - MISFIT_MARGIN:
+            best = (then, allocations, alignment)
+    if best is not None:
+        return _extrapolated(current, own, trace, *best, None)
     if not earlier and replicas:  # nothing earlier in this trace: the replica's pass this one follows best
         found = _replica_pass(now, replicas, trace.times_us[target_index] if trace.times_us is not None else None)
         if found is not None:
             return _extrapolated(current, own, *found)
     # the earlier passes of a run that does not train ran no backward: none follows this one either
     return RestOfPass(current.step, reason, pass_bytes=own, earlier_backward=trains or not earlier)
+
+
+def _passes_after(trace: DeviceTrace, passes: Sequence[_Pass], current: _Pass, trains: bool) -> list[_Pass]:
+    """The passes after `current` that ran to their end, in order, where the run went on after the
+    OOM that cut `current` short (the script caught it: a smaller batch tried again, the next batch):
+    no OOM in them, their backward ran in a run that trains, and something follows them."""
+    last = len(trace) - 1
+    return [
+        p
+        for p in passes
+        if p.first_index > current.last_index
+        and p.last_index < last
+        and (p.last_index > p.forward_last or not trains)
+        and not trace.positions_in(OOM, p.first_index, p.last_index + 1)
+    ]
 
 
 def _replica_pass(
