@@ -631,3 +631,46 @@ def test_frameless_copies_of_weights_their_frames_found_are_not_parameters_again
     components = _components(other)
     assert components["parameters"] == 11 * MiB
     assert components["unknown"] >= 7 * MiB
+
+
+def test_the_copies_of_the_parameters_that_train_are_read_apart_from_the_frozen_ones():
+    """Recording begun after a fine-tune's first step: a frozen base (its layers' shapes once) and
+    the trained last layers (their parameters and Adam's two moments, three copies) predate the
+    trace. The whole set is no k copies of one set of shapes, so every block was read as a
+    parameter (the moments among them, and steps before the trace went unnoticed). The traced
+    backward made gradients of the trained shapes only: their blocks are three copies of their own."""
+    sim = Sim()
+    base, head = (16, 8, 4, 2), (3, 1)
+    for size in base:
+        sim.alloc(size * MiB)
+    for _ in range(3):
+        for size in head:
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    activation = sim.alloc(8 * MiB, FORWARD_STACK)
+    sim.free(activation)
+    gradients = [sim.alloc(size * MiB, BACKWARD_STACK) for size in head]
+    sim.free(sim.alloc(3 * MiB, FOREACH_STACK))
+    for block in gradients:
+        sim.free(block)
+    sim.alloc(8 * MiB, FORWARD_STACK)
+    sim.oom(64 * MiB, FORWARD_STACK)
+    components = _components(sim)
+    assert components["parameters"] == 34 * MiB
+    assert components["optimizer_state"] == 8 * MiB
+
+    whole = Sim()  # every shape trains: the copies are read over the whole set, as before
+    for _ in range(3):
+        for size in (*base, *head):
+            whole.alloc(size * MiB)
+    whole.start_recording()
+    whole.free(whole.alloc(8 * MiB, FORWARD_STACK))
+    gradients = [whole.alloc(size * MiB, BACKWARD_STACK) for size in (*base, *head)]
+    whole.free(whole.alloc(16 * MiB, FOREACH_STACK))
+    for block in gradients:
+        whole.free(block)
+    whole.alloc(8 * MiB, FORWARD_STACK)
+    whole.oom(64 * MiB, FORWARD_STACK)
+    components = _components(whole)
+    assert components["parameters"] == 34 * MiB
+    assert components["optimizer_state"] == 68 * MiB

@@ -987,6 +987,30 @@ def _place_model_states(
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
+    last = phases.spans[-1] if phases.spans else None
+    backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
+    if copies == 1 and gradients_made and backward_done:
+        # a completed traced backward made gradients of some shapes only: the parameters that
+        # train (a fine-tune's last layers, a distillation's student) have their copies, the
+        # frozen ones (no gradient, no state: the base, the teacher) one; read the copies of
+        # those that train alone, where the whole set hides them
+        trained = [a for a in frameless if a.requested_bytes in backward_sizes]
+        frozen = [a for a in frameless if a.requested_bytes not in backward_sizes]
+        trained_sizes = [(a.requested_bytes, a.size_bytes) for a in trained]
+        if frozen and model_state_copies(trained_sizes, len(kinds)) > 1:
+            split = _place_model_states(
+                trained,
+                placed,
+                phases,
+                backward_sizes,
+                accumulated_sizes,
+                state_sizes,
+                trains=trains,
+                weight_sizes=weight_sizes,
+            )
+            alone = (UNKNOWN, METHOD_NONE, 0.0) if weights_found else (PARAMETERS, METHOD_SIZE_MATCH, 0.4)
+            split.update({a.address: alone for a in frozen})
+            return split
     if copies == 1 and not traced and not weights_found:  # one set of shapes, and nothing runs a model
         weights = layer_stack_weights(sizes)
         if weights is None:  # nor do the shapes show one: cannot tell
@@ -997,8 +1021,6 @@ def _place_model_states(
             else (UNKNOWN, METHOD_NONE, 0.0)
             for a in frameless
         }
-    last = phases.spans[-1] if phases.spans else None
-    backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
     gradients_there = not gradients_made and any(a.requested_bytes in accumulated_sizes for a in frameless)
     if copies == 3 and len(kinds) == 4 and not (backward_done and not gradients_made) and not gradients_there:
         # gradients set to None and Adam-like moments (the likelier); unless a completed traced
