@@ -82,3 +82,27 @@ def test_frameless_copies_of_framed_weights_in_a_traced_training_run_are_gradien
 
     untrained = analyse(base)  # nothing in the trace shows training: the frame-less blocks stay unknown
     assert untrained.component_bytes()["gradients"] == 0
+
+
+def test_a_ring_buffer_that_wrapped_in_the_backward_begins_with_gradients_not_parameters():
+    """max_entries small enough that the trace begins inside the backward: its first allocations
+    are the engine's gradients, without frames, which no phase names (before the first step). They
+    were parameters by their weights' shapes (parameters twice their size, and a false
+    model-states-too-large); beside weights whose frames made them, in a run that trains, they are
+    gradients."""
+    sim = Sim(total_bytes=700 * MiB)
+    shapes = (64, 64, 16, 1)
+    for size in shapes:
+        sim.alloc(size * MiB, SETUP_STACK)
+    sim.start_recording()
+    for size in shapes:
+        sim.alloc(size * MiB)  # the gradients, made by the engine's thread
+    for size in shapes:
+        for _ in range(2):
+            sim.alloc(size * MiB, ADAM_INIT_STACK)
+    sim.oom(200 * MiB, FOREACH_STACK)
+    analysis = analyse(sim.snapshot(metadata=False))
+    components = analysis.component_bytes()
+    assert components["parameters"] == 145 * MiB
+    assert components["gradients"] == 145 * MiB
+    assert analysis.verdict != "model-states-too-large"

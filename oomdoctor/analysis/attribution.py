@@ -567,8 +567,9 @@ def attribute(
 
     # the requested bytes of the live blocks whose own stacks make a parameter (Python code makes
     # weights), in a run the trace shows training: a block of these shapes without any frame, in a
-    # phase the trace cannot tell, was made by a thread without Python, the autograd engine's
-    # (AccumulateGrad): a gradient, as a frame-less pre-trace copy beside framed weights is
+    # phase the trace cannot tell (or before its first step), was made by a thread without Python,
+    # the autograd engine's (AccumulateGrad): a gradient, as a frame-less pre-trace copy beside
+    # framed weights is
     framed_weights: set[int] = set()
     if not exact and {span.phase for span in phases.spans} & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD}:
         for allocation in live:
@@ -623,7 +624,9 @@ def attribute(
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
                 component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
-            elif phase == PHASE_UNKNOWN and not stack and requested in framed_weights:
+            elif phase in (PHASE_UNKNOWN, PHASE_BEFORE) and not stack and requested in framed_weights:
+                # (before the first step: a ring buffer that wrapped inside a backward begins with
+                # the engine's frame-less allocations, which no phase names)
                 component, method, confidence = GRADIENTS, METHOD_SIZE_MATCH, 0.4
             else:
                 component, method, confidence = _infer(
