@@ -106,3 +106,36 @@ def test_a_ring_buffer_that_wrapped_in_the_backward_begins_with_gradients_not_pa
     assert components["parameters"] == 145 * MiB
     assert components["gradients"] == 145 * MiB
     assert analysis.verdict != "model-states-too-large"
+
+
+def test_a_trace_without_stacks_counts_the_steps_its_optimizer_annotations_end():
+    """context="state": no trace entry names a phase, but each optimizer step's annotation ends a
+    step. Two SGD steps (the second allocates nothing in its step) and an OOM in the third forward:
+    the OOM is step 2's (it was step 0: no step was counted without named allocations)."""
+    sim = Sim(total_bytes=4 * GiB)
+    for _ in range(4):
+        sim.alloc(64 * MiB, SETUP_STACK)
+    windows = []
+    momentum = False
+    for _ in range(2):
+        activations = [sim.alloc(128 * MiB, FORWARD_STACK) for _ in range(2)]
+        for block in activations:
+            sim.free(block)
+        start = sim._tick()
+        if not momentum:  # the first step makes the momentum buffers; the next allocates nothing
+            for _ in range(4):
+                sim.alloc(64 * MiB, FOREACH_STACK)
+            momentum = True
+        windows.append((start, sim._tick()))
+    for _ in range(12):
+        sim.alloc(256 * MiB, FORWARD_STACK)
+    sim.oom(1 * GiB, FORWARD_STACK)
+    sim.events = [replace(e, frames=NO_STACK) for e in sim.events]
+    annotations = tuple(
+        Annotation("Optimizer.step#SGD.step", stage, 0, time)
+        for start, end in windows
+        for stage, time in (("START", start), ("END", end))
+    )
+    analysis = analyse(replace(sim.snapshot(metadata=False), annotations=annotations))
+    assert analysis.target_step == 2
+    assert [s.step for s in analysis.steps] == [0, 1, 2]

@@ -850,7 +850,9 @@ def build_spans(
     spans = _number_steps(
         pieces,
         sorted(set(step_starts) | set(found.boundaries)),
-        allocations=indices,
+        # every allocation, named or not: a trace without stacks (context="state") still counts
+        # the steps its optimizer annotations end
+        allocations=found.indices,
         has_optimizer=has_optimizer,
         stepping=stepping,
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
@@ -1025,7 +1027,7 @@ def _number_steps(
             work = False
         if allocates:
             previous = phase
-            if phase in _WORK:
+            if phase in _WORK or phase == PHASE_UNKNOWN:  # unknown: a trace whose stacks name no phase
                 work = True
         elif phase == PHASE_OPTIMIZER and source == SOURCE_ANNOTATIONS:
             work = True  # an optimizer step that allocated nothing is still a step
