@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from oomdoctor.analysis import analyse
 from oomdoctor.model import NO_STACK, Annotation
-from oomdoctor.views import phrasing
+from oomdoctor.views import markdown_report, phrasing, text_report
 from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, GiB, MiB, Sim
 
 
@@ -139,3 +139,9 @@ def test_a_trace_without_stacks_counts_the_steps_its_optimizer_annotations_end()
     analysis = analyse(replace(sim.snapshot(metadata=False), annotations=annotations))
     assert analysis.target_step == 2
     assert [s.step for s in analysis.steps] == [0, 1, 2]
+    # no span is a forward pass: each step's activations peak is unknown, not 0 bytes (step 2
+    # holds 3 GiB of activations by the blocks' own stacks)
+    assert all(s.peak_activation_bytes is None for s in analysis.steps)
+    rows = [line for line in text_report.render(analysis).splitlines() if line.startswith("  step ")]
+    assert rows and all(row.endswith("activations peak      unknown") for row in rows)
+    assert "| unknown |" in markdown_report.render(analysis)

@@ -350,6 +350,9 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
         phase, step = _phase_after_markers(markers, phase, step)
     steps: tuple[StepSummary, ...] = ()
     if dump.phase_source != SOURCE_NONE:
+        # activations are told by the phases of the allocations: where no span is a forward pass
+        # (the trace carries no stacks, its phases come from optimizer annotations), unknown
+        forwards = any(s.phase in FORWARD_PASSES for s in spans)
         steps = tuple(
             StepSummary(
                 step,
@@ -357,7 +360,7 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
                 s.last_index,
                 s.peak_allocated_bytes,
                 s.end_allocated_bytes,
-                s.peak_activation_bytes,
+                s.peak_activation_bytes if forwards else None,
             )
             for step, s in sorted(state.steps.items())
         )
@@ -540,7 +543,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
     if ctx.oom is None and target.kind == "dump":
         peak_step = _peak_step(moment.steps, sum(components.values()))
     if peak_step is not None:
-        peak, activations = peak_step.peak_allocated_bytes, peak_step.peak_activation_bytes
+        peak, activations = peak_step.peak_allocated_bytes, peak_step.peak_activation_bytes or 0
         return what_if(
             {"peak": peak},
             scalable_bytes=activations,

@@ -269,7 +269,8 @@ class StepSummary:
     last_index: int
     peak_allocated_bytes: int
     end_allocated_bytes: int
-    peak_activation_bytes: int
+    # None where the trace names no forward pass (a trace without stacks): what was activations is unknown
+    peak_activation_bytes: int | None
 
 
 Fact = int | float | str | None

@@ -730,7 +730,7 @@ def _comparable_peak(ctx: Context, *, whole: bool = False) -> tuple[int, int | N
     comparable = set(ctx.passes.comparable_steps)
 
     def peak(s: StepSummary) -> int:
-        return s.peak_allocated_bytes if whole else s.peak_activation_bytes
+        return s.peak_allocated_bytes if whole else s.peak_activation_bytes or 0
 
     best = max((s for s in ctx.steps if s.step in comparable and peak(s)), key=peak, default=None)
     return (peak(best), best.step) if best is not None else (0, None)

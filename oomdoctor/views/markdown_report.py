@@ -227,7 +227,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         for summary in analysis.steps[-8:]:
             after = " (after the OOM)" if cut_by_the_oom(analysis, summary) else ""
             add(
-                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)}{after} | {human(summary.peak_activation_bytes)} |"
+                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)}{after} | {'unknown' if summary.peak_activation_bytes is None else human(summary.peak_activation_bytes)} |"
             )
         add("")
 

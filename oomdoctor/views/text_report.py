@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomdoctor.analysis.results import Analysis
+from oomdoctor.analysis.results import Analysis, StepSummary
 from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
 from oomdoctor.units import plural
@@ -125,7 +125,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         for step in analysis.steps[-8:]:
             end = "after OOM " if cut_by_the_oom(analysis, step) else "at its end"  # the OOM's unwinding
             add(
-                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   {end} {human(step.end_allocated_bytes):>12}   activations peak {human(step.peak_activation_bytes):>12}"
+                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   {end} {human(step.end_allocated_bytes):>12}   activations peak {_activation_peak(step):>12}"
             )
         add("")
 
@@ -143,6 +143,11 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     # file names, frames, tensor names and settings come from the file: no line may carry a control
     # character to the terminal, or run on without bound
     return printable_lines(lines).rstrip() + "\n"
+
+
+def _activation_peak(step: StepSummary) -> str:
+    """A step's activations peak, or 'unknown' where the trace names no forward pass."""
+    return "unknown" if step.peak_activation_bytes is None else human(step.peak_activation_bytes)
 
 
 def _flag(value: bool | None) -> str:
