@@ -145,3 +145,42 @@ def test_a_trace_without_stacks_counts_the_steps_its_optimizer_annotations_end()
     rows = [line for line in text_report.render(analysis).splitlines() if line.startswith("  step ")]
     assert rows and all(row.endswith("activations peak      unknown") for row in rows)
     assert "| unknown |" in markdown_report.render(analysis)
+
+
+def _later_step_without_stacks(second_pass_bytes: int):
+    """context="state": step 0 (a forward of 2 x 128 MiB, then Adam's first step making 4 MiB of
+    state, in its annotation's window), then step 1's forward keeping `second_pass_bytes` in
+    256 MiB blocks, and an OOM there. No trace entry carries frames."""
+    # the device: 2 MiB short of the request of 64 MiB, less than the state made
+    sim = Sim(total_bytes=256 * MiB + 4 * MiB + second_pass_bytes + 62 * MiB)
+    for _ in range(4):
+        sim.alloc(64 * MiB, SETUP_STACK)
+    for block in [sim.alloc(128 * MiB, FORWARD_STACK) for _ in range(2)]:
+        sim.free(block)
+    start = sim._tick()
+    for _ in range(4):
+        sim.alloc(1 * MiB, ADAM_INIT_STACK)
+    end = sim._tick()
+    for _ in range(second_pass_bytes // (256 * MiB)):
+        sim.alloc(256 * MiB, FORWARD_STACK)
+    sim.oom(64 * MiB, FORWARD_STACK)
+    sim.events = [replace(e, frames=NO_STACK) for e in sim.events]
+    annotations = (
+        Annotation("Optimizer.step#Adam.step", "START", 0, start),
+        Annotation("Optimizer.step#Adam.step", "END", 0, end),
+    )
+    return analyse(replace(sim.snapshot(metadata=False), annotations=annotations))
+
+
+def test_state_is_no_later_step_s_cause_where_the_step_grew_far_more_than_it():
+    """Without stacks the earlier steps' activations are unknown. Step 1 holds 3 GiB more than
+    step 0's whole peak, the state made since is 4 MiB: the verdict said "Step 1 failed with 4 MiB
+    of optimizer state alive ...: the state raised the baseline" (as it did of an evaluation
+    without no_grad that kept 276 MiB of activations beside 1.5 MiB of state)."""
+    analysis = _later_step_without_stacks(3 * GiB)
+    assert analysis.target_step == 1
+    verdicts = {analysis.verdict, *(f.verdict for f in analysis.secondary)}
+    assert "optimizer-state-buildup" not in verdicts
+    # where the step holds no more above the earlier one than the state: the state's, as before
+    same = _later_step_without_stacks(256 * MiB)
+    assert same.verdict == "optimizer-state-buildup"
