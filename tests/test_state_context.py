@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from oomdoctor.analysis import analyse
 from oomdoctor.model import NO_STACK, Annotation
 from oomdoctor.views import markdown_report, phrasing, text_report
@@ -108,15 +110,18 @@ def test_a_ring_buffer_that_wrapped_in_the_backward_begins_with_gradients_not_pa
     assert analysis.verdict != "model-states-too-large"
 
 
-def test_a_trace_without_stacks_counts_the_steps_its_optimizer_annotations_end():
+@pytest.mark.parametrize("momentum", [True, False])
+def test_a_trace_without_stacks_counts_the_steps_its_optimizer_annotations_end(momentum):
     """context="state": no trace entry names a phase, but each optimizer step's annotation ends a
-    step. Two SGD steps (the second allocates nothing in its step) and an OOM in the third forward:
-    the OOM is step 2's (it was step 0: no step was counted without named allocations)."""
+    step. Two SGD steps (with momentum the first makes its buffers, the second allocates nothing;
+    plain SGD allocates nothing in either) and an OOM in the third forward: the OOM is step 2's (it
+    was step 0: no step was counted without named allocations; without momentum, no phase at all
+    and no step)."""
     sim = Sim(total_bytes=4 * GiB)
     for _ in range(4):
         sim.alloc(64 * MiB, SETUP_STACK)
     windows = []
-    momentum = False
+    momentum = not momentum  # made already: the steps allocate nothing
     for _ in range(2):
         activations = [sim.alloc(128 * MiB, FORWARD_STACK) for _ in range(2)]
         for block in activations:

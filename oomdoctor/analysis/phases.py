@@ -829,7 +829,8 @@ def build_spans(
     )
     # a phase was named when some allocation lies after the start of the first step
     named = bool(found.seen - {PHASE_BEFORE})
-    if not windows and not named:
+    # an optimizer step that allocated nothing leaves no window, but its annotation still ends a step
+    if not windows and not named and not step_starts:
         return [PhaseSpan(0, count - 1, PHASE_UNKNOWN, 0, SOURCE_NONE)], SOURCE_NONE
 
     # Lay the frame-derived phases out per event range (each allocation's phase lasts until the
@@ -857,7 +858,10 @@ def build_spans(
         stepping=stepping,
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
     )
-    source = SOURCE_ANNOTATIONS if windows else (SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA)
+    if windows or not named:  # (not named: the optimizer annotations alone count the steps)
+        source = SOURCE_ANNOTATIONS
+    else:
+        source = SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA
     return spans, source
 
 
