@@ -674,3 +674,56 @@ def test_the_copies_of_the_parameters_that_train_are_read_apart_from_the_frozen_
     components = _components(whole)
     assert components["parameters"] == 34 * MiB
     assert components["optimizer_state"] == 68 * MiB
+
+
+def test_without_a_trace_a_foreach_update_s_blocks_beside_init_made_state_are_temporaries():
+    """A snapshot without history (enabled="state") taken inside Adam's first step: the moments
+    carry _init_group's frames, the foreach update's temporaries _multi_tensor_adam's. Both were
+    optimizer state by their optimizer frames (state 134 MiB for 100 MiB in the MLP run); the
+    update's blocks beside the state its init made are the step's temporaries. An optimizer
+    whose update makes its state (SGD's momentum, no init-made state beside it) keeps it."""
+    sgd_update = (
+        Frame("/usr/lib/python3/site-packages/torch/optim/sgd.py", 454, "_multi_tensor_sgd"),
+        Frame("/usr/lib/python3/site-packages/torch/optim/sgd.py", 130, "step"),
+        Frame("train.py", 44, "train_step"),
+    )
+    sim = Sim()
+    for size in (4, 4, 2):
+        sim.alloc(size * MiB, SETUP_STACK)
+        sim.alloc(size * MiB, ADAM_INIT_STACK)
+        sim.alloc(size * MiB, ADAM_INIT_STACK)
+    sim.alloc(4 * MiB, FOREACH_STACK)
+    sim.alloc(2 * MiB, FOREACH_STACK)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["optimizer_state"] == 20 * MiB
+    assert components["temporaries"] == 6 * MiB
+
+    sgd = Sim()
+    for size in (4, 4, 2):
+        sgd.alloc(size * MiB, SETUP_STACK)
+        sgd.alloc(size * MiB, sgd_update)
+    sgd.start_recording()
+    assert _components(sgd)["optimizer_state"] == 10 * MiB
+
+
+def test_part_of_the_gradients_before_a_wrapped_trace_is_counted_against_the_weights_own_shapes():
+    """A ring buffer that wrapped inside the backward of an MLP with three hidden layers of one
+    shape: two of their gradients predate the trace, frame-less, the third and the rest are in
+    it. Two frame-less blocks of one shape read as two copies of the set (a gradient and a
+    momentum buffer: 16 MiB of 'optimizer state' in a first SGD step that made none); against the
+    parameters' own count of that shape (three) they are part of one copy, the gradients."""
+    sim = Sim()
+    for size in (16, 16, 16, 2):
+        sim.alloc(size * MiB, SETUP_STACK)
+    for _ in range(2):
+        sim.alloc(16 * MiB)  # the engine's gradients, before the trace
+    sim.start_recording()
+    sim.alloc(16 * MiB)
+    sim.alloc(2 * MiB)
+    sim.alloc(16 * MiB, FOREACH_STACK)
+    sim.oom(16 * MiB, FOREACH_STACK)
+    components = _components(sim)
+    assert components["parameters"] == 50 * MiB
+    assert components["gradients"] == 50 * MiB
+    assert components["optimizer_state"] == 0

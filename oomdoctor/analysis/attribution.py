@@ -11,7 +11,7 @@ step. Each live block records the method that placed it and a confidence.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
@@ -926,7 +926,7 @@ def place_pre_trace(
         else:
             placed[address] = placement
     if frameless:
-        weights = {a.requested_bytes for a in allocations if placed.get(a.address, _UNPLACED)[0] == PARAMETERS}
+        weights = Counter(a.requested_bytes for a in allocations if placed.get(a.address, _UNPLACED)[0] == PARAMETERS)
         placed.update(
             _place_model_states(
                 frameless,
@@ -951,16 +951,16 @@ def _place_model_states(
     state_sizes: Collection[int] = (),
     *,
     trains: bool = False,
-    weight_sizes: Collection[int] = (),
+    weight_sizes: Mapping[int, int] | None = None,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
 
-    `weight_sizes`: the requested bytes of the pre-trace blocks their own frames placed as parameters.
-    Where there are any, the frames were recorded when the weights were made (Python code makes
-    them): a frame-less block is no parameter, but a copy of their shapes (gradients, which the
-    autograd engine's threads make without Python frames; optimizer moments) or, of another shape,
-    unknown.
+    `weight_sizes`: how many pre-trace blocks of each requested size their own frames placed as
+    parameters. Where there are any, the frames were recorded when the weights were made (Python
+    code makes them): a frame-less block is no parameter, but a copy of their shapes (gradients,
+    which the autograd engine's threads make without Python frames; optimizer moments) or, of
+    another shape, unknown (`_copies_of_weights`).
 
     The copies are parameters, then those the run shows it can have: gradients and optimizer
     moments in a run that trains (its phases, or `trains`: its stacks run a training step; or one the
@@ -980,6 +980,7 @@ def _place_model_states(
     placed_kinds = {component for component, _, _ in placed}
     gradients_made = any(a.requested_bytes in backward_sizes for a in frameless)
     weights_found = bool(weight_sizes)
+    weight_sizes = weight_sizes or {}
     kinds = [] if weights_found else ["parameters"]
     if trains and GRADIENTS not in placed_kinds and not gradients_made:
         kinds.append("gradients")
@@ -988,6 +989,8 @@ def _place_model_states(
         kinds += ["optimizer_state", "optimizer_state"]
     if not kinds:  # the weights, their gradients and state are all found by their frames: a copy is none of them
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
+    if weights_found:
+        return _copies_of_weights(frameless, weight_sizes, kinds)
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
     last = phases.spans[-1] if phases.spans else None
@@ -1009,12 +1012,10 @@ def _place_model_states(
                 accumulated_sizes,
                 state_sizes,
                 trains=trains,
-                weight_sizes=weight_sizes,
             )
-            alone = (UNKNOWN, METHOD_NONE, 0.0) if weights_found else (PARAMETERS, METHOD_SIZE_MATCH, 0.4)
-            split.update({a.address: alone for a in frozen})
+            split.update({a.address: (PARAMETERS, METHOD_SIZE_MATCH, 0.4) for a in frozen})
             return split
-    if copies == 1 and not traced and not weights_found:  # one set of shapes, and nothing runs a model
+    if copies == 1 and not traced:  # one set of shapes, and nothing runs a model
         weights = layer_stack_weights(sizes)
         if weights is None:  # nor do the shapes show one: cannot tell
             return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
@@ -1041,12 +1042,39 @@ def _place_model_states(
         group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies if len(group) % copies == 0 else 0
         for position, allocation in enumerate(group):
-            if weights_found and allocation.requested_bytes not in weight_sizes:
-                result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
-            elif per_copy:
+            if per_copy:
                 result[allocation.address] = (INDEX[order[position // per_copy]], METHOD_SIZE_MATCH, confidence)
             else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
                 result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
+    return result
+
+
+def _copies_of_weights(
+    frameless: Sequence[LiveAllocation], weight_counts: Mapping[int, int], kinds: Sequence[str]
+) -> dict[int, tuple[int, str, float]]:
+    """Frame-less blocks beside the parameters their frames found, shape by shape against the
+    parameters' own count of it: as many blocks or fewer are one copy, of the first kind (part of
+    a set: a trace that began inside a backward holds the rest of the gradients; layers of one
+    shape are counted as layers, not copies), a multiple k of them k copies; another shape, or a
+    count that is neither, unknown."""
+    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
+    for allocation in frameless:
+        by_shape[allocation.requested_bytes].append(allocation)
+    result: dict[int, tuple[int, str, float]] = {}
+    for requested, group in by_shape.items():
+        count = weight_counts.get(requested, 0)
+        if len(group) <= count:
+            copies = 1
+        elif count and len(group) % count == 0 and len(group) // count <= len(kinds):
+            copies = len(group) // count
+        else:
+            result.update({a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in group})
+            continue
+        group.sort(key=lambda a: a.address)
+        per_copy = len(group) // copies
+        confidence = 0.5 if copies > 1 else 0.4
+        for position, allocation in enumerate(group):
+            result[allocation.address] = (INDEX[kinds[position // per_copy]], METHOD_SIZE_MATCH, confidence)
     return result
 
 
