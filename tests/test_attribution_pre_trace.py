@@ -727,3 +727,25 @@ def test_part_of_the_gradients_before_a_wrapped_trace_is_counted_against_the_wei
     assert components["parameters"] == 50 * MiB
     assert components["gradients"] == 50 * MiB
     assert components["optimizer_state"] == 0
+
+
+def test_a_loss_s_gradient_seed_finds_no_gradients_of_the_weights():
+    """No trace (a dump inside the second backward of plain SGD without zero_grad): the weights
+    carry their frames, their gradients none, and the loss's 4-byte gradient seed carries
+    backward's _make_grads frames, a gradient by them. That seed counted as the gradients found,
+    so the frame-less copy of the weights was read as optimizer state (50 MiB of it for an
+    optimizer without state); a kind is found for the shapes its blocks have."""
+    seed = (
+        Frame("/usr/lib/python3/site-packages/torch/autograd/__init__.py", 233, "_make_grads"),
+        *BACKWARD_STACK[1:],
+    )
+    sim = Sim()
+    for size in (16, 16, 2):
+        sim.alloc(size * MiB, SETUP_STACK)
+    for size in (16, 16, 2):
+        sim.alloc(size * MiB)
+    sim.alloc(4, seed)
+    sim.start_recording()
+    components = _components(sim)
+    assert components["gradients"] == 34 * MiB + 512
+    assert components["optimizer_state"] == 0

@@ -927,10 +927,14 @@ def place_pre_trace(
             placed[address] = placement
     if frameless:
         weights = Counter(a.requested_bytes for a in allocations if placed.get(a.address, _UNPLACED)[0] == PARAMETERS)
+        # a kind the frames found is found for these shapes only where its blocks have them (a loss's
+        # 4-byte gradient seed, made by backward's _make_grads, finds no gradients of the weights)
+        shapes = {a.requested_bytes for a in frameless}
+        found = [placed[a.address] for a in allocations if a.address in placed and a.requested_bytes in shapes]
         placed.update(
             _place_model_states(
                 frameless,
-                placed.values(),
+                found,
                 phases,
                 backward_sizes,
                 accumulated_sizes,
