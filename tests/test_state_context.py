@@ -189,3 +189,40 @@ def test_state_is_no_later_step_s_cause_where_the_step_grew_far_more_than_it():
     # where the step holds no more above the earlier one than the state: the state's, as before
     same = _later_step_without_stacks(256 * MiB)
     assert same.verdict == "optimizer-state-buildup"
+
+
+def test_a_closure_s_forward_and_backward_inside_an_optimizer_window_keep_their_blocks_stacks():
+    """Lightning runs the training step as the optimizer's closure: forward and backward lie inside
+    the optimizer step's annotation. Recorded with context="state", the trace's stacks cannot tell
+    them apart from the step, so the closure's activations (blocks with a forward's stack) and its
+    gradients (blocks of the weights' shapes without any stack) were the step's temporaries; the
+    blocks' own stacks say which."""
+    sim = Sim(total_bytes=1 * GiB)
+    shapes = (64, 16)
+    for size in shapes:
+        sim.alloc(size * MiB, SETUP_STACK)
+    windows = []
+    start = sim._tick()
+    sim.free(sim.alloc(128 * MiB, FORWARD_STACK))
+    for size in shapes:
+        sim.alloc(size * MiB)  # the closure's backward: the gradients
+    for size in shapes:
+        for _ in range(2):
+            sim.alloc(size * MiB, ADAM_INIT_STACK)
+    windows.append((start, sim._tick()))
+    start = sim._tick()
+    for _ in range(4):
+        sim.alloc(64 * MiB, FORWARD_STACK)  # step 1's closure: its forward
+    sim.oom(512 * MiB, FORWARD_STACK)
+    sim.events = [replace(e, frames=NO_STACK) for e in sim.events]
+    annotations = (
+        Annotation("Optimizer.step#Adam.step", "START", 0, windows[0][0]),
+        Annotation("Optimizer.step#Adam.step", "END", 0, windows[0][1]),
+        Annotation("Optimizer.step#Adam.step", "START", 0, start),
+    )
+    analysis = analyse(replace(sim.snapshot(metadata=False), annotations=annotations))
+    components = analysis.component_bytes()
+    assert components["activations"] == 256 * MiB
+    assert components["gradients"] == 80 * MiB
+    assert components["optimizer_state"] == 160 * MiB
+    assert components["temporaries"] == 0

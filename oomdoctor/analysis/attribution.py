@@ -591,10 +591,17 @@ def attribute(
         phase = span.phase if span is not None else PHASE_BEFORE
         step = span.step if span is not None else None
         stack = trace.frames_at(alloc_index) if alloc_index is not None else frames_of.get(address, ())
+        own_stack = False  # the stack is the dump's block's, the trace entry having none
         if not stack and alloc_index is not None and address not in frees:
             # a trace recorded without stacks (context="state", the legacy API's default) while the
             # dump's block, this same allocation, keeps the stack it was made with
             stack = frames_of.get(address, ())
+            own_stack = True
+            if phase == PHASE_OPTIMIZER and classify_stack(stack) in (PHASE_FORWARD, PHASE_BACKWARD):
+                # inside an optimizer step's window (its annotation) the closure runs the forward
+                # and backward (Lightning's training step): the block's own stack says which, as
+                # the trace's stacks would
+                phase = classify_stack(stack)
         name = None
         # The registry names the tensors alive at the dump: a block freed after the target is another
         # allocation that once had the same address.
@@ -624,9 +631,14 @@ def attribute(
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
                 component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
-            elif phase in (PHASE_UNKNOWN, PHASE_BEFORE) and not stack and requested in framed_weights:
+            elif (
+                not stack
+                and requested in framed_weights
+                and (phase in (PHASE_UNKNOWN, PHASE_BEFORE) or (phase == PHASE_OPTIMIZER and own_stack))
+            ):
                 # (before the first step: a ring buffer that wrapped inside a backward begins with
-                # the engine's frame-less allocations, which no phase names)
+                # the engine's frame-less allocations, which no phase names; in an optimizer step's
+                # window, a block that kept no stack of its own either: its closure's backward's)
                 component, method, confidence = GRADIENTS, METHOD_SIZE_MATCH, 0.4
             else:
                 component, method, confidence = _infer(
