@@ -4,7 +4,10 @@ past it, down from 78 GiB to 385 MiB)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from oomdoctor.analysis import analyse
+from oomdoctor.model import Annotation
 from oomdoctor.views import markdown_report, text_report
 from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, MiB, Sim
 
@@ -62,3 +65,35 @@ def test_a_trace_begun_after_the_model_counts_its_steps_as_its_own():
     made_state = _late_trace(adam=True)  # the trace's optimizer step made the state: the run's first
     assert "(step 1, forward" in made_state
     assert "how many steps ran before the trace" not in made_state
+
+
+def test_what_follows_an_optimizer_step_s_window_up_to_the_next_allocation_is_between_steps():
+    """A loop that frees the step's outputs and empties the cache after zero_grad (del loss;
+    torch.cuda.empty_cache()): those events lie after the zero_grad window, in the piece of the
+    optimizer step's last allocation, and took its phase back: an 'optimizer_step' span of frees
+    after zero_grad (and, where the step allocated nothing, a 'backward' one)."""
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    kept = sim.alloc(8 * MiB, FORWARD_STACK)  # the logits the loop keeps until it deletes them
+    grads = [sim.alloc(16 * MiB, BACKWARD_STACK)]
+    step_start = sim._tick()
+    sim.free(sim.alloc(16 * MiB, ADAM_INIT_STACK))
+    step_end = sim._tick()
+    zero_start = sim._tick()
+    for block in grads:
+        sim.free(block)
+    zero_end = sim._tick()
+    sim.free(kept)  # del logits, loss
+    sim.release_cache()  # torch.cuda.empty_cache()
+    sim.alloc(8 * MiB, FORWARD_STACK)
+    annotations = (
+        Annotation("Optimizer.step#Adam.step", "START", 0, step_start),
+        Annotation("Optimizer.step#Adam.step", "END", 0, step_end),
+        Annotation("Optimizer.zero_grad#Adam.zero_grad", "START", 0, zero_start),
+        Annotation("Optimizer.zero_grad#Adam.zero_grad", "END", 0, zero_end),
+    )
+    analysis = analyse(replace(sim.snapshot(metadata=False), annotations=annotations))
+    phases = [s.phase for s in analysis.phases]
+    zero_grad = phases.index("zero_grad")
+    assert phases[zero_grad + 1] == "between_steps"
+    assert "optimizer_step" not in phases[zero_grad:]

@@ -918,7 +918,13 @@ def _overlay(
             (max(first, p_first), min(last, p_last), phase, SOURCE_ANNOTATIONS, new_pass and p_first <= first)
         )
         if p_last > last:
-            result.append((last + 1, p_last, piece[2], piece[3], False))
+            # what follows the window up to the piece's next allocation allocates nothing (pieces
+            # the stacks named begin at allocations): after an optimizer step or zero_grad the step
+            # is over (a loop's frees, empty_cache), not back in the phase the piece's allocation
+            # began (a trace whose stacks name nothing is one unknown piece, allocations and all)
+            over = phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD) and piece[2] != PHASE_UNKNOWN
+            after = PHASE_BETWEEN if over else piece[2]
+            result.append((last + 1, p_last, after, piece[3], False))
     return result
 
 
