@@ -330,6 +330,16 @@ def _projection(facts: Facts) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _spike_cause(f: Facts) -> str:
+    """What grew, where the inputs' sizes show it: larger inputs, inputs of the same sizes, or nothing."""
+    changed = f.get("inputs_changed")
+    if changed is True:
+        return " (larger inputs: a bigger batch, a longer sequence or larger images)"
+    if changed is False:
+        return ", with inputs of the same sizes"
+    return ""
+
+
 def _summary_words(kind: str, f: Facts) -> str:
     size = f.size
     if kind == SummaryKind.OUTSIDE_PYTORCH:
@@ -375,25 +385,13 @@ def _summary_words(kind: str, f: Facts) -> str:
             return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive, made by an optimizer step earlier in the trace: the state raised the baseline. The trace holds no completed step like this one to compare with."
         return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that step {earlier}, which fit, ran without: the state an optimizer step created since raised the baseline."
     if kind == SummaryKind.ACTIVATION_SPIKE:
-        changed = f.get("inputs_changed")  # a cause only where the inputs' sizes show it
-        cause = ""
-        if changed is True:
-            cause = " (larger inputs: a bigger batch, a longer sequence or larger images)"
-        elif changed is False:
-            cause = ", with inputs of the same sizes"
+        cause = _spike_cause(f)
         if f.get("temporaries"):  # a backward's own temporaries with them, against whole peaks
             both = (size("activations") or 0) + (size("temporaries") or 0)
             return f"Activations and temporaries of step {f.get('step')}'s {f.get('phase')} reached {human(both)} ({human(size('temporaries'))} of them the backward's temporaries), {f.number('ratio'):.1f}x the peak allocated by earlier steps{cause}."
         return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
     if kind == SummaryKind.ACTIVATION_SPIKE_PROJECTED:
-        changed = f.get("inputs_changed")
-        cause = (
-            " (larger inputs: a bigger batch, a longer sequence or larger images)"
-            if changed is True
-            else ", with inputs of the same sizes"
-            if changed is False
-            else ""
-        )
+        cause = _spike_cause(f)
         return f"Step {f.get('step')}'s {f.get('phase')} ran out near its start, with {human(size('activations'))} of its own activations so far: its allocations up to the failed request were {f.number('size_ratio'):.2f}x step {f.get('rest_step')}'s at the same point{cause}, and the whole pass is projected at {human(size('projected'))}, {f.number('ratio'):.1f}x the activation peak of earlier steps (an estimate, extrapolated from step {f.get('rest_step')}'s pass)."
     if kind == SummaryKind.ACTIVATIONS_DOMINATE:
         phase = f.text("phase") or ""
