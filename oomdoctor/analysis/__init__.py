@@ -30,6 +30,7 @@ from oomdoctor.analysis import accounting as _accounting
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis import phases as _phases
+from oomdoctor.analysis.frame_kinds import in_torch_optim
 from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training, running_concatenations
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import expandable_from_segments, place, read_device, replay
@@ -129,7 +130,7 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
         seen.add(id(block.frames))
         for frame in block.frames:
             filename = frame.filename.replace("\\", "/")
-            if "torch/optim/" in filename:
+            if in_torch_optim(filename):
                 if "adam" in filename:
                     return "adam"
                 if "sgd" in filename:

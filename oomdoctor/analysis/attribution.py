@@ -16,7 +16,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from oomdoctor.analysis.checkpointing import save_frame
-from oomdoctor.analysis.frame_kinds import LIBRARY, TORCH, USER, frame_kind, is_python_source, lead_frame_index
+from oomdoctor.analysis.frame_kinds import (
+    LIBRARY,
+    TORCH,
+    USER,
+    frame_kind,
+    in_torch_optim,
+    is_python_source,
+    lead_frame_index,
+)
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack, trains_by_frames
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
@@ -377,7 +385,7 @@ _UPDATE_FUNCTION = re.compile(r"_(single_tensor|multi_tensor|fused)_(?!sgd$)\w+"
 def _update_temporary(stack: Stack) -> bool:
     """Whether the innermost torch.optim frame of a stack is an update function that makes no state."""
     for frame in stack:
-        if "torch/optim/" in frame.filename.replace("\\", "/"):
+        if in_torch_optim(frame.filename):
             return _UPDATE_FUNCTION.fullmatch(frame.name) is not None
     return False
 

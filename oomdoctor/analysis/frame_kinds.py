@@ -55,6 +55,11 @@ def is_notebook_cell(filename: str) -> bool:
     return filename.startswith("<ipython-input") or "/ipykernel_" in filename or filename.startswith("<cell")
 
 
+def in_torch_optim(filename: str) -> bool:
+    """Whether a frame's file is torch.optim's (an optimizer's code, its schedulers, swa_utils)."""
+    return "torch/optim/" in _slashed(filename)
+
+
 def is_python_source(frame: Frame) -> bool:
     """A frame of a `.py` file: one that can be the user's line (a notebook cell aside)."""
     return _slashed(frame.filename).endswith(".py")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from itertools import chain, groupby
 from typing import Any
 
+from oomdoctor.analysis.frame_kinds import in_torch_optim
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -115,7 +116,7 @@ def _frame_kind(filename: str, name: str) -> str | None:
         if "autograd::Engine" in name or "AccumulateGrad" in name or "Backward" in name:
             return _KIND_BACKWARD
         return None
-    if "torch/optim/" in filename:
+    if in_torch_optim(filename):
         # a scheduler allocates nothing of the optimizer's; swa_utils' AveragedModel is a copy of
         # the model (an EMA of its weights), made by deepcopy and updated between steps
         if "lr_scheduler" in filename or "swa_utils" in filename:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.accounting import place_after_freeing
-from oomdoctor.analysis.frame_kinds import is_python_source
+from oomdoctor.analysis.frame_kinds import in_torch_optim, is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_EVALUATION,
@@ -176,7 +176,7 @@ def _made_by_torch_optimizer(frames) -> bool:
     """Whether the innermost Python frame of a stack is torch's optimizer code (an optimizer of the
     user's own subclasses torch's, so torch's step wrapper sits outside its frames)."""
     innermost = next((f for f in frames if is_python_source(f)), None)
-    return innermost is not None and "torch/optim/" in innermost.filename.replace("\\", "/")
+    return innermost is not None and in_torch_optim(innermost.filename)
 
 
 _ATTENTION_FRAMES = 4  # innermost Python frames read for the softmax and the attention (wrappers, torch's functional)
