@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from oomdoctor.analysis import analyse
 from oomdoctor.model import Annotation
 from oomdoctor.views import markdown_report, text_report
@@ -97,3 +99,36 @@ def test_what_follows_an_optimizer_step_s_window_up_to_the_next_allocation_is_be
     zero_grad = phases.index("zero_grad")
     assert phases[zero_grad + 1] == "between_steps"
     assert "optimizer_step" not in phases[zero_grad:]
+
+
+@pytest.mark.parametrize("allocates", [False, True])
+def test_a_dump_after_the_run_s_last_optimizer_step_lies_in_the_next_step(allocates: bool):
+    """A dump written on demand after the last step of a run (SGD whose step allocates nothing, or
+    Adam whose step makes its temporaries), with only zero_grad's frees and an empty_cache after
+    that optimizer step: the step was completed, so the dump lies in the next one (the run has
+    completed one step); it was counted into the step it followed, as if the trace had stopped
+    inside it."""
+    sim = Sim()
+    sim.alloc(64 * MiB, SETUP_STACK)
+    activation = sim.alloc(32 * MiB, FORWARD_STACK)
+    grads = [sim.alloc(16 * MiB, BACKWARD_STACK)]
+    sim.free(activation)
+    step_start = sim._tick()
+    if allocates:
+        sim.free(sim.alloc(16 * MiB, ADAM_INIT_STACK))
+    step_end = sim._tick()
+    zero_start = sim._tick()
+    for block in grads:
+        sim.free(block)
+    zero_end = sim._tick()
+    sim.release_cache()
+    annotations = (
+        Annotation("Optimizer.step#SGD.step", "START", 0, step_start),
+        Annotation("Optimizer.step#SGD.step", "END", 0, step_end),
+        Annotation("Optimizer.zero_grad#SGD.zero_grad", "START", 0, zero_start),
+        Annotation("Optimizer.zero_grad#SGD.zero_grad", "END", 0, zero_end),
+    )
+    analysis = analyse(replace(sim.snapshot(metadata=False), annotations=annotations))
+    assert analysis.phases[-1].step == 1
+    assert [s.phase for s in analysis.phases if s.step == 1][0] == "zero_grad"
+    assert {s.step for s in analysis.phases if s.phase in ("forward", "backward")} == {0}

@@ -365,6 +365,13 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
             )
             for step, s in sorted(state.steps.items())
         )
+        # the frees after the run's last completed step (zero_grad, empty_cache before a dump on
+        # demand) lie in the next step, which did nothing: no row of its own
+        last = steps[-1] if len(steps) > 1 else None
+        if last is not None and not any(
+            dump.trace.positions_in(action, last.first_index, last.last_index + 1) for action in (ALLOC, OOM)
+        ):
+            steps = steps[:-1]
     return _Moment(phase, step, steps)
 
 

@@ -1024,7 +1024,9 @@ def _number_steps(
     previous: str | None = None  # the phase of the latest piece that allocated
     for number, (first, last, phase, source, new_pass) in enumerate(pieces):
         allocates = allocating[number]
-        ends_step = first in marks and first <= last_allocation
+        # a completed optimizer step ends its step even where only frees follow it (a dump written
+        # after the run's last step); a loop's mark needs a later allocation
+        ends_step = first in marks and (first <= last_allocation or first not in loop_marks)
         if ends_step and first in loop_marks and previous == PHASE_FORWARD and coming[number] == PHASE_BACKWARD:
             ends_step = False  # a mark between a forward and its backward
         # inside an optimizer step's window the closure's phases change, but the step goes on
