@@ -7,6 +7,7 @@ from __future__ import annotations
 from oomdoctor.analysis import analyse
 from oomdoctor.model import Frame
 from oomdoctor.units import MIB as MiB
+from oomdoctor.views import text_report
 from tests.builders import BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, Sim
 
 STEP_WRAPPER = (
@@ -73,3 +74,54 @@ def test_an_out_of_place_update_lends_its_line_nothing():
     # the last parameter's two temporaries: their line made blocks the step freed, so it makes
     # nothing state but what outlived a later temporary
     assert by_address[first] == by_address[second] == "temporaries"
+
+
+def _lion_oom(total_bytes: int, sizes: tuple[int, ...], moments: int = 1) -> Sim:
+    """A user-written optimizer's first step (`moments` zeros_like per parameter, then its update
+    temporary) that fails on the last parameter's update."""
+    sim = Sim(total_bytes=total_bytes)
+    _trained(sim, sizes)
+    update = None
+    for size in sizes:
+        for _ in range(moments):
+            sim.alloc(size * MiB, ZEROS_LIKE)
+        if update is not None:
+            sim.free(update)
+        update = sim.alloc(size * MiB, UPDATE) if size != sizes[-1] else None
+    sim.oom(sizes[-1] * MiB, UPDATE)
+    return sim
+
+
+def _projections(result) -> list[str]:
+    return [line for line in text_report.render(result).splitlines() if "projected at" in line]
+
+
+def test_a_user_written_optimizer_s_moments_are_read_from_the_state_it_made():
+    """A recommender trained with a hand-written Lion (one moment per parameter; embeddings of 24
+    and 48 MiB, a 16 MiB tower), OOM at its last parameter's update: the state was projected at
+    Adam's two moments, 'need 352 MiB' of the 360 MiB, and a false model-states-too-large. The
+    state made so far shows one block per parameter of the sizes it is done with: 1x, 264 MiB."""
+    result = analyse(_lion_oom(360 * MiB, (24, 48, 16)).snapshot(metadata=False))
+    assert result.target_phase == "optimizer_step"
+    assert result.component_bytes().get("optimizer_state") == 88 * MiB
+    assert result.verdict == "optimizer-state-buildup", result.verdict
+    assert not any("2x" in line for line in _projections(result))
+
+
+def test_two_moments_are_read_as_two_and_one_run_reads_nothing():
+    """Counter-examples: a hand-written Adam (two zeros_like per parameter) is read as two moments
+    (still model-states-too-large: 352 MiB of 360), and an OOM before the optimizer moved past its
+    first parameter shows nothing, so the state is projected at two moments as an assumption."""
+    adam = analyse(_lion_oom(360 * MiB, (24, 48, 16), moments=2).snapshot(metadata=False))
+    assert adam.verdict == "model-states-too-large"
+    assert any(
+        "need 352.00 MiB (optimizer state projected at 2x the parameters, as many moments" in line
+        for line in _projections(adam)
+    )
+    sim = Sim(total_bytes=300 * MiB)
+    _trained(sim, (48, 48, 48))
+    sim.alloc(48 * MiB, ZEROS_LIKE)
+    sim.oom(48 * MiB, UPDATE)
+    first = analyse(sim.snapshot(metadata=False))
+    assert first.verdict == "model-states-too-large"
+    assert any("at 2x the parameters, assuming Adam-style moments" in line for line in _projections(first))

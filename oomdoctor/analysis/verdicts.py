@@ -44,7 +44,7 @@ from oomdoctor.analysis.results import (
     Summary,
     SummaryKind,
 )
-from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES
 from oomdoctor.model import Frame, Segment, Stack
 from oomdoctor.units import GIB, MIB
 from oomdoctor.vocabulary import Component, Verdict
@@ -337,16 +337,20 @@ def model_states(ctx: Context) -> tuple[int, int, int, int]:
 def _projected_states(ctx: Context) -> tuple[int, Facts]:
     """Parameters + gradients + optimizer state + buffers as the run needs them at full size, and
     how the optimizer state was projected: `projected_moments` per parameter (None when it was
-    taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style)."""
+    taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style or, with
+    `moments_read`, read from the state made so far: `state_moments`)."""
     total, _, moments = projected_parts(ctx)
     parameters, gradients, _, _ = model_states(ctx)
-    return total, Facts.of(
+    facts = Facts.of(
         needed=total,
         projected_moments=moments,
         optimizer_kind=ctx.optimizer_kind,
         projected_gradients=int(ctx.trains() and gradients < trained_parameters(ctx)),
         trained=trained_parameters(ctx) if trained_parameters(ctx) < parameters else None,
     )
+    if moments is not None and ctx.optimizer_kind is None and state_moments(ctx) == moments:
+        facts = facts.adding(moments_read=1)  # read from the state made so far, not assumed
+    return total, facts
 
 
 def _backward_done_in_step(ctx: Context) -> bool:
@@ -370,6 +374,38 @@ def trained_parameters(ctx: Context) -> int:
     return parameters
 
 
+def state_moments(ctx: Context) -> int | None:
+    """The moments per parameter the optimizer state made in the trace shows, for an optimizer of
+    unknown kind (a user's own Lion keeps one, Adam two): each state tensor is made like its
+    parameter (`zeros_like`), so of one block size, and an optimizer makes a parameter's state
+    before it moves on to the next. The state blocks in the order they were made, cut into runs of
+    one size: every run but the last is of parameters done with (the last may be cut short by the
+    OOM); a size whose done runs hold c blocks beside p parameter blocks of that size shows at
+    least ceil(c / p) moments. None where no done run has a parameter's size (a flat buffer, an
+    8-bit state, or only one run so far). Blocks of the allocator's smallest size are left out:
+    a step count's scalar shares it with small parameters."""
+    made = sorted(
+        (b.alloc_index, b.size_bytes)
+        for b in ctx.live_blocks
+        if b.component == Component.OPTIMIZER_STATE and b.alloc_index is not None and b.size_bytes > MIN_BLOCK_BYTES
+    )
+    runs: list[list[int]] = []  # [size, blocks] of each run
+    for _, size in made:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    done: dict[int, int] = {}
+    for size, count in runs[:-1]:
+        done[size] = done.get(size, 0) + count
+    parameters: dict[int, int] = {}
+    for b in ctx.live_blocks:
+        if b.component == Component.PARAMETERS:
+            parameters[b.size_bytes] = parameters.get(b.size_bytes, 0) + 1
+    shown = [-(-count // parameters[size]) for size, count in done.items() if parameters.get(size)]
+    return max(shown) if shown else None
+
+
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
     state was projected at; None when it was taken as it is). Gradients and state are projected at
@@ -381,6 +417,8 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     projected_state = optimizer_state
     if ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
+        if ctx.optimizer_kind is None:
+            moments = state_moments(ctx) or moments
         projected_state = max(optimizer_state, moments * trained)
         projected_moments = moments
     return parameters + projected_gradients + projected_state + buffers, projected_state, projected_moments

@@ -325,7 +325,13 @@ def _projection(facts: Facts) -> str:
     if facts.get("projected_gradients"):
         parts.append(f"gradients projected at {which}' size" if trained is None else f"gradients projected at {which}")
     if moments is not None:
-        assumed = "" if facts.get("optimizer_kind") else ", assuming Adam-style moments"
+        assumed = (
+            ""
+            if facts.get("optimizer_kind")
+            else ", as many moments per parameter as its state so far holds"
+            if facts.get("moments_read")
+            else ", assuming Adam-style moments"
+        )
         parts.append(f"optimizer state projected at {moments}x {which}{assumed}")
     return f" ({'; '.join(parts)})" if parts else ""
 
