@@ -350,6 +350,9 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     )
     if moments is not None and ctx.optimizer_kind is None and state_moments(ctx) == moments:
         facts = facts.adding(moments_read=1)  # read from the state made so far, not assumed
+    masters = master_weights(ctx) if moments is not None else None
+    if masters is not None and masters < trained_parameters(ctx):
+        facts = facts.adding(masters=masters)  # the state projected at the fp32 master weights only
     return total, facts
 
 
@@ -406,6 +409,72 @@ def state_moments(ctx: Context) -> int | None:
     return max(shown) if shown else None
 
 
+MASTER_PAIRED_SHARE = 0.9  # the paired blocks hold this share of the parameters' bytes or more
+
+
+def master_weights(ctx: Context) -> int | None:
+    """The bytes of fp32 master weights where the parameters are a half-precision model and its
+    fp32 copy (mixed precision by hand, apex O2): the optimizer steps the masters only, so its state
+    is theirs. Read from the requested bytes: in the order the parameters were made, a run of them
+    pairs one for one, in the same order, with the run that follows (or precedes) it at exactly
+    twice (half) the bytes, and the pairs hold nearly all the parameters' bytes (a few scalars, a
+    loss scale, may stand apart), and the optimizer's first state block is of the first master's
+    bytes (it steps the masters). None where they do not (a UNet whose widths double pairs its
+    sizes, but not in that order; a recommender whose item table is twice its user table pairs
+    them, but its optimizer began with the user table) or no state was made in the trace."""
+    blocks = sorted(
+        (b for b in ctx.live_blocks if b.component == Component.PARAMETERS),
+        key=lambda b: (b.alloc_index is not None, b.alloc_index or 0, b.address),
+    )
+    sizes = [b.requested_bytes for b in blocks]
+    total = sum(sizes)
+    state = min(
+        (b for b in ctx.live_blocks if b.component == Component.OPTIMIZER_STATE and b.alloc_index is not None),
+        key=lambda b: b.alloc_index or 0,
+        default=None,
+    )
+    if len(sizes) < 4 or not total or state is None:
+        return None
+    # first without the order: sizes that could pair at twice must hold the share at all
+    count: dict[int, int] = {}
+    for size in sizes:
+        count[size] = count.get(size, 0) + 1
+    could = 0
+    for size in sorted(count):
+        pairs = min(count[size], count.get(2 * size, 0))
+        count[2 * size] = count.get(2 * size, 0) - pairs
+        could += 3 * size * pairs
+    if could < MASTER_PAIRED_SHARE * total:
+        return None
+    best: int | None = None
+    made = 0
+    # the run made first holds a third (half precision first) or two thirds of the paired bytes,
+    # and at most all the unpaired ones
+    unpaired = 1 - MASTER_PAIRED_SHARE
+    for split in range(1, len(sizes)):
+        made += sizes[split - 1]
+        share = made / total
+        if not any(
+            part * MASTER_PAIRED_SHARE <= share <= part * MASTER_PAIRED_SHARE + unpaired for part in (1 / 3, 2 / 3)
+        ):
+            continue
+        for low, high in ((sizes[:split], sizes[split:]), (sizes[split:], sizes[:split])):
+            paired_low = paired_high = 0
+            position = 0
+            first: int | None = None  # the first master paired
+            for size in low:  # in order: each low block pairs with the next high one of twice its bytes
+                found = next((j for j in range(position, len(high)) if high[j] == 2 * size), None)
+                if found is not None:
+                    paired_low += size
+                    paired_high += high[found]
+                    position = found + 1
+                    first = high[found] if first is None else first
+            # the optimizer began its state with the first master, not with its half-precision copy
+            if paired_low + paired_high >= MASTER_PAIRED_SHARE * total and state.requested_bytes == first:
+                best = paired_high if best is None else max(best, paired_high)
+    return best
+
+
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
     state was projected at; None when it was taken as it is). Gradients and state are projected at
@@ -419,7 +488,8 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
         if ctx.optimizer_kind is None:
             moments = state_moments(ctx) or moments
-        projected_state = max(optimizer_state, moments * trained)
+        masters = master_weights(ctx)
+        projected_state = max(optimizer_state, moments * min(trained, masters if masters is not None else trained))
         projected_moments = moments
     return parameters + projected_gradients + projected_state + buffers, projected_state, projected_moments
 

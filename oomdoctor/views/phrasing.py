@@ -332,6 +332,9 @@ def _projection(facts: Facts) -> str:
             if facts.get("moments_read")
             else ", assuming Adam-style moments"
         )
+        masters = facts.size("masters")
+        if masters is not None:  # the parameters pair as a half-precision model and its fp32 copy
+            which = f"the {human(masters)} of fp32 master weights beside their half-precision copy"
         parts.append(f"optimizer state projected at {moments}x {which}{assumed}")
     return f" ({'; '.join(parts)})" if parts else ""
 
