@@ -6,7 +6,15 @@ from __future__ import annotations
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.attribution import CUBLAS_DEFAULT_WORKSPACE_BYTES, layer_stack_weights, model_state_copies
 from oomdoctor.model import Frame
-from tests.builders import ADAM_INIT_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
+from tests.builders import (
+    ADAM_INIT_STACK,
+    FOREACH_STACK,
+    FORWARD_STACK,
+    SETUP_STACK,
+    USER_STACK,
+    MiB,
+    Sim,
+)
 
 ACCUMULATE_GRAD_STACK = (
     Frame("", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),
@@ -749,3 +757,41 @@ def test_a_loss_s_gradient_seed_finds_no_gradients_of_the_weights():
     components = _components(sim)
     assert components["gradients"] == 34 * MiB + 512
     assert components["optimizer_state"] == 0
+
+
+def _adam_states_with_strays(strays: bool) -> dict[str, int]:
+    """An MLP's parameters and Adam's two moments from before the trace (three frame-less copies of
+    its shapes), with, when `strays`, a validation step's leftovers beside them (two 512 KiB
+    batches, two 4 KiB blocks of a bias's size); then a traced forward and backward whose gradients
+    (one of each weight) outlive it, and the next forward's OOM."""
+    sim = Sim(total_bytes=8 << 30)
+    shapes = (4 * MiB, 4 * MiB, MiB, 40960, 4096, 4096, 4096, 40)
+    for _ in range(3):
+        for size in shapes:
+            sim.alloc(size)
+    if strays:
+        for size in (512 * 1024, 512 * 1024, 4096, 4096):
+            sim.alloc(size)
+    sim.start_recording()
+    _forward(sim)
+    for size in shapes:
+        sim.alloc(size, BACKWARD_STACK)
+    _forward(sim)
+    sim.oom(64 << 30, FORWARD_STACK)
+    return _components(sim)
+
+
+def test_stray_blocks_beside_the_model_states_break_no_copies_the_gradients_count():
+    """Recording begun after a Lightning run's first step and validation: a few stray frame-less
+    blocks (1 MiB of batches, 8 KiB of a bias's size) broke the shapes' 3-copy pattern (beyond its
+    1% tolerance, and the bias shape's 11 blocks read as one model's layers), so Adam's 18.1 MiB of
+    moments were parameters. The traced backward's gradients count one copy of each shape: each
+    shape with 3 times as many frame-less blocks is the parameters and two moments; the blocks past
+    the copies (and shapes without gradients) are unknown."""
+    weights = 2 * 4 * MiB + MiB + 40960 + 3 * 4096 + 512
+    clean = _adam_states_with_strays(strays=False)
+    assert clean["parameters"] == weights and clean["optimizer_state"] == 2 * weights
+    components = _adam_states_with_strays(strays=True)
+    assert components["parameters"] == weights, components
+    assert components["optimizer_state"] == 2 * weights, components
+    assert components["unknown"] == MiB + 2 * 4096, components

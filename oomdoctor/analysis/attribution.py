@@ -198,6 +198,7 @@ _MODEL_STATE_KINDS = ("parameters", "gradients", "optimizer_state", "optimizer_s
 _COPY_TOLERANCE = 0.01  # bytes in shapes that break a k-copy pattern, as a share of the frame-less bytes
 _COPY_SHAPES_SHARE = 2 / 3  # of the repeated shapes, those that must follow the pattern
 # One copy of a model built of identical layers: shapes that repeat once per layer.
+_GRADIENT_COPIES_SHARE = 0.9  # of the frame-less bytes, those whose shapes hold exactly k gradient sets
 _LAYERS_MIN = 4  # fewer layers cannot be told from copies of a small model's states
 _LAYER_SHAPES_MIN = 3  # distinct shapes a layer has (its matrices, biases, norms)
 _LAYER_BYTES_SHARE = 0.9  # of the bytes in repeated shapes, those that repeat a multiple of the layer count
@@ -847,6 +848,9 @@ def pre_trace_placements(
     # .grad that was already there (AccumulateGrad keeps the tensor itself when .grad is None)
     accumulated_sizes: set[int] = set()
     in_backward: dict[int, tuple[int, int]] = {}  # address -> (requested, last index of its backward)
+    outlived: dict[int, Counter[int]] = defaultdict(
+        Counter
+    )  # per backward (its last index): sizes made that outlive it
     seen = allocated_in_trace.add
     spans = phases.spans or (PhaseSpan(0, len(trace) - 1, PHASE_UNKNOWN, 0, "none"),)
     for span in spans:  # span by span: the phase of every event without a lookup
@@ -864,6 +868,8 @@ def pre_trace_placements(
                     made = in_backward.pop(address, None)
                     if made is not None:
                         (backward_sizes if index > made[1] else accumulated_sizes).add(made[0])
+                        if index > made[1]:
+                            outlived[made[1]][made[0]] += 1
                 if address not in allocated_in_trace and address not in frees:
                     frees[address] = index
                     allocations.append(LiveAllocation(address, None, sizes[index], sizes[index]))
@@ -872,6 +878,12 @@ def pre_trace_placements(
                     if alloc_stacks:
                         frames_of[address] = trace.frames_at(index)
     backward_sizes.update(requested for requested, _ in in_backward.values())  # never freed
+    for requested, end in in_backward.values():
+        outlived[end][requested] += 1
+    # one set of gradients: what one backward made of each shape (a later one adds into them)
+    gradient_counts: Counter[int] = Counter()
+    for made_by_one in outlived.values():
+        gradient_counts |= made_by_one
     for address, block in final_blocks.items():
         if address not in allocated_in_trace and address not in frees:
             allocations.append(LiveAllocation(address, None, block.size, block.requested_size or block.size))
@@ -883,6 +895,7 @@ def pre_trace_placements(
         phases=phases,
         backward_sizes=backward_sizes,
         accumulated_sizes=accumulated_sizes - backward_sizes,
+        gradient_counts=gradient_counts,
         state_sizes=lambda: _state_init_sizes(trace, phases),
         trains=lambda: _forwards_train(trace, phases),
     )
@@ -921,6 +934,7 @@ def place_pre_trace(
     phases: PhaseIndex,
     backward_sizes: Collection[int] = (),
     accumulated_sizes: Collection[int] = (),
+    gradient_counts: Mapping[int, int] | None = None,
     state_sizes: Callable[[], Collection[int]] = frozenset,
     trains: Callable[[], bool] = bool,
 ) -> dict[int, tuple[int, str, float]]:
@@ -961,6 +975,7 @@ def place_pre_trace(
                 state_sizes(),
                 trains=trains(),
                 weight_sizes=weights,
+                gradient_counts=gradient_counts,
             )
         )
     return placed
@@ -976,6 +991,7 @@ def _place_model_states(
     *,
     trains: bool = False,
     weight_sizes: Mapping[int, int] | None = None,
+    gradient_counts: Mapping[int, int] | None = None,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -1017,6 +1033,9 @@ def _place_model_states(
         return _copies_of_weights(frameless, weight_sizes, kinds)
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
+    per_copy_of: Mapping[int, int] | None = None  # blocks of each shape in one copy, where known
+    if copies == 1 and gradients_made and gradient_counts:
+        copies, per_copy_of = _copies_of_gradients(frameless, gradient_counts, len(kinds))
     last = phases.spans[-1] if phases.spans else None
     backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
     if copies == 1 and gradients_made and backward_done:
@@ -1062,15 +1081,46 @@ def _place_model_states(
     for allocation in frameless:
         by_shape[allocation.requested_bytes].append(allocation)
     result: dict[int, tuple[int, str, float]] = {}
-    for group in by_shape.values():
+    for requested, group in by_shape.items():
         group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies if len(group) % copies == 0 else 0
+        if per_copy_of is not None:  # one copy's count is the gradients': blocks past the copies are strays
+            per_copy = per_copy_of.get(requested, 0) if len(group) >= copies * per_copy_of.get(requested, 0) else 0
         for position, allocation in enumerate(group):
-            if per_copy:
+            if per_copy and position < copies * per_copy:
                 result[allocation.address] = (INDEX[order[position // per_copy]], METHOD_SIZE_MATCH, confidence)
             else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
                 result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
     return result
+
+
+def _copies_of_gradients(
+    frameless: Sequence[LiveAllocation], gradient_counts: Mapping[int, int], kinds_possible: int
+) -> tuple[int, Mapping[int, int] | None]:
+    """(copies, blocks of each shape in one copy) of the frame-less pre-trace blocks, counted
+    against one set of gradients a traced backward made (`gradient_counts`: what one backward made
+    of each shape that outlived it): the weights that train have one gradient each, so a shape with
+    k times its gradients' count holds k copies (the parameters and their moments). Read where
+    the shapes' own counts show no copies because a few stray blocks break them (a validation
+    batch, a scalar of a bias's size: a shape's count past k copies): the k that most frame-less
+    bytes show, where the shapes holding exactly k copies hold _GRADIENT_COPIES_SHARE of the
+    bytes; (1, None) where none does."""
+    counts: Counter[int] = Counter(a.requested_bytes for a in frameless)
+    held: Counter[int] = Counter()
+    for allocation in frameless:
+        held[allocation.requested_bytes] += allocation.size_bytes
+    total = sum(held.values())
+    shown: Counter[int] = Counter()  # copies -> bytes of the shapes holding exactly that many
+    for requested, count in counts.items():
+        one = gradient_counts.get(requested, 0)
+        if one and count % one == 0:
+            shown[count // one] += held[requested]
+    best = max(shown, key=shown.__getitem__, default=1)
+    if not 1 < best <= min(kinds_possible, len(_MODEL_STATE_KINDS)) or shown[best] < _GRADIENT_COPIES_SHARE * total:
+        return 1, None
+    return best, {
+        requested: one for requested, one in gradient_counts.items() if counts.get(requested, 0) >= best * one
+    }
 
 
 def _copies_of_weights(
