@@ -69,7 +69,44 @@ def test_the_rest_of_a_caught_oom_s_pass_is_read_from_the_pass_that_tried_again(
     assert rest.earlier_step == 2
     assert rest.size_ratio == 2.0
     assert rest.projected_pass_bytes == 1024 * MiB
+    assert not rest.by_site  # one ratio explains the pass that tried again
 
     stopped = analyse(_caught_oom(goes_on=False).snapshot(metadata=False))  # the trace ends at the OOM
     rest = stopped.what_if.rest_of_pass
     assert rest is not None and rest.earlier_step == 0
+
+
+def _embedded_step(sim: Sim, batch: int, seq: int, *, oom: bool = False) -> None:
+    """An embedding (batch x seq x 2 MiB) then two layers of one code (each a projection, batch x
+    seq MiB, at one site, and an attention matrix, batch x seq^2 / 8 MiB, at another) kept for the
+    backward; with `oom`, the first layer's attention fails and the trace ends there."""
+    kept = [sim.alloc(batch * seq * 2 * MiB, _site(5))]
+    for _ in range(2):
+        kept.append(sim.alloc(batch * seq * MiB, _site(10)))
+        if oom:
+            sim.oom(batch * seq * seq * MiB // 8, _site(11))
+            return
+        kept.append(sim.alloc(batch * seq * seq * MiB // 8, _site(11)))
+    for block in kept:
+        sim.free(block)
+    grads = [sim.alloc(8 * MiB, BACKWARD_STACK) for _ in range(2)]
+    for block in grads:
+        sim.free(block)
+
+
+def test_the_rest_of_a_pass_is_scaled_site_by_site_where_its_sites_grew_apart():
+    """A sequence twice as long: the embedding and projections grow twice, the attention four
+    times. At the OOM (the first attention) the pass had allocated 2.29x the earlier pass at that
+    point, mostly the embedding's growth; scaled by that one ratio its own peak was 731 MiB, less
+    than the 768 MiB it needs (256 + 2 x (128 + 128)). Each site's own ratio, read from the
+    matched allocations (embedding 2, projection 2, attention 4), gives 768 MiB."""
+    sim = Sim(total_bytes=1 * GiB)
+    for _ in range(2):
+        sim.alloc(8 * MiB, SETUP_STACK)
+    _embedded_step(sim, 16, 4)
+    _embedded_step(sim, 16, 8, oom=True)
+    rest = analyse(sim.snapshot(metadata=False)).what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated and rest.earlier_step == 0
+    assert round(rest.size_ratio, 2) == 2.29
+    assert rest.projected_pass_bytes == 768 * MiB
+    assert rest.by_site  # and the note says so: not the one ratio it states

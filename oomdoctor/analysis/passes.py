@@ -198,6 +198,8 @@ class _Alignment:
     sizes: tuple[tuple[int, int], ...]  # (now, earlier) sizes of the first matched pairs
     skipped: int = 0  # the earlier pass's allocations the match passed over
     misfit: float = 0.0  # share of the matched bytes one ratio (now / earlier bytes) does not explain
+    # (site key, now / earlier bytes of its matched allocations) of each site matched
+    site_ratios: tuple[tuple[object, float], ...] = ()
 
 
 def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, int]]) -> _Alignment | str:
@@ -207,6 +209,7 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
     now_bytes = earlier_bytes = unmatched = skipped = 0
     pairs: list[tuple[int, int]] = []
     matched: list[tuple[int, int]] = []
+    by_site: dict[object, list[int]] = {}  # site key -> [now bytes, earlier bytes]
     while i < len(now):
         if j >= len(earlier):
             return RestUnknown.BEYOND_EARLIER
@@ -215,6 +218,9 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
             now_bytes += now[i][2]
             earlier_bytes += earlier[j][2]
             matched.append((now[i][2], earlier[j][2]))
+            site = by_site.setdefault(key, [0, 0])
+            site[0] += now[i][2]
+            site[1] += earlier[j][2]
             if len(pairs) < INPUT_ALLOCATIONS:
                 pairs.append((now[i][2], earlier[j][2]))
             i += 1
@@ -233,7 +239,8 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
         return RestUnknown.STRUCTURE_DIFFERS
     ratio = now_bytes / earlier_bytes
     misfit = sum(abs(a - ratio * b) for a, b in matched) / now_bytes if now_bytes else 0.0
-    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped, misfit)
+    sites = tuple((key, mine / theirs) for key, (mine, theirs) in by_site.items() if theirs)
+    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped, misfit, sites)
 
 
 def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
@@ -486,6 +493,9 @@ def _extrapolated(
     ratio = alignment.now_bytes / alignment.earlier_bytes
     peak, kept = _own_peak(trace, then)
     projected = int((peak - kept) * ratio)
+    scales = _site_scales(trace, then, allocations, alignment, ratio)
+    if scales:  # sites that grew unlike the whole: the rest of the pass scaled site by site
+        projected = _scaled_own_peak(trace, then, scales, ratio)
     return RestOfPass(
         current.step,
         None,
@@ -498,7 +508,81 @@ def _extrapolated(
         max(projected, own),
         device,
         then.last_index > then.forward_last,
+        bool(scales),
     )
+
+
+def _site_scales(
+    trace: DeviceTrace,
+    then: _Pass,
+    allocations: list[tuple[int, object, int]],
+    alignment: _Alignment,
+    ratio: float,
+) -> dict[int, float]:
+    """Where the matched sites grew by ratios of their own (a longer sequence: attention's scores
+    by its square, the rest by its length), the ratio of each of `then`'s allocations that differs
+    from `ratio` by more than MISFIT_MARGIN: a forward allocation by its site's, a backward one by
+    its site's or else by the mean of the forward allocations' of its very size (a gradient has
+    the shape of what it is the gradient of; sites of one size may grow apart). Empty where one ratio explains the matched
+    allocations (misfit under MISFIT_MARGIN) or no site differs."""
+    if alignment.misfit < MISFIT_MARGIN:
+        return {}
+    of_site = {key: r for key, r in alignment.site_ratios if abs(r - ratio) > MISFIT_MARGIN * ratio}
+    if not of_site:
+        return {}
+    site_ratio = dict(alignment.site_ratios)
+    scales: dict[int, float] = {}
+    by_size: dict[int, list[float]] = {}
+    for index, key, size in allocations:
+        by_size.setdefault(size, []).append(site_ratio.get(key, ratio))
+        if key in of_site:
+            scales[index] = of_site[key]
+    backward = _allocations(trace, then.forward_last + 1, then.last_index)
+    for index, key, size in backward:
+        if key in of_site:
+            scales[index] = of_site[key]
+            continue
+        known = by_size.get(size)
+        if known:
+            r = sum(known) / len(known)
+            if abs(r - ratio) > MISFIT_MARGIN * ratio:
+                scales[index] = r
+    return scales
+
+
+def _scaled_own_peak(trace: DeviceTrace, one: _Pass, scales: Mapping[int, float], ratio: float) -> int:
+    """`_own_peak`'s projection with each allocation scaled by its own ratio (`scales`, else
+    `ratio`): at the moment the scaled allocations held the most, what those that do not outlive
+    the backward (the gradients it made) held, scaled."""
+    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    last = min(one.last_index, len(actions) - 1)
+    live: dict[int, tuple[int, int]] = {}
+    for index in range(one.first_index, last + 1):
+        if actions[index] == ALLOC:
+            live[addrs[index]] = (sizes[index], index)
+        elif actions[index] == FREE_REQUESTED:
+            live.pop(addrs[index], None)
+    kept = {i for _, i in live.values() if i > one.forward_last}
+    held = held_rest = peak = projected = 0.0
+    live.clear()
+    for index in range(one.first_index, last + 1):
+        if actions[index] == ALLOC:
+            scaled = sizes[index] * scales.get(index, ratio)
+            live[addrs[index]] = (index, 0)
+            held += scaled
+            if index not in kept:
+                held_rest += scaled
+            if held > peak:
+                peak, projected = held, held_rest
+        elif actions[index] == FREE_REQUESTED:
+            entry = live.pop(addrs[index], None)
+            if entry is not None:
+                made = entry[0]
+                scaled = sizes[made] * scales.get(made, ratio)
+                held -= scaled
+                if made not in kept:
+                    held_rest -= scaled
+    return int(projected)
 
 
 def _finished_passes(replica: Replica, before_time: int | None) -> list[_Pass]:

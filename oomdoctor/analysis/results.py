@@ -523,6 +523,9 @@ class RestOfPass:
     # that pass ran a backward (else what one adds is not in the projection); unknown rest: the run's
     # earlier passes did (False: they ran none, in a run that does not train, so none follows this one)
     earlier_backward: bool = True
+    # the matched sites grew by ratios of their own (a longer sequence: attention by its square), so
+    # the rest was scaled site by site, not by `size_ratio` alone (passes._site_scales)
+    by_site: bool = False
 
     @property
     def extrapolated(self) -> bool:

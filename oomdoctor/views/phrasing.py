@@ -168,7 +168,8 @@ def what_if_note(what_if: WhatIf) -> str:
         note += (
             f"; the OOM cut step {rest.step}'s forward short, so {what}"
             f" extrapolated from {source}this one allocated"
-            f" {rest.size_ratio or 0:.2f}x what it had at the same point): this pass's own peak projected at"
+            f" {rest.size_ratio or 0:.2f}x what it had at the same point): this pass's own peak projected"
+            f"{', each site at the ratio it grew by,' if rest.by_site else ''} at"
             f" {human(rest.projected_pass_bytes)}, {human(rest.pass_bytes)} at the OOM"
         )
         if rest.earlier_kept_bytes:
