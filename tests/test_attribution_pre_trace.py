@@ -795,3 +795,29 @@ def test_stray_blocks_beside_the_model_states_break_no_copies_the_gradients_coun
     assert components["parameters"] == weights, components
     assert components["optimizer_state"] == 2 * weights, components
     assert components["unknown"] == MiB + 2 * 4096, components
+
+
+def test_a_half_precision_model_beside_its_masters_and_their_moments_is_read_shape_by_shape():
+    """Mixed precision by hand recorded from its second step: a bf16 model (1, 2, 2, 2 MiB and
+    small biases), its fp32 masters (2, 4, 4, 4 MiB ...) and AdamW's two moments of the masters,
+    all frame-less before the trace; the traced backward makes a gradient of every bf16 and every
+    master weight. No k copies of one set (the bf16 weights have no state; a 2 MiB shape is both a
+    bf16 weight and a master), so all 49 MiB read as parameters. Counted against the gradients,
+    each shape holds its weights once and, for b of them, two moments more: parameters 21 MiB,
+    state 28 MiB, the truth."""
+    sim = Sim(total_bytes=8 << 30)
+    bf16 = (MiB, 2048, 2 * MiB, 2048, 2 * MiB, 2048, 2 * MiB, 2048, 20480, 20)
+    masters = tuple(2 * size for size in bf16)
+    for size in bf16 + masters + masters + masters:
+        sim.alloc(size)
+    sim.start_recording()
+    _forward(sim)
+    for size in bf16 + masters:
+        sim.alloc(size, BACKWARD_STACK)
+    _forward(sim)
+    sim.oom(64 << 30, FORWARD_STACK)
+    components = _components(sim)
+    rounded = sum(max(512, -(-size // 512) * 512) for size in bf16 + masters)
+    state = sum(max(512, -(-size // 512) * 512) for size in masters) * 2
+    assert components["parameters"] == rounded, components
+    assert components["optimizer_state"] == state, components

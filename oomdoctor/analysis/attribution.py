@@ -1033,9 +1033,9 @@ def _place_model_states(
         return _copies_of_weights(frameless, weight_sizes, kinds)
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
-    per_copy_of: Mapping[int, int] | None = None  # blocks of each shape in one copy, where known
+    plan: Mapping[int, tuple[int, int]] | None = None  # per shape: parameter and state blocks, where known
     if copies == 1 and gradients_made and gradient_counts:
-        copies, per_copy_of = _copies_of_gradients(frameless, gradient_counts, len(kinds))
+        copies, plan = _copies_of_gradients(frameless, gradient_counts, len(kinds))
     last = phases.spans[-1] if phases.spans else None
     backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
     if copies == 1 and gradients_made and backward_done:
@@ -1084,8 +1084,18 @@ def _place_model_states(
     for requested, group in by_shape.items():
         group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies if len(group) % copies == 0 else 0
-        if per_copy_of is not None:  # one copy's count is the gradients': blocks past the copies are strays
-            per_copy = per_copy_of.get(requested, 0) if len(group) >= copies * per_copy_of.get(requested, 0) else 0
+        if plan is not None:  # the gradients count the parameters; the state beside them; the rest strays
+            with_gradient, state = plan.get(requested, (0, 0))
+            stepped = state // (copies - 1)
+            for position, allocation in enumerate(group):
+                if position < with_gradient:
+                    result[allocation.address] = (INDEX[order[0]], METHOD_SIZE_MATCH, confidence)
+                elif position < with_gradient + state:
+                    kind = order[1 + (position - with_gradient) // stepped]
+                    result[allocation.address] = (INDEX[kind], METHOD_SIZE_MATCH, confidence)
+                else:
+                    result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
+            continue
         for position, allocation in enumerate(group):
             if per_copy and position < copies * per_copy:
                 result[allocation.address] = (INDEX[order[position // per_copy]], METHOD_SIZE_MATCH, confidence)
@@ -1096,31 +1106,53 @@ def _place_model_states(
 
 def _copies_of_gradients(
     frameless: Sequence[LiveAllocation], gradient_counts: Mapping[int, int], kinds_possible: int
-) -> tuple[int, Mapping[int, int] | None]:
-    """(copies, blocks of each shape in one copy) of the frame-less pre-trace blocks, counted
-    against one set of gradients a traced backward made (`gradient_counts`: what one backward made
-    of each shape that outlived it): the weights that train have one gradient each, so a shape with
-    k times its gradients' count holds k copies (the parameters and their moments). Read where
-    the shapes' own counts show no copies because a few stray blocks break them (a validation
-    batch, a scalar of a bias's size: a shape's count past k copies): the k that most frame-less
-    bytes show, where the shapes holding exactly k copies hold _GRADIENT_COPIES_SHARE of the
-    bytes; (1, None) where none does."""
+) -> tuple[int, Mapping[int, tuple[int, int]] | None]:
+    """(copies, per shape: its parameter blocks and the state blocks beside them) of the frame-less
+    pre-trace blocks, counted against one set of gradients a traced backward made
+    (`gradient_counts`: what one backward made of each shape that outlived it): each weight that
+    trains has one gradient, and, stepped by an optimizer with k - 1 moments, k - 1 blocks of state.
+    Read where the shapes' own counts show no copies: a few stray blocks break them (a validation
+    batch, a scalar of a bias's size: a shape's count past k copies), or only some weights have
+    state (a half-precision model beside its fp32 masters, both with gradients, the masters with
+    Adam's moments; a shape both hold has g gradients and g + (k - 1) b blocks, b of them
+    masters). The k that explains most frame-less bytes, first with every weight holding state
+    (shapes of exactly k times their gradients), else with some: where the blocks so placed hold
+    _GRADIENT_COPIES_SHARE of the bytes; (1, None) where none does. Blocks past a shape's plan are
+    strays (unknown)."""
     counts: Counter[int] = Counter(a.requested_bytes for a in frameless)
     held: Counter[int] = Counter()
     for allocation in frameless:
         held[allocation.requested_bytes] += allocation.size_bytes
     total = sum(held.values())
+    most = min(kinds_possible, len(_MODEL_STATE_KINDS))
     shown: Counter[int] = Counter()  # copies -> bytes of the shapes holding exactly that many
     for requested, count in counts.items():
         one = gradient_counts.get(requested, 0)
         if one and count % one == 0:
             shown[count // one] += held[requested]
     best = max(shown, key=shown.__getitem__, default=1)
-    if not 1 < best <= min(kinds_possible, len(_MODEL_STATE_KINDS)) or shown[best] < _GRADIENT_COPIES_SHARE * total:
+    if 1 < best <= most and shown[best] >= _GRADIENT_COPIES_SHARE * total:
+        return best, {
+            requested: (one, (best - 1) * one)
+            for requested, one in gradient_counts.items()
+            if counts.get(requested, 0) >= best * one
+        }
+    chosen: tuple[float, int, dict[int, tuple[int, int]]] | None = None
+    for copies in range(2, most + 1):
+        plan: dict[int, tuple[int, int]] = {}
+        placed = 0.0
+        for requested, count in counts.items():
+            one = gradient_counts.get(requested, 0)
+            if not one or count < one:
+                continue
+            stepped = min(one, (count - one) // (copies - 1))  # weights of this shape with state
+            plan[requested] = (one, (copies - 1) * stepped)
+            placed += held[requested] * (one + (copies - 1) * stepped) / count
+        if any(state for _, state in plan.values()) and (chosen is None or placed > chosen[0]):
+            chosen = (placed, copies, plan)
+    if chosen is None or chosen[0] < _GRADIENT_COPIES_SHARE * total:
         return 1, None
-    return best, {
-        requested: one for requested, one in gradient_counts.items() if counts.get(requested, 0) >= best * one
-    }
+    return chosen[1], chosen[2]
 
 
 def _copies_of_weights(
