@@ -327,6 +327,14 @@ def ddp_bucket_frames(stack: Stack) -> bool:
     return False
 
 
+def series_component_by_stack(stack: Stack) -> int | None:
+    """The component the memory-over-time series gives an allocation live at the dump by its own
+    stack, whatever the phase it was made in: DDP's gradient buckets, rebuilt inside the forward
+    after the first iteration (`_pre_forward`), are gradients the reducer keeps for the whole run,
+    not the forward's activations (None: by its phase)."""
+    return GRADIENTS if ddp_bucket_frames(stack) else None
+
+
 # FSDP's own parameter storage: FSDP1's flat parameters (made, sharded and unsharded in
 # _flat_param.py), FSDP2's sharded parameters (_fsdp_param.py) and its all-gather outputs (the
 # unsharded parameters a forward or backward uses). Their gradients (reduce-scatter) are not.

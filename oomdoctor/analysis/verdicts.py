@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from oomdoctor.analysis.attribution import source_line
+from oomdoctor.analysis.attribution import ddp_bucket_frames, source_line
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.passes import PassHistory, passes_since_training
 from oomdoctor.analysis.phases import KEPT_GRAPHS_OF_PASSES
@@ -229,11 +229,14 @@ class Context:
         return creating or self.optimizer_state_made()[0] == 0
 
     def old_blocks(self, components: tuple[str, ...], *, pre_trace: bool = False) -> list[LiveBlock]:
-        """The live blocks `old_bytes` counts (without a phase filter)."""
+        """The live blocks `old_bytes` counts (without a phase filter). DDP's gradient buckets are
+        gradients made once (and again at the bucket rebuild) that the reducer keeps for the whole
+        run: no step leaves them behind, and zero_grad does not free them."""
         return [
             block
             for block in self.live_blocks
             if block.component in components
+            and not (block.component == Component.GRADIENTS and ddp_bucket_frames(block.frames))
             and (
                 pre_trace
                 if block.alloc_index is None
