@@ -327,6 +327,22 @@ def ddp_bucket_frames(stack: Stack) -> bool:
     return False
 
 
+# Optimizers that keep only this rank's share of the optimizer state (ZeRO stage 1 and up): torch's
+# ZeroRedundancyOptimizer, which runs its local optimizer on the rank's partition of the parameters,
+# and DeepSpeed's ZeRO optimizers (their state made for the rank's flat partition).
+_SHARDED_OPTIMIZER_FILES = ("torch/distributed/optim/zero_redundancy_optimizer.py",)
+_SHARDED_OPTIMIZER_FOLDERS = ("deepspeed/runtime/zero/",)
+
+
+def sharded_optimizer_frames(stack: Stack) -> bool:
+    """Whether a stack runs inside an optimizer that shards its state across ranks."""
+    for frame in stack:
+        filename = frame.filename.replace("\\", "/")
+        if filename.endswith(_SHARDED_OPTIMIZER_FILES) or any(f in filename for f in _SHARDED_OPTIMIZER_FOLDERS):
+            return True
+    return False
+
+
 def series_component_by_stack(stack: Stack) -> int | None:
     """The component the memory-over-time series gives an allocation live at the dump by its own
     stack, whatever the phase it was made in: DDP's gradient buckets, rebuilt inside the forward

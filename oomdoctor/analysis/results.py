@@ -433,6 +433,8 @@ class Change(StrEnum):
     EXPANDABLE_SEGMENTS = "expandable-segments"
     NO_GRAD = "no-grad"
     SHARD_MODEL_STATES = "shard-model-states"
+    # the optimizer state is sharded already (ZeRO): the gradients and parameters are not
+    SHARD_GRADIENTS_AND_PARAMETERS = "shard-gradients-and-parameters"
     SMALLER_WEIGHTS = "smaller-weights"  # model states that are weights only: nothing trains
     CHUNK_LARGE_OP = "chunk-large-op"
     FREE_OTHER_PROCESSES = "free-other-processes"

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from oomdoctor.analysis.attribution import ddp_bucket_frames, source_line
+from oomdoctor.analysis.attribution import ddp_bucket_frames, sharded_optimizer_frames, source_line
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.passes import PassHistory, passes_since_training
 from oomdoctor.analysis.phases import KEPT_GRAPHS_OF_PASSES
@@ -211,6 +211,14 @@ class Context:
         ]
         return not self.optimizer_step_seen(since=min(made) if made else None)
 
+    def optimizer_state_sharded(self) -> bool:
+        """The optimizer state was made by an optimizer that keeps only this rank's share of it
+        (ZeRO: torch's ZeroRedundancyOptimizer, DeepSpeed): it is no whole number of moments per
+        parameter, and how large this rank's share will be is not in the file."""
+        return any(
+            b.component == Component.OPTIMIZER_STATE and sharded_optimizer_frames(b.frames) for b in self.live_blocks
+        )
+
     def in_first_optimizer_step(self) -> bool:
         """The target is in the trace's first step's optimizer step, and that is the run's first:
         the step is creating optimizer state (a stateful optimizer makes it lazily, in its first
@@ -344,9 +352,12 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     `moments_read`, read from the state made so far: `state_moments`)."""
     total, _, moments = projected_parts(ctx)
     parameters, gradients, _, _ = model_states(ctx)
+    sharded = ctx.optimizer_state_sharded()
     facts = Facts.of(
         needed=total,
         projected_moments=moments,
+        # the state taken as this rank's shard holds it; inside the first step, what it holds so far
+        state_sharded=(2 if ctx.in_first_optimizer_step() else 1) if sharded else None,
         optimizer_kind=ctx.optimizer_kind,
         projected_gradients=int(ctx.trains() and gradients < trained_parameters(ctx)),
         trained=trained_parameters(ctx) if trained_parameters(ctx) < parameters else None,
@@ -371,11 +382,12 @@ def trained_parameters(ctx: Context) -> int:
     the parameters, unless the dump shows fewer train (frozen weights: a LoRA base, an RLHF
     reference model). After a backward of the target's step, the live gradients are every trained
     parameter's; after the optimizer's first step, its state is complete and holds at least one
-    moment per trained parameter (Adam two, SGD momentum or Lion one)."""
+    moment per trained parameter (Adam two, SGD momentum or Lion one), unless the optimizer
+    shards it (ZeRO: each rank holds the moments of its share of the parameters)."""
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     if gradients and _backward_done_in_step(ctx):
         return min(parameters, gradients)
-    if optimizer_state and not ctx.in_first_optimizer_step():
+    if optimizer_state and not ctx.in_first_optimizer_step() and not ctx.optimizer_state_sharded():
         return min(parameters, optimizer_state)
     return parameters
 
@@ -481,13 +493,16 @@ def master_weights(ctx: Context) -> int | None:
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
     state was projected at; None when it was taken as it is). Gradients and state are projected at
-    the parameters that train (`trained_parameters`)."""
+    the parameters that train (`trained_parameters`). A sharded optimizer's state (ZeRO) is this
+    rank's share, of no size the parameters give: it is taken as it is."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
     trained = trained_parameters(ctx)
     projected_moments = None
     projected_gradients = max(gradients, trained) if ctx.trains() else gradients
     projected_state = optimizer_state
-    if ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
+    if ctx.optimizer_state_sharded():
+        pass
+    elif ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
         moments = 1 if ctx.optimizer_kind == "sgd" else 2
         if ctx.optimizer_kind is None:
             moments = state_moments(ctx) or moments

@@ -286,6 +286,9 @@ CHANGES: dict[str, str] = {
     Change.SHARD_MODEL_STATES: (
         "Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO); with two GPUs each holds half."
     ),
+    Change.SHARD_GRADIENTS_AND_PARAMETERS: (
+        "The optimizer state is sharded already (ZeRO): shard the gradients and parameters too (ZeRO stage 2 or 3, or FSDP); with two GPUs each holds half of them."
+    ),
     Change.SMALLER_WEIGHTS: (
         'Hold the weights in less GPU memory: quantise them (8- or 4-bit), load them in half precision if they are in float32, keep some layers on the CPU (offloading, as `device_map="auto"` does), or split them across GPUs (tensor parallelism).'
     ),
@@ -337,6 +340,12 @@ def _projection(facts: Facts) -> str:
         if masters is not None:  # the parameters pair as a half-precision model and its fp32 copy
             which = f"the {human(masters)} of fp32 master weights beside their half-precision copy"
         parts.append(f"optimizer state projected at {moments}x {which}{assumed}")
+    sharded = facts.get("state_sharded")
+    if sharded:
+        so_far = " so far, in its first step" if sharded == 2 else ""
+        parts.append(
+            f"optimizer state as this rank holds it{so_far}: its optimizer shards it across ranks, as ZeRO does"
+        )
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -357,7 +366,8 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.OUTSIDE_PYTORCH_GUESSED:
         return f"PyTorch could use only {human(size('capacity'))} of this device (reserved + free at the OOM). A plain snapshot does not record the device's size, but no CUDA GPU is that small: most of it was probably held outside PyTorch."
     if kind == SummaryKind.MODEL_STATES_TOO_LARGE:
-        return f"Parameters, gradients and optimizer state alone need {human(size('needed'))}{_projection(f)}, but PyTorch could have at most {human(size('capacity'))} on this device."
+        at_least = "at least " if f.get("state_sharded") == 2 else ""
+        return f"Parameters, gradients and optimizer state alone need {at_least}{human(size('needed'))}{_projection(f)}, but PyTorch could have at most {human(size('capacity'))} on this device."
     if kind == SummaryKind.FRAGMENTATION:
         return f"{human(size('usable'))} sat free in PyTorch's cache for this pool and stream, more than the {human(size('request'))} request, but in pieces: the largest was {human(size('largest'))}."
     if kind == SummaryKind.OVERSIZED_REQUEST:
