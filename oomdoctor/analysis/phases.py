@@ -964,10 +964,13 @@ def _overlay_windows(
 def _joined(pieces: list[tuple[int, int, str, str, bool]]) -> list[tuple[int, int, str, str, bool]]:
     """One phase's contiguous pieces as one, before the steps are numbered: a window that began at
     its first allocation's segment_alloc left a piece without an allocation first, which is the same
-    step's as the rest of the window."""
+    step's as the rest of the window. Contiguous forward pieces are one whatever told each (the
+    stacks or a window): windows of hooks inside a forward (FSDP's `FSDP::pre_forward (layer)`)
+    cut it into pieces of both, and a pass is read from each span; a new pass is marked (`new_pass`)."""
     joined: list[tuple[int, int, str, str, bool]] = []
     for piece in pieces:
-        if joined and not piece[4] and joined[-1][2:4] == piece[2:4] and joined[-1][1] + 1 == piece[0]:
+        same = joined and (joined[-1][2:4] == piece[2:4] or joined[-1][2] == piece[2] == PHASE_FORWARD)
+        if same and not piece[4] and joined[-1][1] + 1 == piece[0]:
             joined[-1] = (joined[-1][0], piece[1], *joined[-1][2:])
         else:
             joined.append(piece)
