@@ -65,3 +65,32 @@ def test_an_unsharded_state_smaller_than_the_parameters_is_still_projected():
     assert analysis.verdict == "model-states-too-large"
     assert analysis.summary.facts.get("projected_moments") == 2
     assert "shard-model-states" in {r.id for r in analysis.recommendations}
+
+
+FSDP_FLAT = (
+    Frame(TORCH + "distributed/fsdp/_flat_param.py", 780, "flatten_tensors"),
+    Frame(TORCH + "distributed/fsdp/fully_sharded_data_parallel.py", 480, "__init__"),
+    Frame("train.py", 30, "main"),
+)
+
+
+def test_a_run_whose_parameters_fsdp_shards_is_not_told_to_shard_with_fsdp():
+    """FSDP's flat parameters (this rank's shards) whose model states do not fit in the first
+    optimizer step: the states are sharded already, so the change is more ranks or offloading,
+    not 'Shard parameters, gradients and optimizer state across GPUs (FSDP or ZeRO)'."""
+    sim = Sim(total_bytes=1 * GiB + 512 * MiB)
+    for _ in range(4):
+        sim.alloc(96 * MiB, FSDP_FLAT)
+    activations = [sim.alloc(16 * MiB, FORWARD_STACK) for _ in range(2)]
+    for _ in range(4):
+        sim.alloc(96 * MiB, BACKWARD_STACK)
+    for block in activations:
+        sim.free(block)
+    for _ in range(6):
+        sim.alloc(96 * MiB, _state_stack(sharded=False))
+    sim.oom(96 * MiB, _state_stack(sharded=False))
+    analysis = analyse(sim.snapshot(metadata=False))
+    assert analysis.verdict == "model-states-too-large"
+    ids = {r.id for r in analysis.recommendations}
+    assert "shard-model-states" not in ids and "shard-gradients-and-parameters" not in ids
+    assert "shard-over-more-gpus" in ids

@@ -467,7 +467,10 @@ def recommend(
         states = parameters + gradients + optimizer_state
         states_needed, _, _ = projected_parts(ctx)
         buffers = c.get(Component.BUFFERS, 0)
-        if training and ctx.optimizer_state_sharded():
+        if training and ctx.parameters_sharded():
+            # sharded already: over twice the ranks each holds half of what it holds now
+            add(Change.SHARD_OVER_MORE_GPUS, states // 2, (states_needed - buffers) // 2)
+        elif training and ctx.optimizer_state_sharded():
             # the state is this rank's share already; halving what is not sharded yet
             add(Change.SHARD_GRADIENTS_AND_PARAMETERS, (parameters + gradients) // 2)
         elif training:

@@ -435,6 +435,8 @@ class Change(StrEnum):
     SHARD_MODEL_STATES = "shard-model-states"
     # the optimizer state is sharded already (ZeRO): the gradients and parameters are not
     SHARD_GRADIENTS_AND_PARAMETERS = "shard-gradients-and-parameters"
+    # the model states are sharded already (FSDP): over more ranks, or offloaded
+    SHARD_OVER_MORE_GPUS = "shard-over-more-gpus"
     SMALLER_WEIGHTS = "smaller-weights"  # model states that are weights only: nothing trains
     CHUNK_LARGE_OP = "chunk-large-op"
     FREE_OTHER_PROCESSES = "free-other-processes"

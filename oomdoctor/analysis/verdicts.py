@@ -15,7 +15,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from oomdoctor.analysis.attribution import ddp_bucket_frames, sharded_optimizer_frames, source_line
+from oomdoctor.analysis.attribution import (
+    ddp_bucket_frames,
+    fsdp_parameter_frames,
+    sharded_optimizer_frames,
+    source_line,
+)
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.passes import PassHistory, passes_since_training
 from oomdoctor.analysis.phases import KEPT_GRAPHS_OF_PASSES
@@ -218,6 +223,11 @@ class Context:
         return any(
             b.component == Component.OPTIMIZER_STATE and sharded_optimizer_frames(b.frames) for b in self.live_blocks
         )
+
+    def parameters_sharded(self) -> bool:
+        """The parameters are FSDP's (its flat or sharded parameters, or their all-gathers): the run
+        shards its model states across ranks already."""
+        return any(b.component == Component.PARAMETERS and fsdp_parameter_frames(b.frames) for b in self.live_blocks)
 
     def in_first_optimizer_step(self) -> bool:
         """The target is in the trace's first step's optimizer step, and that is the run's first:
