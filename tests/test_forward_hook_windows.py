@@ -29,7 +29,11 @@ GATHER = (
 )
 
 
-def _sharded_run(units: int = 4, last_batch: int = 16) -> tuple[Sim, list[Annotation]]:
+# the all-gather's flat output buffer, made by the collectives' `allocate` for foreach_all_gather
+GATHER_BUFFER = (Frame(TORCH + "distributed/fsdp/_fully_shard/_fsdp_collectives.py", 120, "allocate"), *GATHER)
+
+
+def _sharded_run(units: int = 4, last_batch: int = 16, gather=GATHER) -> tuple[Sim, list[Annotation]]:
     sim = Sim(total_bytes=2 * GiB)
     annotations: list[Annotation] = []
     for _ in range(units):
@@ -39,7 +43,7 @@ def _sharded_run(units: int = 4, last_batch: int = 16) -> tuple[Sim, list[Annota
         for unit in range(units):
             name = f"FSDP::pre_forward (layers.{unit})"
             annotations.append(Annotation(name, "START", 0, sim._tick()))
-            gathered = sim.alloc(16 * MiB, GATHER)
+            gathered = sim.alloc(16 * MiB, gather)
             annotations.append(Annotation(name, "END", 0, sim._tick()))
             activations.append(sim.alloc((last_batch if step else 1) * 4 * MiB, FORWARD_STACK))
             if step == 1 and unit == units - 1:
@@ -66,3 +70,15 @@ def test_hook_windows_inside_a_forward_leave_it_one_pass():
     assert len(forwards) == 1, forwards
     analysis = analyse(snapshot)
     assert analysis.verdict == "activation-spike"
+
+
+def test_fsdp_all_gathers_are_parameters_in_the_steps_series_too():
+    """The gathered parameters (and the all-gather's flat buffer, made by the collectives'
+    `allocate`) are parameters at the OOM and in the steps' series: the FSDP2 run above read its
+    earlier steps' activations peak at 13.51 MiB (2.01 MiB of activations and a unit's gathers),
+    and its spike at 3.8x where it was 23.9x."""
+    sim, annotations = _sharded_run(gather=GATHER_BUFFER)
+    analysis = analyse(dataclasses.replace(sim.snapshot(metadata=False), annotations=tuple(annotations)))
+    by_step = {s.step: s.peak_activation_bytes for s in analysis.steps}
+    assert by_step[0] == 4 * 4 * MiB  # the four units' outputs, without the 16 MiB gathers
+    assert analysis.component_bytes()["parameters"] == 4 * 8 * MiB + 16 * MiB  # the shards, the last gather

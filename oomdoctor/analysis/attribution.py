@@ -344,11 +344,29 @@ def sharded_optimizer_frames(stack: Stack) -> bool:
 
 
 def series_component_by_stack(stack: Stack) -> int | None:
-    """The component the memory-over-time series gives an allocation live at the dump by its own
-    stack, whatever the phase it was made in: DDP's gradient buckets, rebuilt inside the forward
-    after the first iteration (`_pre_forward`), are gradients the reducer keeps for the whole run,
-    not the forward's activations (None: by its phase)."""
-    return GRADIENTS if ddp_bucket_frames(stack) else None
+    """The component the memory-over-time series gives an allocation by its own stack, whatever
+    the phase it was made in (None: by its phase), as the live blocks are placed: DDP's gradient
+    buckets, rebuilt inside the forward after the first iteration (`_pre_forward`), are gradients
+    the reducer keeps for the whole run; FSDP's parameters and their all-gathers, made inside a
+    forward or backward, are parameters. Neither is the activations of the pass that made them."""
+    if ddp_bucket_frames(stack):
+        return GRADIENTS
+    if fsdp_parameter_frames(stack):
+        return PARAMETERS
+    return None
+
+
+def components_by_own_stacks(trace: DeviceTrace) -> dict[int, int]:
+    """alloc event -> its component by its own stack (`series_component_by_stack`), for the events
+    whose stack gives one; each distinct stack read once."""
+    allocs = trace.positions(ALLOC)
+    if not allocs:
+        return {}
+    numbers, stacks = trace.stacks_at(allocs)
+    by_number = {n: c for n, stack in stacks.items() if (c := series_component_by_stack(stack)) is not None}
+    if not by_number:
+        return {}
+    return {index: by_number[n] for index, n in zip(allocs, numbers) if n in by_number}
 
 
 # FSDP's own parameter storage: FSDP1's flat parameters (made, sharded and unsharded in
@@ -368,8 +386,11 @@ def fsdp_parameter_frames(stack: Stack) -> bool:
             return False
         if filename.endswith(_FSDP_PARAMETER_FILES):
             return True
-        if filename.endswith(_FSDP_COLLECTIVES):
-            return "all_gather" in frame.name
+        if filename.endswith(_FSDP_COLLECTIVES) and "all_gather" in frame.name:
+            return True
+        # (another function of the collectives, its `allocate` of the all-gather's flat buffer,
+        # is read by its caller: foreach_all_gather's buffer holds the gathered parameters,
+        # foreach_reduce's the gradients)
         if "/torch/" not in filename:  # past torch's frames: the user's code decides nothing here
             return False
     return False

@@ -93,7 +93,7 @@ def replay(dump: DeviceDump, series_points: int) -> ReplayState:
         dump.settings.rounding_divisions if dump.settings is not None else (),
         series_points,
         _attribution.PHASE_COMPONENT,
-        _attribution.series_component_by_stack,
+        _attribution.components_by_own_stacks(dump.trace),
     )
 
 

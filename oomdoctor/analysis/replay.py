@@ -263,14 +263,14 @@ def walk(
     divisions: tuple[tuple[int, int], ...] = (),
     max_points: int = 480,
     phase_component_map: dict[str, int] | None = None,
-    component_of_survivor: Callable[[Stack], int | None] | None = None,
+    own_components: Mapping[int, int] | None = None,
 ) -> ReplayState:
     """One pass over the trace. An allocation's component is the one `phase_component_map` gives
     its phase (the last component, unknown, when it gives none), unless `registered` (oomdoctor's
     registry: address -> (component, name, bytes)) holds its address with its requested bytes: then
     that one (`attribution.series_classifier`'s component_of_alloc, inline: no call per alloc).
-    `component_of_survivor`: the component a block live at the dump has by its own stack whatever
-    the phase its allocation was made in (one call per live block; None: by its phase).
+    `own_components`: alloc event -> the component its own stack gives it whatever its phase
+    (`attribution.components_by_own_stacks`), which the registry's still overrides.
 
     Allocated bytes after an event follow docs/definitions.md ("The peak"): each live block at
     round_size(request), unless it survives to the dump (its exact bytes there, from its alloc on),
@@ -280,11 +280,6 @@ def walk(
     final_blocks = final_live_blocks(segments)
     survivors = survivor_sizes(trace, final_blocks, divisions)
     survivor_order = sorted(survivors)
-    own_components: dict[int, int] = {}  # alloc event index -> its component by its own stack
-    if component_of_survivor is not None:
-        by_stack = {a: c for a, b in final_blocks.items() if (c := component_of_survivor(b.frames)) is not None}
-        if by_stack:
-            own_components = {i: by_stack[trace.addrs[i]] for i in last_allocs(trace, by_stack)}
     survivor_position = 0
     next_survivor = survivor_order[0] if survivor_order else -1
     times = trace.times_us
@@ -543,25 +538,16 @@ def survivor_sizes(
     differing = {a: b.size for a, b in final_blocks.items() if b.size != round_size(b.requested_size, divisions)}
     if not differing:
         return {}
-    return {index: differing[trace.addrs[index]] for index in last_allocs(trace, differing)}
-
-
-def last_allocs(trace: DeviceTrace, addresses: Iterable[int]) -> list[int]:
-    """The alloc event of each address whose last event in the trace is its alloc (a block live at
-    the end that the trace made)."""
     addrs, actions = trace.addrs, trace.actions
-    found: list[int] = []
-    left = set(addresses)  # addresses whose last event is still to be met, walking back
-    if not left:
-        return found
-    wanted = frozenset(left)
+    found = {}
+    left = set(differing)  # addresses whose last event is still to be met, walking back
     # the events at those addresses, latest first (the rest skipped in C)
-    for index in compress(range(len(addrs) - 1, -1, -1), map(wanted.__contains__, reversed(addrs))):
+    for index in compress(range(len(addrs) - 1, -1, -1), map(differing.__contains__, reversed(addrs))):
         address = addrs[index]
         if address in left:
             left.discard(address)
             if actions[index] == ALLOC:
-                found.append(index)
+                found[index] = differing[address]
             if not left:
                 break
     return found
