@@ -69,3 +69,17 @@ def human_size(size_bytes: int | None, decimals: int = 2) -> str:
             return f"{sign}{plural(int(value), 'byte')}" if unit == "bytes" else f"{sign}{value:.{decimals}f} {unit}"
         value /= 1024
     return f"{sign}{value:.{decimals}f} TiB"
+
+
+def human_sizes_apart(smaller: int | None, larger: int | None) -> tuple[str, str]:
+    """Two sizes as `human_size` writes them, with as many more decimals as it takes (up to six,
+    then in bytes) for two different sizes not to read the same: a free block of 4,190,208 bytes
+    beside a 4 MiB request is '3.996 MiB', not '4.00 MiB'."""
+    first, second = human_size(smaller), human_size(larger)
+    if smaller is None or larger is None or smaller == larger or first != second:
+        return first, second
+    for decimals in range(3, 7):
+        first, second = human_size(smaller, decimals), human_size(larger, decimals)
+        if first != second:
+            return first, second
+    return f"{smaller:,} bytes", f"{larger:,} bytes"

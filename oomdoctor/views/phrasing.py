@@ -34,7 +34,7 @@ from oomdoctor.analysis.results import (
     WhatIfCase,
 )
 from oomdoctor.units import human_size as human
-from oomdoctor.units import plural
+from oomdoctor.units import human_sizes_apart, plural
 
 # --- what the dump could not tell -----------------------------------------------------------------
 
@@ -372,7 +372,8 @@ def _summary_words(kind: str, f: Facts) -> str:
         at_least = "at least " if f.get("state_sharded") == 2 else ""
         return f"Parameters, gradients and optimizer state alone need {at_least}{human(size('needed'))}{_projection(f)}, but PyTorch could have at most {human(size('capacity'))} on this device."
     if kind == SummaryKind.FRAGMENTATION:
-        return f"{human(size('usable'))} sat free in PyTorch's cache for this pool and stream, more than the {human(size('request'))} request, but in pieces: the largest was {human(size('largest'))}."
+        largest, request = human_sizes_apart(size("largest"), size("request"))
+        return f"{human(size('usable'))} sat free in PyTorch's cache for this pool and stream, more than the {request} request, but in pieces: the largest was {largest}."
     if kind == SummaryKind.OVERSIZED_REQUEST:
         return f"One allocation of {human(size('request'))} failed: {f.number('share'):.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(size('transient'))})."
     if kind == SummaryKind.GRADIENTS_KEPT:
