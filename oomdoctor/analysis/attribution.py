@@ -943,7 +943,15 @@ def pre_trace_placements(
         gradient_counts=gradient_counts,
         state_sizes=lambda: _state_init_sizes(trace, phases),
         trains=lambda: _forwards_train(trace, phases),
+        flat_gradients=lambda: _fsdp_in_trace(trace),
     )
+
+
+def _fsdp_in_trace(trace: DeviceTrace) -> bool:
+    """The trace's allocations show FSDP at work (its parameters, or their all-gathers): its
+    backward reduce-scatters each unit's gradients into a new flat buffer, of no parameter's shape."""
+    allocs = trace.positions(ALLOC)
+    return bool(allocs) and any(fsdp_parameter_frames(stack) for stack in trace.stacks_at(allocs)[1].values())
 
 
 def _made_in(trace: DeviceTrace, phases: PhaseIndex, phase: str) -> list[int]:
@@ -982,13 +990,16 @@ def place_pre_trace(
     gradient_counts: Mapping[int, int] | None = None,
     state_sizes: Callable[[], Collection[int]] = frozenset,
     trains: Callable[[], bool] = bool,
+    flat_gradients: Callable[[], bool] = bool,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
     `accumulated_sizes`: of those it made and freed inside it (and of no size that outlived it),
     `state_sizes`: of the optimizer state the trace's optimizer steps made; `trains`: the trace's
-    stacks show the run training (a forward inside a training step) whatever its phases. The last
-    two are read only where frame-less blocks are left to place."""
+    stacks show the run training (a forward inside a training step) whatever its phases;
+    `flat_gradients`: the run makes its gradients in flat buffers of no parameter's shape (FSDP's
+    reduce-scatter), so a traced backward that made blocks that outlive it made the gradients
+    whatever their shapes. The last three are read only where frame-less blocks are left to place."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -1021,6 +1032,7 @@ def place_pre_trace(
                 trains=trains(),
                 weight_sizes=weights,
                 gradient_counts=gradient_counts,
+                gradients_made=bool(backward_sizes) and flat_gradients(),
             )
         )
     return placed
@@ -1037,6 +1049,7 @@ def _place_model_states(
     trains: bool = False,
     weight_sizes: Mapping[int, int] | None = None,
     gradient_counts: Mapping[int, int] | None = None,
+    gradients_made: bool = False,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -1063,7 +1076,8 @@ def _place_model_states(
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
     trains = trains or untraced or bool(seen_phases & {PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_ZERO_GRAD})
     placed_kinds = {component for component, _, _ in placed}
-    gradients_made = any(a.requested_bytes in backward_sizes for a in frameless)
+    # (`gradients_made`: the traced backward made them in flat buffers, FSDP's, of other shapes)
+    gradients_made = gradients_made or any(a.requested_bytes in backward_sizes for a in frameless)
     weights_found = bool(weight_sizes)
     weight_sizes = weight_sizes or {}
     kinds = [] if weights_found else ["parameters"]
