@@ -944,7 +944,14 @@ def pre_trace_placements(
         state_sizes=lambda: _state_init_sizes(trace, phases),
         trains=lambda: _forwards_train(trace, phases),
         flat_gradients=lambda: _fsdp_in_trace(trace),
+        sharded_state=lambda: _sharded_optimizer_in_trace(trace, phases),
     )
+
+
+def _sharded_optimizer_in_trace(trace: DeviceTrace, phases: PhaseIndex) -> bool:
+    """The trace's optimizer steps run inside an optimizer that shards its state (ZeRO)."""
+    made = _made_in(trace, phases, PHASE_OPTIMIZER)
+    return bool(made) and any(sharded_optimizer_frames(stack) for stack in trace.stacks_at(made)[1].values())
 
 
 def _fsdp_in_trace(trace: DeviceTrace) -> bool:
@@ -991,6 +998,7 @@ def place_pre_trace(
     state_sizes: Callable[[], Collection[int]] = frozenset,
     trains: Callable[[], bool] = bool,
     flat_gradients: Callable[[], bool] = bool,
+    sharded_state: Callable[[], bool] = bool,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
@@ -999,7 +1007,9 @@ def place_pre_trace(
     stacks show the run training (a forward inside a training step) whatever its phases;
     `flat_gradients`: the run makes its gradients in flat buffers of no parameter's shape (FSDP's
     reduce-scatter), so a traced backward that made blocks that outlive it made the gradients
-    whatever their shapes. The last three are read only where frame-less blocks are left to place."""
+    whatever their shapes; `sharded_state`: the trace's optimizer steps shard their state (ZeRO),
+    `gradient_counts`: of each requested size, the most blocks one backward made that outlive it.
+    The callables are read only where frame-less blocks are left to place."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
@@ -1033,6 +1043,7 @@ def place_pre_trace(
                 weight_sizes=weights,
                 gradient_counts=gradient_counts,
                 gradients_made=bool(backward_sizes) and flat_gradients(),
+                sharded_state=sharded_state(),
             )
         )
     return placed
@@ -1050,6 +1061,7 @@ def _place_model_states(
     weight_sizes: Mapping[int, int] | None = None,
     gradient_counts: Mapping[int, int] | None = None,
     gradients_made: bool = False,
+    sharded_state: bool = False,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -1097,6 +1109,14 @@ def _place_model_states(
         copies, plan = _copies_of_gradients(frameless, gradient_counts, len(kinds))
     last = phases.spans[-1] if phases.spans else None
     backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
+    if sharded_state and gradients_made and backward_done and "optimizer_state" in kinds and "parameters" in kinds:
+        # an optimizer that shards its state (ZeRO) keeps the moments of its share of the
+        # parameters only: no whole copy of the set. Of each shape, as many blocks as one completed
+        # traced backward made gradients of are the parameters, and up to two more per parameter
+        # the moments; a shape holding more, or none of whose blocks train, stays as below
+        sharded = _sharded_moments(frameless, gradient_counts or {})
+        if sharded is not None:
+            return sharded
     if copies == 1 and gradients_made and backward_done:
         # a completed traced backward made gradients of some shapes only: the parameters that
         # train (a fine-tune's last layers, a distillation's student) have their copies, the
@@ -1212,6 +1232,32 @@ def _copies_of_gradients(
     if chosen is None or chosen[0] < _GRADIENT_COPIES_SHARE * total:
         return 1, None
     return chosen[1], chosen[2]
+
+
+def _sharded_moments(
+    frameless: Sequence[LiveAllocation], gradient_counts: Mapping[int, int]
+) -> dict[int, tuple[int, str, float]] | None:
+    """The frame-less blocks as parameters and a sharded optimizer's moments, shape by shape
+    (`_place_model_states`); None where no shape holds moments or one holds more than two a
+    parameter (something else shares the shapes)."""
+    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
+    for allocation in frameless:
+        by_shape[allocation.requested_bytes].append(allocation)
+    result: dict[int, tuple[int, str, float]] = {}
+    moments = False
+    for shape, group in by_shape.items():
+        group.sort(key=lambda a: a.address)
+        trained = gradient_counts.get(shape, 0)
+        if trained and len(group) > 3 * trained:
+            return None
+        kept = trained if trained else len(group)  # a shape without gradients: frozen weights
+        for position, allocation in enumerate(group):
+            if position < kept:
+                result[allocation.address] = (PARAMETERS, METHOD_SIZE_MATCH, 0.4)
+            else:
+                result[allocation.address] = (OPTIMIZER_STATE, METHOD_SIZE_MATCH, 0.4)
+                moments = True
+    return result if moments else None
 
 
 def _copies_of_weights(
