@@ -63,6 +63,7 @@ from oomdoctor.analysis.results import (
     Recommendation,
     ReplaySummary,
     StepSummary,
+    Summary,
     Unknown,
     UnknownKind,
     WhatIf,
@@ -679,6 +680,11 @@ def _result(
         has_time=state.has_time,
     )
     primary = judgement.primary
+    summary, secondary = primary.summary, judgement.secondary
+    if any(u.kind in (UnknownKind.STEPS_BEFORE_TRACE, UnknownKind.TRACE_AFTER_SETUP) for u in unknowns):
+        # steps may have run before the trace: a story that names steps says they are the trace's
+        summary = _steps_of_the_trace(summary)
+        secondary = tuple(replace(f, summary=_steps_of_the_trace(f.summary)) for f in secondary)
     return Analysis(
         schema_version=RESULT_SCHEMA_VERSION,
         device=dump.index,
@@ -696,13 +702,21 @@ def _result(
         live_blocks=tuple(blocks),
         verdict=primary.verdict,
         confidence=primary.confidence,
-        summary=primary.summary,
+        summary=summary,
         evidence=primary.evidence,
-        secondary=judgement.secondary,
+        secondary=secondary,
         recommendations=judgement.recommendations,
         what_if=judgement.what_if,
         unknowns=unknowns,
     )
+
+
+def _steps_of_the_trace(summary: Summary) -> Summary:
+    """The summary with `trace_steps` where it names a step: the steps it names are counted from
+    the trace's start, which came after the run's (phrasing says so)."""
+    if all(summary.facts.get(name) is None for name in ("step", "earlier_step", "rest_step")):
+        return summary
+    return Summary(summary.kind, summary.facts.adding(trace_steps=1))
 
 
 def _peak_step(steps: tuple[StepSummary, ...], allocated_bytes: int) -> StepSummary | None:

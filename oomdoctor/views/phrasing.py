@@ -11,6 +11,7 @@ To word a new kind: add it to its enum in `oomdoctor.analysis.results` and its s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from oomdoctor.analysis.results import (
@@ -597,8 +598,15 @@ _UNLESS_ACCUMULATING = ", unless the run accumulates them on purpose (no optimiz
 
 
 def summary(item: Summary) -> str:
-    """A finding's story in one or two sentences."""
-    return _summary_words(item.kind, item.facts)
+    """A finding's story in one or two sentences; where the steps it names are the trace's (steps
+    may have run before it began), it says so."""
+    words = _summary_words(item.kind, item.facts)
+    if item.facts.get("trace_steps") and _STEP_NUMBER.search(words):
+        words += " (Steps are counted from the trace's start; more may have run before it.)"
+    return words
+
+
+_STEP_NUMBER = re.compile(r"\b[Ss]tep \d")
 
 
 EVIDENCE: dict[str, str] = {
