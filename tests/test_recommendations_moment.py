@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from oomdoctor.analysis import analyse
 from oomdoctor.model import Frame
+from oomdoctor.views import phrasing
 from tests.builders import FOREACH_STACK, FORWARD_STACK, USER_STACK, MiB, Sim
 
 BACKWARD_STACK = (Frame("train.py", 42, "train_step"),)
@@ -122,3 +123,47 @@ def test_a_report_of_the_dump_says_its_batch_sized_savings_are_at_a_recorded_pea
     assert halved.estimated_saved_bytes > analysis.replay.target_allocated_bytes  # why the heading must say
     title = report_rows.changes_title(analysis)
     assert f"at step {analysis.what_if.basis.step}'s peak" in title
+
+
+# A serving engine's KV cache, made up front by a function its engine names for it (vLLM's
+# CacheEngine._allocate_kv_cache), after the weights were loaded.
+KV_CACHE_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/utils/_device.py", 104, "__torch_function__"),
+    Frame("cache_engine.py", 80, "_allocate_kv_cache"),
+    Frame("cache_engine.py", 40, "__init__"),
+    Frame("serve.py", 120, "main"),
+)
+ATTENTION_STACK = (
+    Frame("/usr/lib/python3/site-packages/torch/functional.py", 400, "matmul"),
+    Frame("attention.py", 60, "forward"),
+    Frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1751, "_wrapped_call_impl"),
+    Frame("serve.py", 130, "main"),
+)
+
+
+def _engine_out_of_memory(request_frames):
+    from tests.builders import SETUP_STACK
+
+    sim = Sim(total_bytes=96 * MiB)
+    for _ in range(4):
+        sim.alloc(5 * MiB, SETUP_STACK)  # the weights
+    sim.oom(64 * MiB, request_frames)
+    return analyse(sim.snapshot(metadata=False))
+
+
+def test_an_oversized_pool_made_up_front_is_advised_smaller_not_computed_in_pieces():
+    """A serving engine that runs out while it pre-allocates its KV cache (one 64 MiB tensor of a
+    96 MiB device, beside 20 MiB of weights): the request is a pool sized by a setting, not an
+    operation whose input could be split, so the advice is a smaller pool, not chunking the op
+    ('for logits, a chunked cross-entropy'); an oversized request made by a forward is still told
+    to compute it in pieces."""
+    analysis = _engine_out_of_memory(KV_CACHE_STACK)
+    assert analysis.verdict == "oversized-request"
+    ids = [r.id for r in analysis.recommendations]
+    assert "smaller-preallocation" in ids and "chunk-large-op" not in ids, ids
+    pool = next(r for r in analysis.recommendations if r.id == "smaller-preallocation")
+    assert pool.estimated_saved_bytes == 32 * MiB  # sized at half the pool
+    assert "KV cache" in phrasing.recommendation(pool)
+
+    ids = [r.id for r in _engine_out_of_memory(ATTENTION_STACK).recommendations]
+    assert "chunk-large-op" in ids and "smaller-preallocation" not in ids, ids

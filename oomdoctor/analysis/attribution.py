@@ -277,6 +277,12 @@ def _by_names(stack: Stack) -> int | None:
     return None
 
 
+def preallocates(stack: Stack) -> bool:
+    """Whether the user's own function and file names say the stack makes a pre-allocation (a KV
+    cache, a memory pool sized up front), as they place a live block so."""
+    return _by_names(stack) == PREALLOCATED
+
+
 def _loads_data(stack: Stack) -> bool:
     """Whether the stack makes or moves a batch: torch's data loading, or user code named so."""
     for frame in stack:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.accounting import place_after_freeing
+from oomdoctor.analysis.attribution import preallocates
 from oomdoctor.analysis.frame_kinds import in_torch_optim, is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -41,6 +42,7 @@ CHECKPOINTING_SAVES = 0.7  # of live activations, checkpointing the largest bloc
 EIGHT_BIT_SAVES_OF_FOUR = 3  # an 8-bit optimizer keeps about a quarter of the state: saves 3/4
 NO_GRAD_SAVES = 0.9  # of the activations a grad-mode evaluation pass keeps
 CHUNKING_SAVES_OF_FOUR = 3  # computing an oversized op in chunks of a quarter saves 3/4 of the request
+POOL_SAVES_OF_TWO = 1  # a pre-allocated pool sized at half saves half of the request
 
 
 @dataclass(frozen=True)
@@ -495,11 +497,16 @@ def recommend(
         # keeps, whole, so computing it in pieces saves nothing; keeping them off the device does)
         # without an OOM, the request that hit the limit and was retried
         request = ctx.request or max((n.request_bytes for n in ctx.near_ooms), default=0)
-        add(
-            Change.CHUNK_LARGE_OP,
-            request * CHUNKING_SAVES_OF_FOUR // 4,
-            request_scale=(4 - CHUNKING_SAVES_OF_FOUR) / 4,
-        )
+        if ctx.oom is not None and preallocates(ctx.request_frames):
+            # the request is a pool made up front (a serving engine's KV cache): one tensor sized by
+            # a setting, not an operation whose input could be split; a smaller pool is smaller
+            add(Change.SMALLER_PREALLOCATION, request * POOL_SAVES_OF_TWO // 2, request_scale=POOL_SAVES_OF_TWO / 2)
+        else:
+            add(
+                Change.CHUNK_LARGE_OP,
+                request * CHUNKING_SAVES_OF_FOUR // 4,
+                request_scale=(4 - CHUNKING_SAVES_OF_FOUR) / 4,
+            )
     if Verdict.OUTSIDE_PYTORCH in verdicts and ctx.accounting.non_pytorch_bytes:
         add(
             Change.FREE_OTHER_PROCESSES,

@@ -439,6 +439,7 @@ class Change(StrEnum):
     SHARD_OVER_MORE_GPUS = "shard-over-more-gpus"
     SMALLER_WEIGHTS = "smaller-weights"  # model states that are weights only: nothing trains
     CHUNK_LARGE_OP = "chunk-large-op"
+    SMALLER_PREALLOCATION = "smaller-preallocation"  # the failed request is a pool sized up front (a KV cache)
     FREE_OTHER_PROCESSES = "free-other-processes"
     OUTPUTS_TO_CPU = "outputs-to-cpu"
     STATE_DICT_TO_CPU = "state-dict-to-cpu"

@@ -299,6 +299,9 @@ CHANGES: dict[str, str] = {
     Change.CHUNK_LARGE_OP: (
         "Compute the oversized operation in pieces: split its input along the batch, sequence or spatial dimensions and process one piece at a time (for logits, a chunked or fused cross-entropy), so no single tensor needs that much."
     ),
+    Change.SMALLER_PREALLOCATION: (
+        "Pre-allocate less: the failed request is a cache or memory pool sized up front (a KV cache), not an operation to split; size it for what is left beside the weights and the largest pass (fewer cache blocks, a shorter maximum length or fewer sequences at once; in vLLM a lower gpu_memory_utilization, max_model_len or max_num_seqs). Its saving is at half the pool."
+    ),
     Change.FREE_OTHER_PROCESSES: "Stop the other processes on this GPU (see nvidia-smi) or pick a free device.",
     Change.OUTPUTS_TO_CPU: (
         "Stop keeping every batch's outputs on the GPU: move each to the CPU as it is made (`logits.cpu()`; transformers' `eval_accumulation_steps`), reduce them first (`preprocess_logits_for_metrics`: argmax, not logits), or compute the metric batch by batch."
