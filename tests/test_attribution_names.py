@@ -199,3 +199,64 @@ def test_tensors_a_data_loader_reads_from_files_are_no_weights():
     )
     components = _loaded_then_forward(cached)
     assert "parameters" not in components
+
+
+def _offloaded_forward(move_stack) -> dict[str, int]:
+    """Inference with its layers offloaded to the CPU: 1 GiB of resident weights, then a forward
+    whose hook moves one layer's 512 MiB of weights in (`move_stack`) beside 1.25 GiB of activations,
+    the earlier layers' copies moved in and freed, and the OOM."""
+    sim = Sim(total_bytes=16 * GiB)
+    for _ in range(8):
+        sim.alloc(128 * MiB, SETUP_STACK)
+    for _ in range(3):  # earlier layers: their weights come in for their forward and go again
+        sim.free(sim.alloc(512 * MiB, move_stack))
+        sim.alloc(256 * MiB, _forward("serve.py"))
+    sim.alloc(512 * MiB, move_stack)
+    for _ in range(5):
+        sim.alloc(256 * MiB, _forward("serve.py"))
+    sim.oom(8 * GiB, _forward("serve.py"))
+    return _components(analyse(sim.snapshot(metadata=False)))
+
+
+HOOK_CALL = (
+    Frame(TORCH + "nn/modules/module.py", 1790, "_call_impl"),
+    Frame(TORCH + "nn/modules/module.py", 1751, "_wrapped_call_impl"),
+    Frame("model.py", 30, "forward"),
+    Frame(TORCH + "nn/modules/module.py", 1751, "_wrapped_call_impl"),
+    Frame("serve.py", 40, "main"),
+)
+
+
+@pytest.mark.parametrize(
+    "move",
+    [
+        (  # diffusers' enable_model_cpu_offload, accelerate's cpu_offload_with_hook: module.to(device)
+            Frame(TORCH + "nn/modules/module.py", 1340, "convert"),
+            Frame(TORCH + "nn/modules/module.py", 900, "_apply"),
+            Frame(TORCH + "nn/modules/module.py", 1355, "to"),
+            Frame("/usr/lib/python3/site-packages/accelerate/hooks.py", 700, "pre_forward"),
+        ),
+        (  # accelerate's AlignDevicesHook (device_map offloading)
+            Frame("/usr/lib/python3/site-packages/accelerate/utils/modeling.py", 330, "set_module_tensor_to_device"),
+            Frame("/usr/lib/python3/site-packages/accelerate/hooks.py", 360, "pre_forward"),
+            Frame("/usr/lib/python3/site-packages/accelerate/hooks.py", 170, "new_forward"),
+        ),
+    ],
+    ids=["module-to", "set-module-tensor"],
+)
+def test_weights_an_offload_hook_moves_in_for_a_forward_are_parameters(move):
+    """The layer's weights an offload hook moved onto the device for its forward are its
+    parameters while it runs, not activations (the phase, a forward, said activations: a third of
+    a fifth of the live memory here, and a batch-sized 'activation spike' that a smaller batch would not shrink)."""
+    components = _offloaded_forward((*move, *HOOK_CALL))
+    assert components.get("parameters") == 1 * GiB + 512 * MiB
+    assert components.get("activations") == 2 * GiB
+
+
+def test_a_tensor_moved_inside_a_forward_by_user_code_stays_an_activation():
+    """A tensor's own `.to()` inside a forward (a mask or a position table moved to the input's
+    device) moves no module's tensors: an activation, as the phase says."""
+    moved = (Frame(TORCH + "_tensor.py", 40, "to"), Frame("model.py", 20, "forward"), *HOOK_CALL[1:])
+    components = _offloaded_forward(moved)
+    assert components.get("parameters") == 1 * GiB
+    assert components.get("activations") == 2 * GiB + 512 * MiB

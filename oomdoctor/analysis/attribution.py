@@ -402,6 +402,29 @@ def fsdp_parameter_frames(stack: Stack) -> bool:
     return False
 
 
+# A module's tensors moved onto the device inside a forward: an offload hook that brings a layer's
+# weights in before its forward and sends them back after it (diffusers' enable_model_cpu_offload
+# and accelerate's cpu_offload_with_hook call `module.to(device)`; accelerate's AlignDevicesHook,
+# behind device_map offloading, calls its `set_module_tensor_to_device`, a name copied widely). The
+# phase (a forward) would call them activations; they are the layer's parameters while it runs.
+_MODULE_FILE = "torch/nn/modules/module.py"
+_MODULE_MOVES = frozenset({"_apply", "to", "cuda", "to_empty"})
+_SET_MODULE_TENSOR = "set_module_tensor_to_device"
+
+
+def moves_module_tensors(stack: Stack) -> bool:
+    """Whether the stack moves or converts a module's own tensors (`Module.to`, `.cuda`, `_apply`)
+    or sets one (accelerate's `set_module_tensor_to_device`)."""
+    for frame in stack:
+        if not is_python_source(frame):
+            continue
+        if frame.name == _SET_MODULE_TENSOR:
+            return True
+        if frame.name in _MODULE_MOVES and frame.filename.replace("\\", "/").endswith(_MODULE_FILE):
+            return True
+    return False
+
+
 # DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
 # the first, every step: torch's replicate broadcasts the model (the replica's parameters and
 # buffers), the scatter (DataParallel.scatter, torch's or a subclass's such as torch_geometric's,
@@ -687,6 +710,9 @@ def attribute(
             freed_at = frees.get(address)
             if _workspace_frames(stack):
                 component, method, confidence = WORKSPACE, METHOD_FRAMES, 0.9
+            elif phase in FORWARD_PASSES and moves_module_tensors(stack):
+                # a layer's weights an offload hook moved onto the device for its forward
+                component, method, confidence = PARAMETERS, METHOD_FRAMES, 0.7
             elif alloc_index in successors:  # a parameter the optimizer step replaced out of place
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
