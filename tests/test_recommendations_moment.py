@@ -167,3 +167,25 @@ def test_an_oversized_pool_made_up_front_is_advised_smaller_not_computed_in_piec
 
     ids = [r.id for r in _engine_out_of_memory(ATTENTION_STACK).recommendations]
     assert "chunk-large-op" in ids and "smaller-preallocation" not in ids, ids
+
+
+def test_an_oom_while_loading_weights_claims_no_fit_for_the_rest_of_the_load():
+    """A model loaded shard by shard with torch.load straight to the device runs out at a 40 MiB
+    tensor with 80 MiB of weights loaded: a change that places this tensor is not known to place
+    the tensors still to come (nothing in the file says how many), so no change 'would fit on its
+    own', and the report says the rest of the load is unknown."""
+    torch_dir = "/usr/lib/python3/site-packages/torch/"
+    load = (
+        Frame(torch_dir + "serialization.py", 1400, "restore_location"),
+        Frame(torch_dir + "serialization.py", 1900, "load"),
+        Frame("serve.py", 30, "load_checkpoint_shards"),
+        Frame("serve.py", 60, "main"),
+    )
+    sim = Sim(total_bytes=100 * MiB)
+    for _ in range(8):
+        sim.alloc(10 * MiB, load)
+    sim.oom(40 * MiB, load)
+    analysis = analyse(sim.snapshot(metadata=False))
+    assert analysis.recommendations
+    assert all(r.would_fit_alone is not True for r in analysis.recommendations), analysis.recommendations
+    assert "load-unfinished" in {u.kind for u in analysis.unknowns}

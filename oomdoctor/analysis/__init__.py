@@ -630,6 +630,12 @@ def _unknowns(
             # the run's first step: a stateless optimizer (plain SGD), an evaluation, or state read as
             # another kind leaves nothing to count the steps that ran before it
             unknowns.append(Unknown(UnknownKind.TRACE_AFTER_SETUP))
+    if (
+        accounted.fatal is not None
+        and target.index is not None
+        and _attribution.reads_weights(trace.frames_at(target.index))
+    ):
+        unknowns.append(Unknown(UnknownKind.LOAD_UNFINISHED))
     unknowns.extend(accounted.accounting.unknowns)
     if accounted.fatal is not None and metadata.oom is not None and metadata.oom.surfaced is False:
         unknowns.append(Unknown(UnknownKind.OOM_RETRIED))

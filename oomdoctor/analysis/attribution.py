@@ -243,6 +243,12 @@ def _reads_weights(stack: Stack) -> bool:
     )
 
 
+def reads_weights(stack: Stack) -> bool:
+    """Whether the stack reads tensors from a file (torch.load, safetensors) outside data loading:
+    weights, or a resumed run's state, being loaded."""
+    return _reads_weights(stack)
+
+
 def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
     """(component, method, confidence) of a block by what its code is called: a library that reads
     weights from a file (frames), else the words of the user's own function and file names

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.accounting import place_after_freeing
-from oomdoctor.analysis.attribution import preallocates
+from oomdoctor.analysis.attribution import preallocates, reads_weights
 from oomdoctor.analysis.frame_kinds import in_torch_optim, is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -59,7 +59,8 @@ class Requirement:
     When the OOM interrupted a forward (`Context.passes.rest`): `rest_gap_bytes`, what the rest of
     the pass and its backward add to the shortfall, extrapolated from a comparable earlier pass; or
     `rest_unknown`, nothing shows the rest, so a change that covers the shortfall may still not be
-    enough (its "would fit" is None).
+    enough (its "would fit" is None); so too when the failed request was reading weights from a file
+    (a model being loaded: the rest of the load is unknown).
     """
 
     shortfall_bytes: int | None
@@ -103,6 +104,15 @@ def _checkpointed(stack: Sequence[Frame]) -> bool:
 
 
 def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
+    need = _requirement(ctx, verdicts)
+    if ctx.oom is not None and need.shortfall_bytes is not None and reads_weights(ctx.request_frames):
+        # the request reads weights from a file (torch.load, safetensors): the OOM interrupted a
+        # load whose rest nothing shows, so a change that places this tensor may not place the next
+        need = replace(need, rest_unknown=True)
+    return need
+
+
+def _requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     shortfall = ctx.shortfall()
     limit = None
     if ctx.placement_failure() and ctx.request:

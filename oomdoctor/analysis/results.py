@@ -58,6 +58,7 @@ class UnknownKind(StrEnum):
     PRE_EXISTING_NO_STACK = "pre-existing-no-stack"  # count: of them, live at the target with no stack
     STEPS_BEFORE_TRACE = "steps-before-trace"  # optimizer state predates the trace: steps ran before it
     TRACE_AFTER_SETUP = "trace-after-setup"  # parameters predate the trace: steps may have run before it
+    LOAD_UNFINISHED = "load-unfinished"  # the failed request was reading weights from a file: the rest of the load
     NO_STACK = "no-stack"  # count: live blocks with no stack in a snapshot with no trace at all
     NO_DEVICE_TOTAL = "no-device-total"
     NO_DEVICE_FREE = "no-device-free"

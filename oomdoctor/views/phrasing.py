@@ -61,6 +61,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.TRACE_AFTER_SETUP: (
         "how many steps ran before the trace: its steps are counted from its start, which came after the model's parameters were made"
     ),
+    UnknownKind.LOAD_UNFINISHED: (
+        "how much was still to be loaded: the failed request was reading tensors from a file (torch.load, safetensors), so a change that places it is not known to place the rest of the load"
+    ),
     UnknownKind.PRE_EXISTING_NO_STACK: (
         "{count} of the blocks live at the target predate the trace and carry no stack: what they are is inferred from their shapes and what the trace does to them"
     ),
