@@ -173,7 +173,8 @@ def test_an_oom_while_loading_weights_claims_no_fit_for_the_rest_of_the_load():
     """A model loaded shard by shard with torch.load straight to the device runs out at a 40 MiB
     tensor with 80 MiB of weights loaded: a change that places this tensor is not known to place
     the tensors still to come (nothing in the file says how many), so no change 'would fit on its
-    own', and the report says the rest of the load is unknown."""
+    own', and the report says the rest of the load is unknown. The oversized request is a weight: it
+    is told to hold the weights in less memory, not to split an operation's input along the batch."""
     torch_dir = "/usr/lib/python3/site-packages/torch/"
     load = (
         Frame(torch_dir + "serialization.py", 1400, "restore_location"),
@@ -189,3 +190,6 @@ def test_an_oom_while_loading_weights_claims_no_fit_for_the_rest_of_the_load():
     assert analysis.recommendations
     assert all(r.would_fit_alone is not True for r in analysis.recommendations), analysis.recommendations
     assert "load-unfinished" in {u.kind for u in analysis.unknowns}
+    # a weight read from a file is no operation to split: the weights are held in less memory
+    ids = {r.id for r in analysis.recommendations}
+    assert "chunk-large-op" not in ids and "smaller-weights" in ids, ids

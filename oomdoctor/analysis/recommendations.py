@@ -511,6 +511,11 @@ def recommend(
             # the request is a pool made up front (a serving engine's KV cache): one tensor sized by
             # a setting, not an operation whose input could be split; a smaller pool is smaller
             add(Change.SMALLER_PREALLOCATION, request * POOL_SAVES_OF_TWO // 2, request_scale=POOL_SAVES_OF_TWO / 2)
+        elif ctx.oom is not None and reads_weights(ctx.request_frames):
+            # a tensor read from a file (a weight being loaded): no operation to split; the weights
+            # held in less memory are (and the rest of the load with them)
+            if Verdict.MODEL_STATES_TOO_LARGE not in verdicts:
+                add(Change.SMALLER_WEIGHTS, (parameters + request) // 2)
         else:
             add(
                 Change.CHUNK_LARGE_OP,
