@@ -51,6 +51,7 @@ from oomdoctor.analysis.results import (
     PHASE_UNKNOWN,
     SOURCE_MARKERS,
     SOURCE_NONE,
+    TRAINING_PHASES,
     Accounting,
     Analysis,
     ComponentShare,
@@ -418,7 +419,11 @@ def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock
         span = dump.spans[position]
         index = span.last_index
     first = span.first_index
-    for earlier in reversed(dump.spans[:position]):  # a forward may be cut into spans
+    # a forward may be cut into spans; in a run that does not train each span is a pass of its own
+    # (phases.py starts one where a pass returned and the next began, as passes.py reads them): an
+    # inference loop's earlier passes, of which only their kept outputs live, are not this pass
+    trains = any(s.phase in TRAINING_PHASES for s in dump.spans)
+    for earlier in reversed(dump.spans[:position] if trains else ()):
         if earlier.phase != span.phase:
             break
         first = earlier.first_index
