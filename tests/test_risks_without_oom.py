@@ -315,10 +315,11 @@ def test_a_file_that_cannot_tell_says_so_in_the_verdict_line():
     assert text_report.render(analyse(seen.snapshot(metadata=False))).startswith("Verdict: no-oom  (confidence 90%)")
 
 
-def _prediction_loop(grad: bool):
+def _prediction_loop(grad: bool, oom: bool = False):
     """A batch-inference loop (`predict`) that keeps each batch's predictions (4 KiB) and runs three
     passes of 20 x 16 MiB and a last, larger one of 20 x 20 MiB; with grad mode on every pass keeps
-    its intermediates until it returns, under no_grad only the last two. Dumped at the end."""
+    its intermediates until it returns, under no_grad only the last two. Dumped at the end, or
+    (`oom`) on a 1 GiB device the last pass runs out at its end asking for 128 MiB."""
     torch_dir = "/usr/lib/python3/site-packages/torch/"
 
     def forward(line: int):
@@ -331,7 +332,7 @@ def _prediction_loop(grad: bool):
         )
 
     prediction = (Frame(torch_dir + "_tensor.py", 10, "argmax"), Frame("serve.py", 41, "predict"))
-    sim = Sim(total_bytes=16 * GiB)
+    sim = Sim(total_bytes=1 * GiB if oom else 16 * GiB)
     for _ in range(8):
         sim.alloc(64 * MiB, SETUP_STACK)
     for batch in range(4):
@@ -341,10 +342,16 @@ def _prediction_loop(grad: bool):
             blocks.append(sim.alloc(size, forward(10 + layer)))
             if not grad and len(blocks) > 2:
                 sim.free(blocks.pop(0))
+        if oom and batch == 3:
+            sim.oom(128 * MiB, forward(30))
+            break
         sim.alloc(4096, prediction)
         for block in blocks:
             sim.free(block)
-    return _findings(analyse(sim.snapshot(metadata=False)))
+    analysis = analyse(sim.snapshot(metadata=False))
+    if oom:  # the verdict's summary, and the secondary findings'
+        return {analysis.verdict: analysis.summary, **{f.verdict: f.summary for f in analysis.secondary}}
+    return _findings(analysis)
 
 
 def test_an_inference_loop_that_keeps_its_predictions_is_judged_pass_by_pass_for_a_kept_graph():
@@ -355,3 +362,14 @@ def test_an_inference_loop_that_keeps_its_predictions_is_judged_pass_by_pass_for
     same loop shows no risk."""
     assert "inference-with-grad" in _prediction_loop(grad=True)
     assert "inference-with-grad" not in _prediction_loop(grad=False)
+
+
+def test_an_oom_in_an_inference_loop_with_grad_mode_on_is_inference_with_grad():
+    """At the OOM, the last pass of the prediction loop keeps all it allocated (400 MiB, 20 tensors),
+    after three passes that no backward followed, in a run that never trains: grad mode is on
+    (inference-with-grad, with the no_grad change), not only an activation spike of a larger batch.
+    The same loop under no_grad keeps two tensors and is not judged so."""
+    found = _prediction_loop(grad=True, oom=True)
+    assert "inference-with-grad" in found
+    assert "At the OOM, a forward pass keeps 400.00 MiB" in phrasing.summary(found["inference-with-grad"])
+    assert "inference-with-grad" not in _prediction_loop(grad=False, oom=True)

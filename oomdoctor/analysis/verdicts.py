@@ -75,6 +75,7 @@ SMALLEST_GPU_BYTES = GIB  # no CUDA GPU has less: a capacity below it means memo
 # Risks judged without an OOM event
 KEPT_GRAPH_SHARE = 0.4  # a pass under no_grad frees each intermediate once used; keeping this share keeps a graph
 KEPT_GRAPH_MIN_TENSORS = 16  # and a graph is many tensors (no_grad keeps the last few alive)
+NO_GRAD_FREES = 0.9  # of a kept graph, what no_grad frees (recommendations.NO_GRAD_SAVES)
 MODEL_STATES_SHARE = 0.9  # model states this share of allocated: they are what fills memory
 AT_CAPACITY_FREE_PART = 100  # at capacity: the cache holds under a hundredth of reserved free
 FEW_TRACE_ENTRIES = 8  # a trace this short (torch 2.0 kept one entry by default) may have lost its OOM
@@ -853,6 +854,43 @@ def _test_inference_with_grad(ctx: Context) -> Finding | None:
     )
 
 
+def _test_evaluation_keeps_graph(ctx: Context) -> Finding | None:
+    """At an OOM inside an evaluation pass (by its frames: a predict, inference or generate loop)
+    of a run that shows no training at all, after earlier passes of the loop that no backward
+    followed: the pass keeping most of what it allocated, in many tensors, keeps its graph, as
+    `_risk_kept_graph` reads a pass without an OOM. Under no_grad each intermediate goes once used.
+    (The loop's first pass is not judged: nothing before it shows that no backward comes.)"""
+    if ctx.oom is None or ctx.target_phase != PHASE_EVALUATION or ctx.target_index is None:
+        return None
+    if _training_seen(ctx) or len(_kept_from_earlier_passes(ctx)[0]) < 2:
+        return None
+    allocated, kept = ctx.pass_allocated_bytes, ctx.pass_kept_bytes
+    if not allocated or kept < KEPT_GRAPH_SHARE * allocated or ctx.pass_kept_count < KEPT_GRAPH_MIN_TENSORS:
+        return None
+    if kept * NO_GRAD_FREES < ctx.needed:  # what no_grad would free does not cover what was missing
+        return None
+    return Finding(
+        Verdict.INFERENCE_WITH_GRAD,
+        0.7,
+        Summary(
+            SummaryKind.KEPT_GRAPH_RISK,
+            Facts.of(
+                kept=kept,
+                share=kept / allocated,
+                parameters=ctx.components.get(Component.PARAMETERS, 0),
+                at="OOM",
+                returned=0,
+            ),
+        ),
+        (
+            Evidence(EvidenceKind.PASS_ALLOCATED, "pass_allocated_bytes", allocated, ctx.target_index),
+            Evidence(EvidenceKind.PASS_KEPT, "pass_kept_bytes", kept, ctx.target_index),
+            Evidence(EvidenceKind.NO_TRAINING, "training_seen", value=0),
+            _missing_evidence(ctx),
+        ),
+    )
+
+
 def _earlier_activation_peak(ctx: Context) -> int:
     """The highest activation peak of the completed steps comparable with the target's
     (`passes.comparable_steps`: same phases, a completed forward, not setup, not a step the trace
@@ -1522,6 +1560,7 @@ TESTS: tuple[Callable[[Context], Finding | None], ...] = (
     _test_gradients_kept,
     _test_leak,
     _test_inference_with_grad,
+    _test_evaluation_keeps_graph,
     _test_optimizer_buildup,
     _test_activation_spike,
 )
