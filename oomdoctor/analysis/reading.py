@@ -93,7 +93,9 @@ def replay(dump: DeviceDump, series_points: int) -> ReplayState:
         dump.settings.rounding_divisions if dump.settings is not None else (),
         series_points,
         _attribution.PHASE_COMPONENT,
-        _attribution.components_by_own_stacks(dump.trace),
+        # oomdoctor's registry names DDP's buckets and FSDP's parameters already: reading every
+        # allocation's stack for them is the plain snapshot's work
+        {} if dump.registry else _attribution.components_by_own_stacks(dump.trace),
     )
 
 
