@@ -458,6 +458,46 @@ def test_parameters_an_optimizer_replaces_out_of_place_stay_parameters():
     assert at_end["optimizer_state"] == 12 * MiB
 
 
+def test_weights_and_moments_an_optimizer_replaces_after_a_trace_began_are_parameters_and_state():
+    """A user-written Adam that makes its moments and its weights anew each step (`m = b1 * m + ...`,
+    `p.data = p.data - lr * update`), in a trace begun after the model and its moments were made (a
+    wrapped ring buffer): the step frees three pre-trace copies of each shape, a weight and two
+    moments, and their replacements live on. One copy is the parameters, as in the whole trace;
+    all three were optimizer state."""
+    constructor = (Frame("layers.py", 19, "__init__"), Frame("train.py", 20, "main"))
+    sizes = (4, 2)
+    sim = Sim()
+    weights = [sim.alloc(size * MiB, constructor) for size in sizes]
+    firsts = [sim.alloc(size * MiB, constructor) for size in sizes]
+    seconds = [sim.alloc(size * MiB, constructor) for size in sizes]
+    sim.start_recording()
+    for _ in range(2):
+        sim.marker("forward", "start")
+        sim.free(sim.alloc(16 * MiB, FORWARD_STACK))
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        gradients = [sim.alloc(size * MiB, ()) for size in sizes]
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        for copies, line in ((firsts, 51), (seconds, 56), (weights, 64)):
+            for index, size in enumerate(sizes):
+                made = sim.alloc(size * MiB, (Frame("train.py", line, "step"),))
+                sim.free(copies[index])
+                copies[index] = made
+        sim.marker("optimizer_step", "end")
+        sim.marker("zero_grad", "start")
+        for gradient in gradients:
+            sim.free(gradient)
+        sim.marker("zero_grad", "end")
+    snapshot = sim.snapshot(metadata=True, registry=False)
+    first_step = analyse(snapshot, at_event=2).component_bytes()  # the first forward: all pre-trace
+    assert first_step["parameters"] == 6 * MiB
+    assert first_step["optimizer_state"] == 12 * MiB
+    at_end = analyse(snapshot, at_event=len(snapshot.trace_of(0)) - 1).component_bytes()
+    assert at_end["parameters"] == 6 * MiB
+    assert at_end["optimizer_state"] == 12 * MiB
+
+
 DDP_INIT_STACK = (
     Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1437, "_ddp_init_helper"),
     Frame("/usr/lib/python3/site-packages/torch/nn/parallel/distributed.py", 1011, "__init__"),

@@ -506,6 +506,11 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
     return None
 
 
+_REPLACED_BY_STEP = (OPTIMIZER_STATE, METHOD_LIFETIME, 0.5)  # a pre-trace block an optimizer step freed
+_REPLACED_COPIES = 3  # a weight and two moments of each shape, all replaced by the step
+_REPLACED_WEIGHT_CONFIDENCE = 0.4  # which copy of a shape is the weight is unknown: its bytes are not
+
+
 def _place_by_fate(free_index: int | None, phases: PhaseIndex) -> tuple[int, str, float] | None:
     """A pre-trace block placed by what the trace later does to it."""
     if free_index is None:
@@ -516,11 +521,29 @@ def _place_by_fate(free_index: int | None, phases: PhaseIndex) -> tuple[int, str
     if span.phase == PHASE_ZERO_GRAD:
         return GRADIENTS, METHOD_LIFETIME, 0.7
     if span.phase == PHASE_OPTIMIZER:  # replaced by the step that updates it
-        return OPTIMIZER_STATE, METHOD_LIFETIME, 0.5
+        return _REPLACED_BY_STEP
     if span.phase == PHASE_BACKWARD:  # saved for this backward by a forward before the trace
         return ACTIVATIONS, METHOD_LIFETIME, 0.4
     # freed by a forward or between steps: not a model state (nothing frees those there)
     return UNKNOWN, METHOD_LIFETIME, 0.0
+
+
+def _weights_among_replaced(allocations: Sequence[LiveAllocation], placed: dict[int, tuple[int, str, float]]) -> None:
+    """The pre-trace blocks an optimizer step replaced (_place_by_fate's optimizer state) that hold
+    three copies of one set of shapes are a weight and two moments of each: a user-written Adam
+    that makes its moments and its weights anew (`m = b1 * m + ...`, `p.data = p.data - lr * ...`),
+    in a trace begun after the model was made (a wrapped ring buffer). One copy of each shape is
+    the parameters (torch.optim updates both in place and replaces none). Changed in place."""
+    replaced = [a for a in allocations if placed.get(a.address) == _REPLACED_BY_STEP]
+    sizes = [(a.requested_bytes, a.size_bytes) for a in replaced]
+    if not replaced or model_state_copies(sizes, _REPLACED_COPIES) != _REPLACED_COPIES:
+        return
+    counts = Counter(requested for requested, _ in sizes)
+    weights: Counter[int] = Counter()
+    for allocation in replaced:
+        if weights[allocation.requested_bytes] < counts[allocation.requested_bytes] // _REPLACED_COPIES:
+            weights[allocation.requested_bytes] += 1
+            placed[allocation.address] = (PARAMETERS, METHOD_LIFETIME, _REPLACED_WEIGHT_CONFIDENCE)
 
 
 def _shape_totals(sizes: Sequence[tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:
@@ -1063,6 +1086,7 @@ def place_pre_trace(
             frameless.append(allocation)
         else:
             placed[address] = placement
+    _weights_among_replaced(allocations, placed)
     if frameless:
         weights = Counter(a.requested_bytes for a in allocations if placed.get(a.address, _UNPLACED)[0] == PARAMETERS)
         # a kind the frames found is found for these shapes only where its blocks have them (a loss's
