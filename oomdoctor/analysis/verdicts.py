@@ -465,6 +465,7 @@ def master_weights(ctx: Context) -> int | None:
     count: dict[int, int] = {}
     for size in sizes:
         count[size] = count.get(size, 0) + 1
+    count_of = dict(count)
     could = 0
     for size in sorted(count):
         pairs = min(count[size], count.get(2 * size, 0))
@@ -472,33 +473,94 @@ def master_weights(ctx: Context) -> int | None:
         could += 3 * size * pairs
     if could < MASTER_PAIRED_SHARE * total:
         return None
-    best: int | None = None
+    # where each size lies among the parameters, in the order they were made: a block's pair is
+    # found by bisection, not by a walk over the other run
+    where: dict[int, list[int]] = {}
+    for position, size in enumerate(sizes):
+        where.setdefault(size, []).append(position)
+    # Each split's pairs in order hold at most what its two runs' sizes could pair at all (kept
+    # split by split as one block moves across: `before` and `after` count the runs' sizes). The
+    # splits are tried from the largest such bound down, until no bound exceeds the best pairing
+    # found: pairing every split in order made a model of a few thousand tensors take seconds.
+    before: dict[int, int] = {}
+    after = dict(count_of)
+    bounds = [0, 0]  # the masters' bytes that could pair: half precision first, masters first
+
+    def term(size: int, first_half: bool) -> int:
+        half, masters = (before, after) if first_half else (after, before)
+        return min(half.get(size, 0), masters.get(2 * size, 0)) * 2 * size
+
+    candidates: list[tuple[int, int, bool]] = []  # (bound, split, half precision first)
     made = 0
     # the run made first holds a third (half precision first) or two thirds of the paired bytes,
     # and at most all the unpaired ones
     unpaired = 1 - MASTER_PAIRED_SHARE
     for split in range(1, len(sizes)):
-        made += sizes[split - 1]
+        moved = sizes[split - 1]
+        touched = {moved, moved // 2} if moved % 2 == 0 else {moved}
+        for order, first_half in enumerate((True, False)):
+            bounds[order] -= sum(term(size, first_half) for size in touched)
+        before[moved] = before.get(moved, 0) + 1
+        after[moved] -= 1
+        for order, first_half in enumerate((True, False)):
+            bounds[order] += sum(term(size, first_half) for size in touched)
+        made += moved
         share = made / total
         if not any(
             part * MASTER_PAIRED_SHARE <= share <= part * MASTER_PAIRED_SHARE + unpaired for part in (1 / 3, 2 / 3)
         ):
             continue
-        for low, high in ((sizes[:split], sizes[split:]), (sizes[split:], sizes[:split])):
-            paired_low = paired_high = 0
-            position = 0
-            first: int | None = None  # the first master paired
-            for size in low:  # in order: each low block pairs with the next high one of twice its bytes
-                found = next((j for j in range(position, len(high)) if high[j] == 2 * size), None)
-                if found is not None:
-                    paired_low += size
-                    paired_high += high[found]
-                    position = found + 1
-                    first = high[found] if first is None else first
-            # the optimizer began its state with the first master, not with its half-precision copy
-            if paired_low + paired_high >= MASTER_PAIRED_SHARE * total and state.requested_bytes == first:
-                best = paired_high if best is None else max(best, paired_high)
+        for order, first_half in enumerate((True, False)):
+            if 3 * bounds[order] >= 2 * MASTER_PAIRED_SHARE * total:  # the pairs hold 3/2 the masters
+                candidates.append((bounds[order], split, first_half))
+    best: int | None = None
+    for bound, split, first_half in sorted(candidates, reverse=True):
+        if best is not None and bound <= best:
+            break
+        low, start, end = (range(split), split, len(sizes)) if first_half else (range(split, len(sizes)), 0, split)
+        paired = _paired_in_order(sizes, where, low, start, end, state.requested_bytes, total)
+        if paired is not None:
+            best = paired if best is None else max(best, paired)
     return best
+
+
+def _paired_in_order(
+    sizes: Sequence[int],
+    where: Mapping[int, list[int]],
+    low: range,
+    start: int,
+    end: int,
+    first_state: int,
+    total: int,
+) -> int | None:
+    """`master_weights`' pairing of one split: each block of `low` (positions in `sizes`, in order)
+    pairs with the next block of twice its bytes among positions `start` to `end`, after the last one
+    paired. The masters' bytes paired where the pairs hold MASTER_PAIRED_SHARE of `total` and the
+    first master paired is of the optimizer's first state block's bytes; else None. Stops as soon as
+    either cannot hold."""
+    needed = MASTER_PAIRED_SHARE * total
+    left = 3 * sum(sizes[index] for index in low)  # what the pairs could still hold
+    paired_low = paired_high = 0
+    position = start
+    first: int | None = None
+    for index in low:
+        size = sizes[index]
+        left -= 3 * size
+        candidates = where.get(2 * size, ())
+        found = bisect.bisect_left(candidates, position)
+        if found < len(candidates) and candidates[found] < end:
+            if first is None:
+                if 2 * size != first_state:  # the optimizer began with another tensor than this master
+                    return None
+                first = 2 * size
+            paired_low += size
+            paired_high += 2 * size
+            position = candidates[found] + 1
+        if paired_low + paired_high + left < needed:
+            return None
+    if first is None or paired_low + paired_high < needed:
+        return None
+    return paired_high
 
 
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
