@@ -18,6 +18,7 @@ from oomdoctor.analysis.replay import survivor_sizes
 from oomdoctor.pipeline import render_report
 from oomdoctor.tui.content import memory_lines
 from oomdoctor.units import human_size
+from oomdoctor.views import phrasing
 from tests.builders import FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
 KiB = 1 << 10
@@ -136,3 +137,22 @@ def test_one_line_when_the_layout_agrees():
     assert f"the figures describe the dump ({total} allocated)" in text
     assert re.search(rf"^    allocated +{re.escape(total)}  \(of which rounding ", text, re.M)
     assert "as laid out" not in text
+
+
+def test_a_peak_over_memory_from_before_the_trace_is_the_most_the_trace_shows():
+    """A peak judged where blocks from before the trace are alive: the run began before the trace,
+    and what it allocated then is not recorded, so the peak is said to be the trace's. A trace that
+    began on an empty allocator says the peak as it is."""
+    late = phrasing.summary(analyse(forward_then_release()).summary)
+    assert "the most the trace shows: what was allocated before it began is not recorded" in late
+
+    sim = Sim()
+    sim.marker("forward", "start")
+    for address in [sim.alloc(ACTIVATION, FORWARD_STACK) for _ in range(3)]:
+        sim.free(address)
+    sim.marker("forward", "end")
+    sim.alloc(KEPT, USER_STACK)
+    whole = analyse(sim.snapshot(metadata=False))
+    words = phrasing.summary(whole.summary)
+    assert whole.verdict == "no-oom" and "the figures describe the peak" in words
+    assert "the most the trace shows" not in words

@@ -1691,6 +1691,9 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
         # without a trace, or with one too short to have kept an OOM event, that none is recorded
         # says nothing of whether the run ran out
         blind = ctx.trace_entries <= FEW_TRACE_ENTRIES
+        # a peak the trace shows, over a run that began before it (blocks from before the trace are
+        # alive there): what was allocated before the trace began is not recorded
+        before_trace = at == "peak" and not blind and any(b.alloc_index is None for b in ctx.live_blocks)
         blind_facts: dict[str, Fact] = (
             {"entries": ctx.trace_entries, "empty": ctx.trace_entries == 0 and cache.reserved_bytes == 0}
             if blind
@@ -1712,6 +1715,7 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
                     cached=cached,
                     reserved=cache.reserved_bytes if cached is not None else None,
                     releasable=cache.releasable_bytes if cached is not None else None,
+                    before_trace=int(before_trace) or None,
                 ).adding(**blind_facts),
             ),
             (

@@ -452,8 +452,14 @@ def _summary_words(kind: str, f: Facts) -> str:
             recorded = "This file cannot tell whether the run ran out of memory: it holds no allocation history for this device (history recording was off)"
         else:
             recorded = f"This file cannot tell whether the run ran out of memory: its trace holds only {plural(entries, 'entry', 'entries')}, and an OOM before {'it' if entries == 1 else 'them'} would not show"
+        # the trace's peak, of a run that began before the trace: earlier peaks are not recorded
+        earlier = (
+            ", the most the trace shows: what was allocated before it began is not recorded"
+            if f.get("before_trace")
+            else ""
+        )
         return (
-            f"{recorded}; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated)."
+            f"{recorded}; the figures describe the {f.get('at')} ({human(size('allocated'))} allocated){earlier}."
             + _dominance(f)
             + _cached(f)
         )
