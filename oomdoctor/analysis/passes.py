@@ -243,22 +243,29 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
     return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped, misfit, sites)
 
 
+def _kept_at_end(trace: DeviceTrace, one: _Pass) -> set[int]:
+    """The allocations (by event index) made in the pass's backward and alive at its end: the
+    gradients it made. By index: an address the backward (or an optimizer step the pass's span
+    holds) allocated, freed and allocated again is kept once."""
+    actions, addrs = trace.actions, trace.addrs
+    last = min(one.last_index, len(actions) - 1)
+    live: dict[int, int] = {}  # address -> alloc index
+    for index in range(one.first_index, last + 1):
+        if actions[index] == ALLOC:
+            live[addrs[index]] = index
+        elif actions[index] == FREE_REQUESTED:
+            live.pop(addrs[index], None)
+    return {index for index in live.values() if index > one.forward_last}
+
+
 def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
     """(the pass's own peak: the most its allocations held at once from its forward's start to its
     backward's end, of which made in the backward and alive at its end: the gradients it made)."""
     actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
     last = min(one.last_index, len(actions) - 1)
-    live: dict[int, tuple[int, int]] = {}  # address -> (size, index)
-    for index in range(one.first_index, last + 1):
-        if actions[index] == ALLOC:
-            live[addrs[index]] = (sizes[index], index)
-        elif actions[index] == FREE_REQUESTED:
-            live.pop(addrs[index], None)
-    # the allocations made in the backward and alive at its end, by index: an address the backward
-    # (or an optimizer step the pass's span holds) allocated, freed and allocated again is kept once
-    kept = {i for _, i in live.values() if i > one.forward_last}
+    kept = _kept_at_end(trace, one)
     held = peak = kept_at_peak = kept_now = 0
-    live.clear()
+    live: dict[int, tuple[int, int]] = {}  # address -> (size, index)
     for index in range(one.first_index, last + 1):
         if actions[index] == ALLOC:
             address = addrs[index]
@@ -556,15 +563,9 @@ def _scaled_own_peak(trace: DeviceTrace, one: _Pass, scales: Mapping[int, float]
     the backward (the gradients it made) held, scaled."""
     actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
     last = min(one.last_index, len(actions) - 1)
-    live: dict[int, tuple[int, int]] = {}
-    for index in range(one.first_index, last + 1):
-        if actions[index] == ALLOC:
-            live[addrs[index]] = (sizes[index], index)
-        elif actions[index] == FREE_REQUESTED:
-            live.pop(addrs[index], None)
-    kept = {i for _, i in live.values() if i > one.forward_last}
+    kept = _kept_at_end(trace, one)
     held = held_rest = peak = projected = 0.0
-    live.clear()
+    live: dict[int, tuple[int, int]] = {}
     for index in range(one.first_index, last + 1):
         if actions[index] == ALLOC:
             scaled = sizes[index] * scales.get(index, ratio)
