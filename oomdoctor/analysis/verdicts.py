@@ -363,6 +363,7 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     `moments_read`, read from the state made so far: `state_moments`)."""
     total, _, moments = projected_parts(ctx)
     parameters, gradients, _, _ = model_states(ctx)
+    trained = trained_parameters(ctx)
     sharded = ctx.optimizer_state_sharded()
     facts = Facts.of(
         needed=total,
@@ -370,13 +371,13 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
         # the state taken as this rank's shard holds it; inside the first step, what it holds so far
         state_sharded=(2 if ctx.in_first_optimizer_step() else 1) if sharded else None,
         optimizer_kind=ctx.optimizer_kind,
-        projected_gradients=int(ctx.trains() and gradients < trained_parameters(ctx)),
-        trained=trained_parameters(ctx) if trained_parameters(ctx) < parameters else None,
+        projected_gradients=int(ctx.trains() and gradients < trained),
+        trained=trained if trained < parameters else None,
     )
     if moments is not None and ctx.optimizer_kind is None and state_moments(ctx) == moments:
         facts = facts.adding(moments_read=1)  # read from the state made so far, not assumed
     masters = master_weights(ctx) if moments is not None else None
-    if masters is not None and masters < trained_parameters(ctx):
+    if masters is not None and masters < trained:
         facts = facts.adding(masters=masters)  # the state projected at the fp32 master weights only
     return total, facts
 
