@@ -1218,12 +1218,9 @@ def _place_model_states(
     else:
         order = kinds[:copies]
     confidence = 0.5 if copies > 1 else 0.4
-    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
-    for allocation in frameless:
-        by_shape[allocation.requested_bytes].append(allocation)
+    by_shape = _by_shape(frameless)
     result: dict[int, tuple[int, str, float]] = {}
     for requested, group in by_shape.items():
-        group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies if len(group) % copies == 0 else 0
         if plan is not None:  # the gradients count the parameters; the state beside them; the rest strays
             with_gradient, state = plan.get(requested, (0, 0))
@@ -1243,6 +1240,15 @@ def _place_model_states(
             else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
                 result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
     return result
+
+
+def _by_shape(allocations: Sequence[LiveAllocation]) -> dict[int, list[LiveAllocation]]:
+    """The allocations grouped by their requested bytes, each group in address order (the order
+    the copies of one shape are counted in)."""
+    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
+    for allocation in sorted(allocations, key=lambda a: a.address):
+        by_shape[allocation.requested_bytes].append(allocation)
+    return by_shape
 
 
 def _copies_of_gradients(
@@ -1302,13 +1308,10 @@ def _sharded_moments(
     """The frame-less blocks as parameters and a sharded optimizer's moments, shape by shape
     (`_place_model_states`); None where no shape holds moments or one holds more than two a
     parameter (something else shares the shapes)."""
-    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
-    for allocation in frameless:
-        by_shape[allocation.requested_bytes].append(allocation)
+    by_shape = _by_shape(frameless)
     result: dict[int, tuple[int, str, float]] = {}
     moments = False
     for shape, group in by_shape.items():
-        group.sort(key=lambda a: a.address)
         trained = gradient_counts.get(shape, 0)
         if trained and len(group) > 3 * trained:
             return None
@@ -1330,9 +1333,7 @@ def _copies_of_weights(
     a set: a trace that began inside a backward holds the rest of the gradients; layers of one
     shape are counted as layers, not copies), a multiple k of them k copies; another shape, or a
     count that is neither, unknown."""
-    by_shape: dict[int, list[LiveAllocation]] = defaultdict(list)
-    for allocation in frameless:
-        by_shape[allocation.requested_bytes].append(allocation)
+    by_shape = _by_shape(frameless)
     result: dict[int, tuple[int, str, float]] = {}
     for requested, group in by_shape.items():
         count = weight_counts.get(requested, 0)
@@ -1343,7 +1344,6 @@ def _copies_of_weights(
         else:
             result.update({a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in group})
             continue
-        group.sort(key=lambda a: a.address)
         per_copy = len(group) // copies
         confidence = 0.5 if copies > 1 else 0.4
         for position, allocation in enumerate(group):
