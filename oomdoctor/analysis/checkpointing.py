@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 
+from oomdoctor.analysis.frame_kinds import in_activation_checkpoint
 from oomdoctor.model import Frame, Stack
 
 _DCP_FILES = "torch/distributed/checkpoint/"
-_NOT_SAVING_FILES = ("torch/autograd/", "torch/utils/checkpoint.py")
+_AUTOGRAD_FILES = "torch/autograd/"
 _SAVE_TOKENS = frozenset({"save", "saving"})
 # what a save must name to be a checkpoint's: a bare "save" is as often a hook's (`save_output`,
 # `save_activation`, `save_features`: feature extraction and interpretability code keeps tensors so)
@@ -31,7 +32,7 @@ def _saves(frame: Frame) -> bool:
     user's `save_checkpoint`): a save of a checkpoint, a model, its state or weights, not a hook's.
     Not autograd's saved tensors, and not activation checkpointing (`torch/utils/checkpoint.py`)."""
     filename = frame.filename.replace("\\", "/")
-    if any(part in filename for part in _NOT_SAVING_FILES):
+    if _AUTOGRAD_FILES in filename or in_activation_checkpoint(filename):
         return False
     if _DCP_FILES in filename:
         return True

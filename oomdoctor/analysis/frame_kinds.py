@@ -60,6 +60,16 @@ def in_torch_optim(filename: str) -> bool:
     return "torch/optim/" in _slashed(filename)
 
 
+# torch.utils.checkpoint's own file: a frame of it runs inside an activation-checkpointed region
+_ACTIVATION_CHECKPOINT_FILE = "torch/utils/checkpoint.py"
+
+
+def in_activation_checkpoint(filename: str) -> bool:
+    """Whether a frame's file is torch.utils.checkpoint's (activation checkpointing: a checkpointed
+    region's forward or its recomputation in backward; it saves no checkpoint to disk)."""
+    return _slashed(filename).endswith(_ACTIVATION_CHECKPOINT_FILE)
+
+
 def is_python_source(frame: Frame) -> bool:
     """A frame of a `.py` file: one that can be the user's line (a notebook cell aside)."""
     return _slashed(frame.filename).endswith(".py")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.accounting import place_after_freeing
 from oomdoctor.analysis.attribution import preallocates, reads_weights
-from oomdoctor.analysis.frame_kinds import in_torch_optim, is_python_source
+from oomdoctor.analysis.frame_kinds import in_activation_checkpoint, in_torch_optim, is_python_source
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_EVALUATION,
@@ -93,14 +93,10 @@ class Requirement:
         return None if fits and self.rest_unknown else fits
 
 
-# torch.utils.checkpoint's own file: a frame of it in a stack runs inside a checkpointed region
-_CHECKPOINT_FILE = "torch/utils/checkpoint.py"
-
-
 def _checkpointed(stack: Sequence[Frame]) -> bool:
     """Whether an allocation was made inside an activation-checkpointed region (its forward, or
     its recomputation in backward)."""
-    return any(frame.filename.replace("\\", "/").endswith(_CHECKPOINT_FILE) for frame in stack)
+    return any(in_activation_checkpoint(frame.filename) for frame in stack)
 
 
 def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
