@@ -184,11 +184,17 @@ def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, 
     oom = metadata.get("oom")
     recorded_time = oom.get("time_us") if isinstance(oom, Mapping) else None
     ran_out = analysis.replay.target_kind == "oom"
+    replay = analysis.replay
+    at_peak = None
+    if not ran_out and replay.peak_index is not None and replay.peak_allocated_bytes > replay.target_allocated_bytes:
+        # a rank that did not run out is compared at its peak, not at the quieter moment its dump describes
+        at_peak = analyse(snapshot, device=analysis.device, at_event=replay.peak_index)
     if redact:
         from oomdoctor.redact import Redactor, redact_analysis, redact_environment
 
         redactor = Redactor.from_snapshot(snapshot)
         analysis = redact_analysis(analysis, redactor)
+        at_peak = redact_analysis(at_peak, redactor) if at_peak is not None else None
         environment = redact_environment(environment, redactor)
         name = redactor.source(name)
     return RankDump(
@@ -199,6 +205,7 @@ def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, 
         oom_time_us=recorded_time if ran_out and type(recorded_time) is int else None,
         analysis=analysis,
         environment=environment,
+        at_peak=at_peak,
     )
 
 

@@ -5,7 +5,8 @@
     comparison.rows, comparison.first_index, comparison.differences, comparison.verdicts_agree
     standout(comparison, index)           # what stands out most in one file, against the median
 
-Each rank is compared at its target: the OOM for ranks that ran out, the peak otherwise. The first
+Each rank is compared at the OOM when it ran out, else at its peak (`RankDump.at_peak`: a dump written
+by hand or at the end of a run describes a quieter moment than its peak). The first
 rank is the one whose OOM has the smallest `time_us` (oomdoctor's recorded OOM time, else the
 fatal `oom` event's). Ranks on different hosts are ordered by their clocks, which the comparison
 records; without any time the order is unknown (`order_known`).
@@ -47,6 +48,14 @@ class RankDump:
     oom_time_us: int | None  # epoch microseconds of the OOM; None when not recorded or no OOM
     analysis: Analysis
     environment: Environment
+    # a rank that did not run out whose analysis judges a moment below its peak (its dump): the
+    # analysis at the peak, where it is compared; None when `analysis` is already what is compared
+    at_peak: Analysis | None = None
+
+    @property
+    def compared(self) -> Analysis:
+        """The analysis at the moment the rank is compared: its OOM, else its peak."""
+        return self.at_peak if self.at_peak is not None else self.analysis
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +168,7 @@ def _oom_time(dump: RankDump) -> int | None:
 
 
 def _row(index: int, dump: RankDump) -> RankRow:
-    analysis = dump.analysis
+    analysis = dump.compared
     return RankRow(
         index=index,
         file=dump.file,

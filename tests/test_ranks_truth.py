@@ -1,0 +1,78 @@
+"""What a folder report says about its ranks, checked against the files themselves: each figure
+computed here, independently of the analysis, from the dumps' own traces and segments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomdoctor.analysis.ranks import compare_ranks
+from oomdoctor.load import load_raw
+from oomdoctor.pipeline import read_folder
+from oomdoctor.views import ranks as ranks_view
+from tests.test_ranks import CALM, write_rank
+
+# the same GPT and AdamW as CALM with four times the batch; both dumped by hand after their last
+# step, when their activations are long gone: at the dump the two hold almost the same bytes
+CALM_BIG_BATCH = "no-oom-gpt-adamw-batch-32"
+
+
+def _rounded(size: int) -> int:
+    return max(512, -(-size // 512) * 512)
+
+
+def trace_peak(path: Path) -> int:
+    """The most allocated after any event (docs/definitions.md, "The peak"): a block counts its
+    rounded request, or its size in the dump when it is still live there."""
+    raw = load_raw(path)
+    (trace,) = [t for t in raw["device_traces"] if t]
+    in_dump = {
+        b["address"]: b["size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"
+    }
+    last_alloc: dict[int, int] = {}
+    for index, event in enumerate(trace):
+        if event["action"] == "alloc":
+            last_alloc[event["addr"]] = index
+        elif event["action"] == "free_requested":
+            last_alloc.pop(event["addr"], None)
+    survivors = set(last_alloc.values())
+    live: dict[int, int] = {}
+    allocated = peak = 0
+    for index, event in enumerate(trace):
+        if event["action"] == "alloc":
+            size = in_dump[event["addr"]] if index in survivors else _rounded(event["size"])
+            live[event["addr"]] = size
+            allocated += size
+        elif event["action"] == "free_requested":
+            allocated -= live.pop(event["addr"], 0)
+        peak = max(peak, allocated)
+    return peak
+
+
+def dump_bytes(path: Path) -> int:
+    raw = load_raw(path)
+    return sum(b["size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+
+
+def test_ranks_that_did_not_run_out_are_compared_at_their_peak_not_at_their_dump(tmp_path):
+    """Three ranks, none ran out, each dumped by hand after its last step; rank 2 trained on a batch
+    four times the others'. At the dumps the three differ by a few MiB; at their peaks rank 2 holds
+    far more. The report says the ranks are compared at their peaks: so they must be."""
+    paths = [write_rank(tmp_path, 0, CALM), write_rank(tmp_path, 1, CALM), write_rank(tmp_path, 2, CALM_BIG_BATCH)]
+    peaks = [trace_peak(path) for path in paths]
+    assert peaks[2] - peaks[0] > 3 * (dump_bytes(paths[2]) - dump_bytes(paths[0]))  # the case is what it says
+
+    comparison = compare_ranks(read_folder(tmp_path, parallel=False).dumps)
+    assert [row.allocated_bytes for row in comparison.rows] == peaks
+    assert [row.target_kind for row in comparison.rows] == ["peak"] * 3
+    assert comparison.median_allocated_bytes == peaks[0]
+
+    top = comparison.differences[0]
+    assert top.rank == 2 and top.difference_bytes > 0
+    headline = ranks_view.headline(comparison)
+    assert headline.startswith("no rank ran out of memory in these 3 files (compared at their peaks); rank 2 holds ")
+    total = next(d for d in comparison.differences if d.rank == 2 and d.what == "allocated")
+    assert total.difference_bytes == peaks[2] - peaks[0]
+    # the full report that follows is the largest rank's (by its peak), as `oomdoctor report FILE` writes it
+    dumps = read_folder(tmp_path, parallel=False).dumps
+    featured = ranks_view.featured(comparison, dumps)
+    assert featured.rank == 2 and featured.analysis.replay.target_kind == "dump"
