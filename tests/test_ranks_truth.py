@@ -9,7 +9,7 @@ from oomdoctor.analysis.ranks import compare_ranks
 from oomdoctor.load import load_raw
 from oomdoctor.pipeline import read_folder
 from oomdoctor.views import ranks as ranks_view
-from tests.test_ranks import CALM, write_rank
+from tests.test_ranks import BIG, CALM, write_rank
 
 # the same GPT and AdamW as CALM with four times the batch; both dumped by hand after their last
 # step, when their activations are long gone: at the dump the two hold almost the same bytes
@@ -76,3 +76,29 @@ def test_ranks_that_did_not_run_out_are_compared_at_their_peak_not_at_their_dump
     dumps = read_folder(tmp_path, parallel=False).dumps
     featured = ranks_view.featured(comparison, dumps)
     assert featured.rank == 2 and featured.analysis.replay.target_kind == "dump"
+
+
+def test_a_rank_that_left_two_files_is_not_counted_as_two_ranks(tmp_path):
+    """Rank 2 left two dumps (a restart, or a file of an earlier run left in the folder): two files
+    ran out, one rank did. The headline and the verdict line count files then, and each difference
+    names the file it is about."""
+    write_rank(tmp_path, 0, CALM)
+    write_rank(tmp_path, 1, CALM)
+    write_rank(tmp_path, 2, BIG, 0.0, name="oom-rank2-node1-4002-20251231T000000Z.pickle")
+    write_rank(tmp_path, 2, BIG, 60.0)
+    write_rank(tmp_path, 3, CALM)
+    comparison = compare_ranks(read_folder(tmp_path, parallel=False).dumps)
+    ran_out = [row for row in comparison.rows if row.ran_out]
+    assert len(ran_out) == 2 and {row.rank for row in ran_out} == {2}
+    assert comparison.repeated_ranks == (2,)
+
+    headline = ranks_view.headline(comparison)
+    assert headline.startswith("rank 2 (oom-rank2-node1-4002-20251231T000000Z.pickle) ran out first")
+    assert "1 other file ran out later with the same verdict" in headline
+    assert "other rank" not in headline
+    assert headline.endswith("3 files did not run out")
+    text = ranks_view.render_text("dumps", comparison, read_folder(tmp_path, parallel=False).dumps, ())
+    assert "verdicts agree: activation-spike on all 2 files that ran out" in text
+    assert "2 ranks" not in text
+    for row in ran_out:
+        assert f"rank 2 ({row.file}): " in text

@@ -50,9 +50,12 @@ def component_label(name: str) -> str:
     return "memory" if name == ALLOCATED else name.replace("_", " ")
 
 
-def label(item: RankRow | RankDifference) -> str:
-    """ "rank 5", or the file's name when its rank is unknown."""
-    return f"rank {item.rank}" if item.rank is not None else item.file
+def label(item: RankRow | RankDifference, repeated: tuple[int, ...] = ()) -> str:
+    """ "rank 5", or the file's name when its rank is unknown; "rank 5 (FILE)" when rank 5 is one of
+    the `repeated` ranks, those that left more than one file."""
+    if item.rank is None:
+        return item.file
+    return f"rank {item.rank} ({item.file})" if item.rank in repeated else f"rank {item.rank}"
 
 
 def headline(comparison: RankComparison) -> str:
@@ -61,28 +64,30 @@ def headline(comparison: RankComparison) -> str:
     first = comparison.first
     if first is None:
         if len(rows) == 1:
-            return f"{label(rows[0])} did not run out of memory; it is the only file"
+            return f"{label(rows[0], comparison.repeated_ranks)} did not run out of memory; it is the only file"
         text = f"no rank ran out of memory in these {plural(len(rows), 'file')} (compared at their peaks)"
         largest = comparison.differences[0] if comparison.differences else None
         if largest is not None:
-            text += f"; {label(largest)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
+            text += f"; {label(largest, comparison.repeated_ranks)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
         return text
     if len(rows) == 1:
-        return f"{label(first)} ran out ({where(first)}); it is the only file"
+        return f"{label(first, comparison.repeated_ranks)} ran out ({where(first)}); it is the only file"
     if comparison.order_known or first.oom_time_us is not None:
-        text = f"{label(first)} ran out first ({where(first)})"
+        text = f"{label(first, comparison.repeated_ranks)} ran out first ({where(first)})"
     else:
-        text = f"{label(first)} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
+        text = f"{label(first, comparison.repeated_ranks)} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
     own = standout(comparison, first.index)
     if own is not None:
         text += f", {_difference_words(own)}"
     others = [row for row in rows if row.ran_out and row is not first]
     same = sum(row.verdict == first.verdict for row in others)
     later = "later" if comparison.order_known else "too"
+    # a rank that left several files (a restart, an earlier run) is not several ranks: count files
+    unit = _unit(comparison)
     parts = []
     if others:
         if same == len(others):
-            parts.append(f"{_count(len(others), 'other rank')} ran out {later} with the same verdict")
+            parts.append(f"{_count(len(others), f'other {unit}')} ran out {later} with the same verdict")
         else:
             verdicts = Counter(row.verdict for row in others if row.verdict != first.verdict)
             shown = ", ".join(
@@ -92,17 +97,24 @@ def headline(comparison: RankComparison) -> str:
                 shown = f"{same} with the same verdict, {shown}"
             else:
                 shown = f"{'a different verdict' if len(others) == 1 else 'other verdicts'}: {shown}"
-            parts.append(f"{_count(len(others), 'other rank')} ran out {later} ({shown})")
+            parts.append(f"{_count(len(others), f'other {unit}')} ran out {later} ({shown})")
     calm = len(rows) - 1 - len(others)
     if calm:
         parts.append(
-            f"{_count(calm, 'rank')} did not run out" if others else f"the other {_count(calm, 'rank')} did not run out"
+            f"{_count(calm, unit)} did not run out" if others else f"the other {_count(calm, unit)} did not run out"
         )
     text += "; " + ", ".join(parts) if parts else ""
     largest = comparison.differences[0] if comparison.differences else None
     if largest is not None and largest.index != first.index and largest.difference_bytes > 0:
-        text += f"; {label(largest)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
+        text += f"; {label(largest, comparison.repeated_ranks)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
     return text
+
+
+def _unit(comparison: RankComparison) -> str:
+    """What the rows are counted as: ranks, or files when a rank left more than one, or ranks are unknown."""
+    if comparison.repeated_ranks or any(row.rank is None for row in comparison.rows):
+        return "file"
+    return "rank"
 
 
 def _difference_words(difference: RankDifference) -> str:
@@ -215,7 +227,7 @@ def _difference_lines(comparison: RankComparison) -> list[str]:
         more = "more" if item.difference_bytes > 0 else "less"
         what = "allocated memory" if item.what == ALLOCATED else component_label(item.what)
         lines.append(
-            f"{label(item)}: {human(abs(item.difference_bytes), decimals=1)} {more} {what} than the median "
+            f"{label(item, comparison.repeated_ranks)}: {human(abs(item.difference_bytes), decimals=1)} {more} {what} than the median "
             f"({human(item.bytes, decimals=1)} against {human(item.median_bytes, decimals=1)})"
         )
     if len(comparison.differences) > DIFFERENCE_LIMIT:
@@ -248,7 +260,8 @@ def _moment_words(comparison: RankComparison) -> str:
 
 
 def _verdict_line(comparison: RankComparison) -> str:
-    among = "ranks that ran out" if comparison.ran_out_count else "ranks"
+    unit = _unit(comparison)
+    among = f"{unit}s that ran out" if comparison.ran_out_count else f"{unit}s"
     if comparison.verdicts_agree:
         verdict, count = comparison.verdicts[0]
         return f"verdicts agree: {verdict} on all {count} {among}" if count > 1 else f"verdict: {verdict}"
