@@ -11,6 +11,8 @@ allocation sites (a source line or a module path, within a component) that appea
 or shrank, largest change first, and of reserved, allocated, cached and fragmented memory. The
 `headline` holds what the summary sentence names, and `causes` only what the dumps record: input
 tensors whose shapes differ (oomdoctor's registry) and arguments of the command line that differ.
+`unlike` says what makes two files or ranks not like for like, as far as the dumps record it: the
+devices (total memory, name), the models (the registry's parameters), the programs, torch's versions.
 
 Pure functions over `Analysis` results; no words (oomdoctor.views.diff_report says it all).
 """
@@ -25,7 +27,7 @@ from oomdoctor.analysis.replay import columns
 from oomdoctor.analysis.results import Analysis, LiveBlock, StepSummary
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.dump_metadata import DumpMetadata
-from oomdoctor.metadata import COMPONENT_INPUT, COMPONENTS
+from oomdoctor.metadata import COMPONENT_INPUT, COMPONENT_PARAMETER, COMPONENTS
 from oomdoctor.model import ALLOC, FREE_REQUESTED, DeviceTrace, TraceEvent
 
 DIFF_SCHEMA_VERSION = 1
@@ -51,6 +53,13 @@ SHRANK = "shrank"
 # A change smaller than this, and than this share of the larger side, is no change.
 SAME_BYTES = 4096
 ARGV_CHANGES_MAX = 4  # more differing arguments than this: the command lines are simply different
+
+# What makes two sides not like for like (`Unlike.what`).
+UNLIKE_DEVICE_MEMORY = "device_memory"  # the devices' total memory differs
+UNLIKE_DEVICE_NAME = "device_name"
+UNLIKE_MODEL = "model"  # the registry's parameters differ (by name, or for two files by shape)
+UNLIKE_PROGRAM = "program"  # the command lines run different scripts
+UNLIKE_TORCH = "torch"  # torch's versions differ
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +147,18 @@ class ArgumentChange:
 
 
 @dataclass(frozen=True, slots=True)
+class Unlike:
+    """One way two sides differ that is not a change of the run compared: its values on each side
+    (strings from the dumps, or byte counts as text), and for a model how many parameters differ."""
+
+    what: str  # UNLIKE_*
+    a: str
+    b: str
+    count: int = 0  # UNLIKE_MODEL: parameters named on one side only or shaped differently
+    of: int = 0  # UNLIKE_MODEL: parameters named on either side
+
+
+@dataclass(frozen=True, slots=True)
 class Side:
     """What is compared of one dump, step or rank."""
 
@@ -149,6 +170,10 @@ class Side:
     target_kind: str  # the analysis' own: "oom" | "peak" | "dump"
     inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (registry name, shape) of the model's inputs
     argv: tuple[str, ...] = ()
+    device_total_bytes: int | None = None  # None: the dump does not say
+    device_name: str | None = None
+    torch_version: str | None = None
+    parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (registry name, shape) of the parameters
 
     @classmethod
     def of(
@@ -165,12 +190,12 @@ class Side:
         """A side from its analysis at the target and at the peak (the same object when they
         agree), the registry's inputs in `metadata` and the command line (redacted or not)."""
         inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
+        parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()
         if metadata is not None:
-            inputs = tuple(
-                (t.name, t.shape)
-                for t in metadata.tensors
-                if t.component == COMPONENT_INPUT and t.name is not None and t.shape is not None
-            )
+            inputs = _registered(metadata, COMPONENT_INPUT)
+            parameters = _registered(metadata, COMPONENT_PARAMETER)
+        device = metadata.device if metadata is not None else None
+        versions = metadata.versions if metadata is not None else None
         return cls(
             label=label,
             at_target=moment_of(at_target, target_moment or at_target.replay.target_kind),
@@ -180,7 +205,19 @@ class Side:
             target_kind=at_target.replay.target_kind,
             inputs=inputs,
             argv=argv,
+            device_total_bytes=at_target.accounting.device_total_bytes,
+            device_name=device.name if device is not None else None,
+            torch_version=versions.torch if versions is not None else None,
+            parameters=parameters,
         )
+
+
+def _registered(metadata: DumpMetadata, component: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple(
+        (t.name, t.shape)
+        for t in metadata.tensors
+        if t.component == component and t.name is not None and t.shape is not None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +264,7 @@ class Diff:
     headline: Headline
     inputs: tuple[InputChange, ...]  # shown by the registry: what may explain the change
     arguments: tuple[ArgumentChange, ...]  # the command lines' differing arguments
+    unlike: tuple[Unlike, ...] = ()  # what makes the two not like for like (none for two steps of one dump)
 
     @property
     def verdict_changed(self) -> bool:
@@ -276,7 +314,43 @@ def compare(a: Side, b: Side, *, kind: str) -> Diff:
         headline=Headline(peak, component, site, a.verdict != b.verdict),
         inputs=input_changes(a.inputs, b.inputs),
         arguments=argument_changes(a.argv, b.argv),
+        unlike=() if kind == DIFF_STEPS else unlike(a, b, shapes=kind == DIFF_FILES),
     )
+
+
+def unlike(a: Side, b: Side, *, shapes: bool = True) -> tuple[Unlike, ...]:
+    """What the two sides' dumps record that differs besides the run: the devices, the models (the
+    parameters the registries name, and with `shapes` their shapes: ranks of one sharded model hold
+    shards of different shapes), the programs, torch's versions. Nothing is said of what a side does
+    not record."""
+    found = []
+    if a.device_total_bytes is not None and b.device_total_bytes is not None:
+        if a.device_total_bytes != b.device_total_bytes:
+            found.append(Unlike(UNLIKE_DEVICE_MEMORY, str(a.device_total_bytes), str(b.device_total_bytes)))
+    if a.device_name and b.device_name and a.device_name != b.device_name:
+        found.append(Unlike(UNLIKE_DEVICE_NAME, a.device_name, b.device_name))
+    if a.parameters and b.parameters:
+        a_params, b_params = dict(a.parameters), dict(b.parameters)
+        names = a_params.keys() | b_params.keys()
+        differing = sum(
+            1
+            for name in names
+            if name not in a_params or name not in b_params or (shapes and a_params[name] != b_params[name])
+        )
+        if differing:
+            found.append(Unlike(UNLIKE_MODEL, str(len(a_params)), str(len(b_params)), differing, len(names)))
+    if a.argv and b.argv:
+        a_program, b_program = _program(a.argv), _program(b.argv)
+        if a_program != b_program:
+            found.append(Unlike(UNLIKE_PROGRAM, a_program, b_program))
+    if a.torch_version and b.torch_version and a.torch_version != b.torch_version:
+        found.append(Unlike(UNLIKE_TORCH, a.torch_version, b.torch_version))
+    return tuple(found)
+
+
+def _program(argv: tuple[str, ...]) -> str:
+    """The script a command line runs: its first argument's file name."""
+    return argv[0].replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _largest(changes: Iterable[Figure | SiteChange], sign: int):  # type: ignore[no-untyped-def]

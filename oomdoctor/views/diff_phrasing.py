@@ -23,6 +23,11 @@ from oomdoctor.analysis.diff import (
     MOMENT_STEP_END,
     SHRANK,
     SITE_MODULE,
+    UNLIKE_DEVICE_MEMORY,
+    UNLIKE_DEVICE_NAME,
+    UNLIKE_MODEL,
+    UNLIKE_PROGRAM,
+    UNLIKE_TORCH,
     WENT,
     ArgumentChange,
     Diff,
@@ -30,6 +35,7 @@ from oomdoctor.analysis.diff import (
     InputChange,
     Moment,
     SiteChange,
+    Unlike,
 )
 from oomdoctor.units import human_size as human
 from oomdoctor.units import plural
@@ -145,7 +151,27 @@ def summary(diff: Diff, quote: Quote = _plain, name: Quote = _plain) -> str:
         sentences.append(f"oomdoctor's registry records that {changes}")
     if diff.arguments:
         sentences.append("The command lines differ: " + "; ".join(argument(item, quote) for item in diff.arguments))
+    if diff.unlike:
+        sentences.append("Not like for like: " + "; ".join(unlike(item, quote) for item in diff.unlike))
     return ". ".join(sentences) + "."
+
+
+def unlike(item: Unlike, quote: Quote = _plain) -> str:
+    """'A ran on a 24.00 GiB device, B on a 80.00 GiB one', 'the models differ: 12 of 40 parameters ...'."""
+    if item.what == UNLIKE_DEVICE_MEMORY:
+        return f"A ran on a {human(int(item.a))} device, B on a {human(int(item.b))} one"
+    if item.what == UNLIKE_DEVICE_NAME:
+        return f"A ran on {quote(item.a)}, B on {quote(item.b)}"
+    if item.what == UNLIKE_MODEL:
+        return (
+            f"the models differ: {item.count} of the {plural(item.of, 'parameter')} oomdoctor's registries name "
+            "are on one side only or shaped differently"
+        )
+    if item.what == UNLIKE_PROGRAM:
+        return f"A ran {quote(item.a)}, B {quote(item.b)}"
+    if item.what == UNLIKE_TORCH:
+        return f"A was recorded by torch {quote(item.a)}, B by torch {quote(item.b)}"
+    return f"{item.what}: {quote(item.a)} against {quote(item.b)}"
 
 
 def argument(item: ArgumentChange, quote: Quote = _plain) -> str:

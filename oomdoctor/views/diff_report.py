@@ -213,6 +213,17 @@ def to_dict(diff: Diff) -> dict[str, Any]:
         "arguments": [
             {"option": item.option, "a_value": item.a_value, "b_value": item.b_value} for item in diff.arguments
         ],
+        "unlike": [
+            {
+                "what": item.what,
+                "a": item.a,
+                "b": item.b,
+                "count": item.count,
+                "of": item.of,
+                "text": words.unlike(item),
+            }
+            for item in diff.unlike
+        ],
     }
 
 

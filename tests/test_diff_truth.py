@@ -1,0 +1,90 @@
+"""What `oomdoctor diff A B` says about two files, checked against the files themselves: whether
+the two are like for like is read here from each dump's own metadata, independently of the analysis."""
+
+from __future__ import annotations
+
+import pickle
+
+import orjson
+
+from oomdoctor.load import load_raw
+from oomdoctor.pipeline import diff_files, render_diff
+from tests.conftest import FIXTURES
+
+DUMPS = FIXTURES / "dumps"
+GPT_256MIB = DUMPS / "no-oom-gpt-adamw.pickle"  # a simulated 256 MiB device
+GPT_512MIB = DUMPS / "no-oom-gpt-adamw-batch-32.pickle"  # the same GPT, a bigger batch, a 512 MiB device
+MLP_ADAM = DUMPS / "optimizer-state-buildup-mlp-adam.pickle"
+MLP_ADAMW = DUMPS / "model-states-too-large-mlp-adamw.pickle"  # the same MLP and script, AdamW, 160 MiB
+MLP_FORGOT_ZERO_GRAD = DUMPS / "gradients-kept-mlp-sgd-momentum.pickle"  # the same MLP, another script
+
+
+def _meta(path):
+    return load_raw(path)["oomdoctor"]
+
+
+def _parameters(path) -> dict[str, tuple[int, ...]]:
+    return {t["name"]: tuple(t["shape"]) for t in _meta(path)["tensors"] if t["component"] == "parameter"}
+
+
+def _text(a, b) -> str:
+    return render_diff(diff_files(str(a), str(b)), "text").decode()
+
+
+def test_two_devices_of_different_memory_are_said_to_be_unlike():
+    """A batch that fits on one device and a batch on a device twice its size: the peak's change is
+    not the batch's alone, and the diff says the devices differ, with each one's memory."""
+    totals = [_meta(path)["device"]["total_memory_bytes"] for path in (GPT_256MIB, GPT_512MIB)]
+    assert totals == [256 * 2**20, 512 * 2**20]
+    assert _parameters(GPT_256MIB) == _parameters(GPT_512MIB)  # the same model: nothing said of it
+    text = _text(GPT_256MIB, GPT_512MIB)
+    assert "Not like for like: A ran on a 256.00 MiB device, B on a 512.00 MiB one." in text.splitlines()[1]
+    assert "models differ" not in text
+
+
+def test_two_models_are_said_to_be_unlike_and_the_count_is_the_registries():
+    a, b = _parameters(MLP_ADAM), _parameters(GPT_256MIB)
+    names = a.keys() | b.keys()
+    differing = sum(1 for n in names if n not in a or n not in b or a[n] != b[n])
+    assert differing > 0
+    diff = diff_files(str(MLP_ADAM), str(GPT_256MIB))
+    (model,) = [item for item in diff.unlike if item.what == "model"]
+    assert (model.count, model.of) == (differing, len(names))
+    summary = render_diff(diff, "text").decode().splitlines()[1]
+    assert f"the models differ: {differing} of the {len(names)} parameters" in summary
+    data = orjson.loads(render_diff(diff, "json"))
+    assert [(item["count"], item["of"]) for item in data["unlike"] if item["what"] == "model"] == [
+        (differing, len(names))
+    ]
+
+
+def test_the_same_model_and_script_on_another_device_size_says_only_the_device():
+    assert _parameters(MLP_ADAM) == _parameters(MLP_ADAMW)
+    diff = diff_files(str(MLP_ADAM), str(MLP_ADAMW))
+    assert [item.what for item in diff.unlike] == ["device_memory"]
+
+
+def test_another_script_is_said():
+    programs = [_meta(path)["argv"][0].rsplit("/", 1)[-1] for path in (MLP_ADAM, MLP_FORGOT_ZERO_GRAD)]
+    assert programs == ["train.py", "forgot_zero_grad.py"]
+    diff = diff_files(str(MLP_ADAM), str(MLP_FORGOT_ZERO_GRAD))
+    assert [(item.what, item.a, item.b) for item in diff.unlike if item.what == "program"] == [
+        ("program", "train.py", "forgot_zero_grad.py")
+    ]
+    assert "A ran 'train.py', B 'forgot_zero_grad.py'" in _text(MLP_ADAM, MLP_FORGOT_ZERO_GRAD)
+
+
+def test_like_for_like_files_say_nothing_of_it(tmp_path):
+    copy = tmp_path / "copy.pickle"
+    copy.write_bytes(pickle.dumps(load_raw(GPT_256MIB), protocol=4))
+    diff = diff_files(str(GPT_256MIB), str(copy))
+    assert diff.unlike == ()
+    assert "Not like for like" not in _text(GPT_256MIB, copy)
+
+
+def test_another_torch_is_said(tmp_path):
+    raw = load_raw(GPT_256MIB)
+    raw["oomdoctor"]["versions"]["torch"] = "2.5.1+cu124"
+    other = tmp_path / "other.pickle"
+    other.write_bytes(pickle.dumps(raw, protocol=4))
+    assert "A was recorded by torch '2.13.0+cpu', B by torch '2.5.1+cu124'" in _text(GPT_256MIB, other)
