@@ -455,17 +455,28 @@ def diff_side(
     peak, or, with `step`, at that step's peak and its OOM (else its last event). `analysis`: the
     snapshot's analysis of `device` when the caller has made it already."""
     from oomdoctor.analysis import analyse
-    from oomdoctor.analysis.diff import MOMENT_OOM, MOMENT_STEP_END, Side, step_of, step_peak_index
+    from oomdoctor.analysis.diff import (
+        MOMENT_DUMP,
+        MOMENT_OOM,
+        MOMENT_PEAK,
+        MOMENT_STEP_END,
+        Side,
+        step_of,
+        step_peak_index,
+    )
     from oomdoctor.analysis.environment import environment_of
 
     if analysis is None:
         analysis = analyse(snapshot, device=device)
     replay = analysis.replay
     target_moment = None
+    peak_moment = MOMENT_PEAK
     if step is None:
         at_target = analysis
         same = replay.peak_index is None or replay.peak_index == replay.target_index
         at_peak = analysis if same else analyse(snapshot, device=analysis.device, at_event=replay.peak_index)
+        if replay.peak_index is None:
+            peak_moment = MOMENT_DUMP  # no allocation in a trace: the peak is unknown, the dump is what is known
     else:
         summary = step_of(analysis.steps, step)
         if summary is None:
@@ -495,6 +506,7 @@ def diff_side(
         metadata=snapshot.oomdoctor,
         argv=environment.argv,
         target_moment=target_moment,
+        peak_moment=peak_moment,
     )
 
 

@@ -9,7 +9,9 @@ import orjson
 
 from oomdoctor.load import load_raw
 from oomdoctor.pipeline import diff_files, render_diff
+from oomdoctor.units import human_size
 from tests.conftest import FIXTURES
+from tests.test_ranks_truth import dump_bytes, trace_peak
 
 DUMPS = FIXTURES / "dumps"
 GPT_256MIB = DUMPS / "no-oom-gpt-adamw.pickle"  # a simulated 256 MiB device
@@ -88,3 +90,27 @@ def test_another_torch_is_said(tmp_path):
     other = tmp_path / "other.pickle"
     other.write_bytes(pickle.dumps(raw, protocol=4))
     assert "A was recorded by torch '2.13.0+cpu', B by torch '2.5.1+cu124'" in _text(GPT_256MIB, other)
+
+
+def test_a_side_without_a_trace_has_no_known_peak(tmp_path):
+    """B's trace is empty (a snapshot taken without history, or torch 2.0's): what it held at its
+    peak is unknown, only what its dump holds, a lower bound. The diff compares A's peak with B's
+    dump and says so, instead of 'B peaks ... higher'."""
+    raw = load_raw(GPT_512MIB)
+    raw["device_traces"] = [[] for _ in raw["device_traces"]]
+    untraced = tmp_path / "untraced.pickle"
+    untraced.write_bytes(pickle.dumps(raw, protocol=4))
+    a_peak, b_dump = trace_peak(GPT_256MIB), dump_bytes(untraced)
+
+    diff = diff_files(str(GPT_256MIB), str(untraced))
+    assert (diff.at_peak.a.kind, diff.at_peak.b.kind) == ("peak", "dump")
+    assert (diff.headline.peak.a_bytes, diff.headline.peak.b_bytes) == (a_peak, b_dump)
+    summary = render_diff(diff, "text").decode().splitlines()[1]
+    more = "more" if b_dump > a_peak else "less"
+    assert summary.startswith(
+        f"{untraced} holds {human_size(abs(b_dump - a_peak))} {more} than {GPT_256MIB} "
+        f"({human_size(a_peak)} at its peak → {human_size(b_dump)} at its dump"
+    )
+    assert f"{untraced} records no allocation in a trace, so its peak is unknown" in summary
+    assert " peaks " not in summary
+    assert "B at the dump" in render_diff(diff, "text").decode()

@@ -102,6 +102,11 @@ def moment(item: Moment) -> str:
     return f"{MOMENTS.get(item.kind, item.kind)} ({', '.join(where)})"
 
 
+def _short(item: Moment) -> str:
+    """'its peak', 'its dump', 'its OOM'."""
+    return "its " + MOMENTS.get(item.kind, item.kind).removeprefix("the ")
+
+
 def site(item: SiteChange, quote: Quote = _plain) -> str:
     """'activations of `models.py:87 in forward` grew 1.89× (+16.01 MiB, 4 → 5 blocks)'."""
     what = "module" if item.kind == SITE_MODULE else "line"
@@ -126,11 +131,22 @@ def summary(diff: Diff, quote: Quote = _plain, name: Quote = _plain) -> str:
     head = diff.headline
     peak = head.peak
     a, b = name(diff.a.label), name(diff.b.label)
-    if not peak.changed:
+    unknown = [side for side in (diff.a, diff.b) if side.at_peak.kind != MOMENT_PEAK]
+    growth = f", {peak.growth_percent:+.1f}%" if peak.growth_percent is not None else ""
+    if unknown:
+        # a side without allocations in a trace: its peak is unknown, at least what its dump holds
+        moments = (
+            f"{human(peak.a_bytes)} at {_short(diff.a.at_peak)} → {human(peak.b_bytes)} at {_short(diff.b.at_peak)}"
+        )
+        if not peak.changed:
+            sentences = [f"{b} holds as much as {a} ({moments})"]
+        else:
+            more = "more" if peak.delta_bytes > 0 else "less"
+            sentences = [f"{b} holds {human(abs(peak.delta_bytes))} {more} than {a} ({moments}{growth})"]
+    elif not peak.changed:
         sentences = [f"{b} peaks as {a} does ({human(peak.b_bytes)})"]
     else:
         direction = "higher" if peak.delta_bytes > 0 else "lower"
-        growth = f", {peak.growth_percent:+.1f}%" if peak.growth_percent is not None else ""
         sentences = [
             f"{b} peaks {human(abs(peak.delta_bytes))} {direction} than {a} "
             f"({human(peak.a_bytes)} → {human(peak.b_bytes)}{growth})"
@@ -151,6 +167,10 @@ def summary(diff: Diff, quote: Quote = _plain, name: Quote = _plain) -> str:
         sentences.append(f"oomdoctor's registry records that {changes}")
     if diff.arguments:
         sentences.append("The command lines differ: " + "; ".join(argument(item, quote) for item in diff.arguments))
+    for side in unknown:
+        sentences.append(
+            f"{name(side.label)} records no allocation in a trace, so its peak is unknown: at least what its dump holds"
+        )
     if diff.unlike:
         sentences.append("Not like for like: " + "; ".join(unlike(item, quote) for item in diff.unlike))
     return ". ".join(sentences) + "."
