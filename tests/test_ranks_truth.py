@@ -9,7 +9,7 @@ from oomdoctor.analysis.ranks import compare_ranks
 from oomdoctor.load import load_raw
 from oomdoctor.pipeline import read_folder
 from oomdoctor.views import ranks as ranks_view
-from tests.test_ranks import BIG, CALM, write_rank
+from tests.test_ranks import BIG, CALM, SMALL, write_rank
 
 # the same GPT and AdamW as CALM with four times the batch; both dumped by hand after their last
 # step, when their activations are long gone: at the dump the two hold almost the same bytes
@@ -102,3 +102,39 @@ def test_a_rank_that_left_two_files_is_not_counted_as_two_ranks(tmp_path):
     assert "2 ranks" not in text
     for row in ran_out:
         assert f"rank 2 ({row.file}): " in text
+
+
+def _launched(path: Path, run_id: str, restart_count: int) -> None:
+    """Give a dump written by write_rank torchelastic's facts: its launch and restart."""
+    import pickle
+
+    raw = load_raw(path)
+    raw["oomdoctor"]["elastic"] = {"run_id": run_id, "restart_count": restart_count}
+    path.write_bytes(pickle.dumps(raw, protocol=4))
+
+
+def test_files_of_different_launches_are_not_said_to_have_run_out_first_side_by_side(tmp_path):
+    """Rank 1's file is left over from an earlier launch of the job (another torchelastic run id),
+    and it ran out a day before the others: 'rank 1 ran out first' would compare two separate runs."""
+    _launched(write_rank(tmp_path, 0, SMALL, 86_400.0), "job-18", 0)
+    _launched(write_rank(tmp_path, 1, BIG, 0.0), "job-17", 0)
+    _launched(write_rank(tmp_path, 2, SMALL, 86_401.0), "job-18", 0)
+    comparison = compare_ranks(read_folder(tmp_path, parallel=False).dumps)
+    assert comparison.first.rank == 1
+    assert comparison.launches == (("job-17", 0), ("job-18", 0))
+    headline = ranks_view.headline(comparison)
+    assert headline.startswith(
+        "rank 1 ran out earliest (step 2, forward) of files from 2 launches or restarts of the job"
+    )
+    assert "ran out first" not in headline
+    (note,) = [n for n in ranks_view.notes(comparison) if "launches" in n]
+    assert "run job-17, restart 0, run job-18, restart 0" in note
+
+
+def test_one_launch_reads_as_before(tmp_path):
+    for rank, after in ((0, 1.0), (1, 0.0)):
+        _launched(write_rank(tmp_path, rank, SMALL, after), "job-18", 2)
+    comparison = compare_ranks(read_folder(tmp_path, parallel=False).dumps)
+    assert comparison.launches == (("job-18", 2),)
+    assert ranks_view.headline(comparison).startswith("rank 1 ran out first")
+    assert not [n for n in ranks_view.notes(comparison) if "launches" in n]

@@ -120,6 +120,9 @@ class RankRow:
     reserved_bytes: int
     request_bytes: int | None
     components: tuple[tuple[str, int], ...]  # (name, bytes) in COMPONENTS order
+    # torchelastic's launch id and restart count of the worker group, when the dump records them
+    run_id: str | None = None
+    restart_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,9 @@ class RankComparison:
     differences: tuple[RankDifference, ...]  # largest first
     verdicts: tuple[tuple[str, int], ...]  # verdict -> files, among ranks that ran out (all when none did)
     verdicts_agree: bool
+    # the (run id, restart count) pairs the files record, sorted (None last): more than one, and the
+    # files come from different launches or restarts of the job, whose ranks did not run side by side
+    launches: tuple[tuple[str | None, int | None], ...] = ()
 
     @property
     def first(self) -> RankRow | None:
@@ -188,6 +194,8 @@ def _row(index: int, dump: RankDump) -> RankRow:
         reserved_bytes=analysis.accounting.reserved_bytes,
         request_bytes=analysis.accounting.request_bytes,
         components=tuple((name, analysis.component_bytes().get(name, 0)) for name in COMPONENTS),
+        run_id=dump.environment.run_id,
+        restart_count=dump.environment.restart_count,
     )
 
 
@@ -248,7 +256,14 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
         differences=differences,
         verdicts=verdicts,
         verdicts_agree=len(verdict_counts) == 1,
+        launches=_launches(rows),
     )
+
+
+def _launches(rows: list[RankRow]) -> tuple[tuple[str | None, int | None], ...]:
+    """The launches and restarts the rows record; () when no file records either."""
+    found = {(row.run_id, row.restart_count) for row in rows if row.run_id is not None or row.restart_count is not None}
+    return tuple(sorted(found, key=lambda item: (item[0] is None, item[0] or "", item[1] is None, item[1] or 0)))
 
 
 def _with_offset(row: RankRow, seconds: float | None) -> RankRow:

@@ -72,7 +72,14 @@ def headline(comparison: RankComparison) -> str:
         return text
     if len(rows) == 1:
         return f"{label(first, comparison.repeated_ranks)} ran out ({where(first)}); it is the only file"
-    if comparison.order_known or first.oom_time_us is not None:
+    if len(comparison.launches) > 1:
+        # files of different launches or restarts: their ranks did not run side by side
+        count = len(comparison.launches)
+        text = (
+            f"{label(first, comparison.repeated_ranks)} ran out earliest ({where(first)}) "
+            f"of files from {count} launches or restarts of the job"
+        )
+    elif comparison.order_known or first.oom_time_us is not None:
         text = f"{label(first, comparison.repeated_ranks)} ran out first ({where(first)})"
     else:
         text = f"{label(first, comparison.repeated_ranks)} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
@@ -140,6 +147,12 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
         found.append(
             f"the ranks ran on {comparison.clock_hosts} hosts; their order rests on those hosts' clocks agreeing"
         )
+    if len(comparison.launches) > 1:
+        shown = ", ".join(_launch_words(run_id, restarts) for run_id, restarts in comparison.launches)
+        found.append(
+            f"the files come from {len(comparison.launches)} launches or restarts of the job ({shown}): "
+            "ranks of different ones did not run side by side, so which ran out first compares separate runs"
+        )
     if len(comparison.world_sizes) > 1:
         found.append(f"the dumps record different world sizes ({', '.join(map(str, comparison.world_sizes))})")
     missing = comparison.missing_ranks
@@ -156,6 +169,11 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
     if comparison.ran_out_count and comparison.ran_out_count < len(rows):
         found.append("ranks that did not run out are compared at their peak, the others at the OOM")
     return tuple(found)
+
+
+def _launch_words(run_id: str | None, restarts: int | None) -> str:
+    run = f"run {run_id}" if run_id is not None else "run unknown"
+    return f"{run}, restart {restarts}" if restarts is not None else run
 
 
 def _folder_name(name: str) -> str:
