@@ -114,3 +114,15 @@ def test_a_side_without_a_trace_has_no_known_peak(tmp_path):
     assert f"{untraced} records no allocation in a trace, so its peak is unknown" in summary
     assert " peaks " not in summary
     assert "B at the dump" in render_diff(diff, "text").decode()
+
+
+def test_a_small_difference_is_not_called_unchanged():
+    """Below 4 KiB a difference is not counted as a change (no component or site is listed for it),
+    but the row prints both figures: '1016 bytes  1.98 KiB  unchanged' contradicted itself."""
+    from oomdoctor.analysis.diff import Figure
+    from oomdoctor.views.diff_phrasing import change
+
+    assert change(Figure("rounding", 1016, 2032)) == "+1016 bytes (under 4.00 KiB: not a change)"
+    assert change(Figure("rounding", 2032, 1016)) == "-1016 bytes (under 4.00 KiB: not a change)"
+    assert change(Figure("rounding", 1016, 1016)) == "unchanged"
+    assert change(Figure("allocated", 1024, 1024 + 4096)) == "+4.00 KiB (5.00×)"

@@ -21,6 +21,7 @@ from oomdoctor.analysis.diff import (
     MOMENT_OOM,
     MOMENT_PEAK,
     MOMENT_STEP_END,
+    SAME_BYTES,
     SHRANK,
     SITE_MODULE,
     UNLIKE_DEVICE_MEMORY,
@@ -83,9 +84,15 @@ def ratio(value: float | None) -> str:
 
 
 def change(figure: Figure) -> str:
-    """'+1.50 GiB (2.00×)', '-3.00 MiB (0.50×)', 'new', 'unchanged'."""
+    """'+1.50 GiB (2.00×)', '-3.00 MiB (0.50×)', 'new', 'unchanged', '+1016 bytes (under 4.00 KiB: not a change)'."""
     if not figure.changed:
-        return "unchanged"
+        # below SAME_BYTES a difference is not counted as a change, but the two figures printed beside
+        # this differ: say by how much rather than 'unchanged'
+        return (
+            "unchanged"
+            if not figure.delta_bytes
+            else f"{signed(figure.delta_bytes)} (under {human(SAME_BYTES)}: not a change)"
+        )
     if figure.b_bytes == 0:
         return f"{signed(figure.delta_bytes)} (gone)"
     return f"{signed(figure.delta_bytes)} ({ratio(figure.ratio)})"
