@@ -101,7 +101,7 @@ def test_other_code_on_another_device_is_not_compared():
     zero = analysis.device_summaries[0]
     assert not zero.replica
     assert all(f.verdict != Verdict.DEVICE_IMBALANCE for f in analysis.secondary)
-    assert "not compared as replicas" in text_report.render(analysis)
+    assert "Device 0 not compared with device 1 as replicas of one model" in text_report.render(analysis)
 
 
 def test_a_model_split_across_devices_is_no_pair_of_replicas():

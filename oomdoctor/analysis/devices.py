@@ -8,9 +8,9 @@ peak from `replay.walk`, the components from `attribution` at the device's own m
 else its peak, else the dump), and takes the judged device's figures from its analysis, so each
 row says what `analyse(snapshot, device=d)` would say of that device's peak and largest component.
 
-Two devices run replicas of one model when their traces show DataParallel's replicate, scatter or
-parallel_apply (torch.nn.parallel, torch_geometric's DataParallel), or when at least half of the
-source lines one of them allocates from (outside torch) are the other's too.
+Two devices run replicas of one model when both their traces show DataParallel's replicate, scatter
+or parallel_apply (torch.nn.parallel, torch_geometric's DataParallel). Shared source lines do not
+show it: a model split across devices runs the same user lines (layers of one class) on each.
 
 - `imbalance(...)`: the judged device held at least `IMBALANCE_RATIO` times the highest peak of
   every replica, and `IMBALANCE_MIN_BYTES` more (with an OOM, also at least what the request

@@ -616,7 +616,7 @@ class DeviceSummary:
     largest_component: str | None
     largest_component_bytes: int
     allocated_at_judged_bytes: int | None  # at the judged moment by time_us (None: no times to align)
-    replica: bool  # runs the judged device's model code (DataParallel frames, or the same source lines)
+    replica: bool  # runs a replica of the judged device's model (DataParallel frames on both devices)
     data_parallel: bool  # its trace shows DataParallel's replicate, scatter or parallel_apply
     # a replica whose trace reached a backward or optimizer step the judged device's, cut short by
     # its OOM, never did: it tells that the run trains

@@ -217,13 +217,26 @@ def device_notes(summaries: Sequence[DeviceSummary]) -> list[str]:
                 f"Device {judged.device}'s trace stops at its OOM before any backward or optimizer step, but device"
                 f" {s.device}'s, running the same model, reached one: the run trains."
             )
-    unlike = [str(s.device) for s in summaries if not s.judged and not s.replica and s.event_count]
+    unlike = [s for s in summaries if not s.judged and not s.replica and s.event_count]
     if unlike:
+        # replicas are told by DataParallel's frames on both devices alone: devices that share
+        # source lines may still run different layers of one model (a model split across devices)
+        names = ", ".join(str(s.device) for s in unlike)
+        devices = f"Device{'s' if len(unlike) > 1 else ''} {names}"
+        if not judged.data_parallel:
+            why = f"device {judged.device}'s trace shows no DataParallel frames ({DATA_PARALLEL_WORDS})"
+        else:
+            without = [str(s.device) for s in unlike if not s.data_parallel]
+            whose = f"device {without[0]}'s trace shows" if len(without) == 1 else f"devices {', '.join(without)} show"
+            why = f"{whose} no DataParallel frames ({DATA_PARALLEL_WORDS})"
         notes.append(
-            f"Device{'s' if len(unlike) > 1 else ''} {', '.join(unlike)} ran other code than device {judged.device}"
-            " (no DataParallel frames or allocation sites in common): not compared as replicas."
+            f"{devices} not compared with device {judged.device} as replicas of one model: {why}; devices that"
+            " run different layers of one model, or different work, are not replicas."
         )
     return notes
+
+
+DATA_PARALLEL_WORDS = "replicate, scatter, parallel_apply"
 
 
 _REST_UNKNOWN_WORDS = {
