@@ -138,3 +138,30 @@ def test_one_launch_reads_as_before(tmp_path):
     assert comparison.launches == (("job-18", 2),)
     assert ranks_view.headline(comparison).startswith("rank 1 ran out first")
     assert not [n for n in ranks_view.notes(comparison) if "launches" in n]
+
+
+def test_a_file_without_a_trace_is_not_said_to_be_compared_at_its_peak(tmp_path):
+    """Rank 1's snapshot holds no allocation in a trace (history was off): its peak is unknown and
+    it can only be compared at its dump. The report must not say every rank is compared at its peak."""
+    import pickle
+
+    write_rank(tmp_path, 0, CALM)
+    untraced = write_rank(tmp_path, 1, CALM)
+    raw = load_raw(untraced)
+    raw["device_traces"] = [[] for _ in raw["device_traces"]]
+    untraced.write_bytes(pickle.dumps(raw, protocol=4))
+    comparison = compare_ranks(read_folder(tmp_path, parallel=False).dumps)
+    assert [(row.rank, row.target_kind) for row in comparison.rows] == [(0, "peak"), (1, "dump")]
+    assert [row.allocated_bytes for row in comparison.rows] == [
+        trace_peak(tmp_path / comparison.rows[0].file),
+        dump_bytes(untraced),
+    ]
+    assert ranks_view.headline(comparison).startswith(
+        "no rank ran out of memory in these 2 files (compared at their peaks; 1 file without a trace at its dump"
+        " (its peak is unknown))"
+    )
+    text = ranks_view.render_text("dumps", comparison, read_folder(tmp_path, parallel=False).dumps, ())
+    assert (
+        "Live memory by component (at each rank's peak; 1 file without a trace at its dump (its peak is unknown))"
+        in text
+    )

@@ -65,7 +65,7 @@ def headline(comparison: RankComparison) -> str:
     if first is None:
         if len(rows) == 1:
             return f"{label(rows[0], comparison.repeated_ranks)} did not run out of memory; it is the only file"
-        text = f"no rank ran out of memory in these {plural(len(rows), 'file')} (compared at their peaks)"
+        text = f"no rank ran out of memory in these {plural(len(rows), 'file')} (compared at their peaks{_untraced_words(comparison)})"
         largest = comparison.differences[0] if comparison.differences else None
         if largest is not None:
             text += f"; {label(largest, comparison.repeated_ranks)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
@@ -167,7 +167,9 @@ def notes(comparison: RankComparison) -> tuple[str, ...]:
     if any(row.rank is None for row in rows):
         found.append("some files say neither in their metadata nor in their name which rank wrote them")
     if comparison.ran_out_count and comparison.ran_out_count < len(rows):
-        found.append("ranks that did not run out are compared at their peak, the others at the OOM")
+        found.append(
+            "ranks that did not run out are compared at their peak, the others at the OOM" + _untraced_words(comparison)
+        )
     return tuple(found)
 
 
@@ -273,8 +275,18 @@ def _moment_words(comparison: RankComparison) -> str:
     if comparison.ran_out_count == len(comparison.rows):
         return "(at each rank's OOM)"
     if comparison.ran_out_count == 0:
-        return "(at each rank's peak)"
-    return "(at the OOM, or the peak for ranks that did not run out)"
+        return f"(at each rank's peak{_untraced_words(comparison)})"
+    return f"(at the OOM, or the peak for ranks that did not run out{_untraced_words(comparison)})"
+
+
+def _untraced_words(comparison: RankComparison) -> str:
+    """Files that did not run out and hold no allocation in a trace are compared at their dump: their
+    peak is unknown. "" when there are none."""
+    untraced = sum(1 for row in comparison.rows if not row.ran_out and row.target_kind == "dump")
+    if not untraced:
+        return ""
+    whose = "its" if untraced == 1 else "their"
+    return f"; {plural(untraced, 'file')} without a trace at {whose} dump ({whose} peak is unknown)"
 
 
 def _verdict_line(comparison: RankComparison) -> str:
