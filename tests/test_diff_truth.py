@@ -126,3 +126,19 @@ def test_a_small_difference_is_not_called_unchanged():
     assert change(Figure("rounding", 2032, 1016)) == "-1016 bytes (under 4.00 KiB: not a change)"
     assert change(Figure("rounding", 1016, 1016)) == "unchanged"
     assert change(Figure("allocated", 1024, 1024 + 4096)) == "+4.00 KiB (5.00×)"
+
+
+def test_another_world_size_is_said(tmp_path):
+    """The same model at world size 4 and 8: what each rank holds of a sharded model differs, and
+    the dumps record it."""
+    paths = []
+    for world_size in (4, 8):
+        raw = load_raw(GPT_256MIB)
+        raw["oomdoctor"].update(rank=0, world_size=world_size)
+        path = tmp_path / f"world{world_size}.pickle"
+        path.write_bytes(pickle.dumps(raw, protocol=4))
+        paths.append(path)
+    assert [_meta(path)["world_size"] for path in paths] == [4, 8]
+    diff = diff_files(str(paths[0]), str(paths[1]))
+    assert [(item.what, item.a, item.b) for item in diff.unlike] == [("world_size", "4", "8")]
+    assert "A ran at world size 4, B at 8" in _text(*paths)

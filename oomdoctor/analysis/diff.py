@@ -60,6 +60,7 @@ UNLIKE_DEVICE_NAME = "device_name"
 UNLIKE_MODEL = "model"  # the registry's parameters differ (by name, or for two files by shape)
 UNLIKE_PROGRAM = "program"  # the command lines run different scripts
 UNLIKE_TORCH = "torch"  # torch's versions differ
+UNLIKE_WORLD_SIZE = "world_size"  # the distributed runs' world sizes differ
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +174,7 @@ class Side:
     device_total_bytes: int | None = None  # None: the dump does not say
     device_name: str | None = None
     torch_version: str | None = None
+    world_size: int | None = None
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (registry name, shape) of the parameters
 
     @classmethod
@@ -208,6 +210,7 @@ class Side:
             device_total_bytes=at_target.accounting.device_total_bytes,
             device_name=device.name if device is not None else None,
             torch_version=versions.torch if versions is not None else None,
+            world_size=metadata.world_size if metadata is not None else None,
             parameters=parameters,
         )
 
@@ -319,7 +322,7 @@ def compare(a: Side, b: Side, *, kind: str) -> Diff:
 
 
 def unlike(a: Side, b: Side, *, shapes: bool = True) -> tuple[Unlike, ...]:
-    """What the two sides' dumps record that differs besides the run: the devices, the models (the
+    """What the two sides' dumps record that differs besides the run: the devices, the world sizes, the models (the
     parameters the registries name, and with `shapes` their shapes: ranks of one sharded model hold
     shards of different shapes), the programs, torch's versions. Nothing is said of what a side does
     not record."""
@@ -329,6 +332,8 @@ def unlike(a: Side, b: Side, *, shapes: bool = True) -> tuple[Unlike, ...]:
             found.append(Unlike(UNLIKE_DEVICE_MEMORY, str(a.device_total_bytes), str(b.device_total_bytes)))
     if a.device_name and b.device_name and a.device_name != b.device_name:
         found.append(Unlike(UNLIKE_DEVICE_NAME, a.device_name, b.device_name))
+    if a.world_size is not None and b.world_size is not None and a.world_size != b.world_size:
+        found.append(Unlike(UNLIKE_WORLD_SIZE, str(a.world_size), str(b.world_size)))
     if a.parameters and b.parameters:
         a_params, b_params = dict(a.parameters), dict(b.parameters)
         names = a_params.keys() | b_params.keys()

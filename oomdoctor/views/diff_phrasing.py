@@ -29,6 +29,7 @@ from oomdoctor.analysis.diff import (
     UNLIKE_MODEL,
     UNLIKE_PROGRAM,
     UNLIKE_TORCH,
+    UNLIKE_WORLD_SIZE,
     WENT,
     ArgumentChange,
     Diff,
@@ -189,6 +190,8 @@ def unlike(item: Unlike, quote: Quote = _plain) -> str:
         return f"A ran on a {human(int(item.a))} device, B on a {human(int(item.b))} one"
     if item.what == UNLIKE_DEVICE_NAME:
         return f"A ran on {quote(item.a)}, B on {quote(item.b)}"
+    if item.what == UNLIKE_WORLD_SIZE:
+        return f"A ran at world size {item.a}, B at {item.b} (what each rank holds of a sharded model differs)"
     if item.what == UNLIKE_MODEL:
         return (
             f"the models differ: {item.count} of the {plural(item.of, 'parameter')} oomdoctor's registries name "
