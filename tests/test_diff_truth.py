@@ -142,3 +142,28 @@ def test_another_world_size_is_said(tmp_path):
     diff = diff_files(str(paths[0]), str(paths[1]))
     assert [(item.what, item.a, item.b) for item in diff.unlike] == [("world_size", "4", "8")]
     assert "A ran at world size 4, B at 8" in _text(*paths)
+
+
+def test_two_ranks_files_of_one_sharded_model_are_not_said_to_be_different_models(tmp_path):
+    """Two files of one run, ranks 0 and 2 of an FSDP model with an uneven last shard: the
+    registries name the same parameters, rank 2's shards are smaller. That is one model."""
+    paths = []
+    for rank in (0, 2):
+        raw = load_raw(GPT_256MIB)
+        raw["oomdoctor"].update(rank=rank, world_size=3)
+        if rank == 2:
+            for tensor in raw["oomdoctor"]["tensors"]:
+                if tensor["component"] == "parameter" and tensor["shape"]:
+                    tensor["shape"] = [tensor["shape"][0] - 1, *tensor["shape"][1:]]
+        path = tmp_path / f"rank{rank}.pickle"
+        path.write_bytes(pickle.dumps(raw, protocol=4))
+        paths.append(path)
+    a, b = (_parameters(path) for path in paths)
+    assert a.keys() == b.keys() and a != b
+    assert diff_files(str(paths[0]), str(paths[1])).unlike == ()
+    # one rank's two files (two runs) whose shapes differ are two models
+    raw = load_raw(paths[1])
+    raw["oomdoctor"]["rank"] = 0
+    other = tmp_path / "rank0-other-run.pickle"
+    other.write_bytes(pickle.dumps(raw, protocol=4))
+    assert [item.what for item in diff_files(str(paths[0]), str(other)).unlike] == ["model"]

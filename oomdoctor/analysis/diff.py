@@ -175,6 +175,7 @@ class Side:
     device_name: str | None = None
     torch_version: str | None = None
     world_size: int | None = None
+    rank: int | None = None
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (registry name, shape) of the parameters
 
     @classmethod
@@ -211,6 +212,7 @@ class Side:
             device_name=device.name if device is not None else None,
             torch_version=versions.torch if versions is not None else None,
             world_size=metadata.world_size if metadata is not None else None,
+            rank=metadata.rank if metadata is not None else None,
             parameters=parameters,
         )
 
@@ -317,7 +319,9 @@ def compare(a: Side, b: Side, *, kind: str) -> Diff:
         headline=Headline(peak, component, site, a.verdict != b.verdict),
         inputs=input_changes(a.inputs, b.inputs),
         arguments=argument_changes(a.argv, b.argv),
-        unlike=() if kind == DIFF_STEPS else unlike(a, b, shapes=kind == DIFF_FILES),
+        # ranks of one sharded model hold shards of different shapes: shapes tell models apart only
+        # between two files of one rank (or of no rank)
+        unlike=() if kind == DIFF_STEPS else unlike(a, b, shapes=kind == DIFF_FILES and a.rank == b.rank),
     )
 
 
