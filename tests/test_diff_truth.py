@@ -167,3 +167,22 @@ def test_two_ranks_files_of_one_sharded_model_are_not_said_to_be_different_model
     other = tmp_path / "rank0-other-run.pickle"
     other.write_bytes(pickle.dumps(raw, protocol=4))
     assert [item.what for item in diff_files(str(paths[0]), str(other)).unlike] == ["model"]
+
+
+def test_the_devices_judged_are_named_when_they_differ(tmp_path):
+    """A snapshot of two devices whose OOM is on device 1, against a one-device dump: the diff
+    compares device 1 of A with device 0 of B, and says so."""
+    a = load_raw(DUMPS / "no-oom-gpt-adamw.pickle")
+    b = load_raw(DUMPS / "activation-spike-gpt-longer-sequence.pickle")
+    for segment in b["segments"]:
+        segment["device"] = 1
+    merged = {key: value for key, value in a.items() if key != "oomdoctor"}
+    merged["segments"] = a["segments"] + b["segments"]
+    merged["device_traces"] = [a["device_traces"][0], b["device_traces"][0]]
+    two = tmp_path / "two-devices.pickle"
+    two.write_bytes(pickle.dumps(merged, protocol=4))
+    oom_devices = [i for i, trace in enumerate(merged["device_traces"]) if any(e["action"] == "oom" for e in trace)]
+    assert oom_devices == [1]
+    diff = diff_files(str(two), str(GPT_256MIB))
+    assert [(item.what, item.a, item.b) for item in diff.unlike] == [("device_index", "1", "0")]
+    assert "A's figures are device 1's, B's device 0's" in render_diff(diff, "text").decode()

@@ -57,6 +57,7 @@ ARGV_CHANGES_MAX = 4  # more differing arguments than this: the command lines ar
 # What makes two sides not like for like (`Unlike.what`).
 UNLIKE_DEVICE_MEMORY = "device_memory"  # the devices' total memory differs
 UNLIKE_DEVICE_NAME = "device_name"
+UNLIKE_DEVICE_INDEX = "device_index"  # the devices judged are not the same index (cuda:1 against cuda:0)
 UNLIKE_MODEL = "model"  # the registry's parameters differ (by name, or for two files by shape)
 UNLIKE_PROGRAM = "program"  # the command lines run different scripts
 UNLIKE_TORCH = "torch"  # torch's versions differ
@@ -176,6 +177,7 @@ class Side:
     torch_version: str | None = None
     world_size: int | None = None
     rank: int | None = None
+    device: int | None = None  # the index of the device judged
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (registry name, shape) of the parameters
 
     @classmethod
@@ -213,6 +215,7 @@ class Side:
             torch_version=versions.torch if versions is not None else None,
             world_size=metadata.world_size if metadata is not None else None,
             rank=metadata.rank if metadata is not None else None,
+            device=at_target.device,
             parameters=parameters,
         )
 
@@ -331,6 +334,8 @@ def unlike(a: Side, b: Side, *, shapes: bool = True) -> tuple[Unlike, ...]:
     shards of different shapes), the programs, torch's versions. Nothing is said of what a side does
     not record."""
     found = []
+    if a.device is not None and b.device is not None and a.device != b.device:
+        found.append(Unlike(UNLIKE_DEVICE_INDEX, str(a.device), str(b.device)))
     if a.device_total_bytes is not None and b.device_total_bytes is not None:
         if a.device_total_bytes != b.device_total_bytes:
             found.append(Unlike(UNLIKE_DEVICE_MEMORY, str(a.device_total_bytes), str(b.device_total_bytes)))

@@ -24,6 +24,7 @@ from oomdoctor.analysis.diff import (
     SAME_BYTES,
     SHRANK,
     SITE_MODULE,
+    UNLIKE_DEVICE_INDEX,
     UNLIKE_DEVICE_MEMORY,
     UNLIKE_DEVICE_NAME,
     UNLIKE_MODEL,
@@ -186,6 +187,8 @@ def summary(diff: Diff, quote: Quote = _plain, name: Quote = _plain) -> str:
 
 def unlike(item: Unlike, quote: Quote = _plain) -> str:
     """'A ran on a 24.00 GiB device, B on a 80.00 GiB one', 'the models differ: 12 of 40 parameters ...'."""
+    if item.what == UNLIKE_DEVICE_INDEX:
+        return f"A's figures are device {item.a}'s, B's device {item.b}'s"
     if item.what == UNLIKE_DEVICE_MEMORY:
         return f"A ran on a {human(int(item.a))} device, B on a {human(int(item.b))} one"
     if item.what == UNLIKE_DEVICE_NAME:
