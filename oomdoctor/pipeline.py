@@ -504,6 +504,7 @@ def diff_side(
         at_peak,
         label=label,
         metadata=snapshot.oomdoctor,
+        environment=environment,
         argv=environment.argv,
         target_moment=target_moment,
         peak_moment=peak_moment,

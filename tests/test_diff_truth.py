@@ -186,3 +186,28 @@ def test_the_devices_judged_are_named_when_they_differ(tmp_path):
     diff = diff_files(str(two), str(GPT_256MIB))
     assert [(item.what, item.a, item.b) for item in diff.unlike] == [("device_index", "1", "0")]
     assert "A's figures are device 1's, B's device 0's" in render_diff(diff, "text").decode()
+
+
+def test_a_redacted_diff_says_the_device_names_as_the_redacted_report_does(tmp_path):
+    """--redact: the device names the summary compares come from the redacted environment, as every
+    other string of a redacted report does."""
+    from oomdoctor.analysis.environment import environment_of
+    from oomdoctor.pipeline import load_snapshot
+    from oomdoctor.redact import Redactor, redact_environment
+
+    paths = []
+    for name in ("GPU of /home/alice/box-a", "GPU of /home/alice/box-b"):
+        raw = load_raw(GPT_256MIB)
+        raw["oomdoctor"]["device"]["name"] = name
+        path = tmp_path / f"{name[-5:]}.pickle"
+        path.write_bytes(pickle.dumps(raw, protocol=4))
+        paths.append(path)
+    expected = []
+    for path in paths:
+        snapshot = load_snapshot(str(path))
+        expected.append(redact_environment(environment_of(snapshot), Redactor.from_snapshot(snapshot)).device_name)
+    assert "alice" not in "".join(expected)
+    diff = diff_files(str(paths[0]), str(paths[1]), redact=True)
+    (names,) = [item for item in diff.unlike if item.what == "device_name"]
+    assert [names.a, names.b] == expected
+    assert "alice" not in render_diff(diff, "json").decode()

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from oomdoctor.analysis.attribution import shares
+from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.replay import columns
 from oomdoctor.analysis.results import Analysis, LiveBlock, StepSummary
 from oomdoctor.analysis.sizing import round_size
@@ -188,19 +189,20 @@ class Side:
         *,
         label: str,
         metadata: DumpMetadata | None = None,
+        environment: Environment | None = None,
         argv: tuple[str, ...] = (),
         target_moment: str | None = None,
         peak_moment: str = MOMENT_PEAK,
     ) -> Side:
         """A side from its analysis at the target and at the peak (the same object when they
-        agree), the registry's inputs in `metadata` and the command line (redacted or not)."""
+        agree), the registry's inputs and parameters in `metadata`, what `environment` (redacted or
+        not) says of the device, torch and the distributed run, and the command line (redacted or not)."""
         inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
         parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()
         if metadata is not None:
             inputs = _registered(metadata, COMPONENT_INPUT)
             parameters = _registered(metadata, COMPONENT_PARAMETER)
-        device = metadata.device if metadata is not None else None
-        versions = metadata.versions if metadata is not None else None
+        environment = environment if environment is not None else Environment()
         return cls(
             label=label,
             at_target=moment_of(at_target, target_moment or at_target.replay.target_kind),
@@ -211,10 +213,10 @@ class Side:
             inputs=inputs,
             argv=argv,
             device_total_bytes=at_target.accounting.device_total_bytes,
-            device_name=device.name if device is not None else None,
-            torch_version=versions.torch if versions is not None else None,
-            world_size=metadata.world_size if metadata is not None else None,
-            rank=metadata.rank if metadata is not None else None,
+            device_name=environment.device_name,
+            torch_version=environment.torch_version,
+            world_size=environment.world_size,
+            rank=environment.rank,
             device=at_target.device,
             parameters=parameters,
         )
