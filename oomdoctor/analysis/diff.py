@@ -12,7 +12,8 @@ or shrank, largest change first, and of reserved, allocated, cached and fragment
 `headline` holds what the summary sentence names, and `causes` only what the dumps record: input
 tensors whose shapes differ (oomdoctor's registry) and arguments of the command line that differ.
 `unlike` says what makes two files or ranks not like for like, as far as the dumps record it: the
-devices (total memory, name), the models (the registry's parameters), the programs, torch's versions.
+devices (which one was judged, total memory, name), the world sizes, the models (the registry's
+parameters), the programs, torch's versions.
 
 Pure functions over `Analysis` results; no words (oomdoctor.views.diff_report says it all).
 """
@@ -59,7 +60,7 @@ ARGV_CHANGES_MAX = 4  # more differing arguments than this: the command lines ar
 UNLIKE_DEVICE_MEMORY = "device_memory"  # the devices' total memory differs
 UNLIKE_DEVICE_NAME = "device_name"
 UNLIKE_DEVICE_INDEX = "device_index"  # the devices judged are not the same index (cuda:1 against cuda:0)
-UNLIKE_MODEL = "model"  # the registry's parameters differ (by name, or for two files by shape)
+UNLIKE_MODEL = "model"  # the registry's parameters differ (by name, or for two files of one rank by shape)
 UNLIKE_PROGRAM = "program"  # the command lines run different scripts
 UNLIKE_TORCH = "torch"  # torch's versions differ
 UNLIKE_WORLD_SIZE = "world_size"  # the distributed runs' world sizes differ
@@ -331,9 +332,9 @@ def compare(a: Side, b: Side, *, kind: str) -> Diff:
 
 
 def unlike(a: Side, b: Side, *, shapes: bool = True) -> tuple[Unlike, ...]:
-    """What the two sides' dumps record that differs besides the run: the devices, the world sizes, the models (the
-    parameters the registries name, and with `shapes` their shapes: ranks of one sharded model hold
-    shards of different shapes), the programs, torch's versions. Nothing is said of what a side does
+    """What the two sides' dumps record that differs besides the run: the devices, the world sizes,
+    the models (the parameters the registries name, and with `shapes` their shapes: ranks of one
+    sharded model hold shards of different shapes), the programs, torch's versions. Nothing is said of what a side does
     not record."""
     found = []
     if a.device is not None and b.device is not None and a.device != b.device:

@@ -72,7 +72,7 @@ def headline(comparison: RankComparison) -> str:
         return text
     if len(rows) == 1:
         return f"{label(first, comparison.repeated_ranks)} ran out ({where(first)}); it is the only file"
-    if len(comparison.launches) > 1:
+    if len(comparison.launches) > 1 and first.oom_time_us is not None:
         # files of different launches or restarts: their ranks did not run side by side
         count = len(comparison.launches)
         text = (
