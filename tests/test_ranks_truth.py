@@ -165,3 +165,26 @@ def test_a_file_without_a_trace_is_not_said_to_be_compared_at_its_peak(tmp_path)
         "Live memory by component (at each rank's peak; 1 file without a trace at its dump (its peak is unknown))"
         in text
     )
+
+
+def test_without_oom_times_no_rank_is_called_first_anywhere(tmp_path):
+    """No file records when it ran out: the headline says which rank was first is unknown, and so
+    must the table's OOM column and the banner over the featured report (they said 'first')."""
+    import dataclasses
+
+    write_rank(tmp_path, 0, SMALL, 1.0)
+    write_rank(tmp_path, 1, SMALL, 0.0)
+    untimed = []
+    for dump in read_folder(tmp_path, parallel=False).dumps:
+        replay = dump.analysis.replay
+        ooms = tuple(dataclasses.replace(oom, time_us=None) for oom in replay.ooms)
+        analysis = dataclasses.replace(dump.analysis, replay=dataclasses.replace(replay, ooms=ooms))
+        untimed.append(dataclasses.replace(dump, oom_time_us=None, analysis=analysis))
+    comparison = compare_ranks(untimed)
+    assert not comparison.order_known and all(row.oom_time_us is None for row in comparison.rows)
+    text = ranks_view.render_text("dumps", comparison, tuple(untimed), ())
+    table = text.split("\nLive memory by component")[0]
+    assert " first " not in table.split("Ranks\n", 1)[1]
+    assert [line.split()[1:3] for line in table.splitlines()[5:7]] == [["time", "unknown"], ["time", "unknown"]]
+    assert "Rank 0 (ran out; which rank was first is unknown): " in text
+    assert "(ran out first)" not in text

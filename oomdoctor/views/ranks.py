@@ -226,11 +226,22 @@ def _rank(row: RankRow) -> str:
     return "?" if row.rank is None else str(row.rank)
 
 
+def _first_words(comparison: RankComparison) -> str | None:
+    """What the featured rank that ran out is called: first, earliest (of files of several launches),
+    or, without its OOM time, neither. None when no rank ran out."""
+    first = comparison.first
+    if first is None:
+        return None
+    if first.oom_time_us is None:
+        return "ran out; which rank was first is unknown"
+    return "ran out earliest" if len(comparison.launches) > 1 else "ran out first"
+
+
 def _when(row: RankRow, comparison: RankComparison) -> str:
     if not row.ran_out:
         return "no OOM"
-    if comparison.first is row:
-        return "first"
+    if comparison.first is row and row.oom_time_us is not None:
+        return "earliest" if len(comparison.launches) > 1 else "first"
     if row.seconds_after_first is None:
         return "time unknown"
     return f"+{row.seconds_after_first:.3f} s"
@@ -381,7 +392,7 @@ def render_text(
         lines.extend(f"  - {note}" for note in shown_notes)
         lines.append("")
     dump = featured(comparison, dumps)
-    title = "ran out first" if comparison.first is not None else "the largest"
+    title = _first_words(comparison) or "the largest"
     banner = f"{_label(dump)} ({title}): {dump.file}"
     lines.append(banner)
     lines.append("=" * len(banner))
