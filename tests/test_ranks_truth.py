@@ -188,3 +188,20 @@ def test_without_oom_times_no_rank_is_called_first_anywhere(tmp_path):
     assert [line.split()[1:3] for line in table.splitlines()[5:7]] == [["time", "unknown"], ["time", "unknown"]]
     assert "Rank 0 (ran out; which rank was first is unknown): " in text
     assert "(ran out first)" not in text
+
+
+def test_files_of_several_launches_without_oom_times_are_not_ordered_at_all(tmp_path):
+    import dataclasses
+
+    _launched(write_rank(tmp_path, 0, SMALL, 1.0), "job-18", 0)
+    _launched(write_rank(tmp_path, 1, SMALL, 0.0), "job-17", 0)
+    untimed = []
+    for dump in read_folder(tmp_path, parallel=False).dumps:
+        replay = dump.analysis.replay
+        ooms = tuple(dataclasses.replace(oom, time_us=None) for oom in replay.ooms)
+        analysis = dataclasses.replace(dump.analysis, replay=dataclasses.replace(replay, ooms=ooms))
+        untimed.append(dataclasses.replace(dump, oom_time_us=None, analysis=analysis))
+    comparison = compare_ranks(untimed)
+    assert len(comparison.launches) == 2
+    headline = ranks_view.headline(comparison)
+    assert "earliest" not in headline and "which rank was first is unknown" in headline
