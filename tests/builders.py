@@ -106,10 +106,13 @@ class Sim:
             )
         return address
 
-    def free(self, address: int) -> None:
+    def free(self, address: int, frames=None) -> None:
+        """Free the block at `address`; its free events carry `frames` (the code that freed it, as a
+        trace recorded with context="all" shows), or the allocation's stack when None."""
         entry = self.segments[address]
-        self.events.append(TraceEvent("free_requested", address, entry[2], 0, entry[3], self._tick()))
-        self.events.append(TraceEvent("free_completed", address, entry[2], 0, entry[3], self._tick()))
+        stack = entry[3] if frames is None else frames
+        self.events.append(TraceEvent("free_requested", address, entry[2], 0, stack, self._tick()))
+        self.events.append(TraceEvent("free_completed", address, entry[2], 0, stack, self._tick()))
         entry[1] = INACTIVE
         self.tensors = [t for t in self.tensors if t["address"] != address]
 

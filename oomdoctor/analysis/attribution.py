@@ -18,6 +18,7 @@ from dataclasses import replace
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.frame_kinds import (
     LIBRARY,
+    PYTHON_KINDS,
     TORCH,
     USER,
     frame_kind,
@@ -51,7 +52,7 @@ from oomdoctor.analysis.results import (
 )
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Stack
+from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Frame, Stack
 
 INDEX = {name: position for position, name in enumerate(COMPONENTS)}
 PARAMETERS = INDEX["parameters"]
@@ -431,6 +432,83 @@ def moves_module_tensors(stack: Stack) -> bool:
     return False
 
 
+# A hook the user wrote (`p.data = host.to(device)` in a forward pre-hook, and back in its forward
+# hook) moves a layer's weights without any frame of Module.to: the block's stack runs in a function
+# that Module.__call__ called (`_call_impl`, or its `inner` closure) and that is no forward.
+_HOOK_CALLERS = frozenset({"_call_impl", "inner"})
+
+
+def module_hook_frame(stack: Stack) -> Frame | None:
+    """The module hook a stack runs in: its innermost frame of the user's or a library's code,
+    where torch's Module.__call__ called it and it is not a `forward` (None otherwise)."""
+    for position, frame in enumerate(stack):
+        if frame_kind(frame) not in (USER, LIBRARY):
+            continue
+        caller = next((f for f in stack[position + 1 :] if frame_kind(f) in PYTHON_KINDS), None)
+        if (
+            caller is None
+            or caller.name not in _HOOK_CALLERS
+            or not caller.filename.replace("\\", "/").endswith(_MODULE_FILE)
+            or frame.name == "forward"
+        ):
+            return None
+        return frame
+    return None
+
+
+def hook_moved_weights(
+    trace: DeviceTrace, phases: PhaseIndex, live: Collection[LiveAllocation], after_target: int
+) -> set[int]:
+    """The allocation indices of the live blocks that are a layer's weights a module hook moved
+    onto the device for the forward running at the target. Their hook's site (its frame) moved
+    weights out again too: a hook freed one of the blocks it made earlier (the forward hook that
+    sends them back, or the next layer's pre-hook), which only a free's own stack shows (not with
+    `context="alloc"`, whose frees repeat the allocation's stack). And they are the site's latest
+    run of allocations: a block from an earlier run outlived the hook that let its weights go, so
+    something else holds it (autograd, saving it for a backward: an activation, as the phase says).
+    An input cast in a pre-hook is freed by the forward that uses it, not by a hook: no site."""
+    candidates = {
+        a.alloc_index
+        for a in live
+        if a.alloc_index is not None
+        and _phase_of(phases, a.alloc_index) in FORWARD_PASSES
+        and module_hook_frame(trace.frames_at(a.alloc_index)) is not None
+    }
+    if not candidates or frees_carry_alloc_stacks(trace):
+        return set()
+    actions, addrs = trace.actions, trace.addrs
+    site_at: dict[int, Frame] = {}  # address -> the hook site that made the block there
+    run_of: dict[int, int] = {}  # allocation index -> its run
+    latest_run: dict[Frame, int] = {}  # hook site -> its latest run
+    moved_out: set[Frame] = set()  # sites a block of which a hook freed
+    runs, current = 0, None
+    for index in range(min(after_target + 1, len(trace))):
+        action = actions[index]
+        if action == ALLOC:
+            site = None
+            if _phase_of(phases, index) in FORWARD_PASSES:
+                site = module_hook_frame(trace.frames_at(index))
+            if site is None:
+                site_at.pop(addrs[index], None)
+                current = None
+                continue
+            if site != current:
+                runs += 1
+                current = site
+            site_at[addrs[index]] = site
+            run_of[index] = runs
+            latest_run[site] = runs
+        elif action == FREE_REQUESTED:
+            site = site_at.pop(addrs[index], None)
+            if site is not None and module_hook_frame(trace.frames_at(index)) is not None:
+                moved_out.add(site)
+    return {
+        index
+        for index in candidates
+        if (site := module_hook_frame(trace.frames_at(index))) in moved_out and run_of.get(index) == latest_run[site]
+    }
+
+
 # DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
 # the first, every step: torch's replicate broadcasts the model (the replica's parameters and
 # buffers), the scatter (DataParallel.scatter, torch's or a subclass's such as torch_geometric's,
@@ -696,6 +774,7 @@ def attribute(
         seeds = [address for address, placed in pre_trace.items() if placed[0] == PARAMETERS]
         successors = parameter_successors(trace, phases, seeds, after_target)
     state = state_blocks(trace, phases, live, after_target) if not exact else set()
+    hook_moved = hook_moved_weights(trace, phases, live, after_target) if not exact else set()
 
     blocks: list[LiveBlock] = []
     for address, alloc_index, size, requested in live:  # LiveAllocation's fields
@@ -742,6 +821,8 @@ def attribute(
             elif phase in FORWARD_PASSES and moves_module_tensors(stack):
                 # a layer's weights an offload hook moved onto the device for its forward
                 component, method, confidence = PARAMETERS, METHOD_FRAMES, 0.7
+            elif alloc_index in hook_moved:  # the same, moved by a hook of the user's own
+                component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif alloc_index in successors:  # a parameter the optimizer step replaced out of place
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
