@@ -125,3 +125,65 @@ def test_two_moments_are_read_as_two_and_one_run_reads_nothing():
     first = analyse(sim.snapshot(metadata=False))
     assert first.verdict == "model-states-too-large"
     assert any("at 2x the parameters, assuming Adam-style moments" in line for line in _projections(first))
+
+
+def _one_size_oom(total_bytes: int, moments: int, parameters: int = 4) -> Sim:
+    """A hand-written optimizer's first step over parameters of one size (32 MiB each): per
+    parameter, `moments` zeros_like and then its update temporary (kept until the next one's is
+    made, or the last parameter's state), failing on the last parameter's update."""
+    sim = Sim(total_bytes=total_bytes)
+    _trained(sim, (32,) * parameters)
+    update = None
+    for number in range(parameters):
+        for _ in range(moments):
+            sim.alloc(32 * MiB, ZEROS_LIKE)
+        if number == parameters - 1:
+            if update is not None:
+                sim.free(update)
+            sim.oom(32 * MiB, UPDATE)
+            break
+        made = sim.alloc(32 * MiB, UPDATE)
+        if update is not None:
+            sim.free(update)
+        update = made
+    return sim
+
+
+def test_a_one_moment_optimizer_over_parameters_of_one_size_is_read_from_its_runs():
+    """A hand-written Lion over four 32 MiB parameters (one size: no change of size cuts its state
+    into parameters), OOM at the last update on a 420 MiB device: the state was projected at Adam's
+    two moments, 'need 512 MiB', a false model-states-too-large. Each parameter's state is a run of
+    one block that its update's temporary ended: 1x, 384 MiB, and the first step's buildup."""
+    result = analyse(_one_size_oom(420 * MiB, moments=1).snapshot(metadata=False))
+    assert result.target_phase == "optimizer_step"
+    assert result.component_bytes().get("optimizer_state") == 128 * MiB
+    assert result.verdict == "optimizer-state-buildup", result.verdict
+    assert not any("2x" in line for line in _projections(result))
+
+
+def test_two_moments_over_parameters_of_one_size_are_read_as_two():
+    """Counter-example: a hand-written Adam over the same parameters makes runs of two: 2x (512 MiB
+    of 530, a further finding), read from the state so far rather than assumed."""
+    result = analyse(_one_size_oom(530 * MiB, moments=2).snapshot(metadata=False))
+    lines = _projections(result)
+    assert any(
+        "at 2x the parameters, as many moments per parameter as its state so far holds" in line for line in lines
+    ), lines
+
+
+LION_STATE = (  # lion-pytorch: state["exp_avg"] = torch.zeros_like(p) in its step
+    Frame("/usr/lib/python3/site-packages/lion_pytorch/lion_pytorch.py", 80, "step"),
+    *STEP_WRAPPER,
+)
+
+
+def test_a_lion_library_s_state_is_one_moment_by_its_frames():
+    """lion-pytorch over parameters of one size, OOM at its first parameter's update: the state
+    shows no run its update ended, but its frames name the optimizer: 1x, 384 MiB, not Adam's
+    assumed 2x, 512 MiB."""
+    sim = Sim(total_bytes=300 * MiB)
+    _trained(sim, (32, 32, 32, 32))
+    sim.alloc(32 * MiB, LION_STATE)
+    sim.oom(32 * MiB, UPDATE)
+    lines = _projections(analyse(sim.snapshot(metadata=False)))
+    assert any("need 384.00 MiB (optimizer state projected at 1x the parameters)" in line for line in lines), lines

@@ -23,6 +23,7 @@ recommendations' "would fit on its own" and the what-if are both judged against.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -48,6 +49,7 @@ from oomdoctor.analysis.replay import (
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BETWEEN,
+    PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
     SOURCE_MARKERS,
     SOURCE_NONE,
@@ -70,7 +72,7 @@ from oomdoctor.analysis.results import (
     WhatIf,
     WhatIfBasis,
 )
-from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES
 from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
@@ -137,7 +139,17 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
                     return "adam"
                 if "sgd" in filename:
                     return "sgd"
+                if filename.endswith("/adagrad.py"):
+                    return "adagrad"
+            elif (block.component == Component.OPTIMIZER_STATE or block.phase == PHASE_OPTIMIZER) and _LION_FILE.search(
+                filename.rsplit("/", 1)[-1]
+            ):
+                return "lion"  # made in lion-pytorch's lion_pytorch.py, a lion.py of the user's: one moment
     return None
+
+
+# A Lion optimizer's file (lion-pytorch's `lion_pytorch.py`, a `lion.py`), whose state a block was made in
+_LION_FILE = re.compile(r"(?:^|[_-])lion(?:[_.-])", re.IGNORECASE)
 
 
 def replayer(snapshot: Snapshot, device: int) -> Replayer:
@@ -441,6 +453,33 @@ def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock
     return allocated, sum(b.size_bytes for b in kept), len(kept), returned
 
 
+def _state_runs(trace: DeviceTrace, blocks: Sequence[LiveBlock], target: int | None) -> tuple[tuple[int, int], ...]:
+    """(size, blocks) of each run of live optimizer state blocks allocated one after another, of
+    one size, that an allocation of something else ended before the target (the run the target cut
+    short is left out). Blocks of the allocator's smallest size neither count nor end a run: a
+    step count's scalar shares it with small parameters."""
+    made = {
+        b.alloc_index: b.size_bytes
+        for b in blocks
+        if b.component == Component.OPTIMIZER_STATE and b.alloc_index is not None and b.size_bytes > MIN_BLOCK_BYTES
+    }
+    if len(made) < 2:
+        return ()
+    stop = target if target is not None else len(trace)
+    runs: list[tuple[int, int]] = []
+    size, count = 0, 0
+    for index in trace.positions_in(ALLOC, min(made), stop):
+        if index in made:
+            if count and made[index] != size:
+                runs.append((size, count))
+                count = 0
+            size, count = made[index], count + 1
+        elif count and trace.sizes[index] > MIN_BLOCK_BYTES:
+            runs.append((size, count))
+            count = 0
+    return tuple(runs)
+
+
 def _at_end(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[dict[str, int], int | None]:
     """Components and allocated bytes at the dump, placed as the target's blocks are (None when
     the target is the dump itself)."""
@@ -487,6 +526,7 @@ def _context(
         scalable_bytes=scalable_bytes(blocks),
         request_scales=request_scales(moment.phase, accounted.request_bytes or 0, blocks),
         near_ooms=near_ooms(dump.trace, dump.segments),
+        state_runs=_state_runs(dump.trace, blocks, target.index),
         pass_allocated_bytes=pass_allocated,
         pass_kept_bytes=pass_kept,
         pass_kept_count=pass_kept_count,

@@ -59,6 +59,9 @@ OUTSIDE_MIN_PART = 4  # memory outside PyTorch: at least a quarter of the device
 OUTSIDE_STRONG_PART = 3  # a third or more: the higher confidence
 CUDA_CONTEXT_ALLOWANCE_BYTES = GIB // 2  # what the CUDA context and libraries may take by themselves,
 CUDA_CONTEXT_ALLOWANCE_PART = 10  # but no more than a tenth of the device
+# optimizers that keep one parameter-sized tensor of state per parameter (SGD's momentum buffer,
+# Adagrad's sum, Lion's moment); the others read as Adam-style, two
+ONE_MOMENT_OPTIMIZERS = frozenset({"sgd", "adagrad", "lion"})
 MODEL_STATES_CAPACITY_SHARE = 0.95  # model states at full size need this share of the capacity or more
 OVERSIZED_PART = 2  # one request of half the capacity,
 OVERSIZED_IF_LARGEST_PART = 4  # or of a quarter when it is larger than all transient memory together
@@ -112,7 +115,7 @@ class Context:
     target_step: int | None
     target_index: int | None
     steps: Sequence[StepSummary]
-    optimizer_kind: str | None  # "adam" | "sgd" | None, from frames or registry names
+    optimizer_kind: str | None  # "adam" | "sgd" | "adagrad" | "lion" | None, from frames or registry names
     exact: bool  # the registry placed the model states
     expandable_on: bool | None
     capacity_bytes: int | None = field(default=None)  # what PyTorch could have had on this device
@@ -121,6 +124,9 @@ class Context:
     scalable_bytes: int = field(default=0)  # live bytes that grow with the batch (whatif.scalable_bytes)
     request_scales: bool = field(default=False)  # the failed request grows with the batch (whatif.request_scales)
     near_ooms: tuple[NearOom, ...] = field(default=())  # cudaMalloc failures the allocator survived
+    # (size, blocks) of each run of live optimizer state made one after another in the trace, that an
+    # allocation of something else ended before the target (analysis._state_runs)
+    state_runs: tuple[tuple[int, int], ...] = field(default=())
     pass_allocated_bytes: int = field(default=0)  # the forward's allocations since its oldest tensor still alive
     pass_kept_bytes: int = field(default=0)  # the forward's activations and temporaries alive at the target
     pass_kept_count: int = field(default=0)  # how many tensors those are
@@ -433,7 +439,22 @@ def state_moments(ctx: Context) -> int | None:
         if b.component == Component.PARAMETERS:
             parameters[b.size_bytes] = parameters.get(b.size_bytes, 0) + 1
     shown = [-(-count // parameters[size]) for size, count in done.items() if parameters.get(size)]
-    return max(shown) if shown else None
+    if shown:
+        return max(shown)
+    return _moments_per_parameter_run(ctx.state_runs, parameters)
+
+
+def _moments_per_parameter_run(runs: Sequence[tuple[int, int]], parameters: Mapping[int, int]) -> int | None:
+    """The moments an optimizer that makes each parameter's state and then updates it (a loop over
+    the parameters, as a Lion or Adam written by hand is) shows where its parameters have one size
+    (no change of size cuts its state into parameters): each parameter's state is a run of state
+    blocks that the update's first temporary ends. Two or more ended runs, all of one count, of a
+    parameter's size: that count. None otherwise (one run: torch's foreach optimizers make every
+    parameter's state in one run before any temporary, and its count alone could be either)."""
+    counts = {count for size, count in runs if parameters.get(size)}
+    if len(runs) < 2 or len(counts) != 1 or any(not parameters.get(size) for size, _ in runs):
+        return None
+    return counts.pop()
 
 
 MASTER_PAIRED_SHARE = 0.9  # the paired blocks hold this share of the parameters' bytes or more
@@ -577,7 +598,7 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     if ctx.optimizer_state_sharded():
         pass
     elif ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
-        moments = 1 if ctx.optimizer_kind == "sgd" else 2
+        moments = 1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2
         if ctx.optimizer_kind is None:
             moments = state_moments(ctx) or moments
         masters = master_weights(ctx)
