@@ -509,6 +509,68 @@ def hook_moved_weights(
     }
 
 
+def _in_module_call(stack: Stack) -> bool:
+    """Whether a stack runs inside a module's call (torch's Module.__call__ is on it)."""
+    return any(
+        frame.name in _HOOK_CALLERS or frame.name == "_wrapped_call_impl"
+        for frame in stack
+        if frame.filename.replace("\\", "/").endswith(_MODULE_FILE)
+    )
+
+
+def kept_past_backward_by_the_loop(
+    trace: DeviceTrace, phases: PhaseIndex, live: Collection[LiveAllocation], after_target: int
+) -> set[int]:
+    """The allocation indices of live blocks that the loop's own code made after its model returned
+    and before the backward (no module call on the stack, after the forward's last allocation inside
+    one), at a site one of whose blocks outlived the backward that followed: autograd did not keep
+    it for that backward, so it is no activation of the pass but what the loop holds, an input by the
+    phase the markers give it (the gradient a pipeline stage receives from the next stage and passes
+    to `backward`, a loss the loop keeps). What the loop's code computes for the backward (a loss's
+    intermediates) is freed by it, and stays an activation."""
+    frames_at = trace.frames_at
+    spans = [span for span in phases.spans if span.phase in FORWARD_PASSES and span.first_index <= after_target]
+    if not spans:
+        return set()
+    made: dict[int, tuple[int, Stack]] = {}  # alloc index -> (its backward's last index, its stack)
+    for span in spans:
+        following = phases.span_after(span)
+        if following is None or following.phase != PHASE_BACKWARD or following.first_index > after_target:
+            continue
+        allocs = trace.positions_in(ALLOC, span.first_index, min(span.last_index, after_target) + 1)
+        inside = [index for index in allocs if _in_module_call(frames_at(index))]
+        if not inside:
+            continue
+        for index in allocs:
+            if index > inside[-1] and (stack := frames_at(index)) and not _in_module_call(stack):
+                made[index] = (following.last_index, stack)
+    if not made:
+        return set()
+    live_made = {a.alloc_index for a in live if a.alloc_index in made}
+    if not live_made:
+        return set()
+    # which of those sites had a block outlive its backward
+    open_at: dict[int, int] = {}
+    outlived: set[Stack] = set()
+    actions, addrs = trace.actions, trace.addrs
+    for index in range(min(after_target + 1, len(trace))):
+        action = actions[index]
+        if action == ALLOC:
+            if index in made:
+                open_at[addrs[index]] = index
+            else:
+                open_at.pop(addrs[index], None)
+        elif action == FREE_REQUESTED and (alloc := open_at.pop(addrs[index], None)) is not None:
+            backward_end, stack = made[alloc]
+            if index > backward_end:
+                outlived.add(stack)
+    for alloc in open_at.values():  # alive at the target, past a backward that ended before it
+        backward_end, stack = made[alloc]
+        if backward_end < after_target:
+            outlived.add(stack)
+    return {index for index in live_made if made[index][1] in outlived}
+
+
 # DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
 # the first, every step: torch's replicate broadcasts the model (the replica's parameters and
 # buffers), the scatter (DataParallel.scatter, torch's or a subclass's such as torch_geometric's,
@@ -775,6 +837,7 @@ def attribute(
         successors = parameter_successors(trace, phases, seeds, after_target)
     state = state_blocks(trace, phases, live, after_target) if not exact else set()
     hook_moved = hook_moved_weights(trace, phases, live, after_target) if not exact else set()
+    held_by_loop = kept_past_backward_by_the_loop(trace, phases, live, after_target) if not exact else set()
 
     blocks: list[LiveBlock] = []
     for address, alloc_index, size, requested in live:  # LiveAllocation's fields
@@ -823,6 +886,8 @@ def attribute(
                 component, method, confidence = PARAMETERS, METHOD_FRAMES, 0.7
             elif alloc_index in hook_moved:  # the same, moved by a hook of the user's own
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
+            elif alloc_index in held_by_loop:  # the loop's own, after its forward, held past the backward
+                component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
             elif alloc_index in successors:  # a parameter the optimizer step replaced out of place
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
             elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
