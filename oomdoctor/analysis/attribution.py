@@ -477,6 +477,14 @@ def hook_moved_weights(
     if not candidates or frees_carry_alloc_stacks(trace):
         return set()
     actions, addrs = trace.actions, trace.addrs
+    hook_of: dict[int, Frame | None] = {}  # id of a stack -> module_hook_frame (stacks are shared)
+
+    def hook_at(index: int) -> Frame | None:
+        stack = trace.frames_at(index)
+        if id(stack) not in hook_of:
+            hook_of[id(stack)] = module_hook_frame(stack)
+        return hook_of[id(stack)]
+
     site_at: dict[int, Frame] = {}  # address -> the hook site that made the block there
     run_of: dict[int, int] = {}  # allocation index -> its run
     latest_run: dict[Frame, int] = {}  # hook site -> its latest run
@@ -487,7 +495,7 @@ def hook_moved_weights(
         if action == ALLOC:
             site = None
             if _phase_of(phases, index) in FORWARD_PASSES:
-                site = module_hook_frame(trace.frames_at(index))
+                site = hook_at(index)
             if site is None:
                 site_at.pop(addrs[index], None)
                 current = None
@@ -500,7 +508,7 @@ def hook_moved_weights(
             latest_run[site] = runs
         elif action == FREE_REQUESTED:
             site = site_at.pop(addrs[index], None)
-            if site is not None and module_hook_frame(trace.frames_at(index)) is not None:
+            if site is not None and hook_at(index) is not None:
                 moved_out.add(site)
     return {
         index
@@ -528,9 +536,23 @@ def kept_past_backward_by_the_loop(
     phase the markers give it (the gradient a pipeline stage receives from the next stage and passes
     to `backward`, a loss the loop keeps). What the loop's code computes for the backward (a loss's
     intermediates) is freed by it, and stays an activation."""
-    frames_at = trace.frames_at
+    in_call: dict[int, bool] = {}  # id of a stack -> _in_module_call (stacks are shared)
+
+    def frames_in_call(index: int) -> tuple[Stack, bool]:
+        stack = trace.frames_at(index)
+        known = in_call.get(id(stack))
+        if known is None:
+            known = in_call[id(stack)] = _in_module_call(stack)
+        return stack, known
+
     spans = [span for span in phases.spans if span.phase in FORWARD_PASSES and span.first_index <= after_target]
-    if not spans:
+    if not spans or not any(
+        a.alloc_index is not None
+        and _phase_of(phases, a.alloc_index) in FORWARD_PASSES
+        and (stack := trace.frames_at(a.alloc_index))
+        and not _in_module_call(stack)
+        for a in live
+    ):
         return set()
     made: dict[int, tuple[int, Stack]] = {}  # alloc index -> (its backward's last index, its stack)
     for span in spans:
@@ -538,12 +560,14 @@ def kept_past_backward_by_the_loop(
         if following is None or following.phase != PHASE_BACKWARD or following.first_index > after_target:
             continue
         allocs = trace.positions_in(ALLOC, span.first_index, min(span.last_index, after_target) + 1)
-        inside = [index for index in allocs if _in_module_call(frames_at(index))]
-        if not inside:
+        last_inside = next((index for index in reversed(allocs) if frames_in_call(index)[1]), None)
+        if last_inside is None:
             continue
         for index in allocs:
-            if index > inside[-1] and (stack := frames_at(index)) and not _in_module_call(stack):
-                made[index] = (following.last_index, stack)
+            if index > last_inside:
+                stack, inside = frames_in_call(index)
+                if stack and not inside:
+                    made[index] = (following.last_index, stack)
     if not made:
         return set()
     live_made = {a.alloc_index for a in live if a.alloc_index in made}
