@@ -105,3 +105,30 @@ def test_without_free_stacks_nothing_shows_a_hook_moved_them():
     result = analyse(_served(grad=False, free_stacks=False).snapshot(metadata=False))
     moved = [b for b in result.live_blocks if b.frames and b.frames[0].name == "bring_in"]
     assert moved and all(b.component == "activations" for b in moved)
+
+
+KEEP_FEATURE = (Frame("serve.py", 30, "keep_feature"), *_call(1845), *OUTER)  # features[name] = out.clone()
+
+
+def test_a_hook_that_keeps_each_layer_s_output_moves_no_weights():
+    """Counter-example: a forward hook that keeps a clone of each block's output in a dict (a feature
+    extractor) frees the clone only when it replaces it, in the next pass, after the site ran again
+    for the other blocks: its clones stay activations, the latest one too (an OOM in the next pass)."""
+    sim = Sim(total_bytes=1024 * MIB)
+    sim.alloc(64 * KIB, SETUP_STACK)
+    features: dict[int, int] = {}
+    for _ in range(3):
+        x = sim.alloc(128 * KIB, INPUT)
+        for block in range(4):
+            for _ in range(4):
+                sim.free(sim.alloc(MIB, LAYER), LAYER)
+            kept = sim.alloc(MIB, KEEP_FEATURE)
+            if block in features:
+                sim.free(features[block], KEEP_FEATURE)
+            features[block] = kept
+        sim.free(x, (LOOP,))
+    sim.alloc(128 * KIB, INPUT)
+    sim.oom(64 * MIB, LAYER)  # the next pass's first layer
+    result = analyse(sim.snapshot(metadata=False))
+    clones = [b for b in result.live_blocks if b.frames and b.frames[0].name == "keep_feature"]
+    assert len(clones) == 4 and all(b.component == "activations" for b in clones), clones

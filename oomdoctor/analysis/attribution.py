@@ -461,9 +461,11 @@ def hook_moved_weights(
 ) -> set[int]:
     """The allocation indices of the live blocks that are a layer's weights a module hook moved
     onto the device for the forward running at the target. Their hook's site (its frame) moved
-    weights out again too: a hook freed one of the blocks it made earlier (the forward hook that
-    sends them back, or the next layer's pre-hook), which only a free's own stack shows (not with
-    `context="alloc"`, whose frees repeat the allocation's stack). And they are the site's latest
+    weights out again too: a hook freed one of the blocks it made earlier before the site ran
+    again (the forward hook that sends them back, or the next layer's pre-hook), which only a
+    free's own stack shows (not with `context="alloc"`, whose frees repeat the allocation's stack).
+    A hook that keeps each layer's output (a feature extractor's clone) frees it only when it
+    replaces it, the site having run again since. And they are the site's latest
     run of allocations: a block from an earlier run outlived the hook that let its weights go, so
     something else holds it (autograd, saving it for a backward: an activation, as the phase says).
     An input cast in a pre-hook is freed by the forward that uses it, not by a hook: no site."""
@@ -485,10 +487,10 @@ def hook_moved_weights(
             hook_of[id(stack)] = module_hook_frame(stack)
         return hook_of[id(stack)]
 
-    site_at: dict[int, Frame] = {}  # address -> the hook site that made the block there
+    site_at: dict[int, tuple[Frame, int]] = {}  # address -> the hook site that made the block there, its run
     run_of: dict[int, int] = {}  # allocation index -> its run
     latest_run: dict[Frame, int] = {}  # hook site -> its latest run
-    moved_out: set[Frame] = set()  # sites a block of which a hook freed
+    moved_out: set[Frame] = set()  # sites a block of which a hook freed before the site ran again
     runs, current = 0, None
     for index in range(min(after_target + 1, len(trace))):
         action = actions[index]
@@ -503,13 +505,13 @@ def hook_moved_weights(
             if site != current:
                 runs += 1
                 current = site
-            site_at[addrs[index]] = site
+            site_at[addrs[index]] = (site, runs)
             run_of[index] = runs
             latest_run[site] = runs
         elif action == FREE_REQUESTED:
-            site = site_at.pop(addrs[index], None)
-            if site is not None and hook_at(index) is not None:
-                moved_out.add(site)
+            made = site_at.pop(addrs[index], None)
+            if made is not None and latest_run[made[0]] == made[1] and hook_at(index) is not None:
+                moved_out.add(made[0])  # freed by a hook before its site ran again
     return {
         index
         for index in candidates
