@@ -92,3 +92,70 @@ def test_a_model_of_thousands_of_tensors_is_paired_with_its_masters():
     result = analyse(sim.snapshot())
     line = next(line for line in text_report.render(result).splitlines() if "projected at" in line)
     assert "of fp32 master weights" in line, line
+
+
+def test_model_states_over_the_capacity_in_the_first_step_stay_the_cause():
+    """Counter-example: the same bf16 model and masters on a 66 MiB device, where their 70.28 MiB
+    of model states cannot all be held: model-states-too-large stays the headline."""
+    result = analyse(_first_step_oom(66 * MiB, BF16).snapshot())
+    assert result.target_phase == "optimizer_step"
+    assert result.verdict == "model-states-too-large", result.verdict
+
+
+BATCH = (Frame("train.py", 52, "main"),)  # inputs, targets = next(batches) on the device
+
+
+def _masters_by_hand(batch: tuple[int, ...]) -> Sim:
+    """A plain snapshot of the first AdamW step over fp32 masters cloned from a bf16 model by the
+    user's own list comprehension (no frame names them), made before the first forward and alive
+    in it, as the batch is; the step fails after three masters' moments."""
+    sim = Sim(total_bytes=72 * MiB)
+    for size in BF16:
+        sim.alloc(size, MODEL)
+    for size in BF16:
+        sim.alloc(2 * size, MASTERS)
+    for size in batch:
+        sim.alloc(size, BATCH)
+    sim.free(sim.alloc(4 * MiB, FORWARD_STACK))
+    for size in BF16:
+        sim.alloc(size, ())  # the bf16 gradients, made by the autograd engine
+    for size in BF16[:3]:
+        for _ in range(2):
+            sim.alloc(2 * size, ADAM_INIT_STACK)
+    sim.oom(2 * BF16[3], ADAM_INIT_STACK)
+    return sim
+
+
+def test_masters_cloned_by_the_user_s_own_code_are_parameters_not_inputs():
+    """The masters were made before the first forward and lived through it, so the lifetime rule
+    read them as its inputs (14.06 MiB of 'inputs'); the optimizer's state, made one master after
+    another at each master's size, shows they are what it steps: parameters. The batch stays input."""
+    result = analyse(_masters_by_hand((64 * 1024, 1024)).snapshot(metadata=False))
+    by_frame: dict[str, set[str]] = {}
+    for block in result.live_blocks:
+        if block.frames:
+            by_frame.setdefault(block.frames[0].name, set()).add(block.component)
+    assert by_frame["<listcomp>"] == {"parameters"}
+    assert by_frame["main"] >= {"inputs"}
+    assert {b.component for b in result.live_blocks if b.frames == BATCH} == {"inputs"}
+
+
+def test_a_batch_of_the_state_s_first_size_is_no_master():
+    """Counter-example: a model whose masters the trace does not show (made before it), and a batch
+    whose first tensor happens to be of the first state block's size: one size is no list of the
+    state's sizes: the batch is no parameter."""
+    sim = Sim(total_bytes=72 * MiB)
+    for size in BF16:
+        sim.alloc(size, MODEL)
+    sim.alloc(2 * MiB, BATCH)
+    sim.alloc(4096, BATCH)
+    sim.free(sim.alloc(4 * MiB, FORWARD_STACK))
+    for size in BF16:
+        sim.alloc(size, ())
+    for size in BF16[:3]:
+        for _ in range(2):
+            sim.alloc(2 * size, ADAM_INIT_STACK)
+    sim.oom(2 * BF16[3], ADAM_INIT_STACK)
+    result = analyse(sim.snapshot(metadata=False))
+    batch = {b.component for b in result.live_blocks if b.frames == BATCH}
+    assert batch and "parameters" not in batch, batch

@@ -50,6 +50,7 @@ from oomdoctor.analysis.results import (
     LiveBlock,
     PhaseSpan,
 )
+from oomdoctor.analysis.sizing import MIN_BLOCK_BYTES
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
 from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Frame, Stack
@@ -967,8 +968,79 @@ def attribute(
             )
         )
     blocks = _weights_among_first_inputs(blocks)
+    blocks = _stepped_among_first_inputs(blocks)
     blocks.sort(key=lambda b: -b.size_bytes)
     return blocks
+
+
+_STEPPED_MIN_PARAMETERS = 2  # parameters the optimizer's state must have reached, one after another
+
+
+def _stepped_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
+    """Blocks made before the first forward and alive in it are its inputs, unless they are what the
+    optimizer steps: fp32 master weights cloned from a half-precision model by the user's own code
+    (`[p.detach().clone().float() for p in model.parameters()]`), which no frame names. An optimizer
+    makes each parameter's state like the parameter (k moments of its size, one parameter after
+    another), so the sizes of the state made in the trace, in order, are those of its parameters in
+    order, each k times: where they are so for two parameters or more, running on from a block made
+    before the first phase that nothing placed but its lifetime or its size, that block's allocation
+    site made what the optimizer steps, and every such block that site made is a parameter. A batch
+    is no list of the state's sizes."""
+    first_inputs = sorted((b for b in blocks if _unnamed_before_first_step(b)), key=lambda b: b.alloc_index or 0)
+    state_order = [
+        b.requested_bytes
+        for b in sorted(
+            (
+                b
+                for b in blocks
+                if b.component == COMPONENTS[OPTIMIZER_STATE]
+                and b.alloc_index is not None
+                and b.size_bytes > MIN_BLOCK_BYTES
+            ),
+            key=lambda b: b.alloc_index or 0,
+        )
+    ]
+    if len(first_inputs) < _STEPPED_MIN_PARAMETERS or len(state_order) < _STEPPED_MIN_PARAMETERS:
+        return blocks
+    sizes = [b.requested_bytes for b in first_inputs if b.size_bytes > MIN_BLOCK_BYTES]
+    kept = [b for b in first_inputs if b.size_bytes > MIN_BLOCK_BYTES]
+    stepped: set[Stack] = set()
+    for start, size in enumerate(sizes):
+        if size != state_order[0]:
+            continue
+        for moments in (1, 2):
+            expected = (s for s in sizes[start:] for _ in range(moments))
+            matched = 0
+            for made, wanted in zip(state_order, expected, strict=False):
+                if made != wanted:
+                    break
+                matched += 1
+            else:
+                reached = -(-matched // moments)
+                if matched == len(state_order) and reached >= _STEPPED_MIN_PARAMETERS:
+                    stepped.update(b.frames for b in kept[start : start + reached] if b.frames)
+                    break
+        if stepped:
+            break
+    if not stepped:
+        return blocks
+    return [
+        replace(b, component=COMPONENTS[PARAMETERS], method=METHOD_SIZE_MATCH, confidence=_LAYER_CONFIDENCE)
+        if _unnamed_before_first_step(b) and b.frames in stepped
+        else b
+        for b in blocks
+    ]
+
+
+def _unnamed_before_first_step(block: LiveBlock) -> bool:
+    """A block the trace made before its first phase that no frame or name placed: an input by its
+    lifetime, or other (a copy of a weight's size, say)."""
+    return (
+        block.alloc_index is not None
+        and block.phase == PHASE_BEFORE
+        and block.method in (METHOD_LIFETIME, METHOD_SIZE_MATCH, METHOD_PHASE)
+        and block.component in (COMPONENTS[INPUTS], COMPONENTS[OTHER], COMPONENTS[UNKNOWN])
+    )
 
 
 def _weights_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
