@@ -119,6 +119,8 @@ def _masters_by_hand(batch: tuple[int, ...]) -> Sim:
     sim.free(sim.alloc(4 * MiB, FORWARD_STACK))
     for size in BF16:
         sim.alloc(size, ())  # the bf16 gradients, made by the autograd engine
+    for size in BF16:
+        sim.alloc(2 * size, (Frame("train.py", 46, "main"),))  # m.grad = p.grad.float() / scale
     for size in BF16[:3]:
         for _ in range(2):
             sim.alloc(2 * size, ADAM_INIT_STACK)
@@ -129,14 +131,17 @@ def _masters_by_hand(batch: tuple[int, ...]) -> Sim:
 def test_masters_cloned_by_the_user_s_own_code_are_parameters_not_inputs():
     """The masters were made before the first forward and lived through it, so the lifetime rule
     read them as its inputs (14.06 MiB of 'inputs'); the optimizer's state, made one master after
-    another at each master's size, shows they are what it steps: parameters. The batch stays input."""
+    another at each master's size, shows they are what it steps: parameters. Their gradients, made
+    after the backward by one line of the user's, one per master in the masters' order, were the
+    backward's temporaries: gradients. The batch stays input."""
     result = analyse(_masters_by_hand((64 * 1024, 1024)).snapshot(metadata=False))
-    by_frame: dict[str, set[str]] = {}
+    assert result.target_phase == "optimizer_step"
+    by_line: dict[int, set[str]] = {}
     for block in result.live_blocks:
         if block.frames:
-            by_frame.setdefault(block.frames[0].name, set()).add(block.component)
-    assert by_frame["<listcomp>"] == {"parameters"}
-    assert by_frame["main"] >= {"inputs"}
+            by_line.setdefault(block.frames[0].line, set()).add(block.component)
+    assert by_line[MASTERS[0].line] == {"parameters"}
+    assert by_line[46] == {"gradients"}
     assert {b.component for b in result.live_blocks if b.frames == BATCH} == {"inputs"}
 
 

@@ -1024,9 +1024,29 @@ def _stepped_among_first_inputs(blocks: list[LiveBlock]) -> list[LiveBlock]:
             break
     if not stepped:
         return blocks
+    masters = [b.requested_bytes for b in first_inputs if b.frames in stepped]
+    # their gradients: the user's code after the backward gives each its .grad (`m.grad =
+    # p.grad.float()`), one block per parameter, of its size, in its order, from one line; the
+    # phase (the backward's span) said temporaries (or its size a model gradient's)
+    made_after_backward: dict[Stack, list[LiveBlock]] = defaultdict(list)
+    for b in sorted(blocks, key=lambda b: b.alloc_index or 0):
+        if (
+            b.alloc_index is not None
+            and b.phase == PHASE_BACKWARD
+            and b.component in (COMPONENTS[TEMPORARIES], COMPONENTS[GRADIENTS])
+            and b.method in (METHOD_PHASE, METHOD_SIZE_MATCH)
+            and b.frames
+            and frame_kind(b.frames[0]) in (USER, LIBRARY)
+        ):
+            made_after_backward[b.frames].append(b)
+    gradients = {
+        b.address for site in made_after_backward.values() if [b.requested_bytes for b in site] == masters for b in site
+    }
     return [
         replace(b, component=COMPONENTS[PARAMETERS], method=METHOD_SIZE_MATCH, confidence=_LAYER_CONFIDENCE)
         if _unnamed_before_first_step(b) and b.frames in stepped
+        else replace(b, component=COMPONENTS[GRADIENTS], method=METHOD_SIZE_MATCH, confidence=_LAYER_CONFIDENCE)
+        if b.address in gradients
         else b
         for b in blocks
     ]
