@@ -627,10 +627,14 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
 
 
 def _pre_existing(state: ReplayState, blocks: Sequence[LiveBlock]) -> tuple[int, int]:
-    """(allocations, bytes) made before the trace began: freed during it, or live at the target."""
-    frees = state.history.pre_existing_frees
+    """(allocations, bytes) made before the trace began: freed during it, or live at the target.
+    One live at the target and freed after it is both: counted once. One whose free was requested
+    before the trace and completed in it counts too (not its bytes: they were no longer allocated)."""
     older = [b for b in blocks if b.alloc_index is None]
-    return len(frees) + len(older), sum(s for _, _, s in frees) + sum(b.size_bytes for b in older)
+    live = {b.address for b in older}
+    frees = [(address, size) for _, address, size in state.history.pre_existing_frees if address not in live]
+    count = len(frees) + len(older) + state.pre_existing_completions
+    return count, sum(s for _, s in frees) + sum(b.size_bytes for b in older)
 
 
 def _unknowns(

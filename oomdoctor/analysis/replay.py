@@ -243,6 +243,8 @@ class ReplayState:
     allocated_offset_bytes: int
     has_frames: bool
     has_time: bool
+    # frees completed in the trace of blocks whose free was requested before it: allocations older than the trace
+    pre_existing_completions: int = 0
 
 
 def columns(trace: Sequence[TraceEvent]) -> DeviceTrace:
@@ -297,6 +299,7 @@ def walk(
     mosts: list[tuple[int, int, tuple[int, ...]]] = []  # per sample: (event, allocated, totals) of its interval's most
     oom_indices: list[int] = []
     pre_existing_frees: list[tuple[int, int, int]] = []
+    completed_only = 0
     rounded_cache: dict[int, int] = {}
     steps: dict[int, StepStats] = {}
     copies: list[LiveCopy] = []  # at every OOM and every _CHECKPOINT_EVERY samples
@@ -397,7 +400,8 @@ def walk(
                 totals[freed_component] -= freed_bytes
                 pending[addr] = freed_bytes
             elif action == FREE_COMPLETED:
-                pending.pop(addr, None)
+                if pending.pop(addr, None) is None and addr not in live:
+                    completed_only += 1  # its free was requested before the trace: so was its allocation
             elif action == SEGMENT_ALLOC or action == SEGMENT_MAP:
                 reserved += size
             elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
@@ -472,6 +476,7 @@ def walk(
         peak_allocated_bytes=(peak_value + allocated_offset) if peak_index is not None else final_allocated,
         oom_indices=oom_indices,
         history=LiveHistory(trace, final_blocks, divisions, copies, live, pre_existing_frees, rounded_cache),
+        pre_existing_completions=completed_only,
         steps=steps,
         allocated_offset_bytes=allocated_offset,
         has_frames=trace.any_frames,

@@ -1,0 +1,689 @@
+"""Every number a report prints, checked against the file by a reader of its own (issue 11: "every
+number a report prints is true of the file, or says it is a bound or an estimate").
+
+The checker reads the snapshot pickle itself (fixtures/strip.py read_snapshot: plain data, no
+oomdoctor code) and recomputes, per device, what the reports' figures claim, from the format
+(../shared/reference/torch-snapshot-spec.md) and the definitions (docs/definitions.md):
+
+* the dump's state: reserved (segments' `total_size`), allocated (`active_allocated` blocks),
+  pending free, cached free, requested bytes, free blocks by pool and stream, block counts;
+* the trace: its entries, its `oom` entries (the rounded request, `device_free`, the "Tried to
+  allocate" figure of spec §3.4), the reserved bytes at any event (the dump's less the segments
+  mapped after it, plus those released after it), and the allocated bytes after every event by the
+  rule of docs/definitions.md "The peak" (a block live at the dump counts its size there; one freed
+  in the trace `round_size` of its request; one from before the trace freed in it, `round_size` of
+  the size its first free names), so the peak, the judged moment's total and each step's peak and
+  end.
+
+Each report is read in its three formats: the JSON's fields are compared with those figures; the
+text and Markdown reports' number-carrying lines are parsed by the wording views use and compared
+with the same figures (and with the JSON where the figure is a modelled one, a component's bytes or
+a saving, which no reader of the file can recompute: then the three formats must agree and the
+percentages add up).
+
+Inputs: the fixtures stripped of the `oomdoctor` key, the realism variants (stripped), both without
+their trace (with block stacks and without), and the corpus snapshots.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import json
+import pickle
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CORPUS, FIXTURES, fixture_module
+
+strip = fixture_module("strip")
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+ENTRIES = [*MANIFEST["fixtures"], *MANIFEST.get("realism", [])]
+MIB = 1 << 20
+
+# ---- the file, read independently -----------------------------------------------------------------
+
+
+def read_raw(path: Path) -> Any:
+    try:
+        return strip.read_snapshot(path)
+    except Exception:  # a JSON export of the same data
+        return json.loads(path.read_text())
+
+
+def round_size(size: int, divisions: int = 0) -> int:
+    """The allocator's round_size (spec §4.1)."""
+    if size < 512:
+        return 512
+    if divisions > 1 and size > 512 * divisions:
+        power = 1 << (size.bit_length() - 1)
+        if power == size:
+            return size
+        step = power // divisions
+        return -(-size // step) * step
+    return -(-size // 512) * 512
+
+
+def message_size(rounded: int) -> int:
+    """The "Tried to allocate" figure for a rounded request (spec §3.4)."""
+    if rounded <= MIB:
+        return 2 * MIB
+    if rounded < 10 * MIB:
+        return 20 * MIB
+    return -(-rounded // (2 * MIB)) * (2 * MIB)
+
+
+@dataclass
+class Device:
+    reserved: int = 0
+    allocated: int = 0
+    pending: int = 0
+    free_cached: int = 0
+    requested: int = 0
+    segments: int = 0
+    blocks: int = 0
+    live_blocks: int = 0
+    free_by_pool: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(list))
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    live_at_dump: dict[int, int] = field(default_factory=dict)  # address -> size, active_allocated
+    stackless_at_dump: set[int] = field(default_factory=set)  # addresses of those without frames
+    series: list[int] = field(default_factory=list)  # allocated bytes after each event
+    reserved_series: list[int] = field(default_factory=list)  # reserved bytes after each event
+
+    @property
+    def peak(self) -> tuple[int, int] | None:
+        """(bytes, first index reaching them)."""
+        if not self.series:
+            return None
+        top = max(self.series)
+        return top, self.series.index(top)
+
+
+def facts_of(raw: Any) -> dict[int, Device]:
+    if isinstance(raw, list):
+        raw = {"segments": raw, "device_traces": []}
+    devices: dict[int, Device] = defaultdict(Device)
+    for segment in raw.get("segments") or []:
+        d = devices[segment.get("device", 0)]
+        d.segments += 1
+        d.reserved += segment["total_size"]
+        pool = segment.get("segment_type", "large")
+        pool_id = tuple(segment.get("segment_pool_id") or (0, 0))
+        if pool_id != (0, 0):
+            pool = f"private {pool_id} {pool}"
+        address = segment.get("address", 0)
+        for block in segment.get("blocks") or []:
+            block_address = block.get("address", address)  # 2.0 dumps: the segment's plus the sizes before
+            address = block_address + block["size"]
+            d.blocks += 1
+            state = block.get("state")
+            if state == "active_allocated":
+                d.allocated += block["size"]
+                d.live_blocks += 1
+                d.requested += block.get("requested_size", block["size"])
+                d.live_at_dump[block_address] = block["size"]
+                if not block.get("frames") and not block.get("history"):
+                    d.stackless_at_dump.add(block_address)
+            elif state == "active_pending_free":
+                d.pending += block["size"]
+            else:
+                d.free_cached += block["size"]
+                d.free_by_pool[(pool, segment.get("stream", 0))].append(block["size"])
+    settings = raw.get("allocator_settings") or {}
+    divisions = settings.get("roundup_power2_divisions") if isinstance(settings, dict) else None
+    if isinstance(divisions, dict) and any(divisions.values()):
+        pytest.skip("roundup_power2_divisions per size class: not modelled by this checker")
+    for index, trace in enumerate(raw.get("device_traces") or []):
+        d = devices[index]
+        d.trace = list(trace)
+        d.series = allocated_series(d.trace, d.live_at_dump)
+        d.reserved_series = reserved_series(d.trace, d.reserved)
+    return dict(devices)
+
+
+_FREES = ("free_requested", "free_completed", "free")
+
+
+def allocated_series(trace: list[dict[str, Any]], live_at_dump: dict[int, int]) -> list[int]:
+    """Allocated bytes after each event (docs/definitions.md, "The peak")."""
+    allocated_in_trace = {e.get("addr") for e in trace if e.get("action") == "alloc"}
+    # the last alloc at an address, if nothing frees it after: the block the dump holds there
+    last_alloc: dict[int, int] = {}
+    for i, e in enumerate(trace):
+        if e.get("action") == "alloc":
+            last_alloc[e["addr"]] = i
+        elif e.get("action") in _FREES:
+            last_alloc.pop(e.get("addr"), None)
+    live: dict[int, int] = {}
+    seen: set[int] = set()
+    for e in trace:  # blocks from before the trace that it frees: round_size of the first free's size
+        addr = e.get("addr")
+        if e.get("action") == "alloc":
+            seen.add(addr)
+        elif e.get("action") in _FREES and addr not in seen:
+            seen.add(addr)
+            live[addr] = round_size(e.get("size", 0))
+    for addr, size in live_at_dump.items():  # from before the trace, never freed in it
+        if addr not in allocated_in_trace and addr not in live:
+            live[addr] = size
+    total = sum(live.values())
+    series = []
+    for i, e in enumerate(trace):
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc":
+            size = live_at_dump.get(addr) if last_alloc.get(addr) == i and addr in live_at_dump else None
+            if size is None:
+                size = round_size(e.get("size", 0))
+            total -= live.get(addr, 0)
+            live[addr] = size
+            total += size
+        elif action in _FREES and addr in live:
+            total -= live.pop(addr)
+        series.append(total)
+    return series
+
+
+def reserved_series(trace: list[dict[str, Any]], reserved_at_dump: int) -> list[int]:
+    """Reserved bytes after each event: the dump's, less what was mapped after, plus what was released."""
+    series = [0] * len(trace)
+    reserved = reserved_at_dump
+    for i in range(len(trace) - 1, -1, -1):
+        series[i] = reserved
+        action = trace[i].get("action")
+        if action in ("segment_alloc", "segment_map"):
+            reserved -= trace[i].get("size", 0)
+        elif action in ("segment_free", "segment_unmap"):
+            reserved += trace[i].get("size", 0)
+    return series
+
+
+# ---- the inputs ------------------------------------------------------------------------------------
+
+
+def _fixture_raw(name: str, variant: str) -> Any:
+    entry = next(entry for entry in ENTRIES if entry["name"] == name)
+    raw = copy.deepcopy(strip.strip_metadata(strip.read_snapshot(FIXTURES / entry["file"])))
+    if variant in ("state", "bare"):
+        raw["device_traces"] = [[] for _ in raw.get("device_traces", [])]
+    if variant == "bare":
+        for segment in raw["segments"]:
+            for block in segment["blocks"]:
+                block.pop("frames", None)
+    return raw
+
+
+def input_params() -> list[Any]:
+    params = []
+    for entry in ENTRIES:
+        for variant in ("stripped", "state", "bare"):
+            params.append(pytest.param(("fixture", entry["name"], variant), id=f"{entry['name']}-{variant}"))
+    if CORPUS is not None:
+        for path in sorted((CORPUS / "snapshots").iterdir()):
+            params.append(pytest.param(("corpus", path.name, ""), id=path.name))
+    return params
+
+
+@dataclass
+class Reports:
+    raw: Any
+    facts: dict[int, Device]
+    json: dict[str, Any]
+    text: str
+    md: str
+
+
+@functools.cache
+def reports_of(key: tuple[str, str, str]) -> Reports:
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load import load
+    from oomdoctor.pipeline import render_report
+
+    kind, name, variant = key
+    if kind == "fixture":
+        raw = _fixture_raw(name, variant)
+        data = pickle.dumps(raw, protocol=4)
+        snapshot = load(io.BytesIO(data))
+    else:
+        assert CORPUS is not None
+        path = CORPUS / "snapshots" / name
+        raw = read_raw(path)
+        snapshot = load(str(path))
+    analysis = analyse(snapshot)
+    render = functools.partial(render_report, snapshot, analysis=analysis, source="FILE")
+    return Reports(raw, facts_of(raw), json.loads(render("json")), render("text").decode(), render("md").decode())
+
+
+# ---- the checks ------------------------------------------------------------------------------------
+
+
+def json_mismatches(r: Reports) -> list[str]:
+    out: list[str] = []
+    j = r.json
+    dev = j.get("device")
+    d = r.facts.get(dev, Device())
+    replay, acc, frag = j["replay"], j["accounting"], j["fragmentation"]
+
+    def want(what: str, said: Any, true: Any) -> None:
+        if said != true:
+            out.append(f"{what}: report says {said!r}, the file {true!r}")
+
+    want("replay.event_count", replay["event_count"], len(d.trace))
+    for oom in replay.get("ooms") or []:
+        i = oom["event_index"]
+        e = d.trace[i] if 0 <= i < len(d.trace) else {}
+        want(f"oom {i}: action", e.get("action"), "oom")
+        want(f"oom {i}: request_bytes", oom["request_bytes"], e.get("size"))
+        want(f"oom {i}: device_free_bytes", oom.get("device_free_bytes"), e.get("device_free"))
+        if isinstance(e.get("size"), int):
+            want(f"oom {i}: message_bytes", oom["message_bytes"], message_size(e["size"]))
+    if d.series:
+        peak, peak_index = d.peak
+        want("replay.peak_allocated_bytes", replay["peak_allocated_bytes"], peak)
+        if replay["peak_index"] is not None or len(set(d.series)) > 1:  # None: no event changed it
+            want("replay.peak_index", replay["peak_index"], peak_index)
+    kind, index = replay["target_kind"], replay.get("target_index")
+    if kind == "dump" or index is None:
+        want("replay.target_allocated_bytes (dump)", replay["target_allocated_bytes"], d.allocated)
+    else:
+        want(f"replay.target_allocated_bytes ({kind} at {index})", replay["target_allocated_bytes"], d.series[index])
+    # the accounting: at the dump exactly the dump's blocks; at an event, reserved replayed back
+    at_dump = kind == "dump" or index is None or index == len(d.trace) - 1
+    if index is not None and d.reserved_series:
+        want(f"accounting.reserved_bytes (at event {index})", acc["reserved_bytes"], d.reserved_series[index])
+    else:
+        want("accounting.reserved_bytes (dump)", acc["reserved_bytes"], d.reserved)
+    if at_dump and not (index is not None and any(e.get("action") != "oom" for e in d.trace[index + 1 :])):
+        want("accounting.allocated_bytes (dump)", acc["allocated_bytes"], d.allocated)
+        want("accounting.pending_free_bytes (dump)", acc["pending_free_bytes"], d.pending)
+        want("accounting.free_cached_bytes (dump)", acc["free_cached_bytes"], d.free_cached)
+        want("accounting.requested_bytes (dump)", acc["requested_bytes"], d.requested)
+        pool, stream = frag.get("request_pool"), frag.get("request_stream")
+        if pool is not None:
+            sizes = d.free_by_pool.get((pool, stream), [])
+            want("fragmentation.usable_free_bytes (dump)", frag["usable_free_bytes"], sum(sizes))
+            want(
+                "fragmentation.largest_usable_free_block_bytes",
+                frag["largest_usable_free_block_bytes"],
+                max(sizes, default=0),
+            )
+        for p in frag.get("pools") or []:
+            sizes = d.free_by_pool.get((p["pool"], p["stream"]), [])
+            want(f"fragmentation.pools[{p['pool']},{p['stream']}].free_bytes", p["free_bytes"], sum(sizes))
+            want(
+                f"fragmentation.pools[{p['pool']},{p['stream']}].largest",
+                p["largest_free_block_bytes"],
+                max(sizes, default=0),
+            )
+            want(f"fragmentation.pools[{p['pool']},{p['stream']}].count", p["free_block_count"], len(sizes))
+        want("live_block_count (dump)", j.get("live_block_count"), d.live_blocks)
+    total = acc["allocated_bytes"] + acc["pending_free_bytes"] + acc["free_cached_bytes"]
+    want("accounting: allocated + pending + cached free = reserved", total, acc["reserved_bytes"])
+    want(
+        "accounting: requested + rounding = allocated",
+        acc["requested_bytes"] + acc["rounding_bytes"],
+        acc["allocated_bytes"],
+    )
+    if acc.get("request_bytes") is not None and index is not None and d.trace[index].get("action") == "oom":
+        want("accounting.request_bytes", acc["request_bytes"], d.trace[index].get("size"))
+        want("accounting.message_bytes", acc["message_bytes"], message_size(d.trace[index]["size"]))
+        want("accounting.device_free_bytes", acc.get("device_free_bytes"), d.trace[index].get("device_free"))
+    for row in j.get("steps") or []:
+        first, last = row["first_index"], row["last_index"]
+        if d.series and 0 <= first <= last < len(d.series):
+            want(
+                f"step {row['step']} peak ({first}-{last})",
+                row["peak_allocated_bytes"],
+                max(d.series[first : last + 1]),
+            )
+            want(f"step {row['step']} end ({last})", row["end_allocated_bytes"], d.series[last])
+    if d.trace:
+        before, freed_at = pre_trace(d)
+        want("replay.pre_existing_allocations", replay["pre_existing_allocations"], len(before))
+        requested = [d.trace[i] for i in freed_at.values() if d.trace[i].get("action") != "free_completed"]
+        true = sum(round_size(e.get("size", 0)) for e in requested) + sum(
+            d.live_at_dump[a] for a in before - set(freed_at)
+        )
+        want("replay.pre_existing_bytes", replay["pre_existing_bytes"], true)
+        if index is not None:
+            want("replay.events_after_target", replay["events_after_target"], len(d.trace) - 1 - index)
+    for item in j.get("evidence") or []:
+        m = re.search(r"\bat the (peak|dump|OOM)\b", item.get("text") or "")
+        if item.get("metric") == "allocated_bytes" and m:
+            want(
+                f"evidence {item['text']!r}",
+                item["bytes"],
+                replay["peak_allocated_bytes"] if m.group(1) == "peak" else replay["target_allocated_bytes"],
+            )
+    return out
+
+
+@pytest.mark.parametrize("key", input_params())
+def test_json_figures_are_the_files(key):
+    r = reports_of(key)
+    found = json_mismatches(r)
+    assert not found, "\n  ".join(found)
+
+
+# ---- the text and Markdown reports, read by their wording --------------------------------------------
+
+_SIZE = r"(-?\d+(?:\.\d+)? (?:bytes?|KiB|MiB|GiB|TiB))"
+
+
+def shown(size: int | None) -> str:
+    """A size as the reports print it (units of 1024, two decimals, whole bytes below 1 KiB)."""
+    if size is None:
+        return "unknown"
+    value, sign = abs(size), "-" if size < 0 else ""
+    if value < 1024:
+        return f"{sign}{value} byte{'' if value == 1 else 's'}"
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            return f"{sign}{value:.2f} {unit}"
+    return f"{sign}{value / 1024:.2f} TiB"
+
+
+def plain(line: str) -> str:
+    """A Markdown line without its emphasis and code marks (the text report's wording is then the same)."""
+    return line.replace("**", "").replace("`", "").replace("&nbsp;", "").strip()
+
+
+@dataclass
+class Moment:
+    """What the file says of the moment a report judges, on its device."""
+
+    d: Device
+    kind: str  # "oom", "peak", "dump"
+    index: int | None
+
+    @property
+    def at_dump(self) -> bool:
+        """Whether the dump's blocks are the moment's: the dump itself, or nothing but the OOM after it."""
+        if self.index is None:
+            return True
+        return all(e.get("action") == "oom" for e in self.d.trace[self.index + 1 :])
+
+    @property
+    def allocated(self) -> int:
+        return self.d.allocated if self.index is None else self.d.series[self.index]
+
+    @property
+    def reserved(self) -> int:
+        return self.d.reserved if self.index is None else self.d.reserved_series[self.index]
+
+    @property
+    def oom(self) -> dict[str, Any] | None:
+        if self.index is None or self.d.trace[self.index].get("action") != "oom":
+            return None
+        return self.d.trace[self.index]
+
+
+def moment_of(r: Reports) -> Moment:
+    replay = r.json["replay"]
+    d = r.facts.get(r.json["device"], Device())
+    return Moment(d, replay["target_kind"], replay.get("target_index"))
+
+
+def pre_trace(d: Device) -> tuple[set[int], dict[int, int]]:
+    """The blocks from before the trace: their addresses, and for those it frees the event that does."""
+    allocated_in_trace, freed_at, seen = set(), {}, set()
+    for i, e in enumerate(d.trace):
+        addr = e.get("addr")
+        if e.get("action") == "alloc":
+            allocated_in_trace.add(addr)
+            seen.add(addr)
+        elif e.get("action") in _FREES and addr not in seen:
+            seen.add(addr)
+            freed_at[addr] = i
+    never_freed = {a for a in d.live_at_dump if a not in allocated_in_trace and a not in freed_at}
+    return set(freed_at) | never_freed, freed_at
+
+
+def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
+    """(what, as printed, as the file says) for every figure of the text or Markdown report that
+    the file decides; the caller compares the last two."""
+    m = moment_of(r)
+    d = m.d
+    j = r.json
+    out: list[tuple[str, str, str]] = []
+    lines = [plain(line) for line in report.splitlines()]
+
+    def add(what: str, printed: str, true: Any) -> None:
+        out.append((what, printed, true if isinstance(true, str) else shown(true)))
+
+    steps = {row["step"]: row for row in j.get("steps") or []}
+    in_memory = None
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("|") else None
+        if line.startswith(("Memory ", "### Memory ")):
+            in_memory = True
+        elif not line or line.startswith("#") and not line.startswith("### Memory"):
+            in_memory = in_memory and not line.startswith("#")
+        # the moment the report judges
+        if g := re.match(
+            r"Device (\d+) (at the OOM|at the peak|when the dump was written) \(.*?(?:event (\d+) of (\d+))?;", line
+        ):
+            if g.group(4):
+                add("trace entries", g.group(4), str(len(d.trace)))
+                index = int(g.group(3))
+                if g.group(2) == "at the OOM":
+                    add(
+                        "the OOM's event is an oom entry",
+                        d.trace[index].get("action") if index < len(d.trace) else "-",
+                        "oom",
+                    )
+                if g.group(2) == "at the peak" and d.peak:
+                    add("the peak's event", g.group(3), str(d.peak[1]))
+        for g in re.finditer(r"\bthe figures describe the (peak|dump) \(" + _SIZE + r" allocated\)", line):
+            add(f"the {g.group(1)}'s total", g.group(2), d.peak[0] if g.group(1) == "peak" and d.peak else d.allocated)
+        for g in re.finditer(r"\bat the dump \(" + _SIZE + r" allocated\)", line):
+            add("the dump's total", g.group(1), d.allocated)
+        if g := re.search(r"allocated bytes at the (peak|dump|OOM): " + _SIZE, line):
+            true = {"peak": d.peak[0] if d.peak else None, "dump": d.allocated, "OOM": m.allocated}[g.group(1)]
+            add(f"allocated bytes at the {g.group(1)}", g.group(2), true)
+        if g := re.search(r"the dump was written (\d+) events? after the target", line):
+            add("events after the target", g.group(1), str(len(d.trace) - 1 - (m.index or 0)))
+        if g := re.search(r"(\d+) allocations? predates? the trace", line):
+            add("allocations before the trace", g.group(1), str(len(pre_trace(d)[0])))
+        if g := re.search(r"(\d+) of the blocks live at the target predate the trace and carry no stack", line):
+            before, freed_at = pre_trace(d)  # freed after the target: no stack in the dump
+            live = [
+                a
+                for a in before
+                if (a not in freed_at and a in d.stackless_at_dump)
+                or (m.index is not None and freed_at.get(a, -1) > m.index)
+            ]
+            add("blocks from before the trace live at the target", g.group(1), str(len(live)))
+        if g := re.search(r"its trace holds only (\d+) entr", line) or re.search(
+            r"the trace holds only (\d+) entr", line
+        ):
+            add("trace entries", g.group(1), str(len(d.trace)))
+        # the OOM
+        oom = m.oom
+        if oom is not None:
+            if g := re.search(
+                r"failed request\s+" + _SIZE + r'\s+\(the OOM message would say "Tried to allocate ' + _SIZE, line
+            ):
+                add("failed request", g.group(1), oom["size"])
+                add("Tried to allocate", g.group(2), message_size(oom["size"]))
+            if cells and cells[0] == "failed request":
+                add("failed request (md)", cells[1], oom["size"])
+                add("failed request bytes (md)", cells[2], f"{oom['size']:,}")
+            if cells and cells[0].startswith('"Tried to allocate"'):
+                add("Tried to allocate (md)", cells[1], message_size(oom["size"]))
+            if g := re.search(r"failed request \(rounded\): " + _SIZE, line):
+                add("failed request (rounded)", g.group(1), oom["size"])
+            if g := re.search(r"what the OOM message calls Tried to allocate: " + _SIZE, line):
+                add("Tried to allocate", g.group(1), message_size(oom["size"]))
+            if g := re.search(r"(?<!\+ )free device memory at the OOM: " + _SIZE, line):
+                add("free device memory at the OOM", g.group(1), oom.get("device_free"))
+            if g := re.search(r"^free on the device\s+" + _SIZE, line):
+                add("free on the device", g.group(1), oom.get("device_free"))
+            if cells and cells[0] == "free on the device":
+                add("free on the device (md)", cells[1], oom.get("device_free"))
+            capacity = m.reserved + oom.get("device_free", 0)
+            if g := re.search(
+                r"(?:reserved \+ free device memory at the OOM|capacity available to PyTorch): " + _SIZE, line
+            ):
+                add("reserved + free at the OOM", g.group(1), capacity)
+            if g := re.search(
+                r"PyTorch could use only " + _SIZE + r" of this device \(reserved \+ free at the OOM\)", line
+            ):
+                add("reserved + free at the OOM", g.group(1), capacity)
+            if g := re.search(r"One allocation of " + _SIZE + r" failed: (\d+)% of what PyTorch could have", line):
+                add("the one allocation", g.group(1), oom["size"])
+                add("its share of reserved + free", g.group(2), f"{oom['size'] / capacity:.0%}".rstrip("%"))
+            if g := re.search(
+                _SIZE
+                + r" sat free in PyTorch's cache for this pool and stream, more than the "
+                + _SIZE
+                + r" request, but in pieces: the largest was "
+                + _SIZE,
+                line,
+            ):
+                if m.at_dump:
+                    pool = (j["fragmentation"]["request_pool"], j["fragmentation"]["request_stream"])
+                    sizes = d.free_by_pool.get(pool, [])
+                    add("free in the request's pool", g.group(1), sum(sizes))
+                    add("largest free block there", g.group(3), max(sizes, default=0))
+                add("the request", g.group(2), oom["size"])
+        # Memory at ...
+        if in_memory:
+            label, printed = None, None
+            if cells and len(cells) >= 3 and re.fullmatch(_SIZE, cells[1]):
+                label, printed = cells[0], cells[1]
+                number = cells[2]
+            elif g := re.match(
+                r"(reserved by PyTorch|allocated|cached, free|pending free|free on the device)\s+" + _SIZE, line
+            ):
+                label, printed, number = g.group(1), g.group(2), None
+            if label is not None:
+                true = {
+                    "reserved by PyTorch": m.reserved,
+                    "allocated": m.allocated,
+                    "allocated (the peak)": m.allocated,
+                }.get(label)
+                if m.at_dump:
+                    true = {"cached, free": d.free_cached, "pending free": d.pending}.get(label, true)
+                if label.startswith("allocated (each live block") and m.at_dump:
+                    true = d.allocated
+                if true is not None:
+                    add(f"Memory: {label}", printed, true)
+                    if number is not None:
+                        add(f"Memory: {label} in bytes", number, f"{true:,}")
+            if g := re.search(r"cached, free\s+" + _SIZE + r"\s+\(releasable " + _SIZE + r", fragments " + _SIZE, line):
+                acc = j["accounting"]
+                add(
+                    "releasable + fragments = cached free",
+                    shown(acc["releasable_bytes"] + acc["non_releasable_bytes"]),
+                    g.group(1),
+                )
+        if g := re.match(r"step (\d+)\s+peak\s+" + _SIZE + r"\s+(?:at its end|after OOM)\s+" + _SIZE, line.strip()):
+            row = steps.get(int(g.group(1)))
+            if row and d.series:
+                add(f"step {g.group(1)} peak", g.group(2), max(d.series[row["first_index"] : row["last_index"] + 1]))
+                add(f"step {g.group(1)} end", g.group(3), d.series[row["last_index"]])
+        if (
+            cells
+            and len(cells) == 4
+            and cells[0].isdigit()
+            and int(cells[0]) in steps
+            and d.series
+            and re.fullmatch(_SIZE, cells[1])
+        ):
+            row = steps[int(cells[0])]
+            add(f"step {cells[0]} peak (md)", cells[1], max(d.series[row["first_index"] : row["last_index"] + 1]))
+            add(f"step {cells[0]} end (md)", cells[2].removesuffix(" (after the OOM)"), d.series[row["last_index"]])
+    return out
+
+
+def text_mismatches(r: Reports, report: str) -> list[str]:
+    return [
+        f"{what}: printed {printed!r}, the file says {true!r}"
+        for what, printed, true in text_figures(r, report)
+        if printed != true
+    ]
+
+
+@pytest.mark.parametrize("key", input_params())
+@pytest.mark.parametrize("fmt", ["text", "md"])
+def test_printed_figures_are_the_files(key, fmt):
+    r = reports_of(key)
+    found = text_mismatches(r, getattr(r, fmt))
+    assert not found, "\n  ".join(found)
+
+
+# ---- the causes found, on made-up snapshots ----------------------------------------------------------
+
+
+def _made_up(trace: list[dict[str, Any]]) -> Any:
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load import load
+
+    base = 0x7F0000000000
+    blocks = [
+        {"address": base, "size": 4 * MIB, "requested_size": 4 * MIB, "state": "active_allocated", "frames": []},
+        {"address": base + 4 * MIB, "size": 16 * MIB, "requested_size": 0, "state": "inactive", "frames": []},
+    ]
+    segment = {
+        "device": 0,
+        "address": base,
+        "total_size": 20 * MIB,
+        "allocated_size": 4 * MIB,
+        "active_size": 4 * MIB,
+        "requested_size": 4 * MIB,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
+    for i, e in enumerate(trace):
+        e.setdefault("stream", 0)
+        e.setdefault("time_us", 1000 + i)
+        e["addr"] = base + e["addr"]
+    raw = {"segments": [segment], "device_traces": [trace]}
+    return analyse(load(io.BytesIO(pickle.dumps(raw, protocol=4)))), raw
+
+
+def _pre_trace_line(analysis) -> str:
+    from oomdoctor.views import phrasing
+
+    return next(line for line in phrasing.unknowns(analysis.unknowns) if "predate the trace;" in line)
+
+
+def test_a_block_from_before_the_trace_freed_after_the_peak_is_one_allocation():
+    # block A (4 MiB) lives throughout; B (4 MiB) from before the trace is freed after the peak
+    analysis, raw = _made_up(
+        [
+            {"action": "alloc", "addr": 8 * MIB, "size": 8 * MIB},
+            {"action": "free_requested", "addr": 8 * MIB, "size": 8 * MIB},
+            {"action": "free_completed", "addr": 8 * MIB, "size": 8 * MIB},
+            {"action": "free_requested", "addr": 4 * MIB, "size": 4 * MIB},
+            {"action": "free_completed", "addr": 4 * MIB, "size": 4 * MIB},
+        ]
+    )
+    assert analysis.replay.target_kind == "peak" and analysis.replay.target_index == 0
+    assert analysis.replay.peak_allocated_bytes == 16 * MIB == facts_of(raw)[0].peak[0]
+    assert analysis.replay.pre_existing_allocations == 2  # A and B, B once though freed after the peak
+    assert _pre_trace_line(analysis).startswith("2 allocations predate the trace")
+
+
+def test_a_free_completed_in_the_trace_but_requested_before_it_is_an_allocation_from_before_it():
+    analysis, _ = _made_up(
+        [
+            {"action": "free_completed", "addr": 16 * MIB, "size": 4 * MIB},  # its free_requested came before
+            {"action": "alloc", "addr": 4 * MIB, "size": 4 * MIB},
+            {"action": "free_requested", "addr": 4 * MIB, "size": 4 * MIB},
+            {"action": "free_completed", "addr": 4 * MIB, "size": 4 * MIB},
+        ]
+    )
+    assert analysis.replay.pre_existing_allocations == 2  # A, and the block whose free completed
+    assert _pre_trace_line(analysis).startswith("2 allocations predate the trace")
