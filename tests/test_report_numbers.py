@@ -93,6 +93,8 @@ class Device:
     trace: list[dict[str, Any]] = field(default_factory=list)
     live_at_dump: dict[int, int] = field(default_factory=dict)  # address -> size, active_allocated
     stackless_at_dump: set[int] = field(default_factory=set)  # addresses of those without frames
+    releasable: int = 0  # segments with no active block: what empty_cache() returns (not expandable)
+    expandable: bool = False
     series: list[int] = field(default_factory=list)  # allocated bytes after each event
     reserved_series: list[int] = field(default_factory=list)  # reserved bytes after each event
 
@@ -115,6 +117,9 @@ def facts_of(raw: Any) -> dict[int, Device]:
         d.reserved += segment["total_size"]
         pool = segment.get("segment_type", "large")
         pool_id = tuple(segment.get("segment_pool_id") or (0, 0))
+        d.expandable = d.expandable or bool(segment.get("is_expandable"))
+        if all(b.get("state") not in ("active_allocated", "active_pending_free") for b in segment.get("blocks") or []):
+            d.releasable += segment["total_size"]
         if pool_id != (0, 0):
             pool = f"private {pool_id} {pool}"
         address = segment.get("address", 0)
@@ -342,6 +347,10 @@ def json_mismatches(r: Reports) -> list[str]:
                 max(d.series[first : last + 1]),
             )
             want(f"step {row['step']} end ({last})", row["end_allocated_bytes"], d.series[last])
+    components = sum(j["components"].values())
+    want("the components add up to the judged moment's allocated bytes", components, replay["target_allocated_bytes"])
+    if at_dump and not d.expandable and index is None:
+        want("accounting.releasable_bytes (dump)", acc["releasable_bytes"], d.releasable)
     if d.trace:
         before, freed_at = pre_trace(d)
         want("replay.pre_existing_allocations", replay["pre_existing_allocations"], len(before))
@@ -458,9 +467,11 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
         out.append((what, printed, true if isinstance(true, str) else shown(true)))
 
     steps = {row["step"]: row for row in j.get("steps") or []}
+    total_components = sum(j["components"].values()) or 1
+    blocks_of = {c["name"]: c["block_count"] for c in j["component_detail"]}
     in_memory = None
     for line in lines:
-        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("|") else None
+        cells = [c.strip().replace("\\", "") for c in line.strip("|").split("|")] if line.startswith("|") else None
         if line.startswith(("Memory ", "### Memory ")):
             in_memory = True
         elif not line or line.startswith("#") and not line.startswith("### Memory"):
@@ -553,6 +564,44 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                     add("free in the request's pool", g.group(1), sum(sizes))
                     add("largest free block there", g.group(3), max(sizes, default=0))
                 add("the request", g.group(2), oom["size"])
+            usable = None
+            if m.at_dump and j["fragmentation"]["request_pool"] is not None:
+                pool = (j["fragmentation"]["request_pool"], j["fragmentation"]["request_stream"])
+                usable = d.free_by_pool.get(pool, [])
+            if usable is not None and (g := re.search(r"bytes missing for the request: " + _SIZE, line)):
+                add("bytes missing", g.group(1), max(0, oom["size"] - oom.get("device_free", 0) - sum(usable)))
+            if g := re.search(
+                r"bytes missing by count \(the request failed on placement: the largest usable free block was "
+                + _SIZE
+                + r", and cudaMalloc needed "
+                + _SIZE
+                + r" with "
+                + _SIZE
+                + r" free\): "
+                + _SIZE,
+                line,
+            ):
+                if usable is not None:
+                    add("largest usable free block", g.group(1), max(usable, default=0))
+                    add(
+                        "bytes missing by count",
+                        g.group(4),
+                        max(0, oom["size"] - oom.get("device_free", 0) - sum(usable)),
+                    )
+                add("what cudaMalloc needed", g.group(2), message_size(oom["size"]))
+                add("free on the device", g.group(3), oom.get("device_free"))
+        if g := re.match(r"OOM events on this device: (\d+)", line):
+            add("OOM events", g.group(1), str(sum(1 for e in d.trace if e.get("action") == "oom")))
+        if g := re.match(r"event (\d+): " + _SIZE + r"\s+\((?:fatal|recovered)", line):
+            e = d.trace[int(g.group(1))] if int(g.group(1)) < len(d.trace) else {}
+            add(
+                f"OOM event {g.group(1)}", g.group(2), e.get("size") if e.get("action") == "oom" else "not an oom entry"
+            )
+        if g := re.search(r"the trace holds (\d+) events?, as many as the ring buffer keeps", line):
+            add("trace entries", g.group(1), str(len(d.trace)))
+        if g := re.search(r"no trace entry carries frames \((\d+) entr", line):
+            add("trace entries", g.group(1), str(len(d.trace)))
+            add("entries with frames", str(sum(1 for e in d.trace if e.get("frames"))), "0")
         # Memory at ...
         if in_memory:
             label, printed = None, None
@@ -577,6 +626,13 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                     add(f"Memory: {label}", printed, true)
                     if number is not None:
                         add(f"Memory: {label} in bytes", number, f"{true:,}")
+            if cells and cells[0] in ("releasable", "fragments") and len(cells) >= 3:
+                acc = j["accounting"]
+                key = "releasable_bytes" if cells[0] == "releasable" else "non_releasable_bytes"
+                add(f"{cells[0]} (md) is the JSON's", cells[2], f"{acc[key]:,}")
+                if cells[0] == "fragments":
+                    both = shown(acc["releasable_bytes"] + acc[key])
+                    add("releasable + fragments = cached free (md)", both, shown(acc["free_cached_bytes"]))
             if g := re.search(r"cached, free\s+" + _SIZE + r"\s+\(releasable " + _SIZE + r", fragments " + _SIZE, line):
                 acc = j["accounting"]
                 add(
@@ -584,6 +640,104 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                     shown(acc["releasable_bytes"] + acc["non_releasable_bytes"]),
                     g.group(1),
                 )
+        # components: the JSON's bytes (a modelled split), their shares of the components' total
+        if g := re.match(r"([a-z][a-z ]*?)\s+" + _SIZE + r"\s+(\d+\.\d)%\s+\((\d+) blocks?, ", line.strip()):
+            name = g.group(1).replace(" ", "_")
+            if name in j["components"]:
+                add(f"component {name}", g.group(2), j["components"][name])
+                add(f"component {name} share", g.group(3), f"{100 * j['components'][name] / total_components:.1f}")
+                add(f"component {name} blocks", g.group(4), str(blocks_of[name]))
+        if (
+            cells
+            and len(cells) >= 6
+            and cells[0].replace(" ", "_") in j["components"]
+            and re.fullmatch(_SIZE, cells[1])
+        ):
+            name = cells[0].replace(" ", "_")
+            add(f"component {name} (md)", cells[1], j["components"][name])
+            add(f"component {name} bytes (md)", cells[2], f"{j['components'][name]:,}")
+            add(f"component {name} share (md)", cells[3], f"{100 * j['components'][name] / total_components:.1f}%")
+            add(f"component {name} blocks (md)", cells[4], str(blocks_of[name]))
+        for g in re.finditer(
+            r"(?:At the|at the) (peak|OOM|dump)(?: \([^)]*\))? (?:the largest part |it )?is [a-z -]+ \("
+            + _SIZE
+            + r", (\d+)%\)",
+            line,
+        ):
+            moment_total = {"peak": d.peak[0] if d.peak else None, "dump": d.allocated, "OOM": m.allocated}[g.group(1)]
+            if g.group(1) != "dump" or m.kind == "dump":
+                if moment_total:
+                    bytes_ = j["components"][max(j["components"], key=lambda k: j["components"][k])]
+                    add(f"the largest part at the {g.group(1)}", g.group(2), bytes_)
+                    add(f"its share at the {g.group(1)}", g.group(3), f"{100 * bytes_ / moment_total:.0f}")
+        if g := re.search(r"what the blocks live at the dump without a stack are \((\d+)\)", line):
+            add("live blocks without a stack", g.group(1), str(len(d.stackless_at_dump)))
+        if g := re.search(
+            r"PyTorch's cache holds more free than allocated: " + _SIZE + r" of the " + _SIZE + r" it reserves", line
+        ):
+            add("free in the cache", g.group(1), d.free_cached)
+            add("reserved", g.group(2), d.reserved)
+            if h := re.search(r"empty_cache\(\) would return " + _SIZE, line):
+                if not d.expandable:
+                    add("what empty_cache() returns", h.group(1), d.releasable)
+        if g := re.search(
+            r"Model states fill what PyTorch reserved \("
+            + _SIZE
+            + r" of "
+            + _SIZE
+            + r", "
+            + _SIZE
+            + r" free in the cache\)",
+            line,
+        ):
+            add("reserved", g.group(2), d.reserved)
+            add("free in the cache", g.group(3), d.free_cached)
+        if in_memory and m.at_dump and not d.expandable and m.index is None:
+            if g := re.search(r"cached, free\s+" + _SIZE + r"\s+\(releasable " + _SIZE, line):
+                add("releasable", g.group(2), d.releasable)
+            if cells and cells[0] == "releasable":
+                add("releasable (md)", cells[1], d.releasable)
+        if m.at_dump and (
+            g := re.search(
+                r"free in the (large|small) pool on (?:this|the request's) stream: "
+                + _SIZE
+                + r",? largest block "
+                + _SIZE,
+                line,
+            )
+        ):
+            sizes = d.free_by_pool.get((g.group(1), j["fragmentation"]["request_stream"]), [])
+            add(f"free in the {g.group(1)} pool", g.group(2), sum(sizes))
+            add(f"largest free block in the {g.group(1)} pool", g.group(3), max(sizes, default=0))
+        # the devices table: each device's own dump, trace and OOMs
+        row = re.match(
+            r"(\d+)(?: \(judged\))?\s{2,}"
+            + _SIZE
+            + r"\s{2,}"
+            + _SIZE
+            + r"\s{2,}("
+            + _SIZE
+            + r"|-)\s{2,}\S.*?\s{2,}(\d+|-)\s{2,}",
+            line.strip(),
+        )
+        if (
+            cells
+            and len(cells) >= 6
+            and re.fullmatch(r"\d+(?: \(judged\))?", cells[0])
+            and re.fullmatch(_SIZE, cells[1])
+        ):
+            row_cells = (cells[0].split()[0], cells[1], cells[2], cells[3], cells[5])
+        elif row:
+            row_cells = (row.group(1), row.group(2), row.group(3), row.group(4), row.group(6))
+        else:
+            row_cells = None
+        if row_cells and len(r.facts) > 1:
+            other = r.facts.get(int(row_cells[0]), Device())
+            add(f"device {row_cells[0]} reserved at the dump", row_cells[1], other.reserved)
+            add(f"device {row_cells[0]} allocated at the dump", row_cells[2], other.allocated)
+            add(f"device {row_cells[0]} peak", row_cells[3], other.peak[0] if other.peak and other.trace else "-")
+            ooms = sum(1 for e in other.trace if e.get("action") == "oom")
+            add(f"device {row_cells[0]} OOMs", row_cells[4], str(ooms) if ooms else "-")
         if g := re.match(r"step (\d+)\s+peak\s+" + _SIZE + r"\s+(?:at its end|after OOM)\s+" + _SIZE, line.strip()):
             row = steps.get(int(g.group(1)))
             if row and d.series:
@@ -687,3 +841,83 @@ def test_a_free_completed_in_the_trace_but_requested_before_it_is_an_allocation_
     )
     assert analysis.replay.pre_existing_allocations == 2  # A, and the block whose free completed
     assert _pre_trace_line(analysis).startswith("2 allocations predate the trace")
+
+
+# ---- the checker itself ------------------------------------------------------------------------------
+
+# figures every run of the checker must find somewhere (a wording change that silences one fails here)
+MUST_READ = (
+    "Memory: reserved by PyTorch",
+    "Memory: allocated",
+    "Memory: cached, free",
+    "failed request",
+    "Tried to allocate",
+    "free on the device",
+    "allocated bytes at the dump",
+    "allocated bytes at the peak",
+    "the dump's total",
+    "the peak's total",
+    "the largest part at the peak",
+    "trace entries",
+    "events after the target",
+    "allocations before the trace",
+    "step 0 peak",
+    "step 0 end",
+    "releasable",
+    "live blocks without a stack",
+    "bytes missing",
+)
+
+
+def test_the_checker_reads_the_reports_figures():
+    if CORPUS is None:
+        pytest.skip("the corpus holds the traces these figures come from")
+    read: dict[str, set[str]] = {"text": set(), "md": set()}
+    for param in input_params():
+        r = reports_of(param.values[0])
+        for fmt in read:
+            read[fmt] |= {what.removesuffix(" (md)") for what, _, _ in text_figures(r, getattr(r, fmt))}
+    for fmt, kinds in read.items():
+        missing = [kind for kind in MUST_READ if not any(k.startswith(kind) for k in kinds)]
+        assert not missing, (fmt, missing)
+
+
+def test_the_checkers_own_arithmetic():
+    assert [round_size(n) for n in (1, 512, 513, 1 << 20)] == [512, 512, 1024, 1 << 20]
+    assert round_size(1200 << 20, 4) == 1280 << 20 and round_size(1 << 30, 4) == 1 << 30
+    assert [message_size(n) for n in (512, MIB, MIB + 512, 11 * MIB)] == [2 * MIB, 2 * MIB, 20 * MIB, 12 * MIB]
+    assert [shown(n) for n in (0, 1, 1023, 1024, 1536 * MIB)] == [
+        "0 bytes",
+        "1 byte",
+        "1023 bytes",
+        "1.00 KiB",
+        "1.50 GiB",
+    ]
+    # a block from before the trace freed in it, one allocated and still live at the dump (its dump size)
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100},
+        {"action": "free_requested", "addr": 2, "size": 1000},
+        {"action": "alloc", "addr": 3, "size": 600},
+        {"action": "free_completed", "addr": 2, "size": 1000},
+        {"action": "free_requested", "addr": 1, "size": 100},
+    ]
+    assert allocated_series(trace, {3: 2048}) == [512 + 1024, 512, 512 + 2048, 512 + 2048, 2048]
+    assert reserved_series([{"action": "segment_alloc", "size": 10}, {"action": "segment_free", "size": 4}], 20) == [
+        24,
+        20,
+    ]
+
+
+def test_the_checker_catches_a_wrong_figure():
+    name = MANIFEST["fixtures"][0]["name"]
+    r = reports_of(("fixture", name, "stripped"))
+    assert text_mismatches(r, r.text) == [] and json_mismatches(r) == []
+    reserved = re.search(r"reserved by PyTorch\s+" + _SIZE, r.text)
+    assert reserved is not None
+    wrong = r.text.replace(reserved.group(1), shown(r.json["accounting"]["reserved_bytes"] + 3 * MIB), 1)
+    assert any(m.startswith("Memory: reserved by PyTorch:") for m in text_mismatches(r, wrong))
+    r.json["replay"]["event_count"] += 1
+    try:
+        assert any(m.startswith("replay.event_count") for m in json_mismatches(r))
+    finally:
+        r.json["replay"]["event_count"] -= 1
