@@ -27,6 +27,7 @@ their trace (with block stacks and without), and the corpus snapshots.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import functools
 import io
@@ -709,6 +710,31 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             sizes = d.free_by_pool.get((g.group(1), j["fragmentation"]["request_stream"]), [])
             add(f"free in the {g.group(1)} pool", g.group(2), sum(sizes))
             add(f"largest free block in the {g.group(1)} pool", g.group(3), max(sizes, default=0))
+        if g := re.search(
+            r"a "
+            + _SIZE
+            + r" request failed in cudaMalloc, the allocator freed "
+            + _SIZE
+            + r" of cache and retried it \(it succeeded at event (\d+)\)\. That one request is at least (\d+)% of the most"
+            + r" the device could have held for PyTorch then \(under "
+            + _SIZE
+            + r"\)",
+            line,
+        ):
+            n = int(g.group(3))
+            e = d.trace[n] if n < len(d.trace) else {}
+            add(
+                "the retried request",
+                g.group(1),
+                e.get("size") if e.get("action") in ("segment_alloc", "segment_map") else "-",
+            )
+            first = n
+            while first > 0 and d.trace[first - 1].get("action") in ("segment_free", "segment_unmap"):
+                first -= 1
+            add("the cache freed for it", g.group(2), sum(x.get("size", 0) for x in d.trace[first:n]))
+            bound = (d.reserved_series[first - 1] if first else d.reserved_series[0]) + e.get("size", 0)
+            add("the bound on what PyTorch could hold", g.group(5), bound)
+            add("at least that share", str(min(int(g.group(4)), int(100 * e.get("size", 0) / bound))), g.group(4))
         # the devices table: each device's own dump, trace and OOMs
         row = re.match(
             r"(\d+)(?: \(judged\))?\s{2,}"
@@ -717,7 +743,9 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             + _SIZE
             + r"\s{2,}("
             + _SIZE
-            + r"|-)\s{2,}\S.*?\s{2,}(\d+|-)\s{2,}",
+            + r"|-)\s{2,}("
+            + _SIZE
+            + r"|-)\s{2,}(\d+|-)\s{2,}",
             line.strip(),
         )
         if (
@@ -726,9 +754,9 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             and re.fullmatch(r"\d+(?: \(judged\))?", cells[0])
             and re.fullmatch(_SIZE, cells[1])
         ):
-            row_cells = (cells[0].split()[0], cells[1], cells[2], cells[3], cells[5])
+            row_cells = (cells[0].split()[0], cells[1], cells[2], cells[3], cells[5], cells[4])
         elif row:
-            row_cells = (row.group(1), row.group(2), row.group(3), row.group(4), row.group(6))
+            row_cells = (row.group(1), row.group(2), row.group(3), row.group(4), row.group(8), row.group(6))
         else:
             row_cells = None
         if row_cells and len(r.facts) > 1:
@@ -736,6 +764,17 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             add(f"device {row_cells[0]} reserved at the dump", row_cells[1], other.reserved)
             add(f"device {row_cells[0]} allocated at the dump", row_cells[2], other.allocated)
             add(f"device {row_cells[0]} peak", row_cells[3], other.peak[0] if other.peak and other.trace else "-")
+            judged_time = d.trace[m.index].get("time_us") if m.index is not None and d.trace else None
+            if row_cells[0] == str(j["device"]):
+                same_time = shown(m.allocated)
+            elif other.trace and judged_time is not None:
+                times = [e.get("time_us", 0) for e in other.trace]
+                position = bisect.bisect_right(times, judged_time) - 1
+                same_time = shown(other.series[position]) if position >= 0 else "-"
+            else:
+                same_time = None
+            if same_time is not None and row_cells[5] is not None:
+                add(f"device {row_cells[0]} at the same time", row_cells[5], same_time)
             ooms = sum(1 for e in other.trace if e.get("action") == "oom")
             add(f"device {row_cells[0]} OOMs", row_cells[4], str(ooms) if ooms else "-")
         if g := re.match(r"step (\d+)\s+peak\s+" + _SIZE + r"\s+(?:at its end|after OOM)\s+" + _SIZE, line.strip()):
