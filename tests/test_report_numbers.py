@@ -735,6 +735,16 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             bound = (d.reserved_series[first - 1] if first else d.reserved_series[0]) + e.get("size", 0)
             add("the bound on what PyTorch could hold", g.group(5), bound)
             add("at least that share", str(min(int(g.group(4)), int(100 * e.get("size", 0) / bound))), g.group(4))
+        if g := re.search(
+            r"end-of-step allocated memory grew over (\d+) consecutive steps?, (on average )?per step: " + _SIZE, line
+        ):
+            ends = [d.series[row["last_index"]] for row in list(steps.values())[:-1] if d.series]  # the last one failed
+            growths = [after - before for before, after in zip(ends, ends[1:])][-int(g.group(1)) :]
+            if growths:
+                mean = sum(growths) // len(growths)
+                exact = len(set(growths)) == 1
+                add("end-of-step growth per step", g.group(3), mean)
+                add("'on average' where the steps grew by different amounts", str(bool(g.group(2)) or exact), "True")
         # the devices table: each device's own dump, trace and OOMs
         row = re.match(
             r"(\d+)(?: \(judged\))?\s{2,}"
@@ -905,6 +915,7 @@ MUST_READ = (
     "releasable",
     "live blocks without a stack",
     "bytes missing",
+    "end-of-step growth per step",
 )
 
 

@@ -693,7 +693,8 @@ def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.KEPT_FROM_EARLIER_STEPS:
         return f"activations, temporaries and inputs from {_counted(f.get('steps'), 'earlier step')} still alive"
     if kind == EvidenceKind.STEP_GROWTH:
-        return f"end-of-step allocated memory grew over {_counted(f.get('steps'), 'consecutive step')}, per step"
+        # the mean of the steps' growths, which differ from step to step
+        return f"end-of-step allocated memory grew over {_counted(f.get('steps'), 'consecutive step')}, on average per step"
     if kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS:
         ratio = f.get("ratio")
         what = (
