@@ -94,6 +94,8 @@ class Device:
     trace: list[dict[str, Any]] = field(default_factory=list)
     live_at_dump: dict[int, int] = field(default_factory=dict)  # address -> size, active_allocated
     stackless_at_dump: set[int] = field(default_factory=set)  # addresses of those without frames
+    segment_rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # address -> its figures
+    requested_at_dump: dict[int, int] = field(default_factory=dict)  # address -> requested_size, live blocks
     releasable: int = 0  # segments with no active block: what empty_cache() returns (not expandable)
     expandable: bool = False
     series: list[int] = field(default_factory=list)  # allocated bytes after each event
@@ -124,7 +126,24 @@ def facts_of(raw: Any) -> dict[int, Device]:
         if pool_id != (0, 0):
             pool = f"private {pool_id} {pool}"
         address = segment.get("address", 0)
+        row = d.segment_rows[segment.get("address", 0)] = {
+            "total_bytes": segment["total_size"],
+            "allocated_bytes": 0,
+            "pending_free_bytes": 0,
+            "free_bytes": 0,
+            "largest_free_block_bytes": 0,
+            "block_count": len(segment.get("blocks") or []),
+            "stream": segment.get("stream", 0),
+            "is_expandable": bool(segment.get("is_expandable")),
+        }
         for block in segment.get("blocks") or []:
+            state = block.get("state")
+            key = {"active_allocated": "allocated_bytes", "active_pending_free": "pending_free_bytes"}.get(
+                state, "free_bytes"
+            )
+            row[key] += block["size"]
+            if key == "free_bytes":
+                row["largest_free_block_bytes"] = max(row["largest_free_block_bytes"], block["size"])
             block_address = block.get("address", address)  # 2.0 dumps: the segment's plus the sizes before
             address = block_address + block["size"]
             d.blocks += 1
@@ -134,6 +153,7 @@ def facts_of(raw: Any) -> dict[int, Device]:
                 d.live_blocks += 1
                 d.requested += block.get("requested_size", block["size"])
                 d.live_at_dump[block_address] = block["size"]
+                d.requested_at_dump[block_address] = block.get("requested_size", block["size"])
                 if not block.get("frames") and not block.get("history"):
                     d.stackless_at_dump.add(block_address)
             elif state == "active_pending_free":
@@ -328,6 +348,25 @@ def json_mismatches(r: Reports) -> list[str]:
             )
             want(f"fragmentation.pools[{p['pool']},{p['stream']}].count", p["free_block_count"], len(sizes))
         want("live_block_count (dump)", j.get("live_block_count"), d.live_blocks)
+    if at_dump and not (index is not None and any(e.get("action") != "oom" for e in d.trace[index + 1 :])):
+        for seg in frag.get("segments") or []:
+            true_row = d.segment_rows.get(seg["address"])
+            said = {k: seg.get(k) for k in (true_row or {})}
+            want(f"fragmentation.segments[{seg['address']:#x}]", said, true_row)
+        want("fragmentation.segments: how many", len(frag.get("segments") or []), len(d.segment_rows))
+        want("fragmentation.internal_bytes (rounding)", frag["internal_bytes"], d.allocated - d.requested)
+        want("fragmentation.external_bytes (cached free)", frag["external_bytes"], d.free_cached)
+        for block in j.get("live_blocks") or []:
+            address = block["address"]
+            want(f"live block {address:#x} size", block["size_bytes"], d.live_at_dump.get(address))
+            want(f"live block {address:#x} requested", block["requested_bytes"], d.requested_at_dump.get(address))
+        if index is not None and d.trace[index].get("action") == "oom" and acc.get("headroom_bytes") is not None:
+            sizes = d.free_by_pool.get((frag.get("request_pool"), frag.get("request_stream")), [])
+            want("accounting.headroom_bytes", acc["headroom_bytes"], d.trace[index].get("device_free", 0) + sum(sizes))
+    if index is not None and d.trace[index].get("action") == "oom" and j["what_if"].get("capacity_bytes") is not None:
+        capacity = d.reserved_series[index] + d.trace[index].get("device_free", 0)
+        if acc.get("device_total_bytes") is None:
+            want("what_if.capacity_bytes (reserved + free at the OOM)", j["what_if"]["capacity_bytes"], capacity)
     total = acc["allocated_bytes"] + acc["pending_free_bytes"] + acc["free_cached_bytes"]
     want("accounting: allocated + pending + cached free = reserved", total, acc["reserved_bytes"])
     want(
