@@ -494,6 +494,14 @@ def pre_trace(d: Device) -> tuple[set[int], dict[int, int]]:
     return set(freed_at) | never_freed, freed_at
 
 
+def _end_note(m: Moment, row: dict[str, Any]) -> str:
+    """What a step row's last figure is when not the end of a step: after the judged OOM (events of
+    the step follow it), or at it (the step's last event is the OOM)."""
+    if m.oom is None or m.index is None or not row["first_index"] <= m.index <= row["last_index"]:
+        return ""
+    return "at the OOM" if m.index == row["last_index"] else "after the OOM"
+
+
 def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
     """(what, as printed, as the file says) for every figure of the text or Markdown report that
     the file decides; the caller compares the last two."""
@@ -826,11 +834,15 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                 add(f"device {row_cells[0]} at the same time", row_cells[5], same_time)
             ooms = sum(1 for e in other.trace if e.get("action") == "oom")
             add(f"device {row_cells[0]} OOMs", row_cells[4], str(ooms) if ooms else "-")
-        if g := re.match(r"step (\d+)\s+peak\s+" + _SIZE + r"\s+(?:at its end|after OOM)\s+" + _SIZE, line.strip()):
+        if g := re.match(
+            r"step (\d+)\s+peak\s+" + _SIZE + r"\s+(at its end|after OOM|at the OOM)\s+" + _SIZE, line.strip()
+        ):
             row = steps.get(int(g.group(1)))
             if row and d.series:
+                words = {"at its end": "", "after OOM": "after the OOM", "at the OOM": "at the OOM"}[g.group(3)]
+                add(f"step {g.group(1)} end's words", words, _end_note(m, row))
                 add(f"step {g.group(1)} peak", g.group(2), max(d.series[row["first_index"] : row["last_index"] + 1]))
-                add(f"step {g.group(1)} end", g.group(3), d.series[row["last_index"]])
+                add(f"step {g.group(1)} end", g.group(4), d.series[row["last_index"]])
         if (
             cells
             and len(cells) == 4
@@ -841,7 +853,9 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
         ):
             row = steps[int(cells[0])]
             add(f"step {cells[0]} peak (md)", cells[1], max(d.series[row["first_index"] : row["last_index"] + 1]))
-            add(f"step {cells[0]} end (md)", cells[2].removesuffix(" (after the OOM)"), d.series[row["last_index"]])
+            end, _, note = cells[2].partition(" (")
+            add(f"step {cells[0]} end (md)", end, d.series[row["last_index"]])
+            add(f"step {cells[0]} end's note (md)", note.rstrip(")"), _end_note(m, row))
     return out
 
 

@@ -1,6 +1,6 @@
 """The steps table does not call what a step held after the OOM, as the exception unwound and freed
 its tensors, "at its end": the step never ended (a real DataParallel OOM's trace goes on 174 events
-past it, down from 78 GiB to 385 MiB)."""
+past it, down from 78 GiB to 385 MiB); nor what it held at the OOM, where the trace stops there."""
 
 from __future__ import annotations
 
@@ -32,9 +32,12 @@ def test_a_step_that_went_on_after_the_oom_says_so():
     assert " (after the OOM) |" in markdown_report.render(analysis)
 
 
-def test_a_trace_that_stops_at_the_oom_keeps_its_words():
-    rows = [line for line in text_report.render(_oom(unwinds=False)).splitlines() if line.startswith("  step ")]
-    assert rows and "at its end" in rows[-1]
+def test_a_step_the_oom_cut_short_says_its_last_figure_is_at_the_oom():
+    """A trace that stops at the OOM: the step's last event is the OOM, which is not a step's end either."""
+    analysis = _oom(unwinds=False)
+    rows = [line for line in text_report.render(analysis).splitlines() if line.startswith("  step ")]
+    assert rows and "at the OOM" in rows[-1] and "at its end" not in rows[-1]
+    assert " (at the OOM) |" in markdown_report.render(analysis)
 
 
 def _late_trace(*, adam: bool) -> str:

@@ -31,12 +31,12 @@ from oomdoctor.views.report_rows import (
     cannot_tell,
     changes_basis,
     component_rows,
-    cut_by_the_oom,
     device_rows,
     evidence_places,
     evidence_value,
     largest_groups,
     main_risk,
+    step_end_note,
     target_context,
     where_label,
 )
@@ -225,7 +225,8 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("| step | peak allocated | allocated at its end | activations peak |")
         add("|---:|---:|---:|---:|")
         for summary in analysis.steps[-8:]:
-            after = " (after the OOM)" if cut_by_the_oom(analysis, summary) else ""
+            note = step_end_note(analysis, summary)
+            after = f" ({note})" if note else ""
             add(
                 f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)}{after} | {'unknown' if summary.peak_activation_bytes is None else human(summary.peak_activation_bytes)} |"
             )

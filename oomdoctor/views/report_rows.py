@@ -59,6 +59,21 @@ def cut_by_the_oom(analysis: Analysis, step: StepSummary) -> bool:
     return replay.target_kind == "oom" and index is not None and step.first_index <= index < step.last_index
 
 
+def ended_at_the_oom(analysis: Analysis, step: StepSummary) -> bool:
+    """Whether the step's last event is the judged OOM: it did not end, and what it holds then is
+    what it held when it ran out."""
+    replay = analysis.replay
+    return replay.target_kind == "oom" and replay.target_index is not None and step.last_index == replay.target_index
+
+
+def step_end_note(analysis: Analysis, step: StepSummary) -> str:
+    """What a step's 'allocated at its end' figure is, where that is not a step's end: '' when it is,
+    'after the OOM' (the exception's unwinding) or 'at the OOM' (nothing after it)."""
+    if cut_by_the_oom(analysis, step):
+        return "after the OOM"
+    return "at the OOM" if ended_at_the_oom(analysis, step) else ""
+
+
 def changes_basis(analysis: Analysis) -> str | None:
     """Where the rest of a pass the OOM interrupted was extrapolated, the batch-sized changes'
     savings are at that pass's projected peak (the what-if gives it), which may be more than the

@@ -13,12 +13,12 @@ from oomdoctor.views.report_rows import (
     allocated_rows,
     changes_title,
     component_rows,
-    cut_by_the_oom,
     device_rows,
     evidence_line,
     largest_groups,
     main_risk,
     risk_line,
+    step_end_note,
     target_context,
     verdict_words,
     where_label,
@@ -123,7 +123,10 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     if analysis.steps:
         add("Steps (allocated bytes)")
         for step in analysis.steps[-8:]:
-            end = "after OOM " if cut_by_the_oom(analysis, step) else "at its end"  # the OOM's unwinding
+            # after the OOM's unwinding, or at the OOM that cut the step short: not a step's end
+            end = {"after the OOM": "after OOM ", "at the OOM": "at the OOM"}.get(
+                step_end_note(analysis, step), "at its end"
+            )
             add(
                 f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   {end} {human(step.end_allocated_bytes):>12}   activations peak {_activation_peak(step):>12}"
             )
