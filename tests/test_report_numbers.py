@@ -494,6 +494,21 @@ def pre_trace(d: Device) -> tuple[set[int], dict[int, int]]:
     return set(freed_at) | never_freed, freed_at
 
 
+_UNIT_BYTES = {"byte": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _parse(printed: str) -> float:
+    number, unit = printed.split()
+    return float(number) * _UNIT_BYTES[unit]
+
+
+def _ratio(top: float, bottom: float, printed: str) -> str:
+    """The printed ratio when the printed sizes it divides allow it (each within half its last
+    digit), else the ratio of the printed sizes."""
+    true = top / bottom if bottom else float("inf")
+    return printed if abs(float(printed) - true) <= 0.05 + 0.01 * true else f"{true:.1f}"
+
+
 def _end_note(m: Moment, row: dict[str, Any]) -> str:
     """What a step row's last figure is when not the end of a step: after the judged OOM (events of
     the step follow it), or at it (the step's last event is the OOM)."""
@@ -718,6 +733,18 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                     bytes_ = j["components"][max(j["components"], key=lambda k: j["components"][k])]
                     add(f"the largest part at the {g.group(1)}", g.group(2), bytes_)
                     add(f"its share at the {g.group(1)}", g.group(3), f"{100 * bytes_ / moment_total:.0f}")
+            elif d.allocated:  # the dump's components are not in the JSON: the share of its printed size
+                share = 100 * _parse(g.group(2)) / d.allocated
+                said = g.group(3) if abs(int(g.group(3)) - share) <= 1 else f"{share:.0f}"
+                add("the largest part's share at the dump", g.group(3), said)
+        if (
+            m.at_dump
+            and m.index is None
+            and (g := re.search(r"allocated\s+" + _SIZE + r"\s+\((?:.*; )?of which rounding " + _SIZE, line))
+        ):
+            add("rounding at the dump", g.group(2), d.allocated - d.requested)
+        if m.at_dump and m.index is None and cells and cells[0] == "of which rounding":
+            add("rounding at the dump (md)", cells[1], d.allocated - d.requested)
         if g := re.search(r"what the blocks live at the dump without a stack are \((\d+)\)", line):
             add("live blocks without a stack", g.group(1), str(len(d.stackless_at_dump)))
         if g := re.search(
@@ -792,6 +819,33 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                 exact = len(set(growths)) == 1
                 add("end-of-step growth per step", g.group(3), mean)
                 add("'on average' where the steps grew by different amounts", str(bool(g.group(2)) or exact), "True")
+        if g := re.search(
+            r"holds "
+            + _SIZE
+            + r" of copies(?: and asked for "
+            + _SIZE
+            + r" more)?, (\d+\.\d)x the "
+            + _SIZE
+            + r" of parameters",
+            line,
+        ):
+            held = _parse(g.group(1)) + (_parse(g.group(2)) if g.group(2) else 0)
+            add("the copies' ratio to the parameters", g.group(3), _ratio(held, _parse(g.group(4)), g.group(3)))
+            if g.group(2) and oom is not None:
+                add("what the save asked for", g.group(2), oom["size"])
+        if g := re.search(
+            r"Device (\d+) held "
+            + _SIZE
+            + r" at its OOM, (\d+\.\d)x the highest peak of every other device .*?\(device (\d+): "
+            + _SIZE
+            + r"\)",
+            line,
+        ):
+            other = r.facts.get(int(g.group(4)), Device())
+            if int(g.group(1)) == j["device"]:
+                add("what the judged device held at its OOM", g.group(2), m.allocated)
+            add(f"device {g.group(4)}'s peak", g.group(5), other.peak[0] if other.peak else None)
+            add("the imbalance ratio", g.group(3), _ratio(_parse(g.group(2)), _parse(g.group(5)), g.group(3)))
         # the devices table: each device's own dump, trace and OOMs
         row = re.match(
             r"(\d+)(?: \(judged\))?\s{2,}"
@@ -969,6 +1023,8 @@ MUST_READ = (
     "live blocks without a stack",
     "bytes missing",
     "end-of-step growth per step",
+    "rounding at the dump",
+    "the largest part's share at the dump",
 )
 
 
