@@ -378,7 +378,16 @@ def json_mismatches(r: Reports) -> list[str]:
         want("accounting.request_bytes", acc["request_bytes"], d.trace[index].get("size"))
         want("accounting.message_bytes", acc["message_bytes"], message_size(d.trace[index]["size"]))
         want("accounting.device_free_bytes", acc.get("device_free_bytes"), d.trace[index].get("device_free"))
-    for row in j.get("steps") or []:
+    rows = j.get("steps") or []
+    for before, after in zip(rows, rows[1:]):
+        if not (before["last_index"] < after["first_index"] and before["step"] < after["step"]):
+            out.append(f"steps {before['step']} and {after['step']} overlap or are out of order")
+    if rows and not (0 <= rows[0]["first_index"] and rows[-1]["last_index"] < len(d.trace)):
+        out.append("the steps reach outside the trace")
+    holding = [row["step"] for row in rows if index is not None and row["first_index"] <= index <= row["last_index"]]
+    if holding and j.get("target_step") is not None:
+        want("target_step (the step row holding the judged event)", j["target_step"], holding[0])
+    for row in rows:
         first, last = row["first_index"], row["last_index"]
         if d.series and 0 <= first <= last < len(d.series):
             want(
@@ -543,6 +552,10 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
         if g := re.match(
             r"Device (\d+) (at the OOM|at the peak|when the dump was written) \(.*?(?:event (\d+) of (\d+))?;", line
         ):
+            if (h := re.search(r"\((?:step (\d+)(?: of the trace)?, )", line)) and m.index is not None:
+                holding = [row["step"] for row in steps.values() if row["first_index"] <= m.index <= row["last_index"]]
+                if holding:
+                    add("the judged event's step (the step row holding it)", h.group(1), str(holding[0]))
             if g.group(4):
                 add("trace entries", g.group(4), str(len(d.trace)))
                 index = int(g.group(3))
