@@ -1093,3 +1093,46 @@ def test_the_checker_catches_a_wrong_figure():
         assert any(m.startswith("replay.event_count") for m in json_mismatches(r))
     finally:
         r.json["replay"]["event_count"] -= 1
+
+
+def format_mismatches(r: Reports, fmt: str) -> list[str]:
+    """The modelled figures (evidence, savings, components' groups), which no reader of the file can
+    recompute: the text and Markdown reports must print the JSON's, in its order."""
+    report = getattr(r, fmt)
+    j = r.json
+    out = []
+    section = report.split("Evidence", 1)[1] if "Evidence" in report else ""
+    lines = [plain(line) for line in section.splitlines()[1:]]
+    evidence_lines = []
+    for line in lines:
+        if not line.startswith("- "):
+            if evidence_lines or (line and not line.startswith("#")):
+                break
+            continue
+        evidence_lines.append(line)
+    items = j.get("evidence") or []
+    if len(evidence_lines) != len(items):
+        out.append(f"{len(evidence_lines)} evidence lines for {len(items)} items")
+    for line, item in zip(evidence_lines, items):
+        if item.get("bytes") is not None:
+            said = re.search(r": (" + _SIZE[1:-1] + r")(?:\s|$)", line)
+            if not said or said.group(1) != shown(item["bytes"]):
+                out.append(f"evidence {item['text']!r}: printed {line!r}, the JSON {shown(item['bytes'])}")
+    saves = re.findall(r"saves about " + _SIZE, report) if fmt == "text" else []
+    if fmt == "md":
+        table = report.split("### What to change", 1)[1].split("###", 1)[0] if "### What to change" in report else ""
+        saves = [c.split("|")[3].strip() for c in table.splitlines() if re.match(r"\| \d+ \|", c)]
+    recommendations = j.get("recommendations") or []
+    if saves != [shown(x["estimated_saved_bytes"]) for x in recommendations]:
+        out.append(
+            f"savings printed {saves}, the JSON's {[shown(x['estimated_saved_bytes']) for x in recommendations]}"
+        )
+    return out
+
+
+@pytest.mark.parametrize("key", input_params())
+@pytest.mark.parametrize("fmt", ["text", "md"])
+def test_modelled_figures_are_the_jsons(key, fmt):
+    r = reports_of(key)
+    found = format_mismatches(r, fmt)
+    assert not found, "\n  ".join(found)
