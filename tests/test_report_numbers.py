@@ -822,6 +822,12 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             bound = (d.reserved_series[first - 1] if first else d.reserved_series[0]) + e.get("size", 0)
             add("the bound on what PyTorch could hold", g.group(5), bound)
             add("at least that share", str(min(int(g.group(4)), int(100 * e.get("size", 0) / bound))), g.group(4))
+        if g := re.search(r"[Ll]argest scale that fits: (at most )?(\d+\.\d+)x", line):
+            # a scale that fits: the what-if's fixed part and its scaled part fit the capacity at it
+            w = j["what_if"]
+            if w.get("capacity_bytes") is not None:
+                need = w["fixed_bytes"] + float(g.group(2)) * w["scalable_bytes"]
+                add("the what-if's need at the largest scale fits", str(need <= w["capacity_bytes"]), "True")
         if g := re.search(
             r"end-of-step allocated memory grew over (\d+) consecutive steps?, (on average )?per step: " + _SIZE, line
         ):

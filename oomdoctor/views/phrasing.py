@@ -117,9 +117,12 @@ def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
 
 
 def largest_scale(what_if: WhatIf) -> str | None:
-    """'largest scale that fits: 2.31x' ('at most 2.31x' against the device's total), or None."""
+    """'largest scale that fits: 2.31x' ('at most 2.31x' against the device's total), 'none' where
+    the fixed part alone does not fit (not even 0.00x: the model states do not), or None."""
     if what_if.largest_fitting_scale is None:
         return None
+    if what_if.case == WhatIfCase.FIXED_TOO_LARGE:
+        return "none"
     bound = what_if.capacity_at_most and what_if.largest_fitting_scale > 0  # none fitting is definite
     return f"{'at most ' if bound else ''}{what_if.largest_fitting_scale:.2f}x"
 
