@@ -99,6 +99,7 @@ class Device:
     releasable: int = 0  # segments with no active block: what empty_cache() returns (not expandable)
     expandable: bool = False
     series: list[int] = field(default_factory=list)  # allocated bytes after each event
+    live_counts: list[int] = field(default_factory=list)  # live blocks after each event
     reserved_series: list[int] = field(default_factory=list)  # reserved bytes after each event
 
     @property
@@ -168,7 +169,7 @@ def facts_of(raw: Any) -> dict[int, Device]:
     for index, trace in enumerate(raw.get("device_traces") or []):
         d = devices[index]
         d.trace = list(trace)
-        d.series = allocated_series(d.trace, d.live_at_dump)
+        d.series = allocated_series(d.trace, d.live_at_dump, d.live_counts)
         d.reserved_series = reserved_series(d.trace, d.reserved)
     return dict(devices)
 
@@ -176,8 +177,11 @@ def facts_of(raw: Any) -> dict[int, Device]:
 _FREES = ("free_requested", "free_completed", "free")
 
 
-def allocated_series(trace: list[dict[str, Any]], live_at_dump: dict[int, int]) -> list[int]:
-    """Allocated bytes after each event (docs/definitions.md, "The peak")."""
+def allocated_series(
+    trace: list[dict[str, Any]], live_at_dump: dict[int, int], counts: list[int] | None = None
+) -> list[int]:
+    """Allocated bytes after each event (docs/definitions.md, "The peak"); `counts` gets the number
+    of live blocks after each."""
     allocated_in_trace = {e.get("addr") for e in trace if e.get("action") == "alloc"}
     # the last alloc at an address, if nothing frees it after: the block the dump holds there
     last_alloc: dict[int, int] = {}
@@ -194,7 +198,8 @@ def allocated_series(trace: list[dict[str, Any]], live_at_dump: dict[int, int]) 
             seen.add(addr)
         elif e.get("action") in _FREES and addr not in seen:
             seen.add(addr)
-            live[addr] = round_size(e.get("size", 0))
+            if e.get("action") != "free_completed":  # else its free was requested before the trace
+                live[addr] = round_size(e.get("size", 0))
     for addr, size in live_at_dump.items():  # from before the trace, never freed in it
         if addr not in allocated_in_trace and addr not in live:
             live[addr] = size
@@ -212,6 +217,8 @@ def allocated_series(trace: list[dict[str, Any]], live_at_dump: dict[int, int]) 
         elif action in _FREES and addr in live:
             total -= live.pop(addr)
         series.append(total)
+        if counts is not None:
+            counts.append(len(live))
     return series
 
 
@@ -396,6 +403,9 @@ def json_mismatches(r: Reports) -> list[str]:
                 max(d.series[first : last + 1]),
             )
             want(f"step {row['step']} end ({last})", row["end_allocated_bytes"], d.series[last])
+    blocks = sum(c["block_count"] for c in j["component_detail"])
+    live_blocks = d.live_blocks if index is None else d.live_counts[index]
+    want("the components' blocks are the live blocks at the judged moment", blocks, live_blocks)
     components = sum(j["components"].values())
     want("the components add up to the judged moment's allocated bytes", components, replay["target_allocated_bytes"])
     if at_dump and not d.expandable and index is None:
