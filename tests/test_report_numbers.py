@@ -768,6 +768,10 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             add("rounding at the dump", g.group(2), d.allocated - d.requested)
         if m.at_dump and m.index is None and cells and cells[0] == "of which rounding":
             add("rounding at the dump (md)", cells[1], d.allocated - d.requested)
+        if g := re.search(r"The (\d+) largest live blocks? \(of (\d+)\)", line):
+            count = d.live_blocks if m.index is None else d.live_counts[m.index]
+            add("live blocks at the judged moment", g.group(2), str(count))
+            add("the largest live blocks listed", g.group(1), str(min(count, int(g.group(1)))))
         if g := re.search(r"what the blocks live at the dump without a stack are \((\d+)\)", line):
             add("live blocks without a stack", g.group(1), str(len(d.stackless_at_dump)))
         if g := re.search(
@@ -1054,7 +1058,12 @@ MUST_READ = (
     "end-of-step growth per step",
     "rounding at the dump",
     "the largest part's share at the dump",
+    "the judged event's step",
+    "the what-if's need at the largest scale fits",
+    "the copies' ratio to the parameters",
+    "device 1 at the same time",
 )
+MUST_READ_MD = ("live blocks at the judged moment",)  # the Markdown report's list of the largest blocks
 
 
 def test_the_checker_reads_the_reports_figures():
@@ -1066,7 +1075,8 @@ def test_the_checker_reads_the_reports_figures():
         for fmt in read:
             read[fmt] |= {what.removesuffix(" (md)") for what, _, _ in text_figures(r, getattr(r, fmt))}
     for fmt, kinds in read.items():
-        missing = [kind for kind in MUST_READ if not any(k.startswith(kind) for k in kinds)]
+        must = MUST_READ + (MUST_READ_MD if fmt == "md" else ())
+        missing = [kind for kind in must if not any(k.startswith(kind) for k in kinds)]
         assert not missing, (fmt, missing)
 
 
