@@ -772,6 +772,46 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             count = d.live_blocks if m.index is None else d.live_counts[m.index]
             add("live blocks at the judged moment", g.group(2), str(count))
             add("the largest live blocks listed", g.group(1), str(min(count, int(g.group(1)))))
+        # the Markdown report's largest live blocks: each a block live at the moment, of its size there
+        if g := re.match(
+            r"(0x[0-9a-f]+) \(" + _SIZE + r", allocated (?:at event (\d+)|(before the trace began)"
+            r"|at a time the file does not record \(no allocation history\))\):$",
+            line,
+        ):
+            says_before = str(bool(g.group(4)))
+            add(
+                f"block {g.group(1)}: 'before the trace' only where there is one",
+                says_before,
+                str(bool(d.trace) and g.group(3) is None),
+            )
+            address = int(g.group(1), 16)
+            if g.group(3) is not None:
+                n = int(g.group(3))
+                e = d.trace[n] if n < len(d.trace) else {}
+                add(
+                    f"block {g.group(1)}'s alloc event",
+                    f"{e.get('action')} at {e.get('addr', -1):#x}",
+                    f"alloc at {g.group(1)}",
+                )
+                later = [
+                    i
+                    for i, x in enumerate(d.trace[n + 1 :], n + 1)
+                    if x.get("addr") == address and x.get("action") in _FREES
+                ]
+                live_at_dump = not later and address in d.live_at_dump
+                add(
+                    f"block {g.group(1)}'s size",
+                    g.group(2),
+                    d.live_at_dump[address] if live_at_dump else round_size(e.get("size", 0)),
+                )
+                if m.index is not None:
+                    alive = n <= m.index and not any(i <= m.index for i in later)
+                    add(f"block {g.group(1)} live at the judged moment", str(alive), "True")
+            else:
+                before, freed_at = pre_trace(d) if d.trace else (set(d.live_at_dump), {})
+                add(f"block {g.group(1)} from before the trace", str(address in before), "True")
+                if address in d.live_at_dump and address not in freed_at:
+                    add(f"block {g.group(1)}'s size", g.group(2), d.live_at_dump[address])
         if g := re.search(r"what the blocks live at the dump without a stack are \((\d+)\)", line):
             add("live blocks without a stack", g.group(1), str(len(d.stackless_at_dump)))
         if g := re.search(
@@ -1063,7 +1103,7 @@ MUST_READ = (
     "the copies' ratio to the parameters",
     "device 1 at the same time",
 )
-MUST_READ_MD = ("live blocks at the judged moment",)  # the Markdown report's list of the largest blocks
+MUST_READ_MD = ("live blocks at the judged moment", "block 0x")  # the Markdown report's list of the largest blocks
 
 
 def test_the_checker_reads_the_reports_figures():

@@ -449,7 +449,9 @@ def _live_blocks(analysis: Analysis, add) -> None:
         )
         add("")
     for block in blocks:
-        add(f"`{block.address:#x}` ({human(block.size_bytes)}, {_stack_origin(block)}):")
+        add(
+            f"`{block.address:#x}` ({human(block.size_bytes)}, {_stack_origin(block, bool(analysis.replay.event_count))}):"
+        )
         add("")
         if block.frames:
             # the user's line first, its callers after it; full paths, as the JSON report has them
@@ -474,7 +476,12 @@ def _live_blocks(analysis: Analysis, add) -> None:
     add("")
 
 
-def _stack_origin(block: LiveBlock) -> str:
+def _stack_origin(block: LiveBlock, has_trace: bool) -> str:
+    """When the block was allocated: at its event, before the trace, or unknown (no trace at all)."""
     if block.alloc_index is None:
-        return "allocated before the trace began"
+        return (
+            "allocated before the trace began"
+            if has_trace
+            else "allocated at a time the file does not record (no allocation history)"
+        )
     return f"allocated at event {block.alloc_index}"
