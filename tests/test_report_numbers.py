@@ -391,6 +391,18 @@ def json_mismatches(r: Reports) -> list[str]:
             out.append(f"steps {before['step']} and {after['step']} overlap or are out of order")
     if rows and not (0 <= rows[0]["first_index"] and rows[-1]["last_index"] < len(d.trace)):
         out.append("the steps reach outside the trace")
+    for block in j.get("live_blocks") or []:
+        n = block.get("alloc_index")
+        if n is not None:
+            e = d.trace[n] if 0 <= n < len(d.trace) else {}
+            want(
+                f"live block {block['address']:#x}'s alloc event",
+                (e.get("action"), e.get("addr")),
+                ("alloc", block["address"]),
+            )
+            row_of = [row["step"] for row in rows if row["first_index"] <= n <= row["last_index"]]
+            if row_of and block.get("step") is not None:
+                want(f"live block {block['address']:#x}'s step (the row holding its alloc)", block["step"], row_of[0])
     holding = [row["step"] for row in rows if index is not None and row["first_index"] <= index <= row["last_index"]]
     if holding and j.get("target_step") is not None:
         want("target_step (the step row holding the judged event)", j["target_step"], holding[0])
