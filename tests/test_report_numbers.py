@@ -320,6 +320,16 @@ def json_mismatches(r: Reports) -> list[str]:
         want("replay.peak_allocated_bytes", replay["peak_allocated_bytes"], peak)
         if replay["peak_index"] is not None or len(set(d.series)) > 1:  # None: no event changed it
             want("replay.peak_index", replay["peak_index"], peak_index)
+    wrong_points = [
+        point["event_index"]
+        for point in replay.get("series") or []
+        if not 0 <= point["event_index"] < len(d.series)
+        or (point["allocated_bytes"], point["reserved_bytes"])
+        != (d.series[point["event_index"]], d.reserved_series[point["event_index"]])
+        or sum(point["components"]) != point["allocated_bytes"]
+    ]
+    if wrong_points:
+        out.append(f"replay.series: {len(wrong_points)} points not the file's (events {wrong_points[:5]})")
     kind, index = replay["target_kind"], replay.get("target_index")
     if kind == "dump" or index is None:
         want("replay.target_allocated_bytes (dump)", replay["target_allocated_bytes"], d.allocated)
