@@ -241,7 +241,10 @@ def reserved_series(trace: list[dict[str, Any]], reserved_at_dump: int) -> list[
 
 def _fixture_raw(name: str, variant: str) -> Any:
     entry = next(entry for entry in ENTRIES if entry["name"] == name)
-    raw = copy.deepcopy(strip.strip_metadata(strip.read_snapshot(FIXTURES / entry["file"])))
+    raw = strip.read_snapshot(FIXTURES / entry["file"])
+    if variant == "metadata":  # as capture wrote it
+        return raw
+    raw = copy.deepcopy(strip.strip_metadata(raw))
     if variant in ("state", "bare"):
         raw["device_traces"] = [[] for _ in raw.get("device_traces", [])]
     if variant == "bare":
@@ -254,7 +257,7 @@ def _fixture_raw(name: str, variant: str) -> Any:
 def input_params() -> list[Any]:
     params = []
     for entry in ENTRIES:
-        for variant in ("stripped", "state", "bare"):
+        for variant in ("stripped", "state", "bare", "metadata"):
             params.append(pytest.param(("fixture", entry["name"], variant), id=f"{entry['name']}-{variant}"))
     if CORPUS is not None:
         for path in sorted((CORPUS / "snapshots").iterdir()):
@@ -384,6 +387,12 @@ def json_mismatches(r: Reports) -> list[str]:
         capacity = d.reserved_series[index] + d.trace[index].get("device_free", 0)
         if acc.get("device_total_bytes") is None:
             want("what_if.capacity_bytes (reserved + free at the OOM)", j["what_if"]["capacity_bytes"], capacity)
+    device_total = metadata_total(r)
+    if device_total is not None:
+        want("accounting.device_total_bytes (the metadata's device)", acc["device_total_bytes"], device_total)
+        if index is not None and d.trace[index].get("action") == "oom":
+            outside = device_total - d.trace[index].get("device_free", 0) - d.reserved_series[index]
+            want("accounting.non_pytorch_bytes (total - free - reserved at the OOM)", acc["non_pytorch_bytes"], outside)
     total = acc["allocated_bytes"] + acc["pending_free_bytes"] + acc["free_cached_bytes"]
     want("accounting: allocated + pending + cached free = reserved", total, acc["reserved_bytes"])
     want(
@@ -512,6 +521,12 @@ class Moment:
         if self.index is None or self.d.trace[self.index].get("action") != "oom":
             return None
         return self.d.trace[self.index]
+
+
+def metadata_total(r: Reports) -> int | None:
+    """The device's total memory where oomdoctor's capture recorded it (the dump's `oomdoctor` key)."""
+    meta = r.raw.get("oomdoctor") if isinstance(r.raw, dict) else None
+    return ((meta or {}).get("device") or {}).get("total_memory_bytes")
 
 
 def moment_of(r: Reports) -> Moment:
@@ -717,11 +732,18 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                 label, printed = cells[0], cells[1]
                 number = cells[2]
             elif g := re.match(
-                r"(reserved by PyTorch|allocated|cached, free|pending free|free on the device)\s+" + _SIZE, line
+                r"(reserved by PyTorch|allocated|cached, free|pending free|free on the device|device total|outside PyTorch)\s+"
+                + _SIZE,
+                line,
             ):
                 label, printed, number = g.group(1), g.group(2), None
             if label is not None:
+                device_total = metadata_total(r)
                 true = {
+                    "device total": device_total,
+                    "outside PyTorch": device_total - m.oom.get("device_free", 0) - m.reserved
+                    if device_total and m.oom
+                    else None,
                     "reserved by PyTorch": m.reserved,
                     "allocated": m.allocated,
                     "allocated (the peak)": m.allocated,
@@ -1124,6 +1146,8 @@ MUST_READ = (
     "the what-if's need at the largest scale fits",
     "the copies' ratio to the parameters",
     "device 1 at the same time",
+    "Memory: device total",
+    "Memory: outside PyTorch",
 )
 MUST_READ_MD = ("live blocks at the judged moment", "block 0x")  # the Markdown report's list of the largest blocks
 
