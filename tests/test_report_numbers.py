@@ -670,6 +670,8 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                 r"PyTorch could use only " + _SIZE + r" of this device \(reserved \+ free at the OOM\)", line
             ):
                 add("reserved + free at the OOM", g.group(1), capacity)
+            if g := re.search(r"but PyTorch could have at most " + _SIZE + r" on this device", line):
+                add("reserved + free at the OOM (at most)", g.group(1), capacity)
             if g := re.search(r"One allocation of " + _SIZE + r" failed: (\d+)% of what PyTorch could have", line):
                 add("the one allocation", g.group(1), oom["size"])
                 add("its share of reserved + free", g.group(2), f"{oom['size'] / capacity:.0%}".rstrip("%"))
