@@ -21,8 +21,17 @@ with the same figures (and with the JSON where the figure is a modelled one, a c
 a saving, which no reader of the file can recompute: then the three formats must agree and the
 percentages add up).
 
-Inputs: the fixtures stripped of the `oomdoctor` key, the realism variants (stripped), both without
-their trace (with block stacks and without), and the corpus snapshots.
+Inputs: the fixtures and realism variants stripped of the `oomdoctor` key, as capture wrote them,
+and without their trace (with block stacks and without), and the corpus snapshots.
+
+What no reader of the file can recompute (how live memory splits into components, the savings, the
+what-if's projections, each step's activations) is checked for what the file does decide: the
+components add up to the moment's allocated bytes and hold its live blocks, their shares are of that
+total, the text and Markdown print the JSON's figures, a largest fitting scale fits the what-if's own
+arithmetic. Not checked: the peak and the other replayed totals are docs/definitions.md's rule, which
+counts a block freed before the dump at round_size of its request (an unsplit remainder of under 1 MiB
+per large block is not in the file), so they are checked against the rule, not against torch's
+allocated bytes, which may be higher by that much.
 """
 
 from __future__ import annotations
