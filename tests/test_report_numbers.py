@@ -595,6 +595,7 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
         out.append((what, printed, true if isinstance(true, str) else shown(true)))
 
     steps = {row["step"]: row for row in j.get("steps") or []}
+    steps_said: int | None = None  # the steps the table's heading counts, where it leaves some out
     total_components = sum(j["components"].values()) or 1
     blocks_of = {c["name"]: c["block_count"] for c in j["component_detail"]}
     in_memory = None
@@ -736,6 +737,9 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
         if g := re.search(r"no trace entry carries frames \((\d+) entr", line):
             add("trace entries", g.group(1), str(len(d.trace)))
             add("entries with frames", str(sum(1 for e in d.trace if e.get("frames"))), "0")
+        if line.startswith(("Steps", "### Steps")):
+            g = re.search(r"the last (\d+) of (\d+)\)$", line)
+            steps_said = int(g.group(2)) if g else None
         # Memory at ...
         if in_memory:
             label, printed = None, None
@@ -1038,6 +1042,10 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             end, _, note = cells[2].partition(" (")
             add(f"step {cells[0]} end (md)", end, d.series[row["last_index"]])
             add(f"step {cells[0]} end's note (md)", note.rstrip(")"), _end_note(m, row))
+    rows_printed = len({what.split()[1] for what, _, _ in out if re.fullmatch(r"step \d+ peak(?: \(md\))?", what)})
+    if rows_printed:
+        said = steps_said if steps_said is not None else rows_printed
+        out.append(("the steps the table shows or counts (of the JSON's)", str(said), str(len(steps))))
     return out
 
 

@@ -37,6 +37,7 @@ from oomdoctor.views.report_rows import (
     largest_groups,
     main_risk,
     step_end_note,
+    steps_shown,
     target_context,
     where_label,
 )
@@ -220,11 +221,12 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("")
 
     if analysis.steps:
-        add("### Steps")
+        step_rows, shown = steps_shown(analysis)
+        add(f"### Steps{' (' + shown + ')' if shown else ''}")
         add("")
         add("| step | peak allocated | allocated at its end | activations peak |")
         add("|---:|---:|---:|---:|")
-        for summary in analysis.steps[-8:]:
+        for summary in step_rows:
             note = step_end_note(analysis, summary)
             after = f" ({note})" if note else ""
             add(

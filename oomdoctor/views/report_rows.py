@@ -59,6 +59,16 @@ def cut_by_the_oom(analysis: Analysis, step: StepSummary) -> bool:
     return replay.target_kind == "oom" and index is not None and step.first_index <= index < step.last_index
 
 
+STEPS_SHOWN = 8  # the steps table's rows: the last ones, where the oldest matter least
+
+
+def steps_shown(analysis: Analysis) -> tuple[list[StepSummary], str]:
+    """The steps table's rows, and '' or 'the last 8 of 72' where it leaves earlier steps out."""
+    rows = list(analysis.steps[-STEPS_SHOWN:])
+    left_out = len(analysis.steps) > len(rows)
+    return rows, f"the last {len(rows)} of {len(analysis.steps)}" if left_out else ""
+
+
 def ended_at_the_oom(analysis: Analysis, step: StepSummary) -> bool:
     """Whether the step's last event is the judged OOM: it did not end, and what it holds then is
     what it held when it ran out."""

@@ -19,6 +19,7 @@ from oomdoctor.views.report_rows import (
     main_risk,
     risk_line,
     step_end_note,
+    steps_shown,
     target_context,
     verdict_words,
     where_label,
@@ -121,8 +122,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         add("")
 
     if analysis.steps:
-        add("Steps (allocated bytes)")
-        for step in analysis.steps[-8:]:
+        step_rows, shown = steps_shown(analysis)
+        add(f"Steps (allocated bytes{'; ' + shown if shown else ''})")
+        for step in step_rows:
             # after the OOM's unwinding, or at the OOM that cut the step short: not a step's end
             end = {"after the OOM": "after OOM ", "at the OOM": "at the OOM"}.get(
                 step_end_note(analysis, step), "at its end"
