@@ -1267,3 +1267,20 @@ def test_modelled_figures_are_the_jsons(key, fmt):
     r = reports_of(key)
     found = format_mismatches(r, fmt)
     assert not found, "\n  ".join(found)
+
+
+def test_without_any_history_no_block_is_said_to_predate_a_trace():
+    """The Markdown report's largest blocks and the app's block labels, for a snapshot taken with no
+    allocation history: there is no trace for a block to be older than."""
+    from oomdoctor.tui import content
+
+    name = MANIFEST["fixtures"][0]["name"]
+    r = reports_of(("fixture", name, "bare"))
+    assert r.json["replay"]["event_count"] == 0 and r.json["live_blocks"]
+    assert "before the trace began" not in r.md and "no allocation history" in r.md
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load import load
+
+    analysis = analyse(load(io.BytesIO(pickle.dumps(_fixture_raw(name, "bare"), protocol=4))))
+    labels = [row.label for row in content.allocation_rows(analysis)]
+    assert labels and not any("before the trace" in label for label in labels), labels[:3]

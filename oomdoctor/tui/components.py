@@ -77,7 +77,14 @@ class ComponentsPane(GuardedPane, Vertical):
                     expand=largest and group is node.groups[0],
                 )
                 for block in group.blocks[:LEAVES_PER_GROUP]:
-                    text = describe_block(block.name, block.frames, block.alloc_index, paths=paths, width=width)
+                    text = describe_block(
+                        block.name,
+                        block.frames,
+                        block.alloc_index,
+                        paths=paths,
+                        width=width,
+                        has_trace=bool(self.analysis.replay.event_count),
+                    )
                     twig.add_leaf(plain(f"{human_size(block.size_bytes):>11}  {text}  {block.address:#x}"), data=block)
                 rest = group.blocks[LEAVES_PER_GROUP:]
                 if rest:

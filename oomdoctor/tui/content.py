@@ -437,15 +437,19 @@ def describe_block(
     *,
     paths: PathStyle | None = None,
     width: int | None = None,
+    has_trace: bool = True,
 ) -> str:
     """The block's registry name, else its user source line (the frame `source_line` names), else
-    why neither is known; printable, cut to `width` from the middle (views.shorten)."""
+    why neither is known (`has_trace`: whether the file holds an allocation history at all);
+    printable, cut to `width` from the middle (views.shorten)."""
     if name:
         return shorten_name(name, width) if width else printable(name)
     position = lead_frame_index(frames)
     if position is not None:
         return (paths if paths is not None else PathStyle()).frame(frames[position], width)
-    return "allocated before the trace began" if alloc_index is None else "no stack recorded"
+    if alloc_index is None:
+        return "allocated before the trace began" if has_trace else "no stack, no allocation history"
+    return "no stack recorded"
 
 
 def live_rows_at(
@@ -479,7 +483,9 @@ def live_rows_at(
                 size_bytes,
                 alloc_index,
                 component,
-                describe_block(name, frames, alloc_index, paths=paths, width=width),
+                describe_block(
+                    name, frames, alloc_index, paths=paths, width=width, has_trace=bool(analysis.replay.event_count)
+                ),
                 frames,
             )
         )
@@ -523,7 +529,9 @@ def event_rows_around(
         range(first, last), trace.actions[first:last], trace.addrs[first:last], trace.sizes[first:last]
     ):
         frames = trace.frames_at(position)
-        label = describe_block(None, frames, position, paths=paths, width=width)
+        label = describe_block(
+            None, frames, position, paths=paths, width=width, has_trace=bool(analysis.replay.event_count)
+        )
         rows.append(EventRow(position, printable(str(action)), size_bytes, address, label, frames))
     return rows
 
@@ -618,7 +626,12 @@ def block_rows_of(
             frames = block.frames or (live.frames if live is not None else NO_STACK)
             alloc_index = live.alloc_index if live is not None else None
             label = describe_block(
-                live.name if live is not None else None, frames, alloc_index, paths=paths, width=width
+                live.name if live is not None else None,
+                frames,
+                alloc_index,
+                paths=paths,
+                width=width,
+                has_trace=bool(analysis.replay.event_count),
             )
             rows.append(
                 BlockRow(
@@ -648,7 +661,14 @@ def _replayed_block_rows(
         frames = named.frames if named is not None and named.frames else NO_STACK
         if not frames and alloc_index is not None and 0 <= alloc_index < len(trace):
             frames = trace.frames_at(alloc_index)
-        label = describe_block(named.name if named is not None else None, frames, alloc_index, paths=paths, width=width)
+        label = describe_block(
+            named.name if named is not None else None,
+            frames,
+            alloc_index,
+            paths=paths,
+            width=width,
+            has_trace=bool(analysis.replay.event_count),
+        )
         component = named.component if named is not None else ""
         rows.append(BlockRow(block.address, block.size, alloc_index, component, label, frames))
     return rows
@@ -830,7 +850,14 @@ def allocation_rows(
     rows = []
     stack_texts: dict[int, str] = {}  # by the stack's identity: blocks share their stacks
     for block in sorted(analysis.live_blocks if blocks is None else blocks, key=lambda b: (-b.size_bytes, b.address)):
-        label = describe_block(block.name, block.frames, block.alloc_index, paths=paths, width=width)
+        label = describe_block(
+            block.name,
+            block.frames,
+            block.alloc_index,
+            paths=paths,
+            width=width,
+            has_trace=bool(analysis.replay.event_count),
+        )
         frames = stack_texts.get(id(block.frames))
         if frames is None:
             frames = stack_texts[id(block.frames)] = " ".join(f"{f.filename}:{f.line} {f.name}" for f in block.frames)
