@@ -4,6 +4,7 @@
     comparison = compare_ranks(dumps)     # dumps: one RankDump per file of the folder
     comparison.rows, comparison.first_index, comparison.differences, comparison.verdicts_agree
     standout(comparison, index)           # what stands out most in one file, against the median
+    comparison.first_standout             # what stands out most in the first rank, like with like
 
 Each rank is compared at the OOM when it ran out, else at its peak (`RankDump.at_peak`: a dump written
 by hand or at the end of a run describes a quieter moment than its peak). The first
@@ -13,7 +14,11 @@ records; without any time the order is unknown (`order_known`).
 
 A rank stands out when its allocated bytes, or the bytes of one component, differ from the median
 over all files by at least STANDOUT_FRACTION of the median rank's allocated bytes (and at least
-STANDOUT_MIN_BYTES): rank 0 holding extra memory, or one rank given a bigger batch. Pure functions,
+STANDOUT_MIN_BYTES): rank 0 holding extra memory, or one rank given a bigger batch. The first rank's
+OOM and the other ranks' peaks are different moments (its forward against their optimizer step): what
+stands out in it is measured like with like where the data allows (`first_standout`: each rank at
+the same step, else at its peak over its trace) and said to compare different moments where it does
+not. Pure functions,
 no I/O, no wording: oomdoctor.views.ranks says all this in words (the headline, the notes).
 """
 
@@ -25,12 +30,19 @@ from dataclasses import dataclass, replace
 
 from oomdoctor.analysis.contents import Contents
 from oomdoctor.analysis.environment import Environment
-from oomdoctor.analysis.results import Analysis
+from oomdoctor.analysis.results import SOURCE_MARKERS, Analysis
 from oomdoctor.metadata import COMPONENTS
 
 STANDOUT_FRACTION = 0.10
 STANDOUT_MIN_BYTES = 1024 * 1024
 ALLOCATED = "allocated"  # RankDifference.what for the total rather than one component
+ACTIVATIONS = "activations"
+
+# The moment a RankDifference compares the files at (RankDifference.moment)
+MOMENT_COMPARED = "compared"  # each file at its row's moment, and every row is at the same step and phase
+MOMENT_STEP = "step"  # each file's peak of it in one step (RankDifference.step), steps numbered by the run's markers
+MOMENT_TRACE_PEAK = "trace peak"  # each file's peak of it over its trace: the rows' moments differ
+MOMENT_DIFFERENT = "different"  # each file at its row's moment, and those moments differ
 
 RANK_FROM_METADATA = "metadata"
 RANK_FROM_FILE_NAME = "file name"
@@ -123,6 +135,10 @@ class RankRow:
     # torchelastic's launch id and restart count of the worker group, when the dump records them
     run_id: str | None = None
     restart_count: int | None = None
+    # per step of its trace: (step, peak allocated, peak activations or None when unknown)
+    step_peaks: tuple[tuple[int, int, int | None], ...] = ()
+    steps_from_markers: bool = False  # its steps are numbered by the run's own markers (alike on every rank)
+    trace_peak_bytes: int | None = None  # the peak over its trace; None without a trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +152,8 @@ class RankDifference:
     bytes: int
     median_bytes: int
     difference_bytes: int  # bytes - median_bytes
+    moment: str = MOMENT_COMPARED  # what moment of each file the bytes describe (MOMENT_*)
+    step: int | None = None  # the step, for MOMENT_STEP
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +176,8 @@ class RankComparison:
     # the (run id, restart count) pairs the files record, sorted (None last): more than one, and the
     # files come from different launches or restarts of the job, whose ranks did not run side by side
     launches: tuple[tuple[str | None, int | None], ...] = ()
+    # what stands out most in the first rank to run out, compared like with like (`first_standout`)
+    first_standout: RankDifference | None = None
 
     @property
     def first(self) -> RankRow | None:
@@ -196,6 +216,9 @@ def _row(index: int, dump: RankDump) -> RankRow:
         components=tuple((name, analysis.component_bytes().get(name, 0)) for name in COMPONENTS),
         run_id=dump.environment.run_id,
         restart_count=dump.environment.restart_count,
+        step_peaks=tuple((s.step, s.peak_allocated_bytes, s.peak_activation_bytes) for s in analysis.steps),
+        steps_from_markers=analysis.phase_source == SOURCE_MARKERS,
+        trace_peak_bytes=None if analysis.replay.target_kind == "dump" else analysis.replay.peak_allocated_bytes,
     )
 
 
@@ -228,7 +251,9 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
 
     median_allocated = _median([row.allocated_bytes for row in rows])
     median_components = tuple((name, _median([dict(row.components)[name] for row in rows])) for name in COMPONENTS)
-    differences = _differences(rows, median_allocated, dict(median_components))
+    threshold = max(STANDOUT_MIN_BYTES, round(STANDOUT_FRACTION * median_allocated))
+    differences = _differences(rows, median_allocated, dict(median_components), threshold)
+    first_standout = _first_standout(rows, first_index, differences, threshold) if first_index is not None else None
 
     judged = [rows[i] for i in failed] if failed else rows
     verdict_counts = Counter(row.verdict for row in judged)
@@ -257,6 +282,7 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
         verdicts=verdicts,
         verdicts_agree=len(verdict_counts) == 1,
         launches=_launches(rows),
+        first_standout=first_standout,
     )
 
 
@@ -271,11 +297,10 @@ def _with_offset(row: RankRow, seconds: float | None) -> RankRow:
 
 
 def _differences(
-    rows: list[RankRow], median_allocated: int, median_components: dict[str, int]
+    rows: list[RankRow], median_allocated: int, median_components: dict[str, int], threshold: int
 ) -> tuple[RankDifference, ...]:
     if len(rows) < 2:
         return ()
-    threshold = max(STANDOUT_MIN_BYTES, round(STANDOUT_FRACTION * median_allocated))
     found = []
     for row in rows:
         measured = [(ALLOCATED, row.allocated_bytes, median_allocated)]
@@ -301,3 +326,77 @@ def standout(comparison: RankComparison, index: int) -> RankDifference | None:
     components = [d for d in excess if d.what != ALLOCATED]
     found = components or excess
     return found[0] if found else None
+
+
+def _largest_excess(found: list[RankDifference]) -> RankDifference | None:
+    """A component's excess when one stands out (the largest), else the total's; None without either."""
+    excess = sorted((d for d in found if d.difference_bytes > 0), key=lambda d: -d.difference_bytes)
+    components = [d for d in excess if d.what != ALLOCATED]
+    chosen = components or excess
+    return chosen[0] if chosen else None
+
+
+def _first_standout(
+    rows: list[RankRow], first_index: int, differences: tuple[RankDifference, ...], threshold: int
+) -> RankDifference | None:
+    """What stands out most in the first rank to run out, against the median, like with like.
+
+    When every row is at the first's step and phase, the rows' own bytes are alike (MOMENT_COMPARED).
+    Otherwise the first rank's OOM and the others' peaks are different moments: its activations and its
+    total are compared with each file's peak of them in the first's step, where every file holds that
+    step numbered by the run's markers (MOMENT_STEP), else with each file's peak over its trace
+    (MOMENT_TRACE_PEAK); the other components, which no step records, at the rows' own moments, said to
+    differ (MOMENT_DIFFERENT)."""
+    first = rows[first_index]
+    own = [d for d in differences if d.index == first.index]
+    if all((row.step, row.phase) == (first.step, first.phase) for row in rows):
+        return _largest_excess(own)
+    found = [replace(d, moment=MOMENT_DIFFERENT) for d in own if d.what not in (ALLOCATED, ACTIVATIONS)]
+    found += _like_moment_excess(rows, first_index, threshold)
+    return _largest_excess(found)
+
+
+def _like_moment_excess(rows: list[RankRow], first_index: int, threshold: int) -> list[RankDifference]:
+    """The first rank's activations and total against the median, each file at its peak of them in the
+    first's step where every file numbers its steps by markers and holds that step, else over its trace."""
+    step = rows[first_index].step
+    at_step = [
+        next(((peak, activations) for s, peak, activations in row.step_peaks if s == step), None) for row in rows
+    ]
+    aligned = step is not None and all(row.steps_from_markers for row in rows) and all(p is not None for p in at_step)
+    measures: dict[str, list[int | None]]
+    if aligned:
+        moment, moment_step = MOMENT_STEP, step
+        measures = {
+            ALLOCATED: [p[0] if p is not None else None for p in at_step],
+            ACTIVATIONS: [p[1] if p is not None else None for p in at_step],
+        }
+    else:
+        moment, moment_step = MOMENT_TRACE_PEAK, None
+        measures = {
+            ALLOCATED: [row.trace_peak_bytes for row in rows],
+            ACTIVATIONS: [_trace_activation_peak(row) for row in rows],
+        }
+    first = rows[first_index]
+    found = []
+    for what, values in measures.items():
+        known = [v for v in values if v is not None]
+        if len(known) < len(values):  # some file does not tell: no like-for-like median
+            continue
+        median = _median(known)
+        mine = known[first_index]
+        if mine - median >= threshold:
+            found.append(
+                RankDifference(
+                    first.index, first.file, first.rank, what, mine, median, mine - median, moment, moment_step
+                )
+            )
+    return found
+
+
+def _trace_activation_peak(row: RankRow) -> int | None:
+    """The most activations over the row's trace: the largest of its steps' peaks; None when unknown."""
+    peaks = [activations for _, _, activations in row.step_peaks]
+    if not peaks or any(p is None for p in peaks):
+        return None
+    return max(p for p in peaks if p is not None)

@@ -8,7 +8,10 @@ JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_co
 (rows: `file`, `rank`, `rank_source`, `host`, `ran_out`, `oom_time_us`, `seconds_after_first`,
 `verdict`, `confidence`, `target_kind`, `step`, `phase`, `allocated_bytes`, `reserved_bytes`,
 `request_bytes`, `components`), `median` (`allocated_bytes`, `components`), `differences`,
-`verdicts`, `verdicts_agree`, `missing_ranks`, `repeated_ranks`, `notes`, `skipped`
+`first_standout` (what stands out most in the first rank, like with like: `what`, `bytes`,
+`median_bytes`, `difference_bytes`, `moment` ("compared": every rank at the same step and phase;
+"step": each rank's peak in `step`; "trace peak": each rank's peak over its trace; "different": at
+moments that differ), or null), `verdicts`, `verdicts_agree`, `missing_ranks`, `repeated_ranks`, `notes`, `skipped`
 (`file`, `reason`), and `report`: the featured rank's full report as `oomdoctor report FILE
 --format json` writes it, with its `file`. Read with --recursive, also `folders`: every folder of
 the tree holding snapshot files (`name`, `file_count`, `read`, `readable_count`, `ran_out_count`,
@@ -22,6 +25,9 @@ from typing import Any
 
 from oomdoctor.analysis.ranks import (
     ALLOCATED,
+    MOMENT_DIFFERENT,
+    MOMENT_STEP,
+    MOMENT_TRACE_PEAK,
     FolderSummary,
     RankComparison,
     RankContents,
@@ -83,7 +89,7 @@ def headline(comparison: RankComparison) -> str:
         text = f"{label(first, comparison.repeated_ranks)} ran out first ({where(first)})"
     else:
         text = f"{label(first, comparison.repeated_ranks)} ran out ({where(first)}; which rank was first is unknown: no OOM time recorded)"
-    own = standout(comparison, first.index)
+    own = comparison.first_standout
     if own is not None:
         text += f", {_difference_words(own)}"
     others = [row for row in rows if row.ran_out and row is not first]
@@ -126,7 +132,14 @@ def _unit(comparison: RankComparison) -> str:
 
 def _difference_words(difference: RankDifference) -> str:
     more = "more" if difference.difference_bytes > 0 else "less"
-    return f"{human(abs(difference.difference_bytes), decimals=1)} {more} {component_label(difference.what)} than the median rank"
+    text = f"{human(abs(difference.difference_bytes), decimals=1)} {more} {component_label(difference.what)} than the median rank"
+    if difference.moment == MOMENT_STEP:
+        return f"{text} at their peaks in step {difference.step}"
+    if difference.moment == MOMENT_TRACE_PEAK:
+        return f"{text} at their peaks over their traces (the ranks stopped at different moments)"
+    if difference.moment == MOMENT_DIFFERENT:
+        return f"{text} (compared at moments that differ)"
+    return text
 
 
 def _count(count: int, noun: str) -> str:
@@ -512,6 +525,21 @@ def _render_markdown(
     return "\n".join(lines) + "\n\n" + report
 
 
+def _plain_difference(d: RankDifference | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {
+        "file": d.file,
+        "rank": d.rank,
+        "what": d.what,
+        "bytes": d.bytes,
+        "median_bytes": d.median_bytes,
+        "difference_bytes": d.difference_bytes,
+        "moment": d.moment,
+        "step": d.step,
+    }
+
+
 def _plain_row(row: RankRow) -> dict[str, Any]:
     return {
         "file": row.file,
@@ -572,6 +600,7 @@ def to_dict(
             }
             for d in comparison.differences
         ],
+        "first_standout": _plain_difference(comparison.first_standout),
         "verdicts": dict(comparison.verdicts),
         "verdicts_agree": comparison.verdicts_agree,
         "missing_ranks": list(comparison.missing_ranks),
