@@ -764,8 +764,11 @@ def _survived_zero_grad(ctx: Context) -> bool:
     )
 
 
+_LEAK_COMPONENTS = (Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS)
+
+
 def _test_leak(ctx: Context) -> Finding | None:
-    old, steps, largest = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
+    old, steps, largest = ctx.old_bytes(_LEAK_COMPONENTS)
     capacity = ctx.capacity_bytes or 0
     growth = _end_of_step_growth(ctx.steps)
     strong = old > 0 and len(steps) >= LEAK_MIN_STEPS and (old >= capacity // LEAK_MIN_PART or old >= ctx.needed)
@@ -784,13 +787,16 @@ def _test_leak(ctx: Context) -> Finding | None:
                 facts=Facts.of(steps=growth[0]),
             )
         )
+    facts = Facts.of(old=old, step=ctx.target_step, at=None if ctx.oom is not None else _at(ctx))
+    # kept blocks made outside any forward or backward (a list of tensors made between the steps):
+    # the sentence says where they were made rather than calling them the passes'
+    in_passes = ctx.old_bytes(_LEAK_COMPONENTS, (*FORWARD_PASSES, PHASE_BACKWARD))[0]
+    if old > in_passes:
+        facts = facts.adding(outside_passes=old - in_passes)
     return Finding(
         Verdict.CREEPING_LEAK,
         0.8 if strong and growing else 0.65,
-        Summary(
-            SummaryKind.CREEPING_LEAK,
-            Facts.of(old=old, step=ctx.target_step, at=None if ctx.oom is not None else _at(ctx)),
-        ),
+        Summary(SummaryKind.CREEPING_LEAK, facts),
         tuple(evidence),
     )
 

@@ -415,7 +415,14 @@ def _summary_words(kind: str, f: Facts) -> str:
             during = f"during step {f.get('step')}'s {(f.text('phase') or '').replace('_', ' ')}"
         return f"{human(size('old'))} of gradients {made} were still alive {during}; they are not needed before the next backward{_UNLESS_ACCUMULATING if f.get('no_optimizer_step') else ''}."
     if kind == SummaryKind.CREEPING_LEAK:
-        return f"{human(size('old'))} allocated in earlier steps' forward or backward was still alive at the {f.get('at') or 'OOM'} in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
+        old, outside = size("old") or 0, size("outside_passes") or 0
+        if not outside:
+            made = "allocated in earlier steps' forward or backward"
+        elif outside >= old:
+            made = "allocated in earlier steps outside their forward and backward"
+        else:
+            made = f"allocated in earlier steps ({human(old - outside)} in their forward or backward, {human(outside)} outside them)"
+        return f"{human(size('old'))} {made} was still alive at the {f.get('at') or 'OOM'} in step {f.get('step')}: something keeps each step's tensors (a loss kept with its graph, a list of outputs)."
     if kind == SummaryKind.INFERENCE_WITH_GRAD:
         since = "the last backward" if f.get("since_backward") else "the start of the trace"
         return f"{f.get('passes')} forward passes ran since {since} with no backward, and {human(size('kept'))} of the earlier passes' activations are still alive: grad mode is on, so each pass keeps its graph."
