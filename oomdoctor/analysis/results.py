@@ -394,6 +394,9 @@ class EvidenceKind(StrEnum):
     NEAR_OOM = "near-oom"  # flushed: the allocator freed its cache to retry a request
     CAPACITY_BOUND = "capacity-bound"  # reserved before the flush + the request: the device had less
     LARGEST_TENSOR = "largest-tensor"
+    # one live block, not a model state, holding a large share of allocated at the OOM that the
+    # verdict's evidence does not name: component, share, largest_name (when the registry names it)
+    DOMINANT_BLOCK = "dominant-block"
     KEPT_OUTPUTS = "kept-outputs"  # passes: how many earlier passes left outputs alive
     EARLIER_PASSES_ALLOCATED = "earlier-passes-allocated"  # share: what of it is still alive
     OUTPUTS_PER_PASS = "outputs-per-pass"  # passes: the kept outputs over the passes that kept them

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oomdoctor.analysis.attribution import (
     ddp_bucket_frames,
@@ -65,6 +65,8 @@ ONE_MOMENT_OPTIMIZERS = frozenset({"sgd", "adagrad", "lion"})
 MODEL_STATES_CAPACITY_SHARE = 0.95  # model states at full size need this share of the capacity or more
 OVERSIZED_PART = 2  # one request of half the capacity,
 OVERSIZED_IF_LARGEST_PART = 4  # or of a quarter when it is larger than all transient memory together
+DOMINANT_BLOCK_PART = 4  # one live block of a quarter of allocated at the OOM is named in the evidence,
+DOMINANT_BLOCK_CAPACITY_PART = 10  # when it is also a tenth of the capacity (a small allocation's block is not)
 GRADIENTS_KEPT_MIN_PART = 4  # old gradients: at least a quarter of the parameters
 LEAK_MIN_STEPS = 2  # earlier steps (or steps of growth) that must leave memory behind
 LEAK_MIN_PART = 10  # what they left: a tenth of the capacity, or the whole shortfall
@@ -1757,14 +1759,44 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
     if not findings:
         guess = _guess_outside_without_total(ctx)
         if guess is not None:
-            return guess, ()
+            return _naming_dominant_block(guess, ctx), ()
         return (
-            Finding(
-                Verdict.UNKNOWN,
-                0.2,
-                Summary(SummaryKind.UNKNOWN),
-                (Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),),
+            _naming_dominant_block(
+                Finding(
+                    Verdict.UNKNOWN,
+                    0.2,
+                    Summary(SummaryKind.UNKNOWN),
+                    (Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),),
+                ),
+                ctx,
             ),
             (),
         )
-    return findings[0], tuple(findings[1:])
+    return _naming_dominant_block(findings[0], ctx), tuple(findings[1:])
+
+
+_MODEL_STATES = (Component.PARAMETERS, Component.GRADIENTS, Component.OPTIMIZER_STATE, Component.BUFFERS)
+
+
+def _naming_dominant_block(finding: Finding, ctx: Context) -> Finding:
+    """The finding with one more piece of evidence when a single live block that is not a model
+    state holds a quarter or more of what was allocated at the OOM and a tenth of the capacity (a
+    tensor kept the whole run, a large buffer) and its evidence does not point at that block
+    already: what dominates memory is then said, whatever the verdict."""
+    allocated = ctx.allocated_bytes
+    candidates = [b for b in ctx.live_blocks if b.component not in _MODEL_STATES]
+    if not candidates or allocated <= 0:
+        return finding
+    largest = max(candidates, key=lambda b: (b.size_bytes, -b.address))
+    if largest.size_bytes * DOMINANT_BLOCK_PART < allocated:
+        return finding
+    capacity = ctx.capacity_bytes
+    if capacity and largest.size_bytes * DOMINANT_BLOCK_CAPACITY_PART < capacity:
+        return finding
+    if any(item.address == largest.address for item in finding.evidence):
+        return finding
+    facts = Facts.of(component=largest.component, share=largest.size_bytes / allocated)
+    if largest.name:
+        facts = facts.adding(largest_name=largest.name)
+    named = _block_evidence(EvidenceKind.DOMINANT_BLOCK, "dominant_block_bytes", largest.size_bytes, largest, facts)
+    return replace(finding, evidence=(*finding.evidence, named))

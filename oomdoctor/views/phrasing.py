@@ -725,6 +725,12 @@ def _evidence_words(kind: str, f: Facts) -> str:
         return f"checkpoint-saving code on the stack ({f.text('function')})"
     if kind == EvidenceKind.ALLOCATED_AT_TARGET:
         return f"allocated bytes at the {f.get('at')}"
+    if kind == EvidenceKind.DOMINANT_BLOCK:
+        name = f.text("largest_name")
+        return (
+            f"a single live block of {_component_words(str(f.get('component')))}{f' ({name})' if name else ''},"
+            f" {f.number('share'):.0%} of allocated at the OOM"
+        )
     if kind == EvidenceKind.DEVICE_ALLOCATED:
         return f"device {f.get('device')}: allocated bytes at {_DEVICE_MOMENTS.get(str(f.get('at')), 'its moment')}"
     if kind == EvidenceKind.PEER_PEAK:
