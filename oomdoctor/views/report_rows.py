@@ -191,11 +191,14 @@ NO_FRAMES_GROUP = "(no Python frames)"
 
 
 def largest_groups(share: ComponentShare) -> tuple[Group, ...]:
-    """The component's largest module paths (else source lines) to name under it. Under source
+    """The component's largest module paths (else source lines) to name under it: module paths when
+    the named blocks hold at least half of its bytes. Under source
     lines, the blocks that have none (no Python frames: from before the trace, or the autograd
     engine's) are a group of their own (`NO_FRAMES_GROUP`) when every line is listed, so a small
     block's line does not stand alone for a component that frame-less blocks fill."""
-    if share.by_module:
+    # module paths name the registry's blocks only: where those hold less than half of the component
+    # (a few named inputs beside many unnamed kept tensors) they would stand for bytes they are not
+    if share.by_module and 2 * sum(g.bytes for g in share.by_module) >= share.bytes:
         return share.by_module[:GROUPS_PER_COMPONENT]
     groups = list(share.by_source_line)
     if groups and len(groups) < GROUP_LIMIT:
