@@ -135,6 +135,14 @@ def test_the_first_ranks_activations_are_compared_with_the_others_in_the_same_st
     text = ranks_view.headline(comparison)
     said = f"{human_size(mine - median, decimals=1)} more activations than the median rank at their peaks in step 2"
     assert text.startswith(f"rank 2 ran out first (step 2, forward), {said}; "), text
+    # the section of differences gives the same figure beside the rows' own
+    folder = read_folder(tmp_path, parallel=False)
+    report = ranks_view.render_text(str(tmp_path), comparison, folder.dumps, folder.skipped)
+    line = (
+        f"  - rank 2, each rank at its peak in step 2: {human_size(mine - median, decimals=1)} more activations than "
+        f"the median ({human_size(mine, decimals=1)} against {human_size(median, decimals=1)})"
+    )
+    assert line in report.split("How the ranks differ", 1)[1].split("Notes", 1)[0].splitlines()
 
 
 def test_without_the_step_on_every_rank_the_peaks_over_the_traces_are_compared(tmp_path, runs):

@@ -280,6 +280,19 @@ def _difference_lines(comparison: RankComparison) -> list[str]:
         )
     if not comparison.differences and len(comparison.rows) > 1:
         lines.append("no rank's memory or components stand out from the median")
+    like = comparison.first_standout
+    if like is not None and like.moment in (MOMENT_STEP, MOMENT_TRACE_PEAK):
+        # the headline's figure, at a moment alike on every rank: beside the rows' own, which differ
+        when = (
+            f"each rank at its peak in step {like.step}"
+            if like.moment == MOMENT_STEP
+            else "each rank at its peak over its trace"
+        )
+        what = "allocated memory" if like.what == ALLOCATED else component_label(like.what)
+        lines.append(
+            f"{label(like, comparison.repeated_ranks)}, {when}: {human(like.difference_bytes, decimals=1)} more {what} "
+            f"than the median ({human(like.bytes, decimals=1)} against {human(like.median_bytes, decimals=1)})"
+        )
     return lines
 
 
