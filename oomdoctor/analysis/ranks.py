@@ -178,6 +178,9 @@ class RankComparison:
     launches: tuple[tuple[str | None, int | None], ...] = ()
     # what stands out most in the first rank to run out, compared like with like (`first_standout`)
     first_standout: RankDifference | None = None
+    # when a rank ran out: what stands out most in the file that differs most from the median, when it
+    # is not the first rank's, compared like with like as `first_standout` is
+    largest_standout: RankDifference | None = None
 
     @property
     def first(self) -> RankRow | None:
@@ -253,7 +256,18 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
     median_components = tuple((name, _median([dict(row.components)[name] for row in rows])) for name in COMPONENTS)
     threshold = max(STANDOUT_MIN_BYTES, round(STANDOUT_FRACTION * median_allocated))
     differences = _differences(rows, median_allocated, dict(median_components), threshold)
-    first_standout = _first_standout(rows, first_index, differences, threshold) if first_index is not None else None
+    first_standout = _standout_like(rows, first_index, differences, threshold) if first_index is not None else None
+    # the file that differs most, when a rank ran out and it is another: its excess, like with like too
+    largest = differences[0] if differences else None
+    largest_standout = None
+    if (
+        first_index is not None
+        and largest is not None
+        and largest.index != rows[first_index].index
+        and largest.difference_bytes > 0
+    ):
+        position = next(i for i, row in enumerate(rows) if row.index == largest.index)
+        largest_standout = _standout_like(rows, position, differences, threshold)
 
     judged = [rows[i] for i in failed] if failed else rows
     verdict_counts = Counter(row.verdict for row in judged)
@@ -283,6 +297,7 @@ def compare_ranks(dumps: list[RankDump] | tuple[RankDump, ...]) -> RankCompariso
         verdicts_agree=len(verdict_counts) == 1,
         launches=_launches(rows),
         first_standout=first_standout,
+        largest_standout=largest_standout,
     )
 
 
@@ -336,30 +351,32 @@ def _largest_excess(found: list[RankDifference]) -> RankDifference | None:
     return chosen[0] if chosen else None
 
 
-def _first_standout(
-    rows: list[RankRow], first_index: int, differences: tuple[RankDifference, ...], threshold: int
+def _standout_like(
+    rows: list[RankRow], position: int, differences: tuple[RankDifference, ...], threshold: int
 ) -> RankDifference | None:
-    """What stands out most in the first rank to run out, against the median, like with like.
+    """What stands out most in rows[position] (the first rank to run out, or the file that differs
+    most), against the median, like with like.
 
-    When every row is at the first's step and phase, the rows' own bytes are alike (MOMENT_COMPARED).
-    Otherwise the first rank's OOM and the others' peaks are different moments: its activations and its
-    total are compared with each file's peak of them in the first's step, where every file holds that
-    step numbered by the run's markers (MOMENT_STEP), else with each file's peak over its trace
-    (MOMENT_TRACE_PEAK); the other components, which no step records, at the rows' own moments, said to
-    differ (MOMENT_DIFFERENT)."""
-    first = rows[first_index]
-    own = [d for d in differences if d.index == first.index]
-    if all((row.step, row.phase) == (first.step, first.phase) for row in rows):
+    When every row is at its step and phase, the rows' own bytes are alike (MOMENT_COMPARED).
+    Otherwise its moment and the others' are different (its OOM in a forward, their peaks in an
+    optimizer step): its activations and its total are compared with each file's peak of them in its
+    step, where every file holds that step numbered by the run's markers (MOMENT_STEP), else with
+    each file's peak over its trace (MOMENT_TRACE_PEAK); the other components, which no step records,
+    at the rows' own moments, said to differ (MOMENT_DIFFERENT)."""
+    mine = rows[position]
+    own = [d for d in differences if d.index == mine.index]
+    if all((row.step, row.phase) == (mine.step, mine.phase) for row in rows):
         return _largest_excess(own)
     found = [replace(d, moment=MOMENT_DIFFERENT) for d in own if d.what not in (ALLOCATED, ACTIVATIONS)]
-    found += _like_moment_excess(rows, first_index, threshold)
+    found += _like_moment_excess(rows, position, threshold)
     return _largest_excess(found)
 
 
-def _like_moment_excess(rows: list[RankRow], first_index: int, threshold: int) -> list[RankDifference]:
-    """The first rank's activations and total against the median, each file at its peak of them in the
-    first's step where every file numbers its steps by markers and holds that step, else over its trace."""
-    step = rows[first_index].step
+def _like_moment_excess(rows: list[RankRow], position: int, threshold: int) -> list[RankDifference]:
+    """rows[position]'s activations and total against the median, each file at its peak of them in
+    that row's step where every file numbers its steps by markers and holds that step, else over its
+    trace."""
+    step = rows[position].step
     at_step = [
         next(((peak, activations) for s, peak, activations in row.step_peaks if s == step), None) for row in rows
     ]
@@ -377,18 +394,18 @@ def _like_moment_excess(rows: list[RankRow], first_index: int, threshold: int) -
             ALLOCATED: [row.trace_peak_bytes for row in rows],
             ACTIVATIONS: [_trace_activation_peak(row) for row in rows],
         }
-    first = rows[first_index]
+    row_at = rows[position]
     found = []
     for what, values in measures.items():
         known = [v for v in values if v is not None]
         if len(known) < len(values):  # some file does not tell: no like-for-like median
             continue
         median = _median(known)
-        mine = known[first_index]
+        mine = known[position]
         if mine - median >= threshold:
             found.append(
                 RankDifference(
-                    first.index, first.file, first.rank, what, mine, median, mine - median, moment, moment_step
+                    row_at.index, row_at.file, row_at.rank, what, mine, median, mine - median, moment, moment_step
                 )
             )
     return found

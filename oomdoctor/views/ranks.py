@@ -11,7 +11,8 @@ JSON keys: `schema_version`, `kind` ("ranks"), `directory`, `headline`, `file_co
 `first_standout` (what stands out most in the first rank, like with like: `what`, `bytes`,
 `median_bytes`, `difference_bytes`, `moment` ("compared": every rank at the same step and phase;
 "step": each rank's peak in `step`; "trace peak": each rank's peak over its trace; "different": at
-moments that differ), or null), `verdicts`, `verdicts_agree`, `missing_ranks`, `repeated_ranks`, `notes`, `skipped`
+moments that differ), or null), `largest_standout` (the same for the file that differs most from
+the median, when a rank ran out and that file is another; else null), `verdicts`, `verdicts_agree`, `missing_ranks`, `repeated_ranks`, `notes`, `skipped`
 (`file`, `reason`), and `report`: the featured rank's full report as `oomdoctor report FILE
 --format json` writes it, with its `file`. Read with --recursive, also `folders`: every folder of
 the tree holding snapshot files (`name`, `file_count`, `read`, `readable_count`, `ran_out_count`,
@@ -117,9 +118,9 @@ def headline(comparison: RankComparison) -> str:
             f"{_count(calm, unit)} did not run out" if others else f"the other {_count(calm, unit)} did not run out"
         )
     text += "; " + ", ".join(parts) if parts else ""
-    largest = comparison.differences[0] if comparison.differences else None
-    if largest is not None and largest.index != first.index and largest.difference_bytes > 0:
-        text += f"; {label(largest, comparison.repeated_ranks)} holds {_difference_words(standout(comparison, largest.index) or largest)}"
+    largest = comparison.largest_standout
+    if largest is not None:
+        text += f"; {label(largest, comparison.repeated_ranks)} holds {_difference_words(largest)}"
     return text
 
 
@@ -614,6 +615,7 @@ def to_dict(
             for d in comparison.differences
         ],
         "first_standout": _plain_difference(comparison.first_standout),
+        "largest_standout": _plain_difference(comparison.largest_standout),
         "verdicts": dict(comparison.verdicts),
         "verdicts_agree": comparison.verdicts_agree,
         "missing_ranks": list(comparison.missing_ranks),
