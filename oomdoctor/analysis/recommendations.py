@@ -30,7 +30,6 @@ from oomdoctor.analysis.verdicts import (
     kept_from_earlier_passes,
     kept_outputs,
     model_states,
-    projected_parts,
 )
 from oomdoctor.analysis.whatif import placement_limit
 from oomdoctor.model import Frame
@@ -118,7 +117,7 @@ def _requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
         return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit))
     states_now = sum(model_states(ctx))
-    states_needed, _, _ = projected_parts(ctx)
+    states_needed, _, _ = ctx.projection
     if states_needed <= states_now:
         return Requirement(shortfall, placement_limit=limit)
     others = sum(ctx.components.values()) - states_now
@@ -408,7 +407,7 @@ def recommend(
         or Verdict.MODEL_STATES_TOO_LARGE in verdicts
         or (Verdict.NO_OOM in verdicts and state_dominates)
     ):
-        _, projected_state, _ = projected_parts(ctx)
+        _, projected_state, _ = ctx.projection
         add(
             Change.EIGHT_BIT_OPTIMIZER,
             optimizer_state * EIGHT_BIT_SAVES_OF_FOUR // 4,
@@ -473,7 +472,7 @@ def recommend(
         add(Change.STATE_DICT_TO_CPU, gathered.live_bytes if gathered is not None else 0)
     if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         states = parameters + gradients + optimizer_state
-        states_needed, _, _ = projected_parts(ctx)
+        states_needed, _, _ = ctx.projection
         buffers = c.get(Component.BUFFERS, 0)
         if training and ctx.parameters_sharded():
             # sharded already: over twice the ranks each holds half of what it holds now

@@ -11,6 +11,7 @@ figures. The words are `oomdoctor.views.phrasing`'s.
 from __future__ import annotations
 
 import bisect
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -167,6 +168,28 @@ class Context:
     @property
     def missing(self) -> int:
         return self.accounting.missing_bytes or 0
+
+    # What the model-state projection reads, each computed once per context: the verdicts, their
+    # wording and the advice all ask (see the functions named for their docstrings).
+    @functools.cached_property
+    def trained(self) -> int:
+        """`trained_parameters`."""
+        return trained_parameters(self)
+
+    @functools.cached_property
+    def moments_shown(self) -> int | None:
+        """`state_moments`."""
+        return state_moments(self)
+
+    @functools.cached_property
+    def masters(self) -> int | None:
+        """`master_weights`."""
+        return master_weights(self)
+
+    @functools.cached_property
+    def projection(self) -> tuple[int, int, int | None]:
+        """`projected_parts`."""
+        return projected_parts(self)
 
     @property
     def needed(self) -> int:
@@ -369,9 +392,9 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     how the optimizer state was projected: `projected_moments` per parameter (None when it was
     taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style or, with
     `moments_read`, read from the state made so far: `state_moments`)."""
-    total, _, moments = projected_parts(ctx)
+    total, _, moments = ctx.projection
     parameters, gradients, _, _ = model_states(ctx)
-    trained = trained_parameters(ctx)
+    trained = ctx.trained
     sharded = ctx.optimizer_state_sharded()
     facts = Facts.of(
         needed=total,
@@ -382,9 +405,9 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
         projected_gradients=int(ctx.trains() and gradients < trained),
         trained=trained if trained < parameters else None,
     )
-    if moments is not None and ctx.optimizer_kind is None and state_moments(ctx) == moments:
+    if moments is not None and ctx.optimizer_kind is None and ctx.moments_shown == moments:
         facts = facts.adding(moments_read=1)  # read from the state made so far, not assumed
-    masters = master_weights(ctx) if moments is not None else None
+    masters = ctx.masters if moments is not None else None
     if masters is not None and masters < trained:
         facts = facts.adding(masters=masters)  # the state projected at the fp32 master weights only
     return total, facts
@@ -593,7 +616,7 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     the parameters that train (`trained_parameters`). A sharded optimizer's state (ZeRO) is this
     rank's share, of no size the parameters give: it is taken as it is."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
-    trained = trained_parameters(ctx)
+    trained = ctx.trained
     projected_moments = None
     projected_gradients = max(gradients, trained) if ctx.trains() else gradients
     projected_state = optimizer_state
@@ -602,8 +625,8 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     elif ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
         moments = 1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2
         if ctx.optimizer_kind is None:
-            moments = state_moments(ctx) or moments
-        masters = master_weights(ctx)
+            moments = ctx.moments_shown or moments
+        masters = ctx.masters
         projected_state = max(optimizer_state, moments * min(trained, masters if masters is not None else trained))
         projected_moments = moments
     return parameters + projected_gradients + projected_state + buffers, projected_state, projected_moments
