@@ -1,0 +1,221 @@
+"""The same truth from every torch release's format (2.0-2.14): a metamorphic audit.
+
+Each fixture and realism variant (oomdoctor's metadata stripped, as a plain torch snapshot) is
+rewritten as an older torch would have written the same run (tests/versions.py: keys the release
+lacks dropped, torch 2.0's per-block `history` for its blocks' stacks) and analysed again. What a
+release did not record may make the report say less (no annotations: phases from the stacks; no
+`allocator_settings`: expandable segments read from the segments or unknown), never something
+else. Per fixture and era:
+
+- the verdict is the truth's (the manifest's; for a run without an OOM, its finding as the headline
+  or a secondary finding), or the modern reading's where that differs from the truth (what other
+  tests list as known misses);
+- the judged moment (phase and step), the number of steps and the peak are the modern reading's;
+- no component is claimed over the truth by more than 10% and 1 MiB (a run without an OOM is judged
+  at its peak, not at its dump's moment, so there over the modern reading);
+- the text report names no field the era lacks ("phases from annotations" before 2.5, "by time_us"
+  before 2.2, the allocator configuration before 2.3).
+
+The corpus's real snapshots in the dict format are rewritten the same way into the eras older than
+they are, and each aspect the expert labels score right on the file as it is (verdict, moment,
+categories) must stay right.
+
+KNOWN_MISSES lists what is still wrong, as strict xfails: a fix flips its row to XPASS, which fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import pickle
+import re
+from typing import Any
+
+import pytest
+
+from oomdoctor.analysis import analyse
+from oomdoctor.load import load
+from oomdoctor.pipeline import render_report
+from tests.conftest import CORPUS, FIXTURES, fixture_module
+from tests.versions import ERAS, as_written_by, representable
+
+MiB = 1 << 20
+SLACK = 0.10
+strip = fixture_module("strip")
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+ENTRIES = {entry["name"]: entry for entry in [*MANIFEST["fixtures"], *MANIFEST.get("realism", [])]}
+
+# The eras before `external_annotations` (2.5): the optimizer's and the loop's record_function windows
+# are gone, and the stacks alone must find the steps.
+WITHOUT_ANNOTATIONS = tuple(minor for minor in ERAS if minor < 5)
+_NO_ZERO_GRAD_MARK = (
+    "without the Optimizer.zero_grad# annotation nothing ends a step whose optimizer allocates nothing "
+    "(plain SGD after its first step): the steps after it run together"
+)
+# (fixture, torch minor) -> why the reading of that era is still wrong.
+KNOWN_MISSES: dict[tuple[str, int], str] = {
+    (name, minor): why
+    for name, why in {
+        "activation-spike-gpt-longer-sequence": _NO_ZERO_GRAD_MARK,
+        "inference-with-grad-cnn": _NO_ZERO_GRAD_MARK,
+        "creeping-leak-mlp-sgd": _NO_ZERO_GRAD_MARK + ", so the kept losses of earlier steps read as one step's spike",
+        "closure-activation-spike-gpt": _NO_ZERO_GRAD_MARK,
+        "checkpoint-gather-mlp-adam": _NO_ZERO_GRAD_MARK + ", and Adam's state gathered for the checkpoint reads "
+        "as parameters",
+        "no-oom-checkpoint-gather-mlp-adam": "as checkpoint-gather-mlp-adam",
+    }.items()
+    for minor in WITHOUT_ANNOTATIONS
+}
+
+# What the text report may only say where the era recorded it: (oldest minor, pattern).
+FIELD_STATEMENTS = (
+    (5, re.compile(r"from annotations")),  # external_annotations: 2.5
+    (2, re.compile(r"by time_us")),  # time_us: 2.2
+    (3, re.compile(r"^\s*PYTORCH_CUDA_ALLOC_CONF:", re.MULTILINE)),  # allocator_settings (advice may name it): 2.3
+    (8, re.compile(r"compile_context|compiled region", re.IGNORECASE)),  # compile_context: 2.8
+    (10, re.compile(r"user_metadata")),  # user_metadata: 2.10
+)
+
+
+@functools.cache
+def _modern(name: str) -> dict[str, Any]:
+    return strip.strip_metadata(strip.read_snapshot(FIXTURES / ENTRIES[name]["file"]))
+
+
+@functools.cache
+def _reading(name: str, minor: int | None) -> tuple[Any, str]:
+    """(analysis, text report) of fixture `name` as torch 2.<minor> wrote it (None: as it is)."""
+    raw = _modern(name) if minor is None else as_written_by(_modern(name), minor)
+    snapshot = load(io.BytesIO(pickle.dumps(raw, protocol=4)))
+    analysis = analyse(snapshot)
+    return analysis, render_report(snapshot, "text", analysis=analysis, source="snapshot").decode()
+
+
+def _params() -> list[Any]:
+    params = []
+    for name in ENTRIES:
+        for minor in ERAS:
+            if not representable(_modern(name), minor):
+                continue  # torch 2.0 had no expandable segments
+            reason = KNOWN_MISSES.get((name, minor))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            params.append(pytest.param(name, minor, id=f"{name}-2.{minor}", marks=marks))
+    return params
+
+
+PARAMS = _params()
+
+
+def _found(analysis: Any) -> set[str]:
+    return {analysis.verdict, *(finding.verdict for finding in analysis.secondary)}
+
+
+@pytest.mark.parametrize(("name", "minor"), PARAMS)
+def test_an_older_format_reads_the_same_truth(name, minor):
+    entry = ENTRIES[name]
+    modern, _ = _reading(name, None)
+    old, text = _reading(name, minor)
+    wrong = []
+    # the verdict: the truth's where the modern reading has it, else the modern reading's
+    if entry["oom"]:
+        expected = entry["verdict"] if modern.verdict == entry["verdict"] else modern.verdict
+        if old.verdict != expected:
+            wrong.append(f"verdict {old.verdict}, expected {expected}")
+    elif entry.get("finding") in _found(modern) and entry["finding"] not in _found(old):
+        wrong.append(f"finding {entry['finding']} lost: {sorted(_found(old))}")
+    elif old.verdict != modern.verdict:
+        wrong.append(f"verdict {old.verdict}, modern {modern.verdict}")
+    # the moment, the steps and the peak: what the allocator's events say, whatever else was recorded
+    if (old.target_phase, old.target_step) != (modern.target_phase, modern.target_step):
+        wrong.append(
+            f"moment {old.target_phase} step {old.target_step}, modern {modern.target_phase} step {modern.target_step}"
+        )
+    if len(old.steps) != len(modern.steps):
+        wrong.append(f"{len(old.steps)} steps, modern {len(modern.steps)}")
+    if old.replay.peak_allocated_bytes != modern.replay.peak_allocated_bytes:
+        wrong.append(f"peak {old.replay.peak_allocated_bytes}, modern {modern.replay.peak_allocated_bytes}")
+    # no component over the truth (at an OOM; where the modern reading already claims more, over
+    # that: its own miss is another test's) or over the modern reading (at a peak)
+    modern_bytes = modern.component_bytes()
+    for component, held in old.component_bytes().items():
+        bound = modern_bytes.get(component, 0)
+        if entry["oom"]:
+            bound = max(bound, entry["components"].get(component, 0))
+        if component != "unknown" and held > bound * (1 + SLACK) + MiB:
+            wrong.append(f"{component} {held / MiB:.1f} MiB read, at most {bound / MiB:.1f} MiB true or modern")
+    # no statement about a field this era did not write
+    for since, pattern in FIELD_STATEMENTS:
+        if minor < since and pattern.search(text):
+            wrong.append(f"mentions {pattern.pattern!r}, which 2.{minor} did not record")
+    assert not wrong, wrong
+
+
+# --------------------------------------------------------------------------- the corpus
+
+CORPUS_ERAS = (3, 1, 0)  # without annotations; without settings and times; torch 2.0's blocks
+
+
+def _corpus_labels() -> dict[str, dict[str, Any]]:
+    if CORPUS is None or not (CORPUS / "labels" / "labels.json").is_file():
+        return {}
+    labels = json.loads((CORPUS / "labels" / "labels.json").read_text(encoding="utf-8"))
+    return {str(label["file"]): label for label in labels if isinstance(label, dict)}
+
+
+LABELS = _corpus_labels()
+
+
+@functools.cache
+def _corpus_raw(file: str) -> Any:
+    assert CORPUS is not None
+    return strip.read_snapshot(CORPUS / "snapshots" / file)
+
+
+@functools.cache
+def _corpus_grades(file: str, minor: int | None) -> tuple[bool, bool, tuple[str, ...]]:
+    from tests.test_corpus_labels import scoring
+
+    raw = _corpus_raw(file) if minor is None else as_written_by(_corpus_raw(file), minor)
+    snapshot = load(io.BytesIO(pickle.dumps(raw, protocol=4)))
+    observed = scoring.observed_of(json.loads(render_report(snapshot, "json")))
+    result = scoring.score(scoring.expected_of(LABELS[file]), observed)
+    return result.verdict_right, result.moment_right, tuple(g.grade for g in result.expected.groups if g.scored)
+
+
+def _corpus_params() -> list[Any]:
+    if not LABELS:
+        return [pytest.param(None, None, marks=pytest.mark.skip(reason="corpus labels not found"))]
+    params = []
+    for file in LABELS:
+        raw = _corpus_raw(file)
+        if type(raw) is not dict:
+            continue  # a bare list of segments has no older form
+        for minor in CORPUS_ERAS:
+            if representable(raw, minor) and as_written_by(raw, minor) != raw:
+                reason = CORPUS_KNOWN_MISSES.get((file, minor))
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                params.append(pytest.param(file, minor, id=f"{file.rsplit('.', 1)[0]}-2.{minor}", marks=marks))
+    return params
+
+
+# (corpus file, torch minor) -> why an aspect right on the file as it is goes wrong in that era.
+CORPUS_KNOWN_MISSES: dict[tuple[str, int], str] = {
+    ("cs336__bcrafton__memory_snapshot.pickle", minor): "without the Optimizer.step# window, a 148 MiB block the "
+    "custom AdamW's step allocates reads as a temporary of the step, not as its state"
+    for minor in CORPUS_ERAS
+}
+
+
+@pytest.mark.parametrize(("file", "minor"), _corpus_params())
+def test_a_real_snapshot_in_an_older_format_keeps_what_it_reads_right(file, minor):
+    modern, old = _corpus_grades(file, None), _corpus_grades(file, minor)
+    worse = [
+        aspect for aspect, was, now in zip(("verdict", "moment"), modern[:2], old[:2], strict=True) if was and not now
+    ]
+    worse += [
+        f"category {n}: {was} -> {now}"
+        for n, (was, now) in enumerate(zip(modern[2], old[2], strict=True))
+        if was == "right" and now != "right"
+    ]
+    assert not worse, worse
