@@ -49,22 +49,11 @@ ENTRIES = {entry["name"]: entry for entry in [*MANIFEST["fixtures"], *MANIFEST.g
 # The eras before `external_annotations` (2.5): the optimizer's and the loop's record_function windows
 # are gone, and the stacks alone must find the steps.
 WITHOUT_ANNOTATIONS = tuple(minor for minor in ERAS if minor < 5)
-_NO_ZERO_GRAD_MARK = (
-    "without the Optimizer.zero_grad# annotation nothing ends a step whose optimizer allocates nothing "
-    "(plain SGD after its first step): the steps after it run together"
-)
 # (fixture, torch minor) -> why the reading of that era is still wrong.
 KNOWN_MISSES: dict[tuple[str, int], str] = {
-    (name, minor): why
-    for name, why in {
-        "activation-spike-gpt-longer-sequence": _NO_ZERO_GRAD_MARK,
-        "inference-with-grad-cnn": _NO_ZERO_GRAD_MARK,
-        "creeping-leak-mlp-sgd": _NO_ZERO_GRAD_MARK + ", so the kept losses of earlier steps read as one step's spike",
-        "closure-activation-spike-gpt": _NO_ZERO_GRAD_MARK,
-        "checkpoint-gather-mlp-adam": _NO_ZERO_GRAD_MARK + ", and Adam's state gathered for the checkpoint reads "
-        "as parameters",
-        "no-oom-checkpoint-gather-mlp-adam": "as checkpoint-gather-mlp-adam",
-    }.items()
+    ("closure-activation-spike-gpt", minor): "optimizer.step(closure) with an SGD that allocates nothing: the "
+    "zero_grad inside the closure lies between a forward and its backward, so only the Optimizer.step# "
+    "window shows where a step ended; without it the steps after the first run together"
     for minor in WITHOUT_ANNOTATIONS
 }
 

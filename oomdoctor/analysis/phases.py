@@ -9,7 +9,8 @@ Stacks are read the way frameworks shape them: the innermost meaningful frame de
 `torch.autograd.grad` inside a forward no backward, torch.compile's Python backward a backward);
 code whose stack names no phase takes it from where it lies (`_gap_phase`: loss code is the
 forward's); and a step ends only after a completed backward or optimizer step, or at the loop's
-annotations, when more allocations follow (`_number_steps`).
+annotations (without them, where the stacks of its frees show `zero_grad`: `zero_grad_marks`), when
+more allocations follow (`_number_steps`).
 """
 
 from __future__ import annotations
@@ -802,6 +803,31 @@ def boundary_indices(trace: DeviceTrace, annotations: Sequence[Annotation], devi
     return sorted(i for i in starts if i < len(trace))
 
 
+def zero_grad_marks(trace: DeviceTrace) -> list[int]:
+    """Event indices where the stacks show `optimizer.zero_grad()` starting: the first free of each
+    run of frees whose own stack is the optimizer's `zero_grad` (a free carries where it was freed
+    when the history records every stack, torch's default; zero_grad allocates nothing, so a free
+    it made is the only trace it leaves). The same mark the `Optimizer.zero_grad#` annotation gives,
+    for a snapshot without annotations (torch < 2.5, or recorded on another thread)."""
+    frees = trace.positions(FREE_REQUESTED)
+    if not frees:
+        return []
+    numbers, stacks = trace.stacks_at(frees)
+    zero_grad = {number for number, stack in stacks.items() if _stack_class(stack) == _CLASS_ZERO_GRAD}
+    if not zero_grad:
+        return []
+    allocations = trace.positions(ALLOC)
+    marks: list[int] = []
+    previous = -1  # the allocations before the latest mark
+    for index, number in zip(frees, numbers):
+        if number in zero_grad:
+            before = bisect.bisect_left(allocations, index)
+            if not marks or before != previous:  # an allocation since the last mark: a new run
+                marks.append(index)
+                previous = before
+    return marks
+
+
 def build_spans(
     trace: DeviceTrace,
     *,
@@ -822,6 +848,8 @@ def build_spans(
     stepping = _Interiors([(first, last) for first, last, phase in windows if phase == PHASE_OPTIMIZER])
     # the loop's own marks count as step boundaries only in a run that trains, and not inside a step
     marks = [b for b in boundary_indices(trace, annotations, device) if b not in stepping]
+    if not marks:  # no loop annotation: the stacks of zero_grad's frees mark the same
+        marks = [b for b in zero_grad_marks(trace) if b not in stepping]
     found = _frame_phases(
         trace,
         sorted(set(marks) | set(step_starts)),
