@@ -470,7 +470,9 @@ class Snapshot:
     container: str = "pickle"  # how the bytes held it: pickle-protocol-N, gzip, json, html (memory_viz)
     torch_version_hint: str = ""  # e.g. "2.8 to 2.9", ">= 2.10", from the keys present; "" unknown
     notes: tuple[str, ...] = ()  # what the loader dropped as untrustworthy, one sentence each
-    # every segment carries `is_expandable` (torch >= 2.1): a False there was written, not defaulted
+    # whether each segment is expandable is known: every segment carries `is_expandable` (torch >=
+    # 2.1), a False there written, not defaulted; or torch 2.0 wrote them (`legacy-history`), which
+    # had no expandable segments
     expandable_recorded: bool = False
 
     @property

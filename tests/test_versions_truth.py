@@ -140,6 +140,23 @@ def test_an_older_format_reads_the_same_truth(name, minor):
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize(
+    "name", [name for name, entry in ENTRIES.items() if entry["verdict"] == "fragmentation"], ids=str
+)
+def test_torch_2_0_has_no_expandable_segments_to_set(name):
+    """torch 2.0 wrote per-block history and had no expandable segments (2.1 added them; 2.0
+    refuses the option): its fragmentation is told they were off, and the advice is to move to a
+    torch that has them, not to set an option that release rejects."""
+    modern, _ = _reading(name, None)
+    old, text = _reading(name, 0)
+    assert old.verdict == "fragmentation"
+    assert old.fragmentation.expandable_segments is False
+    ids = [recommendation.id for recommendation in old.recommendations]
+    assert "upgrade-for-expandable-segments" in ids and "expandable-segments" not in ids, ids
+    assert "expandable-segments" in [recommendation.id for recommendation in modern.recommendations]
+    assert not re.search(r"^\s*\d+\. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments", text, re.MULTILINE)
+
+
 # --------------------------------------------------------------------------- the corpus
 
 CORPUS_ERAS = (3, 1, 0)  # without annotations; without settings and times; torch 2.0's blocks

@@ -39,6 +39,8 @@ class DeviceDump:
     ring_buffer_wrapped: bool  # older events are lost
     expandable_recorded: bool  # the dump's segments say whether each is expandable (Snapshot's)
     optimizer_annotated: bool  # an optimizer's step or zero_grad among the process's annotations
+    # the torch that wrote the dump has expandable segments (torch 2.0, `legacy-history`, has not)
+    expandable_available: bool = True
 
 
 def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
@@ -63,6 +65,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
         expandable_recorded=snapshot.expandable_recorded,
         optimizer_annotated=any(optimizer_annotation(a.name) for a in snapshot.annotations),
+        expandable_available=snapshot.source_format != "legacy-history",
     )
 
 

@@ -324,7 +324,7 @@ def recommend(
             fits = False  # not enough even at the OOM instant of the interrupted pass
         # a smaller batch shrinks the request itself where it grows with the batch (the what-if
         # then checks its place); expandable segments map free pages as one range
-        makes_a_place = rec_id == Change.EXPANDABLE_SEGMENTS or (
+        makes_a_place = rec_id in (Change.EXPANDABLE_SEGMENTS, Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS) or (
             rec_id in BATCH_SIZED_CHANGES and what_if is not None and what_if.placement_limit_scale is not None
         )
         if need.placement_limit is not None and request_scale is None and not makes_a_place:
@@ -443,7 +443,7 @@ def recommend(
         add(Change.FREE_KEPT_TENSORS, sum(b.size_bytes for b in leaked), freed=leaked)
     if Verdict.FRAGMENTATION in verdicts and ctx.expandable_on is not True:
         add(
-            Change.EXPANDABLE_SEGMENTS,
+            Change.EXPANDABLE_SEGMENTS if ctx.expandable_available else Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS,
             ctx.fragmentation.usable_free_bytes,
         )
     if Verdict.INFERENCE_WITH_GRAD in verdicts:

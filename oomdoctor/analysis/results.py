@@ -435,6 +435,8 @@ class Change(StrEnum):
     ZERO_GRAD_SET_TO_NONE = "zero-grad-set-to-none"
     FREE_KEPT_TENSORS = "free-kept-tensors"
     EXPANDABLE_SEGMENTS = "expandable-segments"
+    # the same, for a dump torch 2.0 wrote: it has no expandable segments (2.1 added them)
+    UPGRADE_FOR_EXPANDABLE_SEGMENTS = "upgrade-for-expandable-segments"
     NO_GRAD = "no-grad"
     SHARD_MODEL_STATES = "shard-model-states"
     # the optimizer state is sharded already (ZeRO): the gradients and parameters are not

@@ -149,6 +149,8 @@ class Context:
     # the process ran an optimizer's step or zero_grad (torch's record_function annotations, on any
     # device): it trains, though this device's trace holds no backward (DataParallel's first forward)
     optimizer_annotated: bool = field(default=False)
+    # the torch that wrote the dump offers expandable segments (torch 2.0 did not)
+    expandable_available: bool = field(default=True)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
     # live blocks that are the latest of a running concatenation over the passes since the last
     # training phase (passes.running_concatenations): address -> its chain of (event, bytes)

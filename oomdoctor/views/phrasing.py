@@ -300,6 +300,9 @@ CHANGES: dict[str, str] = {
     Change.EXPANDABLE_SEGMENTS: (
         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range."
     ),
+    Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS: (
+        "Move to torch 2.1 or later and set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so free pieces of the cache can be mapped into one range: this snapshot's per-block history is the format of torch 2.0 and before, which have no expandable segments (they refuse the option)."
+    ),
     Change.NO_GRAD: (
         "Run forward-only work (evaluation, inference, a forward benchmark) under torch.inference_mode() (or torch.no_grad()) so forward keeps no graph; where a loss is summed over batches, sum `loss.item()`, not `loss`."
     ),
