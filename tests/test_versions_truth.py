@@ -46,16 +46,8 @@ strip = fixture_module("strip")
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 ENTRIES = {entry["name"]: entry for entry in [*MANIFEST["fixtures"], *MANIFEST.get("realism", [])]}
 
-# The eras before `external_annotations` (2.5): the optimizer's and the loop's record_function windows
-# are gone, and the stacks alone must find the steps.
-WITHOUT_ANNOTATIONS = tuple(minor for minor in ERAS if minor < 5)
 # (fixture, torch minor) -> why the reading of that era is still wrong.
-KNOWN_MISSES: dict[tuple[str, int], str] = {
-    ("closure-activation-spike-gpt", minor): "optimizer.step(closure) with an SGD that allocates nothing: the "
-    "zero_grad inside the closure lies between a forward and its backward, so only the Optimizer.step# "
-    "window shows where a step ended; without it the steps after the first run together"
-    for minor in WITHOUT_ANNOTATIONS
-}
+KNOWN_MISSES: dict[tuple[str, int], str] = {}
 
 # What the text report may only say where the era recorded it: (oldest minor, pattern).
 FIELD_STATEMENTS = (
@@ -138,6 +130,21 @@ def test_an_older_format_reads_the_same_truth(name, minor):
         if minor < since and pattern.search(text):
             wrong.append(f"mentions {pattern.pattern!r}, which 2.{minor} did not record")
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("minor", [minor for minor in ERAS if minor < 5])
+def test_without_annotations_the_frees_show_the_steps_that_allocate_nothing(minor):
+    """Before 2.5 no annotation marks an optimizer step or zero_grad. A plain SGD run as
+    `optimizer.step(closure)` allocates nothing in its step, but frees the closure's loss inside it
+    and calls zero_grad (whose frees carry its stack): the steps are the modern reading's, and the
+    run is not said to show no optimizer step. Plain SGD without a closure or zero_grad leaves no
+    trace of its steps at all: there the report says so."""
+    closure, text = _reading("closure-activation-spike-gpt", minor)
+    modern, _ = _reading("closure-activation-spike-gpt", None)
+    assert [(s.phase, s.step) for s in closure.phases][-3:] == [(s.phase, s.step) for s in modern.phases][-3:]
+    assert "no optimizer step shows" not in text
+    _, plain = _reading("gradients-kept-mlp-plain-sgd", minor)
+    assert "no optimizer step shows since they were made" in plain
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ Stacks are read the way frameworks shape them: the innermost meaningful frame de
 `torch.autograd.grad` inside a forward no backward, torch.compile's Python backward a backward);
 code whose stack names no phase takes it from where it lies (`_gap_phase`: loss code is the
 forward's); and a step ends only after a completed backward or optimizer step, or at the loop's
-annotations (without them, where the stacks of its frees show `zero_grad`: `zero_grad_marks`), when
-more allocations follow (`_number_steps`).
+annotations (without them, the stacks of the frees `zero_grad` and the optimizer's step make:
+`frame_windows`), when more allocations follow (`_number_steps`).
 """
 
 from __future__ import annotations
@@ -803,29 +803,47 @@ def boundary_indices(trace: DeviceTrace, annotations: Sequence[Annotation], devi
     return sorted(i for i in starts if i < len(trace))
 
 
-def zero_grad_marks(trace: DeviceTrace) -> list[int]:
-    """Event indices where the stacks show `optimizer.zero_grad()` starting: the first free of each
-    run of frees whose own stack is the optimizer's `zero_grad` (a free carries where it was freed
-    when the history records every stack, torch's default; zero_grad allocates nothing, so a free
-    it made is the only trace it leaves). The same mark the `Optimizer.zero_grad#` annotation gives,
-    for a snapshot without annotations (torch < 2.5, or recorded on another thread)."""
+def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[int]]:
+    """The windows `annotation_windows` reads from the `Optimizer.zero_grad#` and `Optimizer.step#`
+    annotations, read instead from the stacks of the frees those calls make, for a snapshot without
+    them (torch < 2.5, or annotations recorded on another thread). A free carries where it was
+    freed when the history records every stack (torch's default, context="all"):
+
+    - a run of frees (between the same two allocations) whose own stack is the optimizer's
+      `zero_grad` is a zero_grad window (zero_grad allocates nothing: its frees are all it leaves);
+    - a run whose stack is inside the optimizer's step, where neither the allocation before nor the
+      one after is the optimizer's, is the window of a step that allocated nothing (in-place SGD run
+      as `optimizer.step(closure)` frees the closure's loss inside it), and its successor begins
+      after it. A step that allocates has its allocations to tell it.
+
+    Returns (windows, where each such step's successor begins), as `annotation_windows` does."""
     frees = trace.positions(FREE_REQUESTED)
     if not frees:
-        return []
+        return [], []
     numbers, stacks = trace.stacks_at(frees)
-    zero_grad = {number for number, stack in stacks.items() if _stack_class(stack) == _CLASS_ZERO_GRAD}
-    if not zero_grad:
-        return []
+    class_of = {number: _stack_class(stack) for number, stack in stacks.items()}
+    if not {_CLASS_ZERO_GRAD, _CLASS_OPTIMIZER} & set(class_of.values()):
+        return [], []
     allocations = trace.positions(ALLOC)
-    marks: list[int] = []
-    previous = -1  # the allocations before the latest mark
+    runs: dict[tuple[int, str], list[int]] = {}  # (allocations before, class) -> [first, last] free
     for index, number in zip(frees, numbers):
-        if number in zero_grad:
-            before = bisect.bisect_left(allocations, index)
-            if not marks or before != previous:  # an allocation since the last mark: a new run
-                marks.append(index)
-                previous = before
-    return marks
+        cls = class_of[number]
+        if cls in (_CLASS_ZERO_GRAD, _CLASS_OPTIMIZER):
+            run = runs.setdefault((bisect.bisect_left(allocations, index), cls), [index, index])
+            run[1] = index
+    around = sorted({p for before, cls in runs if cls == _CLASS_OPTIMIZER for p in (before - 1, before)})
+    around = [p for p in around if 0 <= p < len(allocations)]
+    alloc_numbers, alloc_stacks = trace.stacks_at([allocations[p] for p in around])
+    allocating = {p for p, n in zip(around, alloc_numbers) if _stack_class(alloc_stacks[n]) == _CLASS_OPTIMIZER}
+    windows: list[tuple[int, int, str]] = []
+    step_starts: list[int] = []
+    for (before, cls), (first, last) in sorted(runs.items(), key=lambda item: item[1][0]):
+        if cls == _CLASS_ZERO_GRAD:
+            windows.append((first, last, PHASE_ZERO_GRAD))
+        elif before - 1 not in allocating and before not in allocating:
+            windows.append((first, last, PHASE_OPTIMIZER))
+            step_starts.append(last + 1)
+    return windows, step_starts
 
 
 def build_spans(
@@ -844,17 +862,22 @@ def build_spans(
         return from_markers, SOURCE_MARKERS
 
     windows, step_starts = annotation_windows(trace, annotations, device)
+    window_source = SOURCE_ANNOTATIONS
+    boundaries = boundary_indices(trace, annotations, device)
+    if not windows and not step_starts:  # no optimizer annotations: their calls' frees tell the same
+        windows, step_starts = frame_windows(trace)
+        window_source = SOURCE_FRAMES
+        if not boundaries:
+            boundaries = [first for first, _, phase in windows if phase == PHASE_ZERO_GRAD]
     # an optimizer step's window: a closure may run the step's forward and backward inside it
     stepping = _Interiors([(first, last) for first, last, phase in windows if phase == PHASE_OPTIMIZER])
     # the loop's own marks count as step boundaries only in a run that trains, and not inside a step
-    marks = [b for b in boundary_indices(trace, annotations, device) if b not in stepping]
-    if not marks:  # no loop annotation: the stacks of zero_grad's frees mark the same
-        marks = [b for b in zero_grad_marks(trace) if b not in stepping]
+    marks = [b for b in boundaries if b not in stepping]
     found = _frame_phases(
         trace,
         sorted(set(marks) | set(step_starts)),
         optimizer_annotated=bool(step_starts),
-        trains=any(a.name.startswith("Optimizer.") for a in annotations),
+        trains=any(a.name.startswith("Optimizer.") for a in annotations) or bool(windows),
     )
     # a phase was named when some allocation lies after the start of the first step
     named = bool(found.seen - {PHASE_BEFORE})
@@ -875,7 +898,7 @@ def build_spans(
         last = starts[number + 1] - 1 if number + 1 < len(starts) else count - 1
         pieces.append((starts[number], last, phase, source, new_pass))
     if windows:
-        pieces = _joined(_overlay_windows(pieces, windows))
+        pieces = _joined(_overlay_windows(pieces, windows, window_source))
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
     spans = _number_steps(
         pieces,
@@ -888,7 +911,7 @@ def build_spans(
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
     )
     if windows or not named:  # (not named: the optimizer annotations alone count the steps)
-        source = SOURCE_ANNOTATIONS
+        source = window_source
     else:
         source = SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA
     return spans, source
@@ -932,9 +955,11 @@ def _overlay(
     keep: frozenset[str],
     *,
     new_pass: bool = False,
+    source: str = SOURCE_ANNOTATIONS,
 ) -> list[tuple[int, int, str, str, bool]]:
     """The pieces with events first..last given the window's phase, except pieces whose phase is in
-    `keep`; with `new_pass`, the window is a pass of its own (not merged with one just before it)."""
+    `keep`; with `new_pass`, the window is a pass of its own (not merged with one just before it).
+    `source`: what told the window (annotations, or the stacks of the frees: `frame_windows`)."""
     result: list[tuple[int, int, str, str, bool]] = []
     for piece in pieces:
         p_first, p_last = piece[0], piece[1]
@@ -943,9 +968,7 @@ def _overlay(
             continue
         if p_first < first:
             result.append((p_first, first - 1, *piece[2:]))
-        result.append(
-            (max(first, p_first), min(last, p_last), phase, SOURCE_ANNOTATIONS, new_pass and p_first <= first)
-        )
+        result.append((max(first, p_first), min(last, p_last), phase, source, new_pass and p_first <= first))
         if p_last > last:
             # what follows the window up to the piece's next allocation allocates nothing (pieces
             # the stacks named begin at allocations): after an optimizer step or zero_grad the step
@@ -958,7 +981,9 @@ def _overlay(
 
 
 def _overlay_windows(
-    pieces: list[tuple[int, int, str, str, bool]], windows: Sequence[tuple[int, int, str]]
+    pieces: list[tuple[int, int, str, str, bool]],
+    windows: Sequence[tuple[int, int, str]],
+    source: str = SOURCE_ANNOTATIONS,
 ) -> list[tuple[int, int, str, str, bool]]:
     """The pieces with each window laid over them in order of start (`_overlay`). One sweep: what
     ends before a window begins is final, so each window is laid over the pieces it covers only,
@@ -985,7 +1010,7 @@ def _overlay_windows(
         # the stacks' forward and backward inside an optimizer step are its closure's; each
         # evaluation window is a pass of its own
         keep = _CLOSURE_PHASES if phase == PHASE_OPTIMIZER else frozenset()
-        open_pieces = _overlay(covered, first, last, phase, keep, new_pass=phase == PHASE_EVALUATION)
+        open_pieces = _overlay(covered, first, last, phase, keep, new_pass=phase == PHASE_EVALUATION, source=source)
     return done + open_pieces + pieces[position:]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomdoctor.analysis import attribution as _attribution
-from oomdoctor.analysis.phases import PhaseIndex, build_spans, optimizer_annotation
+from oomdoctor.analysis.phases import PhaseIndex, build_spans, frame_windows, optimizer_annotation
 from oomdoctor.analysis.replay import LiveHistory, ReplayState, columns, final_live_blocks, ring_buffer_wrapped, walk
 from oomdoctor.analysis.results import LiveAllocation, LiveBlock, PhaseSpan
 from oomdoctor.dump_metadata import DumpMetadata
@@ -38,7 +38,9 @@ class DeviceDump:
     phase_index: PhaseIndex
     ring_buffer_wrapped: bool  # older events are lost
     expandable_recorded: bool  # the dump's segments say whether each is expandable (Snapshot's)
-    optimizer_annotated: bool  # an optimizer's step or zero_grad among the process's annotations
+    # an optimizer's step or zero_grad shows: among the process's annotations, or (without them) by
+    # the stacks of the frees it made (`phases.frame_windows`: a step that allocated nothing)
+    optimizer_annotated: bool
     # the torch that wrote the dump has expandable segments (torch 2.0, `legacy-history`, has not)
     expandable_available: bool = True
 
@@ -64,7 +66,8 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         phase_index=phase_index,
         ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
         expandable_recorded=snapshot.expandable_recorded,
-        optimizer_annotated=any(optimizer_annotation(a.name) for a in snapshot.annotations),
+        optimizer_annotated=any(optimizer_annotation(a.name) for a in snapshot.annotations)
+        or bool(frame_windows(trace)[0]),
         expandable_available=snapshot.source_format != "legacy-history",
     )
 
