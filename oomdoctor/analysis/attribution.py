@@ -53,7 +53,7 @@ from oomdoctor.analysis.results import (
 from oomdoctor.analysis.sizing import MIN_BLOCK_BYTES
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Block, DeviceTrace, Frame, Stack
+from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, Block, DeviceTrace, Frame, Stack
 
 INDEX = {name: position for position, name in enumerate(COMPONENTS)}
 PARAMETERS = INDEX["parameters"]
@@ -826,12 +826,23 @@ def attribute(
     registry: Registry,
     target_index: int | None,
     pre_trace: Mapping[int, tuple[int, str, float]],
+    ran_out: bool | None = None,
 ) -> list[LiveBlock]:
     """Place every block live at the target (in `live`'s order, then largest first); blocks from
-    before the trace as `pre_trace` (`pre_trace_placements`) placed them."""
+    before the trace as `pre_trace` (`pre_trace_placements`) placed them. `ran_out`: whether the
+    process recorded an OOM on any device (None: whether this trace did)."""
     exact = bool(registry)
     after_target = target_index if target_index is not None else len(trace) - 1
     frees = first_frees_after(trace, {a.address for a in live}, after_target + 1)
+    # Where the call the trace ends in may still have been running when the dump was written: at its
+    # last event where the process ran out on any device (the dump may be taken inside the failing
+    # call, or while its traceback holds what it made, and another device's call was cut short with
+    # it). Without an OOM the program wrote the dump between its calls, after that call returned:
+    # what it made and never freed outlived it. (The annotations' END says the same where they were
+    # recorded; before torch 2.5 nothing else does.)
+    if ran_out is None:
+        ran_out = len(trace.positions(OOM)) > 0
+    open_until = len(trace) - 1 if ran_out else len(trace)
     parameter_sizes: set[int] = set()
     if not exact:
         for allocation in live:
@@ -917,7 +928,7 @@ def attribute(
                 component, method, confidence = INPUTS, METHOD_LIFETIME, 0.5
             elif alloc_index in successors:  # a parameter the optimizer step replaced out of place
                 component, method, confidence = PARAMETERS, METHOD_LIFETIME, 0.6
-            elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, len(trace) - 1):
+            elif requested == CUBLAS_DEFAULT_WORKSPACE_BYTES and _outlives(span, freed_at, open_until):
                 component, method, confidence = WORKSPACE, METHOD_SIZE_MATCH, 0.6
             elif (
                 not stack
@@ -938,7 +949,7 @@ def attribute(
                     parameter_sizes,
                     after_target,
                     freed_at,
-                    len(trace) - 1,
+                    open_until,
                     state,
                 )
             if (
@@ -1636,7 +1647,8 @@ def _spans_next_forward(span, phases: PhaseIndex, after_target: int) -> bool:
 
 def _outlives(span, freed_at: int | None, trace_end: int) -> bool:
     """Whether a block made in `span` lives past its end: freed after it, or never freed when the
-    span ended before the trace did (a span the trace ends in may have freed it still)."""
+    span ended before `trace_end`, the last event at which the call it stands for may still have
+    been running (a span running then may have freed it still)."""
     if span is None:
         return False
     return freed_at > span.last_index if freed_at is not None else span.last_index < trace_end

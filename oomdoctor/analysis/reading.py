@@ -18,7 +18,7 @@ from oomdoctor.analysis.replay import LiveHistory, ReplayState, columns, final_l
 from oomdoctor.analysis.results import LiveAllocation, LiveBlock, PhaseSpan
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import DEFAULT_POOL, AllocatorSettings, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import DEFAULT_POOL, OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,7 @@ class DeviceDump:
     optimizer_annotated: bool
     # the torch that wrote the dump has expandable segments (torch 2.0, `legacy-history`, has not)
     expandable_available: bool = True
+    ran_out: bool = False  # an `oom` event on any device's trace: the dump may cut a call short
 
 
 def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
@@ -69,6 +70,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         optimizer_annotated=any(optimizer_annotation(a.name) for a in snapshot.annotations)
         or bool(frame_windows(trace)[0]),
         expandable_available=snapshot.source_format != "legacy-history",
+        ran_out=any(len(columns(t).positions(OOM)) for t in snapshot.traces),
     )
 
 
@@ -116,4 +118,5 @@ def place(dump: DeviceDump, history: LiveHistory, live: Sequence[LiveAllocation]
         registry=dump.registry,
         target_index=index,
         pre_trace=dump.pre_trace,
+        ran_out=dump.ran_out,
     )
