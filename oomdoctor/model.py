@@ -459,6 +459,9 @@ class Snapshot:
     traces: tuple[DeviceTrace, ...]  # index = device ordinal, oldest event first
     allocator_settings: AllocatorSettings | None = None  # None: not recorded (torch < 2.3)
     annotations: tuple[Annotation, ...] = ()
+    # the file has the `external_annotations` key (torch >= 2.5): no optimizer annotation among them
+    # says something; without the key (older torch, a bare segment list) it says nothing
+    annotations_recorded: bool = True
     # oomdoctor's own metadata key (DESIGN §4, oomdoctor/metadata.py), typed and validated by the
     # loader (oomdoctor/dump_metadata.py); None for plain torch dumps or when it is malformed
     oomdoctor: DumpMetadata | None = None

@@ -278,3 +278,19 @@ def test_a_plain_dump_is_written_after_the_step_the_trace_ends_in_returned():
     analysis, state = _custom_optimizer_run(ran_out=True)
     placed = {block.address: block.component for block in analysis.live_blocks}
     assert placed[state] == "temporaries", placed
+
+
+def test_a_forward_that_may_train_fits_only_up_to_a_bound_before_annotations():
+    """The real DataParallel run whose first forward ran out (its rest extrapolated from a replica
+    that ran no backward) trains, which only its optimizer annotations tell. Written by a torch
+    before 2.5 the file cannot say whether a backward follows: the forward's fitting scale is an
+    upper bound and no change is said to fit on its own, as with the annotations."""
+    file = "multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle"
+    if file not in LABELS:
+        pytest.skip("corpus labels not found")
+    modern = analyse(load(io.BytesIO(pickle.dumps(_corpus_raw(file), protocol=4))))
+    assert modern.what_if.case == "backward-unknown"
+    for minor in (3, 2):
+        old = analyse(load(io.BytesIO(pickle.dumps(as_written_by(_corpus_raw(file), minor), protocol=4))))
+        assert old.what_if.case == "backward-unknown", (minor, old.what_if.case)
+        assert not any(r.would_fit_alone for r in old.recommendations), (minor, old.recommendations)

@@ -147,7 +147,8 @@ def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
 
 def backward_unknown(ctx: Context) -> bool:
     """The rest of the interrupted pass was extrapolated from a replica's pass that ran no backward
-    (DataParallel's first forward), in a run that trains: what its backward adds is unknown. (An
+    (DataParallel's first forward), in a run that trains or may (`Context.trains_unknown`): what
+    its backward adds is unknown. (An
     earlier pass of this trace with no backward was a forward-only pass, evaluation say, as the
     interrupted one is.)"""
     rest = ctx.passes.rest
@@ -156,7 +157,7 @@ def backward_unknown(ctx: Context) -> bool:
         and rest.extrapolated
         and rest.earlier_device is not None
         and not rest.earlier_backward
-        and ctx.trains()
+        and (ctx.trains() or ctx.trains_unknown())
     )
 
 

@@ -151,6 +151,8 @@ class Context:
     optimizer_annotated: bool = field(default=False)
     # the torch that wrote the dump offers expandable segments (torch 2.0 did not)
     expandable_available: bool = field(default=True)
+    # the file has `external_annotations` (torch >= 2.5), where an optimizer at work would show
+    annotations_recorded: bool = field(default=True)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
     # live blocks that are the latest of a running concatenation over the passes since the last
     # training phase (passes.running_concatenations): address -> its chain of (event, bytes)
@@ -208,6 +210,12 @@ class Context:
         """The trace shows a backward, an optimizer step or zero_grad, or something else does
         (`trains_beyond_phases`)."""
         return bool(self.phases_seen() & TRAINING_PHASES) or self.trains_beyond_phases()
+
+    def trains_unknown(self) -> bool:
+        """Nothing in the file tells whether the run trains: the trace shows no backward, optimizer
+        step or zero_grad, no evaluation loop's pass, no frames of a training step, and the file
+        predates the annotations (torch < 2.5) that would show an optimizer at work elsewhere."""
+        return not self.annotations_recorded and not self.trains() and PHASE_EVALUATION not in self.phases_seen()
 
     def trains_beyond_phases(self) -> bool:
         """What tells the run trains besides this trace's phases: a replica's trace reached a

@@ -157,6 +157,7 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
         traces=tuple(traces),
         allocator_settings=_build_allocator_settings(top.get("allocator_settings"), describe, era, notes),
         annotations=_build_annotations(top.get("external_annotations"), describe),
+        annotations_recorded="external_annotations" in top,
         oomdoctor=parse_metadata(metadata),
         oomdoctor_raw=metadata,
         source_format=source_format,

@@ -150,6 +150,10 @@ def what_if_note(what_if: WhatIf) -> str:
         note = (
             f"the forward's peak would fit up to {what_if.upper_bound_scale or 0:.2f}x, an upper bound only: the run"
             " trains, and what its backward adds is unknown"
+            if what_if.trains
+            else f"the forward's peak would fit up to {what_if.upper_bound_scale or 0:.2f}x, an upper bound only:"
+            " whether a backward follows is unknown (the trace shows none, and a snapshot of this torch records"
+            " no optimizer annotations to tell whether the run trains)"
         )
     elif case == WhatIfCase.PLACEMENT:
         note = (
