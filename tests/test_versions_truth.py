@@ -47,8 +47,23 @@ strip = fixture_module("strip")
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 ENTRIES = {entry["name"]: entry for entry in [*MANIFEST["fixtures"], *MANIFEST.get("realism", [])]}
 
+_TORCH_2_0_FREES = (
+    "torch 2.0 recorded each free with its allocation's stack, not the free's (that came with 2.1), so "
+    "neither zero_grad nor a step that allocates nothing shows in the trace: nothing ends the steps of an "
+    "optimizer that allocates only in its first step, and they run together"
+)
 # (fixture, torch minor) -> why the reading of that era is still wrong.
-KNOWN_MISSES: dict[tuple[str, int], str] = {}
+KNOWN_MISSES: dict[tuple[str, int], str] = {
+    (name, 0): why
+    for name, why in {
+        "activation-spike-gpt-longer-sequence": _TORCH_2_0_FREES,
+        "inference-with-grad-cnn": _TORCH_2_0_FREES,
+        "closure-activation-spike-gpt": _TORCH_2_0_FREES,
+        "creeping-leak-mlp-sgd": _TORCH_2_0_FREES + ": the losses kept from earlier steps read as one step's spike",
+        "checkpoint-gather-mlp-adam": _TORCH_2_0_FREES + ", and 16 MiB of Adam's state reads as parameters",
+        "no-oom-checkpoint-gather-mlp-adam": _TORCH_2_0_FREES + ", and 16 MiB of Adam's state reads as parameters",
+    }.items()
+}
 
 # What the text report may only say where the era recorded it: (oldest minor, pattern).
 FIELD_STATEMENTS = (
@@ -140,13 +155,14 @@ def test_an_older_format_reads_the_same_truth(name, minor):
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("minor", [minor for minor in ERAS if minor < 5])
+@pytest.mark.parametrize("minor", [minor for minor in ERAS if 1 <= minor < 5])
 def test_without_annotations_the_frees_show_the_steps_that_allocate_nothing(minor):
     """Before 2.5 no annotation marks an optimizer step or zero_grad. A plain SGD run as
     `optimizer.step(closure)` allocates nothing in its step, but frees the closure's loss inside it
     and calls zero_grad (whose frees carry its stack): the steps are the modern reading's, and the
     run is not said to show no optimizer step. Plain SGD without a closure or zero_grad leaves no
-    trace of its steps at all: there the report says so."""
+    trace of its steps at all: there the report says so. (torch 2.0's frees carry the allocation's
+    stack: see KNOWN_MISSES.)"""
     closure, text = _reading("closure-activation-spike-gpt", minor)
     modern, _ = _reading("closure-activation-spike-gpt", None)
     assert [(s.phase, s.step) for s in closure.phases][-3:] == [(s.phase, s.step) for s in modern.phases][-3:]

@@ -12,13 +12,16 @@ trace's `pool_id` (2.12); `forward_frames` on events, blocks and segments (2.11)
 torch 2.0 wrote blocks without `address` or `frames`: a block handed out while history was recorded
 carried `history`, newest first, each entry `{addr, real_size, frames}` (real_size the un-rounded
 request; `frames` only when a stack was recorded), and a block allocated before recording carried no
-`history` key; segments had no `segment_pool_id`, `is_expandable` or `frames` (the real 2.0 file in
+`history` key; its trace recorded a block's frees from that history, so only for blocks allocated
+while recording and with the allocation's stack, not the free's (its allocator's `free` and
+`free_block` record `block->history->h.context`); segments had no `segment_pool_id`, `is_expandable` or `frames` (the real 2.0 file in
 the corpus has exactly these keys: segments device, address, total_size, allocated_size,
 active_size, requested_size, stream, segment_type, blocks; blocks size, requested_size, state and
 history). 2.0 had no expandable segments, so a run that used them has no 2.0 form: None.
 
-Only the block's present allocation is written into `history`: what a 2.0 block's chain kept of
-earlier allocations at the same address is not in a modern snapshot, so it cannot be rebuilt.
+Only an active block's present allocation is written into `history`: what a 2.0 block's chain kept
+of earlier allocations at the same address (inactive blocks kept theirs after a free) is not in a
+modern snapshot, so it cannot be rebuilt.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ def as_written_by(snapshot: dict[str, Any], minor: int) -> dict[str, Any] | None
             for key in dropped:
                 event.pop(key, None)
         traces[device] = kept
+    if minor < 1:
+        for device, events in enumerate(traces):
+            traces[device] = _frees_as_2_0(events)
     for segment in out.get("segments", []):
         if minor < 11:
             segment.pop("forward_frames", None)
@@ -88,6 +94,29 @@ def as_written_by(snapshot: dict[str, Any], minor: int) -> dict[str, Any] | None
         if minor < 1:
             _segment_as_2_0(segment)
     return out
+
+
+def _frees_as_2_0(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """torch 2.0 recorded a block's frees from its history: only for a block handed out while
+    recording (one allocated before has no history, and its frees no entry), with the allocation's
+    stack, not the free's (free-site stacks came with 2.1's context="all")."""
+    frames_at: dict[int, Any] = {}  # address -> the stack of the allocation live there (None: no stack)
+    kept = []
+    for event in events:
+        action = event.get("action")
+        if action == "alloc":
+            frames_at[event["addr"]] = event.get("frames")
+        elif action in ("free_requested", "free_completed"):
+            if event["addr"] not in frames_at:
+                continue  # allocated before the trace: no history, no entry
+            frames = frames_at[event["addr"]]
+            event.pop("frames", None)
+            if frames is not None:
+                event["frames"] = frames
+            if action == "free_completed":
+                del frames_at[event["addr"]]
+        kept.append(event)
+    return kept
 
 
 def _segment_as_2_0(segment: dict[str, Any]) -> None:
