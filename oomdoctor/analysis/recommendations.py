@@ -148,9 +148,8 @@ def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
 def backward_unknown(ctx: Context) -> bool:
     """The rest of the interrupted pass was extrapolated from a replica's pass that ran no backward
     (DataParallel's first forward), in a run that trains or may (`Context.trains_unknown`): what
-    its backward adds is unknown. (An
-    earlier pass of this trace with no backward was a forward-only pass, evaluation say, as the
-    interrupted one is.)"""
+    its backward adds is unknown. (An earlier pass of this trace with no backward was a
+    forward-only pass, evaluation say, as the interrupted one is.)"""
     rest = ctx.passes.rest
     return (
         rest is not None
