@@ -104,6 +104,16 @@ def _params() -> list[Any]:
 PARAMS = _params()
 
 
+def _section(text: str, heading: str) -> list[str]:
+    """The lines of the report's section whose heading starts with `heading`, up to a blank line."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
 def _found(analysis: Any) -> set[str]:
     return {analysis.verdict, *(finding.verdict for finding in analysis.secondary)}
 
@@ -148,6 +158,11 @@ def test_an_older_format_reads_the_same_truth(name, minor):
             bound = max(bound, entry["components"].get(component, 0))
         if component != "unknown" and held > bound * (1 + SLACK) + MiB:
             wrong.append(f"{component} {held / MiB:.1f} MiB read, at most {bound / MiB:.1f} MiB true or modern")
+    # what the allocator's state says at the judged moment ("Memory at ..."): the same figures
+    if _section(text, "Memory ") != _section(_reading(name, None)[1], "Memory "):
+        wrong.append(
+            f"memory section {_section(text, 'Memory ')}, modern {_section(_reading(name, None)[1], 'Memory ')}"
+        )
     # no statement about a field this era did not write
     for since, pattern in FIELD_STATEMENTS:
         if minor < since and pattern.search(text):
