@@ -49,20 +49,12 @@ ENTRIES = {entry["name"]: entry for entry in [*MANIFEST["fixtures"], *MANIFEST.g
 
 _TORCH_2_0_FREES = (
     "torch 2.0 recorded each free with its allocation's stack, not the free's (that came with 2.1), so "
-    "neither zero_grad nor a step that allocates nothing shows in the trace: nothing ends the steps of an "
-    "optimizer that allocates only in its first step, and they run together"
+    "neither zero_grad nor a step that allocates nothing shows by its own frames"
 )
 # (fixture, torch minor) -> why the reading of that era is still wrong.
 KNOWN_MISSES: dict[tuple[str, int], str] = {
-    (name, 0): why
-    for name, why in {
-        "activation-spike-gpt-longer-sequence": _TORCH_2_0_FREES,
-        "inference-with-grad-cnn": _TORCH_2_0_FREES,
-        "closure-activation-spike-gpt": _TORCH_2_0_FREES,
-        "creeping-leak-mlp-sgd": _TORCH_2_0_FREES + ": the losses kept from earlier steps read as one step's spike",
-        "checkpoint-gather-mlp-adam": _TORCH_2_0_FREES + ", and 16 MiB of Adam's state reads as parameters",
-        "no-oom-checkpoint-gather-mlp-adam": _TORCH_2_0_FREES + ", and 16 MiB of Adam's state reads as parameters",
-    }.items()
+    ("closure-activation-spike-gpt", 0): _TORCH_2_0_FREES + ": in optimizer.step(closure) the gradients are "
+    "released between the forward and its backward, and the silent step leaves nothing, so its steps run together",
 }
 
 # What the text report may only say where the era recorded it: (oldest minor, pattern).

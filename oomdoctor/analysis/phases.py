@@ -814,7 +814,9 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
     - a run whose stack is inside the optimizer's step, where neither the allocation before nor the
       one after is the optimizer's, is the window of a step that allocated nothing (in-place SGD run
       as `optimizer.step(closure)` frees the closure's loss inside it), and its successor begins
-      after it. A step that allocates has its allocations to tell it.
+      after it. A step that allocates has its allocations to tell it;
+    - where no free carries zero_grad's stack (torch 2.0 gave each free its allocation's), the
+      gradients it releases after a backward returned are its windows (`_gradients_released`).
 
     Returns (windows, where each such step's successor begins), as `annotation_windows` does."""
     frees = trace.positions(FREE_REQUESTED)
@@ -822,9 +824,10 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
         return [], []
     numbers, stacks = trace.stacks_at(frees)
     class_of = {number: _stack_class(stack) for number, stack in stacks.items()}
-    if not {_CLASS_ZERO_GRAD, _CLASS_OPTIMIZER} & set(class_of.values()):
-        return [], []
     allocations = trace.positions(ALLOC)
+    released = []  # without zero_grad's own stacks: the gradients it releases
+    if _CLASS_ZERO_GRAD not in class_of.values():
+        released = _gradients_released(trace, frees, numbers, class_of, allocations)
     runs: dict[tuple[int, str], list[int]] = {}  # (allocations before, class) -> [first, last] free
     for index, number in zip(frees, numbers):
         cls = class_of[number]
@@ -843,7 +846,52 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
         elif before - 1 not in allocating and before not in allocating:
             windows.append((first, last, PHASE_OPTIMIZER))
             step_starts.append(last + 1)
-    return windows, step_starts
+    return sorted(windows + released), step_starts
+
+
+def _gradients_released(
+    trace: DeviceTrace,
+    frees: Sequence[int],
+    numbers: Sequence[int],
+    class_of: dict[int, str],
+    allocations: Sequence[int],
+) -> list[tuple[int, int, str]]:
+    """zero_grad's windows where no free carries the stack of its own call (torch 2.0 recorded each
+    free with its allocation's stack): after a backward returned (the free of the loss's initial
+    gradient, which `Tensor.backward` makes in `_make_grads`) and before the next backward or
+    forward allocates, a run of frees of blocks a backward made (the engine's, or a custom
+    Function's backward) releases gradients that outlived their backward: set_to_none's zero_grad,
+    or its like. Accumulated gradients stay, so micro-batches are not cut."""
+    alloc_numbers, alloc_stacks = trace.stacks_at(allocations)
+    alloc_class = {number: _stack_class(stack) for number, stack in alloc_stacks.items()}
+    _, free_stacks = trace.stacks_at(frees)
+    # the loss's initial gradient, which `Tensor.backward` makes (`_make_grads`) and frees as it returns
+    initial_gradients = {
+        number
+        for number, stack in free_stacks.items()
+        if any(frame.name == "_make_grads" and "torch/autograd/" in _norm(frame.filename) for frame in stack)
+    }
+    windows: list[tuple[int, int, str]] = []
+    returned = False
+    run: list[int] | None = None  # [first, last] free of the current run
+    position = 0  # allocations before the current free
+    for index, number in zip(frees, numbers):
+        while position < len(allocations) and allocations[position] < index:
+            cls = alloc_class[alloc_numbers[position]]
+            if cls in (_CLASS_FORWARD, _CLASS_BACKWARD, _CLASS_ENGINE, _CLASS_NO_FRAMES, _CLASS_EVALUATION):
+                returned = False  # a pass or a backward began: what follows is no longer after the return
+            run = None
+            position += 1
+        cls = class_of[number]
+        if number in initial_gradients:
+            returned = True
+        elif returned and cls in (_CLASS_ENGINE, _CLASS_NO_FRAMES, _CLASS_BACKWARD):
+            if run is None:
+                run = [index, index]
+                windows.append((index, index, PHASE_ZERO_GRAD))
+            run[1] = index
+            windows[-1] = (run[0], run[1], PHASE_ZERO_GRAD)
+    return windows
 
 
 def build_spans(
