@@ -57,8 +57,12 @@ def test_recommendations_agree_with_the_what_if(path):
     largest = what_if.largest_fitting_scale
     for rec in analysis.recommendations:
         if rec.id in BATCH_RECOMMENDATIONS:
-            # halving counts only what grows with the batch, the what-if's own budget
-            assert rec.estimated_saved_bytes == what_if.scalable_bytes // 2, rec
+            # halving counts only what grows with the batch, the what-if's own budget; accumulating
+            # over two micro-batches gives back the gradients the first one keeps alive
+            if rec.id == "smaller-micro-batch":
+                assert 0 < rec.estimated_saved_bytes <= what_if.scalable_bytes // 2, rec
+            else:
+                assert rec.estimated_saved_bytes == what_if.scalable_bytes // 2, rec
             if rec.would_fit_alone:
                 assert largest is not None and largest >= 0.5, (rec, what_if)
         if rec.id == "activation-checkpointing" and rec.would_fit_alone:

@@ -13,6 +13,7 @@ from oomdoctor.analysis.frame_kinds import in_activation_checkpoint, in_torch_op
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_EVALUATION,
+    PHASE_FORWARD,
     PHASE_OPTIMIZER,
     PHASE_ZERO_GRAD,
     Change,
@@ -392,7 +393,14 @@ def recommend(
         if (
             pass_trains and Verdict.INFERENCE_WITH_GRAD not in verdicts
         ):  # an evaluation pass has no gradients to accumulate
-            add(Change.SMALLER_MICRO_BATCH, scalable // 2, scale=0.5)
+            # accumulating over two micro-batches keeps the first one's gradients, every trained
+            # parameter's, alive through the second's forward and backward: at a moment in a pass,
+            # what of them it did not hold yet comes back (the peak moves by it, so does the scale
+            # checked); between steps or in the optimizer step the micro-batches change nothing there
+            in_pass = ctx.target_phase in (PHASE_FORWARD, PHASE_BACKWARD)
+            held_over = max(0, ctx.trained - gradients) if in_pass else 0
+            saved = scalable // 2 - held_over
+            add(Change.SMALLER_MICRO_BATCH, saved, scale=0.5 + held_over / scalable)
         else:
             add(
                 Change.SMALLER_BATCH,
