@@ -66,7 +66,10 @@ def test_in_the_optimizer_step_freeing_stale_gradients_and_checkpointing_save_no
     ids = _ids(analysis)
     assert "zero-grad-set-to-none" not in ids
     assert "activation-checkpointing" not in ids
-    assert ids["foreach-false"] == 64 * MiB
+    # one parameter at a time the update still makes that parameter's 16 MiB temporary: 64 - 16
+    # (rehearsed: Adam over an MLP of 16 MiB matrices, 34 MiB of foreach temporaries at the OOM,
+    # peaks 18.1 MiB lower with foreach=False, not 34)
+    assert ids["foreach-false"] == 48 * MiB
 
 
 def test_an_optimizer_of_the_user_s_own_is_told_to_update_in_place():

@@ -432,9 +432,12 @@ def recommend(
         own = any(b.frames for b in step_temporaries) and not any(
             _made_by_torch_optimizer(b.frames) for b in step_temporaries
         )
+        # one parameter at a time, the update still makes that parameter's temporaries: the
+        # largest of today's blocks (a foreach list holds one per parameter) stays
+        made = sum(b.size_bytes for b in step_temporaries)
         add(
             Change.IN_PLACE_OPTIMIZER if own else Change.FOREACH_FALSE,
-            sum(b.size_bytes for b in step_temporaries),
+            made if own else made - max(b.size_bytes for b in step_temporaries),
         )
     if Verdict.GRADIENTS_KEPT in verdicts and not in_step:
         stale = ctx.old_blocks((Component.GRADIENTS,), pre_trace=True)
