@@ -28,6 +28,7 @@ from oomdoctor.analysis.verdicts import (
     CUDA_CONTEXT_ALLOWANCE_PART,
     Context,
     gathered_for_save,
+    graphs_pile_up,
     kept_from_earlier_passes,
     kept_outputs,
     model_states,
@@ -402,10 +403,13 @@ def recommend(
             saved = scalable // 2 - held_over
             add(Change.SMALLER_MICRO_BATCH, saved, scale=0.5 + held_over / scalable)
         else:
+            # where every earlier pass's graph stays, each pass still to come adds a (smaller) one:
+            # a smaller batch runs out later, and whether the loop ends first the file does not say
             add(
                 Change.SMALLER_BATCH,
                 scalable // 2,
                 scale=0.5,
+                fit_unknown=Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx),
             )
     # without an OOM, advice is sized against the peak: a risk there with optimizer state its largest
     # part gets the change that shrinks that part too

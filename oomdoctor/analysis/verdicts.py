@@ -941,6 +941,16 @@ def kept_from_earlier_passes(ctx: Context) -> list[LiveBlock]:
     return _kept_from_earlier_passes(ctx)[1]
 
 
+def graphs_pile_up(ctx: Context) -> bool:
+    """Whether what grad mode kept comes from two or more earlier passes since the last backward (a
+    loop that keeps every pass's graph, `total += loss`), not from the latest one alone (a graph
+    alive until the next pass replaces it): each pass still to come adds one, and how many come
+    the file does not say."""
+    forwards, kept, _ = _kept_from_earlier_passes(ctx)
+    per_pass, _ = _kept_per_pass(forwards, kept)
+    return sum(1 for kept_bytes in per_pass if kept_bytes > 0) >= 2
+
+
 def _test_inference_with_grad(ctx: Context) -> Finding | None:
     """Repeated forward passes with no backward between them, each leaving its activations alive.
     (At an OOM: without one, `_risk_kept_graph` words the same evidence as a risk.)"""
