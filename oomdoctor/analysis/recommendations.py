@@ -94,6 +94,14 @@ class Requirement:
         return None if fits and self.rest_unknown else fits
 
 
+def _accumulates(ctx: Context) -> bool:
+    """Whether the trace shows the run accumulating gradients already: two backwards in one step
+    (the steps counted by the optimizer steps the trace shows: an update that allocates nothing has
+    no span of its own, its step count still moves)."""
+    backwards = [s.step for s in ctx.phases if s.phase == PHASE_BACKWARD]
+    return len(backwards) != len(set(backwards))
+
+
 def _checkpointed(stack: Sequence[Frame]) -> bool:
     """Whether an allocation was made inside an activation-checkpointed region (its forward, or
     its recomputation in backward)."""
@@ -397,9 +405,11 @@ def recommend(
             # accumulating over two micro-batches keeps the first one's gradients, every trained
             # parameter's, alive through the second's forward and backward: at a moment in a pass,
             # what of them it did not hold yet comes back (the peak moves by it, so does the scale
-            # checked); between steps or in the optimizer step the micro-batches change nothing there
+            # checked); between steps or in the optimizer step the micro-batches change nothing there;
+            # a run that accumulates already holds them in its later micro-batches, and at a moment
+            # of its first neither run does
             in_pass = ctx.target_phase in (PHASE_FORWARD, PHASE_BACKWARD)
-            held_over = max(0, ctx.trained - gradients) if in_pass else 0
+            held_over = max(0, ctx.trained - gradients) if in_pass and not _accumulates(ctx) else 0
             saved = scalable // 2 - held_over
             add(Change.SMALLER_MICRO_BATCH, saved, scale=0.5 + held_over / scalable)
         else:
