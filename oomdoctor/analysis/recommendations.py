@@ -410,8 +410,13 @@ def recommend(
             # of its first neither run does
             in_pass = ctx.target_phase in (PHASE_FORWARD, PHASE_BACKWARD)
             held_over = max(0, ctx.trained - gradients) if in_pass and not _accumulates(ctx) else 0
-            saved = scalable // 2 - held_over
-            add(Change.SMALLER_MICRO_BATCH, saved, scale=0.5 + held_over / scalable)
+            # what two or more earlier steps left alive (a leak's kept tensors) grows per step, and a
+            # step of two half micro-batches keeps as much as one whole: that part does not halve (a
+            # loop variable holding the latest step's output, one step's, does)
+            kept_before, steps, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
+            unhalved = min(kept_before, scalable) // 2 if len(steps) >= 2 else 0
+            saved = scalable // 2 - unhalved - held_over
+            add(Change.SMALLER_MICRO_BATCH, saved, scale=0.5 + (unhalved + held_over) / scalable)
         else:
             # where every earlier pass's graph stays, each pass still to come adds a (smaller) one:
             # a smaller batch runs out later, and whether the loop ends first the file does not say
