@@ -56,6 +56,26 @@ def roundup_power2_next_division(size_bytes: int, divisions: int) -> int:
     return size_bytes if floor == size_bytes else floor + step
 
 
+def unsplit_remainder_at_most(
+    rounded_bytes: int,
+    *,
+    max_split_bytes: int | None = None,
+    max_non_split_rounding_bytes: int = LARGE_SEGMENT_BYTES,
+    expandable: bool = False,
+) -> int:
+    """The most the allocator may have left unsplit inside a block handed out for a request of
+    `rounded_bytes` (spec §4.3): nothing in the small pool or with expandable segments (a
+    remainder of 512 bytes or more is split off, and sizes are multiples of 512); in the large
+    pool up to 1 MiB (only a remainder above 1 MiB is split off); a block at or above
+    `max_split_bytes` (when set) is never split, and a cached one is taken only when less than
+    `max_non_split_rounding_bytes` larger (spec §4.2)."""
+    if expandable or rounded_bytes <= SMALL_REQUEST_BYTES:
+        return 0
+    if max_split_bytes is not None and rounded_bytes >= max_split_bytes:
+        return max(SMALL_REQUEST_BYTES, max_non_split_rounding_bytes - MIN_BLOCK_BYTES)
+    return SMALL_REQUEST_BYTES
+
+
 def segment_size(rounded_bytes: int, large_segment_bytes: int = LARGE_SEGMENT_BYTES) -> int:
     """What cudaMalloc is asked for when no cached block fits (get_allocation_size); an OOM
     message's "Tried to allocate" figure."""

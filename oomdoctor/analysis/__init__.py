@@ -34,7 +34,7 @@ from oomdoctor.analysis import phases as _phases
 from oomdoctor.analysis.frame_kinds import in_torch_optim
 from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training, running_concatenations
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
-from oomdoctor.analysis.reading import expandable_from_segments, place, read_device, replay
+from oomdoctor.analysis.reading import expandable_from_segments, peak_unsized, place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, backward_unknown, recommend, requirement
 from oomdoctor.analysis.replay import (
     LiveHistory,
@@ -222,8 +222,13 @@ def analyse(
     ctx = _context(dump, state, target, accounted, blocks, shares, moment, replicas)
     ctx.peer_trains = _devices.peer_trains(devices)
     judgement = _diagnose(ctx, target, moment, devices)
-    unknowns = _unknowns(dump, state, target, accounted, blocks)
+    unsized = peak_unsized(dump, state)
+    unknowns = _unknowns(dump, state, target, accounted, blocks, unsized)
     result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
+    if unsized is not None:
+        result = replace(
+            result, replay=replace(result.replay, torch_peak_at_most_bytes=state.peak_allocated_bytes + unsized[0])
+        )
     return replace(result, device_summaries=devices) if devices else result
 
 
@@ -639,12 +644,25 @@ def _pre_existing(state: ReplayState, blocks: Sequence[LiveBlock]) -> tuple[int,
     return count, sum(s for _, s in frees) + sum(b.size_bytes for b in older)
 
 
+# The share of the peak the unsplit remainders the file cannot size must reach before "Not
+# determined" says how much higher torch's max_memory_allocated may be (docs/definitions.md, "The peak").
+PEAK_UNSIZED_SHARE = 0.01
+
+
 def _unknowns(
-    dump: _DeviceDump, state: ReplayState, target: _Target, accounted: _Accounted, blocks: Sequence[LiveBlock]
+    dump: _DeviceDump,
+    state: ReplayState,
+    target: _Target,
+    accounted: _Accounted,
+    blocks: Sequence[LiveBlock],
+    unsized: tuple[int, int] | None = None,
 ) -> tuple[Unknown, ...]:
-    """What the dump could not tell, in the order a report lists it (views.phrasing words them)."""
+    """What the dump could not tell, in the order a report lists it (views.phrasing words them).
+    `unsized`: (bytes, blocks) torch's max_memory_allocated may be above the peak (`peak_unsized`)."""
     trace, metadata = dump.trace, dump.metadata
     unknowns = list(target.notes)
+    if unsized is not None and unsized[1] and unsized[0] >= PEAK_UNSIZED_SHARE * state.peak_allocated_bytes:
+        unknowns.append(Unknown(UnknownKind.PEAK_UNSIZED, unsized[1], unsized[0]))
     if not trace:
         unknowns.append(Unknown(UnknownKind.NO_HISTORY))
     elif not state.has_frames:

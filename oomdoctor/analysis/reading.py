@@ -12,9 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from oomdoctor.allocator_rules import UNLIMITED, read_alloc_conf, unsplit_remainder_at_most
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.phases import PhaseIndex, build_spans, frame_windows, optimizer_annotation
-from oomdoctor.analysis.replay import LiveHistory, ReplayState, columns, final_live_blocks, ring_buffer_wrapped, walk
+from oomdoctor.analysis.replay import (
+    LiveHistory,
+    ReplayState,
+    columns,
+    final_live_blocks,
+    ring_buffer_wrapped,
+    unsized_remainders,
+    walk,
+)
 from oomdoctor.analysis.results import LiveAllocation, LiveBlock, PhaseSpan
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
@@ -107,6 +116,56 @@ def replay(dump: DeviceDump, series_points: int) -> ReplayState:
         # allocation's stack for them is the plain snapshot's work
         {} if dump.registry else _attribution.components_by_own_stacks(dump.trace),
     )
+
+
+def peak_unsized(dump: DeviceDump, state: ReplayState) -> tuple[int, int] | None:
+    """(bytes, blocks): how much more than the peak torch's max_memory_allocated may be over the
+    trace, for the unsplit remainders its blocks freed before the dump may have held
+    (`replay.unsized_remainders`); by the allocator's recorded settings, else the defaults (no
+    max_split_size), with expandable segments on only where the settings or the dump's segments say
+    so. Where oomdoctor's metadata records torch's own peak (`recorded_peak`) within that bound,
+    how much more it is, with no block left unsized (0). None without a peak."""
+    settings = dump.settings
+    if settings is not None:
+        expandable = settings.expandable_segments
+        max_split = settings.max_split_size if 0 < settings.max_split_size < UNLIMITED else None
+        # 2.11+: max_non_split_rounding defaults to large_segment_size; the larger one bounds either way
+        non_split = max(
+            read_alloc_conf(settings.raw_conf).max_non_split_rounding_bytes, settings.large_segment_size_bytes
+        )
+        divisions = settings.rounding_divisions
+    else:
+        expandable, max_split, non_split, divisions = bool(expandable_from_segments(dump)), None, 0, ()
+
+    def at_most(rounded: int) -> int:
+        return unsplit_remainder_at_most(
+            rounded, max_split_bytes=max_split, max_non_split_rounding_bytes=non_split, expandable=expandable
+        )
+
+    found = unsized_remainders(dump.trace, state.history, state.peak_index, at_most, divisions)
+    recorded = recorded_peak(dump, state)
+    peak = state.peak_allocated_bytes
+    if found is not None and recorded is not None and peak <= recorded <= peak + found[0]:
+        return recorded - peak, 0  # torch's own peak, as capture recorded it: nothing left unknown
+    return found
+
+
+def recorded_peak(dump: DeviceDump, state: ReplayState) -> int | None:
+    """torch's own peak of allocated bytes over the trace, where oomdoctor's metadata records it
+    (memory_stats at the dump, for this device) and the trace holds the whole run: nothing from
+    before it is live or freed in it, and the ring buffer did not wrap. Else None."""
+    metadata = dump.metadata
+    stats = metadata.memory_stats
+    if stats is None or stats.peak_allocated_bytes is None or dump.ring_buffer_wrapped:
+        return None
+    if metadata.device is None or metadata.device.index != dump.index:
+        return None
+    history = state.history
+    if history.pre_existing_frees or state.pre_existing_completions:
+        return None
+    if any(address not in history.live_at_end for address in history.final_blocks):
+        return None
+    return stats.peak_allocated_bytes
 
 
 def place(dump: DeviceDump, history: LiveHistory, live: Sequence[LiveAllocation], index: int | None) -> list[LiveBlock]:

@@ -484,6 +484,110 @@ def walk(
     )
 
 
+def unsized_remainders(
+    trace: DeviceTrace,
+    history: LiveHistory,
+    peak_index: int | None,
+    remainder_at_most: Callable[[int], int],
+    divisions: tuple[tuple[int, int], ...] = (),
+) -> tuple[int, int] | None:
+    """(bytes, blocks): how much more than the peak torch's own allocated bytes (what
+    `torch.cuda.max_memory_allocated` tracks) may have reached over the trace's events, and how many
+    blocks could hold an unsized remainder at the event where that bound is reached; None without
+    a peak.
+
+    The peak (docs/definitions.md) counts a block the dump no longer holds at round_size of its
+    request, which is less than the block when the allocator left an unsplit remainder in it
+    (spec §4.3); `remainder_at_most` gives the most that can be for a block of given bytes
+    (`allocator_rules.unsplit_remainder_at_most`). A block has none when another block began right
+    where its counted bytes end while it was live (a remainder would have been in its way), and
+    blocks live at the dump have their exact size there. After every alloc the walk adds the most
+    for each other block live then to the allocated bytes by the peak's rule: the largest of those
+    sums, less the peak, bounds what the file leaves unsized."""
+    if peak_index is None:
+        return None
+    final = history.final_blocks
+    exact = {entry[0] for address, entry in history.live_at_end.items() if address in final}
+    pre_frees = history.pre_existing_frees
+    caps: dict[int, int] = {}  # block bytes -> the most its remainder can be
+
+    def cap(block_bytes: int) -> int:
+        found = caps.get(block_bytes)
+        if found is None:
+            found = caps[block_bytes] = remainder_at_most(block_bytes)
+        return found
+
+    rows = list(zip(range(len(trace)), trace.actions, trace.addrs, trace.sizes))
+    # Pass 1: the blocks a neighbour shows to have no remainder, by their alloc event (-1 - the
+    # position of its free among `pre_frees` for a block from before the trace).
+    starts: dict[int, tuple[int, int]] = {}  # start -> (key, counted end) of each live block
+    ends: dict[int, int] = {}  # counted end -> key
+    for position, (_, address, size) in enumerate(pre_frees):
+        starts[address] = (-1 - position, address + size)
+        ends[address + size] = -1 - position
+    for address, kept in final.items():
+        if address not in history.live_at_end:  # from before the trace, never freed: exact
+            starts[address] = (-2 - len(pre_frees), address + kept.size)
+    pinned: set[int] = set()
+    for index, action, addr, size in rows:
+        if action == ALLOC:
+            end = addr + (final[addr].size if index in exact else round_size(size, divisions))
+            before = ends.get(addr)
+            if before is not None:
+                pinned.add(before)
+            if end in starts:
+                pinned.add(index)
+            old = starts.pop(addr, None)
+            if old is not None:
+                ends.pop(old[1], None)
+            starts[addr] = (index, end)
+            ends[end] = index
+        elif action == FREE_REQUESTED:
+            old = starts.pop(addr, None)
+            if old is not None:
+                ends.pop(old[1], None)
+    # Pass 2: the allocated bytes by the peak's rule, and what the unpinned blocks may add to them.
+    live: dict[int, tuple[int, int]] = {}  # address -> (bytes counted, remainder at most)
+    allocated = 0  # relative to the trace's start, as `walk` counts it
+    unsized = unsized_blocks = 0
+    pre_caps: dict[int, int] = {}
+    for position, (index, _, size) in enumerate(pre_frees):
+        most = 0 if -1 - position in pinned else cap(size)
+        pre_caps[index] = most
+        unsized += most
+        unsized_blocks += 1 if most else 0
+    peak_relative = None
+    best_blocks = 0
+    best_value: int | None = None
+    for index, action, addr, size in rows:
+        if action == ALLOC:
+            if index in exact:
+                block, most = final[addr].size, 0
+            else:
+                block = round_size(size, divisions)
+                most = 0 if index in pinned else cap(block)
+            live[addr] = (block, most)
+            allocated += block
+            if most:
+                unsized += most
+                unsized_blocks += 1
+            if index == peak_index:
+                peak_relative = allocated
+            if best_value is None or allocated + unsized > best_value:
+                best_value, best_blocks = allocated + unsized, unsized_blocks
+        elif action == FREE_REQUESTED:
+            entry = live.pop(addr, None)
+            if entry is None:  # allocated before the trace: counted at round_size of its free
+                entry = (round_size(size, divisions), pre_caps.get(index, 0))
+            allocated -= entry[0]
+            if entry[1]:
+                unsized -= entry[1]
+                unsized_blocks -= 1
+    if peak_relative is None or best_value is None:
+        return None
+    return max(0, best_value - peak_relative), best_blocks if best_value > peak_relative else 0
+
+
 def _frees_cache(stack: Stack) -> bool:
     """A stack of `torch.cuda.empty_cache()` (or of no frames): a flush the user asked for."""
     return not stack or any(frame.name == "empty_cache" for frame in stack)

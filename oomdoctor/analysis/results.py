@@ -66,6 +66,8 @@ class UnknownKind(StrEnum):
     OOM_CAUGHT = "oom-caught"  # count: OOMs at its site so far; the script caught the OOM judged and went on
     HISTORY_REARMED = "history-rearmed"  # count: calls by others to torch's _record_memory_history after install()
     HISTORY_STOPPED = "history-stopped"  # another caller stopped the history and it was not started again
+    # count: blocks, bytes: the most torch's max_memory_allocated may be above the peak (unsplit remainders)
+    PEAK_UNSIZED = "peak-unsized"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class Unknown:
 
     kind: str  # an UnknownKind
     count: int | None = None
+    bytes: int | None = None  # the one size its sentence names, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,10 @@ class ReplaySummary:
     # One per point of `series`: the most allocated over the events it stands for (what the
     # app's chart draws). Not in the JSON report: the report's series is the sampled points.
     series_peaks: tuple[SeriesPeak, ...] = ()
+    # The most torch's own allocated bytes (max_memory_allocated) may have reached over the trace's
+    # events: the peak plus the unsplit remainders the file cannot size in the blocks live then
+    # (docs/definitions.md, "The peak"); torch's is at least the peak. None: no trace to walk.
+    torch_peak_at_most_bytes: int | None = None
 
 
 class LiveAllocation(NamedTuple):

@@ -81,6 +81,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.HISTORY_REARMED: (
         "something else called torch's _record_memory_history {times} after oomdoctor.install() (as torchtitan's memory profiler does; who and with which settings: the Environment section, or the dump's recording.rearmed): the history may be cut there (a stop clears it), and its settings changed there"
     ),
+    UnknownKind.PEAK_UNSIZED: (
+        "how much higher torch's own peak (max_memory_allocated) is: up to {size} more, as the peak counts a block freed before the dump at its rounded request and the allocator may have left an unsplit remainder, which the trace does not record, in {blocks} live where that bound is reached"
+    ),
     UnknownKind.HISTORY_STOPPED: (
         "something else stopped torch's allocator history and it could not be started again: events after that are missing"
     ),
@@ -89,7 +92,7 @@ UNKNOWNS: dict[str, str] = {
 
 def unknown(item: Unknown) -> str:
     """One thing the dump could not tell, as a sentence (without its full stop); a sentence names its
-    count bare ({count}) or with its noun ({events}: '1 event', '2 events')."""
+    count bare ({count}) or with its noun ({events}: '1 event', '2 events'), and its bytes ({size})."""
     count = item.count or 0
     return UNKNOWNS[item.kind].format(
         count=item.count,
@@ -98,6 +101,7 @@ def unknown(item: Unknown) -> str:
         entries=plural(count, "entry", "entries"),
         allocations=plural(count, "allocation"),
         times="once" if count == 1 else f"{count} times",
+        size=human(item.bytes or 0),
     )
 
 

@@ -1,0 +1,198 @@
+"""Figures that are bounds or estimates say so where they are printed (docs/definitions.md, "The peak").
+
+1. The peak counts a block freed before the dump at its rounded request; the allocator may have left
+   an unsplit remainder in it that the trace does not record, so torch's own peak
+   (max_memory_allocated) may be higher. The JSON carries how high it may be
+   (`replay.torch_peak_at_most_bytes`); where that is 1% of the peak or more, "Not determined from
+   this file" says so and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import pickle
+from typing import Any
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.results import UnknownKind
+from oomdoctor.dump_metadata import MemoryStats
+from oomdoctor.load import load
+from oomdoctor.pipeline import render_report
+from oomdoctor.units import human_size
+from tests.builders import FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
+
+BASE = 0x7F0000000000
+
+
+def _raw(
+    trace: list[dict[str, Any]],
+    *,
+    live: dict[int, int] | None = None,
+    segment_bytes: int = 40 * MiB,
+    settings: dict[str, Any] | None = None,
+    expandable: bool = False,
+) -> Any:
+    """A snapshot dict in torch's shape: one segment at BASE holding `live` (offset -> bytes) at the
+    dump, free elsewhere; the trace's addresses are offsets from BASE."""
+    blocks, cursor = [], 0
+    for offset, size in sorted((live or {}).items()):
+        if offset > cursor:
+            blocks.append({"address": BASE + cursor, "size": offset - cursor, "requested_size": 0, "state": "inactive"})
+        blocks.append({"address": BASE + offset, "size": size, "requested_size": size, "state": "active_allocated"})
+        cursor = offset + size
+    if cursor < segment_bytes:
+        blocks.append(
+            {"address": BASE + cursor, "size": segment_bytes - cursor, "requested_size": 0, "state": "inactive"}
+        )
+    segment = {
+        "device": 0,
+        "address": BASE,
+        "total_size": segment_bytes,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": expandable,
+        "frames": [],
+        "blocks": blocks,
+    }
+    events = []
+    for i, e in enumerate(trace):
+        event = {"stream": 0, "time_us": 1000 + i, **e}
+        if "addr" in event:
+            event["addr"] = BASE + event["addr"]
+        events.append(event)
+    raw: dict[str, Any] = {"segments": [segment], "device_traces": [events]}
+    if settings is not None:
+        raw["allocator_settings"] = settings
+    return raw
+
+
+def _snapshot(raw: Any):
+    return load(io.BytesIO(pickle.dumps(raw, protocol=4)))
+
+
+def _alloc_free(*blocks: tuple[int, int]) -> list[dict[str, Any]]:
+    """Each (offset, bytes) allocated in order, then all freed."""
+    trace = [{"action": "alloc", "addr": offset, "size": size} for offset, size in blocks]
+    for offset, size in blocks:
+        trace.append({"action": "free_requested", "addr": offset, "size": size})
+        trace.append({"action": "free_completed", "addr": offset, "size": size})
+    return trace
+
+
+def _bound(raw: Any) -> int:
+    replay = analyse(_snapshot(raw)).replay
+    assert replay.torch_peak_at_most_bytes is not None
+    return replay.torch_peak_at_most_bytes - replay.peak_allocated_bytes
+
+
+# ---- 1. how much higher torch's own peak may be ------------------------------------------------------
+
+
+def test_each_large_block_freed_before_the_dump_may_hold_up_to_1_mib_more():
+    # two 3 MiB blocks far apart: either may have kept an unsplit remainder of up to 1 MiB
+    assert _bound(_raw(_alloc_free((0, 3 * MiB), (10 * MiB, 3 * MiB)))) == 2 * MiB
+
+
+def test_a_block_another_began_right_at_the_end_of_has_no_remainder():
+    # the second block starts where the first one's 3 MiB end: the first had none; the second may
+    assert _bound(_raw(_alloc_free((0, 3 * MiB), (3 * MiB, 3 * MiB)))) == 1 * MiB
+    # the neighbour allocated first pins the later block just the same
+    assert _bound(_raw(_alloc_free((3 * MiB, 3 * MiB), (0, 3 * MiB)))) == 1 * MiB
+
+
+def test_no_remainder_in_the_small_pool_with_expandable_segments_or_in_a_block_the_dump_holds():
+    assert _bound(_raw(_alloc_free((0, 512 * 1024), (2 * MiB, 1 * MiB)))) == 0  # small pool
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": True}
+    assert _bound(_raw(_alloc_free((0, 3 * MiB)), settings=settings, expandable=True)) == 0
+    kept = [{"action": "alloc", "addr": 0, "size": 3 * MiB}]  # live at the dump: its exact size there
+    assert _bound(_raw(kept, live={0: 3 * MiB})) == 0
+
+
+def test_a_block_above_max_split_size_may_hold_up_to_max_non_split_rounding():
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:20", "max_split_size": 20 * MiB}
+    bound = _bound(_raw(_alloc_free((0, 30 * MiB)), settings=settings, segment_bytes=60 * MiB))
+    assert bound == 20 * MiB - 512  # never split; a cached block is taken only when < 20 MiB larger
+
+
+def test_the_bound_is_the_most_over_the_trace_not_only_at_the_peak():
+    # the peak (8 MiB, one block the dump holds) has nothing unsized; an earlier moment with
+    # three 2.5 MiB blocks (7.5 MiB) may have held 3 MiB more: torch's peak may be 10.5 MiB
+    small = 5 * MiB // 2
+    trace = _alloc_free((0, small), (10 * MiB, small), (20 * MiB, small))
+    trace.append({"action": "alloc", "addr": 30 * MiB, "size": 8 * MiB})
+    raw = _raw(trace, live={30 * MiB: 8 * MiB})
+    replay = analyse(_snapshot(raw)).replay
+    assert replay.peak_allocated_bytes == 8 * MiB
+    assert replay.torch_peak_at_most_bytes == 3 * small + 3 * MiB
+
+
+def _forward_then_release(activations: int = 3):
+    """Parameters from before the trace; one forward's activations, each with an unsplit remainder
+    the trace does not record, make the peak and are freed."""
+    sim = Sim()
+    sim.alloc(256 * MiB, SETUP_STACK)
+    sim.start_recording()
+    sim.marker("forward", "start")
+    made = [sim.alloc(3 * MiB, FORWARD_STACK, remainder=768 * 1024) for _ in range(activations)]
+    sim.marker("forward", "end")
+    for address in made:
+        sim.free(address)
+    sim.alloc(2 * MiB, USER_STACK)
+    return sim.snapshot(registry=False)
+
+
+def test_not_determined_says_how_much_higher_torchs_peak_may_be():
+    snapshot = _forward_then_release()
+    analysis = analyse(snapshot)
+    peak = 256 * MiB + 3 * 3 * MiB
+    assert analysis.replay.peak_allocated_bytes == peak
+    assert analysis.replay.torch_peak_at_most_bytes == peak + 3 * MiB  # torch's was peak + 3 x 768 KiB
+    (unknown,) = [u for u in analysis.unknowns if u.kind == UnknownKind.PEAK_UNSIZED]
+    assert (unknown.bytes, unknown.count) == (3 * MiB, 3)
+    words = f"how much higher torch's own peak (max_memory_allocated) is: up to {human_size(3 * MiB)} more"
+    for fmt in ("text", "md"):
+        assert words in render_report(snapshot, fmt, source="dump.pickle").decode(), fmt
+    data = json.loads(render_report(snapshot, "json", source="dump.pickle"))
+    assert data["replay"]["torch_peak_at_most_bytes"] == peak + 3 * MiB
+    assert any(line.startswith(words) for line in data["unknowns"])
+
+
+def test_a_bound_under_one_percent_of_the_peak_is_in_the_json_alone():
+    snapshot = _forward_then_release(activations=2)
+    analysis = analyse(snapshot)
+    # 2 MiB of 262 MiB: under 1%
+    assert analysis.replay.torch_peak_at_most_bytes == analysis.replay.peak_allocated_bytes + 2 * MiB
+    assert not [u for u in analysis.unknowns if u.kind == UnknownKind.PEAK_UNSIZED]
+    assert "max_memory_allocated" not in render_report(snapshot, "text", source="dump.pickle").decode()
+
+
+def test_without_a_trace_there_is_no_bound():
+    raw = _raw([], live={0: 3 * MiB})
+    raw["device_traces"] = []
+    assert analyse(_snapshot(raw)).replay.torch_peak_at_most_bytes is None
+
+
+def test_where_the_metadata_records_torchs_own_peak_that_is_the_figure():
+    """Capture records torch's memory_stats at the dump: with the whole run in the trace, its peak
+    is torch's peak over the trace, so nothing about it is left unknown."""
+    sim = Sim()
+    made = [sim.alloc(3 * MiB, FORWARD_STACK, remainder=768 * 1024) for _ in range(3)]
+    for address in made:
+        sim.free(address)
+    sim.alloc(2 * MiB, USER_STACK)
+    snapshot = sim.snapshot(registry=False)
+    assert analyse(snapshot).replay.torch_peak_at_most_bytes == 9 * MiB + 3 * MiB  # the bound alone
+    torch_peak = 9 * MiB + 3 * 768 * 1024
+    stats = MemoryStats(peak_allocated_bytes=torch_peak)
+    recorded = dataclasses.replace(snapshot, oomdoctor=dataclasses.replace(snapshot.oomdoctor, memory_stats=stats))
+    analysis = analyse(recorded)
+    assert analysis.replay.peak_allocated_bytes == 9 * MiB
+    assert analysis.replay.torch_peak_at_most_bytes == torch_peak
+    assert not [u for u in analysis.unknowns if u.kind == UnknownKind.PEAK_UNSIZED]
+    # a recorded figure outside what the file allows (a reset peak, say) is not taken
+    low = MemoryStats(peak_allocated_bytes=8 * MiB)
+    reset = dataclasses.replace(snapshot, oomdoctor=dataclasses.replace(snapshot.oomdoctor, memory_stats=low))
+    assert analyse(reset).replay.torch_peak_at_most_bytes == 12 * MiB
