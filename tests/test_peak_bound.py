@@ -5,6 +5,9 @@
    (max_memory_allocated) may be higher. The JSON carries how high it may be
    (`replay.torch_peak_at_most_bytes`); where that is 1% of the peak or more, "Not determined from
    this file" says so and why.
+2. At a moment the dump postdates (allocations or frees after it), cached free, releasable,
+   fragments and the free blocks of the pools come from the layout rebuilt back from the dump:
+   their lines say they are an estimate; at a moment the dump holds exactly they do not.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import UnknownKind
 from oomdoctor.dump_metadata import MemoryStats
 from oomdoctor.load import load
+from oomdoctor.model import TraceEvent
 from oomdoctor.pipeline import render_report
+from oomdoctor.tui.content import fragmentation_lines, memory_lines
 from oomdoctor.units import human_size
 from tests.builders import FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
@@ -173,6 +178,53 @@ def test_without_a_trace_there_is_no_bound():
     raw = _raw([], live={0: 3 * MiB})
     raw["device_traces"] = []
     assert analyse(_snapshot(raw)).replay.torch_peak_at_most_bytes is None
+
+
+# ---- 2. figures of a layout rebuilt back from the dump ------------------------------------------------
+
+
+def _oom_then(more: bool):
+    """An OOM with free blocks in the cache; with `more`, the run allocates and frees after it, so
+    the dump postdates the OOM."""
+    sim = Sim(total_bytes=64 * MiB)
+    sim.alloc(24 * MiB, USER_STACK)
+    spare = sim.alloc(12 * MiB, USER_STACK)
+    sim.free(spare)
+    sim.events.append(TraceEvent("oom", 0, 40 * MiB, 0, USER_STACK, sim._tick(), device_free=4 * MiB))
+    if more:
+        sim.free(sim.alloc(2 * MiB, USER_STACK))
+    return sim.snapshot(registry=False)
+
+
+def test_the_layouts_figures_at_a_moment_the_dump_postdates_say_they_are_an_estimate():
+    snapshot = _oom_then(more=True)
+    text = render_report(snapshot, "text", source="dump.pickle").decode()
+    md = render_report(snapshot, "md", source="dump.pickle").decode()
+    analysis = analyse(snapshot)
+    assert analysis.replay.target_kind == "oom" and analysis.replay.events_after_target
+    (cached,) = [line for line in text.splitlines() if line.strip().startswith("cached, free")]
+    assert "(an estimate, as laid out: releasable " in cached
+    (pool,) = [line for line in text.splitlines() if "pool on this stream:" in line]
+    assert pool.endswith("(an estimate, as laid out)")
+    for label in ("cached, free", "releasable", "fragments"):
+        assert f"{label} (an estimate, as laid out) |" in md, label
+    assert "free cached blocks: " in md and "(an estimate, as laid out)\n- free in the" in md
+    (app_cached,) = [line for line in memory_lines(analysis) if line.strip().startswith("cached, free")]
+    assert "(an estimate, as laid out: releasable " in app_cached
+    assert all("(an estimate, as laid out)" in line for line in fragmentation_lines(analysis))
+    # exact lines stay as they were
+    for line in text.splitlines():
+        if line.strip().startswith(("reserved by PyTorch", "allocated", "failed request")):
+            assert "estimate" not in line, line
+
+
+def test_the_layouts_figures_at_a_moment_the_dump_holds_are_not_called_estimates():
+    snapshot = _oom_then(more=False)
+    analysis = analyse(snapshot)
+    assert analysis.replay.target_kind == "oom" and not analysis.replay.events_after_target
+    for fmt in ("text", "md"):
+        assert "an estimate" not in render_report(snapshot, fmt, source="dump.pickle").decode(), fmt
+    assert not any("estimate" in line for line in memory_lines(analysis) + fragmentation_lines(analysis))
 
 
 def test_where_the_metadata_records_torchs_own_peak_that_is_the_figure():

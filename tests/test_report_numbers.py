@@ -110,6 +110,9 @@ class Device:
     series: list[int] = field(default_factory=list)  # allocated bytes after each event
     live_counts: list[int] = field(default_factory=list)  # live blocks after each event
     reserved_series: list[int] = field(default_factory=list)  # reserved bytes after each event
+    # after each event, the live blocks counted at a rounded request (freed before the dump) that are
+    # in the large pool: each may hold an unsplit remainder of up to 1 MiB the trace does not record
+    unsized_series: list[int] = field(default_factory=list)
 
     @property
     def peak(self) -> tuple[int, int] | None:
@@ -178,7 +181,7 @@ def facts_of(raw: Any) -> dict[int, Device]:
     for index, trace in enumerate(raw.get("device_traces") or []):
         d = devices[index]
         d.trace = list(trace)
-        d.series = allocated_series(d.trace, d.live_at_dump, d.live_counts)
+        d.series = allocated_series(d.trace, d.live_at_dump, d.live_counts, d.unsized_series)
         d.reserved_series = reserved_series(d.trace, d.reserved)
     return dict(devices)
 
@@ -187,10 +190,14 @@ _FREES = ("free_requested", "free_completed", "free")
 
 
 def allocated_series(
-    trace: list[dict[str, Any]], live_at_dump: dict[int, int], counts: list[int] | None = None
+    trace: list[dict[str, Any]],
+    live_at_dump: dict[int, int],
+    counts: list[int] | None = None,
+    unsized: list[int] | None = None,
 ) -> list[int]:
     """Allocated bytes after each event (docs/definitions.md, "The peak"); `counts` gets the number
-    of live blocks after each."""
+    of live blocks after each, `unsized` the number of those counted at a rounded request (not the
+    dump's exact size) above 1 MiB."""
     allocated_in_trace = {e.get("addr") for e in trace if e.get("action") == "alloc"}
     # the last alloc at an address, if nothing frees it after: the block the dump holds there
     last_alloc: dict[int, int] = {}
@@ -200,6 +207,7 @@ def allocated_series(
         elif e.get("action") in _FREES:
             last_alloc.pop(e.get("addr"), None)
     live: dict[int, int] = {}
+    rounded: set[int] = set()  # live blocks counted at a rounded request, above 1 MiB
     seen: set[int] = set()
     for e in trace:  # blocks from before the trace that it frees: round_size of the first free's size
         addr = e.get("addr")
@@ -209,6 +217,8 @@ def allocated_series(
             seen.add(addr)
             if e.get("action") != "free_completed":  # else its free was requested before the trace
                 live[addr] = round_size(e.get("size", 0))
+                if live[addr] > MIB:
+                    rounded.add(addr)
     for addr, size in live_at_dump.items():  # from before the trace, never freed in it
         if addr not in allocated_in_trace and addr not in live:
             live[addr] = size
@@ -218,16 +228,22 @@ def allocated_series(
         action, addr = e.get("action"), e.get("addr")
         if action == "alloc":
             size = live_at_dump.get(addr) if last_alloc.get(addr) == i and addr in live_at_dump else None
+            rounded.discard(addr)
             if size is None:
                 size = round_size(e.get("size", 0))
+                if size > MIB:
+                    rounded.add(addr)
             total -= live.get(addr, 0)
             live[addr] = size
             total += size
         elif action in _FREES and addr in live:
             total -= live.pop(addr)
+            rounded.discard(addr)
         series.append(total)
         if counts is not None:
             counts.append(len(live))
+        if unsized is not None:
+            unsized.append(len(rounded))
     return series
 
 
@@ -460,6 +476,7 @@ def json_mismatches(r: Reports) -> list[str]:
         want("replay.pre_existing_bytes", replay["pre_existing_bytes"], true)
         if index is not None:
             want("replay.events_after_target", replay["events_after_target"], len(d.trace) - 1 - index)
+    _torch_peak_mismatches(r, d, replay, out)
     for item in j.get("evidence") or []:
         m = re.search(r"\bat the (peak|dump|OOM)\b", item.get("text") or "")
         if item.get("metric") == "allocated_bytes" and m:
@@ -469,6 +486,38 @@ def json_mismatches(r: Reports) -> list[str]:
                 replay["peak_allocated_bytes"] if m.group(1) == "peak" else replay["target_allocated_bytes"],
             )
     return out
+
+
+def _torch_peak_mismatches(r: Reports, d: Device, replay: dict[str, Any], out: list[str]) -> None:
+    """`replay.torch_peak_at_most_bytes`, the most torch's own peak may be over the trace: none
+    without an alloc to make a peak; at least the peak; with expandable segments the peak itself; else
+    at most the checker's own cruder bound (after each alloc, 1 MiB for each live block above 1 MiB
+    counted at a rounded request, when no max_split_size lets a block stay whole by more). Where
+    oomdoctor's metadata records torch's own peak and nothing predates the trace, the bound holds it."""
+    at_most, peak = replay.get("torch_peak_at_most_bytes"), replay["peak_allocated_bytes"]
+    allocs = [i for i, e in enumerate(d.trace) if e.get("action") == "alloc"]
+    if not allocs:
+        if at_most is not None:
+            out.append(f"torch_peak_at_most_bytes without an alloc in the trace: {at_most!r}, not None")
+        return
+    if at_most is None or at_most < peak:
+        out.append(f"torch_peak_at_most_bytes {at_most!r} is not at least the peak {peak}")
+        return
+    settings = r.raw.get("allocator_settings") if isinstance(r.raw, dict) else None
+    settings = settings if isinstance(settings, dict) else None
+    expandable = bool(settings.get("expandable_segments")) if settings is not None else d.expandable
+    max_split = settings.get("max_split_size", -1) if settings is not None else -1
+    if expandable and at_most != peak:
+        out.append(f"torch_peak_at_most_bytes {at_most} above the peak {peak} with expandable segments")
+    elif isinstance(max_split, int) and not 0 < max_split < 1 << 62:
+        crude = max(d.series[i] + MIB * d.unsized_series[i] for i in allocs)
+        if at_most > max(crude, peak):
+            out.append(f"torch_peak_at_most_bytes {at_most} above the checker's bound {crude}")
+    metadata = r.raw.get("oomdoctor") if isinstance(r.raw, dict) else None
+    stats = metadata.get("memory_stats") if isinstance(metadata, dict) else None
+    torch_peak = stats.get("peak_allocated_bytes") if isinstance(stats, dict) else None
+    if isinstance(torch_peak, int) and replay["pre_existing_allocations"] == 0 and not peak <= torch_peak <= at_most:
+        out.append(f"torch's own peak {torch_peak} (the metadata's) is not within [{peak}, {at_most}]")
 
 
 @pytest.mark.parametrize("key", input_params())
@@ -481,6 +530,7 @@ def test_json_figures_are_the_files(key):
 # ---- the text and Markdown reports, read by their wording --------------------------------------------
 
 _SIZE = r"(-?\d+(?:\.\d+)? (?:bytes?|KiB|MiB|GiB|TiB))"
+ESTIMATED = " (an estimate, as laid out)"  # a figure of the layout rebuilt back from the dump
 
 
 def shown(size: int | None) -> str:
@@ -516,6 +566,15 @@ class Moment:
         if self.index is None:
             return True
         return all(e.get("action") == "oom" for e in self.d.trace[self.index + 1 :])
+
+    @property
+    def replayed(self) -> bool:
+        """Whether blocks were allocated or freed after the moment: the layout there is rebuilt back
+        from the dump, blocks freed since at their rounded requests, so its figures are estimates."""
+        if self.index is None:
+            return False
+        later = self.d.trace[self.index + 1 :]
+        return any(e.get("action") in ("alloc", "free_requested", "free_completed") for e in later)
 
     @property
     def allocated(self) -> int:
@@ -599,8 +658,29 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
     total_components = sum(j["components"].values()) or 1
     blocks_of = {c["name"]: c["block_count"] for c in j["component_detail"]}
     in_memory = None
+    bound_said = False
+    at_most = j["replay"].get("torch_peak_at_most_bytes")
+    peak = j["replay"]["peak_allocated_bytes"]
     for line in lines:
         cells = [c.strip().replace("\\", "") for c in line.strip("|").split("|")] if line.startswith("|") else None
+        # the figures of the layout rebuilt at the moment: each line says it is an estimate where blocks
+        # were allocated or freed after the moment, and only there
+        layout_line = (
+            (cells and cells[0].removesuffix(ESTIMATED) in ("cached, free", "releasable", "fragments"))
+            or re.match(r"cached, free\s", line)
+            or re.search(r"pool on (?:this|the request's) stream: ", line)
+            or "free cached blocks: " in line
+        )
+        if layout_line:
+            said = ESTIMATED in line or "(an estimate, as laid out: " in line
+            add(f"says whether it is an estimate: {line[:40]!r}", str(said), str(m.replayed))
+        if cells and cells[0].endswith(ESTIMATED):
+            cells[0] = cells[0].removesuffix(ESTIMATED)
+        if g := re.search(
+            r"how much higher torch's own peak \(max_memory_allocated\) is: up to " + _SIZE + " more", line
+        ):
+            bound_said = True
+            add("how much higher torch's own peak may be", g.group(1), at_most - peak if at_most is not None else None)
         if line.startswith(("Memory ", "### Memory ")):
             in_memory = True
         elif not line or line.startswith("#") and not line.startswith("### Memory"):
@@ -778,7 +858,15 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
                 if cells[0] == "fragments":
                     both = shown(acc["releasable_bytes"] + acc[key])
                     add("releasable + fragments = cached free (md)", both, shown(acc["free_cached_bytes"]))
-            if g := re.search(r"cached, free\s+" + _SIZE + r"\s+\(releasable " + _SIZE + r", fragments " + _SIZE, line):
+            if g := re.search(
+                r"cached, free\s+"
+                + _SIZE
+                + r"\s+\((?:an estimate, as laid out: )?releasable "
+                + _SIZE
+                + r", fragments "
+                + _SIZE,
+                line,
+            ):
                 acc = j["accounting"]
                 add(
                     "releasable + fragments = cached free",
@@ -894,7 +982,9 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             add("reserved", g.group(2), d.reserved)
             add("free in the cache", g.group(3), d.free_cached)
         if in_memory and m.at_dump and not d.expandable and m.index is None:
-            if g := re.search(r"cached, free\s+" + _SIZE + r"\s+\(releasable " + _SIZE, line):
+            if g := re.search(
+                r"cached, free\s+" + _SIZE + r"\s+\((?:an estimate, as laid out: )?releasable " + _SIZE, line
+            ):
                 add("releasable", g.group(2), d.releasable)
             if cells and cells[0] == "releasable":
                 add("releasable (md)", cells[1], d.releasable)
@@ -1042,6 +1132,8 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             end, _, note = cells[2].partition(" (")
             add(f"step {cells[0]} end (md)", end, d.series[row["last_index"]])
             add(f"step {cells[0]} end's note (md)", note.rstrip(")"), _end_note(m, row))
+    material = at_most is not None and at_most - peak > 0 and at_most - peak >= 0.01 * peak
+    out.append(("says how much higher torch's peak may be (1% of the peak or more)", str(bound_said), str(material)))
     rows_printed = len({what.split()[1] for what, _, _ in out if re.fullmatch(r"step \d+ peak(?: \(md\))?", what)})
     if rows_printed:
         said = steps_said if steps_said is not None else rows_printed
@@ -1167,6 +1259,9 @@ MUST_READ = (
     "device 1 at the same time",
     "Memory: device total",
     "Memory: outside PyTorch",
+    "says whether it is an estimate",
+    "how much higher torch's own peak may be",
+    "says how much higher torch's peak may be",
 )
 MUST_READ_MD = ("live blocks at the judged moment", "block 0x")  # the Markdown report's list of the largest blocks
 
@@ -1205,6 +1300,16 @@ def test_the_checkers_own_arithmetic():
         {"action": "free_requested", "addr": 1, "size": 100},
     ]
     assert allocated_series(trace, {3: 2048}) == [512 + 1024, 512, 512 + 2048, 512 + 2048, 2048]
+    # the blocks counted at a rounded request above 1 MiB: one freed before the dump, not one live at it
+    unsized: list[int] = []
+    big = [
+        {"action": "alloc", "addr": 1, "size": 3 * MIB},
+        {"action": "alloc", "addr": 2, "size": 3 * MIB},
+        {"action": "alloc", "addr": 3, "size": 4096},
+        {"action": "free_requested", "addr": 1, "size": 3 * MIB},
+    ]
+    allocated_series(big, {2: 3 * MIB + 512}, unsized=unsized)
+    assert unsized == [1, 1, 1, 0]
     assert reserved_series([{"action": "segment_alloc", "size": 10}, {"action": "segment_free", "size": 4}], 20) == [
         24,
         20,
@@ -1224,6 +1329,28 @@ def test_the_checker_catches_a_wrong_figure():
         assert any(m.startswith("replay.event_count") for m in json_mismatches(r))
     finally:
         r.json["replay"]["event_count"] -= 1
+
+
+def test_the_checker_catches_an_estimate_not_said_and_a_bound_left_out():
+    """A figure of a layout rebuilt back from the dump printed as if exact, the sentence on how much
+    higher torch's own peak may be left out, and a JSON bound below the peak are each caught."""
+    r = reports_of(("fixture", "no-oom-mlp-adam", "stripped"))
+    for fmt in ("text", "md"):
+        report = getattr(r, fmt)
+        assert text_mismatches(r, report) == []
+        unmarked = report.replace(ESTIMATED, "").replace("(an estimate, as laid out: ", "(")
+        assert unmarked != report
+        assert any(m.startswith("says whether it is an estimate") for m in text_mismatches(r, unmarked)), fmt
+        unsaid = "\n".join(line for line in report.splitlines() if "torch's own peak" not in line)
+        assert unsaid != report
+        assert any(m.startswith("says how much higher torch's peak") for m in text_mismatches(r, unsaid)), fmt
+    assert json_mismatches(r) == []
+    bound = r.json["replay"]["torch_peak_at_most_bytes"]
+    r.json["replay"]["torch_peak_at_most_bytes"] = r.json["replay"]["peak_allocated_bytes"] - 1
+    try:
+        assert any(m.startswith("torch_peak_at_most_bytes") for m in json_mismatches(r))
+    finally:
+        r.json["replay"]["torch_peak_at_most_bytes"] = bound
 
 
 def format_mismatches(r: Reports, fmt: str) -> list[str]:

@@ -27,9 +27,11 @@ from oomdoctor.views import phrasing
 from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
+    ESTIMATE_NOTE,
     allocated_rows,
     changes_title,
     evidence_line,
+    layout_estimated,
     main_risk,
     risk_line,
     target_step_words,
@@ -129,7 +131,8 @@ def memory_lines(analysis: Analysis) -> list[str]:
         (
             "  cached, free",
             acc.free_cached_bytes,
-            f"releasable {human_size(acc.releasable_bytes)}, fragments {human_size(acc.non_releasable_bytes)}",
+            (f"{ESTIMATE_NOTE}: " if layout_estimated(analysis) else "")
+            + f"releasable {human_size(acc.releasable_bytes)}, fragments {human_size(acc.non_releasable_bytes)}",
         )
     )
     if acc.pending_free_bytes:
@@ -588,15 +591,16 @@ def largest_free_block_bytes(segment: Segment) -> int:
 
 def fragmentation_lines(analysis: Analysis) -> list[str]:
     frag = analysis.fragmentation
+    estimated = f" ({ESTIMATE_NOTE})" if layout_estimated(analysis) else ""
     lines = [
-        f"internal (rounding) {human_size(frag.internal_bytes)}, external (free cached) {human_size(frag.external_bytes)}"
+        f"internal (rounding) {human_size(frag.internal_bytes)}, external (free cached) {human_size(frag.external_bytes)}{estimated}"
     ]
     if frag.request_pool is not None:
         fits = {True: "yes", False: "no", None: "unknown"}[frag.would_fit_if_contiguous]
         expandable = {True: "on", False: "off", None: "unknown"}[frag.expandable_segments]
         lines.append(
             f"{frag.request_pool} pool, stream {frag.request_stream}: free {human_size(frag.usable_free_bytes)}, "
-            f"largest block {human_size(frag.largest_usable_free_block_bytes)}; "
+            f"largest block {human_size(frag.largest_usable_free_block_bytes)}{estimated}; "
             f"request fits if contiguous: {fits}; expandable segments: {expandable}"
         )
     return [printable(line) for line in lines]

@@ -26,6 +26,7 @@ from oomdoctor.views.frames import BASIS_WORDS, shown_frames, without_user_code
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     DEVICE_COLUMNS,
+    ESTIMATE_NOTE,
     NO_FRAMES_GROUP,
     allocated_rows,
     cannot_tell,
@@ -35,6 +36,7 @@ from oomdoctor.views.report_rows import (
     evidence_places,
     evidence_value,
     largest_groups,
+    layout_estimated,
     main_risk,
     step_end_note,
     steps_shown,
@@ -289,6 +291,7 @@ def _devices(analysis: Analysis, add) -> None:
 
 def _memory(analysis: Analysis, where: str, add) -> None:
     acc = analysis.accounting
+    estimated = f" ({ESTIMATE_NOTE})" if layout_estimated(analysis) else ""
     add(f"### Memory {where}")
     add("")
     add("| | size | bytes |")
@@ -303,9 +306,9 @@ def _memory(analysis: Analysis, where: str, add) -> None:
             for label, value, note in allocated_rows(analysis)
         ),
         ("&nbsp;&nbsp;&nbsp;&nbsp;of which rounding", acc.rounding_bytes),
-        ("&nbsp;&nbsp;cached, free", acc.free_cached_bytes),
-        ("&nbsp;&nbsp;&nbsp;&nbsp;releasable", acc.releasable_bytes),
-        ("&nbsp;&nbsp;&nbsp;&nbsp;fragments", acc.non_releasable_bytes),
+        ("&nbsp;&nbsp;cached, free" + estimated, acc.free_cached_bytes),
+        ("&nbsp;&nbsp;&nbsp;&nbsp;releasable" + estimated, acc.releasable_bytes),
+        ("&nbsp;&nbsp;&nbsp;&nbsp;fragments" + estimated, acc.non_releasable_bytes),
     ]
     if acc.pending_free_bytes:
         rows.append(("&nbsp;&nbsp;pending free", acc.pending_free_bytes))
@@ -340,14 +343,15 @@ def _components(analysis: Analysis, add) -> None:
 
 def _fragmentation(analysis: Analysis, add) -> None:
     frag = analysis.fragmentation
+    estimated = f" ({ESTIMATE_NOTE})" if layout_estimated(analysis) else ""
     add("### Fragmentation")
     add("")
     add(
-        f"- rounding inside allocated blocks: {human(frag.internal_bytes)}; free cached blocks: {human(frag.external_bytes)}"
+        f"- rounding inside allocated blocks: {human(frag.internal_bytes)}; free cached blocks: {human(frag.external_bytes)}{estimated}"
     )
     if frag.request_pool is not None:
         add(
-            f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}"
+            f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimated}"
         )
         add(f"- would fit if contiguous: {_fits(frag.would_fit_if_contiguous)}")
     add(f"- expandable segments: {_flag(frag.expandable_segments)}")

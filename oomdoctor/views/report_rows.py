@@ -132,6 +132,17 @@ def risk_line(finding: Finding) -> str:
 
 LAYOUT_LABEL = "as laid out"
 LAYOUT_NOTE = "the blocks as the rebuilt segments hold them, unsplit remainders included"
+ESTIMATE = "an estimate"  # how a line from a replayed layout says what its figures are
+ESTIMATE_NOTE = f"{ESTIMATE}, {LAYOUT_LABEL}"
+
+
+def layout_estimated(analysis: Analysis) -> bool:
+    """Whether the figures read from the rebuilt layout at the judged moment (the as-laid-out
+    allocated bytes, cached free, releasable, fragments, the free blocks of the pools) are
+    estimates: allocations or frees came after the moment, so the layout was replayed back from the
+    dump, and blocks freed since count at their rounded requests, an unsplit remainder in them
+    unknown (docs/definitions.md, "The peak"). Reserved bytes and the allocated line are not."""
+    return any(u.kind == UnknownKind.REPLAYED_AFTER_TARGET for u in analysis.unknowns)
 
 
 def allocated_rows(analysis: Analysis) -> list[tuple[str, int, str]]:
@@ -144,7 +155,8 @@ def allocated_rows(analysis: Analysis) -> list[tuple[str, int, str]]:
     if allocated == laid_out:
         return [("allocated", allocated, "")]
     note = "the peak" if analysis.replay.target_kind == "peak" else "each live block at its own size"
-    return [("allocated", allocated, note), (LAYOUT_LABEL, laid_out, LAYOUT_NOTE)]
+    layout_note = f"{ESTIMATE}: {LAYOUT_NOTE}" if layout_estimated(analysis) else LAYOUT_NOTE
+    return [("allocated", allocated, note), (LAYOUT_LABEL, laid_out, layout_note)]
 
 
 def evidence_value(item: Evidence) -> str | None:

@@ -10,12 +10,14 @@ from oomdoctor.views import phrasing
 from oomdoctor.views.report_rows import (
     COMPONENT_LABELS,
     DEVICE_COLUMNS,
+    ESTIMATE_NOTE,
     allocated_rows,
     changes_title,
     component_rows,
     device_rows,
     evidence_line,
     largest_groups,
+    layout_estimated,
     main_risk,
     risk_line,
     step_end_note,
@@ -68,8 +70,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         if position == len(rows):
             note += f"{'; ' if note else ''}of which rounding {human(acc.rounding_bytes)}"
         add(f"    {label:<20}{human(value):>12}  ({note})")
+    estimated = f"{ESTIMATE_NOTE}: " if layout_estimated(analysis) else ""
     add(
-        f"    cached, free        {human(acc.free_cached_bytes):>12}  (releasable {human(acc.releasable_bytes)}, fragments {human(acc.non_releasable_bytes)})"
+        f"    cached, free        {human(acc.free_cached_bytes):>12}  ({estimated}releasable {human(acc.releasable_bytes)}, fragments {human(acc.non_releasable_bytes)})"
     )
     if acc.pending_free_bytes:
         add(f"    pending free        {human(acc.pending_free_bytes):>12}")
@@ -92,8 +95,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
     frag = analysis.fragmentation
     add("Fragmentation")
     if frag.request_pool is not None:
+        estimate = f" ({ESTIMATE_NOTE})" if layout_estimated(analysis) else ""
         add(
-            f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}"
+            f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimate}"
         )
         add(
             f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}; expandable segments: {_flag(frag.expandable_segments)}"
