@@ -517,7 +517,9 @@ def unsized_remainders(
             found = caps[block_bytes] = remainder_at_most(block_bytes)
         return found
 
-    rows = list(zip(range(len(trace)), trace.actions, trace.addrs, trace.sizes))
+    def rows() -> Iterable[tuple[int, str, int, int]]:  # the trace's events, walked twice, not copied
+        return zip(range(len(trace)), trace.actions, trace.addrs, trace.sizes)
+
     # Pass 1: the blocks a neighbour shows to have no remainder, by their alloc event (-1 - the
     # position of its free among `pre_frees` for a block from before the trace).
     starts: dict[int, tuple[int, int]] = {}  # start -> (key, counted end) of each live block
@@ -529,7 +531,7 @@ def unsized_remainders(
         if address not in history.live_at_end:  # from before the trace, never freed: exact
             starts[address] = (-2 - len(pre_frees), address + kept.size)
     pinned: set[int] = set()
-    for index, action, addr, size in rows:
+    for index, action, addr, size in rows():
         if action == ALLOC:
             end = addr + (final[addr].size if index in exact else round_size(size, divisions))
             before = ends.get(addr)
@@ -559,7 +561,7 @@ def unsized_remainders(
     peak_relative = None
     best_blocks = 0
     best_value: int | None = None
-    for index, action, addr, size in rows:
+    for index, action, addr, size in rows():
         if action == ALLOC:
             if index in exact:
                 block, most = final[addr].size, 0
