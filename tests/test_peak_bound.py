@@ -212,6 +212,8 @@ def test_the_layouts_figures_at_a_moment_the_dump_postdates_say_they_are_an_esti
     (app_cached,) = [line for line in memory_lines(analysis) if line.strip().startswith("cached, free")]
     assert "(an estimate, as laid out: releasable " in app_cached
     assert all("(an estimate, as laid out)" in line for line in fragmentation_lines(analysis))
+    (app_missing,) = [line for line in memory_lines(analysis) if line.startswith("missing")]
+    assert app_missing.endswith("(request minus what it could have had; an estimate, as laid out)")
     # exact lines stay as they were
     for line in text.splitlines():
         if line.strip().startswith(("reserved by PyTorch", "allocated", "failed request")):

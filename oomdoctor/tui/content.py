@@ -146,7 +146,9 @@ def memory_lines(analysis: Analysis) -> list[str]:
             )
         )
     if acc.missing_bytes is not None:
-        rows.append(("missing", acc.missing_bytes, "request minus what it could have had"))
+        # what it could have had counts the free blocks of its pool: as laid out, an estimate when replayed
+        estimate = f"; {ESTIMATE_NOTE}" if layout_estimated(analysis) else ""
+        rows.append(("missing", acc.missing_bytes, f"request minus what it could have had{estimate}"))
     return [f"{label:<20} {human_size(value):>12}" + (f"  ({note})" if note else "") for label, value, note in rows]
 
 
