@@ -491,8 +491,9 @@ def json_mismatches(r: Reports) -> list[str]:
 def _torch_peak_mismatches(r: Reports, d: Device, replay: dict[str, Any], out: list[str]) -> None:
     """`replay.torch_peak_at_most_bytes`, the most torch's own peak may be over the trace: none
     without an alloc to make a peak; at least the peak; with expandable segments the peak itself; else
-    at most the checker's own cruder bound (after each alloc, 1 MiB for each live block above 1 MiB
-    counted at a rounded request, when no max_split_size lets a block stay whole by more). Where
+    at most the checker's own cruder bound (the peak, plus the most over the allocs of 1 MiB for each
+    live block above 1 MiB counted at a rounded request, when no max_split_size lets a block stay
+    whole by more). Where
     oomdoctor's metadata records torch's own peak and nothing predates the trace, the bound holds it."""
     at_most, peak = replay.get("torch_peak_at_most_bytes"), replay["peak_allocated_bytes"]
     allocs = [i for i, e in enumerate(d.trace) if e.get("action") == "alloc"]
@@ -510,8 +511,8 @@ def _torch_peak_mismatches(r: Reports, d: Device, replay: dict[str, Any], out: l
     if expandable and at_most != peak:
         out.append(f"torch_peak_at_most_bytes {at_most} above the peak {peak} with expandable segments")
     elif isinstance(max_split, int) and not 0 < max_split < 1 << 62:
-        crude = max(d.series[i] + MIB * d.unsized_series[i] for i in allocs)
-        if at_most > max(crude, peak):
+        crude = peak + max(MIB * d.unsized_series[i] for i in allocs)
+        if at_most > crude:
             out.append(f"torch_peak_at_most_bytes {at_most} above the checker's bound {crude}")
     metadata = r.raw.get("oomdoctor") if isinstance(r.raw, dict) else None
     stats = metadata.get("memory_stats") if isinstance(metadata, dict) else None

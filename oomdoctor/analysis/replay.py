@@ -493,101 +493,91 @@ def unsized_remainders(
 ) -> tuple[int, int] | None:
     """(bytes, blocks): how much more than the peak torch's own allocated bytes (what
     `torch.cuda.max_memory_allocated` tracks) may have reached over the trace's events, and how many
-    blocks could hold an unsized remainder at the event where that bound is reached; None without
-    a peak.
+    blocks could hold an unsized remainder when that much could; None without a peak.
 
     The peak (docs/definitions.md) counts a block the dump no longer holds at round_size of its
     request, which is less than the block when the allocator left an unsplit remainder in it
     (spec §4.3); `remainder_at_most` gives the most that can be for a block of given bytes
-    (`allocator_rules.unsplit_remainder_at_most`). A block has none when another block began right
-    where its counted bytes end while it was live (a remainder would have been in its way), and
-    blocks live at the dump have their exact size there. After every alloc the walk adds the most
-    for each other block live then to the allocated bytes by the peak's rule: the largest of those
-    sums, less the peak, bounds what the file leaves unsized."""
+    (`allocator_rules.unsplit_remainder_at_most`): nothing in the small pool, so only requests over
+    SMALL_REQUEST_BYTES are walked (the large pool's segments hold no others: a block's neighbour
+    in its segment is one of them). A block has none when another block began right where its
+    counted bytes end while it was live (a remainder would have been in its way; one walk counts a
+    block until such a neighbour shows, which can only make the bound larger), and blocks live at
+    the dump have their exact size there. torch's allocated bytes after any event are at most the
+    peak's rule's there (at most the peak) plus the most the blocks live then may hold: the largest
+    of those sums over the events bounds what the file leaves unsized. (Adding it to each event's
+    own allocated bytes, and pinning a block for its whole life, would be tighter, at the cost of
+    more walks over the events: the analysis' time is kept for the peak's own walk.)"""
     if peak_index is None:
         return None
     final = history.final_blocks
     exact = {entry[0] for address, entry in history.live_at_end.items() if address in final}
-    pre_frees = history.pre_existing_frees
-    caps: dict[int, int] = {}  # block bytes -> the most its remainder can be
-
-    def cap(block_bytes: int) -> int:
-        found = caps.get(block_bytes)
-        if found is None:
-            found = caps[block_bytes] = remainder_at_most(block_bytes)
-        return found
-
-    def rows() -> Iterable[tuple[int, str, int, int]]:  # the trace's events, walked twice, not copied
-        return zip(range(len(trace)), trace.actions, trace.addrs, trace.sizes)
-
-    # Pass 1: the blocks a neighbour shows to have no remainder, by their alloc event (-1 - the
-    # position of its free among `pre_frees` for a block from before the trace).
-    starts: dict[int, tuple[int, int]] = {}  # start -> (key, counted end) of each live block
-    ends: dict[int, int] = {}  # counted end -> key
-    for position, (_, address, size) in enumerate(pre_frees):
-        starts[address] = (-1 - position, address + size)
-        ends[address + size] = -1 - position
+    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
+    large = list(compress(range(len(sizes)), map(SMALL_REQUEST_BYTES.__lt__, sizes)))
+    cap_of: dict[int, tuple[int, int]] = {}  # request -> (its counted bytes, the most its remainder can be)
+    # the live blocks by start: (counted end, the most their remainder can be); and their starts by end
+    live: dict[int, tuple[int, int]] = {}
+    by_end: dict[int, int] = {}
+    unsized = unsized_blocks = 0
     for address, kept in final.items():
         if address not in history.live_at_end:  # from before the trace, never freed: exact
-            starts[address] = (-2 - len(pre_frees), address + kept.size)
-    pinned: set[int] = set()
-    for index, action, addr, size in rows():
-        if action == ALLOC:
-            end = addr + (final[addr].size if index in exact else round_size(size, divisions))
-            before = ends.get(addr)
-            if before is not None:
-                pinned.add(before)
-            if end in starts:
-                pinned.add(index)
-            old = starts.pop(addr, None)
-            if old is not None:
-                ends.pop(old[1], None)
-            starts[addr] = (index, end)
-            ends[end] = index
-        elif action == FREE_REQUESTED:
-            old = starts.pop(addr, None)
-            if old is not None:
-                ends.pop(old[1], None)
-    # Pass 2: the allocated bytes by the peak's rule, and what the unpinned blocks may add to them.
-    live: dict[int, tuple[int, int]] = {}  # address -> (bytes counted, remainder at most)
-    allocated = 0  # relative to the trace's start, as `walk` counts it
-    unsized = unsized_blocks = 0
-    pre_caps: dict[int, int] = {}
-    for position, (index, _, size) in enumerate(pre_frees):
-        most = 0 if -1 - position in pinned else cap(size)
-        pre_caps[index] = most
-        unsized += most
-        unsized_blocks += 1 if most else 0
-    peak_relative = None
-    best_blocks = 0
-    best_value: int | None = None
-    for index, action, addr, size in rows():
+            live[address] = (address + kept.size, 0)
+            by_end[address + kept.size] = address
+    for _, address, size in history.pre_existing_frees:
+        live[address] = (address + size, remainder_at_most(size) if size > SMALL_REQUEST_BYTES else 0)
+        by_end[address + size] = address
+    for address, (end, most) in list(live.items()):  # a neighbour right at its end: no remainder
+        if most and end in live:
+            live[address] = (end, 0)
+    for _, most in live.values():
+        if most:
+            unsized += most
+            unsized_blocks += 1
+    best_value, best_blocks = unsized, unsized_blocks
+    # One walk over the large pool's events (SMALL_REQUEST_BYTES: the small pool leaves no
+    # remainder, and a large segment holds only large blocks). A block counts as possibly holding
+    # a remainder until a block is seen live right at its counted end: from then on it has none
+    # (counting it until then can only make the bound larger, never wrong).
+    for index, action, addr, size in zip(
+        large, map(actions.__getitem__, large), map(addrs.__getitem__, large), map(sizes.__getitem__, large)
+    ):
         if action == ALLOC:
             if index in exact:
-                block, most = final[addr].size, 0
+                end, most = addr + final[addr].size, 0
             else:
-                block = round_size(size, divisions)
-                most = 0 if index in pinned else cap(block)
-            live[addr] = (block, most)
-            allocated += block
+                known = cap_of.get(size)
+                if known is None:
+                    rounded = round_size(size, divisions)
+                    known = cap_of[size] = (rounded, remainder_at_most(rounded))
+                end, most = addr + known[0], known[1]
+            before = by_end.get(addr)
+            if before is not None:  # the block ending here has no remainder
+                held = live.get(before)
+                if held is not None and held[1]:
+                    live[before] = (held[0], 0)
+                    unsized -= held[1]
+                    unsized_blocks -= 1
+            if most and end in live:
+                most = 0
+            old = live.get(addr)
+            if old is not None:
+                by_end.pop(old[0], None)
+            live[addr] = (end, most)
+            by_end[end] = addr
             if most:
                 unsized += most
                 unsized_blocks += 1
-            if index == peak_index:
-                peak_relative = allocated
-            if best_value is None or allocated + unsized > best_value:
-                best_value, best_blocks = allocated + unsized, unsized_blocks
+                if unsized > best_value:
+                    best_value, best_blocks = unsized, unsized_blocks
         elif action == FREE_REQUESTED:
-            entry = live.pop(addr, None)
-            if entry is None:  # allocated before the trace: counted at round_size of its free
-                entry = (round_size(size, divisions), pre_caps.get(index, 0))
-            allocated -= entry[0]
-            if entry[1]:
-                unsized -= entry[1]
-                unsized_blocks -= 1
-    if peak_relative is None or best_value is None:
-        return None
-    return max(0, best_value - peak_relative), best_blocks if best_value > peak_relative else 0
+            held = live.pop(addr, None)
+            if held is not None:
+                if by_end.get(held[0]) == addr:
+                    del by_end[held[0]]
+                if held[1]:
+                    unsized -= held[1]
+                    unsized_blocks -= 1
+    return best_value, best_blocks
 
 
 def _frees_cache(stack: Stack) -> bool:
