@@ -317,3 +317,27 @@ def test_a_forward_that_may_train_fits_only_up_to_a_bound_before_annotations():
         old = analyse(load(io.BytesIO(pickle.dumps(as_written_by(_corpus_raw(file), minor), protocol=4))))
         assert old.what_if.case == "backward-unknown", (minor, old.what_if.case)
         assert not any(r.would_fit_alone for r in old.recommendations), (minor, old.recommendations)
+
+
+def test_balancing_replicas_without_times_saves_at_least_its_saving_at_the_oom():
+    """The real DataParallel run: with `time_us` (2.2+) a replica's pass that ran to its end while
+    the judged device was still in its own extrapolates the rest of the interrupted pass, and
+    balancing saves about that projection's excess over the mean. Written by 2.1 (no times) the
+    replica's pass is not known to have ended there, so the rest is unknown: the saving at the OOM is
+    a lower bound of the one at the pass's peak (what the rest adds raises it), said "at least",
+    never a smaller "about"."""
+    file = "multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle"
+    if file not in LABELS:
+        pytest.skip("corpus labels not found")
+
+    def advice(minor: int | None) -> dict[str, Any]:
+        raw = _corpus_raw(file) if minor is None else as_written_by(_corpus_raw(file), minor)
+        analysis = analyse(load(io.BytesIO(pickle.dumps(raw, protocol=4))))
+        return {r.id: r for r in analysis.recommendations}
+
+    modern, timed, untimed = advice(None), advice(3), advice(1)
+    assert not modern["balance-devices"].saved_at_least
+    assert timed["balance-devices"] == modern["balance-devices"]
+    balance = untimed["balance-devices"]
+    assert balance.saved_at_least, balance
+    assert balance.estimated_saved_bytes <= modern["balance-devices"].estimated_saved_bytes

@@ -279,9 +279,14 @@ def recommend(
     activations = c.get(Component.ACTIVATIONS, 0)
     rest = ctx.passes.rest
     rest_extra = 0  # what the rest of the pass the OOM interrupted adds, extrapolated
-    if rest is not None and rest.extrapolated and what_if is not None and what_if.rest_of_pass is rest:
+    projected_rest = rest is not None and rest.extrapolated and what_if is not None and what_if.rest_of_pass is rest
+    if projected_rest and rest is not None:
         rest_extra = max(0, rest.projected_pass_bytes - rest.pass_bytes)
         activations += rest_extra  # at the interrupted pass's projected peak
+    # the OOM cut a forward short whose rest nothing shows: a change whose saving grows with the
+    # pass (its activations, its batch, the judged device's excess over the replicas) saves at the
+    # pass's peak at least what it saves at the OOM, so that saving is a lower bound
+    rest_unseen = rest is not None and ctx.oom is not None and not projected_rest
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
@@ -314,10 +319,11 @@ def recommend(
         request_scale: float | None = None,
         fit_unknown: bool = False,
         freed: Sequence[LiveBlock] | None = None,
+        at_least: bool = False,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
-        when that fraction finds a place)."""
+        when that fraction finds a place); `at_least`: the saving is a lower bound."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
@@ -351,7 +357,7 @@ def recommend(
                 fits = None
         if fits and fit_unknown:
             fits = None
-        found.append(Recommendation(rec_id, shown, fits))
+        found.append(Recommendation(rec_id, shown, fits, saved_at_least=at_least))
 
     def scale_after(saved_bytes: float) -> float | None:
         """The batch scale whose what-if peak is this saving below today's."""
@@ -397,6 +403,7 @@ def recommend(
             Change.ACTIVATION_CHECKPOINTING,
             saved,
             scale=scale_after(saved),
+            at_least=rest_unseen,
         )
     if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (
@@ -416,7 +423,12 @@ def recommend(
             kept_before, steps, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
             unhalved = min(kept_before, scalable) // 2 if len(steps) >= 2 else 0
             saved = scalable // 2 - unhalved - held_over
-            add(Change.SMALLER_MICRO_BATCH, saved, scale=0.5 + (unhalved + held_over) / scalable)
+            add(
+                Change.SMALLER_MICRO_BATCH,
+                saved,
+                scale=0.5 + (unhalved + held_over) / scalable,
+                at_least=rest_unseen,
+            )
         else:
             # where every earlier pass's graph stays, each pass still to come adds a (smaller) one:
             # a smaller batch runs out later, and whether the loop ends first the file does not say
@@ -425,6 +437,7 @@ def recommend(
                 scalable // 2,
                 scale=0.5,
                 fit_unknown=Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx),
+                at_least=rest_unseen,
             )
     # without an OOM, advice is sized against the peak: a risk there with optimizer state its largest
     # part gets the change that shrinks that part too
@@ -522,7 +535,7 @@ def recommend(
         _advise_fused_attention(ctx, add, scale_after)
     if imbalance is not None:
         saved = balancing_saves(ctx, imbalance, rest_extra)  # at the pass's projected peak, as halving the batch
-        add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved))
+        add(Change.BALANCE_DEVICES, saved, scale=scale_after(saved), at_least=rest_unseen)
     gathering = None
     if Verdict.OVERSIZED_REQUEST in verdicts and Verdict.EVAL_OUTPUTS_KEPT in verdicts and ctx.request:
         outputs = kept_outputs(ctx)

@@ -465,6 +465,9 @@ class Recommendation:
     id: str  # a Change
     estimated_saved_bytes: int
     would_fit_alone: bool | None  # None when there is no failed request to fit
+    # the saving is a lower bound: estimated at the OOM of a pass whose rest nothing shows, which
+    # only adds to what the change saves at that pass's peak
+    saved_at_least: bool = False
 
 
 @dataclass(frozen=True, slots=True)

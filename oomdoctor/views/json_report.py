@@ -117,12 +117,15 @@ def _finding(finding: Finding) -> dict[str, Any]:
 
 
 def _recommendation(item: Recommendation) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "id": item.id,
         "text": phrasing.recommendation(item),
         "estimated_saved_bytes": item.estimated_saved_bytes,
         "would_fit_alone": item.would_fit_alone,
     }
+    if item.saved_at_least:  # the saving is a lower bound (the rest of the interrupted pass is unknown)
+        out["estimated_saved_is_lower_bound"] = True
+    return out
 
 
 def _what_if(what_if: WhatIf) -> dict[str, Any]:

@@ -353,6 +353,19 @@ def recommendation(item: Recommendation) -> str:
     return CHANGES[item.id]
 
 
+def saving(item: Recommendation) -> str:
+    """What a recommendation saves, as its estimate or as the lower bound it is (the heading says
+    what the bound is of: `report_rows.changes_basis`)."""
+    if item.saved_at_least:
+        return f"saves at least {human(item.estimated_saved_bytes)}"
+    return f"saves about {human(item.estimated_saved_bytes)}"
+
+
+def saving_cell(item: Recommendation) -> str:
+    """A recommendation's saving in a table column headed "saves about"."""
+    return f"at least {human(item.estimated_saved_bytes)}" if item.saved_at_least else human(item.estimated_saved_bytes)
+
+
 # --- the verdict's story and its evidence ---------------------------------------------------------
 
 

@@ -88,11 +88,14 @@ def changes_basis(analysis: Analysis) -> str | None:
     """Where the rest of a pass the OOM interrupted was extrapolated, the batch-sized changes'
     savings are at that pass's projected peak (the what-if gives it), which may be more than the
     device held at the OOM; where the what-if was made from a recorded step's peak (a report of the
-    dump), at that peak, which may be more than the dump holds: said so (None otherwise)."""
+    dump), at that peak, which may be more than the dump holds; where the rest of the pass is
+    unknown, the savings that grow with it are lower bounds at the OOM: said so (None otherwise)."""
     rest = analysis.what_if.rest_of_pass
     basis = analysis.what_if.basis
     if rest is not None and rest.extrapolated:
         return f"batch-sized changes at the interrupted pass's projected peak, {human_size(rest.projected_pass_bytes)} of its own"
+    if any(r.saved_at_least for r in analysis.recommendations):
+        return "a saving 'at least' is estimated at the OOM: the rest of the interrupted pass, which nothing shows, only adds to it"
     if basis is not None and any(r.id in BATCH_SIZED_CHANGES for r in analysis.recommendations):
         # the what-if was made from a recorded step's peak, not the moment the report describes
         return f"batch-sized changes at step {basis.step}'s peak, {human_size(basis.peak_allocated_bytes)}"
