@@ -1,5 +1,7 @@
 """Advice where the file cannot tell: a saving estimated at the OOM of a pass whose rest nothing
-shows is a lower bound, and said so."""
+shows is a lower bound, and said so; where nothing tells whether the run trains (a torch before 2.5
+wrote no annotations, and the trace shows no backward), the advice for a pass that trains is given
+on that condition, not dropped and not asserted."""
 
 from __future__ import annotations
 
@@ -37,3 +39,19 @@ def test_a_saving_at_the_oom_of_a_pass_whose_rest_is_unknown_is_a_lower_bound():
     markdown = render_report(snapshot, "md", analysis=analysis).decode()
     assert "| at least " in markdown
     assert b'"estimated_saved_is_lower_bound": true' in render_report(snapshot, "json", analysis=analysis)
+
+
+def test_when_the_file_cannot_tell_whether_the_run_trains_checkpointing_is_advised_on_that_condition():
+    """Without annotations (torch < 2.5) a forward with no backward in sight may be a training
+    run's: activation checkpointing is advised "if this run trains", its fit not said; a file that
+    records annotations and shows no optimizer at work gets none."""
+    old = _forward_cut_short(annotations_recorded=False)
+    analysis = analyse(old)
+    checkpointing = [r for r in analysis.recommendations if r.id == Change.ACTIVATION_CHECKPOINTING]
+    assert len(checkpointing) == 1, analysis.recommendations
+    assert checkpointing[0].if_trains and checkpointing[0].would_fit_alone is None
+    text = render_report(old, "text", analysis=analysis).decode()
+    assert "If this run trains (the file cannot tell), use activation checkpointing" in text
+    assert b'"if_trains": true' in render_report(old, "json", analysis=analysis)
+    modern = analyse(_forward_cut_short(annotations_recorded=True))
+    assert Change.ACTIVATION_CHECKPOINTING not in [r.id for r in modern.recommendations]

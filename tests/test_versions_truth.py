@@ -341,3 +341,21 @@ def test_balancing_replicas_without_times_saves_at_least_its_saving_at_the_oom()
     balance = untimed["balance-devices"]
     assert balance.saved_at_least, balance
     assert balance.estimated_saved_bytes <= modern["balance-devices"].estimated_saved_bytes
+
+
+def test_before_annotations_checkpointing_is_advised_if_the_run_trains():
+    """The real DataParallel run trains (its optimizer annotations, the expert's label), and the
+    expert advises checkpointing its message-passing iterations. Written by a torch before 2.5 the
+    file cannot tell whether it trains (no annotation, and the OOM came before any backward): the
+    advice is given on that condition, its fit not said, not dropped and not asserted."""
+    file = "multi_device_expandable__constructor_sun_code_location__memory_snapshot.pickle"
+    if file not in LABELS:
+        pytest.skip("corpus labels not found")
+    modern = analyse(load(io.BytesIO(pickle.dumps(_corpus_raw(file), protocol=4))))
+    advised = {r.id: r for r in modern.recommendations}
+    assert not advised["activation-checkpointing"].if_trains
+    for minor in (3, 1):
+        old = analyse(load(io.BytesIO(pickle.dumps(as_written_by(_corpus_raw(file), minor), protocol=4))))
+        checkpointing = {r.id: r for r in old.recommendations}.get("activation-checkpointing")
+        assert checkpointing is not None, (minor, old.recommendations)
+        assert checkpointing.if_trains and checkpointing.would_fit_alone is None, (minor, checkpointing)

@@ -301,6 +301,10 @@ def recommend(
     # annotations): it saves nothing for a backward, so there is no graph to checkpoint and no
     # gradient to accumulate over micro-batches, whatever the run did before
     pass_trains = training and ctx.target_phase != PHASE_EVALUATION
+    # nothing in the file tells whether the run trains (torch < 2.5 wrote no annotations, and the
+    # trace shows no backward): the advice for a pass that trains is given on that condition, its
+    # saving the estimate for a run that does, and whether it fits not said (it saves nothing if not)
+    maybe_trains = not training and ctx.trains_unknown() and ctx.target_phase != PHASE_EVALUATION
     found: list[Recommendation] = []
     # without an OOM or a risk, only a change that removes waste is advised (fused attention
     # materialises no score matrices, at no cost), none that trades speed or batch for memory
@@ -320,10 +324,12 @@ def recommend(
         fit_unknown: bool = False,
         freed: Sequence[LiveBlock] | None = None,
         at_least: bool = False,
+        if_trains: bool = False,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
-        when that fraction finds a place); `at_least`: the saving is a lower bound."""
+        when that fraction finds a place); `at_least`: the saving is a lower bound; `if_trains`:
+        the change applies only if the run trains, which the file cannot tell (its fit unknown)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
@@ -355,9 +361,9 @@ def recommend(
                 )
             elif fits:
                 fits = None
-        if fits and fit_unknown:
+        if fits and (fit_unknown or if_trains):
             fits = None
-        found.append(Recommendation(rec_id, shown, fits, saved_at_least=at_least))
+        found.append(Recommendation(rec_id, shown, fits, saved_at_least=at_least, if_trains=if_trains))
 
     def scale_after(saved_bytes: float) -> float | None:
         """The batch scale whose what-if peak is this saving below today's."""
@@ -373,7 +379,7 @@ def recommend(
     in_step = ctx.target_phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD)
     if (
         activations
-        and pass_trains
+        and (pass_trains or maybe_trains)
         and not in_step
         and Verdict.INFERENCE_WITH_GRAD not in verdicts
         and Verdict.EVAL_OUTPUTS_KEPT not in verdicts  # kept outputs are no graph to checkpoint
@@ -404,6 +410,7 @@ def recommend(
             saved,
             scale=scale_after(saved),
             at_least=rest_unseen,
+            if_trains=not pass_trains,
         )
     if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (

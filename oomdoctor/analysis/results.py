@@ -468,6 +468,9 @@ class Recommendation:
     # the saving is a lower bound: estimated at the OOM of a pass whose rest nothing shows, which
     # only adds to what the change saves at that pass's peak
     saved_at_least: bool = False
+    # advice for a run that trains, where the file cannot tell whether it does (torch < 2.5 wrote no
+    # annotations, and the trace shows no backward): it saves nothing if the run does not
+    if_trains: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,6 +125,8 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
     }
     if item.saved_at_least:  # the saving is a lower bound (the rest of the interrupted pass is unknown)
         out["estimated_saved_is_lower_bound"] = True
+    if item.if_trains:  # advice for a run that trains, where the file cannot tell whether it does
+        out["if_trains"] = True
     return out
 
 

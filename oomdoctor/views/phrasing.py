@@ -349,8 +349,12 @@ CHANGES: dict[str, str] = {
 
 
 def recommendation(item: Recommendation) -> str:
-    """The change a recommendation asks for, as one imperative sentence."""
-    return CHANGES[item.id]
+    """The change a recommendation asks for, as one imperative sentence (for a run that may not
+    train, conditional on its training)."""
+    words = CHANGES[item.id]
+    if item.if_trains:
+        return f"If this run trains (the file cannot tell), {words[:1].lower()}{words[1:]}"
+    return words
 
 
 def saving(item: Recommendation) -> str:
