@@ -6,11 +6,12 @@ on that condition, not dropped and not asserted."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import Change
 from oomdoctor.pipeline import render_report
-from tests.builders import FORWARD_STACK, SETUP_STACK, Sim
+from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, Sim
 
 MiB = 1 << 20
 
@@ -55,3 +56,46 @@ def test_when_the_file_cannot_tell_whether_the_run_trains_checkpointing_is_advis
     assert b'"if_trains": true' in render_report(old, "json", analysis=analysis)
     modern = analyse(_forward_cut_short(annotations_recorded=True))
     assert Change.ACTIVATION_CHECKPOINTING not in [r.id for r in modern.recommendations]
+
+
+def _two_steps(*, markers: bool):
+    """Two training steps: weights, a forward, its backward, an Adam step that makes its state,
+    then the loop frees the step's output (`del out`, its free carrying the allocation's stack, as
+    torch 2.0 records it) before the next forward; the second step likewise."""
+    sim = Sim(total_bytes=4096 * MiB)
+    sim.alloc(64 * MiB, SETUP_STACK)
+    for _ in range(2):
+        if markers:
+            sim.marker("forward", "start")
+        activation = sim.alloc(32 * MiB, FORWARD_STACK)
+        output = sim.alloc(16 * MiB, FORWARD_STACK)
+        if markers:
+            sim.marker("backward", "start")
+        sim.alloc(64 * MiB, BACKWARD_STACK)  # the gradient, kept
+        sim.free(activation)
+        if markers:
+            sim.marker("optimizer_step", "start")
+        sim.alloc(8 * MiB, ADAM_INIT_STACK)
+        if markers:
+            sim.marker("optimizer_step", "end")
+        sim.free(output)
+    return sim.snapshot(metadata=markers)
+
+
+def test_a_step_whose_end_no_mark_shows_holds_at_least_its_figure():
+    """Without a mark of where a step ended (no annotation, no frees of zero_grad), it ends where
+    the next step first allocates, after the loop's frees that may be the next step's: what it held
+    at its end is at least the figure read there, and the report says so; with marks it is exact."""
+    plain = _two_steps(markers=False)
+    analysis = analyse(plain)
+    assert len(analysis.steps) == 2, analysis.steps
+    first = analysis.steps[0]
+    assert first.end_at_least, first
+    text = render_report(plain, "text", analysis=analysis).decode()
+    assert re.search(r"step 0 .* at its end at least ", text), text
+    assert "'at least': no mark shows where the step ended" in text
+    assert "| at least " in render_report(plain, "md", analysis=analysis).decode()
+    assert b'"end_at_least": true' in render_report(plain, "json", analysis=analysis)
+    marked = analyse(_two_steps(markers=True))
+    assert not any(step.end_at_least for step in marked.steps), marked.steps
+    assert b"end_at_least" not in render_report(_two_steps(markers=True), "json")

@@ -11,6 +11,8 @@ else. Per fixture and era:
   or a secondary finding), or the modern reading's where that differs from the truth (what other
   tests list as known misses);
 - the judged moment (phase and step), the number of steps and the peak are the modern reading's;
+  what each step held at its end is too, or is said to be a lower bound of it ("at least": no mark
+  shows where the step ended) and is;
 - no component is claimed over the truth by more than 10% and 1 MiB (a run without an OOM is judged
   at its peak, not at its dump's moment, so there over the modern reading);
 - the text report names no field the era lacks ("phases from annotations" before 2.5, "by time_us"
@@ -139,6 +141,15 @@ def test_an_older_format_reads_the_same_truth(name, minor):
         )
     if len(old.steps) != len(modern.steps):
         wrong.append(f"{len(old.steps)} steps, modern {len(modern.steps)}")
+    else:  # what each step held at its end: the modern reading's, or a lower bound of it said so
+        for step, then in zip(old.steps, modern.steps, strict=True):
+            if step.end_allocated_bytes != then.end_allocated_bytes and not (
+                step.end_at_least and step.end_allocated_bytes <= then.end_allocated_bytes
+            ):
+                wrong.append(
+                    f"step {step.step} at its end {step.end_allocated_bytes}"
+                    f"{' at least' if step.end_at_least else ''}, modern {then.end_allocated_bytes}"
+                )
     if old.replay.peak_allocated_bytes != modern.replay.peak_allocated_bytes:
         wrong.append(f"peak {old.replay.peak_allocated_bytes}, modern {modern.replay.peak_allocated_bytes}")
     # no component over the truth (at an OOM; where the modern reading already claims more, over

@@ -78,7 +78,7 @@ from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import HISTORY_RESTORED
-from oomdoctor.model import ALLOC, OOM, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot
 from oomdoctor.vocabulary import Component
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
@@ -355,6 +355,17 @@ def _attribute(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[
     return blocks, _attribution.shares(blocks)
 
 
+def _end_unmarked(dump: _DeviceDump, first: int, last: int) -> bool:
+    """Whether a step's end is only where the next step first allocates (no mark shows it), with
+    frees after its own last allocation: what it held at its end is at least what it held there."""
+    if last + 1 not in dump.inferred_step_starts:
+        return False
+    trace = dump.trace
+    allocations = trace.positions_in(ALLOC, first, last + 1)
+    after = int(allocations[-1]) + 1 if len(allocations) else first
+    return any(len(trace.positions_in(action, after, last + 1)) for action in (FREE_REQUESTED, FREE_COMPLETED))
+
+
 def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Moment:
     """The phase and step the target fell in (for the dump, the last span, or where the markers
     moved on to since), and a summary of every step when something marks them."""
@@ -381,6 +392,7 @@ def _judge_moment(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Mo
                 s.peak_allocated_bytes,
                 s.end_allocated_bytes,
                 s.peak_activation_bytes if forwards else None,
+                _end_unmarked(dump, s.first_index, s.last_index),
             )
             for step, s in sorted(state.steps.items())
         )

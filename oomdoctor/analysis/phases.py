@@ -900,8 +900,11 @@ def build_spans(
     markers: Sequence[Marker] | None,
     annotations: Sequence[Annotation],
     device: int,
+    inferred: set[int] | None = None,
 ) -> tuple[list[PhaseSpan], str]:
-    """Phase spans covering every event of `trace`, and the most trusted source that decided them."""
+    """Phase spans covering every event of `trace`, and the most trusted source that decided them.
+    `inferred`, when given, receives the first event of each step whose start no mark shows (see
+    `_number_steps`)."""
     count = len(trace)
     if count == 0:
         return [], SOURCE_NONE
@@ -957,6 +960,7 @@ def build_spans(
         has_optimizer=has_optimizer,
         stepping=stepping,
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
+        inferred=inferred,
     )
     if windows or not named:  # (not named: the optimizer annotations alone count the steps)
         source = window_source
@@ -1086,6 +1090,7 @@ def _number_steps(
     has_optimizer: bool,
     stepping: _Interiors,
     loop_marks: frozenset[int] = frozenset(),
+    inferred: set[int] | None = None,
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
 
@@ -1098,6 +1103,9 @@ def _number_steps(
     `zero_grad`, a DataLoader's next batch) between a forward and the backward that comes next is
     inside that iteration (`loss = model(x); optimizer.zero_grad(); loss.backward()`, a loader that
     fetches the next batch before the backward): a backward is never the first phase of a step.
+    A step that ends by its phases alone (no mark) ends where the next step first allocates, so the
+    frees between are the ending step's, though they may be the next one's (a loop's `del`, a
+    `zero_grad` whose frees do not show it): such a step's first event goes into `inferred`.
     """
     if boundaries:
         cut: list[tuple[int, int, str, str, bool]] = []
@@ -1142,6 +1150,8 @@ def _number_steps(
         if ends_step and work:
             step += 1
             work = False
+            if inferred is not None and first not in marks:
+                inferred.add(first)
         if allocates:
             previous = phase
             if phase in _WORK or phase == PHASE_UNKNOWN:  # unknown: a trace whose stacks name no phase

@@ -54,12 +54,18 @@ class DeviceDump:
     expandable_available: bool = True
     ran_out: bool = False  # an `oom` event on any device's trace: the dump may cut a call short
     annotations_recorded: bool = True  # the file has `external_annotations` (torch >= 2.5)
+    # the first event of each step whose start no mark shows (`phases.build_spans`): the step before
+    # it ends where this one first allocates
+    inferred_step_starts: frozenset[int] = frozenset()
 
 
 def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
     """What the dump holds for `device`."""
     trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
-    spans, phase_source = build_spans(trace, markers=metadata.markers, annotations=snapshot.annotations, device=device)
+    inferred: set[int] = set()
+    spans, phase_source = build_spans(
+        trace, markers=metadata.markers, annotations=snapshot.annotations, device=device, inferred=inferred
+    )
     recording = metadata.recording
     segments = snapshot.segments_on(device)
     registry = _attribution.Registry(metadata, device)
@@ -82,6 +88,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         expandable_available=snapshot.source_format != "legacy-history",
         ran_out=any(len(columns(t).positions(OOM)) for t in snapshot.traces),
         annotations_recorded=snapshot.annotations_recorded,
+        inferred_step_starts=frozenset(inferred),
     )
 
 

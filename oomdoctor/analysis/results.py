@@ -279,6 +279,10 @@ class StepSummary:
     end_allocated_bytes: int
     # None where the trace names no forward pass (a trace without stacks): what was activations is unknown
     peak_activation_bytes: int | None
+    # `end_allocated_bytes` is a lower bound: no mark (annotation, the frees of zero_grad or of an
+    # optimizer's step) shows where the step ended, so it is read where the next step first
+    # allocates, after frees that may be the next step's (torch 2.0 records no free's own stack)
+    end_at_least: bool = False
 
 
 Fact = int | float | str | None

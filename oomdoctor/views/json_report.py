@@ -25,6 +25,7 @@ from oomdoctor.analysis.results import (
     LiveBlock,
     Recommendation,
     ReplaySummary,
+    StepSummary,
     WhatIf,
 )
 from oomdoctor.model import Stack
@@ -116,6 +117,14 @@ def _finding(finding: Finding) -> dict[str, Any]:
     }
 
 
+def _step(step: StepSummary) -> dict[str, Any]:
+    """A step's row; `end_at_least` only where its end figure is a lower bound (so other reports keep their bytes)."""
+    row = _plain(step)
+    if not step.end_at_least:
+        del row["end_at_least"]
+    return row
+
+
 def _recommendation(item: Recommendation) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": item.id,
@@ -172,7 +181,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "target_phase": analysis.target_phase,
         "target_step": analysis.target_step,
         "phases": _plain(analysis.phases),
-        "steps": _plain(analysis.steps),
+        "steps": [_step(step) for step in analysis.steps],
         "live_block_count": len(analysis.live_blocks),
         "live_blocks": [_block(b) for b in analysis.live_blocks[:LIVE_BLOCK_LIMIT]],
         "unknowns": list(phrasing.unknowns(analysis.unknowns)),

@@ -232,7 +232,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
             note = step_end_note(analysis, summary)
             after = f" ({note})" if note else ""
             add(
-                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {human(summary.end_allocated_bytes)}{after} | {'unknown' if summary.peak_activation_bytes is None else human(summary.peak_activation_bytes)} |"
+                f"| {summary.step} | {human(summary.peak_allocated_bytes)} | {'at least ' if summary.end_at_least else ''}{human(summary.end_allocated_bytes)}{after} | {'unknown' if summary.peak_activation_bytes is None else human(summary.peak_activation_bytes)} |"
             )
         add("")
 

@@ -66,7 +66,11 @@ def steps_shown(analysis: Analysis) -> tuple[list[StepSummary], str]:
     """The steps table's rows, and '' or 'the last 8 of 72' where it leaves earlier steps out."""
     rows = list(analysis.steps[-STEPS_SHOWN:])
     left_out = len(analysis.steps) > len(rows)
-    return rows, f"the last {len(rows)} of {len(analysis.steps)}" if left_out else ""
+    shown = f"the last {len(rows)} of {len(analysis.steps)}" if left_out else ""
+    if any(row.end_at_least for row in rows):
+        bound = "'at least': no mark shows where the step ended, so its end is read where the next step first allocates"
+        shown = f"{shown}; {bound}" if shown else bound
+    return rows, shown
 
 
 def ended_at_the_oom(analysis: Analysis, step: StepSummary) -> bool:

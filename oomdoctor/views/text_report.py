@@ -133,8 +133,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             end = {"after the OOM": "after OOM ", "at the OOM": "at the OOM"}.get(
                 step_end_note(analysis, step), "at its end"
             )
+            at_end = f"{'at least ' if step.end_at_least else ''}{human(step.end_allocated_bytes)}"
             add(
-                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   {end} {human(step.end_allocated_bytes):>12}   activations peak {_activation_peak(step):>12}"
+                f"  step {step.step:<4} peak {human(step.peak_allocated_bytes):>12}   {end} {at_end:>12}   activations peak {_activation_peak(step):>12}"
             )
         add("")
 
