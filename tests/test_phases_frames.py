@@ -875,3 +875,26 @@ def test_an_oom_in_the_first_forward_of_a_closure_trains_and_is_advised_as_train
         assert {"activation-checkpointing", "smaller-micro-batch"} <= ids and "smaller-batch" not in ids
     else:
         assert "activation-checkpointing" not in ids and "smaller-micro-batch" not in ids
+
+
+def test_frees_are_read_as_carrying_allocation_stacks_only_where_they_do():
+    """zero_grad's released gradients are looked for (`_gradients_released`) only in a trace whose
+    frees carry their blocks' allocation stacks (torch 2.0, context="alloc"); where the frees carry
+    where they were freed (context="all"), zero_grad's own frees would show it, and the walk is spared."""
+    from oomdoctor.analysis.phases import _frees_carry_allocation_stacks
+    from oomdoctor.analysis.replay import columns
+    from oomdoctor.model import ALLOC, FREE_REQUESTED
+    from tests.builders import FORWARD_STACK, USER_STACK, Sim
+
+    def verdict(own_stacks: bool) -> bool:
+        sim = Sim()
+        for _ in range(4):
+            address = sim.alloc(3 << 20, FORWARD_STACK)
+            sim.free(address, USER_STACK if own_stacks else None)
+        trace = columns(sim.snapshot(metadata=False).traces[0])
+        frees = trace.positions(FREE_REQUESTED)
+        numbers, stacks = trace.stacks_at(frees)
+        return _frees_carry_allocation_stacks(trace, numbers, stacks, trace.positions(ALLOC))
+
+    assert verdict(own_stacks=False) is True
+    assert verdict(own_stacks=True) is False

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain, groupby
 from typing import Any
 
@@ -826,7 +826,9 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
     class_of = {number: _stack_class(stack) for number, stack in stacks.items()}
     allocations = trace.positions(ALLOC)
     released = []  # without zero_grad's own stacks: the gradients it releases
-    if _CLASS_ZERO_GRAD not in class_of.values():
+    if _CLASS_ZERO_GRAD not in class_of.values() and _frees_carry_allocation_stacks(
+        trace, numbers, stacks, allocations
+    ):
         released = _gradients_released(trace, frees, numbers, class_of, allocations)
     runs: dict[tuple[int, str], list[int]] = {}  # (allocations before, class) -> [first, last] free
     for index, number in zip(frees, numbers):
@@ -847,6 +849,24 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
             windows.append((first, last, PHASE_OPTIMIZER))
             step_starts.append(last + 1)
     return sorted(windows + released), step_starts
+
+
+# a trace whose frees carry their own stacks (context="all") may still have a few that match an
+# allocation's: a hundredth of them or fewer with stacks no allocation has tell it
+FOREIGN_FREE_STACKS_PART = 100
+
+
+def _frees_carry_allocation_stacks(
+    trace: DeviceTrace, numbers: Sequence[int], stacks: Mapping[int, Stack], allocations: Sequence[int]
+) -> bool:
+    """Whether the frees carry their blocks' allocation stacks (torch 2.0, or a history recorded with
+    context="alloc"), not where they were freed: all but a hundredth of them have a stack some
+    allocation has. Only then can zero_grad's frees be missing their own stacks."""
+    allocation_stacks = set(trace.stacks_at(allocations)[1].values())
+    foreign = {number for number, stack in stacks.items() if stack not in allocation_stacks}
+    if not foreign:
+        return True
+    return sum(map(foreign.__contains__, numbers)) * FOREIGN_FREE_STACKS_PART <= len(numbers)
 
 
 def _gradients_released(
@@ -901,10 +921,12 @@ def build_spans(
     annotations: Sequence[Annotation],
     device: int,
     inferred: set[int] | None = None,
+    read_windows: list[list[tuple[int, int, str]]] | None = None,
 ) -> tuple[list[PhaseSpan], str]:
     """Phase spans covering every event of `trace`, and the most trusted source that decided them.
     `inferred`, when given, receives the first event of each step whose start no mark shows (see
-    `_number_steps`)."""
+    `_number_steps`); `read_windows` the windows `frame_windows` read, where it was asked (no
+    markers, no optimizer annotations), so that nobody reads them twice."""
     count = len(trace)
     if count == 0:
         return [], SOURCE_NONE
@@ -917,6 +939,8 @@ def build_spans(
     boundaries = boundary_indices(trace, annotations, device)
     if not windows and not step_starts:  # no optimizer annotations: their calls' frees tell the same
         windows, step_starts = frame_windows(trace)
+        if read_windows is not None:
+            read_windows.append(windows)
         window_source = SOURCE_FRAMES
         if not boundaries:
             boundaries = [first for first, _, phase in windows if phase == PHASE_ZERO_GRAD]

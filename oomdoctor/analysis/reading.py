@@ -63,8 +63,14 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
     """What the dump holds for `device`."""
     trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
     inferred: set[int] = set()
+    read_windows: list[list[tuple[int, int, str]]] = []  # frame_windows', where build_spans read them
     spans, phase_source = build_spans(
-        trace, markers=metadata.markers, annotations=snapshot.annotations, device=device, inferred=inferred
+        trace,
+        markers=metadata.markers,
+        annotations=snapshot.annotations,
+        device=device,
+        inferred=inferred,
+        read_windows=read_windows,
     )
     recording = metadata.recording
     segments = snapshot.segments_on(device)
@@ -84,7 +90,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         ring_buffer_wrapped=ring_buffer_wrapped(len(trace), recording.max_entries if recording is not None else None),
         expandable_recorded=snapshot.expandable_recorded,
         optimizer_annotated=any(optimizer_annotation(a.name) for a in snapshot.annotations)
-        or bool(frame_windows(trace)[0]),
+        or bool(read_windows[0] if read_windows else frame_windows(trace)[0]),
         expandable_available=snapshot.source_format != "legacy-history",
         ran_out=any(len(columns(t).positions(OOM)) for t in snapshot.traces),
         annotations_recorded=snapshot.annotations_recorded,
