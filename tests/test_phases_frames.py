@@ -894,7 +894,7 @@ def test_frees_are_read_as_carrying_allocation_stacks_only_where_they_do():
         trace = columns(sim.snapshot(metadata=False).traces[0])
         frees = trace.positions(FREE_REQUESTED)
         numbers, stacks = trace.stacks_at(frees)
-        return _frees_carry_allocation_stacks(trace, numbers, stacks, trace.positions(ALLOC))
+        return _frees_carry_allocation_stacks(numbers, stacks, trace.stacks_at(trace.positions(ALLOC))[1])
 
     assert verdict(own_stacks=False) is True
     assert verdict(own_stacks=True) is False

@@ -826,10 +826,10 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
     class_of = {number: _stack_class(stack) for number, stack in stacks.items()}
     allocations = trace.positions(ALLOC)
     released = []  # without zero_grad's own stacks: the gradients it releases
-    if _CLASS_ZERO_GRAD not in class_of.values() and _frees_carry_allocation_stacks(
-        trace, numbers, stacks, allocations
-    ):
-        released = _gradients_released(trace, frees, numbers, class_of, allocations)
+    if _CLASS_ZERO_GRAD not in class_of.values():
+        alloc_numbers, alloc_stacks = trace.stacks_at(allocations)  # read once for both
+        if _frees_carry_allocation_stacks(numbers, stacks, alloc_stacks):
+            released = _gradients_released(frees, numbers, stacks, class_of, allocations, alloc_numbers, alloc_stacks)
     runs: dict[tuple[int, str], list[int]] = {}  # (allocations before, class) -> [first, last] free
     for index, number in zip(frees, numbers):
         cls = class_of[number]
@@ -857,12 +857,12 @@ FOREIGN_FREE_STACKS_PART = 100
 
 
 def _frees_carry_allocation_stacks(
-    trace: DeviceTrace, numbers: Sequence[int], stacks: Mapping[int, Stack], allocations: Sequence[int]
+    numbers: Sequence[int], stacks: Mapping[int, Stack], alloc_stacks: Mapping[int, Stack]
 ) -> bool:
     """Whether the frees carry their blocks' allocation stacks (torch 2.0, or a history recorded with
     context="alloc"), not where they were freed: all but a hundredth of them have a stack some
     allocation has. Only then can zero_grad's frees be missing their own stacks."""
-    allocation_stacks = set(trace.stacks_at(allocations)[1].values())
+    allocation_stacks = set(alloc_stacks.values())
     foreign = {number for number, stack in stacks.items() if stack not in allocation_stacks}
     if not foreign:
         return True
@@ -870,11 +870,13 @@ def _frees_carry_allocation_stacks(
 
 
 def _gradients_released(
-    trace: DeviceTrace,
     frees: Sequence[int],
     numbers: Sequence[int],
+    free_stacks: Mapping[int, Stack],
     class_of: dict[int, str],
     allocations: Sequence[int],
+    alloc_numbers: Sequence[int],
+    alloc_stacks: Mapping[int, Stack],
 ) -> list[tuple[int, int, str]]:
     """zero_grad's windows where no free carries the stack of its own call (torch 2.0 recorded each
     free with its allocation's stack): after a backward returned (the free of the loss's initial
@@ -882,9 +884,7 @@ def _gradients_released(
     forward allocates, a run of frees of blocks a backward made (the engine's, or a custom
     Function's backward) releases gradients that outlived their backward: set_to_none's zero_grad,
     or its like. Accumulated gradients stay, so micro-batches are not cut."""
-    alloc_numbers, alloc_stacks = trace.stacks_at(allocations)
     alloc_class = {number: _stack_class(stack) for number, stack in alloc_stacks.items()}
-    _, free_stacks = trace.stacks_at(frees)
     # the loss's initial gradient, which `Tensor.backward` makes (`_make_grads`) and frees as it returns
     initial_gradients = {
         number
