@@ -539,9 +539,7 @@ def _render_markdown(
     return "\n".join(lines) + "\n\n" + report
 
 
-def _plain_difference(d: RankDifference | None) -> dict[str, Any] | None:
-    if d is None:
-        return None
+def _difference_fields(d: RankDifference) -> dict[str, Any]:
     return {
         "file": d.file,
         "rank": d.rank,
@@ -549,9 +547,14 @@ def _plain_difference(d: RankDifference | None) -> dict[str, Any] | None:
         "bytes": d.bytes,
         "median_bytes": d.median_bytes,
         "difference_bytes": d.difference_bytes,
-        "moment": d.moment,
-        "step": d.step,
     }
+
+
+def _plain_difference(d: RankDifference | None) -> dict[str, Any] | None:
+    """A standout: a difference and the moment it compares."""
+    if d is None:
+        return None
+    return {**_difference_fields(d), "moment": d.moment, "step": d.step}
 
 
 def _plain_row(row: RankRow) -> dict[str, Any]:
@@ -603,17 +606,7 @@ def to_dict(
             "allocated_bytes": comparison.median_allocated_bytes,
             "components": dict(comparison.median_components),
         },
-        "differences": [
-            {
-                "file": d.file,
-                "rank": d.rank,
-                "what": d.what,
-                "bytes": d.bytes,
-                "median_bytes": d.median_bytes,
-                "difference_bytes": d.difference_bytes,
-            }
-            for d in comparison.differences
-        ],
+        "differences": [_difference_fields(d) for d in comparison.differences],
         "first_standout": _plain_difference(comparison.first_standout),
         "largest_standout": _plain_difference(comparison.largest_standout),
         "verdicts": dict(comparison.verdicts),
