@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Mapping, Sequence
-from itertools import chain, groupby
+from itertools import chain, compress, groupby
 from typing import Any
 
 from oomdoctor.analysis.frame_kinds import in_torch_optim
@@ -831,11 +831,13 @@ def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[
         if _frees_carry_allocation_stacks(numbers, stacks, alloc_stacks):
             released = _gradients_released(frees, numbers, stacks, class_of, allocations, alloc_numbers, alloc_stacks)
     runs: dict[tuple[int, str], list[int]] = {}  # (allocations before, class) -> [first, last] free
-    for index, number in zip(frees, numbers):
+    # only the frees of those two classes are walked (found in C: most traces have none)
+    wanted = {number for number, cls in class_of.items() if cls in (_CLASS_ZERO_GRAD, _CLASS_OPTIMIZER)}
+    kept = list(map(wanted.__contains__, numbers)) if wanted else []
+    for index, number in zip(compress(frees, kept), compress(numbers, kept)):
         cls = class_of[number]
-        if cls in (_CLASS_ZERO_GRAD, _CLASS_OPTIMIZER):
-            run = runs.setdefault((bisect.bisect_left(allocations, index), cls), [index, index])
-            run[1] = index
+        run = runs.setdefault((bisect.bisect_left(allocations, index), cls), [index, index])
+        run[1] = index
     around = sorted({p for before, cls in runs if cls == _CLASS_OPTIMIZER for p in (before - 1, before)})
     around = [p for p in around if 0 <= p < len(allocations)]
     alloc_numbers, alloc_stacks = trace.stacks_at([allocations[p] for p in around])
