@@ -366,6 +366,32 @@ def test_zero_grad_and_dataloader_annotations_mark_iterations():
 
 
 @pytest.mark.parametrize(
+    ("names", "reads_frees"),
+    [
+        (["Optimizer.zero_grad#SGD.zero_grad"], False),  # torch annotated the optimizer's calls
+        (["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"], True),  # only the loader's
+        ([], True),
+    ],
+)
+def test_the_frees_stacks_are_read_only_where_no_annotation_names_the_optimizer(monkeypatch, names, reads_frees):
+    # A zero_grad that freed nothing leaves no window; where torch annotated it, every optimizer
+    # call is annotated, so the frees' stacks (read at a cost per free) can tell nothing more
+    import oomdoctor.analysis.phases as phases_module
+
+    read: list[bool] = []
+    real = phases_module.frame_windows
+
+    def spy(trace):
+        read.append(True)
+        return real(trace)
+
+    monkeypatch.setattr(phases_module, "frame_windows", spy)
+    phases = _run([MODEL_TO, FORWARD, LOSS, FORWARD, LOSS], annotations_at={1: names, 3: names})
+    assert bool(read) == reads_frees
+    assert phases[1:3] == [("forward", 0), ("forward", 0)]
+
+
+@pytest.mark.parametrize(
     "mark", ["Optimizer.zero_grad#SGD.zero_grad", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"]
 )
 def test_a_loop_mark_between_a_forward_and_its_backward_starts_no_step(mark):

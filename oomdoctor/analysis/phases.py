@@ -803,6 +803,21 @@ def boundary_indices(trace: DeviceTrace, annotations: Sequence[Annotation], devi
     return sorted(i for i in starts if i < len(trace))
 
 
+def _optimizer_calls_annotated(trace: DeviceTrace, annotations: Sequence[Annotation], device: int) -> bool:
+    """Whether torch annotated the optimizer's calls while this trace was recorded: an optimizer
+    annotation (`Optimizer.step#`, `Optimizer.zero_grad#`) of the device, as `annotation_windows`
+    picks them, timed within the trace. torch.optim annotates every step and zero_grad of every
+    optimizer then, so whatever they did is in the annotations' windows."""
+    if not annotations or not _times_usable(trace):
+        return False
+    times = trace.times_us or ()
+    first, last = times[0], times[-1]
+    if first is None or last is None:
+        return False
+    on_device = [a for a in annotations if a.device == device] or list(annotations)
+    return any(optimizer_annotation(a.name) and first <= a.time_us <= last for a in on_device)
+
+
 def frame_windows(trace: DeviceTrace) -> tuple[list[tuple[int, int, str]], list[int]]:
     """The windows `annotation_windows` reads from the `Optimizer.zero_grad#` and `Optimizer.step#`
     annotations, read instead from the stacks of the frees those calls make, for a snapshot without
@@ -939,7 +954,10 @@ def build_spans(
     windows, step_starts = annotation_windows(trace, annotations, device)
     window_source = SOURCE_ANNOTATIONS
     boundaries = boundary_indices(trace, annotations, device)
-    if not windows and not step_starts:  # no optimizer annotations: their calls' frees tell the same
+    # no optimizer windows: the stacks of the frees its calls made tell the same, unless torch
+    # annotated the optimizer's calls over this trace (then a zero_grad that freed nothing and no
+    # step is all there was: the frees cannot show a call the annotations missed)
+    if not windows and not step_starts and not _optimizer_calls_annotated(trace, annotations, device):
         windows, step_starts = frame_windows(trace)
         if read_windows is not None:
             read_windows.append(windows)
