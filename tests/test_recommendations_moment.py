@@ -5,8 +5,11 @@ update in place, torch's to drop its foreach lists."""
 
 from __future__ import annotations
 
+import json
+
 from oomdoctor.analysis import analyse
 from oomdoctor.model import Frame
+from oomdoctor.pipeline import render_report
 from oomdoctor.views import phrasing
 from tests.builders import FOREACH_STACK, FORWARD_STACK, USER_STACK, MiB, Sim
 
@@ -196,3 +199,62 @@ def test_an_oom_while_loading_weights_claims_no_fit_for_the_rest_of_the_load():
     # a weight read from a file is no operation to split: the weights are held in less memory
     ids = {r.id for r in analysis.recommendations}
     assert "chunk-large-op" not in ids and "smaller-weights" in ids, ids
+
+
+def _backward_oom_without_zero_grad(snapshot_only: bool = False):
+    """Plain SGD without zero_grad (as the fixture gradients-kept-mlp-plain-sgd): step 1's backward
+    runs out asking for a new 16 MiB gradient while step 0's four are alive."""
+    sim = Sim(total_bytes=140 * MiB)
+    for i in range(4):
+        sim.alloc(16 * MiB, component="parameter", name=f"layer{i}.weight")
+    for step in range(2):
+        sim.marker("forward", "start")
+        saved = [sim.alloc(1 * MiB, FORWARD_STACK, component="activation") for _ in range(4)]
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        if step == 1:
+            sim.oom(16 * MiB, BACKWARD_STACK)
+            return sim.snapshot() if snapshot_only else analyse(sim.snapshot())
+        for i in range(4):
+            sim.alloc(16 * MiB, BACKWARD_STACK, component="gradient", name=f"layer{i}.weight.grad")
+        for address in saved:
+            sim.free(address)
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+    raise AssertionError("unreachable")
+
+
+def test_freeing_stale_gradients_bounds_the_run_s_peak_by_what_the_backward_makes_again():
+    """zero_grad(set_to_none=True) frees the stale gradients at the OOM, but the next backward makes
+    them again, beside the parameters: the run's peak falls at most by what the OOM needed beyond
+    those model states (the activations and the request), not by the gradients' 64 MiB. (Rehearsed,
+    gradients-kept-mlp-plain-sgd: 50.1 MiB freed at the OOM, the peak 16.9 MiB lower.)"""
+    analysis = _backward_oom_without_zero_grad()
+    assert analysis.verdict == "gradients-kept" and analysis.target_phase == "backward"
+    advice = next(r for r in analysis.recommendations if r.id == "zero-grad-set-to-none")
+    assert advice.estimated_saved_bytes == 64 * MiB
+    assert advice.peak_saved_at_most_bytes == 4 * MiB + 16 * MiB  # the activations and the request
+    words = phrasing.saving(advice, "at the OOM")
+    assert words == (
+        "saves about 64.00 MiB at the OOM; the next backward makes the gradients again, so the run's peak"
+        " falls at most 20.00 MiB below what it needed at the OOM"
+    )
+    snapshot = _backward_oom_without_zero_grad(snapshot_only=True)
+    report = json.loads(render_report(snapshot, "json", analysis=analysis))
+    advice_json = next(r for r in report["recommendations"] if r["id"] == "zero-grad-set-to-none")
+    assert advice_json["peak_saved_at_most_bytes"] == 20 * MiB
+    md = render_report(snapshot, "md", analysis=analysis).decode()
+    assert (
+        "| 64.00 MiB at the OOM; the next backward makes the gradients again, so the run's peak falls at most 20.00 MiB below what it needed at the OOM |"
+        in md
+    )
+
+
+def test_the_peak_bound_is_never_above_the_saving():
+    """In the forward, what the OOM needed beyond the model states is more than the stale gradients:
+    the peak falls at most by those (at the moment the run peaked, the fixed run holds at least
+    all but them)."""
+    analysis = _steps_without_zero_grad("forward")
+    advice = next(r for r in analysis.recommendations if r.id == "zero-grad-set-to-none")
+    assert advice.peak_saved_at_most_bytes == advice.estimated_saved_bytes == 64 * MiB

@@ -1377,19 +1377,42 @@ def format_mismatches(r: Reports, fmt: str) -> list[str]:
             said = re.search(r": (" + _SIZE[1:-1] + r")(?:\s|$)", line)
             if not said or said.group(1) != shown(item["bytes"]):
                 out.append(f"evidence {item['text']!r}: printed {line!r}, the JSON {shown(item['bytes'])}")
-    # each saving as printed, with "at least" exactly where the JSON calls it a lower bound
+    # each saving as printed, with "at least" exactly where the JSON calls it a lower bound, and the
+    # bound on the run's peak exactly where the JSON gives one (a saving at the judged moment of what
+    # is made again later), never above the saving
+    peak_words = (
+        r"(?: (?:at|when) [^;|\n]+; the next backward makes the gradients again, so the run's peak falls at most "
+        + _SIZE
+        + " below [^;|\n]+)?"
+    )
     saves = (
-        [(bound == "at least", size) for bound, size in re.findall(r"saves (about|at least) " + _SIZE, report)]
+        [
+            (bound == "at least", size, peak or None)
+            for bound, size, peak in re.findall(r"saves (about|at least) " + _SIZE + peak_words, report)
+        ]
         if fmt == "text"
         else []
     )
     if fmt == "md":
         table = report.split("### What to change", 1)[1].split("###", 1)[0] if "### What to change" in report else ""
         cells = [c.split("|")[3].strip() for c in table.splitlines() if re.match(r"\| \d+ \|", c)]
-        saves = [(cell.startswith("at least "), cell.removeprefix("at least ")) for cell in cells]
+        saves = []
+        for cell in cells:
+            read = re.fullmatch(r"(at least )?" + _SIZE + peak_words, cell)
+            saves.append((bool(read.group(1)), read.group(2), read.group(3)) if read else (False, cell, None))
     recommendations = j.get("recommendations") or []
     wanted = [
-        (bool(x.get("estimated_saved_is_lower_bound")), shown(x["estimated_saved_bytes"])) for x in recommendations
+        (
+            bool(x.get("estimated_saved_is_lower_bound")),
+            shown(x["estimated_saved_bytes"]),
+            None if x.get("peak_saved_at_most_bytes") is None else shown(x["peak_saved_at_most_bytes"]),
+        )
+        for x in recommendations
+    ]
+    out += [
+        f"{x['id']}: the run's peak said to fall by up to {x['peak_saved_at_most_bytes']}, more than the saving"
+        for x in recommendations
+        if (x.get("peak_saved_at_most_bytes") or 0) > x["estimated_saved_bytes"]
     ]
     if saves != wanted:
         out.append(f"savings printed {saves}, the JSON's {wanted}")

@@ -326,12 +326,15 @@ def recommend(
         freed: Sequence[LiveBlock] | None = None,
         at_least: bool = False,
         if_trains: bool = False,
+        peak_at_most: int | None = None,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
         when that fraction finds a place); `at_least`: the saving is a lower bound; `if_trains`:
         the change applies only if the run trains, which the file cannot tell (its fit unknown);
-        `rule_of_thumb`: the saving is a fixed share, which can be off either way (its fit unknown)."""
+        `rule_of_thumb`: the saving is a fixed share, which can be off either way (its fit unknown);
+        `peak_at_most`: the saving is the judged moment's, and the run's peak falls at most this below
+        what the moment held (what the change frees is made again later; the fit is the moment's)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
@@ -367,7 +370,14 @@ def recommend(
             fits = None
         if rule_of_thumb:  # a saving from a fixed share can be off either way: no fit is claimed from it
             fits = None
-        found.append(Recommendation(rec_id, shown, fits, saved_at_least=at_least, if_trains=if_trains))
+        if peak_at_most is not None:
+            # at the moment the run peaked, the fixed run holds at most the saving less
+            peak_at_most = min(peak_at_most, shown)
+        found.append(
+            Recommendation(
+                rec_id, shown, fits, saved_at_least=at_least, if_trains=if_trains, peak_saved_at_most_bytes=peak_at_most
+            )
+        )
 
     def scale_after(saved_bytes: float) -> float | None:
         """The batch scale whose what-if peak is this saving below today's."""
@@ -489,6 +499,13 @@ def recommend(
         )
     if Verdict.GRADIENTS_KEPT in verdicts and not in_step:
         stale = ctx.old_blocks((Component.GRADIENTS,), pre_trace=True)
+        # freed before the forward, the stale gradients are gone at the judged moment; but the next
+        # backward makes them again, and from then on to the next zero_grad they are alive beside
+        # the parameters, the optimizer state and the buffers: the run's new peak is at least those
+        # model states, so its peak drops by at most what the judged moment held (with the failed
+        # request) beyond them. (Rehearsed, gradients-kept-mlp-plain-sgd: 50.1 MiB freed at the OOM,
+        # the peak 16.9 MiB lower; the bound says 17.0.)
+        demand = ctx.allocated_bytes + (ctx.request if ctx.oom is not None else 0)
         # with no optimizer step in sight they may be accumulated on purpose: then freeing them is
         # no change the run can make, and whether it would fit is not said
         add(
@@ -496,6 +513,7 @@ def recommend(
             sum(b.size_bytes for b in stale),
             fit_unknown=ctx.gradients_maybe_accumulated(),
             freed=stale,
+            peak_at_most=max(0, demand - sum(model_states(ctx))),
         )
     if Verdict.CREEPING_LEAK in verdicts:
         leaked = ctx.old_blocks((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))

@@ -475,6 +475,10 @@ class Recommendation:
     # advice for a run that trains, where the file cannot tell whether it does (torch < 2.5 wrote no
     # annotations, and the trace shows no backward): it saves nothing if the run does not
     if_trains: bool = False
+    # the saving is the judged moment's (the OOM's, or the peak's), and what the change frees there
+    # is made again later (the next backward's gradients): the run's peak drops by at most this
+    # (None: the saving is the peak's own)
+    peak_saved_at_most_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

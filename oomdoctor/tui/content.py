@@ -90,7 +90,7 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
         for position, rec in enumerate(analysis.recommendations, 1):
             fits = _FIT_WORDS[rec.would_fit_alone]
             lines.append(
-                f"{position}. {phrasing.recommendation(rec)} ({phrasing.saving(rec)}{'; ' + fits if fits else ''})"
+                f"{position}. {phrasing.recommendation(rec)} ({phrasing.saving(rec, where_label(analysis))}{'; ' + fits if fits else ''})"
             )
         sections.append(_section(changes_title(analysis), tuple(lines)))
     sections.append(_section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))

@@ -136,6 +136,10 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
         out["estimated_saved_is_lower_bound"] = True
     if item.if_trains:  # advice for a run that trains, where the file cannot tell whether it does
         out["if_trains"] = True
+    if item.peak_saved_at_most_bytes is not None:
+        # the saving is the judged moment's; what it frees is made again later, and the run's peak
+        # drops by at most this
+        out["peak_saved_at_most_bytes"] = item.peak_saved_at_most_bytes
     return out
 
 

@@ -195,7 +195,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("|---:|---|---:|:---:|")
         for position, rec in enumerate(analysis.recommendations, 1):
             add(
-                f"| {position} | {_own_cell(phrasing.recommendation(rec))} | {phrasing.saving_cell(rec)} | {_fits(rec.would_fit_alone)} |"
+                f"| {position} | {_own_cell(phrasing.recommendation(rec))} | {phrasing.saving_cell(rec, where_label(analysis))} | {_fits(rec.would_fit_alone)} |"
             )
         add("")
 

@@ -357,17 +357,32 @@ def recommendation(item: Recommendation) -> str:
     return words
 
 
-def saving(item: Recommendation) -> str:
+def saving(item: Recommendation, where: str = "at the OOM") -> str:
     """What a recommendation saves, as its estimate or as the lower bound it is (the heading says
-    what the bound is of: `report_rows.changes_basis`)."""
+    what the bound is of: `report_rows.changes_basis`); where what it frees at the judged moment
+    (`where`: 'at the OOM', 'at the peak') is made again later, that moment's saving and the bound
+    on the run's peak."""
     if item.saved_at_least:
         return f"saves at least {human(item.estimated_saved_bytes)}"
+    if item.peak_saved_at_most_bytes is not None:
+        return f"saves about {human(item.estimated_saved_bytes)} {where}; {_peak_bound(item, where)}"
     return f"saves about {human(item.estimated_saved_bytes)}"
 
 
-def saving_cell(item: Recommendation) -> str:
+def _peak_bound(item: Recommendation, where: str) -> str:
+    """The bound on the run's peak where what a change frees is made again (`Recommendation.peak_saved_at_most_bytes`),
+    against what the judged moment held (at an OOM, with the request it failed)."""
+    held = "what it needed at the OOM" if where == "at the OOM" else f"what it held {where}"
+    return f"the next backward makes the gradients again, so the run's peak falls at most {human(item.peak_saved_at_most_bytes or 0)} below {held}"
+
+
+def saving_cell(item: Recommendation, where: str = "at the OOM") -> str:
     """A recommendation's saving in a table column headed "saves about"."""
-    return f"at least {human(item.estimated_saved_bytes)}" if item.saved_at_least else human(item.estimated_saved_bytes)
+    if item.saved_at_least:
+        return f"at least {human(item.estimated_saved_bytes)}"
+    if item.peak_saved_at_most_bytes is not None:
+        return f"{human(item.estimated_saved_bytes)} {where}; {_peak_bound(item, where)}"
+    return human(item.estimated_saved_bytes)
 
 
 # --- the verdict's story and its evidence ---------------------------------------------------------

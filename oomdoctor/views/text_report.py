@@ -53,7 +53,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
         for position, rec in enumerate(analysis.recommendations, 1):
             fits = {True: "would fit on its own", False: "not enough on its own", None: ""}[rec.would_fit_alone]
             add(f"  {position}. {phrasing.recommendation(rec)}")
-            add(f"     {phrasing.saving(rec)}{'; ' + fits if fits else ''}")
+            add(f"     {phrasing.saving(rec, where)}{'; ' + fits if fits else ''}")
         add("")
 
     acc = analysis.accounting
