@@ -252,3 +252,54 @@ def test_where_the_metadata_records_torchs_own_peak_that_is_the_figure():
     low = MemoryStats(peak_allocated_bytes=8 * MiB)
     reset = dataclasses.replace(snapshot, oomdoctor=dataclasses.replace(snapshot.oomdoctor, memory_stats=low))
     assert analyse(reset).replay.torch_peak_at_most_bytes == 12 * MiB
+
+
+def _fragmented_then(more: bool):
+    """Four 20 MiB segments, each a live 4 MiB block and 16 MiB free: a 30 MiB request fails with
+    64 MiB free in pieces (fragmentation). With `more`, the run borrows a free piece after the OOM
+    and gives it back, so the dump postdates the OOM and its layout is rebuilt."""
+    from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, Block, DeviceTrace, Segment, Snapshot
+
+    segments = []
+    for i in range(4):
+        address = BASE + i * 64 * MiB
+        blocks = (Block(address, 4 * MiB, 4 * MiB, ACTIVE_ALLOCATED), Block(address + 4 * MiB, 16 * MiB, 0, INACTIVE))
+        segments.append(Segment(0, address, 20 * MiB, 0, "large", blocks))
+    events = [TraceEvent("oom", 0, 30 * MiB, 0, USER_STACK, 1, device_free=8 * MiB)]
+    if more:
+        piece = BASE + 4 * MiB
+        events += [
+            TraceEvent("alloc", piece, 2 * MiB, 0, USER_STACK, 2),
+            TraceEvent("free_requested", piece, 2 * MiB, 0, USER_STACK, 3),
+            TraceEvent("free_completed", piece, 2 * MiB, 0, USER_STACK, 4),
+        ]
+    return Snapshot(segments=tuple(segments), traces=(DeviceTrace.from_events(0, events),))
+
+
+def test_fragmentation_read_from_a_rebuilt_layout_says_it_is_an_estimate():
+    """'would fit if contiguous', the fragmentation verdict's sentence and its evidence read the free
+    blocks: at an OOM the dump postdates they are the rebuilt layout's, and say so (text, Markdown,
+    JSON, the app); at an OOM the dump holds they do not."""
+    snapshot = _fragmented_then(more=True)
+    analysis = analyse(snapshot)
+    assert analysis.verdict == "fragmentation" and analysis.replay.events_after_target
+    text = render_report(snapshot, "text", source="dump.pickle").decode()
+    md = render_report(snapshot, "md", source="dump.pickle").decode()
+    report = json.loads(render_report(snapshot, "json", source="dump.pickle"))
+    assert "would fit if contiguous: yes (an estimate, as laid out); expandable segments" in text
+    assert "- would fit if contiguous: yes (an estimate, as laid out)\n" in md
+    assert "request fits if contiguous: yes (an estimate, as laid out);" in "\n".join(fragmentation_lines(analysis))
+    sentence = "but in pieces: the largest was 16.00 MiB (an estimate, as laid out: the dump was written after the OOM"
+    assert sentence in text and sentence in md and sentence in report["summary"]
+    assert "free cached bytes usable for the request (large pool, same stream; an estimate, as laid out): " in text
+    assert "largest usable free block (an estimate, as laid out): " in text
+    assert report["fragmentation"]["estimated_as_laid_out"] is True
+    assert "missing_bytes" in report["accounting"]["estimated_as_laid_out"]
+
+    exact = _fragmented_then(more=False)
+    held = analyse(exact)
+    assert held.verdict == "fragmentation" and not held.replay.events_after_target
+    for fmt in ("text", "md", "json"):
+        body = render_report(exact, fmt, source="dump.pickle").decode()
+        assert "an estimate" not in body and "estimated_as_laid_out" not in body, fmt
+    assert not any("estimate" in line for line in fragmentation_lines(held))

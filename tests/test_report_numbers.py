@@ -359,6 +359,10 @@ def json_mismatches(r: Reports) -> list[str]:
     if wrong_points:
         out.append(f"replay.series: {len(wrong_points)} points not the file's (events {wrong_points[:5]})")
     kind, index = replay["target_kind"], replay.get("target_index")
+    # the layout's figures are flagged as an estimate exactly where the moment was replayed
+    replayed = Moment(d, kind, index).replayed
+    want("fragmentation.estimated_as_laid_out", frag.get("estimated_as_laid_out", False), replayed)
+    want("accounting.estimated_as_laid_out", bool(acc.get("estimated_as_laid_out")), replayed)
     if kind == "dump" or index is None:
         want("replay.target_allocated_bytes (dump)", replay["target_allocated_bytes"], d.allocated)
     else:
@@ -671,9 +675,12 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             or re.match(r"cached, free\s", line)
             or re.search(r"pool on (?:this|the request's) stream: ", line)
             or "free cached blocks: " in line
+            or "would fit if contiguous: " in line
+            or "but in pieces: the largest was " in line  # the fragmentation verdict's sentence
+            or line.startswith(("- free cached bytes usable for the request", "- largest usable free block"))
         )
         if layout_line:
-            said = ESTIMATED in line or "(an estimate, as laid out: " in line
+            said = "an estimate, as laid out" in line
             add(f"says whether it is an estimate: {line[:40]!r}", str(said), str(m.replayed))
         if cells and cells[0].endswith(ESTIMATED):
             cells[0] = cells[0].removesuffix(ESTIMATED)

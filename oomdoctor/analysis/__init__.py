@@ -526,6 +526,7 @@ def _context(
         accounting=accounted.accounting,
         fragmentation=accounted.fragmentation,
         layout=accounted.layout,
+        layout_estimated=any(note.kind == UnknownKind.REPLAYED_AFTER_TARGET for note in target.notes),
         components={s.name: s.bytes for s in shares},
         live_blocks=blocks,
         phases=dump.spans,

@@ -154,6 +154,9 @@ class Context:
     # the file has `external_annotations` (torch >= 2.5), where an optimizer at work would show
     annotations_recorded: bool = field(default=True)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
+    # blocks were allocated or freed after the target: the layout (and the free blocks the
+    # fragmentation figures read) was rebuilt back from the dump, an estimate (report_rows.layout_estimated)
+    layout_estimated: bool = field(default=False)
     # live blocks that are the latest of a running concatenation over the passes since the last
     # training phase (passes.running_concatenations): address -> its chain of (event, bytes)
     concatenations: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
@@ -691,24 +694,32 @@ def _test_fragmentation(ctx: Context) -> Finding | None:
     frag = ctx.fragmentation
     if ctx.oom is None or not frag.would_fit_if_contiguous:
         return None
+    # the free blocks at an OOM the dump postdates are the rebuilt layout's, an estimate: said so
+    estimated: dict[str, Fact] = {"estimated": 1} if ctx.layout_estimated else {}
     return Finding(
         Verdict.FRAGMENTATION,
         0.85,
         Summary(
             SummaryKind.FRAGMENTATION,
-            Facts.of(usable=frag.usable_free_bytes, request=ctx.request, largest=frag.largest_usable_free_block_bytes),
+            Facts.of(
+                usable=frag.usable_free_bytes,
+                request=ctx.request,
+                largest=frag.largest_usable_free_block_bytes,
+                **estimated,
+            ),
         ),
         (
             Evidence(
                 EvidenceKind.USABLE_FREE,
                 "usable_free_bytes",
                 frag.usable_free_bytes,
-                facts=Facts.of(pool=frag.request_pool),
+                facts=Facts.of(pool=frag.request_pool, **estimated),
             ),
             Evidence(
                 EvidenceKind.LARGEST_FREE_BLOCK,
                 "largest_usable_free_block_bytes",
                 frag.largest_usable_free_block_bytes,
+                facts=Facts.of(**estimated),
             ),
             Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),
             Evidence(EvidenceKind.DEVICE_FREE, "device_free_bytes", ctx.accounting.device_free_bytes),

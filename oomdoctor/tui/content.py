@@ -603,7 +603,7 @@ def fragmentation_lines(analysis: Analysis) -> list[str]:
         lines.append(
             f"{frag.request_pool} pool, stream {frag.request_stream}: free {human_size(frag.usable_free_bytes)}, "
             f"largest block {human_size(frag.largest_usable_free_block_bytes)}{estimated}; "
-            f"request fits if contiguous: {fits}; expandable segments: {expandable}"
+            f"request fits if contiguous: {fits}{estimated}; expandable segments: {expandable}"
         )
     return [printable(line) for line in lines]
 

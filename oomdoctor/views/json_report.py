@@ -31,6 +31,7 @@ from oomdoctor.analysis.results import (
 from oomdoctor.model import Stack
 from oomdoctor.safetext import clip, json_printable
 from oomdoctor.views import phrasing
+from oomdoctor.views.report_rows import layout_estimated
 
 JSON_SCHEMA_VERSION = 1
 LIVE_BLOCK_LIMIT = 200
@@ -80,9 +81,27 @@ def _block(block: LiveBlock) -> dict[str, Any]:
     return row
 
 
-def _accounting(accounting: Accounting) -> dict[str, Any]:
+# the accounting's figures read from the layout (the free blocks), estimates where it was rebuilt
+LAYOUT_FIGURES = ("free_cached_bytes", "releasable_bytes", "non_releasable_bytes", "headroom_bytes", "missing_bytes")
+
+
+def _accounting(accounting: Accounting, estimated: bool) -> dict[str, Any]:
+    """The accounting; `estimated_as_laid_out` (the figures that are the rebuilt layout's estimate)
+    only where the moment was replayed back from the dump."""
     row = _plain(accounting)
     row["unknowns"] = list(phrasing.unknowns(accounting.unknowns))
+    if estimated:
+        row["estimated_as_laid_out"] = [name for name in LAYOUT_FIGURES if row[name] is not None]
+    return row
+
+
+def _fragmentation(analysis: Analysis) -> dict[str, Any]:
+    """The fragmentation figures; `estimated_as_laid_out` only where the moment was replayed back from
+    the dump (blocks allocated or freed after it), so its free blocks, and whether the request would
+    fit if they were contiguous, are the rebuilt layout's estimate (so other reports keep their bytes)."""
+    row = _plain(analysis.fragmentation)
+    if layout_estimated(analysis):
+        row["estimated_as_laid_out"] = True
     return row
 
 
@@ -178,8 +197,8 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "recommendations": [_recommendation(r) for r in analysis.recommendations],
         "what_if": _what_if(analysis.what_if),
         "secondary": [_finding(f) for f in analysis.secondary],
-        "accounting": _accounting(analysis.accounting),
-        "fragmentation": _plain(analysis.fragmentation),
+        "accounting": _accounting(analysis.accounting, layout_estimated(analysis)),
+        "fragmentation": _fragmentation(analysis),
         "replay": _replay(analysis.replay),
         "phase_source": analysis.phase_source,
         "target_phase": analysis.target_phase,

@@ -353,7 +353,7 @@ def _fragmentation(analysis: Analysis, add) -> None:
         add(
             f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimated}"
         )
-        add(f"- would fit if contiguous: {_fits(frag.would_fit_if_contiguous)}")
+        add(f"- would fit if contiguous: {_fits(frag.would_fit_if_contiguous)}{estimated}")
     add(f"- expandable segments: {_flag(frag.expandable_segments)}")
     if frag.alloc_conf:
         add(f"- `PYTORCH_CUDA_ALLOC_CONF`: {code_span(frag.alloc_conf)}")

@@ -428,6 +428,17 @@ def _spike_cause(f: Facts) -> str:
     return ""
 
 
+LAYOUT_ESTIMATE = "an estimate, as laid out"  # a figure of the layout rebuilt back from the dump
+
+
+def _layout_estimate(f: Facts) -> str:
+    """' (an estimate, as laid out: ...)' where the figures are the rebuilt layout's (the dump
+    postdates the moment: `Context.layout_estimated`)."""
+    if not f.get("estimated"):
+        return ""
+    return f" ({LAYOUT_ESTIMATE}: the dump was written after the OOM, and blocks freed since count at their rounded requests)"
+
+
 def _summary_words(kind: str, f: Facts) -> str:
     size = f.size
     if kind == SummaryKind.OUTSIDE_PYTORCH:
@@ -439,7 +450,7 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"Parameters, gradients and optimizer state alone need {at_least}{human(size('needed'))}{_projection(f)}, but PyTorch could have at most {human(size('capacity'))} on this device."
     if kind == SummaryKind.FRAGMENTATION:
         largest, request = human_sizes_apart(size("largest"), size("request"))
-        return f"{human(size('usable'))} sat free in PyTorch's cache for this pool and stream, more than the {request} request, but in pieces: the largest was {largest}."
+        return f"{human(size('usable'))} sat free in PyTorch's cache for this pool and stream, more than the {request} request, but in pieces: the largest was {largest}{_layout_estimate(f)}."
     if kind == SummaryKind.OVERSIZED_REQUEST:
         return f"One allocation of {human(size('request'))} failed: {f.number('share'):.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(size('transient'))})."
     if kind == SummaryKind.GRADIENTS_KEPT:
@@ -742,7 +753,10 @@ def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.MODEL_STATES_NEEDED:
         return "model states needed" + _projection(f)
     if kind == EvidenceKind.USABLE_FREE:
-        return f"free cached bytes usable for the request ({f.get('pool')} pool, same stream)"
+        estimated = f"; {LAYOUT_ESTIMATE}" if f.get("estimated") else ""
+        return f"free cached bytes usable for the request ({f.get('pool')} pool, same stream{estimated})"
+    if kind == EvidenceKind.LARGEST_FREE_BLOCK and f.get("estimated"):
+        return f"{EVIDENCE[kind]} ({LAYOUT_ESTIMATE})"
     if kind == EvidenceKind.KEPT_FROM_EARLIER_STEPS:
         return f"activations, temporaries and inputs from {_counted(f.get('steps'), 'earlier step')} still alive"
     if kind == EvidenceKind.STEP_GROWTH:

@@ -140,7 +140,7 @@ def risk_line(finding: Finding) -> str:
 LAYOUT_LABEL = "as laid out"
 LAYOUT_NOTE = "the blocks as the rebuilt segments hold them, unsplit remainders included"
 ESTIMATE = "an estimate"  # how a line from a replayed layout says what its figures are
-ESTIMATE_NOTE = f"{ESTIMATE}, {LAYOUT_LABEL}"
+ESTIMATE_NOTE = phrasing.LAYOUT_ESTIMATE  # "an estimate, as laid out"
 
 
 def layout_estimated(analysis: Analysis) -> bool:

@@ -100,7 +100,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimate}"
         )
         add(
-            f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}; expandable segments: {_flag(frag.expandable_segments)}"
+            f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}{estimate}; expandable segments: {_flag(frag.expandable_segments)}"
         )
     else:  # no failed request: the setting still tells what the cache can do with its free memory
         add(f"  expandable segments: {_flag(frag.expandable_segments)}")
