@@ -1039,6 +1039,15 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             if w.get("capacity_bytes") is not None:
                 need = w["fixed_bytes"] + float(g.group(2)) * w["scalable_bytes"]
                 add("the what-if's need at the largest scale fits", str(need <= w["capacity_bytes"]), "True")
+            # by allocated bytes alone (the cache's layout at that size is not modelled): said so, and
+            # flagged in the JSON
+            said = f"{g.group(0)} (an estimate by allocated bytes)" in line
+            add("the largest scale says it is an estimate by allocated bytes", str(said), "True")
+            add(
+                "the JSON flags the largest scale as by allocated bytes",
+                str(w.get("largest_fitting_scale_by_allocated_bytes")),
+                "True",
+            )
         if g := re.search(
             r"end-of-step allocated memory grew over (\d+) consecutive steps?, (on average )?per step: " + _SIZE, line
         ):
@@ -1263,6 +1272,8 @@ MUST_READ = (
     "the largest part's share at the dump",
     "the judged event's step",
     "the what-if's need at the largest scale fits",
+    "the largest scale says it is an estimate by allocated bytes",
+    "the JSON flags the largest scale as by allocated bytes",
     "the copies' ratio to the parameters",
     "device 1 at the same time",
     "Memory: device total",

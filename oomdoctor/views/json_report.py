@@ -163,7 +163,7 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
 
 
 def _what_if(what_if: WhatIf) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "scalable_bytes": what_if.scalable_bytes,
         "fixed_bytes": what_if.fixed_bytes,
         "capacity_bytes": what_if.capacity_bytes,
@@ -179,6 +179,11 @@ def _what_if(what_if: WhatIf) -> dict[str, Any]:
         "capacity_at_most": what_if.capacity_at_most,
         "rest_of_pass": _plain(dataclasses.asdict(what_if.rest_of_pass)) if what_if.rest_of_pass is not None else None,
     }
+    if phrasing.scale_estimated(what_if):
+        # the largest fitting scale is an estimate by allocated bytes: the cache's layout at another
+        # size (fragments, cached blocks reused unsplit, segments to cut) is left out
+        out["largest_fitting_scale_by_allocated_bytes"] = True
+    return out
 
 
 def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:

@@ -120,15 +120,30 @@ def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
 # --- what if the batch were scaled ----------------------------------------------------------------
 
 
+BY_BYTES = "an estimate by allocated bytes"  # how a largest fitting scale says what it is
+BY_BYTES_NOTE = (
+    "the scale is an estimate by allocated bytes, which leaves out how the cache lays its blocks out at"
+    " another size (free pieces too small for a request, cached blocks reused unsplit, whole segments to"
+    " cut): that can need more reserved memory, so a smaller scale may still run out"
+)
+
+
+def scale_estimated(what_if: WhatIf) -> bool:
+    """Whether the what-if gives a largest fitting scale, which is an estimate by allocated bytes
+    (`BY_BYTES_NOTE`); 'none' (the fixed part alone does not fit) is no estimate: a layout only adds."""
+    return what_if.largest_fitting_scale is not None and what_if.case != WhatIfCase.FIXED_TOO_LARGE
+
+
 def largest_scale(what_if: WhatIf) -> str | None:
-    """'largest scale that fits: 2.31x' ('at most 2.31x' against the device's total), 'none' where
-    the fixed part alone does not fit (not even 0.00x: the model states do not), or None."""
+    """'largest scale that fits: 2.31x (an estimate by allocated bytes)' ('at most 2.31x' against
+    the device's total), 'none' where the fixed part alone does not fit (not even 0.00x: the model
+    states do not), or None."""
     if what_if.largest_fitting_scale is None:
         return None
     if what_if.case == WhatIfCase.FIXED_TOO_LARGE:
         return "none"
     bound = what_if.capacity_at_most and what_if.largest_fitting_scale > 0  # none fitting is definite
-    return f"{'at most ' if bound else ''}{what_if.largest_fitting_scale:.2f}x"
+    return f"{'at most ' if bound else ''}{what_if.largest_fitting_scale:.2f}x ({BY_BYTES})"
 
 
 def what_if_note(what_if: WhatIf) -> str:
@@ -191,6 +206,8 @@ def what_if_note(what_if: WhatIf) -> str:
             note += f", and {human(rest.earlier_kept_bytes)} of gradients its backward makes"
         if not rest.earlier_backward:
             note += " (that pass ran no backward, so no backward is counted)"
+    if scale_estimated(what_if):
+        note += f"; {BY_BYTES_NOTE}"
     if what_if.rough:
         note += "; that far from the measured batch the linear model is a rough guide only"
     basis = what_if.basis
