@@ -30,6 +30,7 @@ from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_BETWEEN,
     PHASE_EVALUATION,
+    PHASE_FORWARD,
     PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
     PHASE_ZERO_GRAD,
@@ -1150,11 +1151,26 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     )
 
 
+def after_forward_before_backward(ctx: Context) -> bool:
+    """The target is in the loop's own code after a training forward returned and before anything
+    else ran: between steps by the phases, but the forward's step is not over (the loss computed
+    outside the model, `criterion(model(x), y)`, runs there, before its backward). The latest phase
+    before the target is a forward (not an evaluation pass) of the target's step."""
+    if ctx.target_phase != PHASE_BETWEEN or ctx.target_index is None:
+        return False
+    target = ctx.target_index
+    before = [s for s in ctx.phases if s.first_index <= target and s.phase != PHASE_BETWEEN]
+    return bool(before) and before[-1].phase == PHASE_FORWARD and before[-1].step == ctx.target_step
+
+
 def _test_activation_spike(ctx: Context) -> Finding | None:
     # with no phases at all (a trace without stacks), activations placed by their blocks' own
     # stacks still show what filled memory, at a lower confidence
     phases_unknown = ctx.target_phase == PHASE_UNKNOWN and not ctx.phases_seen() - {PHASE_UNKNOWN}
-    if ctx.oom is None or (ctx.target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD) and not phases_unknown):
+    # the forward's step goes on after it returned: its activations are what the loss code runs beside
+    after_forward = after_forward_before_backward(ctx)
+    in_pass = ctx.target_phase in (*FORWARD_PASSES, PHASE_BACKWARD) or after_forward
+    if ctx.oom is None or (not in_pass and not phases_unknown):
         return None
     c = ctx.components
     # this pass's own: what earlier steps or earlier passes left alive is a leak's or a kept graph's
@@ -1179,8 +1195,10 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     # a forward the OOM cut short near its start holds little yet: what it would have needed is its
     # projected whole (the rest extrapolated from a comparable earlier pass), judged below
     early = activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others
-    if early and (projected_pass is None or projected_pass < others):
-        return None
+    if early and (after_forward or projected_pass is None or projected_pass < others):
+        return None  # (a forward that returned is no pass cut short)
+    # whose activations they are: the forward's, where the target is the loop's code after it
+    phase = PHASE_FORWARD if after_forward else ctx.target_phase
     step = ctx.target_step or 0
     # in a backward whose own temporaries outweigh the activations left (a checkpointed region
     # recomputed, the gradients of attention scores), the pass's memory is both: they are counted
@@ -1226,7 +1244,7 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
             SummaryKind.ACTIVATION_SPIKE_PROJECTED,
             Facts.of(
                 step=step,
-                phase=ctx.target_phase,
+                phase=phase,
                 activations=activations,
                 projected=reached,
                 ratio=reached_ratio,
@@ -1242,24 +1260,26 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
             SummaryKind.ACTIVATION_SPIKE,
             Facts.of(
                 step=step,
-                phase=ctx.target_phase,
+                phase=phase,
                 activations=activations,
                 ratio=ratio,
                 earlier_step=earlier_step,
                 inputs_changed=_inputs_changed(ctx),
                 temporaries=backward_own or None,
+                after_forward=int(after_forward) or None,
             ),
         )
         if spike
         else Summary(
             SummaryKind.ACTIVATIONS_DOMINATE,
             Facts.of(
-                phase=ctx.target_phase,
+                phase=phase,
                 activations=activations,
                 ratio=reached_ratio,
                 earlier_step=earlier_step,
                 still_needed=int(reached != activations + backward_own),
                 temporaries=backward_own or None,
+                after_forward=int(after_forward) or None,
             ),
         )
     )

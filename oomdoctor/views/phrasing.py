@@ -509,12 +509,14 @@ def _summary_words(kind: str, f: Facts) -> str:
         if earlier is None:
             return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive, made by an optimizer step earlier in the trace: the state raised the baseline. The trace holds no completed step like this one to compare with."
         return f"Step {f.get('step')} failed with {human(size('optimizer_state'))} of optimizer state alive that step {earlier}, which fit, ran without: the state an optimizer step created since raised the baseline."
+    # judged in the loop's code after the forward returned (a loss computed outside the model)
+    after = ", alive in the loop's code after it returned and before its backward," if f.get("after_forward") else ""
     if kind == SummaryKind.ACTIVATION_SPIKE:
         cause = _spike_cause(f)
         if f.get("temporaries"):  # a backward's own temporaries with them, against whole peaks
             both = (size("activations") or 0) + (size("temporaries") or 0)
             return f"Activations and temporaries of step {f.get('step')}'s {f.get('phase')} reached {human(both)} ({human(size('temporaries'))} of them the backward's temporaries), {f.number('ratio'):.1f}x the peak allocated by earlier steps{cause}."
-        return f"Activations of step {f.get('step')}'s {f.get('phase')} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
+        return f"Activations of step {f.get('step')}'s {f.get('phase')}{after} reached {human(size('activations'))}, {f.number('ratio'):.1f}x the peak of earlier steps{cause}."
     if kind == SummaryKind.ACTIVATION_SPIKE_PROJECTED:
         cause = _spike_cause(f)
         return f"Step {f.get('step')}'s {f.get('phase')} ran out near its start, with {human(size('activations'))} of its own activations so far: its allocations up to the failed request were {f.number('size_ratio'):.2f}x step {f.get('rest_step')}'s at the same point{cause}, and the whole pass is projected at {human(size('projected'))}, {f.number('ratio'):.1f}x the activation peak of earlier steps (an estimate, extrapolated from step {f.get('rest_step')}'s pass)."
@@ -534,8 +536,8 @@ def _summary_words(kind: str, f: Facts) -> str:
             return f"{what}) dominate live memory: at this batch and sequence size the pass needs more than the device has."
         if ratio is not None and f.get("earlier_step") is not None:  # a completed step like this one fit, with less
             counting = "with the failed request or the rest of the pass, " if f.get("still_needed") else ""
-            return f"Activations {whose} ({human(size('activations'))}; {counting}{f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit) dominate live memory: this step needs more than the earlier ones did."
-        return f"Activations {whose} ({human(size('activations'))}) dominate live memory: at this batch and sequence size the pass needs more than the device has."
+            return f"Activations {whose} ({human(size('activations'))}; {counting}{f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit){after} dominate live memory: this step needs more than the earlier ones did."
+        return f"Activations {whose} ({human(size('activations'))}){after} dominate live memory: at this batch and sequence size the pass needs more than the device has."
     if kind == SummaryKind.NO_OOM:
         if f.get("empty"):
             return "This file holds no GPU memory and no allocation history for this device: PyTorch had reserved nothing when it was written and no history was recorded (torch.cuda.memory._record_memory_history() must run before the work, and the snapshot be written while its tensors are alive), so it cannot tell whether the run ran out."
