@@ -1634,13 +1634,19 @@ def _spans_next_forward(span, phases: PhaseIndex, after_target: int) -> bool:
 
     The block is live at the target, so it lives into that forward when the forward began at or
     before the target. Between steps, the step's optimizer step may open before its forward (an
-    `optimizer.step(closure)` runs the forward inside it): such a span of the same step is passed.
+    `optimizer.step(closure)` runs the forward inside it), and its zero_grad may run between the
+    batch and the forward (`optimizer.zero_grad()` at the top of the loop, after the batch is
+    loaded, with the loop's own code after it): such spans of the same step are passed.
     """
     if span.phase not in (PHASE_BEFORE, PHASE_BETWEEN):
         return False
     following = phases.span_after(span)
     if span.phase == PHASE_BETWEEN:
-        while following is not None and following.phase == PHASE_OPTIMIZER and following.step == span.step:
+        while (
+            following is not None
+            and following.phase in (PHASE_OPTIMIZER, PHASE_ZERO_GRAD, PHASE_BETWEEN)
+            and following.step == span.step
+        ):
             following = phases.span_after(following)
     return following is not None and following.phase in FORWARD_PASSES and following.first_index <= after_target
 
