@@ -32,6 +32,7 @@ from oomdoctor.analysis.verdicts import (
     kept_from_earlier_passes,
     kept_outputs,
     model_states,
+    rest_of_pass_lacking,
 )
 from oomdoctor.analysis.whatif import placement_limit
 from oomdoctor.model import Frame
@@ -150,8 +151,9 @@ def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
     # missing bytes plus the rest, where the free bytes fell short; on a placement failure the free
     # bytes exceeded the request, and that spare counts against the rest), or at least the gap to a
     # place for the request itself
-    headroom = ctx.accounting.headroom_bytes
-    lacking = ctx.request + extra - headroom if headroom is not None else need.shortfall_bytes + extra
+    lacking = rest_of_pass_lacking(ctx)
+    if lacking is None:  # (the headroom unknown)
+        lacking = need.shortfall_bytes + extra
     return replace(need, rest_gap_bytes=max(need.shortfall_bytes, lacking), rest_unknown=backward_unknown(ctx))
 
 

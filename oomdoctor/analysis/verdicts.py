@@ -1763,16 +1763,36 @@ def _spike_over_kept_gradients(findings: list[Finding], ctx: Context) -> Finding
     return spike if grown > old else None
 
 
+def rest_of_pass_lacking(ctx: Context) -> int | None:
+    """What the failed request and the rest of the interrupted pass (`Context.passes.rest`,
+    extrapolated from a comparable earlier pass, beyond the request where it grows with the batch)
+    lack beyond the headroom (free device memory and every usable free cached byte, as if they were
+    one place); None where no rest is extrapolated or the headroom is unknown."""
+    rest = ctx.passes.rest
+    headroom = ctx.accounting.headroom_bytes
+    if ctx.oom is None or rest is None or not rest.extrapolated or headroom is None:
+        return None
+    extra = max(0, rest.extra_bytes - (ctx.request if ctx.request_scales else 0))
+    return ctx.request + extra - headroom
+
+
 def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     """The cause first, weighed by materiality: fragments that are a small share of what the
     device could hold do not outrank growth over steps (a leak) that filled it; gradients a run
-    frees every step (only late) do not outrank a spike that grew by more than they hold."""
+    frees every step (only late) do not outrank a spike that grew by more than they hold; and
+    fragments do not outrank an activation spike whose interrupted pass, extrapolated, needed more
+    than all the free memory had it been one block (a place for this request would only have moved
+    the OOM further into the pass)."""
     if len(findings) >= 2 and findings[0].verdict == Verdict.GRADIENTS_KEPT:
         spike = _spike_over_kept_gradients(findings, ctx)
         if spike is not None:
             return [spike, *(f for f in findings if f is not spike)]
     if len(findings) < 2 or findings[0].verdict != Verdict.FRAGMENTATION:
         return findings
+    spike = next((f for f in findings if f.verdict == Verdict.ACTIVATION_SPIKE), None)
+    lacking = rest_of_pass_lacking(ctx)
+    if spike is not None and lacking is not None and lacking > 0:
+        return [spike, *(f for f in findings if f is not spike)]
     capacity = ctx.capacity_bytes or 0
     material = ctx.fragmentation.usable_free_bytes * FRAGMENTATION_MATERIAL_PART >= capacity
     leak = next((f for f in findings if f.verdict == Verdict.CREEPING_LEAK), None)
