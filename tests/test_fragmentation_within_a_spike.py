@@ -69,3 +69,16 @@ def test_fragments_stay_first_where_the_rest_of_the_pass_fitted_in_them():
     result = analyse(_spike_in_pieces(layers_at_oom=LAYERS - 1).snapshot())
     assert result.verdict == "fragmentation", (result.verdict, [f.verdict for f in result.secondary])
     assert "activation-spike" in [f.verdict for f in result.secondary]
+
+
+def _expandable_fits(layers_at_oom: int) -> bool | None:
+    result = analyse(_spike_in_pieces(layers_at_oom=layers_at_oom).snapshot())
+    return next(r.would_fit_alone for r in result.recommendations if r.id == "expandable-segments")
+
+
+def test_expandable_segments_are_not_enough_where_the_pass_needed_more_than_all_the_free_memory():
+    """Expandable segments make the 48 MiB of pieces one place: the rest of the pass (projected at
+    192 MiB, 96 MiB at the OOM) lacked 46 MiB beyond every free byte, those pieces counted, so they
+    are not enough on their own, however their 48 MiB compares with that 46."""
+    assert _expandable_fits(layers_at_oom=3) is False
+    assert _expandable_fits(layers_at_oom=LAYERS - 1) is True  # the pieces held the rest

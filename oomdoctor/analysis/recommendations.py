@@ -329,6 +329,7 @@ def recommend(
         at_least: bool = False,
         if_trains: bool = False,
         peak_at_most: int | None = None,
+        rest_fits: bool | None = None,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
@@ -336,13 +337,17 @@ def recommend(
         the change applies only if the run trains, which the file cannot tell (its fit unknown);
         `rule_of_thumb`: the saving is a fixed share, which can be off either way (its fit unknown);
         `peak_at_most`: the saving is the judged moment's, and the run's peak falls at most this below
-        what the moment held (what the change frees is made again later; the fit is the moment's)."""
+        what the moment held (what the change frees is made again later; the fit is the moment's);
+        `rest_fits`: False where the change makes no bytes free beyond those the rest of the
+        interrupted pass was already counted against, and they fell short (its fit is then no)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
         if shown <= 0 or (noise_floor is not None and shown * NEGLIGIBLE_SAVING_PART < noise_floor):
             return
         fits = need.covered_by(saved_now, projected)
+        if fits and rest_fits is False:
+            fits = False
         if fits is False and request_scale is not None and need.placement_limit is not None:
             fits = request_scale <= need.placement_limit and projected >= need.projected_gap_bytes
             if fits and need.rest_unknown:
@@ -521,9 +526,13 @@ def recommend(
         leaked = ctx.old_blocks((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
         add(Change.FREE_KEPT_TENSORS, sum(b.size_bytes for b in leaked), freed=leaked)
     if Verdict.FRAGMENTATION in verdicts and ctx.expandable_on is not True:
+        # it makes the free pieces one place: the rest of an interrupted pass was counted against
+        # every free byte already (the headroom), so where that fell short it is not enough
+        lacking = rest_of_pass_lacking(ctx)
         add(
             Change.EXPANDABLE_SEGMENTS if ctx.expandable_available else Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS,
             ctx.fragmentation.usable_free_bytes,
+            rest_fits=None if lacking is None else lacking <= 0,
         )
     if Verdict.INFERENCE_WITH_GRAD in verdicts:
         graph = [
