@@ -637,6 +637,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         projected_need_bytes=need.projected_need_bytes,
         scales_request=ctx.request_scales,
         placement_limit=need.placement_limit,
+        placement_reach=need.placement_reach,
         rest=ctx.passes.rest,
         # with no capacity known, the tightest near-OOM bounds it (what the device then refused)
         capacity_bound=min((n.capacity_bound_bytes for n in ctx.near_ooms), default=None),

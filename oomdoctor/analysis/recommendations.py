@@ -34,7 +34,7 @@ from oomdoctor.analysis.verdicts import (
     model_states,
     rest_of_pass_lacking,
 )
-from oomdoctor.analysis.whatif import placement_limit
+from oomdoctor.analysis.whatif import placement_limit, placement_reach
 from oomdoctor.model import Frame
 from oomdoctor.vocabulary import Component, Verdict
 
@@ -69,6 +69,7 @@ class Requirement:
     projected_need_bytes: int | None = None
     projected_gap_bytes: int = 0
     placement_limit: float | None = None  # a placement failure: the largest request scale that finds a place
+    placement_reach: float | None = None  # ... and the largest at which one could exist (`whatif.placement_reach`)
     rest_gap_bytes: int = 0  # the shortfall plus what the rest of the interrupted pass adds
     rest_unknown: bool = False  # the OOM interrupted a forward whose rest nothing shows
 
@@ -120,20 +121,29 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
 
 def _requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     shortfall = ctx.shortfall()
-    limit = None
+    limit = reach = None
     if ctx.placement_failure() and ctx.request:
         largest = ctx.fragmentation.largest_usable_free_block_bytes
-        limit = placement_limit(ctx.request, largest, ctx.accounting.device_free_bytes, ctx.large_segment_bytes)
+        device_free = ctx.accounting.device_free_bytes
+        limit = placement_limit(ctx.request, largest, device_free, ctx.large_segment_bytes)
+        reach = placement_reach(
+            ctx.request,
+            largest,
+            device_free,
+            ctx.fragmentation.usable_free_bytes,
+            ctx.scalable_bytes,
+            ctx.large_segment_bytes,
+        )
     first_step = ctx.in_first_optimizer_step()
     if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
-        return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit))
+        return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit, placement_reach=reach))
     states_now = sum(model_states(ctx))
     states_needed, _, _ = ctx.projection
     if states_needed <= states_now:
-        return Requirement(shortfall, placement_limit=limit)
+        return Requirement(shortfall, placement_limit=limit, placement_reach=reach)
     others = sum(ctx.components.values()) - states_now
     need = states_needed + others + (ctx.request if ctx.request_scales else 0)
-    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit)
+    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit, placement_reach=reach)
 
 
 def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:
@@ -353,7 +363,7 @@ def recommend(
             if fits and need.rest_unknown:
                 fits = None  # a place for the request now; the rest of the interrupted pass is unknown
         if fits and scale is not None:
-            fits = what_if is not None and what_if.fits_at(scale) is True
+            fits = what_if.fits_at(scale) if what_if is not None else False
         elif fits is None and scale is not None and what_if is not None and what_if.fits_at(scale) is False:
             fits = False  # not enough even at the OOM instant of the interrupted pass
         # a smaller batch shrinks the request itself where it grows with the batch (the what-if

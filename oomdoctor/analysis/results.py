@@ -602,6 +602,10 @@ class WhatIf:
     capacity_at_most: bool = False
     # the trace shows the run training: a backward follows the interrupted forward (else only if it trains)
     trains: bool = True
+    # a placement failure: the largest scale at which the scaled request could find a place at all,
+    # had the bytes a smaller pass does not hold been free beside today's largest free block or on
+    # the device (`whatif.placement_reach`); between placement_limit_scale and it, a place is unknown
+    placement_reach_scale: float | None = None
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:
@@ -610,9 +614,12 @@ class WhatIf:
         if self.capacity_bytes is None:
             bound = self.capacity_bound_bytes
             return False if bound is not None and self.predicted_peak_bytes(scale) >= bound else None
-        if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
-            return False
         fits = self.predicted_peak_bytes(scale) <= self.capacity_bytes
+        if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
+            # today's free blocks hold no place for the scaled request; a run at this scale holds
+            # fewer bytes at that moment, where a place may be (up to the reach), or may not
+            reach = self.placement_reach_scale
+            return None if fits and reach is not None and scale <= reach else False
         if fits and (self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN) or self.capacity_at_most):
             return None
         return fits

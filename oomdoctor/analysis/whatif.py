@@ -71,6 +71,7 @@ def what_if(
     backward_unknown: bool = False,
     capacity_at_most: bool = False,
     trains: bool = True,
+    placement_reach: float | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -79,7 +80,8 @@ def what_if(
     counting the request when it scales; `scales_request`: whether the request grows with the batch
     (None: `request_scales(target_phase)`); `placement_limit`: when the request failed on placement
     although the free bytes added up to enough, the largest scale of the request that finds a place
-    today (`placement_limit`). `basis`: the recorded step the figures come from, when not the
+    today (`placement_limit`), and `placement_reach`, the largest at which one could exist at all
+    (`placement_reach`): between the two, whether a scale fits is unknown. `basis`: the recorded step the figures come from, when not the
     target event.
 
     A placement failure is not a shortage of bytes, so when the request grows with the batch the
@@ -116,6 +118,8 @@ def what_if(
     unusable = 0
     if not (scales_request and request_bytes):
         placement_limit = None
+    if placement_limit is None:
+        placement_reach = None
     calibrated = placement_limit is None and capacity_bytes is not None and shortfall_bytes is not None
     if placement_limit is None and capacity_bytes is not None and shortfall_bytes is not None:
         # at 1.00x the demand (fixed + scalable) must exceed the capacity by the shortfall, as it did
@@ -179,6 +183,7 @@ def what_if(
         capacity_bound_bytes=capacity_bound,
         capacity_at_most=capacity_at_most and capacity_bytes is not None,
         trains=trains,
+        placement_reach_scale=placement_reach,
     )
 
 
@@ -197,6 +202,33 @@ def placement_limit(
         if (
             device_free_bytes is not None
             and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes) <= device_free_bytes
+        ):
+            return hundredths / 100
+    return 0.0
+
+
+def placement_reach(
+    request_bytes: int,
+    largest_free_block_bytes: int,
+    device_free_bytes: int | None,
+    free_cached_bytes: int,
+    scalable_bytes: int,
+    large_segment_bytes: int = LARGE_SEGMENT_BYTES,
+) -> float:
+    """The largest scale (in 0.01 steps, below 1) at which the scaled request could find a place at
+    all: a pass at that scale holds (1 - scale) of today's `scalable_bytes` fewer at that moment, and
+    at most those bytes could join today's largest usable free block, or, with every free cached
+    byte released, free device memory for its cudaMalloc. Above it no layout of those bytes makes a
+    place; at or below it one may (`placement_limit`, today's layout, says where one surely is)."""
+    for hundredths in range(99, -1, -1):
+        scaled = -(-request_bytes * hundredths // 100 // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        released = scalable_bytes * (100 - hundredths) // 100
+        if scaled <= largest_free_block_bytes + released:
+            return hundredths / 100
+        if (
+            device_free_bytes is not None
+            and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes)
+            <= device_free_bytes + free_cached_bytes + released
         ):
             return hundredths / 100
     return 0.0

@@ -1,0 +1,51 @@
+"""A placement failure (the free bytes added up to the request, no free block or free device memory
+could take it) limits the scaled request to today's free blocks only at the OOM's own layout. A
+smaller batch holds fewer bytes at that moment, and where they would be free the file does not show:
+between the scale today's blocks place (`placement_limit`) and the largest at which a place could
+exist at all (`placement_reach`), whether a scale fits is unknown, not no. (A held-out CNN ran out
+with 8 MiB of 4 MiB pieces; halving its batch, which fits on that device, read "not enough on its
+own" because 0.503x of the request exceeds the 4 MiB piece.)"""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.whatif import placement_limit, placement_reach, what_if
+from tests.builders import MiB
+from tests.test_fragmentation_within_a_spike import _spike_in_pieces
+
+
+def test_the_reach_counts_the_bytes_a_smaller_pass_does_not_hold():
+    # 8 MiB asked, a 4 MiB piece the largest, 4 MiB free on the device, 13.5 MiB of pieces, 177 MiB
+    # of the pass's own: half of those bytes not held makes room far above today's limit
+    assert placement_limit(8 * MiB, 4 * MiB, 4 * MiB) == 0.5
+    assert placement_reach(8 * MiB, 4 * MiB, 4 * MiB, 27 * MiB // 2, 177 * MiB) == 0.98
+    # another process holds the device (18 MiB free): a request over 1 MiB needs a 20 MiB segment,
+    # which the pass's 0.75 MiB and the cache's 1 MiB cannot make, at any scale that keeps it over 1 MiB
+    assert placement_reach(4 * MiB, 0, 18 * MiB, MiB, 3 * MiB // 4) == placement_limit(4 * MiB, 0, 18 * MiB) == 0.25
+
+
+def _what_if(reach: float):
+    return what_if(
+        {"activations": 177 * MiB, "parameters": 2 * MiB},
+        scalable_bytes=177 * MiB,
+        request_bytes=8 * MiB,
+        target_phase="forward",
+        capacity_bytes=200 * MiB,
+        shortfall_bytes=4 * MiB,
+        placement_limit=0.5,
+        placement_reach=reach,
+    )
+
+
+def test_a_scale_past_todays_blocks_but_within_reach_is_not_known_to_fail():
+    assert _what_if(reach=0.98).fits_at(0.5) is True
+    assert _what_if(reach=0.98).fits_at(0.52) is None
+    assert _what_if(reach=0.5).fits_at(0.52) is False  # no layout of the bytes makes a place
+    assert _what_if(reach=0.98).fits_at(1.5) is False  # the bytes alone do not fit
+
+
+def test_halving_the_batch_past_todays_blocks_is_not_said_to_fail():
+    result = analyse(_spike_in_pieces(layers_at_oom=3).snapshot())
+    assert result.what_if.placement_limit_scale == 0.25 < 0.5 <= result.what_if.placement_reach_scale
+    halving = next(r for r in result.recommendations if r.id == "smaller-micro-batch")
+    assert halving.would_fit_alone is None
