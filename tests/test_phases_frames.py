@@ -924,3 +924,66 @@ def test_frees_are_read_as_carrying_allocation_stacks_only_where_they_do():
 
     assert verdict(own_stacks=False) is True
     assert verdict(own_stacks=True) is False
+
+
+# `optimizer.step(closure)` with SGD and momentum (it makes its buffers in its first step and
+# allocates nothing after): the closure runs the forward, `zero_grad(set_to_none=True)` and the
+# backward inside the step's frames
+SGD_STEP = (
+    _frame(f"{TORCH}/optim/sgd.py", "step", 116),
+    _frame(f"{TORCH}/optim/optimizer.py", "_use_grad"),
+    _frame(f"{TORCH}/optim/optimizer.py", "wrapper"),
+    *LOOP,
+)
+CLOSURE_FORWARD = (*LINEAR, _frame("train.py", "closure", 62), *SGD_STEP)
+CLOSURE_BACKWARD = (*BACKWARD[:3], _frame("train.py", "closure", 67), *SGD_STEP)
+SGD_MOMENTUM = (_frame(f"{TORCH}/optim/sgd.py", "_multi_tensor_sgd", 454), *SGD_STEP)
+BATCH = (_frame("data.py", "make_batch", 74), *LOOP)  # the loop's own code, outside the step
+
+
+def _closure_steps_as_torch_2_0(steps: int) -> Sim:
+    """`steps` iterations of `batch = make_batch(); optimizer.step(closure)`, the last one's forward
+    running out, with every free carrying its allocation's stack as torch 2.0 recorded it: the
+    frees of zero_grad (between the forward and its backward) and of the step show neither."""
+    sim = Sim(total_bytes=1 << 30)
+    sim.alloc(16 * MiB, MODEL_TO)
+    gradients: list[int] = []
+    batch = None
+    for step in range(steps):
+        if batch is not None:
+            sim.free(batch)
+        batch = sim.alloc(MiB, BATCH)
+        activations = [sim.alloc(8 * MiB, CLOSURE_FORWARD) for _ in range(3)]
+        if step == steps - 1:
+            sim.oom(512 * MiB, CLOSURE_FORWARD)
+            return sim
+        for gradient in gradients:  # zero_grad(set_to_none=True): the last step's gradients go
+            sim.free(gradient)
+        initial = sim.alloc(512, CLOSURE_BACKWARD)  # the loss's initial gradient (_make_grads)
+        gradients = [sim.alloc(4 * MiB, ()) for _ in range(4)]  # the engine's thread: no Python frames
+        sim.free(initial)
+        for activation in activations:
+            sim.free(activation)
+        if step == 0:
+            sim.alloc(16 * MiB, SGD_MOMENTUM)  # the momentum buffers, made in the first step only
+    return sim
+
+
+def test_closure_steps_whose_frees_carry_allocation_stacks_are_cut_where_each_step_returned():
+    """torch 2.0 wrote each free with its allocation's stack, so neither zero_grad nor an SGD step
+    that allocates nothing shows by its own frames. Inside `optimizer.step(closure)` zero_grad
+    falls between the forward and its backward: the gradients a returned backward made, released
+    before the next backward, are its window there too. And the loop's own code allocating again
+    (the next batch) after the closure's work is where the step had returned: a step ends there,
+    its end 'at least' (no mark shows where)."""
+    sim = _closure_steps_as_torch_2_0(3)
+    spans = _spans(sim)
+    assert [(s.phase, s.step) for s in spans if s.phase in ("zero_grad", "between_steps")] == [
+        ("between_steps", 1),
+        ("zero_grad", 1),
+        ("between_steps", 1),  # the zero_grad's last free_completed, before the backward allocates
+        ("between_steps", 2),
+    ], spans
+    result = analyse(sim.snapshot(metadata=False))
+    assert (result.target_phase, result.target_step) == ("forward", 2)
+    assert len(result.steps) == 3 and all(step.end_at_least for step in result.steps[:2]), result.steps

@@ -49,15 +49,8 @@ strip = fixture_module("strip")
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 ENTRIES = {entry["name"]: entry for entry in [*MANIFEST["fixtures"], *MANIFEST.get("realism", [])]}
 
-_TORCH_2_0_FREES = (
-    "torch 2.0 recorded each free with its allocation's stack, not the free's (that came with 2.1), so "
-    "neither zero_grad nor a step that allocates nothing shows by its own frames"
-)
 # (fixture, torch minor) -> why the reading of that era is still wrong.
-KNOWN_MISSES: dict[tuple[str, int], str] = {
-    ("closure-activation-spike-gpt", 0): _TORCH_2_0_FREES + ": in optimizer.step(closure) the gradients are "
-    "released between the forward and its backward, and the silent step leaves nothing, so its steps run together",
-}
+KNOWN_MISSES: dict[tuple[str, int], str] = {}
 
 # What the text report may only say where the era recorded it: (oldest minor, pattern).
 FIELD_STATEMENTS = (
@@ -179,8 +172,9 @@ def test_without_annotations_the_frees_show_the_steps_that_allocate_nothing(mino
     `optimizer.step(closure)` allocates nothing in its step, but frees the closure's loss inside it
     and calls zero_grad (whose frees carry its stack): the steps are the modern reading's, and the
     run is not said to show no optimizer step. Plain SGD without a closure or zero_grad leaves no
-    trace of its steps at all: there the report says so. (torch 2.0's frees carry the allocation's
-    stack: see KNOWN_MISSES.)"""
+    trace of its steps at all: there the report says so. (torch 2.0's frees carry their allocation's
+    stack, not the free's: there zero_grad shows by the gradients it releases, and a step ends where
+    the loop's own code allocates again after the closure's work, the frees before it the step's.)"""
     closure, text = _reading("closure-activation-spike-gpt", minor)
     modern, _ = _reading("closure-activation-spike-gpt", None)
     assert [(s.phase, s.step) for s in closure.phases][-3:] == [(s.phase, s.step) for s in modern.phases][-3:]

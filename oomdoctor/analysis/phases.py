@@ -467,7 +467,7 @@ def _gap_phase(cls: str, before: str | None, after: str | None, work_seen: bool,
 class _FramePhases:
     """The allocations' phases read from their stacks (or `user_metadata`), as runs in trace order."""
 
-    __slots__ = ("indices", "runs", "seen", "any_frames", "boundaries")
+    __slots__ = ("indices", "runs", "seen", "any_frames", "boundaries", "returns")
 
     def __init__(self) -> None:
         self.indices: Sequence[int] = []  # event index of each allocation (and `oom`)
@@ -476,6 +476,9 @@ class _FramePhases:
         self.seen: set[str] = set()  # the phases of the runs
         self.any_frames = False
         self.boundaries: list[int] = []  # the loop's marks that started steps (only in a run that trains)
+        # where the loop's own code allocates again after an optimizer's step ran its closure's work
+        # (`_step_returns`): the step had returned, though no mark shows where
+        self.returns: list[int] = []
 
 
 def _split_at_returns(
@@ -524,6 +527,50 @@ def _split_at_returns(
     return starts
 
 
+def _step_returns(
+    numbers: Sequence[int], stacks: Mapping[int, Stack], label_of: Mapping[int, tuple[str, str]]
+) -> list[int]:
+    """Positions (in the allocations `numbers` number the stacks of) where an optimizer's step that
+    ran a closure had returned: `optimizer.step(closure)` (Lightning's automatic optimization)
+    runs the step's forward and backward inside the step's frames, and where an in-place optimizer
+    allocates nothing itself, nothing else shows where the step ended. The latest allocation with
+    Python frames ran inside a step (a frame of the optimizer's step) but was not the optimizer's
+    own (the closure's work: an optimizer's own allocations end its step by their phase), and this
+    one runs outside any step, called from the same outermost frame (the same thread's code: a
+    DataParallel replica's worker thread has its own): the loop's own code, after the step. What
+    the step freed before it returned is not told apart from what the loop freed after it."""
+    where: dict[int, tuple[bool, Any] | None] = {}  # stack number -> (inside a step, outermost frame)
+    closure_seen = False
+    for number, stack in stacks.items():
+        python = [frame for frame in stack if frame.filename.endswith(".py")]
+        if not python:
+            where[number] = None  # the autograd engine's thread, or nothing recorded: no evidence
+            continue
+        inside = any(_frame_kind(_norm(frame.filename), frame.name) == _KIND_OPTIMIZER for frame in python)
+        where[number] = (inside, python[-1])
+        closure_seen = closure_seen or (inside and label_of[number][0] not in _OPTIMIZER_OWN)
+    if not closure_seen:
+        return []
+    returns: list[int] = []
+    step_caller = None  # the outermost frame of the latest allocation, when it was a closure's inside a step
+    for position, number in enumerate(numbers):
+        here = where[number]
+        if here is None:
+            continue
+        inside, outermost = here
+        if inside:
+            step_caller = outermost if label_of[number][0] not in _OPTIMIZER_OWN else None
+            continue
+        if step_caller is not None and outermost == step_caller:
+            returns.append(position)
+        step_caller = None
+    return returns
+
+
+# the classes of an optimizer's own allocations (its update, its state), not its closure's
+_OPTIMIZER_OWN = frozenset({_CLASS_OPTIMIZER, _CLASS_OPTIMIZER_SETUP, _CLASS_ZERO_GRAD})
+
+
 def _call_site(stack: Stack) -> tuple[str, int, str] | None:
     """The user's frame that called the outermost module of an allocation's stack (where `out =
     model(x)` is), or None when no module was called from Python."""
@@ -544,7 +591,12 @@ def _same_call_site(trace: DeviceTrace, before: int, after: int) -> bool:
 
 
 def _frame_phases(
-    trace: DeviceTrace, boundaries: Sequence[int] = (), *, optimizer_annotated: bool = False, trains: bool = False
+    trace: DeviceTrace,
+    boundaries: Sequence[int] = (),
+    *,
+    optimizer_annotated: bool = False,
+    trains: bool = False,
+    step_returns: bool = False,
 ) -> _FramePhases:
     """The phase of every allocation, walking the allocation stacks. A stack that names a phase
     decides it (`_stack_class`); an allocation on the autograd thread (no Python frames) during a
@@ -552,7 +604,9 @@ def _frame_phases(
     allocation takes its phase from where it lies (`_gap_phase`). In a run that trains (`trains`,
     or a backward, optimizer step or zero_grad among the stacks), `boundaries` (event indices where
     the loop starts an iteration, from annotations) end what lies before them; `result.boundaries`
-    keeps those that were used."""
+    keeps those that were used. With `step_returns` (no annotation shows where an optimizer's step
+    ended), the loop's code allocating again after a step's closure did is where that step had
+    returned (`_step_returns`): what lies before it is that step's, and `result.returns` keeps them."""
     result = _FramePhases()
     # an `oom` event carries the failing allocation's stack: it decides the OOM's own phase
     ooms = trace.positions(OOM)
@@ -588,13 +642,15 @@ def _frame_phases(
     trains_here = trains or bool(classes_seen & (TRAINING_PHASES | {_CLASS_ENGINE}))
     if trains_here:
         result.boundaries = sorted(boundaries)
-        # a run the loop's mark falls inside is split there
-        for boundary in result.boundaries:
-            position = bisect.bisect_left(indices, boundary)
-            at = bisect.bisect_right(raw, position, key=lambda run: run[0]) - 1
-            if position < len(indices) and at >= 0 and raw[at][0] != position:
-                raw.insert(at + 1, [position, raw[at][1], raw[at][2]])
+    returned = _step_returns(numbers, stacks, label_of) if step_returns else []
+    result.returns = [indices[position] for position in returned]
     marks = {bisect.bisect_left(indices, boundary) for boundary in result.boundaries}
+    marks.update(returned)
+    # a run the loop's mark, or a step's return, falls inside is split there
+    for position in sorted(marks):
+        at = bisect.bisect_right(raw, position, key=lambda run: run[0]) - 1
+        if position < len(indices) and at >= 0 and raw[at][0] != position:
+            raw.insert(at + 1, [position, raw[at][1], raw[at][2]])
     pass_starts = _split_at_returns(trace, indices, raw, by_stack)
 
     phases, gaps = _walk(raw, marks, has_optimizer, pass_starts)
@@ -897,10 +953,12 @@ def _gradients_released(
 ) -> list[tuple[int, int, str]]:
     """zero_grad's windows where no free carries the stack of its own call (torch 2.0 recorded each
     free with its allocation's stack): after a backward returned (the free of the loss's initial
-    gradient, which `Tensor.backward` makes in `_make_grads`) and before the next backward or
-    forward allocates, a run of frees of blocks a backward made (the engine's, or a custom
-    Function's backward) releases gradients that outlived their backward: set_to_none's zero_grad,
-    or its like. Accumulated gradients stay, so micro-batches are not cut."""
+    gradient, which `Tensor.backward` makes in `_make_grads`) and before the next backward
+    allocates, a run of frees of blocks a backward made (the engine's, or a custom Function's
+    backward) releases gradients that outlived their backward: set_to_none's zero_grad, or its
+    like. That is before the next forward (`step(); zero_grad()`) or after it (`loss = model(x);
+    zero_grad(); loss.backward()`, and `optimizer.step(closure)` as Lightning runs it): a forward
+    frees none of what a backward made. Accumulated gradients stay, so micro-batches are not cut."""
     alloc_class = {number: _stack_class(stack) for number, stack in alloc_stacks.items()}
     # the loss's initial gradient, which `Tensor.backward` makes (`_make_grads`) and frees as it returns
     initial_gradients = {
@@ -915,8 +973,8 @@ def _gradients_released(
     for index, number in zip(frees, numbers):
         while position < len(allocations) and allocations[position] < index:
             cls = alloc_class[alloc_numbers[position]]
-            if cls in (_CLASS_FORWARD, _CLASS_BACKWARD, _CLASS_ENGINE, _CLASS_NO_FRAMES, _CLASS_EVALUATION):
-                returned = False  # a pass or a backward began: what follows is no longer after the return
+            if cls in (_CLASS_BACKWARD, _CLASS_ENGINE, _CLASS_NO_FRAMES):
+                returned = False  # a backward began: what follows is no longer after the return
             run = None
             position += 1
         cls = class_of[number]
@@ -973,6 +1031,7 @@ def build_spans(
         sorted(set(marks) | set(step_starts)),
         optimizer_annotated=bool(step_starts),
         trains=any(a.name.startswith("Optimizer.") for a in annotations) or bool(windows),
+        step_returns=window_source == SOURCE_FRAMES,
     )
     # a phase was named when some allocation lies after the start of the first step
     named = bool(found.seen - {PHASE_BEFORE})
@@ -1004,6 +1063,7 @@ def build_spans(
         has_optimizer=has_optimizer,
         stepping=stepping,
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
+        returns=frozenset(found.returns),
         inferred=inferred,
     )
     if windows or not named:  # (not named: the optimizer annotations alone count the steps)
@@ -1134,6 +1194,7 @@ def _number_steps(
     has_optimizer: bool,
     stepping: _Interiors,
     loop_marks: frozenset[int] = frozenset(),
+    returns: frozenset[int] = frozenset(),
     inferred: set[int] | None = None,
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
@@ -1149,14 +1210,17 @@ def _number_steps(
     fetches the next batch before the backward): a backward is never the first phase of a step.
     A step that ends by its phases alone (no mark) ends where the next step first allocates, so the
     frees between are the ending step's, though they may be the next one's (a loop's `del`, a
-    `zero_grad` whose frees do not show it): such a step's first event goes into `inferred`.
+    `zero_grad` whose frees do not show it): such a step's first event goes into `inferred`. So does
+    a step that ends at one of `returns` (the loop's code allocating after a step ran its closure:
+    `_step_returns`), which ends it as a mark does, but with no mark of where.
     """
-    if boundaries:
+    cuts = sorted(set(boundaries) | returns)
+    if cuts:
         cut: list[tuple[int, int, str, str, bool]] = []
         for first, last, phase, source, new_pass in pieces:
-            # the boundaries inside the piece, after its first event (`boundaries` is sorted)
-            low, high = bisect.bisect_right(boundaries, first), bisect.bisect_right(boundaries, last)
-            for boundary in boundaries[low:high]:
+            # the cuts inside the piece, after its first event (`cuts` is sorted)
+            low, high = bisect.bisect_right(cuts, first), bisect.bisect_right(cuts, last)
+            for boundary in cuts[low:high]:
                 cut.append((first, boundary - 1, phase, source, new_pass))
                 first, new_pass = boundary, False
             cut.append((first, last, phase, source, new_pass))
@@ -1182,7 +1246,7 @@ def _number_steps(
         allocates = allocating[number]
         # a completed optimizer step ends its step even where only frees follow it (a dump written
         # after the run's last step); a loop's mark needs a later allocation
-        ends_step = first in marks and (first <= last_allocation or first not in loop_marks)
+        ends_step = (first in marks and (first <= last_allocation or first not in loop_marks)) or first in returns
         if ends_step and first in loop_marks and previous == PHASE_FORWARD and coming[number] == PHASE_BACKWARD:
             ends_step = False  # a mark between a forward and its backward
         # inside an optimizer step's window the closure's phases change, but the step goes on
