@@ -10,6 +10,7 @@ import re
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import Change
+from oomdoctor.model import Snapshot
 from oomdoctor.pipeline import render_report
 from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, Sim
 
@@ -43,19 +44,52 @@ def test_a_saving_at_the_oom_of_a_pass_whose_rest_is_unknown_is_a_lower_bound():
 
 
 def test_when_the_file_cannot_tell_whether_the_run_trains_checkpointing_is_advised_on_that_condition():
-    """Without annotations (torch < 2.5) a forward with no backward in sight may be a training
-    run's: activation checkpointing is advised "if this run trains", its fit not said; a file that
-    records annotations and shows no optimizer at work gets none."""
-    old = _forward_cut_short(annotations_recorded=False)
-    analysis = analyse(old)
-    checkpointing = [r for r in analysis.recommendations if r.id == Change.ACTIVATION_CHECKPOINTING]
-    assert len(checkpointing) == 1, analysis.recommendations
-    assert checkpointing[0].if_trains and checkpointing[0].would_fit_alone is None
-    text = render_report(old, "text", analysis=analysis).decode()
-    assert "If this run trains (the file cannot tell), use activation checkpointing" in text
-    assert b'"if_trains": true' in render_report(old, "json", analysis=analysis)
-    modern = analyse(_forward_cut_short(annotations_recorded=True))
-    assert Change.ACTIVATION_CHECKPOINTING not in [r.id for r in modern.recommendations]
+    """A forward with no backward in sight may be a training run's: activation checkpointing is
+    advised "if this run trains", its fit not said. Without annotations (torch < 2.5) nothing
+    would show an optimizer at work; with them, none is due yet in the run's first forward (a run
+    that trains calls its optimizer after a backward): the file cannot tell either way."""
+    for annotations_recorded in (False, True):
+        old = _forward_cut_short(annotations_recorded=annotations_recorded)
+        analysis = analyse(old)
+        checkpointing = [r for r in analysis.recommendations if r.id == Change.ACTIVATION_CHECKPOINTING]
+        assert len(checkpointing) == 1, (annotations_recorded, analysis.recommendations)
+        assert checkpointing[0].if_trains and checkpointing[0].would_fit_alone is None
+        text = render_report(old, "text", analysis=analysis).decode()
+        assert "If this run trains (the file cannot tell), use activation checkpointing" in text
+        assert b'"if_trains": true' in render_report(old, "json", analysis=analysis)
+
+
+def _passes_then_oom(passes: int) -> Snapshot:
+    """Weights, then `passes` forward passes (oomdoctor's markers: grad mode on), each freeing its
+    activations as it returns, no backward, no optimizer, the last one running out."""
+    sim = Sim(total_bytes=1024 * MiB)
+    sim.alloc(128 * MiB, SETUP_STACK, component="parameter", name="fc.weight")
+    for number in range(passes):
+        sim.marker("forward", "start")
+        activations = [sim.alloc(128 * MiB, FORWARD_STACK) for _ in range(6)]
+        if number == passes - 1:
+            sim.oom(256 * MiB, FORWARD_STACK)
+            break
+        for activation in activations:
+            sim.free(activation)
+        sim.marker("forward", "end")
+    return sim.snapshot()
+
+
+def test_a_file_with_markers_whose_first_forward_ran_out_cannot_tell_whether_the_run_trains():
+    """oomdoctor's markers and registry record an optimizer's step and zero_grad, but a run that
+    trains calls neither before its first backward: an OOM in its first forward leaves the file
+    unable to tell whether it trains, and it says so ("if this run trains"), as a file without
+    annotations does. Earlier passes that no backward followed (more than one training step makes
+    before its backward) tell it does not: then no checkpointing is advised."""
+    first = analyse(_passes_then_oom(1))
+    assert first.target_phase == "forward" and first.phase_source == "markers"
+    checkpointing = [r for r in first.recommendations if r.id == Change.ACTIVATION_CHECKPOINTING]
+    assert [(r.if_trains, r.would_fit_alone) for r in checkpointing] == [(True, None)], first.recommendations
+    assert Change.SMALLER_MICRO_BATCH not in [r.id for r in first.recommendations]
+    later = analyse(_passes_then_oom(5))
+    assert later.target_phase == "forward"
+    assert Change.ACTIVATION_CHECKPOINTING not in [r.id for r in later.recommendations], later.recommendations
 
 
 def _two_steps(*, markers: bool):

@@ -347,8 +347,11 @@ def test_a_replica_s_forward_tells_nothing_of_the_backward_of_a_run_that_trains(
     from oomdoctor.model import Annotation
     from oomdoctor.views import phrasing
 
+    # the judged device's first forward, no optimizer called yet: nothing tells whether a backward follows
     sim_free = _cut_short_beside_a_finished_replica()
-    assert sim_free.what_if.case != "backward-unknown"  # nothing shows this run trains
+    assert sim_free.what_if.case == "backward-unknown" and not sim_free.what_if.trains
+    # (the file records annotations: not "this torch records none", but none was due yet)
+    assert "nothing in the file tells whether the run trains" in phrasing.what_if_note(sim_free.what_if)
     finished = replica(8, 100 * MiB)
     cut = Sim(total_bytes=8 * GiB)
     cut.time_us += 10_000

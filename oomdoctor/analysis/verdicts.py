@@ -217,9 +217,26 @@ class Context:
 
     def trains_unknown(self) -> bool:
         """Nothing in the file tells whether the run trains: the trace shows no backward, optimizer
-        step or zero_grad, no evaluation loop's pass, no frames of a training step, and the file
-        predates the annotations (torch < 2.5) that would show an optimizer at work elsewhere."""
-        return not self.annotations_recorded and not self.trains() and PHASE_EVALUATION not in self.phases_seen()
+        step or zero_grad, no evaluation loop's pass, no frames of a training step, and either the
+        file predates the annotations (torch < 2.5) that would show an optimizer at work elsewhere,
+        or the judged moment is in the first passes the trace shows (`in_first_passes`), before
+        which a run that trains calls no optimizer yet (its step and zero_grad come after a backward
+        or with the next batch), so that finding no annotation or marker of one tells nothing."""
+        if self.trains() or PHASE_EVALUATION in self.phases_seen():
+            return False
+        return not self.annotations_recorded or self.in_first_passes()
+
+    def in_first_passes(self) -> bool:
+        """The judged moment is in one of the first forward passes of the trace, no more of them
+        before it than one training step may make before its backward with none seen
+        (CALLS_PER_STEP_UNSEEN: a model and a loss module called apart, a pair's two calls), and
+        none of a backward, optimizer step or zero_grad before it: nothing shows yet whether a
+        backward follows."""
+        index = self.target_index if self.target_index is not None else self.trace_entries - 1
+        if index < 0:
+            return False
+        forwards, last_training = passes_since_training(self.phases, index)
+        return last_training < 0 and 0 < len(forwards) <= CALLS_PER_STEP_UNSEEN
 
     def trains_beyond_phases(self) -> bool:
         """What tells the run trains besides this trace's phases: a replica's trace reached a

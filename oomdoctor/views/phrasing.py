@@ -171,8 +171,8 @@ def what_if_note(what_if: WhatIf) -> str:
             " trains, and what its backward adds is unknown"
             if what_if.trains
             else f"the forward's peak would fit up to {what_if.upper_bound_scale or 0:.2f}x, an upper bound only:"
-            " whether a backward follows is unknown (the trace shows none, and a snapshot of this torch records"
-            " no optimizer annotations to tell whether the run trains)"
+            " whether a backward follows is unknown (the trace shows none, and nothing in the file tells whether"
+            " the run trains: no optimizer had been called, or this torch recorded no annotation of one)"
         )
     elif case == WhatIfCase.PLACEMENT:
         note = (
