@@ -990,3 +990,19 @@ def test_closure_steps_whose_frees_carry_allocation_stacks_are_cut_where_each_st
     result = analyse(sim.snapshot(metadata=False))
     assert (result.target_phase, result.target_step) == ("forward", 2)
     assert len(result.steps) == 3 and all(step.end_at_least for step in result.steps[:2]), result.steps
+
+
+def test_another_threads_allocation_after_a_closure_s_work_ends_no_step():
+    """Only the loop's own code, called from the outermost frame the step was called from, shows
+    that the step returned: a DataParallel replica's forward runs on a worker thread (its outermost
+    frame the thread's bootstrap, no optimizer frame in its stack) while the closure's pass is
+    still going, and ends no step."""
+    worker = (
+        *LINEAR,
+        _frame(f"{TORCH}/nn/parallel/parallel_apply.py", "_worker", 80),
+        _frame("/usr/lib/python3.11/threading.py", "run", 975),
+        _frame("/usr/lib/python3.11/threading.py", "_bootstrap", 995),
+    )
+    phases = _run([MODEL_TO, CLOSURE_FORWARD, worker, CLOSURE_FORWARD, CLOSURE_BACKWARD, (), BATCH, CLOSURE_FORWARD])
+    assert [step for _, step in phases] == [0, 0, 0, 0, 0, 0, 1, 1], phases
+    assert phases[6] == ("between_steps", 1), phases
