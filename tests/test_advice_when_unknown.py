@@ -1,7 +1,8 @@
 """Advice where the file cannot tell: a saving estimated at the OOM of a pass whose rest nothing
-shows is a lower bound, and said so; where nothing tells whether the run trains (a torch before 2.5
-wrote no annotations, and the trace shows no backward), the advice for a pass that trains is given
-on that condition, not dropped and not asserted."""
+shows is a lower bound, and said so; where nothing tells whether the run trains (the first passes
+of the trace, no backward, no optimizer called yet, whether or not the file could record its
+annotations), the advice for a pass that trains is given on that condition, not dropped and not
+asserted."""
 
 from __future__ import annotations
 
@@ -81,15 +82,17 @@ def test_a_file_with_markers_whose_first_forward_ran_out_cannot_tell_whether_the
     trains calls neither before its first backward: an OOM in its first forward leaves the file
     unable to tell whether it trains, and it says so ("if this run trains"), as a file without
     annotations does. Earlier passes that no backward followed (more than one training step makes
-    before its backward) tell it does not: then no checkpointing is advised."""
+    before its backward) tell it does not, in a file of any torch: then no checkpointing is advised."""
     first = analyse(_passes_then_oom(1))
     assert first.target_phase == "forward" and first.phase_source == "markers"
     checkpointing = [r for r in first.recommendations if r.id == Change.ACTIVATION_CHECKPOINTING]
     assert [(r.if_trains, r.would_fit_alone) for r in checkpointing] == [(True, None)], first.recommendations
     assert Change.SMALLER_MICRO_BATCH not in [r.id for r in first.recommendations]
-    later = analyse(_passes_then_oom(5))
-    assert later.target_phase == "forward"
-    assert Change.ACTIVATION_CHECKPOINTING not in [r.id for r in later.recommendations], later.recommendations
+    for annotations_recorded in (True, False):  # a torch before 2.5 tells the same by the passes
+        snapshot = dataclasses.replace(_passes_then_oom(5), annotations_recorded=annotations_recorded)
+        later = analyse(snapshot)
+        assert later.target_phase == "forward"
+        assert Change.ACTIVATION_CHECKPOINTING not in [r.id for r in later.recommendations], later.recommendations
 
 
 def _two_steps(*, markers: bool):

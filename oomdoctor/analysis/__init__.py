@@ -568,7 +568,6 @@ def _context(
         frames_train=frames_train,
         optimizer_annotated=dump.optimizer_annotated,
         expandable_available=dump.expandable_available,
-        annotations_recorded=dump.annotations_recorded,
         concatenations=(
             running_concatenations(dump.trace, dump.spans, target.index, blocks)
             if moment.phase in (*FORWARD_PASSES, PHASE_BETWEEN)

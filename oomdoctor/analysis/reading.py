@@ -53,7 +53,6 @@ class DeviceDump:
     # the torch that wrote the dump has expandable segments (torch 2.0, `legacy-history`, has not)
     expandable_available: bool = True
     ran_out: bool = False  # an `oom` event on any device's trace: the dump may cut a call short
-    annotations_recorded: bool = True  # the file has `external_annotations` (torch >= 2.5)
     # the first event of each step whose start no mark shows (`phases.build_spans`): the step before
     # it ends where this one first allocates
     inferred_step_starts: frozenset[int] = frozenset()
@@ -93,7 +92,6 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         or bool(read_windows[0] if read_windows else frame_windows(trace)[0]),
         expandable_available=snapshot.source_format != "legacy-history",
         ran_out=any(len(columns(t).positions(OOM)) for t in snapshot.traces),
-        annotations_recorded=snapshot.annotations_recorded,
         inferred_step_starts=frozenset(inferred),
     )
 

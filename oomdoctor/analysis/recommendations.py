@@ -313,9 +313,10 @@ def recommend(
     # annotations): it saves nothing for a backward, so there is no graph to checkpoint and no
     # gradient to accumulate over micro-batches, whatever the run did before
     pass_trains = training and ctx.target_phase != PHASE_EVALUATION
-    # nothing in the file tells whether the run trains (torch < 2.5 wrote no annotations, and the
-    # trace shows no backward): the advice for a pass that trains is given on that condition, its
-    # saving the estimate for a run that does, and whether it fits not said (it saves nothing if not)
+    # nothing in the file tells whether the run trains (the first passes of the trace, no backward,
+    # no optimizer called yet: `Context.trains_unknown`): the advice for a pass that trains is given
+    # on that condition, its saving the estimate for a run that does, and whether it fits not said
+    # (it saves nothing if not)
     maybe_trains = not training and ctx.trains_unknown() and ctx.target_phase != PHASE_EVALUATION
     found: list[Recommendation] = []
     # without an OOM or a risk, only a change that removes waste is advised (fused attention

@@ -472,8 +472,8 @@ class Recommendation:
     # the saving is a lower bound: estimated at the OOM of a pass whose rest nothing shows, which
     # only adds to what the change saves at that pass's peak
     saved_at_least: bool = False
-    # advice for a run that trains, where the file cannot tell whether it does (torch < 2.5 wrote no
-    # annotations, and the trace shows no backward): it saves nothing if the run does not
+    # advice for a run that trains, where the file cannot tell whether it does (its first passes, no
+    # backward, no optimizer called yet: `Context.trains_unknown`): it saves nothing if the run does not
     if_trains: bool = False
     # the saving is the judged moment's (the OOM's, or the peak's), and what the change frees there
     # is made again later (the next backward's gradients): the run's peak drops by at most this

@@ -152,8 +152,6 @@ class Context:
     optimizer_annotated: bool = field(default=False)
     # the torch that wrote the dump offers expandable segments (torch 2.0 did not)
     expandable_available: bool = field(default=True)
-    # the file has `external_annotations` (torch >= 2.5), where an optimizer at work would show
-    annotations_recorded: bool = field(default=True)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
     # blocks were allocated or freed after the target: the layout (and the free blocks the
     # fragmentation figures read) was rebuilt back from the dump, an estimate (report_rows.layout_estimated)
@@ -217,14 +215,15 @@ class Context:
 
     def trains_unknown(self) -> bool:
         """Nothing in the file tells whether the run trains: the trace shows no backward, optimizer
-        step or zero_grad, no evaluation loop's pass, no frames of a training step, and either the
-        file predates the annotations (torch < 2.5) that would show an optimizer at work elsewhere,
-        or the judged moment is in the first passes the trace shows (`in_first_passes`), before
-        which a run that trains calls no optimizer yet (its step and zero_grad come after a backward
-        or with the next batch), so that finding no annotation or marker of one tells nothing."""
+        step or zero_grad, no evaluation loop's pass, no frames of a training step, no optimizer at
+        work in the annotations, and the judged moment is in the first passes the trace shows
+        (`in_first_passes`). A run that trains calls its optimizer only after a backward (or with the
+        next batch), so before then finding no annotation or marker of one tells nothing, whether
+        the file could record them (torch >= 2.5, oomdoctor's markers) or not; after more passes
+        than one step makes with no backward between, the trace itself tells the run does not."""
         if self.trains() or PHASE_EVALUATION in self.phases_seen():
             return False
-        return not self.annotations_recorded or self.in_first_passes()
+        return self.in_first_passes()
 
     def in_first_passes(self) -> bool:
         """The judged moment is in one of the first forward passes of the trace, no more of them
