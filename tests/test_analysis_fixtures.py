@@ -58,9 +58,9 @@ def test_fixture_report_json_matches_the_manifest(entry, capsys):
             # the OOM cut the first forward short: nothing shows the rest of the pass (docs/definitions.md)
             assert not any(r["would_fit_alone"] for r in data["recommendations"])
         else:
-            # a change that fits, or activation checkpointing, whose rule-of-thumb saving claims no
-            # fit either way (docs/definitions.md): activation-spike-gpt-longer-sequence's only
-            # candidate, which fits when rehearsed
+            # a change that fits, or activation checkpointing, which claims no "not enough" (its
+            # figure from the regions) and no fit from a rule of thumb (docs/definitions.md):
+            # activation-spike-gpt-longer-sequence's only candidate, which fits when rehearsed
             assert any(
                 r["would_fit_alone"] or (r["id"] == "activation-checkpointing" and r["would_fit_alone"] is None)
                 for r in data["recommendations"]

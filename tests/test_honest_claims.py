@@ -121,7 +121,8 @@ def test_the_extrapolation_says_no_where_half_the_whole_pass_does_not_fit():
     assert what_if.fits_at(0.5) is False
     claims = _batch_claims(result)
     assert all(fits is False for change, fits in claims.items() if change != "activation-checkpointing")
-    # checkpointing's saving is a rule of thumb: no fit is claimed from it either way
+    # the stacks show no regions, so checkpointing's saving is a rule of thumb: no fit is claimed
+    # from it either way (and where they do, no "not enough": tests/test_checkpointing_regions.py)
     assert claims.get("activation-checkpointing") is None
     # judged at the OOM instant as if the pass had finished, half of it would have "fit"
     instant = sum(result.component_bytes().values()) + result.accounting.request_bytes

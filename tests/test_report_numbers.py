@@ -1395,9 +1395,11 @@ def format_mismatches(r: Reports, fmt: str) -> list[str]:
             said = re.search(r": (" + _SIZE[1:-1] + r")(?:\s|$)", line)
             if not said or said.group(1) != shown(item["bytes"]):
                 out.append(f"evidence {item['text']!r}: printed {line!r}, the JSON {shown(item['bytes'])}")
-    # each saving as printed, with "at least" exactly where the JSON calls it a lower bound, and the
+    # each saving as printed, with "at least" exactly where the JSON calls it a lower bound, the
     # bound on the run's peak exactly where the JSON gives one (a saving at the judged moment of what
-    # is made again later), never above the saving
+    # is made again later), never above the saving, and "rule of thumb" exactly where the JSON
+    # calls it one
+    thumb = " (rule of thumb, not measured from the file)"
     peak_words = (
         r"(?: (?:at|when) [^;|\n]+; the next backward makes the gradients again, so the run's peak falls at most "
         + _SIZE
@@ -1405,8 +1407,10 @@ def format_mismatches(r: Reports, fmt: str) -> list[str]:
     )
     saves = (
         [
-            (bound == "at least", size, peak or None)
-            for bound, size, peak in re.findall(r"saves (about|at least) " + _SIZE + peak_words, report)
+            (bound == "at least", size, peak or None, bool(said))
+            for bound, size, peak, said in re.findall(
+                r"saves (about|at least) " + _SIZE + peak_words + "(" + re.escape(thumb) + ")?", report
+            )
         ]
         if fmt == "text"
         else []
@@ -1416,14 +1420,19 @@ def format_mismatches(r: Reports, fmt: str) -> list[str]:
         cells = [c.split("|")[3].strip() for c in table.splitlines() if re.match(r"\| \d+ \|", c)]
         saves = []
         for cell in cells:
-            read = re.fullmatch(r"(at least )?" + _SIZE + peak_words, cell)
-            saves.append((bool(read.group(1)), read.group(2), read.group(3)) if read else (False, cell, None))
+            read = re.fullmatch(r"(at least )?" + _SIZE + peak_words + "(" + re.escape(thumb) + ")?", cell)
+            saves.append(
+                (bool(read.group(1)), read.group(2), read.group(3), bool(read.group(4)))
+                if read
+                else (False, cell, None, False)
+            )
     recommendations = j.get("recommendations") or []
     wanted = [
         (
             bool(x.get("estimated_saved_is_lower_bound")),
             shown(x["estimated_saved_bytes"]),
             None if x.get("peak_saved_at_most_bytes") is None else shown(x["peak_saved_at_most_bytes"]),
+            bool(x.get("estimated_saved_is_rule_of_thumb")),
         )
         for x in recommendations
     ]

@@ -479,6 +479,8 @@ class Recommendation:
     # is made again later (the next backward's gradients): the run's peak drops by at most this
     # (None: the saving is the peak's own)
     peak_saved_at_most_bytes: int | None = None
+    # the saving is a rule of thumb (a fixed share), not measured from the file
+    rule_of_thumb: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,8 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
         # the saving is the judged moment's; what it frees is made again later, and the run's peak
         # drops by at most this
         out["peak_saved_at_most_bytes"] = item.peak_saved_at_most_bytes
+    if item.rule_of_thumb:  # the saving is a fixed share, not measured from the file
+        out["estimated_saved_is_rule_of_thumb"] = True
     return out
 
 

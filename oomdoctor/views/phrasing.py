@@ -380,10 +380,10 @@ def saving(item: Recommendation, where: str = "at the OOM") -> str:
     (`where`: 'at the OOM', 'at the peak') is made again later, that moment's saving and the bound
     on the run's peak."""
     if item.saved_at_least:
-        return f"saves at least {human(item.estimated_saved_bytes)}"
+        return f"saves at least {human(item.estimated_saved_bytes)}{_thumb(item)}"
     if item.peak_saved_at_most_bytes is not None:
         return f"saves about {human(item.estimated_saved_bytes)} {where}; {_peak_bound(item, where)}"
-    return f"saves about {human(item.estimated_saved_bytes)}"
+    return f"saves about {human(item.estimated_saved_bytes)}{_thumb(item)}"
 
 
 def _peak_bound(item: Recommendation, where: str) -> str:
@@ -395,11 +395,20 @@ def _peak_bound(item: Recommendation, where: str) -> str:
 
 def saving_cell(item: Recommendation, where: str = "at the OOM") -> str:
     """A recommendation's saving in a table column headed "saves about"."""
-    if item.saved_at_least:
-        return f"at least {human(item.estimated_saved_bytes)}"
-    if item.peak_saved_at_most_bytes is not None:
+    if item.peak_saved_at_most_bytes is not None and not item.saved_at_least:
         return f"{human(item.estimated_saved_bytes)} {where}; {_peak_bound(item, where)}"
-    return human(item.estimated_saved_bytes)
+    shown = (
+        f"at least {human(item.estimated_saved_bytes)}" if item.saved_at_least else human(item.estimated_saved_bytes)
+    )
+    return shown + _thumb(item)
+
+
+def _thumb(item: Recommendation) -> str:
+    """Said after a saving that is a rule of thumb (a fixed share), not measured from the file."""
+    return f" ({RULE_OF_THUMB})" if item.rule_of_thumb else ""
+
+
+RULE_OF_THUMB = "rule of thumb, not measured from the file"
 
 
 # --- the verdict's story and its evidence ---------------------------------------------------------
