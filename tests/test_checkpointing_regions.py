@@ -137,3 +137,74 @@ def test_without_regions_the_saving_is_said_to_be_a_rule_of_thumb():
     assert phrasing.saving(rec).endswith("(rule of thumb, not measured from the file)")
     assert phrasing.saving_cell(rec).endswith("(rule of thumb, not measured from the file)")
     assert _recommendation(rec)["estimated_saved_is_rule_of_thumb"] is True
+
+
+def _call(line: int, caller_line: int, *inner: Frame) -> tuple[Frame, ...]:
+    """An op in a module's forward (model.py at `line`) that the model's forward called from its
+    line `caller_line`, through `inner` frames first (innermost first)."""
+    return (
+        *inner,
+        _LINEAR,
+        Frame("model.py", line, "forward"),
+        Frame(_MODULE, 1751, "_wrapped_call_impl"),
+        Frame("model.py", caller_line, "forward"),
+        Frame(_MODULE, 1751, "_wrapped_call_impl"),
+        Frame("train.py", 40, "train_step"),
+    )
+
+
+def _saving_of(forward) -> int:
+    sim = Sim(total_bytes=512 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    forward(sim)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(256 * MiB, BACKWARD_STACK)
+    return _checkpointing(sim).estimated_saved_bytes
+
+
+def test_two_loops_of_blocks_are_both_regions():
+    """A U-shaped model: down blocks called from line 30, up blocks from line 31 (4 MiB, then a
+    1 MiB output each). Both loops are regions: 20 MiB held, less the second block's input in each
+    loop (2 MiB), less the largest block (5 MiB)."""
+
+    def forward(sim: Sim) -> None:
+        for caller in (30, 31):
+            for _ in range(2):
+                sim.alloc(4 * MiB, _call(10, caller))
+                sim.alloc(MiB, _call(11, caller))
+
+    # the figure of the down loop alone would be 10 - 1 - 5 = 4 MiB
+    assert _saving_of(forward) == (20 - 2 - 5) * MiB
+
+
+def test_a_loop_inside_a_block_is_part_of_its_region():
+    """Each of three blocks calls two experts in a loop (their forward at expert.py:5, called from
+    the block's line 10), then makes its 2 MiB output at line 11: the regions are the blocks, not
+    the experts: 3 x 8 MiB held, less two 2 MiB inputs and the largest block's 8 MiB."""
+    expert = Frame("expert.py", 5, "forward")
+
+    def forward(sim: Sim) -> None:
+        for _ in range(3):
+            for _ in range(2):
+                sim.alloc(3 * MiB, _call(10, 30, expert, Frame(_MODULE, 1751, "_wrapped_call_impl")))
+            sim.alloc(2 * MiB, _call(11, 30))
+
+    assert _saving_of(forward) == (24 - 4 - 8) * MiB
+
+
+def test_the_model_s_own_calls_are_no_regions():
+    """Two forwards of the model in one step (micro-batches whose graphs are both alive): the
+    model's own call is no region, and nothing inside it is called twice in a pass, so the saving
+    is the rule of thumb."""
+    sim = Sim(total_bytes=512 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    for _ in range(2):
+        sim.marker("forward", "start")
+        sim.alloc(8 * MiB, FORWARD_STACK)
+        sim.alloc(8 * MiB, (_LINEAR, *FORWARD_STACK[1:]))
+        sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(256 * MiB, BACKWARD_STACK)
+    assert _checkpointing(sim).rule_of_thumb

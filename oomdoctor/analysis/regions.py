@@ -17,7 +17,7 @@ its regions' inputs too, and is never recomputed at the same time as the judged 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from oomdoctor.analysis.frame_kinds import TORCH, frame_kind, in_activation_checkpoint, is_python_source
@@ -35,7 +35,7 @@ _Key = tuple[str, int, str]
 class Regions:
     """The checkpointable regions of the live activations (`checkpoint_regions`)."""
 
-    site: Frame  # the line that calls each region (the caller's frame)
+    sites: tuple[Frame, ...]  # the lines that call the regions (the callers' frames), outermost first
     count: int  # regions of the judged pass
     held_bytes: int  # live activations the regions made (the judged pass's and earlier passes' kept ones)
     inputs_bytes: int  # what checkpointing keeps of them: each region's input
@@ -105,7 +105,6 @@ def _restarts(before: Frame, now: Frame) -> bool:
 @dataclass
 class _Site:
     caller: Frame
-    depth: int
     # per pass (step): its regions in allocation order, each [bytes, latest block's bytes, latest index]
     passes: dict[int | None, list[list[int]]]
     members: set[int]  # the allocation indices of its regions' blocks
@@ -114,8 +113,10 @@ class _Site:
 
 def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions | None:
     """The regions of the live activation blocks `blocks` (allocated in the trace, the judged
-    pass `step`'s and earlier ones'), at the outermost call site that calls a region more than once in
-    the judged pass; None where none does (no stacks, one region, only torch's own modules)."""
+    pass `step`'s and earlier ones'), at each call site that calls a region more than once in the
+    judged pass and is not inside another such site's region (a model's down and up blocks are two
+    sites; the experts a layer loops over are part of the layer's region); None where none does (no
+    stacks, one region, only torch's own modules)."""
     ordered = sorted((b for b in blocks if b.alloc_index is not None), key=lambda b: b.alloc_index or 0)
     sites: dict[tuple[_Key, ...], _Site] = {}
     for block in ordered:
@@ -128,7 +129,7 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
             if _TORCH_MODULES in callee.filename.replace("\\", "/"):
                 continue  # a torch module's forward (a layer, a Sequential): its calls cannot be told apart
             prefix = tuple(_key(f) for f in frames[:position])
-            site = sites.setdefault(prefix, _Site(frames[position - 1], position, {}, set(), {}))
+            site = sites.setdefault(prefix, _Site(frames[position - 1], {}, set(), {}))
             regions = site.passes.setdefault(block.step, [])
             before = site.last.get(block.step)
             if before is None or _restarts(before, callee):
@@ -138,28 +139,41 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
             region[1], region[2] = block.size_bytes, block.alloc_index or 0
             site.members.add(block.alloc_index or 0)
             site.last[block.step] = callee
-    candidates = [s for s in sites.values() if len(s.passes.get(step, ())) >= 2]
-    if not candidates:
+    candidates = sorted(
+        ((prefix, site) for prefix, site in sites.items() if len(site.passes.get(step, ())) >= 2),
+        key=lambda item: len(item[0]),
+    )
+    chosen: list[tuple[tuple[_Key, ...], _Site]] = []
+    for prefix, site in candidates:  # the outermost: a loop inside a region is part of it
+        if not any(prefix[: len(outer)] == outer for outer, _ in chosen):
+            chosen.append((prefix, site))
+    if not chosen:
         return None
-    site = min(candidates, key=lambda s: (s.depth, -sum(r[0] for r in s.passes[step])))
-    held = inputs = 0
-    for regions in site.passes.values():
-        held += sum(r[0] for r in regions)
-        inputs += sum(r[1] for r in regions[:-1])  # each region's output is the next one's input
-    current: Sequence[list[int]] = site.passes[step]
-    end = current[-1][2]
+    held = inputs = pass_held = pass_inputs = largest = end = 0
+    members: set[int] = set()
+    for _, site in chosen:
+        for pass_step, regions in site.passes.items():
+            kept = sum(r[1] for r in regions[:-1])  # each region's output is the next one's input
+            held += sum(r[0] for r in regions)
+            inputs += kept
+            if pass_step == step:
+                pass_held += sum(r[0] for r in regions)
+                pass_inputs += kept
+                largest = max(largest, *(r[0] for r in regions))
+                end = max(end, regions[-1][2])
+        members |= site.members
     after = sum(
         b.size_bytes
         for b in ordered
-        if b.step == step and (b.alloc_index or 0) > end and (b.alloc_index or 0) not in site.members
+        if b.step == step and (b.alloc_index or 0) > end and (b.alloc_index or 0) not in members
     )
     return Regions(
-        site=site.caller,
-        count=len(current),
+        sites=tuple(site.caller for _, site in chosen),
+        count=sum(len(site.passes[step]) for _, site in chosen),
         held_bytes=held,
         inputs_bytes=inputs,
-        largest_bytes=max(r[0] for r in current),
-        pass_held_bytes=sum(r[0] for r in current),
-        pass_inputs_bytes=sum(r[1] for r in current[:-1]),
+        largest_bytes=largest,
+        pass_held_bytes=pass_held,
+        pass_inputs_bytes=pass_inputs,
         after_bytes=after,
     )
