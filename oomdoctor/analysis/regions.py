@@ -102,6 +102,13 @@ def _restarts(before: Frame, now: Frame) -> bool:
     return (before.filename, before.name) != (now.filename, now.name) or now.line < before.line
 
 
+def _called_forward(call: tuple[Frame, ...]) -> Frame:
+    """The forward a module call ran: the first frame of the call (before any module it calls in
+    turn) named `forward`, past a wrapper that Module.__call__ ran instead (accelerate's hooks'
+    `new_forward`, which calls the module's own), else the call's first frame."""
+    return next((frame for frame in call if frame.name == "forward"), call[0])
+
+
 @dataclass
 class _Site:
     caller: Frame
@@ -124,8 +131,11 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
         if read is None:
             continue
         frames, entered = read
-        for position in entered[1:]:  # the outermost call is the model's own: no region of it
-            callee = frames[position]
+        if len(entered) < 2:
+            continue  # in no module call, or in the model's own only
+        ends = (*entered[2:], len(frames))  # each call runs until the next module call it makes
+        for position, end in zip(entered[1:], ends, strict=True):  # the outermost call is the model's: no region
+            callee = _called_forward(frames[position:end])
             if _TORCH_MODULES in callee.filename.replace("\\", "/"):
                 continue  # a torch module's forward (a layer, a Sequential): its calls cannot be told apart
             prefix = tuple(_key(f) for f in frames[:position])
