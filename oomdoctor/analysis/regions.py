@@ -28,8 +28,6 @@ from oomdoctor.model import Frame, Stack
 _DISPATCH_NAMES = frozenset({"_wrapped_call_impl", "_call_impl", "inner", "module_call"})
 _TORCH_MODULES = "torch/nn/modules/"
 
-_Key = tuple[str, int, str]
-
 
 @dataclass(frozen=True, slots=True)
 class Regions:
@@ -62,10 +60,6 @@ class Regions:
     @property
     def saved_bytes(self) -> int:
         return self.pass_saved_bytes + self.earlier_saved_bytes
-
-
-def _key(frame: Frame) -> _Key:
-    return (frame.filename, frame.line, frame.name)
 
 
 def _dispatch(frame: Frame) -> bool:
@@ -118,6 +112,28 @@ class _Site:
     last: dict[int | None, Frame]  # per pass, the latest block's called frame
 
 
+def _sites_of(stack: Stack, sites: dict[tuple[Frame, ...], _Site]) -> list[tuple[_Site, Frame]]:
+    """The call sites a stack runs through (registered in `sites` by the frames that lead to them),
+    each with the forward it called there; none for a stack inside a checkpointed region, outside
+    any module call but the model's own, or in a torch module's forward."""
+    calls = _calls(stack)
+    if calls is None:
+        return []
+    frames, entered = calls
+    found = []
+    ends = (*entered[2:], len(frames))  # each call runs until the next module call it makes
+    for position, end in zip(entered[1:], ends, strict=False):  # the outermost call is the model's: no region
+        callee = _called_forward(frames[position:end])
+        if _TORCH_MODULES in callee.filename.replace("\\", "/"):
+            continue  # a torch module's forward (a layer, a Sequential): its calls cannot be told apart
+        prefix = frames[:position]
+        site = sites.get(prefix)
+        if site is None:
+            site = sites[prefix] = _Site(frames[position - 1], {}, set(), {})
+        found.append((site, callee))
+    return found
+
+
 def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions | None:
     """The regions of the live activation blocks `blocks` (allocated in the trace, the judged
     pass `step`'s and earlier ones'), at each call site that calls a region more than once in the
@@ -125,21 +141,13 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
     sites; the experts a layer loops over are part of the layer's region); None where none does (no
     stacks, one region, only torch's own modules)."""
     ordered = sorted((b for b in blocks if b.alloc_index is not None), key=lambda b: b.alloc_index or 0)
-    sites: dict[tuple[_Key, ...], _Site] = {}
+    sites: dict[tuple[Frame, ...], _Site] = {}
+    read: dict[int, tuple[Stack, list[tuple[_Site, Frame]]]] = {}  # id of a stack -> its calls (stacks are shared)
     for block in ordered:
-        read = _calls(block.frames)
-        if read is None:
-            continue
-        frames, entered = read
-        if len(entered) < 2:
-            continue  # in no module call, or in the model's own only
-        ends = (*entered[2:], len(frames))  # each call runs until the next module call it makes
-        for position, end in zip(entered[1:], ends, strict=True):  # the outermost call is the model's: no region
-            callee = _called_forward(frames[position:end])
-            if _TORCH_MODULES in callee.filename.replace("\\", "/"):
-                continue  # a torch module's forward (a layer, a Sequential): its calls cannot be told apart
-            prefix = tuple(_key(f) for f in frames[:position])
-            site = sites.setdefault(prefix, _Site(frames[position - 1], {}, set(), {}))
+        known = read.get(id(block.frames))
+        if known is None or known[0] is not block.frames:
+            known = read[id(block.frames)] = (block.frames, _sites_of(block.frames, sites))
+        for site, callee in known[1]:
             regions = site.passes.setdefault(block.step, [])
             before = site.last.get(block.step)
             if before is None or _restarts(before, callee):
@@ -153,7 +161,7 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
         ((prefix, site) for prefix, site in sites.items() if len(site.passes.get(step, ())) >= 2),
         key=lambda item: len(item[0]),
     )
-    chosen: list[tuple[tuple[_Key, ...], _Site]] = []
+    chosen: list[tuple[tuple[Frame, ...], _Site]] = []
     for prefix, site in candidates:  # the outermost: a loop inside a region is part of it
         if not any(prefix[: len(outer)] == outer for outer, _ in chosen):
             chosen.append((prefix, site))
