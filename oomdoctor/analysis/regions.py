@@ -5,14 +5,17 @@ the blocks of a ModuleList. In a stack those are one call site (the same line of
 reached through the same outer calls) inside a module's forward, calling a module whose forward is
 not torch's own (a Linear, a GELU, a Sequential: a region of those the file cannot bound). Each call
 of it is a region; a new one begins where the called forward's line goes back (an earlier line of
-the same forward) or another forward is called there. Blocks made at the same line belong to the
-same call (a sublayer's several outputs).
+the same forward) or another forward is called there, the called forward read past a wrapper that
+Module.__call__ ran instead (accelerate's `new_forward`). Blocks made at the same line belong to the
+same call (a sublayer's several outputs). Every such site counts that lies inside no other one's
+region (a U-Net's down and up loops are two; the experts a layer loops over are the layer's).
 
 Checkpointed, a region keeps only its input, the previous region's output (its latest live block
 here; the first region's input is made before the regions and stays), and the backward recomputes
-one region at a time, the largest at most. So checkpointing saves what the regions hold, less their
-inputs and the largest region. A graph an earlier pass kept (a leak's `retain_graph`) shrinks to
-its regions' inputs too, and is never recomputed at the same time as the judged pass's region.
+one region at a time, the largest at most, once it has freed what the pass made after the regions.
+So checkpointing saves what the regions hold, less their inputs and the largest region beyond what
+came after them. A graph an earlier pass kept (a leak's `retain_graph`) shrinks to its regions'
+inputs too, and is never recomputed at the same time as the judged pass's region.
 """
 
 from __future__ import annotations
