@@ -6,26 +6,31 @@ thumb and the report says so."""
 
 from __future__ import annotations
 
+import json
+import re
+
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.recommendations import CHECKPOINTING_SAVES
 from oomdoctor.analysis.results import Recommendation
 from oomdoctor.model import Frame
+from oomdoctor.pipeline import render_report
 from oomdoctor.views import phrasing
 from oomdoctor.views.json_report import _recommendation
+from oomdoctor.views.markdown_report import code_span
 from tests.builders import BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, MiB, Sim
 
 _MODULE = "/usr/lib/python3/site-packages/torch/nn/modules/module.py"
 _LINEAR = Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 100, "linear")
 
 
-def _in_block(line: int) -> tuple[Frame, ...]:
-    """An op in a block's forward (model.py, `Block.forward` at `line`), the block called by the
-    model's forward in a loop (`x = block(x)`, model.py:30), the model by the training step."""
+def _in_block(line: int, model: str = "model.py") -> tuple[Frame, ...]:
+    """An op in a block's forward (`Block.forward` at `line`), the block called by the model's
+    forward in a loop (`x = block(x)`, line 30), the model by the training step."""
     return (
         _LINEAR,
-        Frame("model.py", line, "forward"),
+        Frame(model, line, "forward"),
         Frame(_MODULE, 1751, "_wrapped_call_impl"),
-        Frame("model.py", 30, "forward"),
+        Frame(model, 30, "forward"),
         Frame(_MODULE, 1751, "_wrapped_call_impl"),
         Frame("train.py", 40, "train_step"),
     )
@@ -265,3 +270,48 @@ def test_an_interrupted_pass_s_scaled_figure_claims_no_fit():
     assert analysis.target_phase == "forward" and rest is not None and rest.extrapolated
     rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
     assert not rec.rule_of_thumb and rec.would_fit_alone is None
+
+
+def _regions_snapshot(model: str):
+    sim = Sim(total_bytes=256 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    for _ in range(BLOCKS):
+        for line, mib in BLOCK_PARTS:
+            sim.alloc(mib * MiB, _in_block(line, model))
+    sim.alloc(HEAD_MIB * MiB, HEAD)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(64 * MiB, BACKWARD_STACK)
+    return sim.snapshot()
+
+
+def test_the_reports_name_the_blocks_the_saving_was_measured_from():
+    """The figure assumes each call of the layer loop checkpointed: the reports say which line
+    calls the blocks and how many of them the pass made."""
+    snapshot = _regions_snapshot("model.py")
+    said = "measured from the file: checkpointing each of the 3 blocks called at"
+    text = render_report(snapshot, "text").decode()
+    assert f"{said} model.py:30 in forward" in text
+    md = render_report(snapshot, "md").decode()
+    assert f"({said} `model.py:30 in forward`)" in md
+    rec = next(
+        r
+        for r in json.loads(render_report(snapshot, "json"))["recommendations"]
+        if r["id"] == "activation-checkpointing"
+    )
+    assert rec["regions"] == {"count": 3, "called_from": ["model.py:30 in forward"]}
+
+
+def test_a_region_s_line_from_the_file_is_escaped_in_each_report():
+    """The caller's file name is the file's text: in Markdown a code span (its pipe escaped, so the
+    table keeps its columns; its escape character shown, not sent), in the text report printable."""
+    model = "m`|<b>*x*\x1b[31m.py"
+    snapshot = _regions_snapshot(model)
+    md = render_report(snapshot, "md").decode()
+    row = next(line for line in md.splitlines() if "measured from the file" in line)
+    assert code_span(f"{model}:30 in forward", cell=True) in row  # a code span renders nothing inside it
+    assert "\x1b" not in row and len(re.findall(r"(?<!\\)\|", row)) == 5  # the pipe inside escaped: four columns
+    text = render_report(snapshot, "text").decode()
+    line = next(line for line in text.splitlines() if "measured from the file" in line)
+    assert "\x1b" not in line and "\\x1b[31m" in line

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis.accounting import place_after_freeing
 from oomdoctor.analysis.attribution import preallocates, reads_weights
 from oomdoctor.analysis.frame_kinds import in_activation_checkpoint, in_torch_optim, is_python_source
-from oomdoctor.analysis.regions import checkpoint_regions
+from oomdoctor.analysis.regions import Regions, checkpoint_regions
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_EVALUATION,
@@ -343,6 +343,7 @@ def recommend(
         peak_at_most: int | None = None,
         rest_fits: bool | None = None,
         fit_only: bool = False,
+        regions: Regions | None = None,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
@@ -354,7 +355,8 @@ def recommend(
         what the moment held (what the change frees is made again later; the fit is the moment's);
         `rest_fits`: False where the change makes no bytes free beyond those the rest of the
         interrupted pass was already counted against, and they fell short (its fit is then no);
-        `fit_only`: a fit is claimed, never "not enough"."""
+        `fit_only`: a fit is claimed, never "not enough";
+        `regions`: the checkpointing regions the saving was measured from (the reports name them)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
@@ -404,6 +406,8 @@ def recommend(
                 if_trains=if_trains,
                 peak_saved_at_most_bytes=peak_at_most,
                 rule_of_thumb=rule_of_thumb,
+                regions=regions.count if regions is not None else 0,
+                regions_called_from=regions.sites if regions is not None else (),
             )
         )
 
@@ -476,6 +480,7 @@ def recommend(
             # pass's extrapolated rest it ran up to 13% high: no fit is claimed from that either
             fit_only=True,
             fit_unknown=grows > 1,
+            regions=regions,
         )
     if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (

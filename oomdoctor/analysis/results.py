@@ -481,6 +481,10 @@ class Recommendation:
     peak_saved_at_most_bytes: int | None = None
     # the saving is a rule of thumb (a fixed share), not measured from the file
     rule_of_thumb: bool = False
+    # activation checkpointing's saving measured from this many regions (blocks) of the judged pass,
+    # called from these lines (the callers' frames, analysis/regions.py); 0 and () otherwise
+    regions: int = 0
+    regions_called_from: Stack = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,6 +161,8 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
         out["peak_saved_at_most_bytes"] = item.peak_saved_at_most_bytes
     if item.rule_of_thumb:  # the saving is a fixed share, not measured from the file
         out["estimated_saved_is_rule_of_thumb"] = True
+    if item.regions:  # activation checkpointing measured from the regions these lines call
+        out["regions"] = {"count": item.regions, "called_from": _frames(item.regions_called_from)}
     return out
 
 

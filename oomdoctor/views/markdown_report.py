@@ -194,8 +194,13 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
         add("| # | change | saves about | would fit on its own |")
         add("|---:|---|---:|:---:|")
         for position, rec in enumerate(analysis.recommendations, 1):
+            change = _own_cell(phrasing.recommendation(rec))
+            regions = phrasing.regions_note(rec)
+            if regions:  # the lines from the file as code spans
+                called = ", ".join(_code(phrasing.frame_words(f)) for f in rec.regions_called_from)
+                change += f" ({_cell(regions)} {called})"
             add(
-                f"| {position} | {_own_cell(phrasing.recommendation(rec))} | {phrasing.saving_cell(rec, where_label(analysis))} | {_fits(rec.would_fit_alone)} |"
+                f"| {position} | {change} | {phrasing.saving_cell(rec, where_label(analysis))} | {_fits(rec.would_fit_alone)} |"
             )
         add("")
 

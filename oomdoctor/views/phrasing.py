@@ -34,6 +34,7 @@ from oomdoctor.analysis.results import (
     WhatIf,
     WhatIfCase,
 )
+from oomdoctor.model import Frame
 from oomdoctor.units import human_size as human
 from oomdoctor.units import human_sizes_apart, plural
 
@@ -409,6 +410,20 @@ def _thumb(item: Recommendation) -> str:
 
 
 RULE_OF_THUMB = "rule of thumb, not measured from the file"
+
+
+def regions_note(item: Recommendation) -> str | None:
+    """What activation checkpointing's saving was measured from, the words before the lines that
+    call its regions (`Recommendation.regions_called_from`, which each view appends, worded by
+    `frame_words` and escaped its own way); None for a saving not measured from regions."""
+    if not item.regions:
+        return None
+    return f"measured from the file: checkpointing each of the {plural(item.regions, 'block')} called at"
+
+
+def frame_words(frame: Frame) -> str:
+    """A frame as the reports name a line: `path:line in function`."""
+    return f"{frame.filename}:{frame.line} in {frame.name}"
 
 
 # --- the verdict's story and its evidence ---------------------------------------------------------
