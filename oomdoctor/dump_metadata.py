@@ -197,6 +197,7 @@ class DumpMetadata:
     ooms_observed: tuple[OomRecord, ...] = ()
     exception: ExceptionInfo | None = None
     markers: tuple[Marker, ...] = ()
+    optimizers: int | None = None  # optimizers the process had made and still held (None: not recorded)
     tensors: tuple[RegisteredTensor, ...] = ()
     recording: Recording | None = None
     reason: str | None = None  # "oom" | "manual" | "peak"

@@ -45,6 +45,9 @@ and memory_viz both read it. Every field is optional for readers: old or partial
                         edge "start" | "end", step the optimizer step index (0-based count of
                         completed optimizer steps when the phase began), time_us epoch
                         microseconds on the same clock as trace events' time_us
+    optimizers          int: how many optimizers (`torch.optim.Optimizer`) the process had made (after
+                        install(); or, made before it, stepped) and still held at the dump; one there
+                        tells the run trains, even before its first backward
     tensors             list of {"address", "device", "component", "name", "shape", "dtype",
                         "size_bytes"}: the storage data_ptr of every named tensor of the models
                         and optimizers the process used; component is one of REGISTRY_COMPONENTS;

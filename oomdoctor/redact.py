@@ -515,7 +515,7 @@ _METADATA = {  # oomdoctor/metadata.py
     "elastic": {"run_id": TEXT, "role_name": TEXT, **_numbers("restart_count", "max_restarts", "group_rank",
                 "group_world_size", "role_rank", "role_world_size", "local_world_size")},
     "framework": {"name": TEXT, "version": TEXT, "stage": VOCABULARY, **_numbers("global_step", "epoch")},
-    "reason": VOCABULARY, **_numbers("schema_version", "rank", "local_rank", "world_size"),
+    "reason": VOCABULARY, **_numbers("schema_version", "rank", "local_rank", "world_size", "optimizers"),
 }  # fmt: skip
 _TOP = {
     "segments": _each(_SEGMENT), "device_traces": TRACES, "traces": TRACES,  # the loader's alias

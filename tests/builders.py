@@ -142,7 +142,16 @@ class Sim:
         if phase == "optimizer_step" and edge == "end":
             self.step += 1
 
-    def snapshot(self, *, metadata: bool = True, registry: bool = True, oom_device_free: int | None = None) -> Snapshot:
+    def snapshot(
+        self,
+        *,
+        metadata: bool = True,
+        registry: bool = True,
+        oom_device_free: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Snapshot:
+        """The snapshot so far; with `metadata`, oomdoctor's key as capture writes it (its markers,
+        its registry unless `registry` is False), and the keys of `extra` besides."""
         segments = tuple(
             Segment(
                 device=0,
@@ -169,6 +178,7 @@ class Sim:
                 "device": {"index": 0, "name": "Simulated", "total_memory_bytes": self.total_bytes},
                 "markers": list(self.markers),
                 "tensors": list(self.tensors) if registry else [],
+                **(extra or {}),
             }
         return Snapshot(segments=segments, traces=(DeviceTrace.from_events(0, self.events),), **metadata_fields(meta))
 

@@ -60,9 +60,10 @@ def test_when_the_file_cannot_tell_whether_the_run_trains_checkpointing_is_advis
         assert b'"if_trains": true' in render_report(old, "json", analysis=analysis)
 
 
-def _passes_then_oom(passes: int) -> Snapshot:
+def _passes_then_oom(passes: int, optimizers: int | None = None) -> Snapshot:
     """Weights, then `passes` forward passes (oomdoctor's markers: grad mode on), each freeing its
-    activations as it returns, no backward, no optimizer, the last one running out."""
+    activations as it returns, no backward, no optimizer call, the last one running out; with
+    `optimizers`, capture saw the process make that many."""
     sim = Sim(total_bytes=1024 * MiB)
     sim.alloc(128 * MiB, SETUP_STACK, component="parameter", name="fc.weight")
     for number in range(passes):
@@ -74,7 +75,7 @@ def _passes_then_oom(passes: int) -> Snapshot:
         for activation in activations:
             sim.free(activation)
         sim.marker("forward", "end")
-    return sim.snapshot()
+    return sim.snapshot(extra=None if optimizers is None else {"optimizers": optimizers})
 
 
 def test_a_file_with_markers_whose_first_forward_ran_out_cannot_tell_whether_the_run_trains():
@@ -136,3 +137,17 @@ def test_a_step_whose_end_no_mark_shows_holds_at_least_its_figure():
     marked = analyse(_two_steps(markers=True))
     assert not any(step.end_at_least for step in marked.steps), marked.steps
     assert b"end_at_least" not in render_report(_two_steps(markers=True), "json")
+
+
+def test_an_optimizer_capture_saw_made_tells_the_run_trains():
+    """Capture records the optimizers the process made (metadata `optimizers`), from their making:
+    one made before the first forward ran out tells the run trains, so the advice is a training
+    run's (checkpointing, not conditional; a smaller micro-batch with accumulation), where without it
+    the file cannot tell. None made (0) tells nothing more than an older dump without the field."""
+    made = analyse(_passes_then_oom(1, optimizers=1))
+    advised = {r.id: r for r in made.recommendations}
+    assert Change.SMALLER_MICRO_BATCH in advised and Change.SMALLER_BATCH not in advised, advised
+    assert not advised[Change.ACTIVATION_CHECKPOINTING].if_trains
+    for optimizers in (0, None):
+        unknown = {r.id: r for r in analyse(_passes_then_oom(1, optimizers=optimizers)).recommendations}
+        assert unknown[Change.ACTIVATION_CHECKPOINTING].if_trains and Change.SMALLER_MICRO_BATCH not in unknown

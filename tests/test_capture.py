@@ -262,6 +262,7 @@ def test_install_is_idempotent_and_uninstall_restores_everything(fake):
         "call": nn.Module.__call__,
         "backward": torch.autograd.backward,
         "opt_zero_grad": torch.optim.Optimizer.zero_grad,
+        "opt_init": torch.optim.Optimizer.__init__,
         "mod_zero_grad": nn.Module.zero_grad,
         "excepthook": sys.excepthook,
         "thread_hook": threading.excepthook,
@@ -285,6 +286,7 @@ def test_install_is_idempotent_and_uninstall_restores_everything(fake):
     assert nn.Module.__call__ is before["call"]
     assert torch.autograd.backward is before["backward"]
     assert torch.optim.Optimizer.zero_grad is before["opt_zero_grad"]
+    assert torch.optim.Optimizer.__init__ is before["opt_init"]
     assert nn.Module.zero_grad is before["mod_zero_grad"]
     assert sys.excepthook is before["excepthook"] and threading.excepthook is before["thread_hook"]
     assert "__init__" not in torch.OutOfMemoryError.__dict__
@@ -394,6 +396,26 @@ def test_oom_in_forward_leaves_one_dump_with_registry_and_markers(fake, capsys):
     assert ("optimizer_state", "net.3.bias.exp_avg_sq") in names and ("buffer", "net.2.running_mean") in names
     weight = next(e for e in meta["tensors"] if e["name"] == "net.0.weight")
     assert weight["shape"] == [16, 8] and weight["dtype"] == "float32" and weight["size_bytes"] == 16 * 8 * 4
+
+
+def test_an_optimizer_is_counted_from_its_making_before_any_step(fake):
+    """The first forward runs out before any zero_grad or step: the dump still says the process had
+    made an optimizer (it trains), counted once however it is later used; one that is gone is not."""
+    oomdoctor.install()
+    torch.manual_seed(0)
+    model = SmallModel(fake)
+    dropped = torch.optim.SGD(model.parameters(), lr=0.1)
+    del dropped
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.fail = True
+    with pytest.raises(torch.OutOfMemoryError):
+        model(torch.randn(4, 8))
+    (file,) = dumps_in(Path("oom-dumps"))
+    meta = load(file)[METADATA_KEY]
+    assert meta["optimizers"] == 1
+    assert not any(m["phase"] in ("optimizer_step", "zero_grad") for m in meta["markers"])
+    optimizer.zero_grad()
+    assert capture.current_markers()  # still recording after the dump
 
 
 def test_memory_viz_reads_the_dump_unchanged(fake):

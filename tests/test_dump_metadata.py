@@ -83,6 +83,7 @@ FULL = {
     "recording": {"max_entries": 100000, "stacks": "python", "context": "all", "started_by": "oomdoctor"},
     "reason": "oom",
     "rehearsal": {"device_memory_bytes": 24 << 30, "outside_bytes": 1 << 30, "alloc_conf": ""},
+    "optimizers": 1,
 }
 
 
@@ -106,6 +107,7 @@ def test_every_field_is_typed():
     assert meta.recording == Recording(100000, "python", "all", "oomdoctor")
     assert meta.reason == "oom"
     assert meta.rehearsal == Rehearsal(24 << 30, 1 << 30, "")
+    assert meta.optimizers == 1
     assert meta.dropped == ()
 
 
@@ -117,7 +119,18 @@ def test_a_plain_dict_parses_like_its_frozen_copy():
 def test_absent_fields_are_none_or_empty():
     meta = parse_metadata({})
     assert meta is not None and meta.dropped == ()
-    for name in ("schema_version", "versions", "host", "pid", "rank", "device", "oom", "recording", "rehearsal"):
+    for name in (
+        "schema_version",
+        "versions",
+        "host",
+        "pid",
+        "rank",
+        "device",
+        "oom",
+        "recording",
+        "rehearsal",
+        "optimizers",
+    ):
         assert getattr(meta, name) is None
     assert meta.argv == meta.markers == meta.tensors == meta.ooms_observed == ()
     assert parse_metadata({"oom": None, "exception": None, "rank": None}).dropped == ()
@@ -149,6 +162,8 @@ def test_no_mapping_no_metadata(raw):
         ("recording", 100000, "recording"),
         ("reason", 7, "reason"),
         ("rehearsal", True, "rehearsal"),
+        ("optimizers", "1", "optimizers"),
+        ("optimizers", -1, "optimizers"),
     ],
 )
 def test_a_top_level_field_of_the_wrong_kind_is_dropped(key, bad, attribute):

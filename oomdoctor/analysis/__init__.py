@@ -521,6 +521,7 @@ def _context(
     pass_allocated, pass_kept, pass_kept_count, pass_returned = _current_pass(dump, target, blocks)
     end_components, end_allocated = _at_end(dump, state, target)
     frames_train = _frames_train(dump, target, blocks, moment.step)
+    optimizer_made = bool(dump.metadata.optimizers)
     return Context(
         oom=accounted.fatal,
         accounting=accounted.accounting,
@@ -563,10 +564,11 @@ def _context(
             moment.step,
             blocks,
             replicas,
-            frames_train or dump.optimizer_annotated,
+            frames_train or dump.optimizer_annotated or optimizer_made,
         ),
         frames_train=frames_train,
         optimizer_annotated=dump.optimizer_annotated,
+        optimizer_made=optimizer_made,
         expandable_available=dump.expandable_available,
         concatenations=(
             running_concatenations(dump.trace, dump.spans, target.index, blocks)

@@ -150,6 +150,9 @@ class Context:
     # the process ran an optimizer's step or zero_grad (torch's record_function annotations, on any
     # device): it trains, though this device's trace holds no backward (DataParallel's first forward)
     optimizer_annotated: bool = field(default=False)
+    # oomdoctor's capture saw the process make an optimizer (metadata `optimizers`): it trains, though
+    # it ran out before any backward or optimizer call
+    optimizer_made: bool = field(default=False)
     # the torch that wrote the dump offers expandable segments (torch 2.0 did not)
     expandable_available: bool = field(default=True)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
@@ -239,9 +242,9 @@ class Context:
 
     def trains_beyond_phases(self) -> bool:
         """What tells the run trains besides this trace's phases: a replica's trace reached a
-        backward or optimizer step, the judged moment's stacks run inside a training step, or the
-        process's annotations show an optimizer at work."""
-        return self.peer_trains or self.frames_train or self.optimizer_annotated
+        backward or optimizer step, the judged moment's stacks run inside a training step, the
+        process's annotations show an optimizer at work, or capture saw it make one."""
+        return self.peer_trains or self.frames_train or self.optimizer_annotated or self.optimizer_made
 
     def optimizer_state_made(self) -> tuple[int, int | None]:
         """(live optimizer state made before the trace began, the event at which the last of the

@@ -9,6 +9,8 @@ Phases are bracketed by wrapping the few entry points every training loop goes t
 * optimizer step: torch's global optimizer step pre/post hooks;
 * zero_grad: `Optimizer.zero_grad` and `Module.zero_grad`.
 
+Optimizers are remembered when they are made (`Optimizer.__init__`, wrapped) or first step.
+
 `nn.Module.__call__` is wrapped rather than hooked with `register_module_forward_pre_hook` because
 any global module hook sends every module call in the process down torch's slow path: about 3% of
 the step time of a small model on CPU, against the 1% this package may cost. When the function it
@@ -156,6 +158,7 @@ class PhaseRecorder:
         self._wrap_attribute(nn.Module, "__call__", self._module_call_wrapper)
         self._wrap_attribute(torch.autograd, "backward", self._backward_wrapper)
         self._wrap_attribute(torch.optim.Optimizer, "zero_grad", self._zero_grad_wrapper)
+        self._wrap_attribute(torch.optim.Optimizer, "__init__", self._optimizer_init_wrapper)
         self._wrap_attribute(nn.Module, "zero_grad", self._zero_grad_wrapper)
         optimizer_module = importlib.import_module("torch.optim.optimizer")
         register_pre = getattr(optimizer_module, "register_optimizer_step_pre_hook", None)
@@ -278,6 +281,24 @@ class PhaseRecorder:
                 markers.append((PHASE_ZERO_GRAD, END, recorder.step, time_ns() // 1000))
 
         return zero_grad
+
+    def _optimizer_init_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """An optimizer is remembered when it is made (`torch.optim.Optimizer.__init__`, which every
+        optimizer of torch's, and a subclass of it, runs), not only at its first step: a run that ran
+        out in its first forward has made its optimizer, which tells that it trains. Once per
+        optimizer; nothing here raises into the user's code."""
+        recorder = self
+
+        @functools.wraps(original)
+        def optimizer_init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            if recorder.active:
+                try:
+                    recorder._optimizer_entry(optimizer)
+                except Exception:  # an optimizer this cannot remember is no reason to fail its making
+                    pass
+
+        return optimizer_init
 
     # -- remembering (once per object, and the inputs of each outermost call) -------------------
 

@@ -888,6 +888,7 @@ class CaptureSession:
                 "ooms_observed": [dict(entry) for entry in self.observed],
                 "exception": None,
                 "markers": self.recorder.marker_dicts(),
+                "optimizers": environment.attempt(lambda: len(list(self.recorder.optimizers)), None),
                 "tensors": environment.attempt(
                     lambda: collect_tensors(
                         list(self.recorder.root_modules),

@@ -357,6 +357,7 @@ def parse_metadata(raw: Any) -> DumpMetadata | None:
         ooms_observed=read.each(raw.get("ooms_observed"), "ooms_observed", _oom),
         exception=_sub(raw, "exception", read, _exception),
         markers=read.each(raw.get("markers"), "markers", _marker),
+        optimizers=read.integer(raw.get("optimizers"), "optimizers"),
         tensors=read.each(raw.get("tensors"), "tensors", _tensor),
         recording=_sub(raw, "recording", read, _recording),
         reason=read.text(raw.get("reason"), "reason"),
