@@ -29,6 +29,7 @@ from oomdoctor.units import human_size
 from tests.builders import FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
 
 BASE = 0x7F0000000000
+UNSIZED = (UnknownKind.PEAK_UNSIZED, UnknownKind.PEAK_UNSIZED_DEFAULTS)
 
 
 def _raw(
@@ -157,7 +158,8 @@ def test_not_determined_says_how_much_higher_torchs_peak_may_be():
     peak = 256 * MiB + 3 * 3 * MiB
     assert analysis.replay.peak_allocated_bytes == peak
     assert analysis.replay.torch_peak_at_most_bytes == peak + 3 * MiB  # torch's was peak + 3 x 768 KiB
-    (unknown,) = [u for u in analysis.unknowns if u.kind == UnknownKind.PEAK_UNSIZED]
+    # the snapshot records no allocator settings (as torch < 2.3): the bound is the defaults'
+    (unknown,) = [u for u in analysis.unknowns if u.kind in UNSIZED]
     assert (unknown.bytes, unknown.count) == (3 * MiB, 3)
     words = f"how much higher torch's own peak (max_memory_allocated) is: up to {human_size(3 * MiB)} more"
     for fmt in ("text", "md"):
@@ -172,7 +174,7 @@ def test_a_bound_under_one_percent_of_the_peak_is_in_the_json_alone():
     analysis = analyse(snapshot)
     # 2 MiB of 262 MiB: under 1%
     assert analysis.replay.torch_peak_at_most_bytes == analysis.replay.peak_allocated_bytes + 2 * MiB
-    assert not [u for u in analysis.unknowns if u.kind == UnknownKind.PEAK_UNSIZED]
+    assert not [u for u in analysis.unknowns if u.kind in UNSIZED]
     assert "max_memory_allocated" not in render_report(snapshot, "text", source="dump.pickle").decode()
 
 
@@ -247,7 +249,7 @@ def test_where_the_metadata_records_torchs_own_peak_that_is_the_figure():
     analysis = analyse(recorded)
     assert analysis.replay.peak_allocated_bytes == 9 * MiB
     assert analysis.replay.torch_peak_at_most_bytes == torch_peak
-    assert not [u for u in analysis.unknowns if u.kind == UnknownKind.PEAK_UNSIZED]
+    assert not [u for u in analysis.unknowns if u.kind in UNSIZED]
     # a recorded figure outside what the file allows (a reset peak, say) is not taken
     low = MemoryStats(peak_allocated_bytes=8 * MiB)
     reset = dataclasses.replace(snapshot, oomdoctor=dataclasses.replace(snapshot.oomdoctor, memory_stats=low))
@@ -303,3 +305,37 @@ def test_fragmentation_read_from_a_rebuilt_layout_says_it_is_an_estimate():
         body = render_report(exact, fmt, source="dump.pickle").decode()
         assert "an estimate" not in body and "estimated_as_laid_out" not in body, fmt
     assert not any("estimate" in line for line in fragmentation_lines(held))
+
+
+# ---- 3. the bound's assumption where the allocator's settings are not recorded --------------------------
+
+
+def test_where_the_settings_are_not_recorded_the_bound_says_it_assumes_the_defaults():
+    """Before torch 2.3 a snapshot records no allocator settings. A max_split_size_mb leaves up to
+    20 MiB unsplit in a block at or above it, and roundup_power2_divisions rounds a request up past
+    what the peak's rule counts, so the bound (up to 1 MiB per large block) holds for the defaults
+    only: the report says so, and the JSON flags it. With the settings recorded it is the settings'
+    bound and assumes nothing."""
+    trace = _alloc_free((0, 30 * MiB), (40 * MiB, 30 * MiB))
+    unrecorded = _snapshot(_raw(trace, segment_bytes=80 * MiB))
+    analysis = analyse(unrecorded)
+    assert analysis.replay.torch_peak_at_most_bytes == analysis.replay.peak_allocated_bytes + 2 * MiB
+    assert analysis.replay.torch_peak_bound_assumes_defaults
+    (unknown,) = [u for u in analysis.unknowns if u.kind in UNSIZED]
+    assert unknown.kind == UnknownKind.PEAK_UNSIZED_DEFAULTS
+    said = "up to 2.00 MiB more with the allocator's default settings, as the peak counts"
+    assumption = "this torch does not record its allocator settings, and with max_split_size_mb or roundup_power2_divisions set it may be more"
+    for fmt in ("text", "md"):
+        body = render_report(unrecorded, fmt, source="dump.pickle").decode()
+        assert said in body and assumption in body, fmt
+    data = json.loads(render_report(unrecorded, "json", source="dump.pickle"))
+    assert data["replay"]["torch_peak_bound_assumes_defaults"] is True
+    assert any(said in line and assumption in line for line in data["unknowns"])
+
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:20", "max_split_size": 20 * MiB}
+    recorded = _snapshot(_raw(trace, segment_bytes=80 * MiB, settings=settings))
+    replay = analyse(recorded).replay
+    assert replay.torch_peak_at_most_bytes == replay.peak_allocated_bytes + 2 * (20 * MiB - 512)
+    assert not replay.torch_peak_bound_assumes_defaults
+    body = render_report(recorded, "json", source="dump.pickle").decode()
+    assert "torch_peak_bound_assumes_defaults" not in body and "default settings" not in body

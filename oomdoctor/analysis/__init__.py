@@ -226,8 +226,10 @@ def analyse(
     unknowns = _unknowns(dump, state, target, accounted, blocks, unsized)
     result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
     if unsized is not None:
+        bound = state.peak_allocated_bytes + unsized[0]
         result = replace(
-            result, replay=replace(result.replay, torch_peak_at_most_bytes=state.peak_allocated_bytes + unsized[0])
+            result,
+            replay=replace(result.replay, torch_peak_at_most_bytes=bound, torch_peak_bound_assumes_defaults=unsized[2]),
         )
     return replace(result, device_summaries=devices) if devices else result
 
@@ -670,14 +672,16 @@ def _unknowns(
     target: _Target,
     accounted: _Accounted,
     blocks: Sequence[LiveBlock],
-    unsized: tuple[int, int] | None = None,
+    unsized: tuple[int, int, bool] | None = None,
 ) -> tuple[Unknown, ...]:
     """What the dump could not tell, in the order a report lists it (views.phrasing words them).
-    `unsized`: (bytes, blocks) torch's max_memory_allocated may be above the peak (`peak_unsized`)."""
+    `unsized`: (bytes, blocks, assumed) torch's max_memory_allocated may be above the peak
+    (`peak_unsized`), the allocator's default settings assumed where they are not recorded."""
     trace, metadata = dump.trace, dump.metadata
     unknowns = list(target.notes)
     if unsized is not None and unsized[1] and unsized[0] >= PEAK_UNSIZED_SHARE * state.peak_allocated_bytes:
-        unknowns.append(Unknown(UnknownKind.PEAK_UNSIZED, unsized[1], unsized[0]))
+        kind = UnknownKind.PEAK_UNSIZED_DEFAULTS if unsized[2] else UnknownKind.PEAK_UNSIZED
+        unknowns.append(Unknown(kind, unsized[1], unsized[0]))
     if not trace:
         unknowns.append(Unknown(UnknownKind.NO_HISTORY))
     elif not state.has_frames:

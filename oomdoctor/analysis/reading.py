@@ -129,13 +129,17 @@ def replay(dump: DeviceDump, series_points: int) -> ReplayState:
     )
 
 
-def peak_unsized(dump: DeviceDump, state: ReplayState) -> tuple[int, int] | None:
-    """(bytes, blocks): how much more than the peak torch's max_memory_allocated may be over the
-    trace, for the unsplit remainders its blocks freed before the dump may have held
+def peak_unsized(dump: DeviceDump, state: ReplayState) -> tuple[int, int, bool] | None:
+    """(bytes, blocks, assumed): how much more than the peak torch's max_memory_allocated may be
+    over the trace, for the unsplit remainders its blocks freed before the dump may have held
     (`replay.unsized_remainders`); by the allocator's recorded settings, else the defaults (no
-    max_split_size), with expandable segments on only where the settings or the dump's segments say
-    so. Where oomdoctor's metadata records torch's own peak (`recorded_peak`) within that bound,
-    how much more it is, with no block left unsized (0). None without a peak."""
+    max_split_size, no roundup_power2_divisions), with expandable segments on only where the
+    settings or the dump's segments say so. `assumed`: the settings are not recorded (torch < 2.3),
+    so the bound holds for the defaults only: a max_split_size leaves up to 20 MiB unsplit in a
+    large block, and roundup_power2_divisions rounds a request up further than the peak's rule
+    counts. Where oomdoctor's metadata records torch's own peak (`recorded_peak`) within that
+    bound, how much more it is, with no block left unsized (0) and nothing assumed. None without a
+    peak."""
     settings = dump.settings
     if settings is not None:
         expandable = settings.expandable_segments
@@ -157,8 +161,8 @@ def peak_unsized(dump: DeviceDump, state: ReplayState) -> tuple[int, int] | None
     recorded = recorded_peak(dump, state)
     peak = state.peak_allocated_bytes
     if found is not None and recorded is not None and peak <= recorded <= peak + found[0]:
-        return recorded - peak, 0  # torch's own peak, as capture recorded it: nothing left unknown
-    return found
+        return recorded - peak, 0, False  # torch's own peak, as capture recorded it: nothing left unknown
+    return None if found is None else (*found, settings is None)
 
 
 def recorded_peak(dump: DeviceDump, state: ReplayState) -> int | None:

@@ -68,6 +68,8 @@ class UnknownKind(StrEnum):
     HISTORY_STOPPED = "history-stopped"  # another caller stopped the history and it was not started again
     # count: blocks, bytes: the most torch's max_memory_allocated may be above the peak (unsplit remainders)
     PEAK_UNSIZED = "peak-unsized"
+    # the same, where the allocator's settings are not recorded (torch < 2.3): the bound assumes its defaults
+    PEAK_UNSIZED_DEFAULTS = "peak-unsized-defaults"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,9 @@ class ReplaySummary:
     # events: the peak plus the unsplit remainders the file cannot size in the blocks live then
     # (docs/definitions.md, "The peak"); torch's is at least the peak. None: no trace to walk.
     torch_peak_at_most_bytes: int | None = None
+    # that bound assumes the allocator's default settings (no max_split_size, no
+    # roundup_power2_divisions): the file does not record them (torch < 2.3)
+    torch_peak_bound_assumes_defaults: bool = False
 
 
 class LiveAllocation(NamedTuple):

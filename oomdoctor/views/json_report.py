@@ -109,6 +109,8 @@ def _replay(replay: ReplaySummary) -> dict[str, Any]:
     """The replay's summary; its series' peaks (the app's chart) are left out, the series is there."""
     row = _plain(dataclasses.replace(replay, series_peaks=()))
     del row["series_peaks"]
+    if not replay.torch_peak_bound_assumes_defaults:  # only where it does (so other reports keep their bytes)
+        del row["torch_peak_bound_assumes_defaults"]
     return row
 
 

@@ -85,6 +85,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.PEAK_UNSIZED: (
         "how much higher torch's own peak (max_memory_allocated) is: up to {size} more, as the peak counts a block freed before the dump at its rounded request and the allocator may have left an unsplit remainder, which the trace does not record, in {blocks} live where that bound is reached"
     ),
+    UnknownKind.PEAK_UNSIZED_DEFAULTS: (
+        "how much higher torch's own peak (max_memory_allocated) is: up to {size} more with the allocator's default settings, as the peak counts a block freed before the dump at its rounded request and the allocator may have left an unsplit remainder, which the trace does not record, in {blocks} live where that bound is reached; this torch does not record its allocator settings, and with max_split_size_mb or roundup_power2_divisions set it may be more"
+    ),
     UnknownKind.HISTORY_STOPPED: (
         "something else stopped torch's allocator history and it could not be started again: events after that are missing"
     ),
