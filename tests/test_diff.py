@@ -210,3 +210,29 @@ def test_two_ranks_where_one_does_more_work(tmp_path):
     assert diff.headline.peak.delta_bytes > 0
     sites = [site for site in diff.at_peak.sites if site.component == "activations"]
     assert sites and all(site.status == GREW for site in sites)
+
+
+def test_the_layout_figures_of_a_moment_the_dump_postdates_say_they_are_an_estimate():
+    """Two no-OOM dumps written after their peaks: at the peaks the layout is rebuilt back from the
+    dumps (blocks freed since at their rounded requests), so free cached, fragmented, the largest
+    free block and rounding are an estimate there, as the reports' memory tables say; at the dumps
+    themselves they are exact and nothing is said."""
+    a = FIXTURES / "dumps" / "no-oom-gpt-adamw.pickle"
+    b = FIXTURES / "dumps" / "no-oom-gpt-adamw-batch-32.pickle"
+    diff = pipeline.diff_files(str(a), str(b))
+    assert diff.at_peak.a.layout_estimated and diff.at_peak.b.layout_estimated
+    assert not diff.at_target.a.layout_estimated and not diff.at_target.b.layout_estimated
+    note = (
+        "free cached, fragmented, largest free block and rounding are an estimate, as laid out (for A and B:"
+        " their dumps were written after this moment, and blocks freed since count at their rounded requests)"
+    )
+    text = diff_report.to_text(diff)
+    assert text.count(note) == 1
+    assert text.index(note) < text.index("At the target")  # the peak's table, not the dump's
+    markdown = diff_report.to_markdown(diff)
+    assert markdown.count(note[:1].upper() + note[1:] + ".") == 1
+    data = json.loads(diff_report.to_json(diff))
+    figures = ["free_cached", "fragmented", "largest_free_block", "rounding"]
+    assert data["at_peak"]["a"]["estimated_as_laid_out"] == figures
+    assert data["at_peak"]["b"]["estimated_as_laid_out"] == figures
+    assert "estimated_as_laid_out" not in data["at_target"]["a"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from oomdoctor.analysis.attribution import shares
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.replay import columns
-from oomdoctor.analysis.results import Analysis, LiveBlock, StepSummary
+from oomdoctor.analysis.results import Analysis, LiveBlock, StepSummary, UnknownKind
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENT_INPUT, COMPONENT_PARAMETER, COMPONENTS
@@ -130,6 +130,9 @@ class Moment:
     rounding_bytes: int
     components: tuple[tuple[str, int], ...]  # COMPONENTS order
     blocks: tuple[LiveBlock, ...]
+    # blocks were allocated or freed after the moment: the layout there was rebuilt back from the dump
+    # (blocks freed since at their rounded requests), so LAYOUT_FIGURES are an estimate
+    layout_estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +254,8 @@ FRAGMENTED = "fragmented"
 LARGEST_FREE_BLOCK = "largest_free_block"
 ROUNDING = "rounding"
 MEMORY_FIGURES = (ALLOCATED, RESERVED, FREE_CACHED, FRAGMENTED, LARGEST_FREE_BLOCK, ROUNDING)
+# those read from the layout at the moment: an estimate where it was rebuilt (`Moment.layout_estimated`)
+LAYOUT_FIGURES = (FREE_CACHED, FRAGMENTED, LARGEST_FREE_BLOCK, ROUNDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +307,7 @@ def moment_of(analysis: Analysis, kind: str) -> Moment:
         rounding_bytes=accounting.rounding_bytes,
         components=tuple((c.name, c.bytes) for c in analysis.components),
         blocks=analysis.live_blocks,
+        layout_estimated=any(u.kind == UnknownKind.REPLAYED_AFTER_TARGET for u in analysis.unknowns),
     )
 
 

@@ -17,6 +17,7 @@ from oomdoctor.analysis.diff import (
     DIFF_RANKS,
     DIFF_STEPS,
     GREW,
+    LAYOUT_FIGURES,
     MOMENT_DUMP,
     MOMENT_OOM,
     MOMENT_PEAK,
@@ -42,6 +43,7 @@ from oomdoctor.analysis.diff import (
 )
 from oomdoctor.units import human_size as human
 from oomdoctor.units import plural
+from oomdoctor.views.phrasing import LAYOUT_ESTIMATE
 from oomdoctor.views.report_rows import COMPONENT_LABELS
 
 Quote = Callable[[str], str]
@@ -74,6 +76,21 @@ def _plain(text: str) -> str:
 def label(name: str) -> str:
     """A component's or a memory figure's label: 'optimizer state', 'free cached'."""
     return COMPONENT_LABELS.get(name) or MEMORY_LABELS.get(name) or name.replace("_", " ")
+
+
+def layout_note(a: Moment, b: Moment) -> str | None:
+    """Where a side's moment was replayed back from its dump, which of its figures are an estimate
+    (the layout rebuilt there: blocks freed since count at their rounded requests); None where neither."""
+    sides = [key for key, item in (("A", a), ("B", b)) if item.layout_estimated]
+    if not sides:
+        return None
+    figures = [label(name) for name in LAYOUT_FIGURES]
+    which = " and ".join(sides)
+    dumps = "its dump was" if len(sides) == 1 else "their dumps were"
+    return (
+        f"{', '.join(figures[:-1])} and {figures[-1]} are {LAYOUT_ESTIMATE} (for {which}: {dumps} written after"
+        " this moment, and blocks freed since count at their rounded requests)"
+    )
 
 
 def signed(size_bytes: int) -> str:

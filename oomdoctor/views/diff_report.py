@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomdoctor.analysis.diff import Diff, Figure, Moment, MomentDiff, Side, SiteChange
+from oomdoctor.analysis.diff import LAYOUT_FIGURES, Diff, Figure, Moment, MomentDiff, Side, SiteChange
 from oomdoctor.safetext import printable_lines
 from oomdoctor.units import human_size as human
 from oomdoctor.views import diff_phrasing as words
@@ -63,6 +63,9 @@ def _text_moment(moments: MomentDiff, title: str, add) -> None:
         add(
             f"  {words.label(figure.name):<20}{human(figure.a_bytes):>12}{human(figure.b_bytes):>12}  {words.change(figure)}"
         )
+    note = words.layout_note(moments.a, moments.b)
+    if note is not None:
+        add(f"  {note}")
     if moments.sites:
         add(
             f"  Sites that changed (largest change first, {min(len(moments.sites), SITES_SHOWN)} of {len(moments.sites)})"
@@ -116,6 +119,10 @@ def _markdown_moment(moments: MomentDiff, title: str, add) -> None:
             f"| {words.label(figure.name)} | {human(figure.a_bytes)} | {human(figure.b_bytes)} | {words.change(figure)} |"
         )
     add("")
+    note = words.layout_note(moments.a, moments.b)
+    if note is not None:
+        add(f"{note[:1].upper()}{note[1:]}.")
+        add("")
     if moments.sites:
         shown = min(len(moments.sites), SITES_SHOWN)
         add(f"Sites that changed, largest change first ({shown} of {len(moments.sites)}):")
@@ -159,13 +166,16 @@ def _site(item: SiteChange) -> dict[str, Any]:
 
 
 def _moment(item: Moment) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "kind": item.kind,
         "event_index": item.event_index,
         "step": item.step,
         "phase": item.phase,
         "text": words.moment(item),
     }
+    if item.layout_estimated:  # only where it is (so other diffs keep their bytes)
+        out["estimated_as_laid_out"] = list(LAYOUT_FIGURES)
+    return out
 
 
 def _moments(moments: MomentDiff) -> dict[str, Any]:
