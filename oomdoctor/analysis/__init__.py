@@ -32,7 +32,13 @@ from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis import phases as _phases
 from oomdoctor.analysis.frame_kinds import in_torch_optim
-from oomdoctor.analysis.passes import Replica, pass_history, passes_since_training, running_concatenations
+from oomdoctor.analysis.passes import (
+    Replica,
+    pass_history,
+    passes_grow,
+    passes_since_training,
+    running_concatenations,
+)
 from oomdoctor.analysis.reading import DeviceDump as _DeviceDump
 from oomdoctor.analysis.reading import expandable_from_segments, peak_unsized, place, read_device, replay
 from oomdoctor.analysis.recommendations import Requirement, backward_unknown, recommend, requirement
@@ -577,6 +583,10 @@ def _context(
             if moment.phase in (*FORWARD_PASSES, PHASE_BETWEEN)
             else {}
         ),
+        # judged inside a pass, with passes still to come
+        passes_grow=target.kind == "oom"
+        and moment.phase in FORWARD_PASSES
+        and passes_grow(dump.trace, dump.spans, target.index),
     )
 
 

@@ -49,6 +49,7 @@ MAX_ALLOCATIONS = 50_000  # bound the work per pass
 # instead of the latest earlier one: its allocations scale by one ratio (a batch halved), where the
 # latest one's do not (a sequence doubled: attention grows by four, the rest by two)
 MISFIT_MARGIN = 0.05
+GROWING_PASSES = 3  # passes in a row that each leave more allocated than the one before: a loop that grows
 SCALED = (Component.ACTIVATIONS, Component.INPUTS, Component.TEMPORARIES)
 
 
@@ -730,3 +731,24 @@ def running_concatenations(
         if len(chain) >= 3:
             found[block.address] = tuple(reversed(chain))
     return found
+
+
+def passes_grow(trace: DeviceTrace, spans: Sequence[PhaseSpan], index: int | None) -> bool:
+    """Whether the forward passes since the last training phase grow: the last GROWING_PASSES of them
+    before the one the event `index` falls in (a pass the caller judges) each left more allocated, from
+    its start to the next pass's, than it found (a generation loop's key/value cache concatenated each token, a list of
+    outputs kept on the device). Each pass still to come then needs more than this one, and how many
+    come the file does not say."""
+    if index is None:
+        return False
+    forwards, _ = passes_since_training(spans, index)
+    starts = [f.first_index for f in forwards][-(GROWING_PASSES + 1) :]
+    if len(starts) <= GROWING_PASSES:
+        return False
+    sizes = trace.sizes
+
+    def net(first: int, stop: int) -> int:
+        allocated = sum(sizes[i] for i in trace.positions_in(ALLOC, first, stop))
+        return allocated - sum(sizes[i] for i in trace.positions_in(FREE_REQUESTED, first, stop))
+
+    return all(net(first, stop) > 0 for first, stop in zip(starts, starts[1:]))

@@ -505,6 +505,7 @@ def recommend(
                 saved,
                 scale=0.5 + (unhalved + held_over) / scalable,
                 at_least=rest_unseen,
+                fit_unknown=ctx.passes_grow,
             )
         else:
             # where every earlier pass's graph stays, each pass still to come adds a (smaller) one:
@@ -513,7 +514,7 @@ def recommend(
                 Change.SMALLER_BATCH,
                 scalable // 2,
                 scale=0.5,
-                fit_unknown=Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx),
+                fit_unknown=(Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx)) or ctx.passes_grow,
                 at_least=rest_unseen,
             )
     # without an OOM, advice is sized against the peak: a risk there with optimizer state its largest
@@ -577,6 +578,8 @@ def recommend(
             Change.EXPANDABLE_SEGMENTS if ctx.expandable_available else Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS,
             ctx.fragmentation.usable_free_bytes,
             rest_fits=None if lacking is None else lacking <= 0,
+            # passes that each grow (a generation loop's cache): a place now only moves the OOM on
+            fit_unknown=ctx.passes_grow,
         )
     if Verdict.INFERENCE_WITH_GRAD in verdicts:
         graph = [

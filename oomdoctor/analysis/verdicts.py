@@ -162,6 +162,8 @@ class Context:
     # live blocks that are the latest of a running concatenation over the passes since the last
     # training phase (passes.running_concatenations): address -> its chain of (event, bytes)
     concatenations: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # the passes since the last training phase each left more allocated than the last (passes.passes_grow)
+    passes_grow: bool = field(default=False)
 
     @property
     def request(self) -> int:
