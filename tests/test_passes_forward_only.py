@@ -98,7 +98,7 @@ def test_own_peak_counts_a_reused_address_once_as_kept():
     closure's step reuses gradient-sized blocks) keeps only the last of them: the pass's kept bytes at
     its peak never exceed the peak. Counting every allocation at a kept address made them larger, and
     the interrupted pass's rest was projected at 0 bytes (peak − kept < 0)."""
-    from oomdoctor.analysis.passes import _own_peak, _Pass
+    from oomdoctor.analysis.passes import _Pass, _projection
 
     events = [
         TraceEvent("alloc", 0x1000, 4 * MiB, 0, (), 1),  # the forward's activation
@@ -109,5 +109,9 @@ def test_own_peak_counts_a_reused_address_once_as_kept():
         TraceEvent("alloc", 0x3000, MiB, 0, (), 6),  # kept
     ]
     trace = DeviceTrace.from_events(0, events)
-    peak, kept = _own_peak(trace, _Pass(first_index=0, forward_last=0, last_index=5, step=0))
-    assert (peak, kept) == (5 * MiB, 0)
+    # replayed at its own sizes from its start: what it grew by at its peak, the kept part of it,
+    # nothing freed of what came before it, and its own peak
+    grown, kept, freed, freed_scaled, peak = _projection(
+        trace, _Pass(first_index=0, forward_last=0, last_index=5, step=0), {}, 1.0, 0, {}
+    )
+    assert (grown, kept, freed, freed_scaled, peak) == (5 * MiB, 0, 0, 0, 5 * MiB)

@@ -12,7 +12,9 @@ the OOM interrupted"):
 * `rest_of_pass`: at an OOM inside a forward, the rest of the pass and its backward extrapolated
   from the latest comparable pass whose allocations this one follows, or, when the trace has none,
   from a replica's pass on another device (DataParallel runs the same forward on each) that ran to
-  its end; or why it cannot be.
+  its end: that pass replayed from the point the OOM came to, each allocation at this pass's size
+  (`_projected_sizes`), with what it freed of the blocks made before it freed here too
+  (`_freed_before`); or why it cannot be.
 
 Reads only the trace and the phase spans; no I/O.
 """
@@ -201,6 +203,9 @@ class _Alignment:
     misfit: float = 0.0  # share of the matched bytes one ratio (now / earlier bytes) does not explain
     # (site key, now / earlier bytes of its matched allocations) of each site matched
     site_ratios: tuple[tuple[object, float], ...] = ()
+    # (the earlier pass's event index, the size of this pass's allocation matched to it) of each pair
+    matched: tuple[tuple[int, int], ...] = ()
+    last_match: int | None = None  # the earlier pass's event index matched to this pass's last allocation
 
 
 def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, int]]) -> _Alignment | str:
@@ -210,6 +215,8 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
     now_bytes = earlier_bytes = unmatched = skipped = 0
     pairs: list[tuple[int, int]] = []
     matched: list[tuple[int, int]] = []
+    events: list[tuple[int, int]] = []  # (the earlier pass's event index, this pass's size)
+    last_match = None
     by_site: dict[object, list[int]] = {}  # site key -> [now bytes, earlier bytes]
     while i < len(now):
         if j >= len(earlier):
@@ -219,6 +226,9 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
             now_bytes += now[i][2]
             earlier_bytes += earlier[j][2]
             matched.append((now[i][2], earlier[j][2]))
+            events.append((earlier[j][0], now[i][2]))
+            if i == len(now) - 1:
+                last_match = earlier[j][0]
             site = by_site.setdefault(key, [0, 0])
             site[0] += now[i][2]
             site[1] += earlier[j][2]
@@ -241,7 +251,7 @@ def _align(now: list[tuple[int, object, int]], earlier: list[tuple[int, object, 
     ratio = now_bytes / earlier_bytes
     misfit = sum(abs(a - ratio * b) for a, b in matched) / now_bytes if now_bytes else 0.0
     sites = tuple((key, mine / theirs) for key, (mine, theirs) in by_site.items() if theirs)
-    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped, misfit, sites)
+    return _Alignment(now_bytes, earlier_bytes, j, tuple(pairs), skipped, misfit, sites, tuple(events), last_match)
 
 
 def _kept_at_end(trace: DeviceTrace, one: _Pass) -> set[int]:
@@ -257,30 +267,6 @@ def _kept_at_end(trace: DeviceTrace, one: _Pass) -> set[int]:
         elif actions[index] == FREE_REQUESTED:
             live.pop(addrs[index], None)
     return {index for index in live.values() if index > one.forward_last}
-
-
-def _own_peak(trace: DeviceTrace, one: _Pass) -> tuple[int, int]:
-    """(the pass's own peak: the most its allocations held at once from its forward's start to its
-    backward's end, of which made in the backward and alive at its end: the gradients it made)."""
-    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
-    last = min(one.last_index, len(actions) - 1)
-    kept = _kept_at_end(trace, one)
-    held = peak = kept_at_peak = kept_now = 0
-    live: dict[int, tuple[int, int]] = {}  # address -> (size, index)
-    for index in range(one.first_index, last + 1):
-        if actions[index] == ALLOC:
-            address = addrs[index]
-            live[address] = (sizes[index], index)
-            held += sizes[index]
-            if index in kept:
-                kept_now += sizes[index]
-            if held > peak:
-                peak, kept_at_peak = held, kept_now
-        elif actions[index] == FREE_REQUESTED:
-            entry = live.pop(addrs[index], None)
-            if entry is not None:
-                held -= entry[0]
-    return peak, kept_at_peak
 
 
 def _between_sizes(trace: DeviceTrace, spans: Sequence[PhaseSpan], step: int) -> tuple[int, ...]:
@@ -429,11 +415,13 @@ def rest_of_pass(
     if not earlier and not after and not replicas:
         return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own)
     now = _allocations(trace, current.first_index, target_index)
+    requested = False
     if trace.actions[target_index] == OOM:  # the failed request is this pass's next allocation
         key = site_key(trace.frames_at(target_index))
         # an OOM entry without frames in a pass whose allocations carry them says nothing of its site
         if key is not None or all(k is None for _, k, _ in now):
             now.append((target_index, key, trace.sizes[target_index]))
+            requested = True
     reason: str = RestUnknown.NO_EARLIER_PASS
     best = None
     for then in [*reversed(earlier[-4:]), *after]:  # the latest earlier one first, then those after the OOM
@@ -444,12 +432,13 @@ def rest_of_pass(
             continue
         if best is None or alignment.misfit < best[2].misfit - MISFIT_MARGIN:
             best = (then, allocations, alignment)
+    interrupted = _Interrupted(current, own, requested, trace, blocks)
     if best is not None:
-        return _extrapolated(current, own, trace, *best, None)
+        return _extrapolated(interrupted, trace, *best, None)
     if not earlier and replicas:  # nothing earlier in this trace: the replica's pass this one follows best
         found = _replica_pass(now, replicas, trace.times_us[target_index] if trace.times_us is not None else None)
         if found is not None:
-            return _extrapolated(current, own, *found)
+            return _extrapolated(interrupted, *found)
     # the earlier passes of a run that does not train ran no backward: none follows this one either
     return RestOfPass(current.step, reason, pass_bytes=own, earlier_backward=trains or not earlier)
 
@@ -488,103 +477,257 @@ def _replica_pass(
     return best
 
 
+@dataclass(frozen=True, slots=True)
+class _Interrupted:
+    """The pass the OOM cut short, as `_extrapolated` reads it: the pass, its own bytes live at the
+    OOM (`own`), whether the failed request is the last of the allocations aligned (`requested`),
+    its trace and the blocks live at the OOM."""
+
+    current: _Pass
+    own: int
+    requested: bool
+    trace: DeviceTrace
+    blocks: Sequence[LiveBlock]
+
+
 def _extrapolated(
-    current: _Pass,
-    own: int,
+    now: _Interrupted,
     trace: DeviceTrace,
     then: _Pass,
     allocations: list[tuple[int, object, int]],
     alignment: _Alignment,
     device: int | None,
 ) -> RestOfPass:
-    """The rest of `current` from the completed pass `then` (of `trace`; on `device` when a replica's)."""
+    """The rest of the interrupted pass from the completed pass `then` (of `trace`; on `device` when
+    a replica's), followed from the point the OOM came to (`_projection`)."""
     ratio = alignment.now_bytes / alignment.earlier_bytes
-    peak, kept = _own_peak(trace, then)
-    projected = int((peak - kept) * ratio)
-    scales = _site_scales(trace, then, allocations, alignment, ratio)
-    if scales:  # sites that grew unlike the whole: the rest of the pass scaled site by site
-        projected = _scaled_own_peak(trace, then, scales, ratio)
+    apart = _sites_apart(alignment, ratio)
+    sizes = _projected_sizes(trace, then, allocations, alignment, ratio, apart)
+    if now.requested and alignment.last_match is not None:
+        start = alignment.last_match  # the earlier pass's allocation the failed request stands for
+    elif alignment.earlier_position < len(allocations):
+        start = allocations[alignment.earlier_position][0]
+    else:
+        start = then.forward_last + 1
+    freed = _freed_before(trace, then, start, now)
+    growth, kept_grown, freed_bytes, freed_scaled, peak = _projection(trace, then, sizes, ratio, start, freed)
     return RestOfPass(
-        current.step,
+        now.current.step,
         None,
         then.step,
         ratio,
         alignment.earlier_position / len(allocations) if allocations else None,
         peak,
-        kept,
-        own,
-        max(projected, own),
+        kept_grown,
+        now.own,
+        now.own + max(0, growth),
         device,
         then.last_index > then.forward_last,
-        bool(scales),
+        apart,
+        freed_bytes,
+        freed_scaled,
     )
 
 
-def _site_scales(
+def _sites_apart(alignment: _Alignment, ratio: float) -> bool:
+    """Whether the matched sites grew by ratios of their own (a longer sequence: attention's scores
+    by its square, the rest by its length): one ratio leaves more than MISFIT_MARGIN of the matched
+    bytes unexplained, and a site's ratio differs from it by more than that."""
+    return alignment.misfit >= MISFIT_MARGIN and any(
+        abs(r - ratio) > MISFIT_MARGIN * ratio for _, r in alignment.site_ratios
+    )
+
+
+def _projected_sizes(
     trace: DeviceTrace,
     then: _Pass,
     allocations: list[tuple[int, object, int]],
     alignment: _Alignment,
     ratio: float,
-) -> dict[int, float]:
-    """Where the matched sites grew by ratios of their own (a longer sequence: attention's scores
-    by its square, the rest by its length), the ratio of each of `then`'s allocations that differs
-    from `ratio` by more than MISFIT_MARGIN: a forward allocation by its site's, a backward one by
-    its site's or else by the mean of the forward allocations' of its very size (a gradient has
-    the shape of what it is the gradient of; sites of one size may grow apart). Empty where one ratio explains the matched
-    allocations (misfit under MISFIT_MARGIN) or no site differs."""
-    if alignment.misfit < MISFIT_MARGIN:
-        return {}
-    of_site = {key: r for key, r in alignment.site_ratios if abs(r - ratio) > MISFIT_MARGIN * ratio}
-    if not of_site:
-        return {}
+    apart: bool,
+) -> dict[int, int]:
+    """What each allocation of `then` (by event index) would be in the interrupted pass. Those the
+    alignment matched: the size this pass allocated for them. The rest, where one ratio explains the
+    matched ones: `ratio` (left out here). Where sites grew apart: the ratio the matched allocations
+    of the same site and the same size grew by (one line of code can make a tensor that grows with
+    the sequence and one that grows with its square; one module's forward, a Linear's, is called for
+    tensors of every shape); else of the same site; a backward allocation without frames, the ratio
+    of the forward allocations of its very size (a gradient has the shape of what it is the gradient
+    of; sites of one size may grow apart: their mean); else, at a site not matched yet, the ratio
+    the most matched sites grew by (`_commonest_ratio`)."""
+    sizes = dict(alignment.matched)
+    if not apart:
+        return sizes
+    key_of = {index: (key, size) for index, key, size in allocations}
+    by_kind: dict[object, list[int]] = {}  # (site, earlier size) -> [now bytes, earlier bytes]
+    for index, mine in alignment.matched:
+        key, size = key_of[index]
+        totals = by_kind.setdefault((key, size), [0, 0])
+        totals[0] += mine
+        totals[1] += size
+    kind_ratio = {kind: mine / theirs for kind, (mine, theirs) in by_kind.items() if theirs}
     site_ratio = dict(alignment.site_ratios)
-    scales: dict[int, float] = {}
+    unseen = _commonest_ratio(alignment.site_ratios, ratio)
+
+    def ratio_of(key: object, size: int) -> float | None:
+        found = kind_ratio.get((key, size))
+        return found if found is not None else site_ratio.get(key)
+
     by_size: dict[int, list[float]] = {}
     for index, key, size in allocations:
-        by_size.setdefault(size, []).append(site_ratio.get(key, ratio))
-        if key in of_site:
-            scales[index] = of_site[key]
-    backward = _allocations(trace, then.forward_last + 1, then.last_index)
-    for index, key, size in backward:
-        if key in of_site:
-            scales[index] = of_site[key]
-            continue
-        known = by_size.get(size)
-        if known:
-            r = sum(known) / len(known)
-            if abs(r - ratio) > MISFIT_MARGIN * ratio:
-                scales[index] = r
-    return scales
+        made = sizes.get(index)
+        grew = made / size if made is not None and size else ratio_of(key, size)
+        if grew is None:
+            grew = unseen
+        if made is None:
+            sizes[index] = round(size * grew)
+        by_size.setdefault(size, []).append(grew)
+    for index, key, size in _allocations(trace, then.forward_last + 1, then.last_index):
+        grew = ratio_of(key, size) if key is not None else None
+        if grew is None:
+            known = by_size.get(size)
+            grew = sum(known) / len(known) if known else unseen
+        sizes[index] = round(size * grew)
+    return sizes
 
 
-def _scaled_own_peak(trace: DeviceTrace, one: _Pass, scales: Mapping[int, float], ratio: float) -> int:
-    """`_own_peak`'s projection with each allocation scaled by its own ratio (`scales`, else
-    `ratio`): at the moment the scaled allocations held the most, what those that do not outlive
-    the backward (the gradients it made) held, scaled."""
-    actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
-    last = min(one.last_index, len(actions) - 1)
-    kept = _kept_at_end(trace, one)
-    held = held_rest = peak = projected = 0.0
-    live: dict[int, tuple[int, int]] = {}
-    for index in range(one.first_index, last + 1):
+def _commonest_ratio(site_ratios: Sequence[tuple[object, float]], ratio: float) -> float:
+    """The ratio the most matched sites grew by (those within MISFIT_MARGIN of one another counted
+    as one; on a tie the larger): what an allocation at a site the interrupted pass had not reached
+    grows by. Not `ratio`, the matched bytes' blend of the sites' own ratios, which no one tensor
+    grew by (a longer sequence: the scores by its square, everything else by its length; the head
+    and the loss after the layers grow as most of the layers' sites did)."""
+    groups: list[list[float]] = []
+    for grew in sorted(r for _, r in site_ratios):
+        if groups and grew <= groups[-1][0] * (1 + MISFIT_MARGIN):
+            groups[-1].append(grew)
+        else:
+            groups.append([grew])
+    if not groups:
+        return ratio
+    commonest = max(groups, key=lambda group: (len(group), group[0]))
+    return sum(commonest) / len(commonest)
+
+
+def _stack_key(frames: Stack) -> tuple[tuple[str, int], ...] | None:
+    """Every Python frame's (file, line) of an allocation's stack: where in the program it was
+    made, its callers included (None without Python frames)."""
+    return tuple((f.filename, f.line) for f in frames if frame_kind(f) in PYTHON_KINDS) or None
+
+
+def _freed_before(trace: DeviceTrace, then: _Pass, start: int, now: _Interrupted) -> dict[int, LiveBlock]:
+    """The blocks alive at the OOM, made before the interrupted pass, that its rest frees: where
+    `then` freed, after `start` (the point the OOM came to), a block made before it (the previous
+    step's outputs, which the loop's variable held until the forward returned; the previous step's
+    gradients, freed by a zero_grad inside the pass), the interrupted pass frees the latest block
+    alive at the OOM made before it at the same place in the program (`_place`). `then`'s free
+    event -> that block. A block the trace never saw made, or made at a place with no such block
+    alive now, frees nothing here."""
+    first, last = then.first_index, min(then.last_index, len(trace) - 1)
+    actions, addrs = trace.actions, trace.addrs
+    own: set[int] = set()  # addresses of `then`'s own blocks alive
+    frees: list[int] = []
+    for index in range(first, last + 1):
         if actions[index] == ALLOC:
-            scaled = sizes[index] * scales.get(index, ratio)
-            live[addrs[index]] = (index, 0)
-            held += scaled
-            if index not in kept:
-                held_rest += scaled
-            if held > peak:
-                peak, projected = held, held_rest
+            own.add(addrs[index])
         elif actions[index] == FREE_REQUESTED:
+            if addrs[index] in own:
+                own.discard(addrs[index])
+            elif index > start:
+                frees.append(index)
+    if not frees:
+        return {}
+    wanted = {trace.addrs[index] for index in frees}
+    made: dict[int, int] = {}  # address -> its latest allocation before `then`
+    earlier = trace.positions_in(ALLOC, 0, first)
+    for index in reversed(earlier[-MAX_ALLOCATIONS:]):
+        address = trace.addrs[index]
+        if address in wanted and address not in made:
+            made[address] = index
+            if len(made) == len(wanted):
+                break
+    candidates: dict[object, list[LiveBlock]] = {}
+    for block in sorted(now.blocks, key=lambda b: b.alloc_index or 0):
+        if block.alloc_index is None or block.alloc_index >= now.current.first_index:
+            continue
+        candidates.setdefault(_place(now.trace, block.alloc_index), []).append(block)
+    found: dict[int, LiveBlock] = {}
+    for index in frees:
+        origin = made.get(trace.addrs[index])
+        if origin is None:
+            continue
+        same_place = candidates.get(_place(trace, origin))
+        if same_place:
+            found[index] = same_place.pop()  # the latest made
+    return found
+
+
+def _place(trace: DeviceTrace, index: int) -> object:
+    """Where in the program allocation `index` was made: its stack (`_stack_key`); without Python
+    frames (the autograd engine's: a gradient), its size."""
+    return _stack_key(trace.frames_at(index)) or ("no frames", trace.sizes[index])
+
+
+def _projection(
+    trace: DeviceTrace,
+    then: _Pass,
+    sizes: Mapping[int, int],
+    ratio: float,
+    start: int,
+    freed: Mapping[int, LiveBlock],
+) -> tuple[int, int, int, int, int]:
+    """`then` replayed at the interrupted pass's sizes (`sizes`, else `ratio`; the gradients its
+    backward makes and keeps, `_kept_at_end`, at their own: they have the parameters' shapes), with
+    the blocks `freed` made before it going where `then` freed theirs: from its allocation `start`
+    (the failed request's counterpart) to its end, the moment it held the most over what it held
+    just before `start`. (What its own allocations had grown by there, the failed request included,
+    less the kept gradients; those gradients; the bytes `freed` by then, and of them activations,
+    inputs and temporaries; and `then`'s own peak at its own sizes, from its forward's start.)"""
+    actions, addrs, trace_sizes = trace.actions, trace.addrs, trace.sizes
+    last = min(then.last_index, len(actions) - 1)
+    kept = _kept_at_end(trace, then)
+    live: dict[int, tuple[int, bool, int]] = {}  # address -> (projected size, kept, own size)
+    held = held_kept = gone = gone_scaled = 0
+    before = before_kept = 0
+    raw = raw_peak = 0  # `then`'s own allocations at their own sizes
+    best: tuple[int, int, int, int] | None = None
+    best_total = 0
+    for index in range(then.first_index, last + 1):
+        if index == start:
+            before, before_kept = held, held_kept
+        action = actions[index]
+        if action == ALLOC:
+            is_kept = index in kept
+            size = trace_sizes[index] if is_kept else sizes.get(index)
+            if size is None:
+                size = round(trace_sizes[index] * ratio)
+            live[addrs[index]] = (size, is_kept, trace_sizes[index])
+            raw += trace_sizes[index]
+            raw_peak = max(raw_peak, raw)
+            if is_kept:
+                held_kept += size
+            else:
+                held += size
+        elif action == FREE_REQUESTED:
             entry = live.pop(addrs[index], None)
             if entry is not None:
-                made = entry[0]
-                scaled = sizes[made] * scales.get(made, ratio)
-                held -= scaled
-                if made not in kept:
-                    held_rest -= scaled
-    return int(projected)
+                raw -= entry[2]
+                if entry[1]:
+                    held_kept -= entry[0]
+                else:
+                    held -= entry[0]
+            elif index in freed:
+                block = freed[index]
+                gone += block.size_bytes
+                if block.component in SCALED:
+                    gone_scaled += block.size_bytes
+        if index >= start:
+            total = held + held_kept - gone
+            if best is None or total > best_total:
+                best, best_total = (held, held_kept, gone, gone_scaled), total
+    if best is None:
+        return 0, 0, 0, 0, raw_peak
+    return best[0] - before, best[1] - before_kept, best[2], best[3], raw_peak
 
 
 def _finished_passes(replica: Replica, before_time: int | None) -> list[_Pass]:

@@ -292,14 +292,23 @@ def recommend(
     activations = c.get(Component.ACTIVATIONS, 0)
     rest = ctx.passes.rest
     rest_extra = 0  # what the rest of the pass the OOM interrupted adds, extrapolated
+    rest_growth = 0  # what the pass's own bytes grow by to that peak
     projected_rest = rest is not None and rest.extrapolated and what_if is not None and what_if.rest_of_pass is rest
     if projected_rest and rest is not None:
-        rest_extra = max(0, rest.projected_pass_bytes - rest.pass_bytes)
-        activations += rest_extra  # at the interrupted pass's projected peak
+        # at the interrupted pass's projected peak, less the earlier outputs its rest frees
+        rest_growth = max(0, rest.projected_pass_bytes - rest.pass_bytes)
+        rest_extra = max(0, rest_growth - rest.freed_scaled_bytes)
+        activations += rest_extra
     # the OOM cut a forward short whose rest nothing shows: a change whose saving grows with the
     # pass (its activations, its batch, the judged device's excess over the replicas) saves at the
     # pass's peak at least what it saves at the OOM, so that saving is a lower bound
     rest_unseen = rest is not None and ctx.oom is not None and not projected_rest
+    # the interrupted pass's sites grew by ratios of their own: its rest's allocations at sites it had
+    # not reached are scaled by a guess (passes._commonest_ratio), so the figure is an estimate that
+    # can be off either way, and a smaller batch is not said to fit by it. (Rehearsed, the GPT whose
+    # sequence doubled: its halved micro-batch peaked at 114 MiB allocated, as the figure says, within
+    # the 130 MiB device, yet its cache needed 140 MiB: a fit by allocated bytes alone is thin there)
+    rest_guessed = projected_rest and rest is not None and rest.by_site
     parameters, gradients, optimizer_state, _ = model_states(ctx)
     seen = ctx.phases_seen()
     # a trace of one forward of a training run (the gradients of an earlier backward are alive) trains too
@@ -451,7 +460,7 @@ def recommend(
             # recompute the largest (`regions`); the graphs earlier passes kept shrink to their inputs.
             # The rest of an interrupted pass runs the same regions: its saving grows with the pass
             pass_now = live_activations - earlier
-            grows = max(1.0, (activations - earlier) / pass_now if pass_now > 0 else 1)
+            grows = max(1.0, (pass_now + rest_growth) / pass_now if pass_now > 0 else 1)
             saved = int(regions.pass_saved_bytes * grows) + regions.earlier_saved_bytes
         else:
             # no regions the stacks tell apart (no stacks, one call, a Sequential of torch's own
@@ -465,7 +474,7 @@ def recommend(
                 if b.component == Component.ACTIVATIONS and _checkpointed(b.frames)
             )
             unchecked = 1 - checkpointed / live_activations if live_activations else 1
-            saved = int(max(0, activations - earlier) * unchecked * CHECKPOINTING_SAVES)
+            saved = int(max(0, live_activations - earlier + rest_growth) * unchecked * CHECKPOINTING_SAVES)
         add(
             Change.ACTIVATION_CHECKPOINTING,
             saved,
@@ -505,7 +514,7 @@ def recommend(
                 saved,
                 scale=0.5 + (unhalved + held_over) / scalable,
                 at_least=rest_unseen,
-                fit_unknown=ctx.passes_grow,
+                fit_unknown=rest_guessed or ctx.passes_grow,
             )
         else:
             # where every earlier pass's graph stays, each pass still to come adds a (smaller) one:
@@ -514,7 +523,9 @@ def recommend(
                 Change.SMALLER_BATCH,
                 scalable // 2,
                 scale=0.5,
-                fit_unknown=(Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx)) or ctx.passes_grow,
+                fit_unknown=rest_guessed
+                or (Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx))
+                or ctx.passes_grow,
                 at_least=rest_unseen,
             )
     # without an OOM, advice is sized against the peak: a risk there with optimizer state its largest

@@ -547,11 +547,13 @@ class RestOfPass:
     what the rest of the pass, and its backward, would have needed.
 
     Extrapolated (`reason` None) from `earlier_step`'s completed pass of the same structure (on
-    `earlier_device`, a replica, when this trace holds none): this
-    pass allocated `size_ratio` times what that pass had at the same point (`progress` of its
-    allocations made); its own peak (`earlier_peak_bytes`, of which `earlier_kept_bytes` outlived its
-    backward: the gradients it made) scaled by the ratio is this pass's projected own peak
-    (`projected_pass_bytes`, against `pass_bytes` live at the OOM)."""
+    `earlier_device`, a replica, when this trace holds none): this pass allocated `size_ratio` times
+    what that pass had at the same point (`progress` of its allocations made; that pass's own peak
+    was `earlier_peak_bytes`). That pass, replayed from there at this pass's sizes
+    (`passes._projection`), gives the projected peak: this pass's own bytes there
+    (`projected_pass_bytes`, against `pass_bytes` live at the OOM), the gradients its backward
+    made and keeps (`earlier_kept_bytes`, at their own size), and the blocks made before this pass
+    that its rest has freed by then (`freed_bytes`)."""
 
     step: int | None
     reason: str | None = None  # a RestUnknown when nothing shows the rest; None: extrapolated
@@ -567,8 +569,12 @@ class RestOfPass:
     # earlier passes did (False: they ran none, in a run that does not train, so none follows this one)
     earlier_backward: bool = True
     # the matched sites grew by ratios of their own (a longer sequence: attention by its square), so
-    # the rest was scaled site by site, not by `size_ratio` alone (passes._site_scales)
+    # the rest was scaled site by site, not by `size_ratio` alone (passes._projected_sizes)
     by_site: bool = False
+    # live at the OOM, made before this pass (the previous step's outputs a loop variable held), and
+    # freed by its rest before its projected peak, as the earlier pass freed theirs (passes._freed_before)
+    freed_bytes: int = 0
+    freed_scaled_bytes: int = 0  # of them activations, inputs and temporaries (what grows with the batch)
 
     @property
     def extrapolated(self) -> bool:
@@ -577,7 +583,9 @@ class RestOfPass:
     @property
     def extra_bytes(self) -> int:
         """What the rest of the pass adds above the OOM instant (the gradients it makes included)."""
-        return max(0, self.projected_pass_bytes - self.pass_bytes) + self.earlier_kept_bytes if self.extrapolated else 0
+        if not self.extrapolated:
+            return 0
+        return max(0, self.projected_pass_bytes - self.pass_bytes + self.earlier_kept_bytes - self.freed_bytes)
 
 
 @dataclass(frozen=True, slots=True)

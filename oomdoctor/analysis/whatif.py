@@ -89,8 +89,8 @@ def what_if(
     cudaMalloc fits free device memory (and never above what the bytes allow).
 
     `rest`: the OOM interrupted a forward (`passes.rest_of_pass`). Extrapolated, the pass's own bytes
-    are its projected peak (and the gradients its backward makes are fixed), never below the
-    instant's; unknown, the instant's largest scale is only an upper bound (`upper_bound_scale`):
+    are its projected peak, less the earlier outputs its rest frees (and the gradients its backward
+    makes are fixed), never below the instant's; unknown, the instant's largest scale is only an upper bound (`upper_bound_scale`):
     the rest of the forward and the backward still come, so no scale within it is said to fit.
 
     `backward_unknown`: the rest was extrapolated from a pass that ran no backward, in a run that
@@ -126,9 +126,13 @@ def what_if(
         unusable = max(0, capacity_bytes + shortfall_bytes - (fixed + scalable))
         fixed += unusable
     if rest is not None and rest.extrapolated:
+        # at the projected peak the gradients the backward made are there, and the earlier outputs
+        # the rest of the pass frees (the previous step's, a loop variable held) are not; what else
+        # it frees (the previous step's gradients, at a zero_grad inside the pass) stays counted: at
+        # a smaller scale the pass may peak where they are still held
         fixed += rest.earlier_kept_bytes
         own_now = rest.pass_bytes + (request_bytes if scales_request else 0)
-        scalable = max(scalable, scalable - own_now + rest.projected_pass_bytes)
+        scalable = max(scalable, scalable - own_now + rest.projected_pass_bytes - rest.freed_scaled_bytes)
     projected = False
     if projected_need_bytes is not None and projected_need_bytes - scalable > fixed:
         fixed = projected_need_bytes - scalable

@@ -203,11 +203,13 @@ def what_if_note(what_if: WhatIf) -> str:
             f"; the OOM cut step {rest.step}'s forward short, so {what}"
             f" extrapolated from {source}this one allocated"
             f" {rest.size_ratio or 0:.2f}x what it had at the same point): this pass's own peak projected"
-            f"{', each site at the ratio it grew by,' if rest.by_site else ''} at"
+            f"{', each site at the ratio it grew by (one not reached yet as most did),' if rest.by_site else ''} at"
             f" {human(rest.projected_pass_bytes)}, {human(rest.pass_bytes)} at the OOM"
         )
         if rest.earlier_kept_bytes:
             note += f", and {human(rest.earlier_kept_bytes)} of gradients its backward makes"
+        if rest.freed_bytes:
+            note += f", less {human(rest.freed_bytes)} made before it that its rest frees, as that pass freed theirs"
         if not rest.earlier_backward:
             note += " (that pass ran no backward, so no backward is counted)"
     if scale_estimated(what_if):
