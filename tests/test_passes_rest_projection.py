@@ -114,3 +114,71 @@ def test_a_smaller_micro_batch_is_not_said_to_fit_by_a_rest_partly_guessed():
     assert rest is not None and rest.extrapolated and rest.by_site
     halve = next(r for r in analysis.recommendations if r.id == "smaller-micro-batch")
     assert halve.would_fit_alone is None
+
+
+def _closure_step(sim: Sim, batch: int, gradients: list[int], *, oom: bool = False) -> list[int]:
+    """A training step run as an optimizer's closure (Lightning's): two layers (batch MiB each) and
+    logits (4 x batch MiB); then zero_grad frees the previous step's gradients (2 x 8 MiB, no
+    frames), the backward makes the logits' gradient, frees the pass and makes the new gradients,
+    alive until the next step's zero_grad. With `oom`, the second layer fails."""
+    kept = [sim.alloc(batch * MiB, _site(10))]
+    if oom:
+        sim.oom(batch * MiB, _site(11))
+        return []
+    kept.append(sim.alloc(batch * MiB, _site(11)))
+    kept.append(sim.alloc(4 * batch * MiB, _site(20)))
+    for gradient in gradients:
+        sim.free(gradient)
+    kept.append(sim.alloc(4 * batch * MiB))
+    for block in kept:
+        sim.free(block)
+    return [sim.alloc(8 * MiB) for _ in range(2)]
+
+
+def test_the_rest_of_a_closure_s_pass_frees_the_previous_step_s_gradients():
+    """Batch 16, 16, then 32, whose second layer fails; the previous step's gradients (16 MiB) are
+    alive at the OOM. The rest: the second layer (32 MiB, the request), the logits (128 MiB), the
+    zero_grad inside the pass frees those gradients, the logits' gradient (128 MiB): at that peak
+    320 MiB of the pass's own, the old gradients gone: 272 MiB above what was allocated before the
+    request. Scaled from step 1's own peak, it was 288 MiB: the gradients its zero_grad freed, made
+    by the backward before it with no frames, were not counted gone (they are matched by size)."""
+    sim = Sim(total_bytes=1 * GiB)
+    sim.alloc(8 * MiB, SETUP_STACK)
+    gradients = _closure_step(sim, 16, [])
+    gradients = _closure_step(sim, 16, gradients)
+    _closure_step(sim, 32, gradients, oom=True)
+    rest = analyse(sim.snapshot(metadata=False)).what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated and rest.size_ratio == 2.0
+    assert rest.extra_bytes == 272 * MiB
+    assert rest.freed_bytes == 16 * MiB
+
+
+def _plain_step(sim: Sim, batch: int, *, oom: bool = False) -> None:
+    """Two layers (batch MiB each; the first placed in a block half a MiB larger, unsplit, as the
+    allocator leaves a remainder under its split threshold), logits (4 x batch MiB), the logits'
+    gradient (the same, no frames), all freed. With `oom`, the second layer fails."""
+    kept = [sim.alloc(batch * MiB, _site(10), remainder=MiB // 2)]
+    if oom:
+        sim.oom(batch * MiB, _site(11))
+        return
+    kept.append(sim.alloc(batch * MiB, _site(11)))
+    kept.append(sim.alloc(4 * batch * MiB, _site(20)))
+    kept.append(sim.alloc(4 * batch * MiB))
+    for block in kept:
+        sim.free(block)
+
+
+def test_the_rest_of_a_pass_is_counted_from_the_oom_in_the_trace_s_own_bytes():
+    """Batch 16, 16, then 32, whose second layer fails: the rest adds 32 + 128 + 128 = 288 MiB to
+    what was allocated before the request, whatever the blocks' unsplit remainders. The projected
+    own peak (320 MiB, the trace's sizes) less the pass's blocks at the OOM (32.5 MiB, a remainder
+    included) put it at 287.5 MiB."""
+    sim = Sim(total_bytes=1 * GiB)
+    sim.alloc(8 * MiB, SETUP_STACK)
+    for batch in (16, 16):
+        _plain_step(sim, batch)
+    _plain_step(sim, 32, oom=True)
+    rest = analyse(sim.snapshot(metadata=False)).what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated and rest.size_ratio == 2.0
+    assert rest.pass_bytes == 32 * MiB + MiB // 2
+    assert rest.extra_bytes == 288 * MiB
