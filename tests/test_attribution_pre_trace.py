@@ -861,3 +861,40 @@ def test_a_half_precision_model_beside_its_masters_and_their_moments_is_read_sha
     state = sum(max(512, -(-size // 512) * 512) for size in masters) * 2
     assert components["parameters"] == rounded, components
     assert components["optimizer_state"] == state, components
+
+
+def test_a_copy_of_the_weights_beyond_the_model_states_the_optimizer_keeps_is_parameters():
+    """Recording begun after setup, gradients kept across steps (`zero_grad(set_to_none=False)`)
+    and an EMA of the weights: five copies of every shape predate the trace (the parameters, their
+    gradients, AdamW's two moments, the EMA). The trace's optimizer step runs in torch/optim/adam.py,
+    so two moments a parameter: the fifth copy is the parameters' (an EMA or masters), not more
+    state; it was all read as parameters (five copies are more than the four model states)."""
+    sim = Sim()
+    shapes = (4, 4, 2, 1)
+    for _ in range(5):
+        for size in shapes:
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    _forward(sim)
+    for size in shapes:  # added into the gradients that are there: made and freed inside the backward
+        sim.free(sim.alloc(size * MiB, BACKWARD_STACK))
+    sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
+    _forward(sim)
+    components = _components(sim)
+    assert components["parameters"] == 22 * MiB  # the model's and its copy: which is which, nothing says
+    assert components["gradients"] == 11 * MiB
+    assert components["optimizer_state"] == 22 * MiB
+
+
+def test_without_the_optimizer_s_kind_no_copy_beyond_the_model_states_is_read():
+    """The same five copies with no optimizer step in the trace: its moments are not known, so
+    five copies are not read as the model states and a copy (Adam's two moments are only assumed)."""
+    sim = Sim()
+    shapes = (4, 4, 2, 1)
+    for _ in range(5):
+        for size in shapes:
+            sim.alloc(size * MiB)
+    sim.start_recording()
+    _forward(sim)
+    components = _components(sim)
+    assert components["gradients"] == components["optimizer_state"] == 0

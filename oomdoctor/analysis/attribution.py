@@ -197,6 +197,14 @@ _USER_FRAMES_READ = 4  # innermost user frames whose names are read
 # Copies of one parameter set that the frame-less blocks may hold: parameters, gradients and the
 # two moments of Adam-like optimizers (in that order of likelihood).
 _MODEL_STATE_KINDS = ("parameters", "gradients", "optimizer_state", "optimizer_state")
+# Copies of the parameters beyond the model states the optimizer explains: an EMA of the weights, or
+# fp32 masters beside a half-precision model. Read only where the trace names the optimizer, so the
+# moments it keeps are known (`_optimizer_moments`).
+_EXTRA_COPIES = 1
+# torch.optim's files, by how many moments of each parameter the optimizer keeps (its state the size
+# of the parameter): Adam and its variants two, SGD (with momentum) and Adagrad one.
+_TWO_MOMENT_FILE = re.compile(r"(?:^|/)torch/optim/(?:adam|adamw|nadam|radam|adamax)\.py$")
+_ONE_MOMENT_FILE = re.compile(r"(?:^|/)torch/optim/(?:sgd|adagrad)\.py$")
 _COPY_TOLERANCE = 0.01  # bytes in shapes that break a k-copy pattern, as a share of the frame-less bytes
 _COPY_SHAPES_SHARE = 2 / 3  # of the repeated shapes, those that must follow the pattern
 # One copy of a model built of identical layers: shapes that repeat once per layer.
@@ -735,7 +743,7 @@ def model_state_copies(sizes: Sequence[tuple[int, int]], kinds_possible: int) ->
     repeated = [n for n in counts.values() if n > 1]
     if not total or not repeated:
         return 1
-    for copies in range(min(kinds_possible, len(_MODEL_STATE_KINDS)), 1, -1):
+    for copies in range(min(kinds_possible, len(_MODEL_STATE_KINDS) + _EXTRA_COPIES), 1, -1):
         broken = sum(held[r] for r, n in counts.items() if n % copies)
         regular = sum(1 for n in repeated if n % copies == 0)
         # a shape that repeats as a layer's do (a norm's weight: twice a layer and once more at the
@@ -1281,7 +1289,24 @@ def pre_trace_placements(
         trains=lambda: _forwards_train(trace, phases),
         flat_gradients=lambda: _fsdp_in_trace(trace),
         sharded_state=lambda: _sharded_optimizer_in_trace(trace, phases),
+        moments=lambda: _optimizer_moments(trace, phases),
     )
+
+
+def _optimizer_moments(trace: DeviceTrace, phases: PhaseIndex) -> int | None:
+    """How many moments of each parameter the trace's optimizer keeps, from the torch.optim file its
+    steps' allocations run in (`_TWO_MOMENT_FILE`, `_ONE_MOMENT_FILE`); None where no step
+    allocated through one (SGD's foreach update allocates nothing: then its kind is not seen), or
+    where steps of both kinds ran."""
+    found: set[int] = set()
+    for stack in trace.stacks_at(_made_in(trace, phases, PHASE_OPTIMIZER))[1].values():
+        for frame in stack:
+            filename = frame.filename.replace("\\", "/")
+            if _TWO_MOMENT_FILE.search(filename):
+                found.add(2)
+            elif _ONE_MOMENT_FILE.search(filename):
+                found.add(1)
+    return found.pop() if len(found) == 1 else None
 
 
 def _sharded_optimizer_in_trace(trace: DeviceTrace, phases: PhaseIndex) -> bool:
@@ -1335,6 +1360,7 @@ def place_pre_trace(
     trains: Callable[[], bool] = bool,
     flat_gradients: Callable[[], bool] = bool,
     sharded_state: Callable[[], bool] = bool,
+    moments: Callable[[], int | None] = lambda: None,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
@@ -1344,7 +1370,8 @@ def place_pre_trace(
     `flat_gradients`: the run makes its gradients in flat buffers of no parameter's shape (FSDP's
     reduce-scatter), so a traced backward that made blocks that outlive it made the gradients
     whatever their shapes; `sharded_state`: the trace's optimizer steps shard their state (ZeRO),
-    `gradient_counts`: of each requested size, the most blocks one backward made that outlive it.
+    `gradient_counts`: of each requested size, the most blocks one backward made that outlive it;
+    `moments`: how many moments of each parameter the trace's optimizer keeps, where its steps show it.
     The callables are read only where frame-less blocks are left to place."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
@@ -1381,6 +1408,7 @@ def place_pre_trace(
                 gradient_counts=gradient_counts,
                 gradients_made=bool(backward_sizes) and flat_gradients(),
                 sharded_state=sharded_state(),
+                moments=moments(),
             )
         )
     return placed
@@ -1399,6 +1427,7 @@ def _place_model_states(
     gradient_counts: Mapping[int, int] | None = None,
     gradients_made: bool = False,
     sharded_state: bool = False,
+    moments: int | None = None,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -1419,7 +1448,12 @@ def _place_model_states(
     in a backward the OOM interrupted. An optimizer step in the trace that makes its state for these
     shapes (its first: state is made lazily) shows none was there: then no copy is optimizer state
     (a second copy of the weights is then another model's, an EMA's or a teacher's, read as
-    parameters)."""
+    parameters).
+
+    `moments`: the moments per parameter of the optimizer the trace's steps run (None: not seen,
+    Adam's two assumed). Where it is known, one copy more than the model states it explains is read
+    as a copy of the parameters (an EMA of the weights, fp32 masters), not as more state or
+    gradients; which copy of a shape is the model cannot be told, their bytes are the same."""
     seen_phases = {span.phase for span in phases.spans}
     traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
@@ -1434,13 +1468,16 @@ def _place_model_states(
         kinds.append("gradients")
     state_made = any(a.requested_bytes in state_sizes for a in frameless)
     if trains and OPTIMIZER_STATE not in placed_kinds and not state_made:
-        kinds += ["optimizer_state", "optimizer_state"]
+        kinds += ["optimizer_state"] * (moments if moments is not None else 2)
     if not kinds:  # the weights, their gradients and state are all found by their frames: a copy is none of them
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
     if weights_found:
         return _copies_of_weights(frameless, weight_sizes, kinds)
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
-    copies = model_state_copies(sizes, len(kinds))
+    extra = _EXTRA_COPIES if moments is not None and "parameters" in kinds else 0
+    copies = model_state_copies(sizes, len(kinds) + extra)
+    if copies > len(kinds):  # more copies than the model states: the rest copies of the parameters
+        kinds = [*kinds, *["parameters"] * (copies - len(kinds))]
     plan: Mapping[int, tuple[int, int]] | None = None  # per shape: parameter and state blocks, where known
     if copies == 1 and gradients_made and gradient_counts:
         copies, plan = _copies_of_gradients(frameless, gradient_counts, len(kinds))
