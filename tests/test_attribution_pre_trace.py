@@ -898,3 +898,40 @@ def test_without_the_optimizer_s_kind_no_copy_beyond_the_model_states_is_read():
     _forward(sim)
     components = _components(sim)
     assert components["gradients"] == components["optimizer_state"] == 0
+
+
+def test_very_large_blocks_beside_a_model_in_a_run_that_does_not_train_are_no_parameters():
+    """An inference engine that allocated its KV cache up front, one very large block a layer,
+    before recording began (as vLLM's cache engine does): the trace runs forwards only, so the
+    frame-less blocks hold one copy of the weights at most; each cache block outweighs all the other
+    frame-less blocks together, which no frame says is a weight. It was read as parameters (every
+    frame-less byte of a run that only runs forwards was); now it is unknown (a pool, or the
+    model's own huge weight: nothing says which), and the model's shapes are still its weights."""
+    sim = Sim()
+    model = (4, 4, 2, 1) * 4
+    for size in model:
+        sim.alloc(size * MiB)
+    for _ in range(4):
+        sim.alloc(64 * MiB)
+    sim.start_recording()
+    _forward(sim)
+    _forward(sim)
+    components = _components(sim)
+    assert components["parameters"] == 44 * MiB
+    assert components["unknown"] == 256 * MiB
+
+
+def test_very_large_blocks_are_read_as_before_in_a_run_that_trains():
+    """The same blocks where the trace trains (a backward, an optimizer step): the copies are read
+    as they were; the test above is for runs that only run forwards."""
+    sim = Sim()
+    model = (4, 4, 2, 1) * 4
+    for size in model:
+        sim.alloc(size * MiB)
+    for _ in range(4):
+        sim.alloc(64 * MiB)
+    sim.start_recording()
+    _forward(sim)
+    sim.free(sim.alloc(4 * MiB, BACKWARD_STACK))
+    components = _components(sim)
+    assert components["unknown"] < 256 * MiB

@@ -1428,6 +1428,7 @@ def _place_model_states(
     gradients_made: bool = False,
     sharded_state: bool = False,
     moments: int | None = None,
+    peeled: bool = False,
 ) -> dict[int, tuple[int, str, float]]:
     """The frame-less pre-trace blocks as copies of one set of parameter shapes, when something
     shows a model exists: the trace runs one, or the shapes repeat as copies of one set do.
@@ -1453,7 +1454,13 @@ def _place_model_states(
     `moments`: the moments per parameter of the optimizer the trace's steps run (None: not seen,
     Adam's two assumed). Where it is known, one copy more than the model states it explains is read
     as a copy of the parameters (an EMA of the weights, fp32 masters), not as more state or
-    gradients; which copy of a shape is the model cannot be told, their bytes are the same."""
+    gradients; which copy of a shape is the model cannot be told, their bytes are the same.
+
+    In a run that does not train, a shape each of whose blocks outweighs all the other frame-less
+    blocks together (`_outweighing_shape`: one or a few very large blocks, an inference engine's
+    KV cache or memory pool allocated up front) is unknown, not parameters: the model's own weights
+    can be shaped so too (one huge embedding), and nothing in a frame-less block says which. The
+    rest are read as above (`peeled`: that shape is already set apart)."""
     seen_phases = {span.phase for span in phases.spans}
     traced = bool(seen_phases - {PHASE_BEFORE, PHASE_UNKNOWN, PHASE_BETWEEN})
     untraced = not phases.spans or seen_phases <= {PHASE_UNKNOWN}
@@ -1473,6 +1480,16 @@ def _place_model_states(
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
     if weights_found:
         return _copies_of_weights(frameless, weight_sizes, kinds)
+    if not trains and not peeled and (outweighing := _outweighing_shape(frameless)) is not None:
+        # a run that only runs forwards holds one copy of its weights at most: a shape whose every
+        # block holds more than all the other frame-less blocks together is a pool or cache sized up
+        # front (an inference engine's KV cache) as likely as the model's own largest weights (a
+        # huge embedding): nothing says which
+        rest = [a for a in frameless if a.requested_bytes != outweighing]
+        pool = {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless if a.requested_bytes == outweighing}
+        return pool | _place_model_states(
+            rest, placed, phases, backward_sizes, accumulated_sizes, state_sizes, peeled=True
+        )
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     extra = _EXTRA_COPIES if moments is not None and "parameters" in kinds else 0
     copies = model_state_copies(sizes, len(kinds) + extra)
@@ -1552,6 +1569,18 @@ def _place_model_states(
             else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
                 result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
     return result
+
+
+def _outweighing_shape(allocations: Sequence[LiveAllocation]) -> int | None:
+    """The requested bytes of the shape, if any, each of whose blocks is larger than all the blocks
+    of the other shapes together, of which there are some (at most one shape can be): one or a few
+    very large blocks beside everything else."""
+    counts, held = _shape_totals([(a.requested_bytes, a.requested_bytes) for a in allocations])
+    total = sum(held.values())
+    for requested in counts:
+        if 0 < total - held[requested] < requested:
+            return requested
+    return None
 
 
 def _by_shape(allocations: Sequence[LiveAllocation]) -> dict[int, list[LiveAllocation]]:
