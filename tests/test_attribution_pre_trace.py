@@ -935,3 +935,38 @@ def test_very_large_blocks_are_read_as_before_in_a_run_that_trains():
     sim.free(sim.alloc(4 * MiB, BACKWARD_STACK))
     components = _components(sim)
     assert components["unknown"] < 256 * MiB
+
+
+def test_moments_quantised_to_a_byte_beside_the_parameters_are_optimizer_state():
+    """Recording begun after an 8-bit Adam's first step (bitsandbytes keeps each moment in one byte
+    an element): beside each fp32 parameter two blocks of a quarter its bytes predate the trace, no
+    copy of any shape. They were read as parameters with the weights (every frame-less byte, where
+    no copies are found); the shapes say what they are: optimizer state."""
+    sim = Sim()
+    shapes = (4 * MiB, 4 * MiB, 2 * MiB, MiB)
+    for size in shapes:
+        sim.alloc(size)
+        for _ in range(2):
+            sim.alloc(size // 4)
+    sim.start_recording()
+    _forward(sim)
+    for size in shapes:  # the gradients, made by the backward (set to None before it)
+        sim.alloc(size, BACKWARD_STACK)
+    sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
+    components = _components(sim)
+    assert components["optimizer_state"] == 11 * MiB // 2
+    assert components["parameters"] == 11 * MiB
+
+
+def test_one_copy_of_a_transformer_s_weights_is_no_quantised_moments():
+    """Against the rule above: a transformer's shapes hold blocks of a quarter of others' bytes (its
+    output projection beside its MLP matrices), not two a parameter of them."""
+    sim = Sim()
+    for requested in _layered_model(12):
+        sim.alloc(requested)
+    sim.start_recording()
+    _forward(sim)
+    sim.free(sim.alloc(4 * MiB, BACKWARD_STACK))
+    sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
+    components = _components(sim)
+    assert components["optimizer_state"] == 0

@@ -7,6 +7,9 @@ stripped of oomdoctor's metadata and judged against the registry the same dump h
 * Training with an EMA of the model and gradients kept across steps (`zero_grad(set_to_none=False)`),
   recording begun after the first AdamW step: five frame-less copies of every shape, of which one
   is the EMA's, a copy of the parameters, not more optimizer state or gradients.
+* Training with an 8-bit Adam (bitsandbytes-style: each moment one byte an element), recording begun
+  after its first step: the moments, two blocks of a quarter of each fp32 weight's bytes, are
+  optimizer state, not parameters.
 """
 
 from __future__ import annotations
@@ -124,6 +127,55 @@ EMA_SCRIPT = textwrap.dedent(
 )
 
 
+EIGHT_BIT_SCRIPT = textwrap.dedent(
+    """
+    import oomdoctor
+    oomdoctor.install()
+    import torch
+    import torch.nn as nn
+    """
+    + _STOP_RECORDING
+    + """
+    BLOCK = 256
+
+    class Adam8bit(torch.optim.Optimizer):
+        # bitsandbytes-style: each moment one byte an element, with a scale per block of 256
+        def __init__(self, params, lr=1e-3):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    state = self.state[p]
+                    if not state:
+                        n = p.numel()
+                        state["state1"] = torch.zeros(n, dtype=torch.uint8)
+                        state["state2"] = torch.zeros(n, dtype=torch.uint8)
+                        state["absmax1"] = torch.zeros((n + BLOCK - 1) // BLOCK)
+                        state["absmax2"] = torch.zeros((n + BLOCK - 1) // BLOCK)
+                    m = state["state1"].float().mul_(0.9).add_(p.grad.flatten(), alpha=0.1)
+                    state["state1"].copy_(m.clamp(0, 255).to(torch.uint8))
+                    p.add_(m.view_as(p), alpha=-group["lr"])
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(128, 512), nn.GELU()]
+    for _ in range(4):
+        layers += [nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU()]
+    model = nn.Sequential(*layers, nn.Linear(512, 10))
+    optimizer = Adam8bit(model.parameters())
+    for step in range(3):
+        if step == 1:
+            torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=100000)
+        loss = nn.functional.cross_entropy(model(torch.randn(64, 128)), torch.randint(10, (64,)))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    oomdoctor.dump()
+    """
+)
+
+
 def _rehearse(tmp_path: Path, script: str):
     """(analysis of the stripped dump, the registry's component of each address, each address's
     bytes among the dump's allocated blocks)."""
@@ -170,3 +222,18 @@ def test_an_ema_copy_beside_kept_gradients_and_adam_state_is_a_copy_of_the_param
     assert by_reading["parameters"] == by_truth["parameter"] + by_truth[None]
     assert by_reading["gradients"] == by_truth["gradient"]
     assert by_reading["optimizer_state"] == by_truth["optimizer_state"]
+
+
+def test_moments_of_an_8_bit_optimizer_from_before_the_trace_are_optimizer_state(tmp_path):
+    analysis, registry = _rehearse(tmp_path, EIGHT_BIT_SCRIPT)
+    found = _before_trace(analysis, registry)
+    by_truth: Counter[str | None] = Counter()
+    by_reading: Counter[str] = Counter()
+    for (component, truth), size in found.items():
+        by_truth[truth] += size
+        by_reading[component] += size
+    assert by_truth["optimizer_state"] > 0  # the case is what it says
+    # a block of a moment and one of a weight may have the same bytes (a 512 x 512 moment and the
+    # 128 x 512 fp32 input layer), so the bytes of each kind are judged, within the per-block scales
+    for kind, truth in (("parameters", "parameter"), ("optimizer_state", "optimizer_state")):
+        assert abs(by_reading[kind] - by_truth[truth]) <= 0.05 * by_truth[truth], (kind, by_reading, by_truth)

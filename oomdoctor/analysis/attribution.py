@@ -205,6 +205,14 @@ _EXTRA_COPIES = 1
 # of the parameter): Adam and its variants two, SGD (with momentum) and Adagrad one.
 _TWO_MOMENT_FILE = re.compile(r"(?:^|/)torch/optim/(?:adam|adamw|nadam|radam|adamax)\.py$")
 _ONE_MOMENT_FILE = re.compile(r"(?:^|/)torch/optim/(?:sgd|adagrad)\.py$")
+# An optimizer's moments quantised to one byte an element, beside the parameters (`_quantised_moments`):
+# (bytes of a parameter's block per byte of a moment's, moments a parameter), likeliest first: fp32
+# weights with two 8-bit moments (8-bit Adam), with one (8-bit SGD momentum, Adagrad), 16-bit weights
+# with two. (One block at half a parameter's bytes is as likely a 16-bit copy of fp32 weights: not read.)
+_QUANTISED_MOMENTS = ((4, 2), (4, 1), (2, 2))
+_QUANTISED_SHARE = 0.9  # of the bytes of the blocks left as parameters, those with their moments beside them
+_QUANTISED_SHAPES_MIN = 2  # moment shapes found: one could be a coincidence of sizes
+_QUANTISED_CONFIDENCE = 0.3
 _COPY_TOLERANCE = 0.01  # bytes in shapes that break a k-copy pattern, as a share of the frame-less bytes
 _COPY_SHAPES_SHARE = 2 / 3  # of the repeated shapes, those that must follow the pattern
 # One copy of a model built of identical layers: shapes that repeat once per layer.
@@ -1498,6 +1506,10 @@ def _place_model_states(
     plan: Mapping[int, tuple[int, int]] | None = None  # per shape: parameter and state blocks, where known
     if copies == 1 and gradients_made and gradient_counts:
         copies, plan = _copies_of_gradients(frameless, gradient_counts, len(kinds))
+    if copies == 1 and plan is None and "optimizer_state" in kinds and PHASE_OPTIMIZER in seen_phases:
+        quantised = _quantised_moments(frameless)
+        if quantised is not None:
+            return quantised
     last = phases.spans[-1] if phases.spans else None
     backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
     if sharded_state and gradients_made and backward_done and "optimizer_state" in kinds and "parameters" in kinds:
@@ -1569,6 +1581,43 @@ def _place_model_states(
             else:  # a shape that is no copy of the set (a workspace, a kept output): nothing says what it is
                 result[allocation.address] = (UNKNOWN, METHOD_NONE, 0.0)
     return result
+
+
+def _quantised_moments(frameless: Sequence[LiveAllocation]) -> dict[int, tuple[int, str, float]] | None:
+    """The frame-less blocks as parameters and an optimizer's quantised moments (bitsandbytes'
+    8-bit Adam keeps each moment of a parameter in one byte an element: a quarter of an fp32 weight's
+    bytes, half a 16-bit one's), where their shapes say so: beside each parameter shape s,
+    `per_parameter` blocks of s / `ratio` bytes per block of s (`_QUANTISED_MOMENTS`), for shapes
+    holding _QUANTISED_SHARE of the bytes of those left as parameters. Shapes are read largest
+    first, so a shape that is both a parameter's and another's moments' keeps what those moments
+    leave. Read only where no whole copies are found (a quantised moment is no copy of its
+    parameter). None where no ratio fits."""
+    counts: Counter[int] = Counter(a.requested_bytes for a in frameless)
+    for ratio, per_parameter in _QUANTISED_MOMENTS:
+        left = Counter(counts)
+        moments: Counter[int] = Counter()  # requested bytes -> blocks of it that are moments
+        matched = unmatched = 0  # bytes of the parameters with their moments beside them, and without
+        for size in sorted(counts, reverse=True):
+            parameters = left[size]
+            if not parameters:
+                continue
+            fraction = size // ratio
+            if size % ratio == 0 and left[fraction] >= per_parameter * parameters:
+                left[fraction] -= per_parameter * parameters
+                moments[fraction] += per_parameter * parameters
+                matched += size * parameters
+            else:
+                unmatched += size * parameters
+        if len(moments) >= _QUANTISED_SHAPES_MIN and matched >= _QUANTISED_SHARE * (matched + unmatched):
+            result: dict[int, tuple[int, str, float]] = {}
+            for allocation in sorted(frameless, key=lambda a: a.address):
+                if moments[allocation.requested_bytes]:
+                    moments[allocation.requested_bytes] -= 1
+                    result[allocation.address] = (OPTIMIZER_STATE, METHOD_SIZE_MATCH, _QUANTISED_CONFIDENCE)
+                else:
+                    result[allocation.address] = (PARAMETERS, METHOD_SIZE_MATCH, 0.4)
+            return result
+    return None
 
 
 def _outweighing_shape(allocations: Sequence[LiveAllocation]) -> int | None:
