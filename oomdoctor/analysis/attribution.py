@@ -1460,9 +1460,10 @@ def _place_model_states(
     parameters).
 
     `moments`: the moments per parameter of the optimizer the trace's steps run (None: not seen,
-    Adam's two assumed). Where it is known, one copy more than the model states it explains is read
-    as a copy of the parameters (an EMA of the weights, fp32 masters), not as more state or
-    gradients; which copy of a shape is the model cannot be told, their bytes are the same.
+    Adam's two assumed). Where it is known and the shapes hold no whole number of the model states
+    it explains, but one copy more, that copy is read as a copy of the parameters (an EMA of the
+    weights, fp32 masters), not as more state or gradients; which copy of a shape is the model
+    cannot be told, their bytes are the same.
 
     In a run that does not train, a shape each of whose blocks outweighs all the other frame-less
     blocks together (`_outweighing_shape`: one or a few very large blocks, an inference engine's
@@ -1499,10 +1500,14 @@ def _place_model_states(
             rest, placed, phases, backward_sizes, accumulated_sizes, state_sizes, peeled=True
         )
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
-    extra = _EXTRA_COPIES if moments is not None and "parameters" in kinds else 0
-    copies = model_state_copies(sizes, len(kinds) + extra)
-    if copies > len(kinds):  # more copies than the model states: the rest copies of the parameters
-        kinds = [*kinds, *["parameters"] * (copies - len(kinds))]
+    copies = model_state_copies(sizes, len(kinds))
+    if copies < len(kinds) and moments is not None and "parameters" in kinds:
+        # the model states the optimizer explains do not fit the shapes: where one copy more does,
+        # it is a copy of the parameters
+        more = len(kinds) + _EXTRA_COPIES
+        if model_state_copies(sizes, more) == more:
+            copies = more
+            kinds = [*kinds, *["parameters"] * _EXTRA_COPIES]
     plan: Mapping[int, tuple[int, int]] | None = None  # per shape: parameter and state blocks, where known
     if copies == 1 and gradients_made and gradient_counts:
         copies, plan = _copies_of_gradients(frameless, gradient_counts, len(kinds))
