@@ -324,19 +324,95 @@ def _phase_of(phases: PhaseIndex, index: int) -> str | None:
     return span.phase if span is not None else None
 
 
-def _makes_parameter(stack: Stack) -> bool:
+def _makes_parameter(stack: Stack, buffer_line: int | None = None) -> bool:
     """Whether a block made before the first step by this stack is a parameter (as `_infer` places
-    one by its frames): a module's setup, a function named so, or a user constructor that is not an
-    optimizer's."""
+    one by its frames): a module's setup (not its buffers', `buffer_line`), a function named so, or
+    a user constructor that is not an optimizer's."""
     cls = classify_stack(stack)
     if cls == "module-setup":
-        return True
+        return not moved_as_buffer(stack, buffer_line)
     if cls == PHASE_OPTIMIZER:
         return False
     named = _placed_by_names(stack)
     if named is not None:
         return named[0] == PARAMETERS
     return _in_constructor(stack)
+
+
+# Module._apply (what `.cuda()`, `.to()`, `.half()` run) converts a module's parameters, then each
+# parameter's gradient, then its buffers, each in its own line of torch/nn/modules/module.py, the
+# buffers' last: the innermost `_apply` frame of a block it made says which loop made it.
+_MODULE_FILE = "torch/nn/modules/module.py"
+_APPLY = "_apply"
+_APPLY_LOOPS = 3  # the lines at which Module._apply converts tensors: parameters, gradients, buffers
+
+
+def _is_apply(frame: Frame) -> bool:
+    return frame.name == _APPLY and frame.filename.replace("\\", "/").endswith(_MODULE_FILE)
+
+
+def _apply_frame(stack: Stack) -> int | None:
+    """The position in a stack of its innermost `Module._apply` frame (the loop that converted the
+    tensor), if any."""
+    for position, frame in enumerate(stack):
+        if _is_apply(frame):
+            return position
+    return None
+
+
+def _apply_line(stack: Stack) -> int | None:
+    position = _apply_frame(stack)
+    return stack[position].line if position is not None else None
+
+
+def apply_buffer_line(made: Sequence[tuple[Stack, int]]) -> int | None:
+    """The line of torch's Module._apply at which it converts buffers, read from (stack, requested
+    bytes) of the blocks it made in one dump (the line differs between torch versions, the order of
+    its loops does not): the last of the lines seen, where one conversion (the same frames outside
+    `_apply` and its recursion into submodules: one `.cuda()` call) made blocks at it and at an
+    earlier line, and where at least three
+    lines are seen (parameters, gradients, buffers), or two and the later one made a block of a
+    size the earlier did not (a gradient is its parameter's size; BatchNorm's step count, a
+    quantised weight, a rotary table are of none). None where the blocks do not say: one line, two
+    of which the later may be the gradients', or lines no one conversion shares."""
+    sizes_at: dict[int, set[int]] = defaultdict(set)
+    callers_at: dict[int, set[Stack]] = defaultdict(set)
+    for stack, requested in made:
+        position = _apply_frame(stack)
+        if position is not None:
+            line = stack[position].line
+            sizes_at[line].add(requested)
+            outer = position + 1
+            while outer < len(stack) and _is_apply(stack[outer]):  # the recursion into submodules
+                outer += 1
+            callers_at[line].add(stack[outer:])
+    if len(sizes_at) < _APPLY_LOOPS - 1:
+        return None
+    last = max(sizes_at)
+    if not any(callers_at[last] & callers_at[line] for line in sizes_at if line != last):
+        return None
+    if len(sizes_at) >= _APPLY_LOOPS or sizes_at[last] - sizes_at[min(sizes_at)]:
+        return last
+    return None
+
+
+def trace_buffer_line(trace: DeviceTrace, blocks: Collection[tuple[Stack, int]] = ()) -> int | None:
+    """`apply_buffer_line` of a device's trace's allocations and of `blocks` (the stacks and
+    requested bytes of the blocks the dump keeps). Each distinct stack of the trace is read once."""
+    allocs = trace.positions(ALLOC)
+    numbers, stacks = trace.stacks_at(allocs)
+    moving = {number for number, stack in stacks.items() if _apply_line(stack) is not None}
+    sizes = trace.sizes
+    made = (
+        [(stacks[number], sizes[index]) for index, number in zip(allocs, numbers) if number in moving] if moving else []
+    )
+    made.extend((stack, requested) for stack, requested in blocks if _apply_line(stack) is not None)
+    return apply_buffer_line(made)
+
+
+def moved_as_buffer(stack: Stack, buffer_line: int | None) -> bool:
+    """Whether Module._apply made the block in its buffers' loop (`apply_buffer_line`)."""
+    return buffer_line is not None and _apply_line(stack) == buffer_line
 
 
 # DDP's reducer allocates its gradient buckets in C++, called from these functions of
@@ -654,8 +730,10 @@ def _update_temporary(stack: Stack) -> bool:
     return False
 
 
-def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tuple[int, str, float] | None:
-    """A pre-trace block placed by the stack the dump keeps for it."""
+def _place_by_own_frames(
+    stack: Stack, requested: int, never_freed: bool, buffer_line: int | None = None
+) -> tuple[int, str, float] | None:
+    """A pre-trace block placed by the stack the dump keeps for it (`buffer_line`: `apply_buffer_line`)."""
     if _workspace_frames(stack):
         return WORKSPACE, METHOD_FRAMES, 0.9
     if never_freed and requested == CUBLAS_DEFAULT_WORKSPACE_BYTES:
@@ -676,6 +754,8 @@ def _place_by_own_frames(stack: Stack, requested: int, never_freed: bool) -> tup
     if cls == PHASE_BACKWARD:  # made by the autograd engine and outlived the backward
         return GRADIENTS, METHOD_FRAMES, 0.8 if _backward_made(stack) else 0.6
     if cls == "module-setup":
+        if moved_as_buffer(stack, buffer_line):
+            return BUFFERS, METHOD_FRAMES, 0.7
         return PARAMETERS, METHOD_FRAMES, 0.8
     if cls in FORWARD_PASSES:  # a forward's output kept since before the trace (whatever its code is named)
         return ACTIVATIONS, METHOD_FRAMES, 0.6
@@ -843,10 +923,12 @@ def attribute(
     target_index: int | None,
     pre_trace: Mapping[int, tuple[int, str, float]],
     ran_out: bool | None = None,
+    buffer_line: int | None = None,
 ) -> list[LiveBlock]:
     """Place every block live at the target (in `live`'s order, then largest first); blocks from
     before the trace as `pre_trace` (`pre_trace_placements`) placed them. `ran_out`: whether the
-    process recorded an OOM on any device (None: whether this trace did)."""
+    process recorded an OOM on any device (None: whether this trace did); `buffer_line`: the line of
+    Module._apply's buffers' loop (`trace_buffer_line`)."""
     exact = bool(registry)
     after_target = target_index if target_index is not None else len(trace) - 1
     frees = first_frees_after(trace, {a.address for a in live}, after_target + 1)
@@ -868,7 +950,11 @@ def attribute(
                     parameter_sizes.add(allocation.requested_bytes)
             else:
                 span = phases.span_of(alloc_index)
-                if span is not None and span.phase == PHASE_BEFORE and _makes_parameter(trace.frames_at(alloc_index)):
+                if (
+                    span is not None
+                    and span.phase == PHASE_BEFORE
+                    and _makes_parameter(trace.frames_at(alloc_index), buffer_line)
+                ):
                     parameter_sizes.add(allocation.requested_bytes)
 
     # the requested bytes of the live blocks whose own stacks make a parameter (Python code makes
@@ -967,6 +1053,7 @@ def attribute(
                     freed_at,
                     open_until,
                     state,
+                    buffer_line,
                 )
             if (
                 component == OTHER
@@ -1226,7 +1313,11 @@ def frees_carry_alloc_stacks(trace: DeviceTrace) -> bool:
 
 
 def pre_trace_placements(
-    trace: DeviceTrace, final_blocks: Mapping[int, Block], phases: PhaseIndex, registry: Registry
+    trace: DeviceTrace,
+    final_blocks: Mapping[int, Block],
+    phases: PhaseIndex,
+    registry: Registry,
+    buffer_line: int | None = None,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of every allocation made before the trace began: those it
     frees (by the stack of the allocation when the free events carry it, `frees_carry_alloc_stacks`;
@@ -1298,6 +1389,7 @@ def pre_trace_placements(
         flat_gradients=lambda: _fsdp_in_trace(trace),
         sharded_state=lambda: _sharded_optimizer_in_trace(trace, phases),
         moments=lambda: _optimizer_moments(trace, phases),
+        buffer_line=buffer_line,
     )
 
 
@@ -1369,6 +1461,7 @@ def place_pre_trace(
     flat_gradients: Callable[[], bool] = bool,
     sharded_state: Callable[[], bool] = bool,
     moments: Callable[[], int | None] = lambda: None,
+    buffer_line: int | None = None,
 ) -> dict[int, tuple[int, str, float]]:
     """(component, method, confidence) of each block allocated before the trace began (see above);
     `backward_sizes`: the requested bytes of the allocations the trace's backward made that outlive it,
@@ -1379,14 +1472,16 @@ def place_pre_trace(
     reduce-scatter), so a traced backward that made blocks that outlive it made the gradients
     whatever their shapes; `sharded_state`: the trace's optimizer steps shard their state (ZeRO),
     `gradient_counts`: of each requested size, the most blocks one backward made that outlive it;
-    `moments`: how many moments of each parameter the trace's optimizer keeps, where its steps show it.
-    The callables are read only where frame-less blocks are left to place."""
+    `moments`: how many moments of each parameter the trace's optimizer keeps, where its steps show it;
+    `buffer_line`: the line of Module._apply's buffers' loop (`apply_buffer_line`). The callables are read only where frame-less blocks are left to place."""
     placed: dict[int, tuple[int, str, float]] = {}
     frameless: list[LiveAllocation] = []
     for allocation in allocations:
         address = allocation.address
         freed_at = frees.get(address)
-        placement = _place_by_own_frames(frames_of.get(address, ()), allocation.requested_bytes, freed_at is None)
+        placement = _place_by_own_frames(
+            frames_of.get(address, ()), allocation.requested_bytes, freed_at is None, buffer_line
+        )
         if placement is None:
             placement = _place_by_fate(freed_at, phases)
         if placement is None and _python_user_frames(frames_of.get(address, ())):
@@ -1851,13 +1946,27 @@ def state_blocks(
     return state
 
 
-def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_target, freed_at, trace_end, state=()):
+def _infer(
+    alloc_index,
+    phase,
+    span,
+    stack,
+    requested,
+    parameter_sizes,
+    after_target,
+    freed_at,
+    trace_end,
+    state=(),
+    buffer_line: int | None = None,
+):
     if save_frame(stack) is not None:  # a copy made to save a checkpoint (a state dict gathered): no model state
         return OTHER, METHOD_FRAMES, 0.6
     stack_class = classify_stack(stack) if stack else "no-frames"
     span_over = span is not None and span.last_index < after_target
     if phase == PHASE_BEFORE:
         if stack_class == "module-setup":
+            if moved_as_buffer(stack, buffer_line):  # Module._apply's buffers' loop (`.cuda()`)
+                return BUFFERS, METHOD_FRAMES, 0.7
             return PARAMETERS, METHOD_FRAMES, 0.8
         if stack_class == PHASE_OPTIMIZER:
             return OPTIMIZER_STATE, METHOD_FRAMES, 0.7
@@ -1896,6 +2005,8 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
         return ACTIVATIONS, METHOD_PHASE, 0.7
     if phase == PHASE_BETWEEN:
         if stack_class == "module-setup":
+            if moved_as_buffer(stack, buffer_line):
+                return BUFFERS, METHOD_FRAMES, 0.6
             return PARAMETERS, METHOD_FRAMES, 0.6
         named = _placed_by_names(stack)
         if named is not None:
@@ -1906,7 +2017,7 @@ def _infer(alloc_index, phase, span, stack, requested, parameter_sizes, after_ta
     if phase == PHASE_ZERO_GRAD:
         return TEMPORARIES, METHOD_PHASE, 0.6
     if stack and phase == PHASE_UNKNOWN:  # no phases to place it by: its own stack may say what it is
-        placed = _place_by_own_frames(stack, requested, freed_at is None)
+        placed = _place_by_own_frames(stack, requested, freed_at is None, buffer_line)
         if placed is not None:
             return placed
     return UNKNOWN, METHOD_NONE, 0.0

@@ -56,6 +56,9 @@ class DeviceDump:
     # the first event of each step whose start no mark shows (`phases.build_spans`): the step before
     # it ends where this one first allocates
     inferred_step_starts: frozenset[int] = frozenset()
+    # the line of Module._apply's buffers' loop in the torch that wrote the dump, where its blocks
+    # show it (`attribution.trace_buffer_line`; None with a registry, which names the buffers)
+    buffer_line: int | None = None
 
 
 def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
@@ -75,6 +78,14 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
     segments = snapshot.segments_on(device)
     registry = _attribution.Registry(metadata, device)
     phase_index = PhaseIndex(spans)
+    final_blocks = final_live_blocks(segments)
+    buffer_line = (
+        None
+        if registry
+        else _attribution.trace_buffer_line(
+            trace, [(block.frames, block.requested_size or block.size) for block in final_blocks.values()]
+        )
+    )
     return DeviceDump(
         index=device,
         metadata=metadata,
@@ -82,7 +93,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         segments=segments,
         settings=snapshot.allocator_settings,
         registry=registry,
-        pre_trace=_attribution.pre_trace_placements(trace, final_live_blocks(segments), phase_index, registry),
+        pre_trace=_attribution.pre_trace_placements(trace, final_blocks, phase_index, registry, buffer_line),
         spans=spans,
         phase_source=phase_source,
         phase_index=phase_index,
@@ -93,6 +104,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         expandable_available=snapshot.source_format != "legacy-history",
         ran_out=any(len(columns(t).positions(OOM)) for t in snapshot.traces),
         inferred_step_starts=frozenset(inferred),
+        buffer_line=buffer_line,
     )
 
 
@@ -195,4 +207,5 @@ def place(dump: DeviceDump, history: LiveHistory, live: Sequence[LiveAllocation]
         target_index=index,
         pre_trace=dump.pre_trace,
         ran_out=dump.ran_out,
+        buffer_line=dump.buffer_line,
     )
