@@ -921,9 +921,10 @@ def test_very_large_blocks_beside_a_model_in_a_run_that_does_not_train_are_no_pa
     assert components["unknown"] == 256 * MiB
 
 
-def test_very_large_blocks_are_read_as_before_in_a_run_that_trains():
-    """The same blocks where the trace trains (a backward, an optimizer step): the copies are read
-    as they were; the test above is for runs that only run forwards."""
+def test_very_large_blocks_are_read_as_before_where_no_traced_backward_made_gradients():
+    """The same blocks where the trace trains but its backward made no gradient of the weights'
+    shapes (it added into gradients that were there): nothing says the large blocks do not train,
+    so the copies are read as they were."""
     sim = Sim()
     model = (4, 4, 2, 1) * 4
     for size in model:
@@ -970,3 +971,32 @@ def test_one_copy_of_a_transformer_s_weights_is_no_quantised_moments():
     sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
     components = _components(sim)
     assert components["optimizer_state"] == 0
+
+
+def test_very_large_blocks_a_completed_backward_made_no_gradients_of_are_no_model_states():
+    """Colocated training and inference (verl-style: an actor trained beside an inference engine's
+    KV cache), recording begun after the first AdamW step: the weights and their two moments (three
+    copies of every shape) and four 64 MiB cache blocks predate the trace. The traced backward made
+    the weights' gradients, none of the cache's shape, so no weight of that shape trains (no
+    gradient, no state): with each block outweighing all the other frame-less blocks, it is unknown
+    (a pool, or a frozen huge weight), not read as parameters (four blocks were; three were split
+    into parameters and two moments)."""
+    for blocks in (4, 3):
+        sim = Sim(total_bytes=4 << 30)
+        shapes = (4, 4, 2, 1)
+        for _ in range(3):
+            for size in shapes:
+                sim.alloc(size * MiB)
+        for _ in range(blocks):
+            sim.alloc(64 * MiB)
+        sim.start_recording()
+        _forward(sim)
+        gradients = [sim.alloc(size * MiB, BACKWARD_STACK) for size in shapes]
+        sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
+        for gradient in gradients:  # zero_grad(set_to_none=True)
+            sim.free(gradient)
+        _forward(sim)
+        components = _components(sim)
+        assert components["unknown"] == blocks * 64 * MiB, blocks
+        assert components["parameters"] == 11 * MiB, blocks
+        assert components["optimizer_state"] == 22 * MiB, blocks

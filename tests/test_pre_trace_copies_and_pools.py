@@ -4,6 +4,8 @@ stripped of oomdoctor's metadata and judged against the registry the same dump h
 
 * An inference loop whose KV cache was allocated up front, one very large block a layer (as vLLM's
   cache engine does): the cache is no parameter.
+* The same cache beside a model being trained (verl-style colocated actor and inference engine),
+  recording begun after the first AdamW step: no parameter nor optimizer state either.
 * Training with an EMA of the model and gradients kept across steps (`zero_grad(set_to_none=False)`),
   recording begun after the first AdamW step: five frame-less copies of every shape, of which one
   is the EMA's, a copy of the parameters, not more optimizer state or gradients.
@@ -176,6 +178,34 @@ EIGHT_BIT_SCRIPT = textwrap.dedent(
 )
 
 
+COLOCATED_SCRIPT = textwrap.dedent(
+    """
+    import oomdoctor
+    oomdoctor.install()
+    import torch
+    import torch.nn as nn
+    """
+    + _STOP_RECORDING
+    + """
+    torch.manual_seed(0)
+    layers = [nn.Linear(128, 512), nn.GELU()]
+    for _ in range(4):
+        layers += [nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU()]
+    model = nn.Sequential(*layers, nn.Linear(512, 10))
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    cache = [torch.zeros(2, 8, 1024, 512) for _ in range(3)]  # an inference engine's KV cache beside the actor
+    for step in range(3):
+        if step == 1:
+            torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=100000)
+        loss = nn.functional.cross_entropy(model(torch.randn(64, 128)), torch.randint(10, (64,)))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    oomdoctor.dump()
+    """
+)
+
+
 def _rehearse(tmp_path: Path, script: str):
     """(analysis of the stripped dump, the registry's component of each address, each address's
     bytes among the dump's allocated blocks)."""
@@ -237,3 +267,17 @@ def test_moments_of_an_8_bit_optimizer_from_before_the_trace_are_optimizer_state
     # 128 x 512 fp32 input layer), so the bytes of each kind are judged, within the per-block scales
     for kind, truth in (("parameters", "parameter"), ("optimizer_state", "optimizer_state")):
         assert abs(by_reading[kind] - by_truth[truth]) <= 0.05 * by_truth[truth], (kind, by_reading, by_truth)
+
+
+def test_a_kv_cache_beside_a_model_being_trained_is_no_model_state(tmp_path):
+    analysis, registry = _rehearse(tmp_path, COLOCATED_SCRIPT)
+    found = _before_trace(analysis, registry)
+    assert sum(size for (_, truth), size in found.items() if truth is None) >= 3 * 32 * MiB
+    wrong = {
+        key: size
+        for key, size in found.items()
+        if key[0] in ("parameters", "gradients", "optimizer_state") and key[1] is None
+    }
+    assert not wrong, wrong
+    for component, truth in (("parameters", "parameter"), ("optimizer_state", "optimizer_state")):
+        assert found[component, truth] == sum(size for (_, t), size in found.items() if t == truth)

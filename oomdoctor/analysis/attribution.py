@@ -1584,15 +1584,38 @@ def _place_model_states(
         return {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless}
     if weights_found:
         return _copies_of_weights(frameless, weight_sizes, kinds)
-    if not trains and not peeled and (outweighing := _outweighing_shape(frameless)) is not None:
-        # a run that only runs forwards holds one copy of its weights at most: a shape whose every
-        # block holds more than all the other frame-less blocks together is a pool or cache sized up
-        # front (an inference engine's KV cache) as likely as the model's own largest weights (a
-        # huge embedding): nothing says which
+    last = phases.spans[-1] if phases.spans else None
+    backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
+    outweighing = None if peeled else _outweighing_shape(frameless)
+    if outweighing is not None and (
+        not trains
+        or (
+            backward_done
+            and outweighing not in backward_sizes
+            and any(a.requested_bytes in backward_sizes for a in frameless)
+        )
+    ):
+        # a shape whose every block holds more than all the other frame-less blocks together, in a
+        # run that only runs forwards (one copy of its weights at most), or that a completed traced
+        # backward, which made gradients of the weights' shapes, made none of (no weight that
+        # trains: no gradient, no state): a pool or cache sized up front (an inference engine's KV
+        # cache) as likely as the model's own largest, or frozen, weight (a huge embedding):
+        # nothing says which
         rest = [a for a in frameless if a.requested_bytes != outweighing]
         pool = {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless if a.requested_bytes == outweighing}
         return pool | _place_model_states(
-            rest, placed, phases, backward_sizes, accumulated_sizes, state_sizes, peeled=True
+            rest,
+            placed,
+            phases,
+            backward_sizes,
+            accumulated_sizes,
+            state_sizes,
+            trains=trains,
+            gradient_counts=gradient_counts,
+            gradients_made=gradients_made,
+            sharded_state=sharded_state,
+            moments=moments,
+            peeled=True,
         )
     sizes = [(a.requested_bytes, a.size_bytes) for a in frameless]
     copies = model_state_copies(sizes, len(kinds))
@@ -1610,8 +1633,6 @@ def _place_model_states(
         quantised = _quantised_moments(frameless)
         if quantised is not None:
             return quantised
-    last = phases.spans[-1] if phases.spans else None
-    backward_done = any(s.phase == PHASE_BACKWARD and s is not last for s in phases.spans)
     if sharded_state and gradients_made and backward_done and "optimizer_state" in kinds and "parameters" in kinds:
         # an optimizer that shards its state (ZeRO) keeps the moments of its share of the
         # parameters only: no whole copy of the set. Of each shape, as many blocks as one completed
