@@ -953,10 +953,38 @@ def test_moments_quantised_to_a_byte_beside_the_parameters_are_optimizer_state()
     _forward(sim)
     for size in shapes:  # the gradients, made by the backward (set to None before it)
         sim.alloc(size, BACKWARD_STACK)
-    sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
+    sim.free(sim.alloc(4 * MiB, EIGHT_BIT_STEP_STACK))
     components = _components(sim)
     assert components["optimizer_state"] == 11 * MiB // 2
     assert components["parameters"] == 11 * MiB
+
+
+# an optimizer step of no torch optimizer's own (bitsandbytes' 8-bit Adam, run through torch's wrapper)
+EIGHT_BIT_STEP_STACK = (
+    Frame("/usr/lib/python3/site-packages/bitsandbytes/functional.py", 1210, "optimizer_update_8bit_blockwise"),
+    Frame("/usr/lib/python3/site-packages/bitsandbytes/optim/optimizer.py", 310, "step"),
+    Frame("/usr/lib/python3/site-packages/torch/optim/optimizer.py", 485, "wrapper"),
+    Frame("train.py", 44, "train_step"),
+)
+
+
+def test_blocks_of_a_quarter_of_the_weights_bytes_beside_torch_s_own_optimizer_are_no_moments():
+    """The run of the test above stepped by torch's own Adam: its moments keep their parameters'
+    dtype, so blocks of a quarter of a weight's bytes are no moments of it (a ViT's or BERT's q, k,
+    v and output projections stand so beside its 4x MLP matrices): not optimizer state."""
+    sim = Sim()
+    shapes = (4 * MiB, 4 * MiB, 2 * MiB, MiB)
+    for size in shapes:
+        sim.alloc(size)
+        for _ in range(2):
+            sim.alloc(size // 4)
+    sim.start_recording()
+    _forward(sim)
+    for size in shapes:
+        sim.alloc(size, BACKWARD_STACK)
+    sim.free(sim.alloc(4 * MiB, FOREACH_STACK))
+    components = _components(sim)
+    assert components["optimizer_state"] == 0
 
 
 def test_one_copy_of_a_transformer_s_weights_is_no_quantised_moments():

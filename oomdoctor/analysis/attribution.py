@@ -1629,7 +1629,16 @@ def _place_model_states(
     plan: Mapping[int, tuple[int, int]] | None = None  # per shape: parameter and state blocks, where known
     if copies == 1 and gradients_made and gradient_counts:
         copies, plan = _copies_of_gradients(frameless, gradient_counts, len(kinds))
-    if copies == 1 and plan is None and "optimizer_state" in kinds and PHASE_OPTIMIZER in seen_phases:
+    # quantised moments only beside an optimizer that is none of torch's own (`moments` None): those
+    # keep each moment at its parameter's dtype, so blocks of a quarter of a weight's bytes beside
+    # them are weights too (a transformer's q, k, v and output projections beside its 4x MLP)
+    if (
+        copies == 1
+        and plan is None
+        and moments is None
+        and "optimizer_state" in kinds
+        and PHASE_OPTIMIZER in seen_phases
+    ):
         quantised = _quantised_moments(frameless)
         if quantised is not None:
             return quantised
