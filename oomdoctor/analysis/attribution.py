@@ -14,6 +14,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
+from itertools import compress
 
 from oomdoctor.analysis.checkpointing import save_frame
 from oomdoctor.analysis.frame_kinds import (
@@ -402,10 +403,13 @@ def trace_buffer_line(trace: DeviceTrace, blocks: Collection[tuple[Stack, int]] 
     allocs = trace.positions(ALLOC)
     numbers, stacks = trace.stacks_at(allocs)
     moving = {number for number, stack in stacks.items() if _apply_line(stack) is not None}
-    sizes = trace.sizes
-    made = (
-        [(stacks[number], sizes[index]) for index, number in zip(allocs, numbers) if number in moving] if moving else []
-    )
+    made: list[tuple[Stack, int]] = []
+    if moving:
+        # each distinct (stack, requested bytes) once, picked in C: `apply_buffer_line` reads only
+        # which of them occur, and a model moved every step makes the same ones again and again
+        kept = list(map(moving.__contains__, numbers))
+        pairs = set(zip(compress(numbers, kept), compress(map(trace.sizes.__getitem__, allocs), kept)))
+        made = [(stacks[number], requested) for number, requested in pairs]
     made.extend((stack, requested) for stack, requested in blocks if _apply_line(stack) is not None)
     return apply_buffer_line(made)
 
