@@ -109,6 +109,7 @@ class RegisteredTensor:
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     size_bytes: int | None = None
+    requires_grad: bool | None = None  # a parameter's: False frozen (no gradient, no state); None not known
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,10 @@ and memory_viz both read it. Every field is optional for readers: old or partial
                         tensor and not an autograd result (no grad_fn), named
                         "<ModelClass>.forward arg 0", "<ModelClass>.forward kwarg attention_mask",
                         "<ModelClass>.forward arg 1[0]" (inside a list, tuple or dict argument);
-                        input entries come after all others
+                        input entries come after all others; a parameter's entry also has
+                        "requires_grad": bool (False: frozen, as a LoRA base is: it gets no gradient
+                        and no optimizer state; absent in older dumps and on flat buffers that are
+                        not module parameters: not known)
     recording           {"max_entries", "stacks", "context", "started_by": "oomdoctor" | "user",
                         "rearmed"}: how torch's history was recorded at the dump (started_by "user":
                         the script had already turned it on, with settings oomdoctor did not

@@ -506,7 +506,7 @@ _METADATA = {  # oomdoctor/metadata.py
     "mem_get_info": _entries(NUMBER), "memory_stats": _entries(NUMBER), "oom": _OOM, "ooms_observed": _each(_OOM),
     "exception": {"type": TEXT, "message": TEXT, "traceback": TEXT},
     "markers": _each({**_vocabulary("phase", "edge"), **_numbers("step", "time_us")}),
-    "tensors": _each({"name": TEXT, "shape": _each(NUMBER), **_vocabulary("component", "dtype"), **_numbers("address", "device", "size_bytes")}),
+    "tensors": _each({"name": TEXT, "shape": _each(NUMBER), **_vocabulary("component", "dtype"), **_numbers("address", "device", "size_bytes", "requires_grad")}),
     "recording": {"max_entries": NUMBER, **_vocabulary("stacks", "context", "started_by"),
                   "rearmed": _each({"caller": PATH, **_vocabulary("action", "enabled", "stacks", "context"),
                                     **_numbers("time_us", "max_entries")})},

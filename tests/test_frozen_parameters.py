@@ -63,3 +63,25 @@ def test_a_later_steps_forward_takes_the_state_the_first_step_made_as_complete()
     assert (result.target_phase, result.target_step) == ("forward", 1)
     assert result.verdict == "activation-spike", result.verdict
     assert "model-states-too-large" not in {f.verdict for f in result.secondary}
+
+
+def _first_forward_oom(sim: Sim) -> None:
+    """The first step's forward runs out: no backward yet, no optimizer state, so neither shows
+    which parameters train."""
+    sim.marker("forward", "start")
+    sim.alloc(20 * MiB, FORWARD_STACK)
+    sim.oom(16 * MiB, FORWARD_STACK)
+
+
+def test_the_registry_says_which_parameters_train_before_any_backward():
+    # capture saw an optimizer made (the run trains) and the registry says the 36 MiB base is frozen:
+    # the states need 40 + 4 (the adapters' gradients) and no more, not 40 + 40 as if all trained
+    sim = Sim(total_bytes=72 * MiB)
+    _model(sim)
+    for entry in sim.tensors:
+        entry["requires_grad"] = entry["name"] != "base.weight"
+    _first_forward_oom(sim)
+    result = analyse(sim.snapshot(extra={"optimizers": 1}))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    assert result.verdict != "model-states-too-large"
+    assert "model-states-too-large" not in {f.verdict for f in result.secondary}

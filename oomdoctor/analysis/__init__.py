@@ -577,6 +577,15 @@ def _context(
         frames_train=frames_train,
         optimizer_annotated=dump.optimizer_annotated,
         optimizer_made=optimizer_made,
+        registry_trained=(
+            sum(
+                b.size_bytes
+                for b in blocks
+                if b.component == Component.PARAMETERS and b.address not in dump.registry.frozen
+            )
+            if dump.registry.says_training
+            else None
+        ),
         expandable_available=dump.expandable_available,
         concatenations=(
             running_concatenations(dump.trace, dump.spans, target.index, blocks)

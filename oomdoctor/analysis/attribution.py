@@ -94,12 +94,20 @@ class Registry:
 
     def __init__(self, metadata: DumpMetadata | None, device: int):
         self.by_address: dict[int, tuple[int, str, int]] = {}
+        # parameters' storages by whether they train: an address is frozen where every parameter
+        # entry there says requires_grad False (a LoRA base), else it trains where one says True
+        training: dict[int, bool] = {}
         for tensor in metadata.tensors if metadata is not None else ():
             component = _REGISTRY_COMPONENT.get(tensor.component) if tensor.component is not None else None
             if component is None or tensor.device not in (None, device):
                 continue
             size = tensor.size_bytes if tensor.size_bytes is not None else 0
             self.by_address.setdefault(tensor.address, (component, tensor.name or "", size))
+            if component == PARAMETERS and tensor.requires_grad is not None:
+                training[tensor.address] = training.get(tensor.address, False) or tensor.requires_grad
+        self.frozen: frozenset[int] = frozenset(address for address, trains in training.items() if not trains)
+        # the registry says, parameter by parameter, whether they train (dumps before it did: not)
+        self.says_training = bool(training)
 
     def __bool__(self) -> bool:
         return bool(self.by_address)

@@ -153,6 +153,9 @@ class Context:
     # oomdoctor's capture saw the process make an optimizer (metadata `optimizers`): it trains, though
     # it ran out before any backward or optimizer call
     optimizer_made: bool = field(default=False)
+    # bytes of the live parameter blocks oomdoctor's registry says train (requires_grad; a LoRA
+    # base's are frozen); None where the dump does not say, parameter by parameter
+    registry_trained: int | None = field(default=None)
     # the torch that wrote the dump offers expandable segments (torch 2.0 did not)
     expandable_available: bool = field(default=True)
     layout: Sequence[Segment] = field(default=())  # the segments and their blocks at the target
@@ -463,6 +466,9 @@ def trained_parameters(ctx: Context) -> int:
     moment per trained parameter (Adam two, SGD momentum or Lion one), unless the optimizer
     shards it (ZeRO: each rank holds the moments of its share of the parameters)."""
     parameters, gradients, optimizer_state, _ = model_states(ctx)
+    # the registry says which parameters require gradients: only those get gradients and state
+    if ctx.registry_trained is not None:
+        parameters = min(parameters, ctx.registry_trained)
     if gradients and _backward_done_in_step(ctx):
         return min(parameters, gradients)
     if optimizer_state and not ctx.in_first_optimizer_step() and not ctx.optimizer_state_sharded():

@@ -5,7 +5,8 @@ so a dump never keeps a model alive). Names are `named_parameters()` / `named_bu
 the process used more than one root module with tensors, each name is prefixed with the root's class
 name (`Generator.net.0.weight`). A gradient is named `<parameter>.grad`, an optimizer state tensor
 `<parameter>.<state key>` (`fc.weight.exp_avg`); a parameter an optimizer holds that no module
-names is `<Optimizer class>.param_groups.<g>.params.<i>`. Nothing here touches device memory: only
+names is `<Optimizer class>.param_groups.<g>.params.<i>`. A parameter's entry also says whether it
+`requires_grad`: a frozen one (a LoRA base) gets neither a gradient nor optimizer state. Nothing here touches device memory: only
 storage addresses, shapes and dtypes are read.
 
 Sharded models: FSDP2 (`fully_shard`) parameters, their gradients and the optimizer state made for
@@ -127,6 +128,10 @@ def flat_buffer_name(label: str, noun: str, members: list[str]) -> str:
     return f"{label} ({len(members)} {noun}: {_cut(members[0])}{joint}{_cut(members[-1])})"
 
 
+# a parameter entry's keys that say whether it trains (metadata.py's `tensors`)
+_TRAINING_KEYS = ("requires_grad",)
+
+
 class _Collector:
     def __init__(self, storage_address: StorageAddress, default_device: int | None) -> None:
         self.storage_address = storage_address
@@ -138,10 +143,20 @@ class _Collector:
         self.seen: set[tuple[int, str]] = set()  # (id(tensor), component)
         self.addresses: set[int] = set()  # storages registered so far
 
-    def add(self, tensor: Any, component: str, name: str, *, owner: bool = False, label: str | None = None) -> None:
+    def add(
+        self,
+        tensor: Any,
+        component: str,
+        name: str,
+        *,
+        owner: bool = False,
+        label: str | None = None,
+        extra: dict[str, bool] | None = None,
+    ) -> None:
         """Register `tensor`; `owner`: it is a flat buffer that others registered are views into
         (its name names the buffer); `label`: what to call its storage if it is a view into one
-        that holds other registered tensors too."""
+        that holds other registered tensors too; `extra`: more keys of its entry (a parameter's
+        `requires_grad`)."""
         key = (id(tensor), component)
         if key in self.seen:
             return
@@ -163,6 +178,7 @@ class _Collector:
                     "shape": [int(size) for size in tensor.shape],
                     "dtype": str(tensor.dtype).removeprefix("torch."),
                     "size_bytes": int(tensor.numel()) * int(tensor.element_size()),
+                    **(extra or {}),
                 }
             )
             self.layout.append((_storage_bytes(tensor), owner, label))
@@ -207,8 +223,15 @@ class _Collector:
                 return None  # an owner alone, its whole storage: as registered
         first = self.entries[owners[0] if owners else indices[0]]
         element = max(1, first["size_bytes"] // max(1, _numel(first["shape"])))
+        # a flat buffer of parameters trains where any of its members does
+        trains = {
+            key: any(self.entries[index].get(key) for index in indices)
+            for key in _TRAINING_KEYS
+            if any(key in self.entries[index] for index in indices)
+        }
         return {
             **first,
+            **trains,
             "name": flat_buffer_name(label, noun, names),
             "shape": [storage // element],
             "size_bytes": storage,
@@ -420,7 +443,9 @@ def collect_tensors(
 
     for key, parameter in parameters.items():
         name = parameter_names[key]
-        collector.add(parameter, COMPONENT_PARAMETER, name)
+        # a frozen parameter (a LoRA base, a reference model) gets no gradient and no optimizer state
+        training = {"requires_grad": bool(getattr(parameter, "requires_grad", True))}
+        collector.add(parameter, COMPONENT_PARAMETER, name, extra=training)
         grad = getattr(parameter, "grad", None)
         if isinstance(grad, torch.Tensor):
             collector.add(grad, COMPONENT_GRADIENT, name + ".grad", label=_DDP_BUCKET if key in bucketed else None)

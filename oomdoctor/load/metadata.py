@@ -257,7 +257,7 @@ def _shape(value: Any, path: str, read: _Fields) -> tuple[int, ...] | None:
 def _tensor(raw: Mapping[str, Any], path: str, read: _Fields) -> RegisteredTensor | None:
     get: Callable[[str], Any] = raw.get
     address, device, component, name = get("address"), get("device"), get("component"), get("name")
-    shape, dtype, size = get("shape"), get("dtype"), get("size_bytes")
+    shape, dtype, size, flag = get("shape"), get("dtype"), get("size_bytes"), get("requires_grad")
     if (  # the common case, checked at once: a large model registers hundreds of thousands
         type(address) is int
         and type(device) is int
@@ -270,8 +270,9 @@ def _tensor(raw: Mapping[str, Any], path: str, read: _Fields) -> RegisteredTenso
         and 0 <= device <= _INT64_MAX
         and 0 <= size <= _INT64_MAX
         and all(type(v) is int and 0 <= v <= _INT64_MAX for v in shape)
+        and (flag is None or type(flag) is bool)
     ):
-        return RegisteredTensor(address, device, component, name, tuple(shape), dtype, size)
+        return RegisteredTensor(address, device, component, name, tuple(shape), dtype, size, flag)
     address = read.integer(raw.get("address"), path + ".address")
     if address is None:
         read.drop(path + ".address")  # a missing address drops the entry too
@@ -287,6 +288,7 @@ def _tensor(raw: Mapping[str, Any], path: str, read: _Fields) -> RegisteredTenso
         shape=_shape(raw.get("shape"), path + ".shape", read),
         dtype=read.text(raw.get("dtype"), path + ".dtype"),
         size_bytes=read.integer(raw.get("size_bytes"), path + ".size_bytes"),
+        requires_grad=read.flag(raw.get("requires_grad"), path + ".requires_grad"),
     )
 
 
