@@ -5,7 +5,10 @@ no optimizer state, and the dump shows which train once a backward or a first op
 from __future__ import annotations
 
 from oomdoctor.analysis import analyse
+from oomdoctor.model import Frame
+from oomdoctor.units import GIB as GiB
 from oomdoctor.units import MIB as MiB
+from oomdoctor.views.phrasing import summary
 from tests.builders import ADAM_INIT_STACK, BACKWARD_STACK, FORWARD_STACK, SETUP_STACK, Sim
 
 FROZEN_MIB = 36  # the frozen weights
@@ -85,3 +88,49 @@ def test_the_registry_says_which_parameters_train_before_any_backward():
     assert (result.target_phase, result.target_step) == ("forward", 0)
     assert result.verdict != "model-states-too-large"
     assert "model-states-too-large" not in {f.verdict for f in result.secondary}
+
+
+def test_without_what_trains_the_projection_is_an_upper_bound_no_verdict_rests_on():
+    # the same run in a dump whose registry does not say which parameters train (older capture):
+    # 40 MiB of parameters fit the 72 MiB device; with a gradient for every one (80 MiB) they would
+    # not, but nothing in the file shows the base trains
+    sim = Sim(total_bytes=72 * MiB)
+    _model(sim)
+    _first_forward_oom(sim)
+    result = analyse(sim.snapshot(extra={"optimizers": 1}))
+    assert result.verdict != "model-states-too-large"
+    (states,) = [f for f in result.secondary if f.verdict == "model-states-too-large"]
+    assert states is result.secondary[-1] and states.confidence < 0.5
+    assert "assuming every parameter trains, an upper bound" in summary(states.summary)
+    # and no advice or what-if is sized on the assumed states: sharding halves the 40 MiB held
+    assert not result.what_if.projected_states
+    shard = next(r for r in result.recommendations if r.id == "shard-model-states")
+    assert shard.estimated_saved_bytes == 20 * MiB
+
+
+def test_states_that_do_not_fit_as_they_are_stay_the_verdict():
+    # the parameters alone fill the device: too large whatever trains
+    sim = Sim(total_bytes=42 * MiB)
+    _model(sim)
+    sim.marker("forward", "start")
+    sim.alloc(MiB, FORWARD_STACK)
+    sim.oom(16 * MiB, FORWARD_STACK)
+    result = analyse(sim.snapshot(extra={"optimizers": 1}))
+    assert result.verdict == "model-states-too-large"
+
+
+def test_a_plain_dump_of_a_training_steps_first_forward_says_the_projection_assumes_all_train():
+    # a plain snapshot (no metadata): the forward runs inside `training_step`, so the run trains,
+    # but nothing shows which of the 2 GiB of parameters get gradients (a LoRA base gets none)
+    step = (Frame("train.py", 40, "training_step"),)
+    sim = Sim(total_bytes=3 * GiB)
+    sim.alloc(2 * GiB, SETUP_STACK)
+    sim.alloc(64 * MiB, SETUP_STACK)
+    forward = (*FORWARD_STACK[:-1], *step)
+    sim.alloc(600 * MiB, forward)
+    sim.oom(512 * MiB, forward)
+    result = analyse(sim.snapshot(metadata=False))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    assert result.verdict != "model-states-too-large"
+    (states,) = [f for f in result.secondary if f.verdict == "model-states-too-large"]
+    assert "assuming every parameter trains, an upper bound" in summary(states.summary)

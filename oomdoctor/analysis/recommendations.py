@@ -34,6 +34,7 @@ from oomdoctor.analysis.verdicts import (
     kept_outputs,
     model_states,
     rest_of_pass_lacking,
+    states_assumed,
 )
 from oomdoctor.analysis.whatif import placement_limit, placement_reach
 from oomdoctor.model import Frame
@@ -136,7 +137,10 @@ def _requirement(ctx: Context, verdicts: set[str]) -> Requirement:
             ctx.large_segment_bytes,
         )
     first_step = ctx.in_first_optimizer_step()
-    if ctx.oom is None or not ctx.capacity_bytes or not (Verdict.MODEL_STATES_TOO_LARGE in verdicts or first_step):
+    # model states too large only as projected on the assumption that every parameter trains (an
+    # upper bound): what the run needs is not known from it
+    states_too_large = Verdict.MODEL_STATES_TOO_LARGE in verdicts and not states_assumed(ctx)
+    if ctx.oom is None or not ctx.capacity_bytes or not (states_too_large or first_step):
         return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit, placement_reach=reach))
     states_now = sum(model_states(ctx))
     states_needed, _, _ = ctx.projection
@@ -619,6 +623,8 @@ def recommend(
     if Verdict.MODEL_STATES_TOO_LARGE in verdicts:
         states = parameters + gradients + optimizer_state
         states_needed, _, _ = ctx.projection
+        if states_assumed(ctx):  # projected on the assumption every parameter trains: the states held only
+            states_needed = states + c.get(Component.BUFFERS, 0)
         buffers = c.get(Component.BUFFERS, 0)
         if training and ctx.parameters_sharded():
             # sharded already: over twice the ranks each holds half of what it holds now

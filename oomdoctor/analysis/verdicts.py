@@ -65,6 +65,7 @@ CUDA_CONTEXT_ALLOWANCE_PART = 10  # but no more than a tenth of the device
 # Adagrad's sum, Lion's moment); the others read as Adam-style, two
 ONE_MOMENT_OPTIMIZERS = frozenset({"sgd", "adagrad", "lion"})
 MODEL_STATES_CAPACITY_SHARE = 0.95  # model states at full size need this share of the capacity or more
+ASSUMED_STATES_CONFIDENCE = 0.3  # too large only if every parameter trains, which the file does not show
 OVERSIZED_PART = 2  # one request of half the capacity,
 OVERSIZED_IF_LARGEST_PART = 4  # or of a quarter when it is larger than all transient memory together
 DOMINANT_BLOCK_PART = 4  # one live block of a quarter of allocated at the OOM is named in the evidence,
@@ -448,6 +449,8 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     masters = ctx.masters if moments is not None else None
     if masters is not None and masters < trained:
         facts = facts.adding(masters=masters)  # the state projected at the fp32 master weights only
+    if (facts.get("projected_gradients") or moments is not None) and not trained_shown(ctx):
+        facts = facts.adding(assumed_all=1)  # every parameter taken to train: an upper bound
     return total, facts
 
 
@@ -474,6 +477,19 @@ def trained_parameters(ctx: Context) -> int:
     if optimizer_state and not ctx.in_first_optimizer_step() and not ctx.optimizer_state_sharded():
         return min(parameters, optimizer_state)
     return parameters
+
+
+def trained_shown(ctx: Context) -> bool:
+    """The file shows which parameters train (`trained_parameters`): the registry says, parameter
+    by parameter, or a backward of the target's step made their gradients, or the optimizer's
+    state is complete. Otherwise the projection assumes every parameter trains: an upper bound
+    (a LoRA run's frozen base gets neither gradients nor optimizer state)."""
+    _, gradients, optimizer_state, _ = model_states(ctx)
+    return (
+        ctx.registry_trained is not None
+        or bool(gradients and _backward_done_in_step(ctx))
+        or bool(optimizer_state and not ctx.in_first_optimizer_step() and not ctx.optimizer_state_sharded())
+    )
 
 
 def state_moments(ctx: Context) -> int | None:
@@ -696,6 +712,19 @@ def _test_outside(ctx: Context) -> Finding | None:
     )
 
 
+def states_assumed(ctx: Context) -> bool:
+    """The model states are too large for the capacity only as projected on the assumption that
+    every parameter trains, which the file does not show (`trained_shown`): the states it holds
+    fit, and the projection is an upper bound (a LoRA base is frozen: no gradients, no state)."""
+    capacity = ctx.capacity_bytes
+    if not capacity or sum(model_states(ctx)) >= MODEL_STATES_CAPACITY_SHARE * capacity:
+        return False
+    _, _, moments = ctx.projection
+    parameters, gradients, _, _ = model_states(ctx)
+    projects = moments is not None or (ctx.trains() and gradients < ctx.trained)
+    return projects and not trained_shown(ctx)
+
+
 def _test_model_states(ctx: Context) -> Finding | None:
     capacity = ctx.capacity_bytes
     if ctx.oom is None or not capacity:
@@ -703,9 +732,12 @@ def _test_model_states(ctx: Context) -> Finding | None:
     needed, projection = _projected_states(ctx)
     if needed < MODEL_STATES_CAPACITY_SHARE * capacity:
         return None
+    # too large only if every parameter trains, which the file does not show (a plain dump's first
+    # forward: a LoRA base is frozen): a finding no verdict rests on (`diagnose`)
+    assumed = states_assumed(ctx)
     return Finding(
         Verdict.MODEL_STATES_TOO_LARGE,
-        0.85 if ctx.exact else 0.65,
+        ASSUMED_STATES_CONFIDENCE if assumed else 0.85 if ctx.exact else 0.65,
         Summary(SummaryKind.MODEL_STATES_TOO_LARGE, projection.adding(capacity=capacity)),
         (
             _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
@@ -1876,24 +1908,36 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
             ),
         )
         return primary, tuple(findings)
-    findings = _ordered([f for f in (test(ctx) for test in TESTS) if f is not None], ctx)
+    findings = _assumed_states_last(_ordered([f for f in (test(ctx) for test in TESTS) if f is not None], ctx))
+    if findings and _rests_on_assumption(findings[0]):
+        # model states too large only if every parameter trains: no verdict rests on that alone
+        return _naming_dominant_block(_unknown_verdict(ctx), ctx), tuple(findings)
     if not findings:
         guess = _guess_outside_without_total(ctx)
         if guess is not None:
             return _naming_dominant_block(guess, ctx), ()
-        return (
-            _naming_dominant_block(
-                Finding(
-                    Verdict.UNKNOWN,
-                    0.2,
-                    Summary(SummaryKind.UNKNOWN),
-                    (Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),),
-                ),
-                ctx,
-            ),
-            (),
-        )
+        return _naming_dominant_block(_unknown_verdict(ctx), ctx), ()
     return _naming_dominant_block(findings[0], ctx), tuple(findings[1:])
+
+
+def _unknown_verdict(ctx: Context) -> Finding:
+    return Finding(
+        Verdict.UNKNOWN,
+        0.2,
+        Summary(SummaryKind.UNKNOWN),
+        (Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),),
+    )
+
+
+def _rests_on_assumption(finding: Finding) -> bool:
+    """Model states too large only if every parameter trains, which the file does not show: the
+    present states fit, the projection (an upper bound) does not."""
+    return finding.verdict == Verdict.MODEL_STATES_TOO_LARGE and finding.confidence == ASSUMED_STATES_CONFIDENCE
+
+
+def _assumed_states_last(findings: list[Finding]) -> list[Finding]:
+    """Every other finding before one that rests on the assumption that every parameter trains."""
+    return [f for f in findings if not _rests_on_assumption(f)] + [f for f in findings if _rests_on_assumption(f)]
 
 
 _MODEL_STATES = (Component.PARAMETERS, Component.GRADIENTS, Component.OPTIMIZER_STATE, Component.BUFFERS)

@@ -455,6 +455,8 @@ def _projection(facts: Facts) -> str:
         if masters is not None:  # the parameters pair as a half-precision model and its fp32 copy
             which = f"the {human(masters)} of fp32 master weights beside their half-precision copy"
         parts.append(f"optimizer state projected at {moments}x {which}{assumed}")
+    if facts.get("assumed_all"):  # the file does not show which parameters train
+        parts.append("assuming every parameter trains, an upper bound: frozen ones (a LoRA base) get neither")
     sharded = facts.get("state_sharded")
     if sharded:
         so_far = " so far, in its first step" if sharded == 2 else ""
