@@ -398,6 +398,31 @@ def test_oom_in_forward_leaves_one_dump_with_registry_and_markers(fake, capsys):
     assert weight["shape"] == [16, 8] and weight["dtype"] == "float32" and weight["size_bytes"] == 16 * 8 * 4
 
 
+def test_a_frozen_parameter_is_registered_as_not_requiring_grad(fake):
+    """A LoRA-style run: the first layer frozen, the optimizer on the rest, out of memory in the
+    first forward, before anything else in the dump shows which parameters train."""
+    oomdoctor.install()
+    torch.manual_seed(0)
+    model = SmallModel(fake)
+    model.net[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model.fail = True
+    with pytest.raises(torch.OutOfMemoryError):
+        model(torch.randn(4, 8))
+    (file,) = dumps_in(Path("oom-dumps"))
+    meta = load(file)[METADATA_KEY]
+    flags = {e["name"]: e.get("requires_grad") for e in meta["tensors"] if e["component"] == "parameter"}
+    assert flags == {
+        "net.0.weight": False,
+        "net.0.bias": False,
+        "net.2.weight": True,
+        "net.2.bias": True,
+        "net.3.weight": True,
+        "net.3.bias": True,
+    }
+    del optimizer
+
+
 def test_an_optimizer_is_counted_from_its_making_before_any_step(fake):
     """The first forward runs out before any zero_grad or step: the dump still says the process had
     made an optimizer (it trains), counted once however it is later used; one that is gone is not."""
