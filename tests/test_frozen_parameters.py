@@ -134,3 +134,22 @@ def test_a_plain_dump_of_a_training_steps_first_forward_says_the_projection_assu
     assert result.verdict != "model-states-too-large"
     (states,) = [f for f in result.secondary if f.verdict == "model-states-too-large"]
     assert "assuming every parameter trains, an upper bound" in summary(states.summary)
+
+
+def test_a_plain_dump_of_the_first_backward_advises_no_micro_batches_sized_on_assumed_gradients():
+    # accumulating over micro-batches holds the first one's gradients over, every trained
+    # parameter's: as if all 2 GiB trained, halving the micro-batch would save nothing. Nothing shows
+    # which train, so the smaller batch (none held over) is advised, its fit unknown, as is sharding's
+    sim = Sim(total_bytes=3 * GiB)
+    sim.alloc(2 * GiB, SETUP_STACK)
+    sim.alloc(64 * MiB, SETUP_STACK)
+    for _ in range(4):
+        sim.alloc(150 * MiB, FORWARD_STACK)
+    sim.alloc(200 * MiB, BACKWARD_STACK)
+    sim.oom(512 * MiB, BACKWARD_STACK)
+    result = analyse(sim.snapshot(metadata=False))
+    assert (result.target_phase, result.target_step) == ("backward", 0)
+    advice = {r.id: r for r in result.recommendations}
+    assert "smaller-micro-batch" not in advice
+    assert advice["smaller-batch"].would_fit_alone is None
+    assert advice["shard-model-states"].would_fit_alone is None

@@ -35,6 +35,7 @@ from oomdoctor.analysis.verdicts import (
     model_states,
     rest_of_pass_lacking,
     states_assumed,
+    trained_shown,
 )
 from oomdoctor.analysis.whatif import placement_limit, placement_reach
 from oomdoctor.model import Frame
@@ -513,13 +514,25 @@ def recommend(
             kept_before, steps, _ = ctx.old_bytes((Component.ACTIVATIONS, Component.TEMPORARIES, Component.INPUTS))
             unhalved = min(kept_before, scalable) // 2 if len(steps) >= 2 else 0
             saved = scalable // 2 - unhalved - held_over
-            add(
-                Change.SMALLER_MICRO_BATCH,
-                saved,
-                scale=0.5 + (unhalved + held_over) / scalable,
-                at_least=rest_unseen,
-                fit_unknown=rest_guessed or ctx.passes_grow,
-            )
+            if saved <= 0 and held_over and not trained_shown(ctx):
+                # the gradients held over would take all it saves only as if every parameter trained,
+                # which the file does not show (a LoRA base gets none): a smaller batch holds none
+                # over; whether it fits is unknown, as the gradients the rest of the step makes are
+                add(
+                    Change.SMALLER_BATCH,
+                    scalable // 2 - unhalved,
+                    scale=0.5 + unhalved / scalable,
+                    at_least=rest_unseen,
+                    fit_unknown=True,
+                )
+            else:
+                add(
+                    Change.SMALLER_MICRO_BATCH,
+                    saved,
+                    scale=0.5 + (unhalved + held_over) / scalable,
+                    at_least=rest_unseen,
+                    fit_unknown=rest_guessed or ctx.passes_grow,
+                )
         else:
             # where every earlier pass's graph stays, each pass still to come adds a (smaller) one:
             # a smaller batch runs out later, and whether the loop ends first the file does not say
@@ -637,6 +650,8 @@ def recommend(
                 Change.SHARD_MODEL_STATES,
                 states // 2,
                 (states_needed - buffers) // 2,
+                # the gradients and state still to come are not known (every parameter taken to train)
+                fit_unknown=states_assumed(ctx),
             )
         else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
             add(Change.SMALLER_WEIGHTS, parameters // 2)
