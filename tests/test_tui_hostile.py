@@ -344,3 +344,29 @@ def test_the_line_open_prints_after_the_app_has_its_control_characters_escaped()
     assert shown.exit_code == error.exit_code
     fine = LoadError("/tmp/dump.pickle: not a pickle")
     assert open_command._printable_error(fine) is fine
+
+
+# --- the checkpointing figure's blocks line: a line from the file, shown as written ------------------
+
+
+def test_the_overview_names_the_blocks_checkpointing_was_measured_from_as_written():
+    """The text and Markdown reports say which line calls the blocks activation checkpointing's
+    saving was measured from; the app's overview says it too. The caller's file name is the file's
+    text: markup in it is shown as written, its control characters escaped."""
+    from tests.test_checkpointing_regions import _regions_snapshot
+
+    model = "[bold]x[/]\x1b[31m.py"
+    snapshot = _regions_snapshot(model)
+    said = "measured from the file: checkpointing each of the 3 blocks called at [bold]x[/]\\x1b[31m.py:30 in forward"
+    lines = [line for section in content.overview_sections(analyse(snapshot), "dump.pickle") for line in section.lines]
+    assert any(said in line for line in lines)
+
+    async def scenario(app, pilot):
+        shown = [w.content for w in app.query(Static) if said in plain(w.content)]
+        return shown, shown_texts(app), app.export_screenshot()
+
+    shown, seen, screenshot = run_app(
+        make_app(analyse(snapshot), snapshot, source="dump.pickle"), scenario, size=(200, 60)
+    )
+    assert shown and all(isinstance(value, Text) for value in shown)  # text, never markup
+    assert not [text for text in seen if RAW.search(text)] and not RAW.search(screenshot)
