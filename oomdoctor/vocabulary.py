@@ -116,6 +116,9 @@ class Method(StrEnum):
     NAMES = "names"  # the words of the user's own function and file names in that stack
     LIFETIME = "lifetime"  # when it was allocated and that it is still alive
     SIZE_MATCH = "size-match"  # its size equals a parameter's
+    # from before the trace, frame-less, each block of its shape larger than all the other frame-less
+    # blocks together, and no weight of that shape trains: a pool or cache, or the largest weights (unknown)
+    SIZE_OUTWEIGHS = "size-outweighs"
     NONE = "none"
 
 

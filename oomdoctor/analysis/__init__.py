@@ -54,6 +54,7 @@ from oomdoctor.analysis.replay import (
 )
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
+    METHOD_SIZE_OUTWEIGHS,
     PHASE_BETWEEN,
     PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
@@ -724,6 +725,12 @@ def _unknowns(
         frameless = sum(1 for b in blocks if b.alloc_index is None and not b.frames)
         if frameless:
             unknowns.append(Unknown(UnknownKind.PRE_EXISTING_NO_STACK, frameless))
+        # of them, those left unknown because each outweighs all the others (a pool, or the largest weights)
+        outweighing = [b for b in blocks if b.component == Component.UNKNOWN and b.method == METHOD_SIZE_OUTWEIGHS]
+        if outweighing:
+            unknowns.append(
+                Unknown(UnknownKind.PRE_TRACE_OUTWEIGHING, len(outweighing), sum(b.size_bytes for b in outweighing))
+            )
         # markers count every step since capture began; a trace's own phases only those it shows
         pre_trace_state = any(b.alloc_index is None and b.component == Component.OPTIMIZER_STATE for b in blocks)
         if pre_trace_state and dump.phase_source != SOURCE_MARKERS:

@@ -37,6 +37,7 @@ from oomdoctor.analysis.results import (
     METHOD_PHASE,
     METHOD_REGISTRY,
     METHOD_SIZE_MATCH,
+    METHOD_SIZE_OUTWEIGHS,
     PHASE_BACKWARD,
     PHASE_BEFORE,
     PHASE_BETWEEN,
@@ -1614,7 +1615,7 @@ def _place_model_states(
         # cache) as likely as the model's own largest, or frozen, weight (a huge embedding):
         # nothing says which
         rest = [a for a in frameless if a.requested_bytes != outweighing]
-        pool = {a.address: (UNKNOWN, METHOD_NONE, 0.0) for a in frameless if a.requested_bytes == outweighing}
+        pool = {a.address: (UNKNOWN, METHOD_SIZE_OUTWEIGHS, 0.0) for a in frameless if a.requested_bytes == outweighing}
         return pool | _place_model_states(
             rest,
             placed,

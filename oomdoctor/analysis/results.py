@@ -27,6 +27,7 @@ METHOD_FRAMES = Method.FRAMES.value
 METHOD_NAMES = Method.NAMES.value
 METHOD_LIFETIME = Method.LIFETIME.value
 METHOD_SIZE_MATCH = Method.SIZE_MATCH.value
+METHOD_SIZE_OUTWEIGHS = Method.SIZE_OUTWEIGHS.value
 METHOD_NONE = Method.NONE.value
 
 PHASE_FORWARD = Phase.FORWARD.value
@@ -70,6 +71,9 @@ class UnknownKind(StrEnum):
     PEAK_UNSIZED = "peak-unsized"
     # the same, where the allocator's settings are not recorded (torch < 2.3): the bound assumes its defaults
     PEAK_UNSIZED_DEFAULTS = "peak-unsized-defaults"
+    # count: blocks, bytes: theirs, live at the target, that predate the trace and are unknown because
+    # each outweighs all the other frame-less blocks from before it (method size-outweighs)
+    PRE_TRACE_OUTWEIGHING = "pre-trace-outweighing"
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _component_detail(analysis: Analysis) -> list[dict[str, Any]]:
+    """Each component's share; the unknown one with `reason` (why its blocks are unknown) where the
+    analysis says."""
+    detail = _plain(analysis.components)
+    reasons = phrasing.unknown_component_reasons(analysis.unknowns)
+    if reasons:
+        for row in detail:
+            if row["name"] == "unknown":
+                row["reason"] = "; ".join(reasons)
+    return detail
+
+
 def _block(block: LiveBlock) -> dict[str, Any]:
     row = _plain(dataclasses.replace(block, frames=()))
     row["frames"] = _frames(block.frames)
@@ -203,7 +215,7 @@ def to_dict(analysis: Analysis, environment: Any = None) -> dict[str, Any]:
         "devices": list(analysis.devices),
         "source_format": analysis.source_format,
         "components": analysis.component_bytes(),
-        "component_detail": _plain(analysis.components),
+        "component_detail": _component_detail(analysis),
         "evidence": _evidence(analysis.evidence),
         "recommendations": [_recommendation(r) for r in analysis.recommendations],
         "what_if": _what_if(analysis.what_if),

@@ -88,6 +88,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.PEAK_UNSIZED_DEFAULTS: (
         "how much higher torch's own peak (max_memory_allocated) is: up to {size} more with the allocator's default settings, as the peak counts a block freed before the dump at its rounded request and the allocator may have left an unsplit remainder, which the trace does not record, in {blocks} live where that bound is reached; this torch does not record its allocator settings, and with max_split_size_mb or roundup_power2_divisions set it may be more"
     ),
+    UnknownKind.PRE_TRACE_OUTWEIGHING: (
+        "what {blocks} from before the trace are ({size}): each is larger than all the other frame-less blocks from before it together and the trace keeps no gradient of their shape, so they may be a cache or pool allocated up front (a KV cache) or the model's own largest weights, untrained; the file cannot tell which, and they are counted as unknown"
+    ),
     UnknownKind.HISTORY_STOPPED: (
         "something else stopped torch's allocator history and it could not be started again: events after that are missing"
     ),
@@ -119,6 +122,15 @@ def phase_source(source: str) -> str:
 
 def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
     return tuple(unknown(item) for item in items)
+
+
+# the things not determined that say why blocks are in the component "unknown"
+UNKNOWN_COMPONENT_REASONS = frozenset({UnknownKind.PRE_TRACE_OUTWEIGHING})
+
+
+def unknown_component_reasons(items: tuple[Unknown, ...]) -> tuple[str, ...]:
+    """Why blocks are counted as unknown, where the analysis says (the sentences of `unknowns`)."""
+    return tuple(unknown(item) for item in items if item.kind in UNKNOWN_COMPONENT_REASONS)
 
 
 # --- what if the batch were scaled ----------------------------------------------------------------
