@@ -9,12 +9,16 @@ import pytest
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import UnknownKind
+from oomdoctor.errors import OomdoctorError
+from oomdoctor.load import load
 from oomdoctor.pipeline import render_report
-from tests.builders import BACKWARD_STACK, FOREACH_STACK, FORWARD_STACK, MiB, Sim
+from oomdoctor.views import phrasing
+from tests.builders import BACKWARD_STACK, FOREACH_STACK, FORWARD_STACK, USER_STACK, MiB, Sim
+from tests.conftest import CORPUS
 
 # what the reports say of blocks left unknown because each outweighs the rest
 OUTWEIGHING = (
-    "what 4 blocks from before the trace are (256.00 MiB): each is larger than all the other frame-less blocks"
+    "what is in 4 blocks from before the trace (256.00 MiB): each is larger than all the other frame-less blocks"
 )
 WHICH = "a cache or pool allocated up front (a KV cache) or the model's own largest weights, untrained; the file cannot tell which"
 
@@ -82,3 +86,49 @@ def test_blocks_a_completed_backward_made_no_gradient_of_say_why_too():
     assert analyse(snapshot).component_bytes()["unknown"] == 256 * MiB
     body = " ".join(render_report(snapshot, "text").decode().split())
     assert OUTWEIGHING in body and WHICH in body
+
+
+def test_memory_left_unknown_by_the_script_s_own_code_says_why():
+    """A block the script's own code made before recording began, in a function whose name says
+    nothing (`train_step`), which the trace never frees: nothing places it. The reports said
+    "unknown" and no more; they now say that its frames' names say no kind oomdoctor reads."""
+    sim = Sim()
+    for size in (4, 4, 2, 1) * 4:
+        sim.alloc(size * MiB)
+    sim.alloc(3 * MiB, USER_STACK)
+    sim.start_recording()
+    sim.free(sim.alloc(8 * MiB, FORWARD_STACK))
+    snapshot = sim.snapshot(metadata=False)
+    analysis = analyse(snapshot)
+    assert analysis.component_bytes()["unknown"] == 3 * MiB
+    said = [(u.count, u.bytes) for u in analysis.unknowns if u.kind == UnknownKind.PRE_TRACE_CODE_SAYS_NOTHING]
+    assert said == [(1, 3 * MiB)]
+    body = " ".join(render_report(snapshot, "text").decode().split())
+    assert "what is in 1 block made by Python code outside torch before anything the file records (3.00 MiB)" in body
+
+
+def _corpus_files() -> list:
+    if CORPUS is None:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="corpus not found"))]
+    files = [
+        p
+        for folder in ("snapshots", "other_formats")
+        if (CORPUS / folder).is_dir()
+        for p in (CORPUS / folder).iterdir()
+    ]
+    return [pytest.param(p, id=p.name) for p in sorted(files) if p.is_file()]
+
+
+@pytest.mark.parametrize("path", _corpus_files())
+def test_every_unknown_byte_of_a_real_snapshot_has_its_reason(path):
+    """Every block in the component "unknown" is counted under one of the reasons the reports give
+    (blocks and bytes add up to the component's): none is a bare "unknown"."""
+    try:
+        analysis = analyse(load(str(path)))
+    except OomdoctorError:
+        pytest.skip("the loader refuses this file")
+    share = next((s for s in analysis.components if s.name == "unknown"), None)
+    reasons = [u for u in analysis.unknowns if u.kind in phrasing.UNKNOWN_COMPONENT_REASONS]
+    assert (sum(u.count or 0 for u in reasons), sum(u.bytes or 0 for u in reasons)) == (
+        (share.block_count, share.bytes) if share is not None else (0, 0)
+    )

@@ -54,6 +54,8 @@ from oomdoctor.analysis.replay import (
 )
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
+    METHOD_LIFETIME,
+    METHOD_NONE,
     METHOD_SIZE_OUTWEIGHS,
     PHASE_BETWEEN,
     PHASE_OPTIMIZER,
@@ -681,6 +683,31 @@ def _pre_existing(state: ReplayState, blocks: Sequence[LiveBlock]) -> tuple[int,
     return count, sum(s for _, s in frees) + sum(b.size_bytes for b in older)
 
 
+def _why_unknown(blocks: Sequence[LiveBlock]) -> list[Unknown]:
+    """Why the blocks in the component "unknown" are there, one entry per reason attribution had
+    (read from how it placed each: when the block was made, its method, its frames), largest first."""
+    reasons: dict[str, list[LiveBlock]] = {}
+    for block in blocks:
+        if block.component != Component.UNKNOWN:
+            continue
+        if block.alloc_index is not None:
+            kind = UnknownKind.TRACED_NOTHING_SAYS if block.method == METHOD_NONE else None
+        elif block.method == METHOD_SIZE_OUTWEIGHS:
+            kind = UnknownKind.PRE_TRACE_OUTWEIGHING
+        elif block.method == METHOD_LIFETIME:
+            kind = UnknownKind.PRE_TRACE_FREED_ELSEWHERE
+        elif block.method != METHOD_NONE:
+            kind = None
+        elif _attribution.made_by_code_outside_torch(block.frames):
+            kind = UnknownKind.PRE_TRACE_CODE_SAYS_NOTHING
+        else:
+            kind = UnknownKind.PRE_TRACE_SHAPE_UNEXPLAINED
+        if kind is not None:
+            reasons.setdefault(kind, []).append(block)
+    found = [Unknown(kind, len(group), sum(b.size_bytes for b in group)) for kind, group in reasons.items()]
+    return sorted(found, key=lambda u: -(u.bytes or 0))
+
+
 # The share of the peak the unsplit remainders the file cannot size must reach before "Not
 # determined" says how much higher torch's max_memory_allocated may be (docs/definitions.md, "The peak").
 PEAK_UNSIZED_SHARE = 0.01
@@ -725,12 +752,6 @@ def _unknowns(
         frameless = sum(1 for b in blocks if b.alloc_index is None and not b.frames)
         if frameless:
             unknowns.append(Unknown(UnknownKind.PRE_EXISTING_NO_STACK, frameless))
-        # of them, those left unknown because each outweighs all the others (a pool, or the largest weights)
-        outweighing = [b for b in blocks if b.component == Component.UNKNOWN and b.method == METHOD_SIZE_OUTWEIGHS]
-        if outweighing:
-            unknowns.append(
-                Unknown(UnknownKind.PRE_TRACE_OUTWEIGHING, len(outweighing), sum(b.size_bytes for b in outweighing))
-            )
         # markers count every step since capture began; a trace's own phases only those it shows
         pre_trace_state = any(b.alloc_index is None and b.component == Component.OPTIMIZER_STATE for b in blocks)
         if pre_trace_state and dump.phase_source != SOURCE_MARKERS:
@@ -744,6 +765,7 @@ def _unknowns(
             # the run's first step: a stateless optimizer (plain SGD), an evaluation, or state read as
             # another kind leaves nothing to count the steps that ran before it
             unknowns.append(Unknown(UnknownKind.TRACE_AFTER_SETUP))
+    unknowns.extend(_why_unknown(blocks))
     if (
         accounted.fatal is not None
         and target.index is not None

@@ -250,6 +250,11 @@ def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
     return found
 
 
+def made_by_code_outside_torch(stack: Stack) -> bool:
+    """Whether the stack holds Python frames outside torch (the script's or a library's own code)."""
+    return bool(_python_user_frames(stack))
+
+
 def _workspace_frames(stack: Stack) -> bool:
     """Whether a C++ frame of the stack (recorded with `stacks="all"`) allocates a library workspace."""
     return any(_WORKSPACE_FRAME_WORD in frame.name.lower() for frame in stack if not frame.filename.endswith(".py"))

@@ -71,9 +71,17 @@ class UnknownKind(StrEnum):
     PEAK_UNSIZED = "peak-unsized"
     # the same, where the allocator's settings are not recorded (torch < 2.3): the bound assumes its defaults
     PEAK_UNSIZED_DEFAULTS = "peak-unsized-defaults"
-    # count: blocks, bytes: theirs, live at the target, that predate the trace and are unknown because
-    # each outweighs all the other frame-less blocks from before it (method size-outweighs)
+    # why blocks live at the target are unknown (count: blocks, bytes: theirs), by what placed them:
+    # from before the trace, each outweighing all the other frame-less blocks from before it (method size-outweighs)
     PRE_TRACE_OUTWEIGHING = "pre-trace-outweighing"
+    # from before the trace, freed by it outside a backward, an optimizer step and zero_grad (method lifetime)
+    PRE_TRACE_FREED_ELSEWHERE = "pre-trace-freed-elsewhere"
+    # from before the trace, made by Python code outside torch that says nothing oomdoctor reads
+    PRE_TRACE_CODE_SAYS_NOTHING = "pre-trace-code-says-nothing"
+    # from before the trace, no Python frame outside torch: sizes that no reading of the model's states explains
+    PRE_TRACE_SHAPE_UNEXPLAINED = "pre-trace-shape-unexplained"
+    # made in the trace: neither the phase it was made in nor its own frames say what it is
+    TRACED_NOTHING_SAYS = "traced-nothing-says"
 
 
 @dataclass(frozen=True, slots=True)

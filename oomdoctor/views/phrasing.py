@@ -89,7 +89,19 @@ UNKNOWNS: dict[str, str] = {
         "how much higher torch's own peak (max_memory_allocated) is: up to {size} more with the allocator's default settings, as the peak counts a block freed before the dump at its rounded request and the allocator may have left an unsplit remainder, which the trace does not record, in {blocks} live where that bound is reached; this torch does not record its allocator settings, and with max_split_size_mb or roundup_power2_divisions set it may be more"
     ),
     UnknownKind.PRE_TRACE_OUTWEIGHING: (
-        "what {blocks} from before the trace are ({size}): each is larger than all the other frame-less blocks from before it together and the trace keeps no gradient of their shape, so they may be a cache or pool allocated up front (a KV cache) or the model's own largest weights, untrained; the file cannot tell which, and they are counted as unknown"
+        "what is in {blocks} from before the trace ({size}): each is larger than all the other frame-less blocks from before it together and the trace keeps no gradient of their shape, so they may be a cache or pool allocated up front (a KV cache) or the model's own largest weights, untrained; the file cannot tell which, and they are counted as unknown"
+    ),
+    UnknownKind.PRE_TRACE_FREED_ELSEWHERE: (
+        "what is in {blocks} from before the trace ({size}): the trace frees them outside a backward, an optimizer step and zero_grad, where no weights, gradients or optimizer state are freed, and nothing else says what they hold; counted as unknown"
+    ),
+    UnknownKind.PRE_TRACE_CODE_SAYS_NOTHING: (
+        "what is in {blocks} made by Python code outside torch before anything the file records ({size}): their frames' file and function names say no kind of memory oomdoctor reads, and nothing the trace does to them says more; counted as unknown"
+    ),
+    UnknownKind.PRE_TRACE_SHAPE_UNEXPLAINED: (
+        "what is in {blocks} made before anything the file records, with no Python frame outside torch ({size}): only their sizes could say, and no reading of a model's states (weights, gradients, optimizer state) places them; counted as unknown"
+    ),
+    UnknownKind.TRACED_NOTHING_SAYS: (
+        "what is in {blocks} made in the trace ({size}): neither the phase they were made in nor their own frames say; counted as unknown"
     ),
     UnknownKind.HISTORY_STOPPED: (
         "something else stopped torch's allocator history and it could not be started again: events after that are missing"
@@ -125,7 +137,15 @@ def unknowns(items: tuple[Unknown, ...]) -> tuple[str, ...]:
 
 
 # the things not determined that say why blocks are in the component "unknown"
-UNKNOWN_COMPONENT_REASONS = frozenset({UnknownKind.PRE_TRACE_OUTWEIGHING})
+UNKNOWN_COMPONENT_REASONS = frozenset(
+    {
+        UnknownKind.PRE_TRACE_OUTWEIGHING,
+        UnknownKind.PRE_TRACE_FREED_ELSEWHERE,
+        UnknownKind.PRE_TRACE_CODE_SAYS_NOTHING,
+        UnknownKind.PRE_TRACE_SHAPE_UNEXPLAINED,
+        UnknownKind.TRACED_NOTHING_SAYS,
+    }
+)
 
 
 def unknown_component_reasons(items: tuple[Unknown, ...]) -> tuple[str, ...]:
