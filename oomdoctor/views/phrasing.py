@@ -403,12 +403,19 @@ CHANGES: dict[str, str] = {
 }
 
 
+# why the file cannot tell whether the run trains (`Context.trains_unknown`), said with the advice for one that does
+IF_TRAINS_WHY = (
+    "the file cannot tell: it shows no backward, optimizer step or other sign of training,"
+    " and none is due yet in the first forward passes it holds"
+)
+
+
 def recommendation(item: Recommendation) -> str:
     """The change a recommendation asks for, as one imperative sentence (for a run that may not
     train, conditional on its training)."""
     words = CHANGES[item.id]
     if item.if_trains:
-        return f"If this run trains (the file cannot tell), {words[:1].lower()}{words[1:]}"
+        return f"If this run trains ({IF_TRAINS_WHY}), {words[:1].lower()}{words[1:]}"
     return words
 
 
