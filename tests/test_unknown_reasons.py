@@ -132,3 +132,13 @@ def test_every_unknown_byte_of_a_real_snapshot_has_its_reason(path):
     assert (sum(u.count or 0 for u in reasons), sum(u.bytes or 0 for u in reasons)) == (
         (share.block_count, share.bytes) if share is not None else (0, 0)
     )
+
+
+def test_expandable_segments_unknown_says_why():
+    """A plain snapshot that records no allocator settings, whose segments do not say whether they
+    are expandable: the fragmentation sections said "expandable segments: unknown" and no more."""
+    snapshot = _inference_beside_a_cache().snapshot(metadata=False)
+    assert analyse(snapshot).fragmentation.expandable_segments is None
+    said = "expandable segments: unknown (the file records no allocator settings, and none of its segments shows whether they were on)"
+    for form in ("text", "md"):
+        assert said in " ".join(render_report(snapshot, form).decode().split()), form

@@ -602,7 +602,7 @@ def fragmentation_lines(analysis: Analysis) -> list[str]:
     ]
     if frag.request_pool is not None:
         fits = {True: "yes", False: "no", None: "unknown"}[frag.would_fit_if_contiguous]
-        expandable = {True: "on", False: "off", None: "unknown"}[frag.expandable_segments]
+        expandable = phrasing.expandable_words(frag.expandable_segments)
         lines.append(
             f"{frag.request_pool} pool, stream {frag.request_stream}: free {human_size(frag.usable_free_bytes)}, "
             f"largest block {human_size(frag.largest_usable_free_block_bytes)}{estimated}; "

@@ -151,10 +151,6 @@ def _fits(value: bool | None) -> str:
     return {True: "yes", False: "no", None: "-"}[value]
 
 
-def _flag(value: bool | None) -> str:
-    return {True: "on", False: "off", None: "unknown"}[value]
-
-
 def render(analysis: Analysis, *, source: str | None = None, environment: Environment | None = None) -> str:
     lines: list[str] = []
     add = lines.append
@@ -359,7 +355,7 @@ def _fragmentation(analysis: Analysis, add) -> None:
             f"- free in the {_escape(frag.request_pool)} pool on the request's stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimated}"
         )
         add(f"- would fit if contiguous: {_fits(frag.would_fit_if_contiguous)}{estimated}")
-    add(f"- expandable segments: {_flag(frag.expandable_segments)}")
+    add(f"- expandable segments: {phrasing.expandable_words(frag.expandable_segments)}")
     if frag.alloc_conf:
         add(f"- `PYTORCH_CUDA_ALLOC_CONF`: {code_span(frag.alloc_conf)}")
     add("")

@@ -419,6 +419,14 @@ def recommendation(item: Recommendation) -> str:
     return words
 
 
+def expandable_words(value: bool | None) -> str:
+    """Whether expandable segments were on, as the fragmentation sections say it; where unknown, why
+    (`accounting._expandable`: no recorded setting, and no segment shows it)."""
+    if value is None:
+        return "unknown (the file records no allocator settings, and none of its segments shows whether they were on)"
+    return "on" if value else "off"
+
+
 def saving(item: Recommendation, where: str = "at the OOM") -> str:
     """What a recommendation saves, as its estimate or as the lower bound it is (the heading says
     what the bound is of: `report_rows.changes_basis`); where what it frees at the judged moment

@@ -103,10 +103,10 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimate}"
         )
         add(
-            f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}{estimate}; expandable segments: {_flag(frag.expandable_segments)}"
+            f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}{estimate}; expandable segments: {phrasing.expandable_words(frag.expandable_segments)}"
         )
     else:  # no failed request: the setting still tells what the cache can do with its free memory
-        add(f"  expandable segments: {_flag(frag.expandable_segments)}")
+        add(f"  expandable segments: {phrasing.expandable_words(frag.expandable_segments)}")
     if frag.alloc_conf:
         add(f"  PYTORCH_CUDA_ALLOC_CONF: {frag.alloc_conf}")
     add("")
@@ -161,10 +161,6 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
 def _activation_peak(step: StepSummary) -> str:
     """A step's activations peak, or 'unknown' where the trace names no forward pass."""
     return "unknown" if step.peak_activation_bytes is None else human(step.peak_activation_bytes)
-
-
-def _flag(value: bool | None) -> str:
-    return {True: "on", False: "off", None: "unknown"}[value]
 
 
 def _devices(analysis: Analysis, add) -> None:
