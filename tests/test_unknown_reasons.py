@@ -13,8 +13,8 @@ from oomdoctor.errors import OomdoctorError
 from oomdoctor.load import load
 from oomdoctor.pipeline import render_report
 from oomdoctor.views import phrasing
-from tests.builders import BACKWARD_STACK, FOREACH_STACK, FORWARD_STACK, USER_STACK, MiB, Sim
-from tests.conftest import CORPUS
+from tests.builders import BACKWARD_STACK, FOREACH_STACK, FORWARD_STACK, SETUP_STACK, USER_STACK, MiB, Sim
+from tests.conftest import CORPUS, FIXTURES
 
 # what the reports say of blocks left unknown because each outweighs the rest
 OUTWEIGHING = (
@@ -107,20 +107,18 @@ def test_memory_left_unknown_by_the_script_s_own_code_says_why():
     assert "what is in 1 block made by Python code outside torch before anything the file records (3.00 MiB)" in body
 
 
-def _corpus_files() -> list:
-    if CORPUS is None:
-        return [pytest.param(None, marks=pytest.mark.skip(reason="corpus not found"))]
-    files = [
-        p
-        for folder in ("snapshots", "other_formats")
-        if (CORPUS / folder).is_dir()
-        for p in (CORPUS / folder).iterdir()
-    ]
-    return [pytest.param(p, id=p.name) for p in sorted(files) if p.is_file()]
+def _files() -> list:
+    """Every fixture dump, and every corpus file where the corpus is present."""
+    files = sorted((FIXTURES / "dumps").glob("*.pickle"))
+    if CORPUS is not None:
+        for folder in ("snapshots", "other_formats"):
+            if (CORPUS / folder).is_dir():
+                files += sorted(p for p in (CORPUS / folder).iterdir() if p.is_file())
+    return [pytest.param(p, id=p.name) for p in files]
 
 
-@pytest.mark.parametrize("path", _corpus_files())
-def test_every_unknown_byte_of_a_real_snapshot_has_its_reason(path):
+@pytest.mark.parametrize("path", _files())
+def test_every_unknown_byte_has_its_reason(path):
     """Every block in the component "unknown" is counted under one of the reasons the reports give
     (blocks and bytes add up to the component's): none is a bare "unknown"."""
     try:
@@ -142,3 +140,21 @@ def test_expandable_segments_unknown_says_why():
     said = "expandable segments: unknown (the file records no allocator settings, and none of its segments shows whether they were on)"
     for form in ("text", "md"):
         assert said in " ".join(render_report(snapshot, form).decode().split()), form
+
+
+def test_a_block_the_registry_does_not_name_in_an_unknown_phase_says_why():
+    """A dump with oomdoctor's registry: a block made in the trace that the registry does not name,
+    in no phase anything marks, is unknown by its phase alone. The reports now say so."""
+    sim = Sim()
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.alloc(3 * MiB)
+    snapshot = sim.snapshot()
+    analysis = analyse(snapshot)
+    assert analysis.component_bytes()["unknown"] == 3 * MiB
+    said = [(u.count, u.bytes) for u in analysis.unknowns if u.kind == UnknownKind.TRACED_UNNAMED]
+    assert said == [(1, 3 * MiB)]
+    body = " ".join(render_report(snapshot, "text").decode().split())
+    assert (
+        "what is in 1 block made in the trace (3.00 MiB): oomdoctor's registry of named tensors does not name them"
+        in body
+    )

@@ -56,6 +56,7 @@ from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     METHOD_LIFETIME,
     METHOD_NONE,
+    METHOD_PHASE,
     METHOD_SIZE_OUTWEIGHS,
     PHASE_BETWEEN,
     PHASE_OPTIMIZER,
@@ -691,7 +692,9 @@ def _why_unknown(blocks: Sequence[LiveBlock]) -> list[Unknown]:
         if block.component != Component.UNKNOWN:
             continue
         if block.alloc_index is not None:
-            kind = UnknownKind.TRACED_NOTHING_SAYS if block.method == METHOD_NONE else None
+            # by its phase alone: the registry's dump, which names no such block (attribution's exact branch)
+            unnamed = UnknownKind.TRACED_UNNAMED if block.method == METHOD_PHASE else None
+            kind = UnknownKind.TRACED_NOTHING_SAYS if block.method == METHOD_NONE else unnamed
         elif block.method == METHOD_SIZE_OUTWEIGHS:
             kind = UnknownKind.PRE_TRACE_OUTWEIGHING
         elif block.method == METHOD_LIFETIME:

@@ -82,6 +82,8 @@ class UnknownKind(StrEnum):
     PRE_TRACE_SHAPE_UNEXPLAINED = "pre-trace-shape-unexplained"
     # made in the trace: neither the phase it was made in nor its own frames say what it is
     TRACED_NOTHING_SAYS = "traced-nothing-says"
+    # made in the trace, in a dump with oomdoctor's registry, which does not name it, in a phase that says nothing
+    TRACED_UNNAMED = "traced-unnamed"
 
 
 @dataclass(frozen=True, slots=True)

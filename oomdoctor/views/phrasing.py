@@ -100,6 +100,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.PRE_TRACE_SHAPE_UNEXPLAINED: (
         "what is in {blocks} made before anything the file records, with no Python frame outside torch ({size}): only their sizes could say, and no reading of a model's states (weights, gradients, optimizer state) places them; counted as unknown"
     ),
+    UnknownKind.TRACED_UNNAMED: (
+        "what is in {blocks} made in the trace ({size}): oomdoctor's registry of named tensors does not name them, and the phase they were made in (unknown, or one oomdoctor does not know) does not say; counted as unknown"
+    ),
     UnknownKind.TRACED_NOTHING_SAYS: (
         "what is in {blocks} made in the trace ({size}): neither the phase they were made in nor their own frames say; counted as unknown"
     ),
@@ -144,6 +147,7 @@ UNKNOWN_COMPONENT_REASONS = frozenset(
         UnknownKind.PRE_TRACE_CODE_SAYS_NOTHING,
         UnknownKind.PRE_TRACE_SHAPE_UNEXPLAINED,
         UnknownKind.TRACED_NOTHING_SAYS,
+        UnknownKind.TRACED_UNNAMED,
     }
 )
 
