@@ -155,6 +155,6 @@ def test_a_block_the_registry_does_not_name_in_an_unknown_phase_says_why():
     assert said == [(1, 3 * MiB)]
     body = " ".join(render_report(snapshot, "text").decode().split())
     assert (
-        "what is in 1 block made in the trace (3.00 MiB): oomdoctor's registry of named tensors does not name them"
+        "what is in 1 block made in the trace (3.00 MiB): oomdoctor's registry of named tensors does not name it"
         in body
     )

@@ -89,22 +89,22 @@ UNKNOWNS: dict[str, str] = {
         "how much higher torch's own peak (max_memory_allocated) is: up to {size} more with the allocator's default settings, as the peak counts a block freed before the dump at its rounded request and the allocator may have left an unsplit remainder, which the trace does not record, in {blocks} live where that bound is reached; this torch does not record its allocator settings, and with max_split_size_mb or roundup_power2_divisions set it may be more"
     ),
     UnknownKind.PRE_TRACE_OUTWEIGHING: (
-        "what is in {blocks} from before the trace ({size}): each is larger than all the other frame-less blocks from before it together and the trace keeps no gradient of their shape, so they may be a cache or pool allocated up front (a KV cache) or the model's own largest weights, untrained; the file cannot tell which, and they are counted as unknown"
+        "what is in {blocks} from before the trace ({size}): {each_is} larger than all the other frame-less blocks from before it together and the trace keeps no gradient of {their} shape, so {they_may} be a cache or pool allocated up front (a KV cache) or the model's own largest weights, untrained; the file cannot tell which, and {they_are} counted as unknown"
     ),
     UnknownKind.PRE_TRACE_FREED_ELSEWHERE: (
-        "what is in {blocks} from before the trace ({size}): the trace frees them outside a backward, an optimizer step and zero_grad, where no weights, gradients or optimizer state are freed, and nothing else says what they hold; counted as unknown"
+        "what is in {blocks} from before the trace ({size}): the trace frees {them} outside a backward, an optimizer step and zero_grad, where no weights, gradients or optimizer state are freed, and nothing else says what {they_hold}; counted as unknown"
     ),
     UnknownKind.PRE_TRACE_CODE_SAYS_NOTHING: (
-        "what is in {blocks} made by Python code outside torch before anything the file records ({size}): their frames' file and function names say no kind of memory oomdoctor reads, and nothing the trace does to them says more; counted as unknown"
+        "what is in {blocks} made by Python code outside torch before anything the file records ({size}): {their} frames' file and function names say no kind of memory oomdoctor reads, and nothing the trace does to {them} says more; counted as unknown"
     ),
     UnknownKind.PRE_TRACE_SHAPE_UNEXPLAINED: (
-        "what is in {blocks} made before anything the file records, with no Python frame outside torch ({size}): only their sizes could say, and no reading of a model's states (weights, gradients, optimizer state) places them; counted as unknown"
+        "what is in {blocks} made before anything the file records, with no Python frame outside torch ({size}): only {their_sizes} could say, and no reading of a model's states (weights, gradients, optimizer state) places {them}; counted as unknown"
     ),
     UnknownKind.TRACED_UNNAMED: (
-        "what is in {blocks} made in the trace ({size}): oomdoctor's registry of named tensors does not name them, and the phase they were made in (unknown, or one oomdoctor does not know) does not say; counted as unknown"
+        "what is in {blocks} made in the trace ({size}): oomdoctor's registry of named tensors does not name {them}, and the phase {they_were} made in (unknown, or one oomdoctor does not know) does not say; counted as unknown"
     ),
     UnknownKind.TRACED_NOTHING_SAYS: (
-        "what is in {blocks} made in the trace ({size}): neither the phase they were made in nor their own frames say; counted as unknown"
+        "what is in {blocks} made in the trace ({size}): neither the phase {they_were} made in nor {their} own frames say; counted as unknown"
     ),
     UnknownKind.HISTORY_STOPPED: (
         "something else stopped torch's allocator history and it could not be started again: events after that are missing"
@@ -124,7 +124,31 @@ def unknown(item: Unknown) -> str:
         allocations=plural(count, "allocation"),
         times="once" if count == 1 else f"{count} times",
         size=human(item.bytes or 0),
+        # the blocks' pronouns, as many as they are
+        **(_ONE_BLOCK if count == 1 else _BLOCKS),
     )
+
+
+_ONE_BLOCK = {
+    "them": "it",
+    "their": "its",
+    "their_sizes": "its size",
+    "each_is": "it is",
+    "they_may": "it may",
+    "they_are": "it is",
+    "they_hold": "it holds",
+    "they_were": "it was",
+}
+_BLOCKS = {
+    "them": "them",
+    "their": "their",
+    "their_sizes": "their sizes",
+    "each_is": "each is",
+    "they_may": "they may",
+    "they_are": "they are",
+    "they_hold": "they hold",
+    "they_were": "they were",
+}
 
 
 def phase_source(source: str) -> str:
