@@ -315,3 +315,127 @@ def test_a_region_s_line_from_the_file_is_escaped_in_each_report():
     text = render_report(snapshot, "text").decode()
     line = next(line for line in text.splitlines() if "measured from the file" in line)
     assert "\x1b" not in line and "\\x1b[31m" in line
+
+
+_CONTAINER = Frame("/usr/lib/python3/site-packages/torch/nn/modules/container.py", 250, "forward")
+_GELU = Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 200, "gelu")
+
+
+def _in_sequential(module: str, line: int, op: Frame) -> tuple[Frame, ...]:
+    """An op in a torch module's forward (torch/nn/modules/`module` at `line`) that a Sequential's
+    forward calls from its loop, the Sequential called by the model's forward (model.py line 31)."""
+    return (
+        op,
+        Frame(f"/usr/lib/python3/site-packages/torch/nn/modules/{module}", line, "forward"),
+        Frame(_MODULE, 1751, "_wrapped_call_impl"),
+        _CONTAINER,
+        Frame(_MODULE, 1751, "_wrapped_call_impl"),
+        Frame("model.py", 31, "forward"),
+        Frame(_MODULE, 1751, "_wrapped_call_impl"),
+        Frame("train.py", 40, "train_step"),
+    )
+
+
+LINEAR_CALL = _in_sequential("linear.py", 125, _LINEAR)
+GELU_CALL = _in_sequential("activation.py", 700, _GELU)
+
+
+def _mlp_forward(sim: Sim, layers: int, mib: int, head_mib: int) -> None:
+    """An MLP's forward: a Sequential of `layers` Linear and GELU pairs, each keeping its `mib` MiB
+    output, then the head's `head_mib` MiB logits made in the model's own forward."""
+    sim.marker("forward", "start")
+    for _ in range(layers):
+        sim.alloc(mib * MiB, LINEAR_CALL)
+        sim.alloc(mib * MiB, GELU_CALL)
+    sim.alloc(head_mib * MiB, HEAD)
+    sim.marker("forward", "end")
+
+
+def _sequential_snapshot():
+    sim = Sim(total_bytes=256 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    _mlp_forward(sim, 3, 8, 2)
+    sim.marker("backward", "start")
+    sim.oom(64 * MiB, BACKWARD_STACK)
+    return sim.snapshot()
+
+
+def test_a_sequential_of_torch_modules_is_cut_into_segments():
+    """A Sequential of three Linear+GELU pairs (8 MiB each of the six calls keeps) and a 2 MiB head,
+    OOM at the backward's start. checkpoint_sequential in 2 segments keeps the second's input (8 MiB)
+    and runs the second unchecked (24 MiB, more than the first's recomputation less the head): 48 -
+    8 - 24 = 16 MiB; no cut saves more (3 segments: 48 - 16 - 16; the whole: its recomputation
+    outweighs). It was the rule of thumb, 70% of 50 MiB (35 MiB), said to be one."""
+    analysis = analyse(_sequential_snapshot())
+    rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
+    assert rec.estimated_saved_bytes == 16 * MiB
+    assert rec.estimated_saved_bytes != int(50 * MiB * CHECKPOINTING_SAVES)
+    assert not rec.rule_of_thumb and rec.regions_sequential and rec.regions == 2
+    assert rec.regions_called_from == (Frame("model.py", 31, "forward"),)
+    assert rec.would_fit_alone is None  # rehearsed up to 29% high on an interrupted CNN: no fit claimed
+
+
+def test_a_graph_an_earlier_pass_kept_shrinks_to_its_sequential_s_output():
+    """One hidden layer (a 10 MiB Linear output, a 10 MiB GELU output), each step's graph kept
+    (`retain_graph=True`): the Sequential checkpointed whole keeps only its output of the first
+    step's graph, 10 MiB saved; the judged pass's own recomputation outweighs what it saves, so it
+    adds nothing. Rehearsed on creeping-leak-mlp-sgd: 30.0 MiB said and saved, where the rule of
+    thumb said 14.1 (70% of the pass's own 21 MiB here: 14.7)."""
+    sim = Sim(total_bytes=512 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    _mlp_forward(sim, 1, 10, 1)
+    sim.marker("backward", "start")
+    grad = sim.alloc(8 * MiB, BACKWARD_STACK, "gradient", "w.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(grad)
+    sim.marker("zero_grad", "end")
+    _mlp_forward(sim, 1, 10, 1)
+    sim.marker("backward", "start")
+    sim.oom(256 * MiB, BACKWARD_STACK)
+    rec = _checkpointing(sim)
+    assert rec.estimated_saved_bytes == 10 * MiB
+    assert not rec.rule_of_thumb and rec.regions_sequential and rec.regions == 1
+
+
+def test_the_reports_name_the_segments_of_the_sequential():
+    """The figure assumes the Sequential's modules cut as checkpoint_sequential cuts them: the
+    reports say so, in how many segments, and which line calls the Sequential."""
+    snapshot = _sequential_snapshot()
+    said = "checkpointing the modules of torch's Sequential in 2 segments (checkpoint_sequential"
+    text = render_report(snapshot, "text").decode()
+    assert said in text and "called at model.py:31 in forward" in text
+    assert "each of the" not in text
+    rec = next(
+        r
+        for r in json.loads(render_report(snapshot, "json"))["recommendations"]
+        if r["id"] == "activation-checkpointing"
+    )
+    assert rec["regions"] == {"count": 2, "called_from": ["model.py:31 in forward"], "sequential": True}
+
+
+def test_a_sequential_inside_a_block_of_the_model_s_is_no_segments():
+    """A one-block transformer: the block (the user's module, called once) calls its MLP, a
+    Sequential of torch's modules. A user checkpoints the block, which one call does not bound, not
+    its MLP alone: the saving stays the rule of thumb (it was none at all: the MLP's cuts save
+    nothing, and the advice was dropped)."""
+    block = (Frame("model.py", 12, "forward"), Frame(_MODULE, 1751, "_wrapped_call_impl"))
+
+    def in_block(call: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        return (*call[:5], *block, *call[5:])
+
+    sim = Sim(total_bytes=256 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    sim.alloc(6 * MiB, _in_block(10))  # the block's attention
+    sim.alloc(MiB, in_block(LINEAR_CALL))
+    sim.alloc(MiB, in_block(GELU_CALL))
+    sim.alloc(HEAD_MIB * MiB, HEAD)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(64 * MiB, BACKWARD_STACK)
+    rec = _checkpointing(sim)
+    assert rec.rule_of_thumb and not rec.regions_sequential
+    assert rec.estimated_saved_bytes == int(14 * MiB * CHECKPOINTING_SAVES)

@@ -16,6 +16,10 @@ one region at a time, the largest at most, once it has freed what the pass made 
 So checkpointing saves what the regions hold, less their inputs and the largest region beyond what
 came after them. A graph an earlier pass kept (a leak's `retain_graph`) shrinks to its regions'
 inputs too, and is never recomputed at the same time as the judged pass's region.
+
+Where no forward calls such blocks but a Sequential of torch's own modules loops over them (an MLP,
+a CNN's stages), `sequential_regions` reads each module call as a region and cuts them as
+checkpoint_sequential would (its last segment unchecked), or checkpoints the Sequential whole.
 """
 
 from __future__ import annotations
@@ -46,13 +50,18 @@ class Regions:
     # the judged pass's live activations made after its last region (the head, the logits, the loss):
     # the backward frees them before it recomputes a region
     after_bytes: int
+    # the segments of a Sequential of torch's own modules (`sequential_regions`): of `pass_held_bytes`,
+    # what its last segment holds, which checkpoint_sequential runs without checkpointing
+    unchecked_bytes: int = 0
+    sequential: bool = False  # the regions are such segments, not the blocks a forward calls
 
     @property
     def pass_saved_bytes(self) -> int:
         """What checkpointing saves of the judged pass at the higher of its two peaks: the forward's
-        end (everything else, and the regions' inputs) and a region's recomputation in the
-        backward (the largest, where what came after the regions is freed already)."""
-        recomputed = max(0, self.largest_bytes - self.after_bytes)
+        end (everything else, the regions' inputs and the segment run unchecked) and a region's
+        recomputation in the backward (the largest, where what came after the regions, and the
+        unchecked segment, is freed already)."""
+        recomputed = max(self.unchecked_bytes, self.largest_bytes - self.after_bytes, 0)
         return max(0, self.pass_held_bytes - self.pass_inputs_bytes - recomputed)
 
     @property
@@ -197,4 +206,148 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
         pass_held_bytes=pass_held,
         pass_inputs_bytes=pass_inputs,
         after_bytes=after,
+    )
+
+
+_CONTAINER = "torch/nn/modules/container.py"
+
+
+@dataclass
+class _Sequence:
+    caller: Frame  # the line that called the Sequential
+    # per pass (step): the module calls in allocation order, each [bytes, latest block's bytes, latest index]
+    passes: dict[int | None, list[list[int]]]
+    last: dict[int | None, Frame]  # per pass, the latest block's called forward
+
+
+def _sequence_of(stack: Stack, sequences: dict[tuple[Frame, ...], _Sequence]) -> tuple[_Sequence, Frame] | None:
+    """The outermost Sequential of torch's own modules a stack runs in (its forward's loop over its
+    modules, torch/nn/modules/container.py), registered in `sequences` by the frames that lead to
+    it, with the forward of the module it called there; None outside one, inside a checkpointed
+    region, or inside a module of the user's own that the model calls (a transformer block's MLP:
+    a user checkpoints the block, which one call does not bound)."""
+    calls = _calls(stack)
+    if calls is None:
+        return None
+    frames, entered = calls
+    ends = (*entered[1:], len(frames))
+    own = 0  # the modules of the user's own (not torch's) the stack called so far
+    for position, end in zip(entered, ends, strict=False):  # no module call: none
+        loop = frames[position - 1]
+        if position < 2 or loop.name != "forward" or not loop.filename.replace("\\", "/").endswith(_CONTAINER):
+            own += frame_kind(_called_forward(frames[position:end])) != TORCH
+            if own > 1:
+                return None  # a Sequential inside a block of the model's: checkpointed with the block
+            continue
+        callee = _called_forward(frames[position:end])
+        if _TORCH_MODULES not in callee.filename.replace("\\", "/"):
+            return None  # a block of the user's own (a ResNet's): `checkpoint_regions` reads those
+        prefix = frames[:position]
+        sequence = sequences.get(prefix)
+        if sequence is None:
+            sequence = sequences[prefix] = _Sequence(frames[position - 2], {}, {})
+        return sequence, callee
+    return None
+
+
+def _segments(calls: list[list[int]], count: int) -> list[list[list[int]]]:
+    """`calls` cut as checkpoint_sequential cuts a Sequential's modules into `count` segments:
+    each of len // count calls, the last one the rest."""
+    size = len(calls) // count
+    return [calls[i * size : (i + 1) * size] for i in range(count - 1)] + [calls[(count - 1) * size :]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    count: int
+    held: int
+    inputs: int
+    largest: int
+    unchecked: int
+
+
+def _cut(calls: list[list[int]], count: int) -> _Cut:
+    """One pass's module calls in `count` segments: with one, the Sequential checkpointed whole
+    (torch.utils.checkpoint.checkpoint), keeping its input (made before it) and its output (what
+    came after uses it); with more, checkpoint_sequential, which checkpoints each segment but the
+    last, keeping each one's input (the previous one's output) and the last segment whole."""
+    held = sum(call[0] for call in calls)
+    if count == 1:
+        return _Cut(1, held, calls[-1][1], held, 0)
+    segments = _segments(calls, count)
+    inputs = sum(segment[-1][1] for segment in segments[:-1])
+    largest = max(sum(call[0] for call in segment) for segment in segments[:-1])
+    return _Cut(count, held, inputs, largest, sum(call[0] for call in segments[-1]))
+
+
+def sequential_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions | None:
+    """The segments that checkpointing a Sequential of torch's own modules (an MLP's layers, a
+    CNN's convolutions, normalisations and activations) would cut the live activation blocks
+    `blocks` into, where the judged pass `step` called two modules or more from its loop. Each
+    module call is read from the stacks as `checkpoint_regions` reads a block's (a new one where the
+    called forward changes or its line goes back: two like modules in a row whose first keeps
+    nothing live read as one). The count of segments is the one of checkpoint_sequential's cuts of
+    the calls the pass shows (or the whole Sequential checkpointed) that saves most; each earlier
+    pass's kept graph is cut alike. None where no pass calls such a Sequential's modules twice."""
+    ordered = sorted((b for b in blocks if b.alloc_index is not None), key=lambda b: b.alloc_index or 0)
+    sequences: dict[tuple[Frame, ...], _Sequence] = {}
+    read: dict[int, tuple[Stack, tuple[_Sequence, Frame] | None]] = {}
+    members: set[int] = set()
+    for block in ordered:
+        known = read.get(id(block.frames))
+        if known is None or known[0] is not block.frames:
+            known = read[id(block.frames)] = (block.frames, _sequence_of(block.frames, sequences))
+        if known[1] is None:
+            continue
+        sequence, callee = known[1]
+        calls = sequence.passes.setdefault(block.step, [])
+        before = sequence.last.get(block.step)
+        if before is None or _restarts(before, callee):
+            calls.append([0, 0, -1])
+        call = calls[-1]
+        call[0] += block.size_bytes
+        call[1], call[2] = block.size_bytes, block.alloc_index or 0
+        members.add(block.alloc_index or 0)
+        sequence.last[block.step] = callee
+    chosen = [s for s in sequences.values() if len(s.passes.get(step, ())) >= 2]
+    if not chosen:
+        return None
+    end = max(s.passes[step][-1][2] for s in chosen)
+    after = sum(
+        b.size_bytes
+        for b in ordered
+        if b.step == step and (b.alloc_index or 0) > end and (b.alloc_index or 0) not in members
+    )
+    held = inputs = pass_held = pass_inputs = largest = unchecked = count = 0
+    for sequence in chosen:
+        calls = sequence.passes[step]
+        best: tuple[int, _Cut, int, int] | None = None
+        for segments in range(1, len(calls) + 1):
+            cut = _cut(calls, segments)
+            earlier = [_cut(c, min(segments, len(c))) for s_, c in sequence.passes.items() if s_ != step]
+            recomputed = max(cut.unchecked, cut.largest - after, 0)
+            saved = max(0, cut.held - cut.inputs - recomputed) + sum(e.held - e.inputs - e.unchecked for e in earlier)
+            kept = sum(e.inputs + e.unchecked for e in earlier)
+            if best is None or saved > best[0]:
+                best = (saved, cut, sum(e.held for e in earlier), kept)
+        assert best is not None
+        _, cut, earlier_held, earlier_kept = best
+        held += cut.held + earlier_held
+        inputs += cut.inputs + earlier_kept
+        pass_held += cut.held
+        pass_inputs += cut.inputs
+        largest = max(largest, cut.largest)
+        unchecked += cut.unchecked
+        count += cut.count
+    return Regions(
+        sites=tuple(s.caller for s in chosen),
+        count=count,
+        held_bytes=held,
+        inputs_bytes=inputs,
+        largest_bytes=largest,
+        pass_held_bytes=pass_held,
+        pass_inputs_bytes=pass_inputs,
+        after_bytes=after,
+        unchecked_bytes=unchecked,
+        sequential=True,
     )

@@ -504,6 +504,9 @@ class Recommendation:
     # called from these lines (the callers' frames, analysis/regions.py); 0 and () otherwise
     regions: int = 0
     regions_called_from: Stack = ()
+    # the regions are segments of a Sequential of torch's own modules (checkpoint_sequential's; one:
+    # the Sequential checkpointed whole), called from `regions_called_from`, not blocks a forward calls
+    regions_sequential: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,6 +177,8 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
         out["estimated_saved_is_rule_of_thumb"] = True
     if item.regions:  # activation checkpointing measured from the regions these lines call
         out["regions"] = {"count": item.regions, "called_from": _frames(item.regions_called_from)}
+        if item.regions_sequential:  # segments of a Sequential of torch's own modules
+            out["regions"]["sequential"] = True
     return out
 
 

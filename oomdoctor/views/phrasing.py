@@ -498,6 +498,11 @@ def regions_note(item: Recommendation) -> str | None:
     `frame_words` and escaped its own way); None for a saving not measured from regions."""
     if not item.regions:
         return None
+    if item.regions_sequential:
+        return (
+            f"measured from the file: checkpointing the modules of torch's Sequential in {plural(item.regions, 'segment')}"
+            " (checkpoint_sequential, the last segment unchecked; one segment: checkpoint of the whole), called at"
+        )
     return f"measured from the file: checkpointing each of the {plural(item.regions, 'block')} called at"
 
 
