@@ -59,6 +59,7 @@ from oomdoctor.analysis.results import (
     METHOD_PHASE,
     METHOD_SIZE_OUTWEIGHS,
     PHASE_BETWEEN,
+    PHASE_FORWARD,
     PHASE_OPTIMIZER,
     PHASE_UNKNOWN,
     SOURCE_MARKERS,
@@ -88,7 +89,7 @@ from oomdoctor.analysis.verdicts import Context, diagnose
 from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import HISTORY_RESTORED
-from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot, Stack
 from oomdoctor.vocabulary import Component
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
@@ -436,6 +437,27 @@ def _earlier_passes_allocated(dump: _DeviceDump, target: _Target) -> int:
     return _allocated_between(dump.trace, last_training + 1, forwards[-1].first_index)
 
 
+def _forward_freed(dump: _DeviceDump, target: _Target, step: int | None) -> tuple[tuple[int, int, Stack], ...]:
+    """The allocations the forward of `step` made and freed in it before the target, each (event
+    index, requested bytes, stack), oldest first."""
+    end = target.index if target.index is not None else len(dump.trace) - 1
+    trace = dump.trace
+    freed: list[tuple[int, int, Stack]] = []
+    for span in dump.spans:
+        if span.step != step or span.phase != PHASE_FORWARD or span.first_index > end:
+            continue
+        made: dict[int, int] = {}
+        for index in range(span.first_index, min(span.last_index, end) + 1):
+            action = trace.actions[index]
+            if action == ALLOC:
+                made[trace.addrs[index]] = index
+            elif action in (FREE_REQUESTED, FREE_COMPLETED):
+                alloc = made.pop(trace.addrs[index], None)
+                if alloc is not None:
+                    freed.append((alloc, trace.sizes[alloc], trace.frames_at(alloc)))
+    return tuple(sorted(freed, key=lambda item: item[0]))
+
+
 def _current_pass(dump: _DeviceDump, target: _Target, blocks: Sequence[LiveBlock]) -> tuple[int, int, int, bool]:
     """What the forward the target falls in keeps: (bytes allocated from the oldest of its
     activations and temporaries still alive at the target up to the target, the bytes of those
@@ -561,6 +583,7 @@ def _context(
         pass_allocated_bytes=pass_allocated,
         pass_kept_bytes=pass_kept,
         pass_kept_count=pass_kept_count,
+        pass_freed=_forward_freed(dump, target, moment.step),
         pass_returned=pass_returned,
         earlier_passes_allocated_bytes=(
             _earlier_passes_allocated(dump, target) if moment.phase in (*FORWARD_PASSES, PHASE_BETWEEN) else 0

@@ -459,7 +459,7 @@ def recommend(
         live_activations = c.get(Component.ACTIVATIONS, 0)
         live = [b for b in ctx.live_blocks if b.component == Component.ACTIVATIONS]
         # the blocks a forward calls in a loop, else the segments of a Sequential of torch's own modules
-        regions = checkpoint_regions(live, ctx.target_step) or sequential_regions(live, ctx.target_step)
+        regions = checkpoint_regions(live, ctx.target_step) or sequential_regions(live, ctx.target_step, ctx.pass_freed)
         grows = 1.0  # the interrupted pass's extrapolated activations over those at the OOM
         if regions is not None:
             # measured from the file: the regions the pass calls, checkpointed, keep their inputs and
@@ -494,11 +494,12 @@ def recommend(
             # interrupted pass needs, extrapolated, is more than it needed). Scaled to an interrupted
             # pass's extrapolated rest it ran up to 13% high: no fit is claimed from that either.
             # A Sequential's segments, rehearsed with checkpoint_sequential (or checkpoint) applied as
-            # they say, came within 5% on a completed pass (creeping-leak-mlp-sgd's kept graphs: 30.0
-            # MiB said and saved; slow-leak-mlp-kept-predictions: 4.0 and 3.8-4.0), 33% low on
-            # a tiny one (gradients-kept-mlp-plain-sgd: 256 KiB said, 384 saved), and 29% high on an
-            # interrupted CNN's (activation-spike-cnn-bigger-batch: 54.0 said, 41.7 saved; the
-            # backward's gradients beside a recomputed segment are not counted): no fit is claimed
+            # they say, came within 5% on completed passes (creeping-leak-mlp-sgd's kept graphs: 30.0
+            # MiB said and saved; slow-leak-mlp-kept-predictions: 4.0 and 3.8-4.0), 33% low on a tiny
+            # one (gradients-kept-mlp-plain-sgd: 256 KiB said, 384 saved), 10% high on an interrupted
+            # CNN (activation-spike-cnn-bigger-batch: 32.7 said, 29.8 saved) and 35% high on the same
+            # CNN interrupted later (56.5, 41.7: its cuts of the calls seen are not the whole
+            # Sequential's): no fit is claimed from them (docs/definitions.md)
             fit_only=True,
             fit_unknown=grows > 1 or (regions is not None and regions.sequential),
             regions=regions,

@@ -280,43 +280,52 @@ def _cut(calls: list[list[int]], count: int) -> _Cut:
     return _Cut(count, held, inputs, largest, sum(call[0] for call in segments[-1]))
 
 
-def sequential_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions | None:
+def sequential_regions(
+    blocks: Iterable[LiveBlock], step: int | None, freed: Iterable[tuple[int, int, Stack]] = ()
+) -> Regions | None:
     """The segments that checkpointing a Sequential of torch's own modules (an MLP's layers, a
     CNN's convolutions, normalisations and activations) would cut the live activation blocks
     `blocks` into, where the judged pass `step` called two modules or more from its loop. Each
     module call is read from the stacks as `checkpoint_regions` reads a block's (a new one where the
     called forward changes or its line goes back: two like modules in a row whose first keeps
-    nothing live read as one). The count of segments is the one of checkpoint_sequential's cuts of
-    the calls the pass shows (or the whole Sequential checkpointed) that saves most; each earlier
-    pass's kept graph is cut alike. None where no pass calls such a Sequential's modules twice."""
-    ordered = sorted((b for b in blocks if b.alloc_index is not None), key=lambda b: b.alloc_index or 0)
+    nothing live read as one); its output is the first block it made, live or among `freed` (the
+    pass's forward allocations it freed before the moment, (event index, bytes, stack)): a cut after
+    a module whose output the run freed (a BatchNorm's, which the ReLU after it does not save) keeps
+    it. The count of segments is the one of checkpoint_sequential's cuts of the calls the pass shows
+    (or the whole Sequential checkpointed) that saves most; each earlier pass's kept graph is cut
+    alike (its outputs read from its live blocks). None where no pass calls such a Sequential's
+    modules twice."""
+    made = [(b.alloc_index or 0, b.size_bytes, b.frames, b.step, True) for b in blocks if b.alloc_index is not None]
+    made += [(index, size, frames, step, False) for index, size, frames in freed]
+    made.sort(key=lambda item: item[0])
     sequences: dict[tuple[Frame, ...], _Sequence] = {}
     read: dict[int, tuple[Stack, tuple[_Sequence, Frame] | None]] = {}
     members: set[int] = set()
-    for block in ordered:
-        known = read.get(id(block.frames))
-        if known is None or known[0] is not block.frames:
-            known = read[id(block.frames)] = (block.frames, _sequence_of(block.frames, sequences))
+    for index, size, frames, block_step, live in made:
+        known = read.get(id(frames))
+        if known is None or known[0] is not frames:
+            known = read[id(frames)] = (frames, _sequence_of(frames, sequences))
         if known[1] is None:
             continue
         sequence, callee = known[1]
-        calls = sequence.passes.setdefault(block.step, [])
-        before = sequence.last.get(block.step)
+        calls = sequence.passes.setdefault(block_step, [])
+        before = sequence.last.get(block_step)
         if before is None or _restarts(before, callee):
-            calls.append([0, 0, -1])
+            calls.append([0, size, -1])  # [live bytes, output's bytes, latest index]
         call = calls[-1]
-        call[0] += block.size_bytes
-        call[1], call[2] = block.size_bytes, block.alloc_index or 0
-        members.add(block.alloc_index or 0)
-        sequence.last[block.step] = callee
+        call[2] = index
+        sequence.last[block_step] = callee
+        if live:
+            call[0] += size
+            members.add(index)
     chosen = [s for s in sequences.values() if len(s.passes.get(step, ())) >= 2]
     if not chosen:
         return None
     end = max(s.passes[step][-1][2] for s in chosen)
     after = sum(
-        b.size_bytes
-        for b in ordered
-        if b.step == step and (b.alloc_index or 0) > end and (b.alloc_index or 0) not in members
+        size
+        for index, size, _, block_step, live in made
+        if live and block_step == step and index > end and index not in members
     )
     held = inputs = pass_held = pass_inputs = largest = unchecked = count = 0
     for sequence in chosen:

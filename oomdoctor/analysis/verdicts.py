@@ -135,6 +135,9 @@ class Context:
     pass_allocated_bytes: int = field(default=0)  # the forward's allocations since its oldest tensor still alive
     pass_kept_bytes: int = field(default=0)  # the forward's activations and temporaries alive at the target
     pass_kept_count: int = field(default=0)  # how many tensors those are
+    # the judged step's forward allocations it freed before the target, (event index, bytes, stack):
+    # what a checkpointed segment keeps as its input where the run freed it (a BatchNorm's output)
+    pass_freed: tuple[tuple[int, int, Stack], ...] = field(default=())
     pass_returned: bool = field(default=False)  # the pass is the last forward, returned before the target
     earlier_passes_allocated_bytes: int = field(default=0)  # allocated by the earlier passes since the last backward
     request_frames: Stack = field(default=())  # the failed request's stack (the oom event's), innermost first
