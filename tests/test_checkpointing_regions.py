@@ -404,9 +404,9 @@ def test_the_reports_name_the_segments_of_the_sequential():
     """The figure assumes the Sequential's modules cut as checkpoint_sequential cuts them: the
     reports say so, in how many segments, and which line calls the Sequential."""
     snapshot = _sequential_snapshot()
-    said = "checkpointing the modules of torch's Sequential in 2 segments (checkpoint_sequential"
+    said = "checkpointing in 2 segments the torch modules the Sequential calls (checkpoint_sequential's cuts"
     text = render_report(snapshot, "text").decode()
-    assert said in text and "called at model.py:31 in forward" in text
+    assert said in text and "whole), called at model.py:31 in forward" in text
     assert "each of the" not in text
     rec = next(
         r
@@ -476,3 +476,70 @@ def test_a_cut_after_a_module_whose_output_the_pass_freed_keeps_it():
     rec = _checkpointing(sim)
     assert rec.estimated_saved_bytes == 9 * MiB
     assert rec.regions == 2 and rec.regions_sequential
+
+
+def _in_loop(module: str, line: int, op: Frame) -> tuple[Frame, ...]:
+    """An op in a torch module's forward that the model's own loop calls (`for layer in
+    self.layers: x = layer(x)`, model.py line 31)."""
+    stack = _in_sequential(module, line, op)
+    return (*stack[:3], *stack[5:])
+
+
+def test_a_loop_of_the_user_s_own_over_torch_modules_is_cut_as_a_sequential():
+    """The MLP of the Sequential test, its Linear and GELU modules in a ModuleList the model's
+    forward loops over at line 31: the same 16 MiB in 2 segments, at the loop's line (it was the
+    rule of thumb, 35 MiB)."""
+    sim = Sim(total_bytes=256 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    for _ in range(3):
+        sim.alloc(8 * MiB, _in_loop("linear.py", 125, _LINEAR))
+        sim.alloc(8 * MiB, _in_loop("activation.py", 700, _GELU))
+    sim.alloc(2 * MiB, HEAD)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(64 * MiB, BACKWARD_STACK)
+    rec = _checkpointing(sim)
+    assert rec.estimated_saved_bytes == 16 * MiB and rec.regions == 2 and rec.regions_sequential
+    assert rec.regions_called_from == (Frame("model.py", 31, "forward"),) and rec.regions_of_loops == 1
+    assert phrasing.regions_note(rec).endswith(
+        "the torch modules the loop calls (checkpoint_sequential's cuts, "
+        "the last segment unchecked; one segment: checkpoint of the whole), at"
+    )
+
+
+def test_a_line_that_makes_its_own_blocks_between_module_calls_is_no_loop_of_modules():
+    """`x = F.dropout(act(layer(x)))` over Linear and GELU modules: the line itself makes the
+    dropout's outputs, which no module call holds, so the calls do not bound what the loop keeps:
+    the rule of thumb stays (it was 2 segments of the modules' calls alone)."""
+    sim = Sim(total_bytes=256 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    dropout = Frame("/usr/lib/python3/site-packages/torch/nn/functional.py", 1400, "dropout")
+    at_the_line = (dropout, *_in_loop("linear.py", 125, _LINEAR)[3:])
+    for _ in range(3):
+        sim.alloc(8 * MiB, _in_loop("linear.py", 125, _LINEAR))
+        sim.alloc(8 * MiB, _in_loop("activation.py", 700, _GELU))
+        sim.alloc(8 * MiB, at_the_line)
+    sim.alloc(2 * MiB, HEAD)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(64 * MiB, BACKWARD_STACK)
+    rec = _checkpointing(sim)
+    assert rec.rule_of_thumb and not rec.regions_sequential
+
+
+def test_a_line_that_calls_each_module_once_is_no_loop():
+    """`logits = self.head(self.act(x))` in the model's forward: two torch modules called from one
+    line, neither again, is no loop over modules: the rule of thumb stays."""
+    sim = Sim(total_bytes=256 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    sim.alloc(8 * MiB, FORWARD_STACK)
+    sim.alloc(8 * MiB, _in_loop("activation.py", 700, _GELU))
+    sim.alloc(8 * MiB, _in_loop("linear.py", 125, _LINEAR))
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    sim.oom(64 * MiB, BACKWARD_STACK)
+    rec = _checkpointing(sim)
+    assert rec.rule_of_thumb and not rec.regions_sequential

@@ -423,6 +423,7 @@ def recommend(
                 regions=regions.count if regions is not None else 0,
                 regions_called_from=regions.sites if regions is not None else (),
                 regions_sequential=regions is not None and regions.sequential,
+                regions_of_loops=regions.loops if regions is not None else 0,
             )
         )
 

@@ -18,8 +18,9 @@ came after them. A graph an earlier pass kept (a leak's `retain_graph`) shrinks 
 inputs too, and is never recomputed at the same time as the judged pass's region.
 
 Where no forward calls such blocks but a Sequential of torch's own modules loops over them (an MLP,
-a CNN's stages), `sequential_regions` reads each module call as a region and cuts them as
-checkpoint_sequential would (its last segment unchecked), or checkpoints the Sequential whole.
+a CNN's stages), or a line of the user's own does, `sequential_regions` reads each module call as a
+region and cuts them as checkpoint_sequential would (its last segment unchecked), or checkpoints
+them whole.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Regions:
     # what its last segment holds, which checkpoint_sequential runs without checkpointing
     unchecked_bytes: int = 0
     sequential: bool = False  # the regions are such segments, not the blocks a forward calls
+    loops: int = 0  # of `sites`, the user's own lines that loop over torch's modules (not a Sequential's callers)
 
     @property
     def pass_saved_bytes(self) -> int:
@@ -214,40 +216,61 @@ _CONTAINER = "torch/nn/modules/container.py"
 
 @dataclass
 class _Sequence:
-    caller: Frame  # the line that called the Sequential
-    # per pass (step): the module calls in allocation order, each [bytes, latest block's bytes, latest index]
+    caller: Frame  # the line that called the Sequential, or the user's line that loops over the modules
+    loop: bool  # a line of the user's own, not a Sequential's forward
+    # per pass (step): the module calls in allocation order, each [live bytes, output's bytes, latest
+    # index, the called forward's number in `kinds`]
     passes: dict[int | None, list[list[int]]]
     last: dict[int | None, Frame]  # per pass, the latest block's called forward
+    kinds: dict[tuple[str, str], int]  # the forwards it called (file, name), numbered
+    members: set[int]  # the allocation indices of its calls' live blocks
 
 
-def _sequence_of(stack: Stack, sequences: dict[tuple[Frame, ...], _Sequence]) -> tuple[_Sequence, Frame] | None:
-    """The outermost Sequential of torch's own modules a stack runs in (its forward's loop over its
-    modules, torch/nn/modules/container.py), registered in `sequences` by the frames that lead to
-    it, with the forward of the module it called there; None outside one, inside a checkpointed
-    region, or inside a module of the user's own that the model calls (a transformer block's MLP:
-    a user checkpoints the block, which one call does not bound)."""
+def _is_container(frame: Frame) -> bool:
+    return frame.name == "forward" and frame.filename.replace("\\", "/").endswith(_CONTAINER)
+
+
+def _sequences_of(
+    stack: Stack, sequences: dict[tuple[Frame, ...], _Sequence], bare: set[tuple[Frame, ...]]
+) -> list[tuple[_Sequence, Frame]]:
+    """The lines a stack runs through that call torch's own modules (a Sequential's forward's loop
+    over its modules, torch/nn/modules/container.py, or a line of the user's own), outermost first,
+    each registered in `sequences` by the frames that lead to it, with the forward of the module it
+    called there; none inside a checkpointed region, and none within a module of the user's own
+    that the model calls (a transformer block's MLP: a user checkpoints the block, which one call
+    does not bound). A stack made at a user's line itself, in no module call, is added to `bare`
+    (that line's work between calls, which its calls do not hold)."""
     calls = _calls(stack)
     if calls is None:
-        return None
+        return []
     frames, entered = calls
+    line = len(frames)  # the stack's innermost frame of the user's own (past torch's functions it called)
+    while line > 0 and frame_kind(frames[line - 1]) == TORCH:
+        line -= 1
+    if not any(position >= line for position in entered):  # made there, in no module call
+        bare.add(frames[:line])
+    found: list[tuple[_Sequence, Frame]] = []
     ends = (*entered[1:], len(frames))
     own = 0  # the modules of the user's own (not torch's) the stack called so far
     for position, end in zip(entered, ends, strict=False):  # no module call: none
-        loop = frames[position - 1]
-        if position < 2 or loop.name != "forward" or not loop.filename.replace("\\", "/").endswith(_CONTAINER):
-            own += frame_kind(_called_forward(frames[position:end])) != TORCH
-            if own > 1:
-                return None  # a Sequential inside a block of the model's: checkpointed with the block
-            continue
         callee = _called_forward(frames[position:end])
-        if _TORCH_MODULES not in callee.filename.replace("\\", "/"):
-            return None  # a block of the user's own (a ResNet's): `checkpoint_regions` reads those
-        prefix = frames[:position]
-        sequence = sequences.get(prefix)
-        if sequence is None:
-            sequence = sequences[prefix] = _Sequence(frames[position - 2], {}, {})
-        return sequence, callee
-    return None
+        ours = _TORCH_MODULES in callee.filename.replace("\\", "/")
+        loop = frames[position - 1]
+        if ours and position >= 2 and (_is_container(loop) or frame_kind(loop) != TORCH):
+            prefix = frames[:position]
+            sequence = sequences.get(prefix)
+            if sequence is None:
+                user = not _is_container(loop)
+                caller = loop if user else frames[position - 2]
+                sequence = sequences[prefix] = _Sequence(caller, user, {}, {}, {}, set())
+            found.append((sequence, callee))
+        if not ours:
+            own += 1
+            if own > 1:
+                return found  # within a block of the model's: checkpointed with the block
+        elif not _is_container(callee):
+            return found  # inside a torch module's own forward (a layer): its calls are its own
+    return found
 
 
 def _segments(calls: list[list[int]], count: int) -> list[list[list[int]]]:
@@ -285,7 +308,9 @@ def sequential_regions(
 ) -> Regions | None:
     """The segments that checkpointing a Sequential of torch's own modules (an MLP's layers, a
     CNN's convolutions, normalisations and activations) would cut the live activation blocks
-    `blocks` into, where the judged pass `step` called two modules or more from its loop. Each
+    `blocks` into, where the judged pass `step` called two modules or more from its loop (or a
+    user's line called a module's forward again, making nothing live itself between: `loops`),
+    the outermost such line counting (a Sequential a loop calls is part of its call). Each
     module call is read from the stacks as `checkpoint_regions` reads a block's (a new one where the
     called forward changes or its line goes back: two like modules in a row whose first keeps
     nothing live read as one); its output is the first block it made, live or among `freed` (the
@@ -299,36 +324,51 @@ def sequential_regions(
     made += [(index, size, frames, step, False) for index, size, frames in freed]
     made.sort(key=lambda item: item[0])
     sequences: dict[tuple[Frame, ...], _Sequence] = {}
-    read: dict[int, tuple[Stack, tuple[_Sequence, Frame] | None]] = {}
-    members: set[int] = set()
+    bare: set[tuple[Frame, ...]] = set()  # the frames of the judged pass's blocks made at a line itself
+    read: dict[int, tuple[Stack, list[tuple[_Sequence, Frame]], set[tuple[Frame, ...]]]] = {}
     for index, size, frames, block_step, live in made:
         known = read.get(id(frames))
         if known is None or known[0] is not frames:
-            known = read[id(frames)] = (frames, _sequence_of(frames, sequences))
-        if known[1] is None:
-            continue
-        sequence, callee = known[1]
-        calls = sequence.passes.setdefault(block_step, [])
-        before = sequence.last.get(block_step)
-        if before is None or _restarts(before, callee):
-            calls.append([0, size, -1])  # [live bytes, output's bytes, latest index]
-        call = calls[-1]
-        call[2] = index
-        sequence.last[block_step] = callee
-        if live:
-            call[0] += size
-            members.add(index)
-    chosen = [s for s in sequences.values() if len(s.passes.get(step, ())) >= 2]
+            found_bare: set[tuple[Frame, ...]] = set()
+            known = read[id(frames)] = (frames, _sequences_of(frames, sequences, found_bare), found_bare)
+        if block_step == step and live:
+            bare |= known[2]
+        for sequence, callee in known[1]:
+            calls = sequence.passes.setdefault(block_step, [])
+            before = sequence.last.get(block_step)
+            kind = sequence.kinds.setdefault((callee.filename, callee.name), len(sequence.kinds))
+            if before is None or _restarts(before, callee):
+                calls.append([0, size, -1, kind])  # [live bytes, output's bytes, latest index, forward]
+            call = calls[-1]
+            call[2] = index
+            sequence.last[block_step] = callee
+            if live:
+                call[0] += size
+                sequence.members.add(index)
+
+    def loops(prefix: tuple[Frame, ...], sequence: _Sequence) -> bool:
+        """A Sequential that called two modules or more in the judged pass; a user's line, one that
+        called a forward again (a loop), and made nothing live of its own between the calls."""
+        calls = sequence.passes.get(step, [])
+        if len(calls) < 2:
+            return False
+        return not sequence.loop or (len({call[3] for call in calls}) < len(calls) and prefix not in bare)
+
+    chosen: list[tuple[tuple[Frame, ...], _Sequence]] = []
+    for prefix, sequence in sorted(sequences.items(), key=lambda item: len(item[0])):
+        if loops(prefix, sequence) and not any(prefix[: len(outer)] == outer for outer, _ in chosen):
+            chosen.append((prefix, sequence))
     if not chosen:
         return None
-    end = max(s.passes[step][-1][2] for s in chosen)
+    members = set().union(*(sequence.members for _, sequence in chosen))
+    end = max(sequence.passes[step][-1][2] for _, sequence in chosen)
     after = sum(
         size
         for index, size, _, block_step, live in made
         if live and block_step == step and index > end and index not in members
     )
     held = inputs = pass_held = pass_inputs = largest = unchecked = count = 0
-    for sequence in chosen:
+    for _, sequence in chosen:
         calls = sequence.passes[step]
         best: tuple[int, _Cut, int, int] | None = None
         for segments in range(1, len(calls) + 1):
@@ -349,7 +389,7 @@ def sequential_regions(
         unchecked += cut.unchecked
         count += cut.count
     return Regions(
-        sites=tuple(s.caller for s in chosen),
+        sites=tuple(sequence.caller for _, sequence in chosen),
         count=count,
         held_bytes=held,
         inputs_bytes=inputs,
@@ -359,4 +399,5 @@ def sequential_regions(
         after_bytes=after,
         unchecked_bytes=unchecked,
         sequential=True,
+        loops=sum(sequence.loop for _, sequence in chosen),
     )

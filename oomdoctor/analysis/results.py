@@ -504,9 +504,10 @@ class Recommendation:
     # called from these lines (the callers' frames, analysis/regions.py); 0 and () otherwise
     regions: int = 0
     regions_called_from: Stack = ()
-    # the regions are segments of a Sequential of torch's own modules (checkpoint_sequential's; one:
-    # the Sequential checkpointed whole), called from `regions_called_from`, not blocks a forward calls
+    # the regions are segments of the torch modules a Sequential (called from `regions_called_from`)
+    # or a user's loop (at it) calls, checkpoint_sequential's (one: checkpointed whole), not blocks
     regions_sequential: bool = False
+    regions_of_loops: int = 0  # of `regions_called_from`, the loops (the rest call Sequentials)
 
 
 @dataclass(frozen=True, slots=True)

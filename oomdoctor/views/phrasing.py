@@ -499,9 +499,17 @@ def regions_note(item: Recommendation) -> str | None:
     if not item.regions:
         return None
     if item.regions_sequential:
+        what, where = (
+            ("the Sequential", "called at")
+            if not item.regions_of_loops
+            else ("the loop", "at")
+            if item.regions_of_loops == len(item.regions_called_from)
+            else ("a Sequential or a loop", "the Sequential called or the loop at")
+        )
         return (
-            f"measured from the file: checkpointing the modules of torch's Sequential in {plural(item.regions, 'segment')}"
-            " (checkpoint_sequential, the last segment unchecked; one segment: checkpoint of the whole), called at"
+            f"measured from the file: checkpointing in {plural(item.regions, 'segment')} the torch modules"
+            f" {what} calls (checkpoint_sequential's cuts, the last segment unchecked; one segment:"
+            f" checkpoint of the whole), {where}"
         )
     return f"measured from the file: checkpointing each of the {plural(item.regions, 'block')} called at"
 
