@@ -335,8 +335,9 @@ def test_a_placement_failure_in_a_forward_counts_the_spare_free_bytes_against_th
     and fails on placement: 4 MiB free on the device and 32 MiB free in the cache, in 8 MiB blocks,
     for a 16 MiB request. The rest of the pass needs bytes, not a place: what it lacks is the request
     and the rest less the free bytes (the what-if's gap), not the gap to a place plus the whole rest.
-    Halving the batch fits by the what-if and must be said to fit (a Lightning-like run said 'not
-    enough on its own' beside 'largest scale that fits: 0.58x')."""
+    Halving the batch fits by the what-if's allocated bytes and must not be said to be not enough (a
+    Lightning-like run said 'not enough on its own' beside 'largest scale that fits: 0.58x'); on this
+    small device it leaves no room for a new segment of each pool, so whether it fits is unknown."""
 
     class KeptCache(Sim):
         def release_cache(self) -> None:  # cache the flush cannot return (blocks of split segments)
@@ -366,8 +367,9 @@ def test_a_placement_failure_in_a_forward_counts_the_spare_free_bytes_against_th
     analysis = analyse(sim.snapshot())
     assert analysis.accounting.missing_bytes == 0 and analysis.what_if.rest_of_pass.extrapolated
     halve = next(r for r in analysis.recommendations if r.id in BATCH_RECOMMENDATIONS)
-    assert analysis.what_if.fits_at(0.5) is True
-    assert halve.would_fit_alone is True, halve
+    assert analysis.what_if.by_bytes_scale is not None and analysis.what_if.by_bytes_scale >= 0.5
+    assert analysis.what_if.fits_at(0.5) is None
+    assert halve.would_fit_alone is None, halve
 
 
 def test_a_forward_cut_short_at_its_first_allocation_is_judged_by_its_projected_whole():

@@ -104,10 +104,12 @@ def test_activations_dominating_a_backward_are_a_forwards_alive_in_it():
 
 def test_a_largest_fitting_scale_says_it_is_an_estimate_by_allocated_bytes():
     """The what-if scales allocated bytes; at another size the cache lays its blocks out otherwise.
-    Rehearsed, activation-spike-cnn-bigger-batch (0.66x of batch 64 on 96 MiB, so batch 42) ran out at
-    batch 42, 40 and 38 (a 20 MiB segment to cut with 14 MiB free, or 14.8 MiB reserved but
-    unallocated), and fitted at 34. Every view says what the figure is and the JSON flags it; 'none'
-    (the fixed part alone does not fit, which a layout only makes worse) is no estimate."""
+    Rehearsed, activation-spike-cnn-bigger-batch (0.66x of batch 64 on 96 MiB by allocated bytes, so
+    batch 42) ran out at batch 42, 40 and 38 (a 20 MiB segment to cut with 14 MiB free, or 14.8 MiB
+    reserved but unallocated), and fitted at 34 and 32. The scale leaves room for one new segment of
+    each pool (22 MiB: 0.50x, batch 32) and says what allocated bytes alone allow; every view says
+    what the figure is and the JSON flags it; 'none' (the fixed part alone does not fit, which a
+    layout only makes worse) is no estimate."""
     import json
 
     from oomdoctor.analysis import analyse
@@ -118,17 +120,23 @@ def test_a_largest_fitting_scale_says_it_is_an_estimate_by_allocated_bytes():
 
     snapshot = load(FIXTURES / "dumps" / "activation-spike-cnn-bigger-batch.pickle")
     analysis = analyse(snapshot)
-    assert analysis.what_if.largest_fitting_scale == 0.66
+    assert analysis.what_if.largest_fitting_scale == 0.5 and analysis.what_if.by_bytes_scale == 0.66
     text = render_report(snapshot, "text", analysis=analysis).decode()
     md = render_report(snapshot, "md", analysis=analysis).decode()
     report = json.loads(render_report(snapshot, "json", analysis=analysis))
-    assert "largest scale that fits: 0.66x (an estimate by allocated bytes)  (" in text
-    assert "Largest scale that fits: **0.66x (an estimate by allocated bytes)**" in md
+    label = "0.50x (an estimate by allocated bytes, with 22.00 MiB left for the cache's segments)"
+    assert f"largest scale that fits: {label}  (" in text
+    assert f"Largest scale that fits: **{label}**" in md
     app = "\n".join(line for section in overview_sections(analysis, "dump.pickle") for line in section.lines)
-    assert "largest scale that fits: 0.66x (an estimate by allocated bytes)" in app
+    assert f"largest scale that fits: {label}" in app
     for body in (text, md, app, report["what_if"]["note"]):
-        assert "the scale is an estimate by allocated bytes, which leaves out how the cache lays its blocks out" in body
+        assert "the scale is an estimate by allocated bytes with room for one new segment of each pool" in body
+        assert (
+            "by allocated bytes alone the peak would fit up to 0.66x, and between the two whether it fits is unknown"
+            in body
+        )
     assert report["what_if"]["largest_fitting_scale_by_allocated_bytes"] is True
+    assert report["what_if"]["by_bytes_scale"] == 0.66
 
     none = analyse(load(FIXTURES / "dumps" / "gradients-kept-mlp-plain-sgd.pickle")).what_if
     assert phrasing.largest_scale(none) == "none" and not phrasing.scale_estimated(none)

@@ -1039,9 +1039,14 @@ def text_figures(r: Reports, report: str) -> list[tuple[str, str, str]]:
             if w.get("capacity_bytes") is not None:
                 need = w["fixed_bytes"] + float(g.group(2)) * w["scalable_bytes"]
                 add("the what-if's need at the largest scale fits", str(need <= w["capacity_bytes"]), "True")
-            # by allocated bytes alone (the cache's layout at that size is not modelled): said so, and
-            # flagged in the JSON
-            said = f"{g.group(0)} (an estimate by allocated bytes)" in line
+                # with the room it says it leaves for the cache's segments
+                if r := re.search(r"with " + _SIZE + r" left for the cache's segments", line):
+                    add("the room left for the cache's segments", r.group(1), w["cache_margin_bytes"])
+                    room = w["capacity_bytes"] - need >= w["cache_margin_bytes"]
+                    add("the largest scale leaves that room", str(room), "True")
+            # by allocated bytes (the cache's layout at that size is not modelled beyond that room):
+            # said so, and flagged in the JSON
+            said = f"{g.group(0)} (an estimate by allocated bytes" in line
             add("the largest scale says it is an estimate by allocated bytes", str(said), "True")
             add(
                 "the JSON flags the largest scale as by allocated bytes",

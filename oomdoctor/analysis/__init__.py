@@ -86,7 +86,7 @@ from oomdoctor.analysis.results import (
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES
 from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose
-from oomdoctor.analysis.whatif import request_scales, scalable_bytes, what_if
+from oomdoctor.analysis.whatif import cache_margin, request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import HISTORY_RESTORED
 from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot, Stack
@@ -675,6 +675,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
             capacity_bytes=ctx.capacity_bytes,
             basis=WhatIfBasis(peak_step.step, peak, activations),
             capacity_at_most=at_most,
+            cache_margin_bytes=cache_margin(ctx.large_segment_bytes),
         )
     return what_if(
         components,
@@ -693,6 +694,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         backward_unknown=backward_unknown(ctx),
         capacity_at_most=at_most,
         trains=ctx.trains(),
+        cache_margin_bytes=cache_margin(ctx.large_segment_bytes),
     )
 
 

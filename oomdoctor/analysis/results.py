@@ -643,20 +643,31 @@ class WhatIf:
     # had the bytes a smaller pass does not hold been free beside today's largest free block or on
     # the device (`whatif.placement_reach`); between placement_limit_scale and it, a place is unknown
     placement_reach_scale: float | None = None
+    # the reserved memory a run at another scale needs beyond its allocated bytes, at least, by the
+    # allocator's segment rules (`whatif.cache_margin`): a scale whose peak fits only within it is
+    # not known to fit
+    cache_margin_bytes: int = 0
+    # the largest scale allocated bytes alone allow, where the room for the cache made
+    # `largest_fitting_scale` smaller (None there: no scale leaves that room)
+    by_bytes_scale: float | None = None
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:
         capacity unknown, or the OOM interrupted a pass whose rest is unknown and the scale is within
-        what the instant allows)."""
+        what the instant allows, or the peak fits by allocated bytes but not with room for the cache's
+        segments, `cache_margin_bytes`)."""
         if self.capacity_bytes is None:
             bound = self.capacity_bound_bytes
             return False if bound is not None and self.predicted_peak_bytes(scale) >= bound else None
-        fits = self.predicted_peak_bytes(scale) <= self.capacity_bytes
+        peak = self.predicted_peak_bytes(scale)
+        fits: bool | None = peak <= self.capacity_bytes
         if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
             # today's free blocks hold no place for the scaled request; a run at this scale holds
             # fewer bytes at that moment, where a place may be (up to the reach), or may not
             reach = self.placement_reach_scale
             return None if fits and reach is not None and scale <= reach else False
+        if fits and peak + self.cache_margin_bytes > self.capacity_bytes:
+            return None  # by allocated bytes only: the segments the cache cuts may not fit beside them
         if fits and (self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN) or self.capacity_at_most):
             return None
         return fits

@@ -24,7 +24,7 @@ from oomdoctor.analysis.results import (
     WhatIfBasis,
     WhatIfCase,
 )
-from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, segment_size
+from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, SMALL_SEGMENT_BYTES, segment_size
 
 SCALES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SCALED_COMPONENTS = ("activations", "inputs")
@@ -38,6 +38,16 @@ def request_scales(target_phase: str, request_bytes: int = 0, blocks: Iterable[L
     if target_phase == PHASE_BACKWARD and request_bytes:
         return not any(b.component == "parameters" and b.size_bytes == request_bytes for b in blocks)
     return True
+
+
+def cache_margin(large_segment_bytes: int = LARGE_SEGMENT_BYTES) -> int:
+    """The reserved memory a run at another scale needs beyond its allocated bytes, at least, by the
+    allocator's segment rules (spec §4.1): a request of 1-10 MiB that no cached block takes is placed
+    in a whole new large segment (20 MiB, or `large_segment_size_mb`), one of at most 1 MiB in a new
+    2 MiB small segment, so at such a moment the device must have that segment free, not only the
+    request. What else the cache holds at another size (free pieces too small for the next request,
+    cached blocks reused unsplit) the file cannot tell: a fit within this margin is unknown."""
+    return large_segment_bytes + SMALL_SEGMENT_BYTES
 
 
 def scalable_bytes(blocks: Iterable[LiveBlock]) -> int:
@@ -72,6 +82,7 @@ def what_if(
     capacity_at_most: bool = False,
     trains: bool = True,
     placement_reach: float | None = None,
+    cache_margin_bytes: int = 0,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -102,6 +113,10 @@ def what_if(
 
     `trains`: the trace shows the run training (a backward follows the interrupted forward); else a
     backward follows only if the run trains (a forward-only trace of inference runs none).
+
+    `cache_margin_bytes`: the reserved memory a run at another scale needs beyond its allocated
+    bytes (`cache_margin`): the largest fitting scale leaves it free; between that scale and the
+    one allocated bytes alone allow (`by_bytes_scale`), whether the run fits is unknown.
 
     `capacity_bound`: with the capacity unknown, what PyTorch could have had at most (a near-OOM:
     a cudaMalloc of the request failed with this much reserved and requested). Past the scale whose
@@ -167,6 +182,14 @@ def what_if(
         and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
     ):
         upper_bound, largest, case = largest, None, WhatIfCase.BACKWARD_UNKNOWN
+    by_bytes = None
+    if case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT) and cache_margin_bytes and capacity_bytes is not None:
+        # the cache cuts segments beyond the bytes requested: the scale that surely fits leaves
+        # room for them; above it (up to `largest`, by allocated bytes) whether it fits is unknown
+        room = capacity_bytes - fixed - cache_margin_bytes
+        with_room = (room * 100 // scalable) / 100 if room > 0 else None
+        if largest is not None and (with_room is None or with_room < largest):
+            by_bytes, largest, case = largest, with_room, WhatIfCase.LINEAR
     peaks = tuple((scale, fixed + math.ceil(scalable * scale)) for scale in SCALES)
     return WhatIf(
         scalable_bytes=scalable,
@@ -188,6 +211,8 @@ def what_if(
         capacity_at_most=capacity_at_most and capacity_bytes is not None,
         trains=trains,
         placement_reach_scale=placement_reach,
+        cache_margin_bytes=cache_margin_bytes if capacity_bytes is not None else 0,
+        by_bytes_scale=by_bytes,
     )
 
 

@@ -203,6 +203,11 @@ def _what_if(what_if: WhatIf) -> dict[str, Any]:
         # the largest fitting scale is an estimate by allocated bytes: the cache's layout at another
         # size (fragments, cached blocks reused unsplit, segments to cut) is left out
         out["largest_fitting_scale_by_allocated_bytes"] = True
+        if what_if.cache_margin_bytes:
+            # the room the largest fitting scale leaves for the cache's segments, and the scale allocated
+            # bytes alone would allow (null where the room did not lower it): between the two, unknown
+            out["cache_margin_bytes"] = what_if.cache_margin_bytes
+            out["by_bytes_scale"] = what_if.by_bytes_scale
     return out
 
 

@@ -191,6 +191,13 @@ BY_BYTES_NOTE = (
     " cut): that can need more reserved memory, so a smaller scale may still run out"
 )
 
+BY_BYTES_ROOM_NOTE = (
+    "the scale is an estimate by allocated bytes with room for one new segment of each pool, which leaves"
+    " out how else the cache lays its blocks out at another size (free pieces too small for a request, cached"
+    " blocks reused unsplit, more segments to cut): that can need more reserved memory, so a smaller scale may"
+    " still run out"
+)
+
 
 def scale_estimated(what_if: WhatIf) -> bool:
     """Whether the what-if gives a largest fitting scale, which is an estimate by allocated bytes
@@ -207,7 +214,29 @@ def largest_scale(what_if: WhatIf) -> str | None:
     if what_if.case == WhatIfCase.FIXED_TOO_LARGE:
         return "none"
     bound = what_if.capacity_at_most and what_if.largest_fitting_scale > 0  # none fitting is definite
-    return f"{'at most ' if bound else ''}{what_if.largest_fitting_scale:.2f}x ({BY_BYTES})"
+    room = (
+        f", with {human(what_if.cache_margin_bytes)} left for the cache's segments"
+        if what_if.cache_margin_bytes
+        else ""
+    )
+    return f"{'at most ' if bound else ''}{what_if.largest_fitting_scale:.2f}x ({BY_BYTES}{room})"
+
+
+def _cache_room(what_if: WhatIf) -> str:
+    """Why the largest fitting scale leaves room for the cache, and what allocated bytes alone allow."""
+    why = (
+        f"room for the cache's segments ({human(what_if.cache_margin_bytes)}: a request of 1-10 MiB that no cached"
+        " block takes is placed in a whole new large segment, one of at most 1 MiB in a new small one)"
+    )
+    if what_if.largest_fitting_scale is None:
+        return (
+            f"by allocated bytes the peak would fit up to {what_if.by_bytes_scale or 0:.2f}x, but no scale leaves {why}:"
+            " whether any fits is unknown"
+        )
+    return (
+        f"that leaves {why}; by allocated bytes alone the peak would fit up to {what_if.by_bytes_scale or 0:.2f}x,"
+        " and between the two whether it fits is unknown"
+    )
 
 
 def what_if_note(what_if: WhatIf) -> str:
@@ -243,6 +272,8 @@ def what_if_note(what_if: WhatIf) -> str:
             f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
             f" fits up to {what_if.largest_fitting_scale:.2f}x (by bytes alone the peak would fit further)"
         )
+    elif what_if.largest_fitting_scale is None:  # (LINEAR: no scale leaves room for the cache)
+        note = f"activations scale linearly with batch size and (at least) with sequence length; {_cache_room(what_if)}"
     else:
         note = f"activations scale linearly with batch size and (at least) with sequence length; at {what_if.largest_fitting_scale:.2f}x the peak fits"
         if what_if.capacity_at_most and (what_if.largest_fitting_scale or 0) > 0:
@@ -250,6 +281,8 @@ def what_if_note(what_if: WhatIf) -> str:
         if what_if.calibrated:
             note += " (calibrated on the OOM: at 1.00x it falls short by what the failed request lacked"
             note += f"{', with the model states projected at full size' if what_if.projected_states else ''})"
+        if what_if.by_bytes_scale is not None:
+            note += f"; {_cache_room(what_if)}"
     rest = what_if.rest_of_pass
     if rest is not None and rest.extrapolated and case != WhatIfCase.PASS_INTERRUPTED:
         source = (
@@ -273,7 +306,7 @@ def what_if_note(what_if: WhatIf) -> str:
         if not rest.earlier_backward:
             note += " (that pass ran no backward, so no backward is counted)"
     if scale_estimated(what_if):
-        note += f"; {BY_BYTES_NOTE}"
+        note += f"; {BY_BYTES_ROOM_NOTE if what_if.cache_margin_bytes else BY_BYTES_NOTE}"
     if what_if.rough:
         note += "; that far from the measured batch the linear model is a rough guide only"
     basis = what_if.basis
