@@ -51,13 +51,12 @@ def test_the_largest_fitting_scale_leaves_room_for_one_new_segment_of_each_pool(
     assert tight.fits_at(0.05) is None and tight.fits_at(0.2) is False
 
 
-def test_a_halved_micro_batch_within_the_room_for_the_cache_is_not_said_to_fit():
-    """creeping-leak-mlp-sgd (a loss history keeping every step's graph, batch 1024 on 100 MiB): by
-    allocated bytes a halved micro-batch fits, with under 22 MiB to spare. Rehearsed at batch 512 (a
+def test_a_halved_micro_batch_of_a_leak_is_not_said_to_fit():
+    """creeping-leak-mlp-sgd (a loss history keeping every step's graph, batch 1024 on 100 MiB). Rehearsed at batch 512 (a
     halved batch, which keeps less than two halved micro-batches do) the run still ran out in step 7's
     backward: 82.7 MiB allocated, 1.3 MiB cached, and a 5 MiB request that needed a new 20 MiB
-    segment with 16 MiB free. So the report does not say it would fit; the what-if's largest scale
-    leaves the room too (0.74x; rehearsed at 0.96x, batch 983, the run ran out)."""
+    segment with 16 MiB free. By allocated bytes it fits with under 22 MiB to spare, and the leak
+    keeps more with each step still to come: the report does not say it would fit."""
     from oomdoctor.analysis import analyse
     from oomdoctor.load import load
     from tests.conftest import FIXTURES
@@ -66,7 +65,43 @@ def test_a_halved_micro_batch_within_the_room_for_the_cache_is_not_said_to_fit()
     halved = next(r for r in analysis.recommendations if r.id == "smaller-micro-batch")
     assert halved.would_fit_alone is None
     what = analysis.what_if
-    assert what.capacity_bytes is not None and what.largest_fitting_scale is not None
-    assert what.by_bytes_scale is not None and what.by_bytes_scale > what.largest_fitting_scale
-    room = what.capacity_bytes - what.predicted_peak_bytes(what.largest_fitting_scale)
-    assert room >= what.cache_margin_bytes == 22 * MiB
+    assert what.capacity_bytes is not None and what.cache_margin_bytes == 22 * MiB
+    assert what.fits_at(0.5) is None
+
+
+def test_the_largest_scale_of_the_moment_is_no_fit_where_what_the_run_keeps_grows():
+    """A leak (or grad-mode graphs kept pass after pass) keeps more with each step still to come,
+    and how many come the file does not say: the moment's largest scale is an upper bound only, and
+    no scale is said to fit. Rehearsed at the moment's scale, creeping-leak-mlp-sgd (0.96x: batch
+    983; with room for the cache, 0.74x: batch 757) and slow-leak-mlp-kept-predictions (0.99x, 0.92x)
+    still ran out, as inference-with-grad-cnn did at its 0.50x (batch 8)."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.results import WhatIfUnknown
+    from oomdoctor.load import load
+    from oomdoctor.views import phrasing
+    from tests.conftest import FIXTURES
+
+    for name in ("creeping-leak-mlp-sgd", "realism/slow-leak-mlp-kept-predictions", "inference-with-grad-cnn"):
+        what = analyse(load(FIXTURES / "dumps" / f"{name}.pickle")).what_if
+        assert what.case == WhatIfCase.BEYOND_THE_MOMENT, name
+        assert what.beyond_the_moment == WhatIfUnknown.KEEPS_GROWING
+        assert what.largest_fitting_scale is None and what.upper_bound_scale is not None
+        assert what.fits_at(what.upper_bound_scale / 2) is None
+        assert what.fits_at(1.0) is False
+        assert "an upper bound only (a larger scale does not fit)" in phrasing.what_if_note(what)
+
+
+def test_no_scale_is_said_to_fit_by_a_guessed_rest_of_the_pass():
+    """activation-spike-gpt-longer-sequence: the OOM cut the longer sequence's forward short, and its
+    rest is extrapolated with the sites it had not reached scaled by a guess (the halved
+    micro-batch is not said to fit by it either). Rehearsed, batch 10 (0.63x, the moment's scale by
+    allocated bytes) and batch 8 (0.50x, with room for the cache) both ran out in step 2's backward."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.results import WhatIfUnknown
+    from oomdoctor.load import load
+    from tests.conftest import FIXTURES
+
+    what = analyse(load(FIXTURES / "dumps" / "activation-spike-gpt-longer-sequence.pickle")).what_if
+    assert what.rest_of_pass is not None and what.rest_of_pass.by_site
+    assert what.case == WhatIfCase.BEYOND_THE_MOMENT and what.beyond_the_moment == WhatIfUnknown.REST_GUESSED
+    assert what.largest_fitting_scale is None and what.fits_at(0.5) is None

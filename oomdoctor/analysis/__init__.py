@@ -82,15 +82,16 @@ from oomdoctor.analysis.results import (
     UnknownKind,
     WhatIf,
     WhatIfBasis,
+    WhatIfUnknown,
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES
 from oomdoctor.analysis.timeline import Replayer
-from oomdoctor.analysis.verdicts import Context, diagnose
+from oomdoctor.analysis.verdicts import Context, diagnose, graphs_pile_up
 from oomdoctor.analysis.whatif import cache_margin, request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
 from oomdoctor.metadata import HISTORY_RESTORED
 from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot, Stack
-from oomdoctor.vocabulary import Component
+from oomdoctor.vocabulary import Component, Verdict
 
 __all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
@@ -651,13 +652,20 @@ def _diagnose(ctx: Context, target: _Target, moment: _Moment, devices: Sequence[
         secondary = (*secondary, imbalance)
     verdicts = {primary.verdict, *(f.verdict for f in secondary)}
     need = requirement(ctx, verdicts)
-    whatif = _what_if(ctx, target, moment, need)
+    whatif = _what_if(ctx, target, moment, need, verdicts)
     return _Judgement(primary, secondary, recommend(ctx, verdicts, need, whatif, imbalance), whatif)
 
 
-def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) -> WhatIf:
+def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement, verdicts: set[str]) -> WhatIf:
     """The batch-size what-if: of the state at the target, or of the recorded peak step when the
-    dump came after it (between steps, say) and no OOM says otherwise."""
+    dump came after it (between steps, say) and no OOM says otherwise.
+
+    No scale is said to fit where what decides it is not in the moment's figures: what the run keeps
+    grows with each step or pass still to come (a leak, grad-mode graphs kept pass after pass, passes
+    that each leave more), or the rest of the interrupted pass is extrapolated by a guess. (Rehearsed
+    at the scale the moment allowed, creeping-leak-mlp-sgd, slow-leak-mlp-kept-predictions and
+    inference-with-grad-cnn still ran out; so did activation-spike-gpt-longer-sequence, whose rest
+    is such a guess.)"""
     components = ctx.components
     request = ctx.oom.request_bytes if ctx.oom is not None else 0
     # no free figure at this moment: the capacity is the device's total, an upper bound
@@ -677,6 +685,16 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
             capacity_at_most=at_most,
             cache_margin_bytes=cache_margin(ctx.large_segment_bytes),
         )
+    rest = ctx.passes.rest
+    beyond = None
+    if rest is not None and rest.extrapolated and rest.by_site:
+        beyond = WhatIfUnknown.REST_GUESSED
+    elif (
+        Verdict.CREEPING_LEAK in verdicts
+        or (Verdict.INFERENCE_WITH_GRAD in verdicts and graphs_pile_up(ctx))
+        or ctx.passes_grow
+    ):
+        beyond = WhatIfUnknown.KEEPS_GROWING
     return what_if(
         components,
         scalable_bytes=ctx.scalable_bytes,
@@ -695,6 +713,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement) 
         capacity_at_most=at_most,
         trains=ctx.trains(),
         cache_margin_bytes=cache_margin(ctx.large_segment_bytes),
+        beyond_the_moment=beyond,
     )
 
 

@@ -549,6 +549,20 @@ class WhatIfCase(StrEnum):
     )
     # the forward's rest extrapolated, but the run trains and that pass ran no backward: at most upper_bound_scale
     BACKWARD_UNKNOWN = "backward-unknown"
+    # by the moment's figures the peak fits up to upper_bound_scale, but what decides the run is not
+    # in them (`WhatIfUnknown`): no scale is said to fit
+    BEYOND_THE_MOMENT = "beyond-the-moment"
+
+
+class WhatIfUnknown(StrEnum):
+    """Why no scale is said to fit although the moment's figures fit one (WhatIfCase.BEYOND_THE_MOMENT)."""
+
+    # what the run keeps grows with each step or pass still to come (a leak, grad-mode graphs kept
+    # pass after pass), and how many come the file does not say: a smaller batch may only run out later
+    KEEPS_GROWING = "keeps-growing"
+    # the rest of the interrupted pass was extrapolated with the sites it had not reached scaled by a
+    # guess (`RestOfPass.by_site`): the figure can be off either way
+    REST_GUESSED = "rest-guessed"
 
 
 class RestUnknown(StrEnum):
@@ -650,6 +664,7 @@ class WhatIf:
     # the largest scale allocated bytes alone allow, where the room for the cache made
     # `largest_fitting_scale` smaller (None there: no scale leaves that room)
     by_bytes_scale: float | None = None
+    beyond_the_moment: str | None = None  # a WhatIfUnknown (BEYOND_THE_MOMENT)
 
     def fits_at(self, scale: float) -> bool | None:
         """Whether the predicted peak at `scale` fits the capacity, and the request a place (None:
@@ -668,7 +683,10 @@ class WhatIf:
             return None if fits and reach is not None and scale <= reach else False
         if fits and peak + self.cache_margin_bytes > self.capacity_bytes:
             return None  # by allocated bytes only: the segments the cache cuts may not fit beside them
-        if fits and (self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN) or self.capacity_at_most):
+        if fits and (
+            self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN, WhatIfCase.BEYOND_THE_MOMENT)
+            or self.capacity_at_most
+        ):
             return None
         return fits
 

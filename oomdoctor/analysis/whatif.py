@@ -23,6 +23,7 @@ from oomdoctor.analysis.results import (
     WhatIf,
     WhatIfBasis,
     WhatIfCase,
+    WhatIfUnknown,
 )
 from oomdoctor.analysis.sizing import LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, SMALL_SEGMENT_BYTES, segment_size
 
@@ -83,6 +84,7 @@ def what_if(
     trains: bool = True,
     placement_reach: float | None = None,
     cache_margin_bytes: int = 0,
+    beyond_the_moment: WhatIfUnknown | None = None,
 ) -> WhatIf:
     """`scalable_bytes`: live bytes that grow with the batch (`scalable_bytes(blocks)`).
 
@@ -117,6 +119,10 @@ def what_if(
     `cache_margin_bytes`: the reserved memory a run at another scale needs beyond its allocated
     bytes (`cache_margin`): the largest fitting scale leaves it free; between that scale and the
     one allocated bytes alone allow (`by_bytes_scale`), whether the run fits is unknown.
+
+    `beyond_the_moment`: what decides whether a scaled run fits is not in the moment's figures (what the
+    run keeps grows with the steps still to come; the rest of the pass is a guess): the moment's
+    largest scale is given as `upper_bound_scale`, and no scale is said to fit.
 
     `capacity_bound`: with the capacity unknown, what PyTorch could have had at most (a near-OOM:
     a cudaMalloc of the request failed with this much reserved and requested). Past the scale whose
@@ -182,6 +188,10 @@ def what_if(
         and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
     ):
         upper_bound, largest, case = largest, None, WhatIfCase.BACKWARD_UNKNOWN
+    elif beyond_the_moment is not None and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
+        upper_bound, largest, case = largest, None, WhatIfCase.BEYOND_THE_MOMENT
+    if case != WhatIfCase.BEYOND_THE_MOMENT:
+        beyond_the_moment = None
     by_bytes = None
     if case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT) and cache_margin_bytes and capacity_bytes is not None:
         # the cache cuts segments beyond the bytes requested: the scale that surely fits leaves
@@ -213,6 +223,7 @@ def what_if(
         placement_reach_scale=placement_reach,
         cache_margin_bytes=cache_margin_bytes if capacity_bytes is not None else 0,
         by_bytes_scale=by_bytes,
+        beyond_the_moment=beyond_the_moment,
     )
 
 

@@ -199,6 +199,8 @@ def _what_if(what_if: WhatIf) -> dict[str, Any]:
         "capacity_at_most": what_if.capacity_at_most,
         "rest_of_pass": _plain(dataclasses.asdict(what_if.rest_of_pass)) if what_if.rest_of_pass is not None else None,
     }
+    if what_if.beyond_the_moment is not None:
+        out["beyond_the_moment"] = what_if.beyond_the_moment  # why no scale is said to fit
     if phrasing.scale_estimated(what_if):
         # the largest fitting scale is an estimate by allocated bytes: the cache's layout at another
         # size (fragments, cached blocks reused unsplit, segments to cut) is left out

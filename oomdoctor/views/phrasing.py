@@ -33,6 +33,7 @@ from oomdoctor.analysis.results import (
     UnknownKind,
     WhatIf,
     WhatIfCase,
+    WhatIfUnknown,
 )
 from oomdoctor.model import Frame
 from oomdoctor.units import human_size as human
@@ -267,6 +268,21 @@ def what_if_note(what_if: WhatIf) -> str:
             " whether a backward follows is unknown (the trace shows none, and nothing in the file tells whether"
             " the run trains: no optimizer had been called, or this torch recorded no annotation of one)"
         )
+    elif case == WhatIfCase.BEYOND_THE_MOMENT:
+        bound = what_if.upper_bound_scale or 0.0
+        if what_if.beyond_the_moment == WhatIfUnknown.REST_GUESSED:
+            note = (
+                "whether a smaller batch fits is unknown: the rest of the pass the OOM cut short is extrapolated with"
+                " the sites it had not reached scaled by a guess, which can be off either way; by that estimate the"
+                f" peak would fit up to {bound:.2f}x, and no scale is said to fit by it"
+            )
+        else:
+            note = (
+                "whether a smaller batch fits is unknown: what the run keeps grows with each step or pass still to"
+                " come (a leak, or graphs kept pass after pass), and how many come the file does not say; by this"
+                f" moment's figures the run would fit up to {bound:.2f}x, an upper bound only"
+                " (a larger scale does not fit), and a smaller batch may only run out later"
+            )
     elif case == WhatIfCase.PLACEMENT:
         note = (
             f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
