@@ -105,3 +105,24 @@ def test_no_scale_is_said_to_fit_by_a_guessed_rest_of_the_pass():
     assert what.rest_of_pass is not None and what.rest_of_pass.by_site
     assert what.case == WhatIfCase.BEYOND_THE_MOMENT and what.beyond_the_moment == WhatIfUnknown.REST_GUESSED
     assert what.largest_fitting_scale is None and what.fits_at(0.5) is None
+
+
+def test_a_recorded_steps_activations_alone_bound_a_larger_batch_from_above():
+    """From a recorded step's peak (a dump without an OOM) the budget is the step's activations; its
+    temporaries and inputs, which grow with the batch too, count as fixed, so a scale above 1.00x is
+    overstated: an upper bound only. Rehearsed, no-oom-gpt-adamw (batch 16 on 256 MiB, 3.33x by its
+    activations; 2.98x with room for the cache) ran out at batch 53 and at batch 47, in backward
+    with 228.6 MiB allocated and a 24 MiB request where 230.8 MiB was predicted."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.results import WhatIfUnknown
+    from oomdoctor.load import load
+    from oomdoctor.views import phrasing
+    from tests.conftest import FIXTURES
+
+    what = analyse(load(FIXTURES / "dumps" / "no-oom-gpt-adamw.pickle")).what_if
+    assert what.basis is not None
+    assert what.case == WhatIfCase.BEYOND_THE_MOMENT and what.beyond_the_moment == WhatIfUnknown.ACTIVATIONS_ONLY
+    assert what.largest_fitting_scale is None and what.upper_bound_scale is not None and what.upper_bound_scale > 1
+    assert what.fits_at(2.0) is None and what.fits_at(what.upper_bound_scale + 0.1) is False
+    assert what.fits_at(1.0) is True  # the batch it ran, with room for the cache's segments
+    assert "no scale above 1.00x is said to fit" in phrasing.what_if_note(what)

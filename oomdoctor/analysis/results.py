@@ -563,6 +563,9 @@ class WhatIfUnknown(StrEnum):
     # the rest of the interrupted pass was extrapolated with the sites it had not reached scaled by a
     # guess (`RestOfPass.by_site`): the figure can be off either way
     REST_GUESSED = "rest-guessed"
+    # from a recorded step's peak, its activations are the budget: the temporaries and inputs there,
+    # which grow with the batch too, count as fixed, so a scale above 1.00x is overstated
+    ACTIVATIONS_ONLY = "activations-only"
 
 
 class RestUnknown(StrEnum):
@@ -683,9 +686,12 @@ class WhatIf:
             return None if fits and reach is not None and scale <= reach else False
         if fits and peak + self.cache_margin_bytes > self.capacity_bytes:
             return None  # by allocated bytes only: the segments the cache cuts may not fit beside them
+        # (a budget of a step's activations alone understates only what a larger batch adds)
+        beyond = self.case == WhatIfCase.BEYOND_THE_MOMENT and not (
+            self.beyond_the_moment == WhatIfUnknown.ACTIVATIONS_ONLY and scale <= 1
+        )
         if fits and (
-            self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN, WhatIfCase.BEYOND_THE_MOMENT)
-            or self.capacity_at_most
+            self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN) or beyond or self.capacity_at_most
         ):
             return None
         return fits

@@ -188,7 +188,12 @@ def what_if(
         and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
     ):
         upper_bound, largest, case = largest, None, WhatIfCase.BACKWARD_UNKNOWN
-    elif beyond_the_moment is not None and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
+    elif (
+        beyond_the_moment is not None
+        and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
+        # (a budget of the activations alone understates only what a larger batch adds)
+        and (beyond_the_moment != WhatIfUnknown.ACTIVATIONS_ONLY or (largest is not None and largest > 1))
+    ):
         upper_bound, largest, case = largest, None, WhatIfCase.BEYOND_THE_MOMENT
     if case != WhatIfCase.BEYOND_THE_MOMENT:
         beyond_the_moment = None

@@ -270,7 +270,13 @@ def what_if_note(what_if: WhatIf) -> str:
         )
     elif case == WhatIfCase.BEYOND_THE_MOMENT:
         bound = what_if.upper_bound_scale or 0.0
-        if what_if.beyond_the_moment == WhatIfUnknown.REST_GUESSED:
+        if what_if.beyond_the_moment == WhatIfUnknown.ACTIVATIONS_ONLY:
+            note = (
+                f"by the step's activations alone the peak would fit up to {bound:.2f}x, an upper bound only: its"
+                " temporaries and inputs, which grow with the batch too, are counted fixed, so no scale above 1.00x"
+                " is said to fit"
+            )
+        elif what_if.beyond_the_moment == WhatIfUnknown.REST_GUESSED:
             note = (
                 "whether a smaller batch fits is unknown: the rest of the pass the OOM cut short is extrapolated with"
                 " the sites it had not reached scaled by a guess, which can be off either way; by that estimate the"
