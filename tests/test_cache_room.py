@@ -126,3 +126,23 @@ def test_a_recorded_steps_activations_alone_bound_a_larger_batch_from_above():
     assert what.fits_at(2.0) is None and what.fits_at(what.upper_bound_scale + 0.1) is False
     assert what.fits_at(1.0) is True  # the batch it ran, with room for the cache's segments
     assert "no scale above 1.00x is said to fit" in phrasing.what_if_note(what)
+
+
+def test_a_larger_batch_than_the_one_measured_is_an_upper_bound_only():
+    """A larger batch makes larger requests than any the trace shows, which the cache lays out in
+    ways the file cannot show. Rehearsed, no-oom-eval-outputs-kept-gpt (batch 16 on 256 MiB, 1.74x by
+    allocated bytes, 1.57x with room for the cache) ran out at batch 27 and at batch 25: its final
+    torch.cat of the kept logits asked for 100 MiB with 76 MiB free and 48 MiB cached in pieces."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis.results import WhatIfUnknown
+    from oomdoctor.load import load
+    from oomdoctor.views import phrasing
+    from tests.conftest import FIXTURES
+
+    what = analyse(load(FIXTURES / "dumps" / "realism" / "no-oom-eval-outputs-kept-gpt.pickle")).what_if
+    assert what.basis is None
+    assert what.case == WhatIfCase.BEYOND_THE_MOMENT and what.beyond_the_moment == WhatIfUnknown.LARGER_BATCH
+    assert what.upper_bound_scale is not None and what.upper_bound_scale > 1
+    assert what.fits_at(1.5) is None and what.fits_at(what.upper_bound_scale + 0.1) is False
+    assert what.fits_at(1.0) is True
+    assert "no scale above 1.00x is said to fit" in phrasing.what_if_note(what)

@@ -21,7 +21,9 @@ def test_a_peak_judged_against_the_device_total_fits_at_most():
     assert analysis.verdict == "no-oom"
     what_if = analysis.what_if
     assert what_if.capacity_bytes == 1024 * MiB and what_if.capacity_at_most
-    assert what_if.largest_fitting_scale is not None and what_if.largest_fitting_scale > 1
+    # (above 1.00x a larger batch is an upper bound only, whatever the capacity)
+    assert what_if.largest_fitting_scale is None
+    assert what_if.upper_bound_scale is not None and what_if.upper_bound_scale > 1
     assert what_if.fits_at(1.0) is None
-    assert phrasing.largest_scale(what_if).startswith("at most ")
-    assert "largest scale that fits: at most" in text_report.render(analysis)
+    assert "an upper bound only" in text_report.render(analysis)
+    assert "against the device's total" in phrasing.what_if_note(what_if)

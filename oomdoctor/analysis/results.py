@@ -566,6 +566,9 @@ class WhatIfUnknown(StrEnum):
     # from a recorded step's peak, its activations are the budget: the temporaries and inputs there,
     # which grow with the batch too, count as fixed, so a scale above 1.00x is overstated
     ACTIVATIONS_ONLY = "activations-only"
+    # a larger batch than the one measured makes larger requests than any the trace shows: how the
+    # cache lays them out (segments of their own, cached blocks too small to take them) is unknown
+    LARGER_BATCH = "larger-batch"
 
 
 class RestUnknown(StrEnum):
@@ -688,7 +691,7 @@ class WhatIf:
             return None  # by allocated bytes only: the segments the cache cuts may not fit beside them
         # (a budget of a step's activations alone understates only what a larger batch adds)
         beyond = self.case == WhatIfCase.BEYOND_THE_MOMENT and not (
-            self.beyond_the_moment == WhatIfUnknown.ACTIVATIONS_ONLY and scale <= 1
+            self.beyond_the_moment in (WhatIfUnknown.ACTIVATIONS_ONLY, WhatIfUnknown.LARGER_BATCH) and scale <= 1
         )
         if fits and (
             self.case in (WhatIfCase.PASS_INTERRUPTED, WhatIfCase.BACKWARD_UNKNOWN) or beyond or self.capacity_at_most

@@ -179,6 +179,12 @@ def what_if(
         if placement_limit is not None and placement_limit < largest:
             largest = placement_limit
             case = WhatIfCase.PLACEMENT
+    if beyond_the_moment is None and largest is not None and largest > 1:
+        # a larger batch than the one measured: no scale above 1.00x is said to fit. (Rehearsed, every
+        # larger batch the fixtures' what-ifs allowed by allocated bytes ran out, with room for the
+        # cache or without: no-oom-eval-outputs-kept-gpt at 1.57x, its final torch.cat of 100 MiB with
+        # 76 MiB free and 48 MiB cached in pieces)
+        beyond_the_moment = WhatIfUnknown.LARGER_BATCH
     if rest is not None and not rest.extrapolated and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
         upper_bound, largest, case = largest, None, WhatIfCase.PASS_INTERRUPTED
     elif (
@@ -192,7 +198,10 @@ def what_if(
         beyond_the_moment is not None
         and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
         # (a budget of the activations alone understates only what a larger batch adds)
-        and (beyond_the_moment != WhatIfUnknown.ACTIVATIONS_ONLY or (largest is not None and largest > 1))
+        and (
+            beyond_the_moment not in (WhatIfUnknown.ACTIVATIONS_ONLY, WhatIfUnknown.LARGER_BATCH)
+            or (largest is not None and largest > 1)
+        )
     ):
         upper_bound, largest, case = largest, None, WhatIfCase.BEYOND_THE_MOMENT
     if case != WhatIfCase.BEYOND_THE_MOMENT:

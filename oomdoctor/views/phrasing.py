@@ -276,6 +276,12 @@ def what_if_note(what_if: WhatIf) -> str:
                 " temporaries and inputs, which grow with the batch too, are counted fixed, so no scale above 1.00x"
                 " is said to fit"
             )
+        elif what_if.beyond_the_moment == WhatIfUnknown.LARGER_BATCH:
+            note = (
+                f"by allocated bytes the peak would fit up to {bound:.2f}x, an upper bound only: a larger batch makes"
+                " larger requests than any the trace shows, and how the cache lays them out (segments of their own,"
+                " cached blocks too small to take them) is unknown, so no scale above 1.00x is said to fit"
+            )
         elif what_if.beyond_the_moment == WhatIfUnknown.REST_GUESSED:
             note = (
                 "whether a smaller batch fits is unknown: the rest of the pass the OOM cut short is extrapolated with"
@@ -288,6 +294,11 @@ def what_if_note(what_if: WhatIf) -> str:
                 " come (a leak, or graphs kept pass after pass), and how many come the file does not say; by this"
                 f" moment's figures the run would fit up to {bound:.2f}x, an upper bound only"
                 " (a larger scale does not fit), and a smaller batch may only run out later"
+            )
+        if what_if.capacity_at_most:
+            note += (
+                " (and that against the device's total: what the CUDA context and other processes held is not"
+                " recorded for this moment)"
             )
     elif case == WhatIfCase.PLACEMENT:
         note = (
