@@ -146,3 +146,19 @@ def test_a_larger_batch_than_the_one_measured_is_an_upper_bound_only():
     assert what.fits_at(1.5) is None and what.fits_at(what.upper_bound_scale + 0.1) is False
     assert what.fits_at(1.0) is True
     assert "no scale above 1.00x is said to fit" in phrasing.what_if_note(what)
+
+
+def test_a_state_dict_gathered_for_a_save_does_not_shrink_with_the_batch():
+    """checkpoint-gather-mlp-adam ran out gathering a 64 MiB state dict between steps; the what-if
+    counted that request as growing with the batch and said 0.46x (0.12x with room for the cache)
+    would fit. Rehearsed at batch 1 the run still ran out on the same 64 MiB gather: the request of
+    checkpoint-saving code is fixed, and the fixed part alone does not fit."""
+    from oomdoctor.analysis import analyse
+    from oomdoctor.load import load
+    from tests.conftest import FIXTURES
+
+    analysis = analyse(load(FIXTURES / "dumps" / "realism" / "checkpoint-gather-mlp-adam.pickle"))
+    assert analysis.verdict == "checkpoint-gather"
+    what = analysis.what_if
+    assert what.request_fixed and what.case == WhatIfCase.FIXED_TOO_LARGE
+    assert what.fits_at(0.1) is False

@@ -11,8 +11,8 @@ from oomdoctor.analysis import analyse
 from tests.builders import FORWARD_STACK, SETUP_STACK, MiB, Sim
 
 
-def _forward_loop(*, passes: int, total_mib: int):
-    """A 16 MiB model; passes of eight 4 MiB tensors, all kept (grad mode): every pass's graph
+def _forward_loop(*, passes: int, total_mib: int, tensor_mib: int = 4):
+    """A 16 MiB model; passes of eight tensors (4 MiB unless said), all kept (grad mode): every pass's graph
     stays. The last of `passes` runs out after four of its tensors."""
     sim = Sim(total_bytes=total_mib * MiB)
     sim.alloc(16 * MiB, SETUP_STACK, component="parameter", name="w")
@@ -21,9 +21,9 @@ def _forward_loop(*, passes: int, total_mib: int):
         made = []
         for op in range(8):
             if index == passes - 1 and op == 4:
-                sim.oom(4 * MiB, FORWARD_STACK)
+                sim.oom(tensor_mib * MiB, FORWARD_STACK)
                 return analyse(sim.snapshot())
-            made.append(sim.alloc(4 * MiB, FORWARD_STACK, component="activation"))
+            made.append(sim.alloc(tensor_mib * MiB, FORWARD_STACK, component="activation"))
         sim.marker("forward", "end")
         assert made
     raise AssertionError("no OOM")
@@ -36,13 +36,16 @@ def _halving(analysis):
 def test_every_pass_s_graph_kept_halving_is_not_said_to_fit():
     analysis = _forward_loop(passes=5, total_mib=160)  # four earlier graphs alive, 128 MiB
     assert analysis.verdict == "inference-with-grad"
-    assert analysis.what_if.fits_at(0.5) is True  # at the instant's pass, half would fit ...
-    assert _halving(analysis).would_fit_alone is None  # ... but more passes may come
+    # at the instant's pass, half would fit (0.5x is within the moment's bound) ...
+    assert analysis.what_if.upper_bound_scale is not None and analysis.what_if.upper_bound_scale >= 0.5
+    assert analysis.what_if.fits_at(0.5) is None  # ... but more passes may come: no scale is said to fit
+    assert _halving(analysis).would_fit_alone is None
 
 
 def test_one_earlier_graph_halving_is_judged():
     # the second pass of a benchmark whose output lives until the next forward has finished: one
     # earlier graph, which the next pass replaces
-    analysis = _forward_loop(passes=2, total_mib=64)
+    # (of 8 MiB tensors on 112 MiB: the halved pass leaves room for a new segment of each pool, 22 MiB)
+    analysis = _forward_loop(passes=2, total_mib=112, tensor_mib=8)
     assert analysis.verdict == "inference-with-grad"
     assert _halving(analysis).would_fit_alone is True
