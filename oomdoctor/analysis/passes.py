@@ -639,13 +639,20 @@ def _freed_before(trace: DeviceTrace, then: _Pass, start: int, now: _Interrupted
         return {}
     wanted = {trace.addrs[index] for index in frees}
     made: dict[int, int] = {}  # address -> its latest allocation before `then`
-    earlier = trace.positions_in(ALLOC, 0, first)
-    for index in reversed(earlier[-MAX_ALLOCATIONS:]):
-        address = trace.addrs[index]
+    # back from `then` over its MAX_ALLOCATIONS allocations before it at most, until each is found
+    # (the previous step's, mostly: a walk back, not a scan of the whole trace)
+    seen = 0
+    for index in range(first - 1, -1, -1):
+        if actions[index] != ALLOC:
+            continue
+        seen += 1
+        address = addrs[index]
         if address in wanted and address not in made:
             made[address] = index
             if len(made) == len(wanted):
                 break
+        if seen == MAX_ALLOCATIONS:
+            break
     candidates: dict[object, list[LiveBlock]] = {}
     for block in sorted(now.blocks, key=lambda b: b.alloc_index or 0):
         if block.alloc_index is None or block.alloc_index >= now.current.first_index:
