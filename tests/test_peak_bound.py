@@ -16,6 +16,7 @@ import dataclasses
 import io
 import json
 import pickle
+from pathlib import Path
 from typing import Any
 
 from oomdoctor.analysis import analyse
@@ -339,3 +340,23 @@ def test_where_the_settings_are_not_recorded_the_bound_says_it_assumes_the_defau
     assert not replay.torch_peak_bound_assumes_defaults
     body = render_report(recorded, "json", source="dump.pickle").decode()
     assert "torch_peak_bound_assumes_defaults" not in body and "default settings" not in body
+
+
+FRAGMENTATION_DUMP = (
+    Path(__file__).resolve().parent.parent / "fixtures" / "dumps" / "fragmentation-retrieval-class-scores.pickle"
+)
+
+
+def test_would_fit_if_contiguous_with_no_answer_reads_unknown_in_the_text_report():
+    """A pool known with no answer whether the request would fit contiguous: the text report says
+    unknown, as the app does, never "no" (Markdown prints "-")."""
+    from oomdoctor.views import text_report
+
+    analysis = analyse(load(str(FRAGMENTATION_DUMP)))
+    assert analysis.fragmentation.request_pool is not None
+    unanswered = dataclasses.replace(
+        analysis, fragmentation=dataclasses.replace(analysis.fragmentation, would_fit_if_contiguous=None)
+    )
+    assert "would fit if contiguous: unknown" in text_report.render(unanswered)
+    answered = {True: "yes", False: "no"}[analysis.fragmentation.would_fit_if_contiguous]
+    assert f"would fit if contiguous: {answered}" in text_report.render(analysis)

@@ -27,6 +27,9 @@ from oomdoctor.views.report_rows import (
     where_label,
 )
 
+# "would fit if contiguous": no answer is unknown, never "no" (as the app says it)
+_CONTIGUOUS_WORDS = {True: "yes", False: "no", None: "unknown"}
+
 
 def render(analysis: Analysis, *, source: str | None = None) -> str:
     lines: list[str] = []
@@ -103,7 +106,7 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             f"  free in the {frag.request_pool} pool on this stream: {human(frag.usable_free_bytes)}, largest block {human(frag.largest_usable_free_block_bytes)}{estimate}"
         )
         add(
-            f"  would fit if contiguous: {'yes' if frag.would_fit_if_contiguous else 'no'}{estimate}; expandable segments: {phrasing.expandable_words(frag.expandable_segments)}"
+            f"  would fit if contiguous: {_CONTIGUOUS_WORDS[frag.would_fit_if_contiguous]}{estimate}; expandable segments: {phrasing.expandable_words(frag.expandable_segments)}"
         )
     else:  # no failed request: the setting still tells what the cache can do with its free memory
         add(f"  expandable segments: {phrasing.expandable_words(frag.expandable_segments)}")
