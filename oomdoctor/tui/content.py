@@ -92,9 +92,9 @@ def overview_sections(analysis: Analysis, source: str) -> list[Section]:
             lines.append(
                 f"{position}. {phrasing.recommendation(rec)} ({phrasing.saving(rec, where_label(analysis))}{'; ' + fits if fits else ''})"
             )
-            regions = phrasing.regions_note(rec)
+            regions = phrasing.regions_line(rec)
             if regions:  # the lines from the file, printable (their own line, as the text report has it)
-                lines.append(f"   {regions} {', '.join(phrasing.frame_words(f) for f in rec.regions_called_from)}")
+                lines.append(f"   {regions}")
         sections.append(_section(changes_title(analysis), tuple(lines)))
     sections.append(_section(f"Memory {where_label(analysis)}", tuple(memory_lines(analysis))))
     sections.append(_section("Live memory by component", tuple(component_lines(analysis))))

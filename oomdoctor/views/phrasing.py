@@ -525,12 +525,8 @@ def saving(item: Recommendation, where: str = "at the OOM") -> str:
     """What a recommendation saves, as its estimate or as the lower bound it is (the heading says
     what the bound is of: `report_rows.changes_basis`); where what it frees at the judged moment
     (`where`: 'at the OOM', 'at the peak') is made again later, that moment's saving and the bound
-    on the run's peak."""
-    if item.saved_at_least:
-        return f"saves at least {human(item.estimated_saved_bytes)}{_thumb(item)}"
-    if item.peak_saved_at_most_bytes is not None:
-        return f"saves about {human(item.estimated_saved_bytes)} {where}; {_peak_bound(item, where)}"
-    return f"saves about {human(item.estimated_saved_bytes)}{_thumb(item)}"
+    on the run's peak (as `saving_cell` words it, after "saves" or "saves about")."""
+    return f"saves {'' if item.saved_at_least else 'about '}{saving_cell(item, where)}"
 
 
 def _peak_bound(item: Recommendation, where: str) -> str:
@@ -578,6 +574,15 @@ def regions_note(item: Recommendation) -> str | None:
             f" checkpoint of the whole), {where}"
         )
     return f"measured from the file: checkpointing each of the {plural(item.regions, 'block')} called at"
+
+
+def regions_line(item: Recommendation) -> str | None:
+    """`regions_note` and the lines that call the regions, as plain text (the text report and the
+    app, which show it as it is; Markdown sets the lines as code); None as `regions_note`."""
+    note = regions_note(item)
+    if note is None:
+        return None
+    return f"{note} {', '.join(frame_words(f) for f in item.regions_called_from)}"
 
 
 def frame_words(frame: Frame) -> str:

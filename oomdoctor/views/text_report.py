@@ -57,9 +57,9 @@ def render(analysis: Analysis, *, source: str | None = None) -> str:
             fits = {True: "would fit on its own", False: "not enough on its own", None: ""}[rec.would_fit_alone]
             add(f"  {position}. {phrasing.recommendation(rec)}")
             add(f"     {phrasing.saving(rec, where)}{'; ' + fits if fits else ''}")
-            regions = phrasing.regions_note(rec)
+            regions = phrasing.regions_line(rec)
             if regions:
-                add(f"     {regions} {', '.join(phrasing.frame_words(f) for f in rec.regions_called_from)}")
+                add(f"     {regions}")
         add("")
 
     acc = analysis.accounting
