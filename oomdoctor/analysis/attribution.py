@@ -525,7 +525,7 @@ def fsdp_parameter_frames(stack: Stack) -> bool:
 # and accelerate's cpu_offload_with_hook call `module.to(device)`; accelerate's AlignDevicesHook,
 # behind device_map offloading, calls its `set_module_tensor_to_device`, a name copied widely). The
 # phase (a forward) would call them activations; they are the layer's parameters while it runs.
-_MODULE_FILE = "torch/nn/modules/module.py"
+# (`_MODULE_FILE`, above: Module's own file.)
 _MODULE_MOVES = frozenset({"_apply", "to", "cuda", "to_empty"})
 _SET_MODULE_TENSOR = "set_module_tensor_to_device"
 
