@@ -169,15 +169,16 @@ def comparable_steps(trace: DeviceTrace, spans: Sequence[PhaseSpan], target_step
     return tuple(steps)
 
 
-def site_key(frames: Stack) -> tuple[tuple[str, int], ...] | None:
-    """An allocation's site: the (file, line) of its innermost Python frames (a `stacks="all"`
-    stack starts with the unwinder's and the allocator's C++ frames, alike for every allocation);
-    None without Python frames (the autograd engine's, or no stack recorded)."""
+def site_key(frames: Stack, depth: int | None = KEY_FRAMES) -> tuple[tuple[str, int], ...] | None:
+    """An allocation's site: the (file, line) of its innermost Python frames, `depth` of them (a
+    `stacks="all"` stack starts with the unwinder's and the allocator's C++ frames, alike for every
+    allocation; None: every one, its callers included: where in the program it was made); None
+    without Python frames (the autograd engine's, or no stack recorded)."""
     key: list[tuple[str, int]] = []
     for frame in frames:
         if frame_kind(frame) in PYTHON_KINDS:
             key.append((frame.filename, frame.line))
-            if len(key) == KEY_FRAMES:
+            if len(key) == depth:
                 break
     return tuple(key) or None
 
@@ -609,12 +610,6 @@ def _commonest_ratio(site_ratios: Sequence[tuple[object, float]], ratio: float) 
     return sum(commonest) / len(commonest)
 
 
-def _stack_key(frames: Stack) -> tuple[tuple[str, int], ...] | None:
-    """Every Python frame's (file, line) of an allocation's stack: where in the program it was
-    made, its callers included (None without Python frames)."""
-    return tuple((f.filename, f.line) for f in frames if frame_kind(f) in PYTHON_KINDS) or None
-
-
 def _freed_before(trace: DeviceTrace, then: _Pass, start: int, now: _Interrupted) -> dict[int, LiveBlock]:
     """The blocks alive at the OOM, made before the interrupted pass, that its rest frees: where
     `then` freed, after `start` (the point the OOM came to), a block made before it (the previous
@@ -670,9 +665,9 @@ def _freed_before(trace: DeviceTrace, then: _Pass, start: int, now: _Interrupted
 
 
 def _place(trace: DeviceTrace, index: int) -> object:
-    """Where in the program allocation `index` was made: its stack (`_stack_key`); without Python
-    frames (the autograd engine's: a gradient), its size."""
-    return _stack_key(trace.frames_at(index)) or ("no frames", trace.sizes[index])
+    """Where in the program allocation `index` was made: its whole stack (`site_key` of every Python
+    frame); without Python frames (the autograd engine's: a gradient), its size."""
+    return site_key(trace.frames_at(index), None) or ("no frames", trace.sizes[index])
 
 
 def _projection(
