@@ -21,6 +21,7 @@ from oomdoctor.commands import mcp as mcp_verb
 from oomdoctor.commands import open as open_verb
 from oomdoctor.commands import run as run_verb
 from oomdoctor.errors import EXIT_BAD_INPUT, OomdoctorError
+from oomdoctor.model import slashed
 from oomdoctor.safetext import printable
 from oomdoctor.views.wrap import reflow
 
@@ -112,7 +113,7 @@ def internal_error_line(args: argparse.Namespace, error: BaseException) -> str:
     where = ""
     trace = error.__traceback__
     while trace is not None:  # the innermost frame of oomdoctor's own code, to put in a bug report
-        filename = trace.tb_frame.f_code.co_filename.replace("\\", "/")
+        filename = slashed(trace.tb_frame.f_code.co_filename)
         if "/oomdoctor/" in filename:
             where = f" at {filename.rsplit('/oomdoctor/', 1)[1]}:{trace.tb_lineno}"
         trace = trace.tb_next

@@ -78,11 +78,22 @@ class FrozenDict(dict):  # type: ignore[type-arg]
         return f"FrozenDict({dict.__repr__(self)})"
 
 
+def slashed(path: str) -> str:
+    """A file path with forward slashes. Windows writes its paths with backslashes; every match of a
+    file against a known path (torch's own, a library's, a module's) reads it this way."""
+    return path.replace("\\", "/")
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     filename: str
     line: int
     name: str
+
+    @property
+    def path(self) -> str:
+        """The frame's file with forward slashes (`slashed`)."""
+        return slashed(self.filename)
 
 
 Stack = tuple[Frame, ...]  # innermost frame first, as torch writes it

@@ -46,7 +46,7 @@ from typing import Any
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import ComponentShare, Facts
 from oomdoctor.metadata import METADATA_KEY
-from oomdoctor.model import Frame, Snapshot
+from oomdoctor.model import Frame, Snapshot, slashed
 
 ENV = "<env>"
 PROJECT = "<project>"
@@ -93,10 +93,6 @@ _VOCABULARY_FIELDS = frozenset(
     {"verdict", "kind", "case", "phase", "target_phase", "phase_source", "source", "component", "method", "metric", "pool",
      "target_kind", "id", "source_format"}
 )  # fmt: skip
-
-
-def _slashed(path: str) -> str:
-    return path.replace("\\", "/")
 
 
 def _is_library(path: str) -> bool:
@@ -225,12 +221,12 @@ class Redactor:
             short = host.split(".")[0]
             if short != host and len(short) > 1 and _is_name(short):
                 hosts.append(short)
-        filenames = {_slashed(f) for f in filenames if isinstance(f, str)}
-        scripts = {_slashed(f) for f in script_filenames if isinstance(f, str)}
+        filenames = {slashed(f) for f in filenames if isinstance(f, str)}
+        scripts = {slashed(f) for f in script_filenames if isinstance(f, str)}
         paths = set(filenames) | scripts
         for text in texts:
             if isinstance(text, str):
-                paths.update(_slashed(m.group(0)) for m in _PATH_IN_TEXT.finditer(text))
+                paths.update(slashed(m.group(0)) for m in _PATH_IN_TEXT.finditer(text))
         users = sorted({m.group(1) for p in paths if (m := _HOME.match(p)) and _is_name(m.group(1))})
         own = [f for f in filenames | scripts if _ABSOLUTE.match(f) and not _is_library(f)]
         roots: set[str] = set()
@@ -311,7 +307,7 @@ class Redactor:
         """A file name with its personal prefix replaced (see the module docstring)."""
         if not filename:
             return filename
-        path = _slashed(filename)
+        path = slashed(filename)
         packages = list(_PACKAGES.finditer(path))
         if packages:
             return f"{ENV}{packages[-1].group(0)}{self._kept(path[packages[-1].end() :])}"

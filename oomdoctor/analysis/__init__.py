@@ -145,7 +145,7 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
             continue
         seen.add(id(block.frames))
         for frame in block.frames:
-            filename = frame.filename.replace("\\", "/")
+            filename = frame.path
             if in_torch_optim(filename):
                 if "adam" in filename:
                     return "adam"

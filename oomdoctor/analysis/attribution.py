@@ -55,7 +55,7 @@ from oomdoctor.analysis.results import (
 from oomdoctor.analysis.sizing import MIN_BLOCK_BYTES
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, Block, DeviceTrace, Frame, Stack
+from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, Block, DeviceTrace, Frame, Stack, slashed
 
 INDEX = {name: position for position, name in enumerate(COMPONENTS)}
 PARAMETERS = INDEX["parameters"]
@@ -154,7 +154,7 @@ def source_line(stack: Stack) -> str | None:
     frame = stack[position]
     filename = frame.filename
     if frame_kind(frame) == USER and filename.endswith(".py"):
-        filename = filename.replace("\\", "/")
+        filename = slashed(filename)
     return f"{filename}:{frame.line} in {frame.name}"
 
 
@@ -240,7 +240,7 @@ def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
     """(file stem, function) of the innermost user frames, as written (camelCase splits into words)."""
     found = []
     for frame in stack:
-        filename = frame.filename.replace("\\", "/")
+        filename = frame.path
         if not filename.endswith(".py") or "/torch/" in filename or "<frozen" in filename:
             continue
         stem = filename.rsplit("/", 1)[-1][:-3]
@@ -269,10 +269,7 @@ def _reads_weights(stack: Stack) -> bool:
     """Whether the stack reads tensors from a file (a weights reader's frames) outside data loading
     (a dataset of cached tensors is read so too)."""
     return not _loads_data(stack) and any(
-        reader in frame.filename.replace("\\", "/")
-        for frame in stack
-        if is_python_source(frame)
-        for reader in _WEIGHT_READERS
+        reader in frame.path for frame in stack if is_python_source(frame) for reader in _WEIGHT_READERS
     )
 
 
@@ -325,7 +322,7 @@ def preallocates(stack: Stack) -> bool:
 def _loads_data(stack: Stack) -> bool:
     """Whether the stack makes or moves a batch: torch's data loading, or user code named so."""
     for frame in stack:
-        if frame.filename.replace("\\", "/").find("torch/utils/data/") >= 0:
+        if frame.path.find("torch/utils/data/") >= 0:
             return True
     return any(_DATA_WORDS.search(function.lower()) for _, function in _python_user_frames(stack))
 
@@ -363,7 +360,7 @@ _APPLY_LOOPS = 3  # the lines at which Module._apply converts tensors: parameter
 
 
 def _is_apply(frame: Frame) -> bool:
-    return frame.name == _APPLY and frame.filename.replace("\\", "/").endswith(_MODULE_FILE)
+    return frame.name == _APPLY and frame.path.endswith(_MODULE_FILE)
 
 
 def _apply_frame(stack: Stack) -> int | None:
@@ -445,7 +442,7 @@ def ddp_bucket_frames(stack: Stack) -> bool:
     """Whether the innermost Python frame of a stack is where DDP's reducer makes its gradient
     buckets (`_DDP_BUCKET_FUNCTIONS`)."""
     for frame in stack:
-        filename = frame.filename.replace("\\", "/")
+        filename = frame.path
         if filename.endswith(".py"):
             return filename.endswith(_DDP_FILE) and frame.name in _DDP_BUCKET_FUNCTIONS
     return False
@@ -461,7 +458,7 @@ _SHARDED_OPTIMIZER_FOLDERS = ("deepspeed/runtime/zero/",)
 def sharded_optimizer_frames(stack: Stack) -> bool:
     """Whether a stack runs inside an optimizer that shards its state across ranks."""
     for frame in stack:
-        filename = frame.filename.replace("\\", "/")
+        filename = frame.path
         if filename.endswith(_SHARDED_OPTIMIZER_FILES) or any(f in filename for f in _SHARDED_OPTIMIZER_FOLDERS):
             return True
     return False
@@ -503,7 +500,7 @@ _FSDP_COLLECTIVES = "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"
 def fsdp_parameter_frames(stack: Stack) -> bool:
     """Whether the innermost torch frames of a stack are FSDP making or gathering parameters."""
     for frame in stack:
-        filename = frame.filename.replace("\\", "/")
+        filename = frame.path
         if not filename.endswith(".py"):
             continue
         if "grad" in frame.name.lower() or "reduce" in frame.name.lower():
@@ -538,7 +535,7 @@ def moves_module_tensors(stack: Stack) -> bool:
             continue
         if frame.name == _SET_MODULE_TENSOR:
             return True
-        if frame.name in _MODULE_MOVES and frame.filename.replace("\\", "/").endswith(_MODULE_FILE):
+        if frame.name in _MODULE_MOVES and frame.path.endswith(_MODULE_FILE):
             return True
     return False
 
@@ -559,7 +556,7 @@ def module_hook_frame(stack: Stack) -> Frame | None:
         if (
             caller is None
             or caller.name not in _HOOK_CALLERS
-            or not caller.filename.replace("\\", "/").endswith(_MODULE_FILE)
+            or not caller.path.endswith(_MODULE_FILE)
             or frame.name == "forward"
         ):
             return None
@@ -635,7 +632,7 @@ def _in_module_call(stack: Stack) -> bool:
     return any(
         frame.name in _HOOK_CALLERS or frame.name == "_wrapped_call_impl"
         for frame in stack
-        if frame.filename.replace("\\", "/").endswith(_MODULE_FILE)
+        if frame.path.endswith(_MODULE_FILE)
     )
 
 
@@ -722,7 +719,7 @@ def data_parallel_kind(stack: Stack) -> int | None:
     """PARAMETERS for a block DataParallel's replicate made, INPUTS for one its scatter made (the
     innermost of the two frames decides), None otherwise."""
     for frame in stack:
-        filename = frame.filename.replace("\\", "/")
+        filename = frame.path
         if filename.endswith(_REPLICATE_FILE):
             return PARAMETERS
         if frame.name in _SCATTER_FUNCTIONS and filename.endswith(_SCATTER_FILES):
@@ -1419,7 +1416,7 @@ def _optimizer_moments(trace: DeviceTrace, phases: PhaseIndex) -> int | None:
     found: set[int] = set()
     for stack in trace.stacks_at(_made_in(trace, phases, PHASE_OPTIMIZER))[1].values():
         for frame in stack:
-            filename = frame.filename.replace("\\", "/")
+            filename = frame.path
             if _TWO_MOMENT_FILE.search(filename):
                 found.add(2)
             elif _ONE_MOMENT_FILE.search(filename):

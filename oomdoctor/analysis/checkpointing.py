@@ -31,7 +31,7 @@ def _saves(frame: Frame) -> bool:
     `_zero3_consolidated_16bit_state_dict`, transformers' `save_model` and `save_pretrained`, a
     user's `save_checkpoint`): a save of a checkpoint, a model, its state or weights, not a hook's.
     Not autograd's saved tensors, and not activation checkpointing (`torch/utils/checkpoint.py`)."""
-    filename = frame.filename.replace("\\", "/")
+    filename = frame.path
     if _AUTOGRAD_FILES in filename or in_activation_checkpoint(filename):
         return False
     if _DCP_FILES in filename:

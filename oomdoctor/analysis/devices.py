@@ -239,7 +239,7 @@ def _runs_data_parallel(trace: DeviceTrace) -> bool:
         if id(stack) in seen:
             continue
         seen.add(id(stack))
-        if any(marker in frame.filename.replace("\\", "/") for frame in stack for marker in DATA_PARALLEL_MARKERS):
+        if any(marker in frame.path for frame in stack for marker in DATA_PARALLEL_MARKERS):
             return True
     return False
 

@@ -30,7 +30,7 @@ from oomdoctor.analysis.results import Analysis, LiveBlock, StepSummary, Unknown
 from oomdoctor.analysis.sizing import round_size
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENT_INPUT, COMPONENT_PARAMETER, COMPONENTS
-from oomdoctor.model import ALLOC, FREE_REQUESTED, DeviceTrace, TraceEvent
+from oomdoctor.model import ALLOC, FREE_REQUESTED, DeviceTrace, TraceEvent, slashed
 
 DIFF_SCHEMA_VERSION = 1
 
@@ -373,7 +373,7 @@ def unlike(a: Side, b: Side, *, shapes: bool = True) -> tuple[Unlike, ...]:
 
 def _program(argv: tuple[str, ...]) -> str:
     """The script a command line runs: its first argument's file name."""
-    return argv[0].replace("\\", "/").rsplit("/", 1)[-1]
+    return slashed(argv[0]).rsplit("/", 1)[-1]
 
 
 def _largest(changes: Iterable[Figure | SiteChange], sign: int):  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 
-from oomdoctor.model import Frame, Stack
+from oomdoctor.model import Frame, Stack, slashed
 
 USER = "user"  # the user's own Python code, notebook cells included
 LIBRARY = "library"  # an installed package other than torch (transformers, timm, lightning...)
@@ -47,17 +47,13 @@ _INTERPRETER_NAMES = re.compile(
 _INTERPRETER_FILES = ("ceval.c", "pythonrun.c", "Modules/main.c", "Objects/call.c", "Objects/methodobject.c")
 
 
-def _slashed(filename: str) -> str:
-    return filename.replace("\\", "/")
-
-
 def is_notebook_cell(filename: str) -> bool:
     return filename.startswith("<ipython-input") or "/ipykernel_" in filename or filename.startswith("<cell")
 
 
 def in_torch_optim(filename: str) -> bool:
     """Whether a frame's file is torch.optim's (an optimizer's code, its schedulers, swa_utils)."""
-    return "torch/optim/" in _slashed(filename)
+    return "torch/optim/" in slashed(filename)
 
 
 # torch.utils.checkpoint's own file: a frame of it runs inside an activation-checkpointed region
@@ -67,12 +63,12 @@ _ACTIVATION_CHECKPOINT_FILE = "torch/utils/checkpoint.py"
 def in_activation_checkpoint(filename: str) -> bool:
     """Whether a frame's file is torch.utils.checkpoint's (activation checkpointing: a checkpointed
     region's forward or its recomputation in backward; it saves no checkpoint to disk)."""
-    return _slashed(filename).endswith(_ACTIVATION_CHECKPOINT_FILE)
+    return slashed(filename).endswith(_ACTIVATION_CHECKPOINT_FILE)
 
 
 def is_python_source(frame: Frame) -> bool:
     """A frame of a `.py` file: one that can be the user's line (a notebook cell aside)."""
-    return _slashed(frame.filename).endswith(".py")
+    return frame.path.endswith(".py")
 
 
 def frame_kind(frame: Frame) -> str:
@@ -84,7 +80,7 @@ def frame_kind(frame: Frame) -> str:
 def _kind(filename: str, name: str, has_line: bool) -> str:
     """frame_kind of one (file, function): a dump repeats the same few thousand frames in every
     stack, so each is read once (the C++ names go through two regular expressions)."""
-    filename = _slashed(filename)
+    filename = slashed(filename)
     if is_notebook_cell(filename):
         return USER
     if filename.endswith(".py"):
@@ -136,7 +132,7 @@ def _lead_frame_index(stack: Stack) -> int | None:
     for position, frame in enumerate(stack):
         kind = frame_kind(frame)
         if kind == USER:
-            if is_notebook_cell(_slashed(frame.filename)) and library is not None:
+            if is_notebook_cell(frame.path) and library is not None:
                 return library
             return position
         if kind in PYTHON_KINDS and is_python_source(frame):

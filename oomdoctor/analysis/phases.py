@@ -98,10 +98,6 @@ _OPTIMIZER_SETUP_FUNCTIONS = frozenset(
 _OPTIMIZER_STATE_DICT_FUNCTIONS = frozenset({"state_dict", "pack_group"})
 
 
-def _norm(filename: str) -> str:
-    return filename.replace("\\", "/")
-
-
 def _is_evaluation_name(name: str) -> bool:
     if name in _EVALUATION_NAMES:
         return True
@@ -170,7 +166,7 @@ def _stack_class(stack: Stack) -> str:
     # Lightning's training-step closure is.)
     evaluating = False
     for frame in reversed(stack):
-        filename = _norm(frame.filename)
+        filename = frame.path
         if filename.endswith(".py"):
             python = True
         kind = _frame_kind(filename, frame.name)
@@ -240,7 +236,7 @@ def trains_by_frames(stack: Stack) -> bool:
     function named as the frameworks name the step. A forward there trains, even before any backward."""
     in_optimizer = False
     for frame in reversed(stack):
-        filename = _norm(frame.filename)
+        filename = frame.path
         if frame.name in _TRAINING_STEP_NAMES and filename.endswith(".py"):
             return True
         kind = _frame_kind(filename, frame.name)
@@ -546,7 +542,7 @@ def _step_returns(
         if not python:
             where[number] = None  # the autograd engine's thread, or nothing recorded: no evidence
             continue
-        inside = any(_frame_kind(_norm(frame.filename), frame.name) == _KIND_OPTIMIZER for frame in python)
+        inside = any(_frame_kind(frame.path, frame.name) == _KIND_OPTIMIZER for frame in python)
         where[number] = (inside, python[-1])
         closure_seen = closure_seen or (inside and label_of[number][0] not in _OPTIMIZER_OWN)
     if not closure_seen:
@@ -576,7 +572,7 @@ def _call_site(stack: Stack) -> tuple[str, int, str] | None:
     model(x)` is), or None when no module was called from Python."""
     caller = None
     for frame in reversed(stack):  # outermost first
-        if frame.name in _FORWARD_FUNCTIONS and _norm(frame.filename).endswith("torch/nn/modules/module.py"):
+        if frame.name in _FORWARD_FUNCTIONS and frame.path.endswith("torch/nn/modules/module.py"):
             return (frame.filename, frame.line, frame.name) if caller is None else caller
         if frame.filename.endswith(".py"):
             caller = (frame.filename, frame.line, frame.name)
@@ -964,7 +960,7 @@ def _gradients_released(
     initial_gradients = {
         number
         for number, stack in free_stacks.items()
-        if any(frame.name == "_make_grads" and "torch/autograd/" in _norm(frame.filename) for frame in stack)
+        if any(frame.name == "_make_grads" and "torch/autograd/" in frame.path for frame in stack)
     }
     windows: list[tuple[int, int, str]] = []
     returned = False

@@ -138,7 +138,7 @@ def _sites_of(stack: Stack, sites: dict[tuple[Frame, ...], _Site]) -> list[tuple
     ends = (*entered[2:], len(frames))  # each call runs until the next module call it makes
     for position, end in zip(entered[1:], ends, strict=False):  # the outermost call is the model's: no region
         callee = _called_forward(frames[position:end])
-        if _TORCH_MODULES in callee.filename.replace("\\", "/"):
+        if _TORCH_MODULES in callee.path:
             continue  # a torch module's forward (a layer, a Sequential): its calls cannot be told apart
         prefix = frames[:position]
         site = sites.get(prefix)
@@ -227,7 +227,7 @@ class _Sequence:
 
 
 def _is_container(frame: Frame) -> bool:
-    return frame.name == "forward" and frame.filename.replace("\\", "/").endswith(_CONTAINER)
+    return frame.name == "forward" and frame.path.endswith(_CONTAINER)
 
 
 def _sequences_of(
@@ -254,7 +254,7 @@ def _sequences_of(
     own = 0  # the modules of the user's own (not torch's) the stack called so far
     for position, end in zip(entered, ends, strict=False):  # no module call: none
         callee = _called_forward(frames[position:end])
-        ours = _TORCH_MODULES in callee.filename.replace("\\", "/")
+        ours = _TORCH_MODULES in callee.path
         loop = frames[position - 1]
         if ours and position >= 2 and (_is_container(loop) or frame_kind(loop) != TORCH):
             prefix = frames[:position]

@@ -418,7 +418,7 @@ def stack_text(frames: Stack, *, all_frames: bool = False, paths: PathStyle | No
         else:
             bits.extend(filter(None, (without_user_code(filtered), f"{filtered.hidden_words()} hidden")))
             bits.append(f"{FRAMES_KEY} shows all")
-    if paths.prefix and any(frame.filename.replace("\\", "/").startswith(paths.prefix) for frame in shown.frames):
+    if paths.prefix and any(frame.path.startswith(paths.prefix) for frame in shown.frames):
         lines.append(f"(paths under {printable(paths.prefix)})")
     return StackText("; ".join(bits), tuple(lines))
 

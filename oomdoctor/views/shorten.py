@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, USER, frame_kind
-from oomdoctor.model import Frame, Stack
+from oomdoctor.model import Frame, Stack, slashed
 from oomdoctor.safetext import printable
 from oomdoctor.views.frames import shown_frames
 
@@ -52,7 +52,7 @@ def common_directory(paths: Iterable[str]) -> str:
     only the root)."""
     common: list[str] | None = None
     for path in paths:
-        parts = path.replace("\\", "/").split("/")[:-1]
+        parts = slashed(path).split("/")[:-1]
         if common is None:
             common = parts
         else:
@@ -89,13 +89,13 @@ class PathStyle:
 
     def path(self, filename: str) -> str:
         """`filename` without the shared prefix, or from its package on; printable."""
-        slashed = filename.replace("\\", "/")
-        if self.prefix and slashed.startswith(self.prefix) and len(slashed) > len(self.prefix):
-            return printable(slashed[len(self.prefix) :])
+        forward = slashed(filename)
+        if self.prefix and forward.startswith(self.prefix) and len(forward) > len(self.prefix):
+            return printable(forward[len(self.prefix) :])
         for installed in _INSTALLED:
-            starts = [match.end() for match in installed.finditer(slashed)]
-            if starts and starts[-1] < len(slashed):
-                return printable(slashed[starts[-1] :])
+            starts = [match.end() for match in installed.finditer(forward)]
+            if starts and starts[-1] < len(forward):
+                return printable(forward[starts[-1] :])
         return printable(filename)
 
     def frame(self, frame: Frame, width: int | None = None) -> str:
