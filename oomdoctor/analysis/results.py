@@ -357,8 +357,15 @@ class SummaryKind(StrEnum):
     # earlier steps' activation peak, size_ratio (its allocations to rest_step's at the same point)
     ACTIVATION_SPIKE_PROJECTED = "activation-spike-projected"
     ACTIVATIONS_DOMINATE = "activations-dominate"  # phase, activations
+    # a forward cut short near its start with no earlier pass to extrapolate from: phase,
+    # activations, own (with temporaries), reached (with the request: a lower bound), room, rest,
+    # states (at full size), capacity, assumed_all
+    ACTIVATIONS_FIRST_PASS = "activations-first-pass"
     NO_OOM = "no-oom"  # at ("peak" | "dump"), allocated; dominant, dominant_bytes; end_* the same at the dump
     UNKNOWN = "unknown"
+    # the same, with what decides it: a first forward the model states leave no room for, which fit
+    # only if some parameters are frozen: phase, parameters, states, capacity, reached, room, rest
+    UNKNOWN_WHAT_TRAINS = "unknown-what-trains"
     # Risks found without an OOM event (at the peak or the dump)
     KEPT_GRAPH_RISK = "kept-graph-risk"  # kept, share (of what the pass allocated), parameters
     GRADIENTS_KEPT_RISK = "gradients-kept-risk"  # old, phase, parameters
@@ -417,6 +424,9 @@ class EvidenceKind(StrEnum):
     ALLOCATED_AT_TARGET = "allocated-at-target"  # at ("peak" | "dump")
     PASS_ALLOCATED = "pass-allocated"  # bytes the forward pass allocated up to the target
     PASS_KEPT = "pass-kept"  # of them, still alive at the target
+    PASS_REACHED = "pass-reached"  # request: the pass's own live bytes and the request, a lower bound
+    ROOM_FOR_PASS = "room-for-pass"  # rest: the capacity less what the pass did not allocate
+    MODEL_STATES_AT_FULL_SIZE = "model-states-at-full-size"  # assumed_all
     NO_TRAINING = "no-training"  # no backward, optimizer step or gradients anywhere in the dump
     RESERVED = "reserved"
     FREE_CACHED = "free-cached"

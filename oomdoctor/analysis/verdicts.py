@@ -1225,6 +1225,140 @@ def after_forward_before_backward(ctx: Context) -> bool:
     return bool(before) and before[-1].phase == PHASE_FORWARD and before[-1].step == ctx.target_step
 
 
+def _pass_own(ctx: Context) -> tuple[int, int, dict[int, LiveBlock]]:
+    """(the judged pass's own live activations, its own temporaries, the live activation and
+    temporary blocks by address that are not its own): what earlier steps or earlier passes left
+    alive is a leak's or a kept graph's."""
+    kept = {
+        b.address: b
+        for b in ctx.live_blocks
+        if b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
+        and b.step is not None
+        and ctx.target_step is not None
+        and b.step < ctx.target_step
+    }
+    kept.update((b.address, b) for b in _kept_from_earlier_passes(ctx)[1])
+    c = ctx.components
+    activations = c.get(Component.ACTIVATIONS, 0) - sum(
+        b.size_bytes for b in kept.values() if b.component == Component.ACTIVATIONS
+    )
+    temporaries = c.get(Component.TEMPORARIES, 0) - sum(
+        b.size_bytes for b in kept.values() if b.component == Component.TEMPORARIES
+    )
+    return activations, temporaries, kept
+
+
+def _states_at_full_size(ctx: Context) -> tuple[int, bool]:
+    """(the model states at full size, whether that takes every parameter to train). In a run that
+    trains, or may (`trains_unknown`), gradients and optimizer state still to come are projected at
+    the parameters that train where the file shows which (`trained_shown`), else at every parameter,
+    an upper bound (a LoRA base gets neither); the state at one moment per parameter for an
+    optimizer that keeps one, at as many as its state so far shows, else at two (Adam-style). State
+    already complete (past the first step, or sharded) is taken as it is. A run the file shows does
+    not train keeps what it holds."""
+    parameters, gradients, optimizer_state, buffers = model_states(ctx)
+    if not ctx.trains() and not ctx.trains_unknown():
+        return parameters + gradients + optimizer_state + buffers, False
+    shown = trained_shown(ctx)
+    trained = ctx.trained if shown else parameters
+    state = optimizer_state
+    complete = ctx.optimizer_state_sharded() or (optimizer_state > 0 and not ctx.in_first_optimizer_step())
+    if not complete:
+        moments = 1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2
+        if ctx.optimizer_kind is None:
+            moments = ctx.moments_shown or moments
+        state = max(optimizer_state, moments * trained)
+    return parameters + max(gradients, trained) + state + buffers, not shown
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """A forward pass the OOM cut short with no earlier pass like it in the trace to say how much
+    of it remained: what is known of it at the OOM, and what is only a bound."""
+
+    own: int  # its own live activations and temporaries
+    reached: int  # with the failed request: a lower bound of what the whole pass needs
+    rest: int  # allocated bytes that are not its own (the model states, inputs, the rest)
+    room: int  # what the capacity left it beside them
+    states: int  # the model states at full size (`_states_at_full_size`)
+    assumed: bool  # that figure takes every parameter to train: an upper bound
+    capacity: int
+
+
+def _first_pass(ctx: Context, activations: int, temporaries: int) -> FirstPass | None:
+    """The judged forward as a pass the OOM interrupted with nothing to extrapolate its rest from:
+    one of the trace's first passes (`Context.in_first_passes`), with no completed comparable pass
+    (`passes.comparable_steps`) and no extrapolated rest. Only where the capacity is known and what
+    it reached, counting the failed request, is more than the room the rest of memory left it (else
+    the request failed for another reason: placement)."""
+    capacity = ctx.capacity_bytes
+    if ctx.oom is None or not capacity or ctx.target_phase not in FORWARD_PASSES or not ctx.in_first_passes():
+        return None
+    rest = ctx.passes.rest
+    if (rest is not None and rest.extrapolated) or _comparable_peak(ctx)[0]:
+        return None
+    own = activations + temporaries
+    reached = own + ctx.request
+    others = ctx.allocated_bytes - own
+    room = capacity - others
+    if reached <= room:
+        return None
+    states, assumed = _states_at_full_size(ctx)
+    return FirstPass(own, reached, others, room, states, assumed, capacity)
+
+
+def _first_pass_evidence(ctx: Context, first: FirstPass) -> tuple[Evidence, ...]:
+    return (
+        Evidence(
+            EvidenceKind.PASS_REACHED,
+            "pass_reached_bytes",
+            first.reached,
+            ctx.target_index,
+            facts=Facts.of(request=ctx.request),
+        ),
+        Evidence(EvidenceKind.ROOM_FOR_PASS, "room_for_pass_bytes", first.room, facts=Facts.of(rest=first.rest)),
+        Evidence(
+            EvidenceKind.MODEL_STATES_AT_FULL_SIZE,
+            "model_states_full_bytes",
+            first.states,
+            facts=Facts.of(assumed_all=int(first.assumed) or None),
+        ),
+        Evidence(EvidenceKind.CAPACITY, "capacity_bytes", first.capacity),
+    )
+
+
+def _first_pass_too_large(ctx: Context, activations: int, temporaries: int) -> Finding | None:
+    """A forward cut short near its start, with nothing to extrapolate its rest from: too large for
+    the device in one pass where the model states fit at full size (even if every parameter
+    trained, or as the file shows which train) and what the pass reached did not fit in the room
+    they left. Where they fit only if some parameters are frozen, which the file does not show, the
+    verdict is unknown and says why (`_unknown_verdict`)."""
+    first = _first_pass(ctx, activations, temporaries)
+    if first is None or first.states >= MODEL_STATES_CAPACITY_SHARE * first.capacity:
+        return None
+    phase = ctx.target_phase
+    summary = Summary(
+        SummaryKind.ACTIVATIONS_FIRST_PASS,
+        Facts.of(
+            phase=phase,
+            activations=activations,
+            own=first.own,
+            reached=first.reached,
+            room=first.room,
+            rest=first.rest,
+            states=first.states,
+            capacity=first.capacity,
+            assumed_all=int(first.assumed) or None,
+        ),
+    )
+    evidence = (
+        _component_evidence(ctx, EvidenceKind.LIVE_ACTIVATIONS, Component.ACTIVATIONS),
+        _component_evidence(ctx, EvidenceKind.LIVE_TEMPORARIES, Component.TEMPORARIES),
+        *_first_pass_evidence(ctx, first),
+    )
+    return Finding(Verdict.ACTIVATION_SPIKE, 0.6, summary, evidence)
+
+
 def _test_activation_spike(ctx: Context) -> Finding | None:
     # with no phases at all (a trace without stacks), activations placed by their blocks' own
     # stacks still show what filled memory, at a lower confidence
@@ -1235,28 +1369,19 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
     if ctx.oom is None or (not in_pass and not phases_unknown):
         return None
     c = ctx.components
-    # this pass's own: what earlier steps or earlier passes left alive is a leak's or a kept graph's
-    kept = {
-        b.address: b
-        for b in ctx.live_blocks
-        if b.component in (Component.ACTIVATIONS, Component.TEMPORARIES)
-        and b.step is not None
-        and ctx.target_step is not None
-        and b.step < ctx.target_step
-    }
-    kept.update((b.address, b) for b in _kept_from_earlier_passes(ctx)[1])
+    activations, temporaries, kept = _pass_own(ctx)
     kept_activations = sum(b.size_bytes for b in kept.values() if b.component == Component.ACTIVATIONS)
-    activations = c.get(Component.ACTIVATIONS, 0) - kept_activations
-    temporaries = c.get(Component.TEMPORARIES, 0) - sum(
-        b.size_bytes for b in kept.values() if b.component == Component.TEMPORARIES
-    )
     allocated = ctx.accounting.allocated_bytes or 1
     others = max([v for k, v in c.items() if k not in (Component.ACTIVATIONS,)] + [kept_activations])
     rest = ctx.passes.rest
     projected_pass = rest.projected_pass_bytes if rest is not None and rest.extrapolated else None
     # a forward the OOM cut short near its start holds little yet: what it would have needed is its
-    # projected whole (the rest extrapolated from a comparable earlier pass), judged below
+    # projected whole (the rest extrapolated from a comparable earlier pass), judged below; with no
+    # earlier pass to extrapolate from (the run's first), by what it reached against the room the
+    # model states left it, where they fit at full size (`_first_pass`)
     early = activations + temporaries < ACTIVATIONS_MIN_SHARE * allocated and activations < others
+    if early and not after_forward and projected_pass is None:
+        return _first_pass_too_large(ctx, activations, temporaries)
     if early and (after_forward or projected_pass is None or projected_pass < others):
         return None  # (a forward that returned is no pass cut short)
     # whose activations they are: the forward's, where the target is the loop's code after it
@@ -1924,12 +2049,32 @@ def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
 
 
 def _unknown_verdict(ctx: Context) -> Finding:
-    return Finding(
-        Verdict.UNKNOWN,
-        0.2,
-        Summary(SummaryKind.UNKNOWN),
-        (Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index),),
-    )
+    request = Evidence(EvidenceKind.REQUEST, "request_bytes", ctx.request, ctx.target_index)
+    first = _first_pass(ctx, *_pass_own(ctx)[:2])
+    if first is not None and first.assumed and first.states >= MODEL_STATES_CAPACITY_SHARE * first.capacity:
+        # the model states fit as they are and would not if every parameter trained: whether the
+        # pass is too large or the model is decides the verdict, and the file cannot tell
+        parameters = model_states(ctx)[0]
+        facts = Facts.of(
+            phase=ctx.target_phase,
+            parameters=parameters,
+            states=first.states,
+            capacity=first.capacity,
+            reached=first.reached,
+            room=first.room,
+            rest=first.rest,
+        )
+        return Finding(
+            Verdict.UNKNOWN,
+            0.2,
+            Summary(SummaryKind.UNKNOWN_WHAT_TRAINS, facts),
+            (
+                request,
+                _component_evidence(ctx, EvidenceKind.PARAMETERS, Component.PARAMETERS),
+                *_first_pass_evidence(ctx, first),
+            ),
+        )
+    return Finding(Verdict.UNKNOWN, 0.2, Summary(SummaryKind.UNKNOWN), (request,))
 
 
 def _rests_on_assumption(finding: Finding) -> bool:

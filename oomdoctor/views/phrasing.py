@@ -728,6 +728,9 @@ def _summary_words(kind: str, f: Facts) -> str:
             counting = "with the failed request or the rest of the pass, " if f.get("still_needed") else ""
             return f"Activations {whose} ({human(size('activations'))}; {counting}{f.number('ratio'):.2f}x the peak of step {f.get('earlier_step')}, which fit){after} dominate live memory: this step needs more than the earlier ones did."
         return f"Activations {whose} ({human(size('activations'))}){after} dominate live memory: at this batch and sequence size the pass needs more than the device has."
+    if kind == SummaryKind.ACTIVATIONS_FIRST_PASS:
+        every = ", even if every parameter trains" if f.get("assumed_all") else ""
+        return f"The {f.get('phase')} pass ran out near its start, with no earlier pass like it in the trace to show how much of it remained: its own memory so far ({human(size('own'))}) and the failed request come to {human(size('reached'))}, a lower bound of what it needs, more than the {human(size('room'))} the device left it beside the {human(size('rest'))} held otherwise. The model states fit at full size ({human(size('states'))} of {human(size('capacity'))}{every}): at this batch and sequence size the pass is too large for this device in one pass."
     if kind == SummaryKind.NO_OOM:
         if f.get("empty"):
             return "This file holds no GPU memory and no allocation history for this device: PyTorch had reserved nothing when it was written and no history was recorded (torch.cuda.memory._record_memory_history() must run before the work, and the snapshot be written while its tensors are alive), so it cannot tell whether the run ran out."
@@ -815,6 +818,8 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"{start} {held}{against}: {what}."
     if kind == SummaryKind.UNKNOWN:
         return "The OOM does not match any known pattern with the data this dump holds."
+    if kind == SummaryKind.UNKNOWN_WHAT_TRAINS:
+        return f"The {f.get('phase')} pass ran out near its start, beside {human(size('parameters'))} of parameters, and the file cannot tell whether they train, which decides the cause: if every one trains, its gradients and optimizer state bring the model states to {human(size('states'))}, more than the {human(size('capacity'))} PyTorch could have (model states too large); if most are frozen (a LoRA base, or inference), the pass's own memory and the failed request, at least {human(size('reached'))} (a lower bound: the pass was interrupted), did not fit in the {human(size('room'))} left beside the {human(size('rest'))} held otherwise (activations too large for one pass)."
     raise KeyError(kind)
 
 
@@ -936,6 +941,7 @@ EVIDENCE: dict[str, str] = {
     EvidenceKind.RESERVED_PLUS_FREE: "reserved + free device memory at the OOM",
     EvidenceKind.PASS_ALLOCATED: "allocated by this forward pass up to here",
     EvidenceKind.PASS_KEPT: "of it, activations and temporaries still alive",
+    EvidenceKind.PASS_REACHED: "this pass's own live memory and the failed request: a lower bound of what it needs (the pass was interrupted)",
     EvidenceKind.NO_TRAINING: "no backward, optimizer step, gradients or optimizer state in the dump",
     EvidenceKind.RESERVED: "reserved by PyTorch",
     EvidenceKind.FREE_CACHED: "free in PyTorch's cache",
@@ -961,6 +967,11 @@ def _evidence_words(kind: str, f: Facts) -> str:
         )
     if kind == EvidenceKind.MODEL_STATES_NEEDED:
         return "model states needed" + _projection(f)
+    if kind == EvidenceKind.MODEL_STATES_AT_FULL_SIZE:
+        every = "; assuming every parameter trains, an upper bound" if f.get("assumed_all") else ""
+        return f"model states at full size (gradients and optimizer state still to come projected{every})"
+    if kind == EvidenceKind.ROOM_FOR_PASS:
+        return f"left for this pass: the capacity less the {human(f.size('rest'))} it did not allocate (model states, inputs, the rest)"
     if kind == EvidenceKind.USABLE_FREE:
         estimated = f"; {LAYOUT_ESTIMATE}" if f.get("estimated") else ""
         return f"free cached bytes usable for the request ({f.get('pool')} pool, same stream{estimated})"

@@ -1,0 +1,87 @@
+"""A first forward that runs out near its start (verdicts._first_pass): no earlier pass in the trace
+shows how much of it remained, so what it needs is known only as a bound, what it reached with the
+failed request. Where the model states fit at full size, the pass is too large for the device in one
+pass (`activation-spike`); where they fit only if some parameters are frozen, which the file does not
+show, the verdict is `unknown` and says what decides it."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from oomdoctor.analysis.results import EvidenceKind, SummaryKind
+from oomdoctor.units import GIB as GiB
+from oomdoctor.units import MIB as MiB
+from oomdoctor.views.phrasing import evidence, summary
+from tests.builders import FORWARD_STACK, SETUP_STACK, Sim
+
+BASE_MIB = 700  # the frozen weights
+ADAPTER_MIB = 8  # the weights that train
+ACTIVATION_MIB = 50
+REQUEST_MIB = 120
+
+
+def _first_forward_oom(*, trains: dict[str, bool] | None) -> Sim:
+    """1 GiB: 708 MiB of parameters, then the first forward keeps 200 MiB of activations and asks
+    for 120 MiB more with 116 MiB free. `trains`: the registry's requires_grad by name (None: the
+    registry does not say)."""
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(BASE_MIB * MiB, SETUP_STACK, "parameter", "base.weight")
+    sim.alloc(ADAPTER_MIB * MiB, SETUP_STACK, "parameter", "adapter.weight")
+    if trains is not None:
+        for entry in sim.tensors:
+            entry["requires_grad"] = trains[entry["name"]]
+    sim.marker("forward", "start")
+    for _ in range(4):
+        sim.alloc(ACTIVATION_MIB * MiB, FORWARD_STACK)
+    sim.oom(REQUEST_MIB * MiB, FORWARD_STACK)
+    return sim
+
+
+def _evidence(result, kind: str):
+    (item,) = [e for e in result.evidence if e.kind == kind]
+    return item
+
+
+def test_a_first_forward_the_frozen_model_leaves_too_little_room_is_too_large_in_one_pass():
+    # the registry says the 700 MiB base is frozen: gradients and Adam state come for the adapter only
+    sim = _first_forward_oom(trains={"base.weight": False, "adapter.weight": True})
+    result = analyse(sim.snapshot(extra={"optimizers": 1}))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    assert result.verdict == "activation-spike", result.verdict
+    assert result.summary.kind == SummaryKind.ACTIVATIONS_FIRST_PASS
+    # what the pass reached with the request (a bound), against the room the rest left it
+    reached = _evidence(result, EvidenceKind.PASS_REACHED)
+    assert reached.bytes == (4 * ACTIVATION_MIB + REQUEST_MIB) * MiB
+    room = _evidence(result, EvidenceKind.ROOM_FOR_PASS)
+    assert room.bytes == GiB - (BASE_MIB + ADAPTER_MIB) * MiB
+    states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
+    assert states.bytes == (BASE_MIB + ADAPTER_MIB + 3 * ADAPTER_MIB) * MiB  # + gradients + two moments
+    words = summary(result.summary)
+    assert "a lower bound" in words and "too large for this device in one pass" in words
+    assert "x the peak" not in words  # no earlier step to compare with
+    assert "lower bound" in evidence(reached)
+    assert "upper bound" not in evidence(states)  # the registry says which parameters train
+
+
+def test_a_first_forward_of_a_model_that_does_not_train_is_too_large_in_one_pass():
+    # nothing requires gradients and no optimizer was made: the parameters are all the states there are
+    sim = _first_forward_oom(trains={"base.weight": False, "adapter.weight": False})
+    result = analyse(sim.snapshot())
+    assert result.verdict == "activation-spike", result.verdict
+    assert result.summary.kind == SummaryKind.ACTIVATIONS_FIRST_PASS
+    assert _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE).bytes == (BASE_MIB + ADAPTER_MIB) * MiB
+
+
+def test_a_plain_first_forward_whose_states_fit_only_if_frozen_is_unknown_and_says_why():
+    # the same run as a plain snapshot: 708 MiB of parameters would need 2.8 GiB with gradients and
+    # Adam state if all trained, and fit if most are frozen; the file cannot tell which
+    sim = _first_forward_oom(trains=None)
+    result = analyse(sim.snapshot(metadata=False))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    assert result.verdict == "unknown"
+    assert result.summary.kind == SummaryKind.UNKNOWN_WHAT_TRAINS
+    words = summary(result.summary)
+    assert "cannot tell whether they train" in words and "a lower bound" in words
+    states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
+    assert states.bytes == 4 * (BASE_MIB + ADAPTER_MIB) * MiB
+    assert "assuming every parameter trains, an upper bound" in evidence(states)
+    assert _evidence(result, EvidenceKind.PASS_REACHED).bytes == (4 * ACTIVATION_MIB + REQUEST_MIB) * MiB
