@@ -85,3 +85,19 @@ def test_a_plain_first_forward_whose_states_fit_only_if_frozen_is_unknown_and_sa
     assert states.bytes == 4 * (BASE_MIB + ADAPTER_MIB) * MiB
     assert "assuming every parameter trains, an upper bound" in evidence(states)
     assert _evidence(result, EvidenceKind.PASS_REACHED).bytes == (4 * ACTIVATION_MIB + REQUEST_MIB) * MiB
+
+
+def test_activations_dominating_a_first_forward_say_what_the_pass_reached_as_a_bound():
+    # 100 MiB of parameters; the first forward holds 800 MiB of activations and asks for 200 MiB more
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(100 * MiB, SETUP_STACK, "parameter", "weight")
+    sim.marker("forward", "start")
+    for _ in range(4):
+        sim.alloc(200 * MiB, FORWARD_STACK)
+    sim.oom(200 * MiB, FORWARD_STACK)
+    result = analyse(sim.snapshot(extra={"optimizers": 1}))
+    assert result.verdict == "activation-spike", result.verdict
+    assert result.summary.kind == SummaryKind.ACTIVATIONS_DOMINATE
+    assert _evidence(result, EvidenceKind.PASS_REACHED).bytes == 1000 * MiB
+    assert _evidence(result, EvidenceKind.ROOM_FOR_PASS).bytes == GiB - 100 * MiB
+    assert not [e for e in result.evidence if e.kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS]

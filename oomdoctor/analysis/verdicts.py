@@ -1442,6 +1442,9 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
             ),
         )
         return Finding(Verdict.ACTIVATION_SPIKE, 0.6, projected_summary, tuple(evidence))
+    first = _first_pass(ctx, activations, temporaries) if ratio is None and not after_forward else None
+    if first is not None:  # what the trace's first pass reached is known only as a bound: said so
+        evidence.extend(_first_pass_evidence(ctx, first))
     summary = (
         Summary(
             SummaryKind.ACTIVATION_SPIKE,
