@@ -84,6 +84,7 @@ def test_a_plain_first_forward_whose_states_fit_only_if_frozen_is_unknown_and_sa
     states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
     assert states.bytes == 4 * (BASE_MIB + ADAPTER_MIB) * MiB
     assert "assuming every parameter trains, an upper bound" in evidence(states)
+    assert "the state at 2x the parameters that train, assuming Adam-style moments" in evidence(states)
     assert _evidence(result, EvidenceKind.PASS_REACHED).bytes == (4 * ACTIVATION_MIB + REQUEST_MIB) * MiB
 
 

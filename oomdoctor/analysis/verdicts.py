@@ -1248,27 +1248,38 @@ def _pass_own(ctx: Context) -> tuple[int, int, dict[int, LiveBlock]]:
     return activations, temporaries, kept
 
 
-def _states_at_full_size(ctx: Context) -> tuple[int, bool]:
-    """(the model states at full size, whether that takes every parameter to train). In a run that
-    trains, or may (`trains_unknown`), gradients and optimizer state still to come are projected at
-    the parameters that train where the file shows which (`trained_shown`), else at every parameter,
-    an upper bound (a LoRA base gets neither); the state at one moment per parameter for an
-    optimizer that keeps one, at as many as its state so far shows, else at two (Adam-style). State
-    already complete (past the first step, or sharded) is taken as it is. A run the file shows does
-    not train keeps what it holds."""
+@dataclass(frozen=True)
+class FullStates:
+    """The model states at full size (`_states_at_full_size`) and what the projection assumed."""
+
+    bytes: int
+    assumed_all: bool  # every parameter taken to train: an upper bound
+    moments: int | None  # optimizer state projected at this many moments per parameter (None: as it is)
+    moments_assumed: bool  # that count is Adam-style's, assumed: neither frames nor state show the kind
+
+
+def _states_at_full_size(ctx: Context) -> FullStates:
+    """The model states at full size. In a run that trains, or may (`trains_unknown`), gradients and
+    optimizer state still to come are projected at the parameters that train where the file shows
+    which (`trained_shown`), else at every parameter, an upper bound (a LoRA base gets neither); the
+    state at one moment per parameter for an optimizer that keeps one, at as many as its state so
+    far shows, else at two (Adam's, assumed where nothing names the optimizer). State already
+    complete (past the first step, or sharded) is taken as it is. A run the file shows does not
+    train keeps what it holds."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
     if not ctx.trains() and not ctx.trains_unknown():
-        return parameters + gradients + optimizer_state + buffers, False
+        return FullStates(parameters + gradients + optimizer_state + buffers, False, None, False)
     shown = trained_shown(ctx)
     trained = ctx.trained if shown else parameters
-    state = optimizer_state
+    state, moments, guessed = optimizer_state, None, False
     complete = ctx.optimizer_state_sharded() or (optimizer_state > 0 and not ctx.in_first_optimizer_step())
     if not complete:
         moments = 1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2
+        guessed = ctx.optimizer_kind is None and not ctx.moments_shown
         if ctx.optimizer_kind is None:
             moments = ctx.moments_shown or moments
         state = max(optimizer_state, moments * trained)
-    return parameters + max(gradients, trained) + state + buffers, not shown
+    return FullStates(parameters + max(gradients, trained) + state + buffers, not shown, moments, guessed)
 
 
 @dataclass(frozen=True)
@@ -1280,9 +1291,17 @@ class FirstPass:
     reached: int  # with the failed request: a lower bound of what the whole pass needs
     rest: int  # allocated bytes that are not its own (the model states, inputs, the rest)
     room: int  # what the capacity left it beside them
-    states: int  # the model states at full size (`_states_at_full_size`)
-    assumed: bool  # that figure takes every parameter to train: an upper bound
+    full: FullStates  # the model states at full size
     capacity: int
+
+    @property
+    def states(self) -> int:
+        return self.full.bytes
+
+    @property
+    def assumed(self) -> bool:
+        """The states at full size take every parameter to train: an upper bound."""
+        return self.full.assumed_all
 
 
 def _first_pass(ctx: Context, activations: int, temporaries: int) -> FirstPass | None:
@@ -1303,8 +1322,7 @@ def _first_pass(ctx: Context, activations: int, temporaries: int) -> FirstPass |
     room = capacity - others
     if reached <= room:
         return None
-    states, assumed = _states_at_full_size(ctx)
-    return FirstPass(own, reached, others, room, states, assumed, capacity)
+    return FirstPass(own, reached, others, room, _states_at_full_size(ctx), capacity)
 
 
 def _first_pass_evidence(ctx: Context, first: FirstPass) -> tuple[Evidence, ...]:
@@ -1321,7 +1339,11 @@ def _first_pass_evidence(ctx: Context, first: FirstPass) -> tuple[Evidence, ...]
             EvidenceKind.MODEL_STATES_AT_FULL_SIZE,
             "model_states_full_bytes",
             first.states,
-            facts=Facts.of(assumed_all=int(first.assumed) or None),
+            facts=Facts.of(
+                assumed_all=int(first.assumed) or None,
+                projected_moments=first.full.moments,
+                moments_assumed=int(first.full.moments_assumed) or None,
+            ),
         ),
         Evidence(EvidenceKind.CAPACITY, "capacity_bytes", first.capacity),
     )
