@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import EvidenceKind, SummaryKind
+from oomdoctor.model import Frame
 from oomdoctor.units import GIB as GiB
 from oomdoctor.units import MIB as MiB
 from oomdoctor.views.phrasing import evidence, summary
@@ -81,6 +82,23 @@ def test_a_plain_first_forward_whose_states_fit_only_if_frozen_is_unknown_and_sa
     assert result.summary.kind == SummaryKind.UNKNOWN_WHAT_TRAINS
     words = summary(result.summary)
     assert "cannot tell whether they train" in words and "a lower bound" in words
+    assert "a LoRA base, or inference" in words  # nothing shows the run trains at all
+
+
+def test_a_plain_first_forward_inside_a_training_step_asks_which_parameters_train():
+    # the forward runs inside `training_step`: the run trains, and which of its parameters do is unknown
+    step = (Frame("train.py", 40, "training_step"),)
+    sim = Sim(total_bytes=GiB)
+    sim.alloc((BASE_MIB + ADAPTER_MIB) * MiB, SETUP_STACK)
+    forward = (*FORWARD_STACK[:-1], *step)
+    for _ in range(4):
+        sim.alloc(ACTIVATION_MIB * MiB, forward)
+    sim.oom(REQUEST_MIB * MiB, forward)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.summary.kind == SummaryKind.UNKNOWN_WHAT_TRAINS
+    words = summary(result.summary)
+    assert "the run trains, and the file cannot tell which of them do" in words
+    assert "inference" not in words
     states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
     assert states.bytes == 4 * (BASE_MIB + ADAPTER_MIB) * MiB
     assert "assuming every parameter trains, an upper bound" in evidence(states)

@@ -2088,6 +2088,7 @@ def _unknown_verdict(ctx: Context) -> Finding:
             reached=first.reached,
             room=first.room,
             rest=first.rest,
+            trains=int(ctx.trains()) or None,  # the run trains: which parameters do is what is unknown
         )
         return Finding(
             Verdict.UNKNOWN,

@@ -819,7 +819,12 @@ def _summary_words(kind: str, f: Facts) -> str:
     if kind == SummaryKind.UNKNOWN:
         return "The OOM does not match any known pattern with the data this dump holds."
     if kind == SummaryKind.UNKNOWN_WHAT_TRAINS:
-        return f"The {f.get('phase')} pass ran out near its start, beside {human(size('parameters'))} of parameters, and the file cannot tell whether they train, which decides the cause: if every one trains, its gradients and optimizer state bring the model states to {human(size('states'))}, more than the {human(size('capacity'))} PyTorch could have (model states too large); if most are frozen (a LoRA base, or inference), the pass's own memory and the failed request, at least {human(size('reached'))} (a lower bound: the pass was interrupted), did not fit in the {human(size('room'))} left beside the {human(size('rest'))} held otherwise (activations too large for one pass)."
+        which, frozen = (
+            ("the run trains, and the file cannot tell which of them do", "a LoRA base")
+            if f.get("trains")
+            else ("the file cannot tell whether they train", "a LoRA base, or inference")
+        )
+        return f"The {f.get('phase')} pass ran out near its start, beside {human(size('parameters'))} of parameters; {which}, and that decides the cause: if every one trains, its gradients and optimizer state bring the model states to {human(size('states'))}, more than the {human(size('capacity'))} PyTorch could have (model states too large); if most are frozen ({frozen}), the pass's own memory and the failed request, at least {human(size('reached'))} (a lower bound: the pass was interrupted), did not fit in the {human(size('room'))} left beside the {human(size('rest'))} held otherwise (activations too large for one pass)."
     raise KeyError(kind)
 
 
