@@ -975,9 +975,9 @@ def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.MODEL_STATES_AT_FULL_SIZE:
         moments = f.get("projected_moments")
         at = "" if moments is None else f", the state at {moments}x the parameters that train"
-        kind = ", assuming Adam-style moments" if f.get("moments_assumed") else ""
+        assuming = ", assuming Adam-style moments" if f.get("moments_assumed") else ""
         every = "; assuming every parameter trains, an upper bound" if f.get("assumed_all") else ""
-        return f"model states at full size (gradients and optimizer state still to come projected{at}{kind}{every})"
+        return f"model states at full size (gradients and optimizer state still to come projected{at}{assuming}{every})"
     if kind == EvidenceKind.ROOM_FOR_PASS:
         return f"left for this pass: the capacity less the {human(f.size('rest'))} it did not allocate (model states, inputs, the rest)"
     if kind == EvidenceKind.USABLE_FREE:
