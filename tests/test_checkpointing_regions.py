@@ -48,6 +48,10 @@ BLOCKS = 3
 BLOCK_PARTS = ((10, 8), (11, 4), (12, 2))
 BLOCK_MIB = sum(mib for _, mib in BLOCK_PARTS)
 HEAD_MIB = 6  # the logits, made after the blocks
+# the trained parameter's gradient, which an OOM at the backward's start has yet to make: the backward
+# holds it beside a region's recomputation, and nothing replays a whole pass to say when it comes,
+# so it is counted beside the largest (a bound: the saving is at least what is said)
+GRADIENT_MIB = 8
 
 
 def _forward(sim: Sim) -> None:
@@ -68,20 +72,22 @@ def _checkpointing(sim: Sim) -> Recommendation:
 def _pass_saving() -> int:
     """What checkpointing saves of one pass: the blocks' activations, less the inputs of the second
     and third (the first and second blocks' outputs), less the largest block, recomputed once the
-    backward has freed the head's logits."""
-    return (BLOCKS * BLOCK_MIB - (BLOCKS - 1) * 2 - (BLOCK_MIB - HEAD_MIB)) * MiB
+    backward has freed the head's logits, beside the gradient the backward makes by then."""
+    return (BLOCKS * BLOCK_MIB - (BLOCKS - 1) * 2 - (BLOCK_MIB + GRADIENT_MIB - HEAD_MIB)) * MiB
 
 
 def test_checkpointing_saves_what_the_regions_hold_less_their_inputs_and_the_largest():
     """An OOM at the start of the backward. The rule of thumb said 70% of the 48 MiB of activations
-    (33.6 MiB); the regions the stacks show say 42 - 4 - (14 - 6) = 30 MiB."""
+    (33.6 MiB); the regions the stacks show say 42 - 4 - (14 + 8 - 6) = 22 MiB: the largest block
+    recomputed, once the head's logits are freed, beside the parameter's 8 MiB gradient (it was 30
+    MiB, without it)."""
     sim = Sim(total_bytes=256 * MiB)
     sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
     _forward(sim)
     sim.marker("backward", "start")
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.estimated_saved_bytes == _pass_saving() == 30 * MiB
+    assert rec.estimated_saved_bytes == _pass_saving() == 22 * MiB
     assert rec.estimated_saved_bytes != int((BLOCKS * BLOCK_MIB + HEAD_MIB) * MiB * CHECKPOINTING_SAVES)
     assert not rec.rule_of_thumb
     assert "rule of thumb" not in phrasing.saving(rec)
@@ -112,18 +118,22 @@ def test_a_graph_an_earlier_pass_kept_shrinks_to_its_regions_inputs():
 
 
 def test_a_fit_is_claimed_from_the_regions_and_not_enough_is_not():
-    """The regions' saving (30 MiB) against what the run lacked: a shortfall it covers is a fit;
-    one it does not is left unclaimed (rehearsed, its one 'not enough' on the fixtures fitted)."""
+    """The regions' saving against what the run lacked: a shortfall it covers is a fit; one it does
+    not is left unclaimed (rehearsed, its one 'not enough' on the fixtures fitted). A 1 MiB
+    parameter, its gradient to come beside the largest block's recomputation: 42 - 4 - (14 + 1 - 6)
+    = 29 MiB saved."""
     claims = {}
-    # 4 and 64 MiB short of the 32 MiB free (the first fit leaves 26 MiB, room for a new segment of
+    # 4 and 64 MiB short of the 32 MiB free (the first fit leaves 25 MiB, room for a new segment of
     # each pool, 22 MiB: a fit by allocated bytes with less is not claimed)
     for request_mib in (36, 96):
-        sim = Sim(total_bytes=88 * MiB)
-        sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+        sim = Sim(total_bytes=81 * MiB)
+        sim.alloc(MiB, SETUP_STACK, "parameter", "w")
         _forward(sim)
         sim.marker("backward", "start")
         sim.oom(request_mib * MiB, BACKWARD_STACK)
-        claims[request_mib] = _checkpointing(sim).would_fit_alone
+        rec = _checkpointing(sim)
+        assert rec.estimated_saved_bytes == 29 * MiB
+        claims[request_mib] = rec.would_fit_alone
     assert claims == {36: True, 96: None}
 
 
@@ -174,7 +184,7 @@ def _saving_of(forward) -> int:
 def test_two_loops_of_blocks_are_both_regions():
     """A U-shaped model: down blocks called from line 30, up blocks from line 31 (4 MiB, then a
     1 MiB output each). Both loops are regions: 20 MiB held, less the second block's input in each
-    loop (2 MiB), less the largest block (5 MiB)."""
+    loop (2 MiB), less the largest block (5 MiB) and the gradient recomputed beside it (8 MiB)."""
 
     def forward(sim: Sim) -> None:
         for caller in (30, 31):
@@ -183,13 +193,14 @@ def test_two_loops_of_blocks_are_both_regions():
                 sim.alloc(MiB, _call(11, caller))
 
     # the figure of the down loop alone would be 10 - 1 - 5 = 4 MiB
-    assert _saving_of(forward) == (20 - 2 - 5) * MiB
+    assert _saving_of(forward) == (20 - 2 - 5 - GRADIENT_MIB) * MiB
 
 
 def test_a_loop_inside_a_block_is_part_of_its_region():
     """Each of three blocks calls two experts in a loop (their forward at expert.py:5, called from
     the block's line 10), then makes its 2 MiB output at line 11: the regions are the blocks, not
-    the experts: 3 x 8 MiB held, less two 2 MiB inputs and the largest block's 8 MiB."""
+    the experts: 3 x 8 MiB held, less two 2 MiB inputs and the largest block's 8 MiB, with the
+    gradient beside it."""
     expert = Frame("expert.py", 5, "forward")
 
     def forward(sim: Sim) -> None:
@@ -198,7 +209,7 @@ def test_a_loop_inside_a_block_is_part_of_its_region():
                 sim.alloc(3 * MiB, _call(10, 30, expert, Frame(_MODULE, 1751, "_wrapped_call_impl")))
             sim.alloc(2 * MiB, _call(11, 30))
 
-    assert _saving_of(forward) == (24 - 4 - 8) * MiB
+    assert _saving_of(forward) == (24 - 4 - 8 - GRADIENT_MIB) * MiB
 
 
 def test_the_model_s_own_calls_are_no_regions():
@@ -220,7 +231,7 @@ def test_the_model_s_own_calls_are_no_regions():
 def test_a_block_whose_forward_a_hook_wraps_is_still_a_region():
     """accelerate's hooks replace a module's forward with `new_forward`, which calls the module's
     own: each block's forward is then reached through the same wrapper line. The regions are read
-    from the forward it calls (line 10, 11 of each block), as without the wrapper: 30 MiB."""
+    from the forward it calls (line 10, 11 of each block), as without the wrapper: 22 MiB."""
     wrapper = Frame("/usr/lib/python3/site-packages/accelerate/hooks.py", 170, "new_forward")
 
     def forward(sim: Sim) -> None:
@@ -230,7 +241,7 @@ def test_a_block_whose_forward_a_hook_wraps_is_still_a_region():
                 sim.alloc(mib * MiB, (*stack[:2], wrapper, *stack[2:]))
         sim.alloc(HEAD_MIB * MiB, HEAD)
 
-    assert _saving_of(forward) == _pass_saving() == 30 * MiB
+    assert _saving_of(forward) == _pass_saving() == 22 * MiB
 
 
 def _extrapolated_step(sim: Sim, scale: int, *, oom_at: int | None = None) -> None:
@@ -290,19 +301,22 @@ def _regions_snapshot(model: str):
 
 def test_the_reports_name_the_blocks_the_saving_was_measured_from():
     """The figure assumes each call of the layer loop checkpointed: the reports say which line
-    calls the blocks and how many of them the pass made."""
+    calls the blocks and how many of them the pass made, and that the gradient the backward has yet
+    to make was counted beside the largest one's recomputation (a lower bound)."""
     snapshot = _regions_snapshot("model.py")
     said = "measured from the file: checkpointing each of the 3 blocks called at"
+    beside = "; the largest recomputed beside the 8.00 MiB of gradients the backward has yet to make"
     text = render_report(snapshot, "text").decode()
-    assert f"{said} model.py:30 in forward" in text
+    assert f"{said} model.py:30 in forward{beside}" in text
     md = render_report(snapshot, "md").decode()
-    assert f"({said} `model.py:30 in forward`)" in md
+    assert f"({said} `model.py:30 in forward`{beside} (at most that many, so at least this))" in md
     rec = next(
         r
         for r in json.loads(render_report(snapshot, "json"))["recommendations"]
         if r["id"] == "activation-checkpointing"
     )
-    assert rec["regions"] == {"count": 3, "called_from": ["model.py:30 in forward"]}
+    assert rec["regions"] == {"count": 3, "called_from": ["model.py:30 in forward"], "gradients_beside_bytes": 8 * MiB}
+    assert rec["estimated_saved_is_lower_bound"] is True
 
 
 def test_a_region_s_line_from_the_file_is_escaped_in_each_report():
@@ -365,12 +379,12 @@ def _sequential_snapshot():
 def test_a_sequential_of_torch_modules_is_cut_into_segments():
     """A Sequential of three Linear+GELU pairs (8 MiB each of the six calls keeps) and a 2 MiB head,
     OOM at the backward's start. checkpoint_sequential in 2 segments keeps the second's input (8 MiB)
-    and runs the second unchecked (24 MiB, more than the first's recomputation less the head): 48 -
-    8 - 24 = 16 MiB; no cut saves more (3 segments: 48 - 16 - 16; the whole: its recomputation
-    outweighs). It was the rule of thumb, 70% of 50 MiB (35 MiB), said to be one."""
+    and recomputes the first (24 MiB) beside the parameter's 8 MiB gradient, once the 2 MiB head is
+    freed: 48 - 8 - 30 = 10 MiB (16 without the gradient; 3 segments: 48 - 16 - 22; the whole: its
+    recomputation outweighs). It was the rule of thumb, 70% of 50 MiB (35 MiB), said to be one."""
     analysis = analyse(_sequential_snapshot())
     rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
-    assert rec.estimated_saved_bytes == 16 * MiB
+    assert rec.estimated_saved_bytes == 10 * MiB
     assert rec.estimated_saved_bytes != int(50 * MiB * CHECKPOINTING_SAVES)
     assert not rec.rule_of_thumb and rec.regions_sequential and rec.regions == 2
     assert rec.regions_called_from == (Frame("model.py", 31, "forward"),)
@@ -415,7 +429,12 @@ def test_the_reports_name_the_segments_of_the_sequential():
         for r in json.loads(render_report(snapshot, "json"))["recommendations"]
         if r["id"] == "activation-checkpointing"
     )
-    assert rec["regions"] == {"count": 2, "called_from": ["model.py:31 in forward"], "sequential": True}
+    assert rec["regions"] == {
+        "count": 2,
+        "called_from": ["model.py:31 in forward"],
+        "sequential": True,
+        "gradients_beside_bytes": 8 * MiB,
+    }
 
 
 def test_a_sequential_inside_a_block_of_the_model_s_is_no_segments():
@@ -459,7 +478,8 @@ def test_a_cut_after_a_module_whose_output_the_pass_freed_keeps_it():
     its output is freed once the ReLU, which saves its own output, has run). Cut in 3 segments
     (conv+norm, relu+conv, norm+relu), the second segment's input is the first norm's output,
     which checkpointing keeps though the run freed it: 34 - 16 - 14 = 4 MiB; in 2 (at the stages)
-    34 - 8 - 17 = 9 MiB, the most. Read from the live blocks alone the norm's output was its 1 MiB
+    34 - 8 - 17 = 9 MiB, the most, less the 8 MiB gradient the backward holds beside the first
+    stage's recomputation (2 MiB head freed): 34 - 8 - 23 = 3 MiB. Read from the live blocks alone the norm's output was its 1 MiB
     of statistics, and 3 segments saved 11 MiB (rehearsed on activation-spike-cnn-bigger-batch at its
     forward's end, the freed outputs counted: 56.0 MiB said, 57.7 saved)."""
     sim = Sim(total_bytes=256 * MiB)
@@ -476,7 +496,7 @@ def test_a_cut_after_a_module_whose_output_the_pass_freed_keeps_it():
     sim.marker("backward", "start")
     sim.oom(128 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.estimated_saved_bytes == 9 * MiB
+    assert rec.estimated_saved_bytes == 3 * MiB
     assert rec.regions == 2 and rec.regions_sequential
 
 
@@ -489,7 +509,7 @@ def _in_loop(module: str, line: int, op: Frame) -> tuple[Frame, ...]:
 
 def test_a_loop_of_the_user_s_own_over_torch_modules_is_cut_as_a_sequential():
     """The MLP of the Sequential test, its Linear and GELU modules in a ModuleList the model's
-    forward loops over at line 31: the same 16 MiB in 2 segments, at the loop's line (it was the
+    forward loops over at line 31: the same 10 MiB in 2 segments, at the loop's line (it was the
     rule of thumb, 35 MiB)."""
     sim = Sim(total_bytes=256 * MiB)
     sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
@@ -502,7 +522,7 @@ def test_a_loop_of_the_user_s_own_over_torch_modules_is_cut_as_a_sequential():
     sim.marker("backward", "start")
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.estimated_saved_bytes == 16 * MiB and rec.regions == 2 and rec.regions_sequential
+    assert rec.estimated_saved_bytes == 10 * MiB and rec.regions == 2 and rec.regions_sequential
     assert rec.regions_called_from == (Frame("model.py", 31, "forward"),) and rec.regions_of_loops == 1
     assert phrasing.regions_note(rec).endswith(
         "the torch modules the loop calls (checkpoint_sequential's cuts, "
@@ -545,3 +565,89 @@ def test_a_line_that_calls_each_module_once_is_no_loop():
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
     assert rec.rule_of_thumb and not rec.regions_sequential
+
+
+def _mlp_step(sim: Sim, mib: int, *, oom_after: int | None = None) -> None:
+    """A step of an MLP whose Sequential makes eight calls, four Linear and GELU pairs, each keeping
+    its `mib` MiB output, then a head of half that; the backward frees them last first and makes a
+    1 MiB gradient. `oom_after`: the forward runs out after that many calls."""
+    sim.marker("forward", "start")
+    made = []
+    for call in range(8 if oom_after is None else oom_after):
+        made.append(sim.alloc(mib * MiB, LINEAR_CALL if call % 2 == 0 else GELU_CALL))
+    if oom_after is not None:
+        sim.oom(mib * MiB, GELU_CALL if oom_after % 2 else LINEAR_CALL)
+        return
+    made.append(sim.alloc(mib // 2 * MiB, HEAD))
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    for address in reversed(made):
+        sim.free(address)
+    grad = sim.alloc(MiB, BACKWARD_STACK, "gradient", "w.grad")
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(grad)
+    sim.marker("zero_grad", "end")
+
+
+def test_an_interrupted_sequential_is_cut_as_its_completed_pass_is():
+    """Step 0 runs a Sequential of eight 2 MiB calls; step 1, at twice the batch, runs out after five
+    of them. checkpoint_sequential cuts the whole Sequential, not the calls seen: replayed on step 0's
+    pass at step 1's sizes (eight 4 MiB calls, a 2 MiB head; 34 MiB at the forward's end), 2 segments
+    keep the first's output (4 MiB) and run the second unchecked (16 MiB) beside the head: 22 MiB, and
+    the backward recomputes the first's three other calls (12 MiB) once the rest is freed: 34 - 22 =
+    12 MiB. The cut of the five calls seen, scaled to the pass, said 6.8 MiB (the CNN fixture: 32.7
+    MiB said, 29.8 saved by the cut it advised, 57.7 by the whole pass's, now said)."""
+    sim = Sim(total_bytes=16 * MiB)
+    sim.alloc(MiB, SETUP_STACK, "parameter", "w")
+    _mlp_step(sim, 2)
+    _mlp_step(sim, 4, oom_after=5)
+    analysis = analyse(sim.snapshot())
+    assert analysis.target_phase == "forward" and analysis.what_if.rest_of_pass.extrapolated
+    rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
+    assert rec.estimated_saved_bytes == 12 * MiB
+    assert rec.regions == 2 and rec.regions_sequential and rec.regions_replayed_step == 0
+    assert not rec.saved_at_least and rec.would_fit_alone is None  # extrapolated: no fit claimed
+    assert "replayed on step 0's completed pass of this forward" in phrasing.regions_line(rec)
+
+
+def _blocks_step(sim: Sim, *, oom: bool = False) -> None:
+    """`_forward`'s three blocks and head; the backward frees the head, makes the parameter's 8 MiB
+    gradient, then frees each block last first (its output first). `oom`: it runs out at its start."""
+    sim.marker("forward", "start")
+    made = [sim.alloc(mib * MiB, _in_block(line)) for _ in range(BLOCKS) for line, mib in BLOCK_PARTS]
+    head = sim.alloc(HEAD_MIB * MiB, HEAD)
+    sim.marker("forward", "end")
+    sim.marker("backward", "start")
+    if oom:
+        sim.oom(8 * MiB, BACKWARD_STACK)
+        return
+    sim.free(head)
+    grad = sim.alloc(8 * MiB, BACKWARD_STACK, "gradient", "w.grad")
+    for block in range(BLOCKS - 1, -1, -1):
+        for address in reversed(made[block * 3 : block * 3 + 3]):
+            sim.free(address)
+    sim.marker("backward", "end")
+    sim.marker("optimizer_step", "start")
+    sim.marker("optimizer_step", "end")
+    sim.marker("zero_grad", "start")
+    sim.free(grad)
+    sim.marker("zero_grad", "end")
+
+
+def test_a_backward_s_recomputation_is_counted_beside_the_gradients_it_made():
+    """An OOM at step 1's backward start; step 0, of the same sizes, shows its backward: the head
+    freed, the 8 MiB gradient made, then each block. Replayed checkpointed, the third block is made
+    again (12 MiB beside its kept output) while the gradient is alive: 2 + 2 + 8 + 12 = 24 MiB at the
+    most, against 50 (42 of blocks, 8 of gradient after the head's 6 are freed): 26 MiB saved. The
+    largest block beside what came after the regions alone said 42 - 4 - (14 - 6) = 30; with every
+    gradient still to come beside it, 22, a bound."""
+    sim = Sim(total_bytes=128 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    _blocks_step(sim)
+    _blocks_step(sim, oom=True)
+    rec = _checkpointing(sim)
+    assert rec.estimated_saved_bytes == 26 * MiB
+    assert rec.regions == BLOCKS and rec.regions_replayed_step == 0 and not rec.saved_at_least

@@ -14,7 +14,12 @@ the OOM interrupted"):
   from a replica's pass on another device (DataParallel runs the same forward on each) that ran to
   its end: that pass replayed from the point the OOM came to, each allocation at this pass's size
   (`_projected_sizes`), with what it freed of the blocks made before it freed here too
-  (`_freed_before`); or why it cannot be.
+  (`_freed_before`); or why it cannot be;
+* `checkpoint_replay`: a completed pass of the judged pass's forward at its sizes (the one the rest
+  was extrapolated from; for a target in a backward, a comparable step's whose inputs had the same
+  sizes) replayed as it ran and with the checkpointing regions of its forward checkpointed
+  (analysis/regions.py): what activation checkpointing saves of the whole pass, its backward's
+  gradients beside each recomputation included.
 
 Reads only the trace and the phase spans; no I/O.
 """
@@ -28,6 +33,7 @@ from itertools import compress
 
 from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, frame_kind
 from oomdoctor.analysis.phases import in_module_forward
+from oomdoctor.analysis.regions import Regions, checkpoint_regions, sequential_regions
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -81,6 +87,44 @@ class PassHistory:
     comparable_steps: tuple[int, ...] = ()  # completed steps before the target's, of its structure
     inputs_changed: dict[int, bool | None] = field(default_factory=dict)  # per comparable step
     rest: RestOfPass | None = None  # the target is inside a forward: the rest of its pass
+    # activation checkpointing replayed on a completed pass of the target's forward at the target
+    # pass's sizes (`checkpoint_replay`): the one the rest of an interrupted pass was extrapolated
+    # from, or, for a target in a backward, the latest comparable step's whose inputs had the same sizes
+    checkpointed: CheckpointReplay | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReplay:
+    """A completed pass replayed from the trace at the judged pass's sizes (`ProjectedForward`), as
+    it ran and with the checkpointing regions of its forward (read at the forward's end, as
+    analysis/regions.py reads them at the judged moment) checkpointed: each region's blocks freed at
+    its end but its output, and made again, its forward's allocations and frees replayed, where the
+    backward first frees one of them, beside all the backward holds by then (the gradients it made,
+    the gradients flowing). The peaks are of the pass's own allocations, from its forward's start to
+    its backward's end."""
+
+    step: int
+    regions: Regions  # the replayed pass's regions (their count and calling lines)
+    peak_bytes: int  # the pass as it ran
+    checkpointed_peak_bytes: int  # the pass with its regions checkpointed
+
+    @property
+    def saved_bytes(self) -> int:
+        return max(0, self.peak_bytes - self.checkpointed_peak_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectedForward:
+    """A completed pass `then`, every allocation of its forward at the size the judged pass would
+    have made it (an interrupted pass's `_projected_sizes`; a pass of the judged one's sizes, as it
+    was): `live`, those alive at the forward's end, (event index, bytes, stack); `freed`, those it
+    freed before then, alike. What `checkpoint_replay` reads its regions from."""
+
+    then: _Pass
+    sizes: Mapping[int, int]  # by event index, the projected sizes (`_projected_sizes`); the rest at `ratio`
+    ratio: float
+    live: tuple[tuple[int, int, Stack], ...]
+    freed: tuple[tuple[int, int, Stack], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +427,20 @@ def rest_of_pass(
     replicas: Sequence[Replica] = (),
     trains: bool = False,
 ) -> RestOfPass | None:
+    """`_rest_of_pass`'s rest."""
+    return _rest_of_pass(trace, spans, target_index, target_step, blocks, comparable, replicas, trains)[0]
+
+
+def _rest_of_pass(
+    trace: DeviceTrace,
+    spans: Sequence[PhaseSpan],
+    target_index: int | None,
+    target_step: int | None,
+    blocks: Sequence[LiveBlock],
+    comparable: tuple[int, ...],
+    replicas: Sequence[Replica] = (),
+    trains: bool = False,
+) -> tuple[RestOfPass | None, ProjectedForward | None]:
     """At an OOM inside a forward, its rest extrapolated from the latest earlier completed pass of
     the same structure (a comparable step's, or an earlier pass of the same step when the run does
     not train) whose allocations this pass follows, or, where the run went on after the OOM (the
@@ -390,14 +448,15 @@ def rest_of_pass(
     allocations scaled more evenly (MISFIT_MARGIN: the same batch tried again at half its size);
     failing that, from a replica's pass that ran to its end (`_finished_passes`); else why not. None when the target is not in a forward.
     `trains`: something besides the spans tells the run trains (the stacks, the annotations); in a
-    run that does not, each forward span is a pass (`_forwards`)."""
+    run that does not, each forward span is a pass (`_forwards`). With it, the forward of the pass
+    it was extrapolated from in this trace, projected (`ProjectedForward`; None from a replica's)."""
     if target_index is None:
-        return None
+        return None, None
     trains = trains or _trains(spans) or any(_trains(replica.spans) for replica in replicas)
     passes = _forwards(spans, each_span=not trains)
     current = next((p for p in passes if p.first_index <= target_index <= p.forward_last), None)
     if current is None:
-        return None
+        return None, None
     own = sum(
         b.size_bytes
         for b in blocks
@@ -414,7 +473,7 @@ def rest_of_pass(
     ]
     after = _passes_after(trace, passes, current, trains)[:4]
     if not earlier and not after and not replicas:
-        return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own)
+        return RestOfPass(current.step, RestUnknown.NO_EARLIER_PASS, pass_bytes=own), None
     now = _allocations(trace, current.first_index, target_index)
     requested = False
     if trace.actions[target_index] == OOM:  # the failed request is this pass's next allocation
@@ -435,13 +494,147 @@ def rest_of_pass(
             best = (then, allocations, alignment)
     interrupted = _Interrupted(current, own, requested, trace, blocks)
     if best is not None:
-        return _extrapolated(interrupted, trace, *best, None)
+        rest, sizes = _extrapolated(interrupted, trace, *best, None)
+        return rest, _projected_forward(trace, best[0], sizes, rest.size_ratio or 1.0)
     if not earlier and replicas:  # nothing earlier in this trace: the replica's pass this one follows best
         found = _replica_pass(now, replicas, trace.times_us[target_index] if trace.times_us is not None else None)
         if found is not None:
-            return _extrapolated(interrupted, *found)
+            return _extrapolated(interrupted, *found)[0], None
     # the earlier passes of a run that does not train ran no backward: none follows this one either
-    return RestOfPass(current.step, reason, pass_bytes=own, earlier_backward=trains or not earlier)
+    return RestOfPass(current.step, reason, pass_bytes=own, earlier_backward=trains or not earlier), None
+
+
+def _projected_forward(trace: DeviceTrace, then: _Pass, sizes: Mapping[int, int], ratio: float) -> ProjectedForward:
+    """`then`'s forward at the interrupted pass's sizes (`sizes`, else `ratio`, as `_projection` reads them)."""
+    actions, addrs, trace_sizes = trace.actions, trace.addrs, trace.sizes
+    last = min(then.forward_last, len(actions) - 1)
+    made: dict[int, int] = {}  # address -> its allocation
+    freed: list[int] = []
+    for index in range(then.first_index, last + 1):
+        if actions[index] == ALLOC:
+            made[addrs[index]] = index
+        elif actions[index] == FREE_REQUESTED:
+            alloc = made.pop(addrs[index], None)
+            if alloc is not None:
+                freed.append(alloc)
+
+    def projected(indices: Sequence[int]) -> tuple[tuple[int, int, Stack], ...]:
+        return tuple(
+            (index, sizes.get(index) or round(trace_sizes[index] * ratio), trace.frames_at(index))
+            for index in sorted(indices)
+        )
+
+    return ProjectedForward(then, sizes, ratio, projected(list(made.values())), projected(freed))
+
+
+def checkpoint_replay(trace: DeviceTrace, forward: ProjectedForward) -> CheckpointReplay | None:
+    """`forward`'s pass replayed as it ran and with its checkpointing regions checkpointed
+    (`CheckpointReplay`); None where its forward shows no regions, or its backward never frees a
+    region's blocks (a graph it kept: where the recomputation would run, the trace does not show)."""
+    then = forward.then
+    live = [
+        LiveBlock(0, size, size, index, PHASE_FORWARD, then.step, Component.ACTIVATIONS, "", 1.0, None, frames)
+        for index, size, frames in forward.live
+    ]
+    regions = checkpoint_regions(live, then.step) or sequential_regions(live, then.step, forward.freed)
+    if regions is None or not regions.spans:
+        return None
+    kept = _kept_at_end(trace, then)
+    actions, addrs, trace_sizes = trace.actions, trace.addrs, trace.sizes
+    last = min(then.last_index, len(actions) - 1)
+    spans = regions.spans
+    starts = [span[0] for span in spans]
+
+    def size_of(index: int) -> int:
+        if index in kept:  # a gradient: the parameter's shape
+            return trace_sizes[index]
+        return forward.sizes.get(index) or round(trace_sizes[index] * forward.ratio)
+
+    def region_of(index: int) -> int | None:
+        k = bisect.bisect_right(starts, index) - 1
+        return k if k >= 0 and index <= spans[k][1] and index <= then.forward_last else None
+
+    # each of the pass's allocations -> the event that frees it (within the pass)
+    freed_at: dict[int, int] = {}
+    freeing: dict[int, int] = {}  # the reverse: a free event -> the allocation it frees
+    made_at: dict[int, int] = {}  # address -> allocation
+    for index in range(then.first_index, last + 1):
+        if actions[index] == ALLOC:
+            made_at[addrs[index]] = index
+        elif actions[index] == FREE_REQUESTED and addrs[index] in made_at:
+            alloc = made_at.pop(addrs[index])
+            freed_at[alloc], freeing[index] = index, alloc
+    # checkpointed, a region keeps its output; what else of it the backward frees is dropped when it returns
+    dropped: list[set[int]] = [set() for _ in spans]
+    for alloc in range(then.first_index, then.forward_last + 1):
+        k = region_of(alloc) if actions[alloc] == ALLOC else None
+        # alive when it returns and not freed by the forward after all (saved for the backward)
+        if k is not None and alloc != spans[k][2] and freed_at.get(alloc, last + 1) > then.forward_last:
+            dropped[k].add(alloc)
+    # the backward runs a region's forward again as it reaches the region: when the node before it
+    # has let go of what it held (the free before the region's first free of a dropped block), before
+    # the region's first node makes anything (its gradients)
+    again_at: dict[int, list[int]] = {}
+    for k, blocks in enumerate(dropped):
+        if any(a not in freed_at for a in blocks):
+            return None  # a block the pass never frees (a graph it kept)
+        first_free = min((freed_at[a] for a in blocks), default=None)
+        if first_free is None:
+            continue  # nothing of it is saved: nothing recomputes it
+        point = then.forward_last + 1
+        for index in range(first_free - 1, then.forward_last, -1):
+            if index in freeing:
+                point = index + 1
+                break
+        again_at.setdefault(point, []).append(k)
+    ends: dict[int, list[int]] = {}
+    for k, span in enumerate(spans):
+        ends.setdefault(span[1], []).append(k)
+
+    at: dict[int, int] = {}  # address -> the pass's own live allocation there (as it ran)
+    held = peak = 0  # as it ran
+    checked: dict[int, int] = {}  # allocation -> bytes, alive in the checkpointed pass
+    held_checked = peak_checked = 0
+
+    def recompute(k: int) -> None:
+        nonlocal held_checked, peak_checked
+        # torch.utils.checkpoint (use_reentrant=False) stops the region's forward once it has made
+        # again every block the backward needs of it: the rest of the region is not run again
+        again: dict[int, int] = {}  # address -> allocation, the region's forward run again
+        for index in range(spans[k][0], max(dropped[k]) + 1):
+            if actions[index] == ALLOC:
+                again[addrs[index]] = index
+                held_checked += size_of(index)
+                peak_checked = max(peak_checked, held_checked)
+            elif actions[index] == FREE_REQUESTED:
+                gone = again.pop(addrs[index], None)
+                if gone is not None:
+                    held_checked -= size_of(gone)
+        for index in again.values():
+            if index in dropped[k]:
+                checked[index] = size_of(index)
+            else:
+                held_checked -= size_of(index)  # made again and let go (the output it keeps already)
+
+    for index in range(then.first_index, last + 1):
+        for k in again_at.get(index, ()):
+            recompute(k)
+        action = actions[index]
+        if action == ALLOC:
+            size = size_of(index)
+            at[addrs[index]] = index
+            held += size
+            checked[index] = size
+            held_checked += size
+            peak, peak_checked = max(peak, held), max(peak_checked, held_checked)
+        elif action == FREE_REQUESTED and addrs[index] in at:  # else made before the pass
+            alloc = at.pop(addrs[index])
+            held -= size_of(alloc)
+            held_checked -= checked.pop(alloc, 0)
+        for k in ends.get(index, ()):  # the region returns
+            for alloc in dropped[k]:
+                held_checked -= checked.pop(alloc, 0)
+    return CheckpointReplay(then.step, regions, peak, peak_checked)
 
 
 def _passes_after(trace: DeviceTrace, passes: Sequence[_Pass], current: _Pass, trains: bool) -> list[_Pass]:
@@ -498,9 +691,10 @@ def _extrapolated(
     allocations: list[tuple[int, object, int]],
     alignment: _Alignment,
     device: int | None,
-) -> RestOfPass:
+) -> tuple[RestOfPass, Mapping[int, int]]:
     """The rest of the interrupted pass from the completed pass `then` (of `trace`; on `device` when
-    a replica's), followed from the point the OOM came to (`_projection`)."""
+    a replica's), followed from the point the OOM came to (`_projection`); with the sizes `then`'s
+    allocations are projected at (`_projected_sizes`)."""
     ratio = alignment.now_bytes / alignment.earlier_bytes
     apart = _sites_apart(alignment, ratio)
     sizes = _projected_sizes(trace, then, allocations, alignment, ratio, apart)
@@ -512,7 +706,7 @@ def _extrapolated(
         start = then.forward_last + 1
     freed = _freed_before(trace, then, start, now)
     growth, kept_grown, freed_bytes, freed_scaled, peak = _projection(trace, then, sizes, ratio, start, freed)
-    return RestOfPass(
+    rest = RestOfPass(
         now.current.step,
         None,
         then.step,
@@ -528,6 +722,7 @@ def _extrapolated(
         freed_bytes,
         freed_scaled,
     )
+    return rest, sizes
 
 
 def _sites_apart(alignment: _Alignment, ratio: float) -> bool:
@@ -759,10 +954,12 @@ def pass_history(
     blocks: Sequence[LiveBlock],
     replicas: Sequence[Replica] = (),
     trains: bool = False,
+    backward: bool = False,
 ) -> PassHistory:
     """Everything `Context.passes` holds, computed once. `oom_index`: the judged OOM event, None
     when the moment judged is a peak or the dump (nothing cut a pass short there: the rest of the
-    pass that holds a peak ran, and stayed below it). `trains`: as `rest_of_pass`'s."""
+    pass that holds a peak ran, and stayed below it). `trains`: as `rest_of_pass`'s. `backward`:
+    the target is in a backward (`PassHistory.checkpointed` replays a comparable pass)."""
     comparable = comparable_steps(trace, spans, target_step)
     changed: dict[int, bool | None] = {}
     if target_step is not None and comparable:
@@ -772,9 +969,23 @@ def pass_history(
             by_step.setdefault(span.step, []).append(span)
         probe = _InputsProbe(trace, spans, target_step, passes, by_step)
         changed = {s: probe.against(s) for s in comparable}
-    return PassHistory(
-        comparable, changed, rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
-    )
+    rest, forward = _rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
+    if forward is None and backward and target_step is not None:
+        # a target in a backward: the latest comparable pass whose inputs had the same sizes, as it
+        # was, where its backward made gradients as the target's does (a backward that adds into
+        # gradients an earlier step left, or made them itself, is another: step 0 of a run that never
+        # zeroes them)
+        same = [s for s in comparable if s < target_step and changed.get(s) is False]
+        forwards = _forwards(spans)
+        then = next((p for p in reversed(forwards) if same and p.step == same[-1]), None)
+        now = next((p for p in forwards if p.step == target_step), None)
+        held_over = now is not None and any(
+            b.component == Component.GRADIENTS and (b.alloc_index is None or b.alloc_index < now.first_index)
+            for b in blocks
+        )
+        if then is not None and then.last_index > then.forward_last and not (held_over and _kept_at_end(trace, then)):
+            forward = _projected_forward(trace, then, {}, 1.0)
+    return PassHistory(comparable, changed, rest, checkpoint_replay(trace, forward) if forward is not None else None)
 
 
 def running_concatenations(

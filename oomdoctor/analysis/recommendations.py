@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis.accounting import place_after_freeing
 from oomdoctor.analysis.attribution import preallocates, reads_weights
 from oomdoctor.analysis.frame_kinds import in_activation_checkpoint, in_torch_optim, is_python_source
+from oomdoctor.analysis.passes import CheckpointReplay
 from oomdoctor.analysis.regions import Regions, checkpoint_regions, sequential_regions
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
@@ -111,6 +112,16 @@ def _checkpointed(stack: Sequence[Frame]) -> bool:
     """Whether an allocation was made inside an activation-checkpointed region (its forward, or
     its recomputation in backward)."""
     return any(in_activation_checkpoint(frame.filename) for frame in stack)
+
+
+def _replayed(ctx: Context, regions: Regions) -> CheckpointReplay | None:
+    """Checkpointing replayed on a completed pass of the judged pass's forward at its sizes
+    (`PassHistory.checkpointed`), where its regions are the same kind, called from the same lines,
+    as those the judged moment shows; else None (another structure)."""
+    replay = ctx.passes.checkpointed
+    if replay is None or replay.regions.sequential != regions.sequential or replay.regions.sites != regions.sites:
+        return None
+    return replay
 
 
 def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
@@ -358,6 +369,7 @@ def recommend(
         rest_fits: bool | None = None,
         fit_only: bool = False,
         regions: Regions | None = None,
+        regions_basis: tuple[int | None, bool, int] = (None, False, 0),
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
@@ -370,7 +382,9 @@ def recommend(
         `rest_fits`: False where the change makes no bytes free beyond those the rest of the
         interrupted pass was already counted against, and they fell short (its fit is then no);
         `fit_only`: a fit is claimed, never "not enough";
-        `regions`: the checkpointing regions the saving was measured from (the reports name them)."""
+        `regions`: the checkpointing regions the saving was measured from (the reports name them);
+        `regions_basis`: how (`Recommendation.regions_replayed_step`, `regions_so_far`,
+        `regions_gradients_beside_bytes`)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
@@ -424,6 +438,9 @@ def recommend(
                 regions_called_from=regions.sites if regions is not None else (),
                 regions_sequential=regions is not None and regions.sequential,
                 regions_of_loops=regions.loops if regions is not None else 0,
+                regions_replayed_step=regions_basis[0],
+                regions_so_far=regions_basis[1],
+                regions_gradients_beside_bytes=regions_basis[2],
             )
         )
 
@@ -462,13 +479,34 @@ def recommend(
         # the blocks a forward calls in a loop, else the segments of a Sequential of torch's own modules
         regions = checkpoint_regions(live, ctx.target_step) or sequential_regions(live, ctx.target_step, ctx.pass_freed)
         grows = 1.0  # the interrupted pass's extrapolated activations over those at the OOM
-        if regions is not None:
+        bound = False  # the saving is a lower bound (at the OOM of an interrupted pass not replayed)
+        beside = 0  # the gradients counted beside the largest region's recomputation
+        replay = _replayed(ctx, regions) if regions is not None else None
+        if regions is not None and replay is not None:
+            # replayed on a completed pass of this forward at this pass's sizes (an interrupted pass's
+            # rest's, or a comparable step's for a moment in a backward): its regions, their count and
+            # what each recomputes, beside all the backward holds by then, are the whole pass's, not
+            # those of the calls an interrupted pass made so far; the graphs earlier passes kept as at
+            # the moment
+            saved = replay.saved_bytes + regions.earlier_saved_bytes
+            grows = 1 + rest_growth / max(1, live_activations - earlier)
+            regions = replay.regions  # the reports name its count and the pass replayed
+        elif regions is not None and rest_growth:
+            # an interrupted pass whose whole pass the trace does not replay (its rest extrapolated
+            # from a replica's, or from a pass of another structure): the calls it made so far, cut as
+            # they are, at the OOM. The rest runs more of them: at least that (lower bound)
+            saved = regions.pass_saved_bytes + regions.earlier_saved_bytes
+            bound = True
+        elif regions is not None:
             # measured from the file: the regions the pass calls, checkpointed, keep their inputs and
             # recompute the largest (`regions`); the graphs earlier passes kept shrink to their inputs.
-            # The rest of an interrupted pass runs the same regions: its saving grows with the pass
-            pass_now = live_activations - earlier
-            grows = max(1.0, (pass_now + rest_growth) / pass_now if pass_now > 0 else 1)
-            saved = int(regions.pass_saved_bytes * grows) + regions.earlier_saved_bytes
+            # In a backward no pass replays, each region still alive is recomputed beside the gradients
+            # the backward makes from here on: at most those of every parameter that trains and has
+            # none yet (ctx.trained), all counted beside the largest
+            beside = max(0, ctx.trained - gradients) if ctx.target_phase == PHASE_BACKWARD else 0
+            saved = regions.pass_saved_beside(beside) + regions.earlier_saved_bytes
+            # the saving less for them: at least what is said
+            beside = beside if saved < regions.pass_saved_bytes + regions.earlier_saved_bytes else 0
         else:
             # no regions the stacks tell apart (no stacks, one call, a Sequential's one module):
             # a rule of thumb of this pass's own activations, said to be one. What earlier
@@ -486,24 +524,20 @@ def recommend(
             Change.ACTIVATION_CHECKPOINTING,
             saved,
             scale=scale_after(saved),
-            at_least=rest_unseen,
+            at_least=rest_unseen or bound or beside > 0,
             if_trains=not pass_trains,
             rule_of_thumb=regions is None,
-            # rehearsed with the regions checkpointed, the regions' figure at the moment came within 8%
-            # of the saving measured at the pass's peak, and each fit it gave held; its one "not
-            # enough" did not (activation-spike-gpt-longer-sequence fitted: what the rest of the
-            # interrupted pass needs, extrapolated, is more than it needed). Scaled to an interrupted
-            # pass's extrapolated rest it ran up to 13% high: no fit is claimed from that either.
-            # A Sequential's segments, rehearsed with checkpoint_sequential (or checkpoint) applied as
-            # they say, came within 5% on completed passes (creeping-leak-mlp-sgd's kept graphs: 30.0
-            # MiB said and saved; slow-leak-mlp-kept-predictions: 4.0 and 3.8-4.0), 33% low on a tiny
-            # one (gradients-kept-mlp-plain-sgd: 256 KiB said, 384 saved), 10% high on an interrupted
-            # CNN (activation-spike-cnn-bigger-batch: 32.7 said, 29.8 saved) and 35% high on the same
-            # CNN interrupted later (56.5, 41.7: its cuts of the calls seen are not the whole
-            # Sequential's): no fit is claimed from them (docs/definitions.md)
+            # rehearsed with the regions checkpointed as the reports say (docs/definitions.md): the
+            # figure replayed on a completed pass of the judged pass's sizes came within 0.1 MiB, and
+            # each fit it gave held; replayed on a pass projected from a shorter sequence it ran 8%
+            # low; the bounds held. A fit is claimed from a figure nothing extrapolated; none from one
+            # replayed on an extrapolated pass, nor from a Sequential's segments (an interrupted CNN
+            # read from the calls seen said 32.7 MiB for 29.8 saved by the cut that gave, 57.7 by the
+            # whole pass's, now said), and "not enough" never
             fit_only=True,
-            fit_unknown=grows > 1 or (regions is not None and regions.sequential),
+            fit_unknown=grows > 1 or bound or (regions is not None and regions.sequential),
             regions=regions,
+            regions_basis=(replay.step if replay is not None else None, bound, beside),
         )
     if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (

@@ -21,6 +21,12 @@ Where no forward calls such blocks but a Sequential of torch's own modules loops
 a CNN's stages), or a line of the user's own does, `sequential_regions` reads each module call as a
 region and cuts them as checkpoint_sequential would (its last segment unchecked), or checkpoints
 them whole.
+
+Read at the judged moment, the figure knows neither what an interrupted pass's rest calls nor what
+the backward holds beside each recomputation: where the trace holds a completed pass of the same
+forward, analysis/passes.py replays it checkpointed (`Regions.spans` say where each region begins,
+ends and what it keeps); where it does not, `Regions.pass_saved_beside` counts the gradients the
+backward has yet to make beside the largest region's recomputation.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ class Regions:
     unchecked_bytes: int = 0
     sequential: bool = False  # the regions are such segments, not the blocks a forward calls
     loops: int = 0  # of `sites`, the user's own lines that loop over torch's modules (not a Sequential's callers)
+    # the judged pass's checkpointed regions, each (its first allocation's index, its last's, its
+    # output's: the block it keeps), in allocation order: what `passes.checkpoint_replay` replays
+    spans: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def pass_saved_bytes(self) -> int:
@@ -63,7 +72,12 @@ class Regions:
         end (everything else, the regions' inputs and the segment run unchecked) and a region's
         recomputation in the backward (the largest, where what came after the regions, and the
         unchecked segment, is freed already)."""
-        recomputed = max(self.unchecked_bytes, self.largest_bytes - self.after_bytes, 0)
+        return self.pass_saved_beside(0)
+
+    def pass_saved_beside(self, beside_bytes: int) -> int:
+        """`pass_saved_bytes` where the backward holds `beside_bytes` more than at the judged moment
+        beside a region's recomputation (the gradients it made since)."""
+        recomputed = max(self.unchecked_bytes, self.largest_bytes + beside_bytes - self.after_bytes, 0)
         return max(0, self.pass_held_bytes - self.pass_inputs_bytes - recomputed)
 
     @property
@@ -120,7 +134,8 @@ def _called_forward(call: tuple[Frame, ...]) -> Frame:
 @dataclass
 class _Site:
     caller: Frame
-    # per pass (step): its regions in allocation order, each [bytes, latest block's bytes, latest index]
+    # per pass (step): its regions in allocation order, each [bytes, latest block's bytes, latest
+    # index, first index]
     passes: dict[int | None, list[list[int]]]
     members: set[int]  # the allocation indices of its regions' blocks
     last: dict[int | None, Frame]  # per pass, the latest block's called frame
@@ -165,7 +180,7 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
             regions = site.passes.setdefault(block.step, [])
             before = site.last.get(block.step)
             if before is None or _restarts(before, callee):
-                regions.append([0, 0, -1])
+                regions.append([0, 0, -1, block.alloc_index or 0])
             region = regions[-1]
             region[0] += block.size_bytes
             region[1], region[2] = block.size_bytes, block.alloc_index or 0
@@ -199,6 +214,11 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
         for b in ordered
         if b.step == step and (b.alloc_index or 0) > end and (b.alloc_index or 0) not in members
     )
+    spans = sorted(
+        (region[3], following[3] - 1 if following is not None else region[2], region[2])
+        for _, site in chosen
+        for region, following in zip(site.passes[step], [*site.passes[step][1:], None], strict=True)
+    )
     return Regions(
         sites=tuple(site.caller for _, site in chosen),
         count=sum(len(site.passes[step]) for _, site in chosen),
@@ -208,6 +228,7 @@ def checkpoint_regions(blocks: Iterable[LiveBlock], step: int | None) -> Regions
         pass_held_bytes=pass_held,
         pass_inputs_bytes=pass_inputs,
         after_bytes=after,
+        spans=tuple(spans),
     )
 
 
@@ -219,7 +240,7 @@ class _Sequence:
     caller: Frame  # the line that called the Sequential, or the user's line that loops over the modules
     loop: bool  # a line of the user's own, not a Sequential's forward
     # per pass (step): the module calls in allocation order, each [live bytes, output's bytes, latest
-    # index, the called forward's number in `kinds`]
+    # index, the called forward's number in `kinds`, first index (its output's)]
     passes: dict[int | None, list[list[int]]]
     last: dict[int | None, Frame]  # per pass, the latest block's called forward
     kinds: dict[tuple[str, str], int]  # the forwards it called (file, name), numbered
@@ -287,6 +308,7 @@ class _Cut:
     inputs: int
     largest: int
     unchecked: int
+    spans: tuple[tuple[int, int, int], ...]  # its checkpointed segments' (`Regions.spans`)
 
 
 def _cut(calls: list[list[int]], count: int) -> _Cut:
@@ -296,11 +318,15 @@ def _cut(calls: list[list[int]], count: int) -> _Cut:
     last, keeping each one's input (the previous one's output) and the last segment whole."""
     held = sum(call[0] for call in calls)
     if count == 1:
-        return _Cut(1, held, calls[-1][1], held, 0)
+        return _Cut(1, held, calls[-1][1], held, 0, ((calls[0][4], calls[-1][2], calls[-1][4]),))
     segments = _segments(calls, count)
     inputs = sum(segment[-1][1] for segment in segments[:-1])
     largest = max(sum(call[0] for call in segment) for segment in segments[:-1])
-    return _Cut(count, held, inputs, largest, sum(call[0] for call in segments[-1]))
+    spans = tuple(
+        (segment[0][4], following[0][4] - 1, segment[-1][4])
+        for segment, following in zip(segments[:-1], segments[1:], strict=True)
+    )
+    return _Cut(count, held, inputs, largest, sum(call[0] for call in segments[-1]), spans)
 
 
 def sequential_regions(
@@ -338,7 +364,7 @@ def sequential_regions(
             before = sequence.last.get(block_step)
             kind = sequence.kinds.setdefault((callee.filename, callee.name), len(sequence.kinds))
             if before is None or _restarts(before, callee):
-                calls.append([0, size, -1, kind])  # [live bytes, output's bytes, latest index, forward]
+                calls.append([0, size, -1, kind, index])  # [live bytes, output's bytes, latest index, forward, first]
             call = calls[-1]
             call[2] = index
             sequence.last[block_step] = callee
@@ -368,6 +394,7 @@ def sequential_regions(
         if live and block_step == step and index > end and index not in members
     )
     held = inputs = pass_held = pass_inputs = largest = unchecked = count = 0
+    spans: list[tuple[int, int, int]] = []
     for _, sequence in chosen:
         calls = sequence.passes[step]
         best: tuple[int, _Cut, int, int] | None = None
@@ -388,6 +415,7 @@ def sequential_regions(
         largest = max(largest, cut.largest)
         unchecked += cut.unchecked
         count += cut.count
+        spans += cut.spans
     return Regions(
         sites=tuple(sequence.caller for _, sequence in chosen),
         count=count,
@@ -400,4 +428,5 @@ def sequential_regions(
         unchecked_bytes=unchecked,
         sequential=True,
         loops=sum(sequence.loop for _, sequence in chosen),
+        spans=tuple(sorted(spans)),
     )

@@ -518,6 +518,14 @@ class Recommendation:
     # or a user's loop (at it) calls, checkpoint_sequential's (one: checkpointed whole), not blocks
     regions_sequential: bool = False
     regions_of_loops: int = 0  # of `regions_called_from`, the loops (the rest call Sequentials)
+    # how the regions' saving was had (analysis/passes.py `CheckpointReplay`): replayed on this
+    # step's completed pass of the same forward, at the judged pass's sizes (None: not replayed) ...
+    regions_replayed_step: int | None = None
+    # ... else, at the OOM of an interrupted pass, of the calls it made so far (a lower bound) ...
+    regions_so_far: bool = False
+    # ... or, in a backward, with these gradient bytes the backward has yet to make counted beside the
+    # largest region's recomputation (at most that many: a lower bound)
+    regions_gradients_beside_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,6 +179,12 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
         out["regions"] = {"count": item.regions, "called_from": _frames(item.regions_called_from)}
         if item.regions_sequential:  # segments of a Sequential of torch's own modules
             out["regions"]["sequential"] = True
+        if item.regions_replayed_step is not None:  # replayed on that step's completed pass
+            out["regions"]["replayed_step"] = item.regions_replayed_step
+        if item.regions_so_far:  # an interrupted pass's calls so far: a lower bound
+            out["regions"]["so_far"] = True
+        if item.regions_gradients_beside_bytes:  # gradients to come counted beside the largest: a lower bound
+            out["regions"]["gradients_beside_bytes"] = item.regions_gradients_beside_bytes
     return out
 
 

@@ -576,13 +576,32 @@ def regions_note(item: Recommendation) -> str | None:
     return f"measured from the file: checkpointing each of the {plural(item.regions, 'block')} called at"
 
 
+def regions_basis(item: Recommendation) -> str:
+    """How the regions' saving was had, said after the lines that call them ('' where the regions
+    were read at the judged moment alone, as they are)."""
+    if item.regions_replayed_step is not None:
+        return (
+            f"; replayed on step {item.regions_replayed_step}'s completed pass of this forward at this pass's"
+            " sizes, each region run again where the backward reaches it, beside what the backward holds then"
+        )
+    if item.regions_so_far:
+        return "; of the calls the interrupted pass made so far, cut as they are: its rest runs more (at least this)"
+    if item.regions_gradients_beside_bytes:
+        return (
+            f"; the largest recomputed beside the {human(item.regions_gradients_beside_bytes)} of gradients the"
+            " backward has yet to make (at most that many, so at least this)"
+        )
+    return ""
+
+
 def regions_line(item: Recommendation) -> str | None:
     """`regions_note` and the lines that call the regions, as plain text (the text report and the
-    app, which show it as it is; Markdown sets the lines as code); None as `regions_note`."""
+    app, which show it as it is; Markdown sets the lines as code), then `regions_basis`; None as
+    `regions_note`."""
     note = regions_note(item)
     if note is None:
         return None
-    return f"{note} {', '.join(frame_words(f) for f in item.regions_called_from)}"
+    return f"{note} {', '.join(frame_words(f) for f in item.regions_called_from)}{regions_basis(item)}"
 
 
 def frame_words(frame: Frame) -> str:
