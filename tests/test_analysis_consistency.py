@@ -164,7 +164,9 @@ def test_built_first_step_oom_foreach_is_not_enough_while_states_are_projected()
     assert by_id["foreach-false"].estimated_saved_bytes == 128 * MiB  # one 64 MiB temporary stays
     assert analysis.accounting.missing_bytes <= 128 * MiB  # enough for the moment ...
     assert by_id["foreach-false"].would_fit_alone is False  # ... not for 1 GiB of projected states
-    assert by_id["shard-model-states"].would_fit_alone is True
+    # half the projected states leaves 16 MiB beyond the 496 MiB the run lacked: less than the room
+    # the cache's segments need (`whatif.cache_margin`), so no fit is claimed
+    assert by_id["shard-model-states"].would_fit_alone is None
     assert by_id["shard-model-states"].estimated_saved_bytes == 512 * MiB  # half of the projected states
     assert "smaller-micro-batch" not in by_id and "activation-checkpointing" not in by_id
 

@@ -38,7 +38,7 @@ from oomdoctor.analysis.verdicts import (
     states_assumed,
     trained_shown,
 )
-from oomdoctor.analysis.whatif import placement_limit, placement_reach
+from oomdoctor.analysis.whatif import cache_margin, placement_limit, placement_reach
 from oomdoctor.model import Frame
 from oomdoctor.vocabulary import Component, Verdict
 
@@ -98,6 +98,17 @@ class Requirement:
             and saved_projected_bytes >= self.rest_gap_bytes
         )
         return None if fits and self.rest_unknown else fits
+
+    def spare_bytes(self, saved_now_bytes: int, saved_projected_bytes: int) -> int | None:
+        """What a change saving these bytes leaves beyond what was needed, at the OOM and of the
+        projected need (None: no shortfall known)."""
+        if self.shortfall_bytes is None:
+            return None
+        return min(
+            saved_now_bytes - self.shortfall_bytes,
+            saved_projected_bytes - self.projected_gap_bytes,
+            saved_projected_bytes - self.rest_gap_bytes,
+        )
 
 
 def _accumulates(ctx: Context) -> bool:
@@ -393,6 +404,22 @@ def recommend(
         fits = need.covered_by(saved_now, projected)
         if fits and rest_fits is False:
             fits = False
+        # a fit by allocated bytes leaves the room for the cache's segments that the what-if leaves
+        # (`whatif.cache_margin`; a batch scale is checked there, a placement failure by the layout
+        # below, and expandable segments grow by pages, not whole segments): with less to spare the
+        # changed run needs segments the file does not show, unless
+        # the layout at the OOM places the request once the blocks the change frees are free.
+        # (Rehearsed, an 8-bit optimizer that left 7.8 MiB spare ran out on a 16 MiB request with
+        # 12 MiB free on the device; foreach=False, 6 MiB spare and a place once its temporaries are
+        # free, fitted)
+        if (
+            fits
+            and scale is None
+            and need.placement_limit is None
+            and rec_id not in (Change.EXPANDABLE_SEGMENTS, Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS)
+            and (need.spare_bytes(saved_now, projected) or 0) < cache_margin(ctx.large_segment_bytes)
+        ):
+            fits = True if freed is not None and _makes_place(ctx, freed) else None
         if fits is False and request_scale is not None and need.placement_limit is not None:
             fits = request_scale <= need.placement_limit and projected >= need.projected_gap_bytes
             if fits and need.rest_unknown:
@@ -616,9 +643,12 @@ def recommend(
         # one parameter at a time, the update still makes that parameter's temporaries: the
         # largest of today's blocks (a foreach list holds one per parameter) stays
         made = sum(b.size_bytes for b in step_temporaries)
+        largest = max(step_temporaries, key=lambda b: b.size_bytes)
+        freed = step_temporaries if own else [b for b in step_temporaries if b is not largest]
         add(
             Change.IN_PLACE_OPTIMIZER if own else Change.FOREACH_FALSE,
-            made if own else made - max(b.size_bytes for b in step_temporaries),
+            made if own else made - largest.size_bytes,
+            freed=freed,
         )
     if Verdict.GRADIENTS_KEPT in verdicts and not in_step:
         stale = ctx.old_blocks((Component.GRADIENTS,), pre_trace=True)
