@@ -57,3 +57,9 @@ def test_a_thin_fit_holds_where_the_layout_places_the_request_once_the_freed_blo
     foreach = _advice("optimizer-state-buildup-mlp-adam")["foreach-false"]
     assert foreach.estimated_saved_bytes < 12 * MiB + whatif.cache_margin()
     assert foreach.would_fit_alone is True
+
+
+def test_sharding_saves_at_most_half_the_states_and_no_fit_is_claimed_from_it():
+    for name in ("model-states-too-large-mlp-adamw", "model-states-too-large-mlp-sgd"):
+        shard = _advice(name)["shard-model-states"]
+        assert shard.estimated_saved_bytes > 0 and shard.would_fit_alone is None, name

@@ -712,19 +712,27 @@ def recommend(
         if states_assumed(ctx):  # projected on the assumption every parameter trains: the states held only
             states_needed = states + c.get(Component.BUFFERS, 0)
         buffers = c.get(Component.BUFFERS, 0)
+        # sharding the parameters saves at most half the states: each unit's parameters are gathered
+        # whole for its forward and backward, and its gradient is whole until reduced, and how large the
+        # units are (the wrapping policy) the file does not show, so no fit is claimed from the half.
+        # (Rehearsed with every Linear a unit over two ranks, model-states-too-large-mlp-adamw ran out
+        # in step 1's backward with 124 MiB allocated on 160 MiB, a 16 MiB request with the cache's 26
+        # MiB in pieces, where 100 MiB saved was said to fit with 60 MiB to spare; -mlp-sgd fitted with
+        # nothing to spare, or ran out where the model was built on the device before it was sharded.)
+        # Where every parameter is taken to train, the gradients and state still to come are unknown too
         if training and ctx.parameters_sharded():
-            # sharded already: over twice the ranks each holds half of what it holds now
+            # sharded already: over twice the ranks each holds half of what it holds now (the units'
+            # gathers are in the run already)
             add(Change.SHARD_OVER_MORE_GPUS, states // 2, (states_needed - buffers) // 2)
         elif training and ctx.optimizer_state_sharded():
             # the state is this rank's share already; halving what is not sharded yet
-            add(Change.SHARD_GRADIENTS_AND_PARAMETERS, (parameters + gradients) // 2)
+            add(Change.SHARD_GRADIENTS_AND_PARAMETERS, (parameters + gradients) // 2, fit_unknown=True)
         elif training:
             add(
                 Change.SHARD_MODEL_STATES,
                 states // 2,
                 (states_needed - buffers) // 2,
-                # the gradients and state still to come are not known (every parameter taken to train)
-                fit_unknown=states_assumed(ctx),
+                fit_unknown=True,
             )
         else:  # weights alone (inference, or a model being loaded): no gradients or optimizer state to shard
             add(Change.SMALLER_WEIGHTS, parameters // 2)
