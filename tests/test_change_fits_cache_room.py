@@ -63,3 +63,10 @@ def test_sharding_saves_at_most_half_the_states_and_no_fit_is_claimed_from_it():
     for name in ("model-states-too-large-mlp-adamw", "model-states-too-large-mlp-sgd"):
         shard = _advice(name)["shard-model-states"]
         assert shard.estimated_saved_bytes > 0 and shard.would_fit_alone is None, name
+
+
+def test_an_eight_bit_optimizer_in_a_step_with_foreach_temporaries_is_not_said_to_be_not_enough():
+    advice = _advice("model-states-too-large-mlp-sgd")
+    assert advice["eight-bit-optimizer"].would_fit_alone is None
+    # foreach=False alone is still not enough: the projected states exceed the device
+    assert advice["foreach-false"].would_fit_alone is False
