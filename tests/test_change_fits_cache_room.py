@@ -70,3 +70,9 @@ def test_an_eight_bit_optimizer_in_a_step_with_foreach_temporaries_is_not_said_t
     assert advice["eight-bit-optimizer"].would_fit_alone is None
     # foreach=False alone is still not enough: the projected states exceed the device
     assert advice["foreach-false"].would_fit_alone is False
+
+
+def test_a_checkpoint_gather_is_not_advised_to_be_computed_in_pieces():
+    advice = _advice("realism/checkpoint-gather-mlp-adam")
+    assert "chunk-large-op" not in advice
+    assert advice["state-dict-to-cpu"].would_fit_alone is True  # rehearsed: fitted, 6 MiB free at its peak

@@ -755,9 +755,15 @@ def recommend(
     if Verdict.OVERSIZED_REQUEST in verdicts and Verdict.EVAL_OUTPUTS_KEPT in verdicts and ctx.request:
         outputs = kept_outputs(ctx)
         gathering = outputs is not None and ctx.request >= outputs.kept_bytes
+    if Verdict.OVERSIZED_REQUEST in verdicts and Verdict.CHECKPOINT_GATHER in verdicts and ctx.oom is not None:
+        # the request is the save's (`gathered_for_save` reads its stack): a tensor the state dict keeps
+        gathering = gathering or gathered_for_save(ctx) is not None
     if Verdict.OVERSIZED_REQUEST in verdicts and not gathering:
-        # (a request that holds every kept output is their concatenation: its result is what the loop
-        # keeps, whole, so computing it in pieces saves nothing; keeping them off the device does)
+        # (a request that holds every kept output is their concatenation, or a tensor a checkpoint's
+        # state dict gathers: its result is what the run keeps, whole, so computing it in pieces
+        # saves nothing; keeping them off the device does. Rehearsed, checkpoint-gather-mlp-adam with
+        # each moment gathered in four pieces still ran out, 207.5 MiB allocated on 224 MiB, where
+        # chunking was said to save about 48 MiB)
         # without an OOM, the request that hit the limit and was retried
         request = ctx.request or max((n.request_bytes for n in ctx.near_ooms), default=0)
         if ctx.oom is not None and preallocates(ctx.request_frames):
