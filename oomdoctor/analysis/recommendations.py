@@ -407,11 +407,10 @@ def recommend(
         # a fit by allocated bytes leaves the room for the cache's segments that the what-if leaves
         # (`whatif.cache_margin`; a batch scale is checked there, a placement failure by the layout
         # below, and expandable segments grow by pages, not whole segments): with less to spare the
-        # changed run needs segments the file does not show, unless
-        # the layout at the OOM places the request once the blocks the change frees are free.
-        # (Rehearsed, an 8-bit optimizer that left 7.8 MiB spare ran out on a 16 MiB request with
-        # 12 MiB free on the device; foreach=False, 6 MiB spare and a place once its temporaries are
-        # free, fitted)
+        # changed run needs segments the file does not show, unless the layout at the OOM places the
+        # request once the blocks the change frees are free. (Rehearsed, an 8-bit optimizer that left
+        # 7.8 MiB spare ran out on a 16 MiB request with 12 MiB free on the device; foreach=False, 6
+        # MiB spare and a place once its temporaries are free, fitted)
         if (
             fits
             and scale is None
