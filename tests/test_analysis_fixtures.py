@@ -58,13 +58,13 @@ def test_fixture_report_json_matches_the_manifest(entry, capsys):
             # the OOM cut the first forward short: nothing shows the rest of the pass (docs/definitions.md)
             assert not any(r["would_fit_alone"] for r in data["recommendations"])
         else:
-            # a change that fits, or activation checkpointing, which claims no "not enough" (its
-            # figure from the regions) and no fit from a rule of thumb (docs/definitions.md):
-            # activation-spike-gpt-longer-sequence's only candidate, which fits when rehearsed
-            assert any(
-                r["would_fit_alone"] or (r["id"] == "activation-checkpointing" and r["would_fit_alone"] is None)
-                for r in data["recommendations"]
-            )
+            # a change that fits, or one that is not said to fall short: activation checkpointing
+            # claims no "not enough" (its figure from the regions) and no fit from a rule of thumb
+            # (docs/definitions.md), and a change whose saving leaves less than the cache's room
+            # beside the need is unknown (docs/verdicts.md, "Room for the cache"):
+            # model-states-too-large-mlp-sgd's 8-bit optimizer, which fits when rehearsed with 18 MiB
+            # of the device to spare
+            assert any(r["would_fit_alone"] is not False for r in data["recommendations"])
 
 
 def test_stripped_fixtures_keep_their_verdict():
