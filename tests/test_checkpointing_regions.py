@@ -386,8 +386,8 @@ def test_a_sequential_of_torch_modules_is_cut_into_segments():
     rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
     assert rec.estimated_saved_bytes == 10 * MiB
     assert rec.estimated_saved_bytes != int(50 * MiB * CHECKPOINTING_SAVES)
-    assert not rec.rule_of_thumb and rec.regions_sequential and rec.regions == 2
-    assert rec.regions_called_from == (Frame("model.py", 31, "forward"),)
+    assert not rec.rule_of_thumb and rec.regions.sequential and rec.regions.count == 2
+    assert rec.regions.called_from == (Frame("model.py", 31, "forward"),)
     assert rec.would_fit_alone is None  # rehearsed up to 29% high on an interrupted CNN: no fit claimed
 
 
@@ -413,7 +413,7 @@ def test_a_graph_an_earlier_pass_kept_shrinks_to_its_sequential_s_output():
     sim.oom(256 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
     assert rec.estimated_saved_bytes == 10 * MiB
-    assert not rec.rule_of_thumb and rec.regions_sequential and rec.regions == 1
+    assert not rec.rule_of_thumb and rec.regions.sequential and rec.regions.count == 1
 
 
 def test_the_reports_name_the_segments_of_the_sequential():
@@ -458,7 +458,7 @@ def test_a_sequential_inside_a_block_of_the_model_s_is_no_segments():
     sim.marker("backward", "start")
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.rule_of_thumb and not rec.regions_sequential
+    assert rec.rule_of_thumb and rec.regions is None
     assert rec.estimated_saved_bytes == int(14 * MiB * CHECKPOINTING_SAVES)
 
 
@@ -497,7 +497,7 @@ def test_a_cut_after_a_module_whose_output_the_pass_freed_keeps_it():
     sim.oom(128 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
     assert rec.estimated_saved_bytes == 3 * MiB
-    assert rec.regions == 2 and rec.regions_sequential
+    assert rec.regions.count == 2 and rec.regions.sequential
 
 
 def _in_loop(module: str, line: int, op: Frame) -> tuple[Frame, ...]:
@@ -522,8 +522,8 @@ def test_a_loop_of_the_user_s_own_over_torch_modules_is_cut_as_a_sequential():
     sim.marker("backward", "start")
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.estimated_saved_bytes == 10 * MiB and rec.regions == 2 and rec.regions_sequential
-    assert rec.regions_called_from == (Frame("model.py", 31, "forward"),) and rec.regions_of_loops == 1
+    assert rec.estimated_saved_bytes == 10 * MiB and rec.regions.count == 2 and rec.regions.sequential
+    assert rec.regions.called_from == (Frame("model.py", 31, "forward"),) and rec.regions.of_loops == 1
     assert phrasing.regions_note(rec).endswith(
         "the torch modules the loop calls (checkpoint_sequential's cuts, "
         "the last segment unchecked; one segment: checkpoint of the whole), at"
@@ -548,7 +548,7 @@ def test_a_line_that_makes_its_own_blocks_between_module_calls_is_no_loop_of_mod
     sim.marker("backward", "start")
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.rule_of_thumb and not rec.regions_sequential
+    assert rec.rule_of_thumb and rec.regions is None
 
 
 def test_a_line_that_calls_each_module_once_is_no_loop():
@@ -564,7 +564,7 @@ def test_a_line_that_calls_each_module_once_is_no_loop():
     sim.marker("backward", "start")
     sim.oom(64 * MiB, BACKWARD_STACK)
     rec = _checkpointing(sim)
-    assert rec.rule_of_thumb and not rec.regions_sequential
+    assert rec.rule_of_thumb and rec.regions is None
 
 
 def _mlp_step(sim: Sim, mib: int, *, oom_after: int | None = None) -> None:
@@ -608,7 +608,7 @@ def test_an_interrupted_sequential_is_cut_as_its_completed_pass_is():
     assert analysis.target_phase == "forward" and analysis.what_if.rest_of_pass.extrapolated
     rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
     assert rec.estimated_saved_bytes == 12 * MiB
-    assert rec.regions == 2 and rec.regions_sequential and rec.regions_replayed_step == 0
+    assert rec.regions.count == 2 and rec.regions.sequential and rec.regions.replayed_step == 0
     assert not rec.saved_at_least and rec.would_fit_alone is None  # extrapolated: no fit claimed
     assert "replayed on step 0's completed pass of this forward" in phrasing.regions_line(rec)
 
@@ -650,4 +650,4 @@ def test_a_backward_s_recomputation_is_counted_beside_the_gradients_it_made():
     _blocks_step(sim, oom=True)
     rec = _checkpointing(sim)
     assert rec.estimated_saved_bytes == 26 * MiB
-    assert rec.regions == BLOCKS and rec.regions_replayed_step == 0 and not rec.saved_at_least
+    assert rec.regions.count == BLOCKS and rec.regions.replayed_step == 0 and not rec.saved_at_least

@@ -40,7 +40,7 @@ def test_a_sequential_s_saving_is_measured_and_never_more_than_the_activations_h
     cuts it (regions.py), its saving is measured from the file, not the rule of thumb, and is never
     more than what the pass and the graphs earlier steps kept hold (rehearsed: 30.0 and 3.8 MiB)."""
     rec, own, leaked, rest_extra = _own_and_leaked(name)
-    assert not rec.rule_of_thumb and rec.regions_sequential
+    assert not rec.rule_of_thumb and rec.regions.sequential
     assert 0 < rec.estimated_saved_bytes < own + leaked + rest_extra
 
 

@@ -22,6 +22,7 @@ from oomdoctor.analysis.results import (
     EvidenceKind,
     Finding,
     LiveBlock,
+    MeasuredRegions,
     Recommendation,
     WhatIf,
 )
@@ -379,8 +380,7 @@ def recommend(
         peak_at_most: int | None = None,
         rest_fits: bool | None = None,
         fit_only: bool = False,
-        regions: Regions | None = None,
-        regions_basis: tuple[int | None, bool, int] = (None, False, 0),
+        regions: MeasuredRegions | None = None,
     ) -> None:
         """`scale`: the batch scale the change amounts to (checked against the what-if);
         `request_scale`: the fraction of the failed request that remains (a placement failure fits
@@ -393,9 +393,8 @@ def recommend(
         `rest_fits`: False where the change makes no bytes free beyond those the rest of the
         interrupted pass was already counted against, and they fell short (its fit is then no);
         `fit_only`: a fit is claimed, never "not enough";
-        `regions`: the checkpointing regions the saving was measured from (the reports name them);
-        `regions_basis`: how (`Recommendation.regions_replayed_step`, `regions_so_far`,
-        `regions_gradients_beside_bytes`)."""
+        `regions`: the checkpointing regions the saving was measured from, and how (the reports name
+        them)."""
         saved_now = int(saved)
         projected = saved_now if saved_projected is None else int(saved_projected)
         shown = projected if need.projecting else saved_now
@@ -460,13 +459,7 @@ def recommend(
                 if_trains=if_trains,
                 peak_saved_at_most_bytes=peak_at_most,
                 rule_of_thumb=rule_of_thumb,
-                regions=regions.count if regions is not None else 0,
-                regions_called_from=regions.sites if regions is not None else (),
-                regions_sequential=regions is not None and regions.sequential,
-                regions_of_loops=regions.loops if regions is not None else 0,
-                regions_replayed_step=regions_basis[0],
-                regions_so_far=regions_basis[1],
-                regions_gradients_beside_bytes=regions_basis[2],
+                regions=regions,
             )
         )
 
@@ -562,8 +555,17 @@ def recommend(
             # whole pass's, now said), and "not enough" never
             fit_only=True,
             fit_unknown=grows > 1 or bound or (regions is not None and regions.sequential),
-            regions=regions,
-            regions_basis=(replay.step if replay is not None else None, bound, beside),
+            regions=None
+            if regions is None
+            else MeasuredRegions(
+                regions.count,
+                regions.sites,
+                regions.sequential,
+                regions.loops,
+                replay.step if replay is not None else None,
+                bound,
+                beside,
+            ),
         )
     if scalable and Verdict.EVAL_OUTPUTS_KEPT not in verdicts:  # a smaller batch keeps the same outputs, in more pieces
         if (

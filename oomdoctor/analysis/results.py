@@ -494,6 +494,27 @@ class Change(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class MeasuredRegions:
+    """The regions activation checkpointing's saving was measured from (analysis/regions.py), and
+    how it was had."""
+
+    count: int  # how many regions (blocks) of the judged pass
+    called_from: Stack  # the lines that call them (the callers' frames)
+    # the regions are segments of the torch modules a Sequential (called from `called_from`) or a
+    # user's loop (at it) calls, checkpoint_sequential's (one: checkpointed whole), not blocks
+    sequential: bool = False
+    of_loops: int = 0  # of `called_from`, the loops (the rest call Sequentials)
+    # replayed on this step's completed pass of the same forward, at the judged pass's sizes
+    # (analysis/passes.py `CheckpointReplay`; None: not replayed) ...
+    replayed_step: int | None = None
+    # ... else, at the OOM of an interrupted pass, of the calls it made so far (a lower bound) ...
+    so_far: bool = False
+    # ... or, in a backward, with these gradient bytes the backward has yet to make counted beside the
+    # largest region's recomputation (at most that many: a lower bound)
+    gradients_beside_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Recommendation:
     id: str  # a Change
     estimated_saved_bytes: int
@@ -510,22 +531,8 @@ class Recommendation:
     peak_saved_at_most_bytes: int | None = None
     # the saving is a rule of thumb (a fixed share), not measured from the file
     rule_of_thumb: bool = False
-    # activation checkpointing's saving measured from this many regions (blocks) of the judged pass,
-    # called from these lines (the callers' frames, analysis/regions.py); 0 and () otherwise
-    regions: int = 0
-    regions_called_from: Stack = ()
-    # the regions are segments of the torch modules a Sequential (called from `regions_called_from`)
-    # or a user's loop (at it) calls, checkpoint_sequential's (one: checkpointed whole), not blocks
-    regions_sequential: bool = False
-    regions_of_loops: int = 0  # of `regions_called_from`, the loops (the rest call Sequentials)
-    # how the regions' saving was had (analysis/passes.py `CheckpointReplay`): replayed on this
-    # step's completed pass of the same forward, at the judged pass's sizes (None: not replayed) ...
-    regions_replayed_step: int | None = None
-    # ... else, at the OOM of an interrupted pass, of the calls it made so far (a lower bound) ...
-    regions_so_far: bool = False
-    # ... or, in a backward, with these gradient bytes the backward has yet to make counted beside the
-    # largest region's recomputation (at most that many: a lower bound)
-    regions_gradients_beside_bytes: int = 0
+    # activation checkpointing's saving measured from the regions of the judged pass (None: not measured)
+    regions: MeasuredRegions | None = None
 
 
 @dataclass(frozen=True, slots=True)

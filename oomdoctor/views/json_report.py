@@ -175,16 +175,17 @@ def _recommendation(item: Recommendation) -> dict[str, Any]:
         out["peak_saved_at_most_bytes"] = item.peak_saved_at_most_bytes
     if item.rule_of_thumb:  # the saving is a fixed share, not measured from the file
         out["estimated_saved_is_rule_of_thumb"] = True
-    if item.regions:  # activation checkpointing measured from the regions these lines call
-        out["regions"] = {"count": item.regions, "called_from": _frames(item.regions_called_from)}
-        if item.regions_sequential:  # segments of a Sequential of torch's own modules
+    regions = item.regions
+    if regions is not None and regions.count:  # activation checkpointing measured from the regions these lines call
+        out["regions"] = {"count": regions.count, "called_from": _frames(regions.called_from)}
+        if regions.sequential:  # segments of a Sequential of torch's own modules
             out["regions"]["sequential"] = True
-        if item.regions_replayed_step is not None:  # replayed on that step's completed pass
-            out["regions"]["replayed_step"] = item.regions_replayed_step
-        if item.regions_so_far:  # an interrupted pass's calls so far: a lower bound
+        if regions.replayed_step is not None:  # replayed on that step's completed pass
+            out["regions"]["replayed_step"] = regions.replayed_step
+        if regions.so_far:  # an interrupted pass's calls so far: a lower bound
             out["regions"]["so_far"] = True
-        if item.regions_gradients_beside_bytes:  # gradients to come counted beside the largest: a lower bound
-            out["regions"]["gradients_beside_bytes"] = item.regions_gradients_beside_bytes
+        if regions.gradients_beside_bytes:  # gradients to come counted beside the largest: a lower bound
+            out["regions"]["gradients_beside_bytes"] = regions.gradients_beside_bytes
     return out
 
 

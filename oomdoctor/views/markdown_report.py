@@ -193,7 +193,7 @@ def render(analysis: Analysis, *, source: str | None = None, environment: Enviro
             change = _own_cell(phrasing.recommendation(rec))
             regions = phrasing.regions_note(rec)
             if regions:  # the lines from the file as code spans
-                called = ", ".join(_code(phrasing.frame_words(f)) for f in rec.regions_called_from)
+                called = ", ".join(_code(phrasing.frame_words(f)) for f in phrasing.regions_called_from(rec))
                 change += f" ({_cell(regions)} {called}{_cell(phrasing.regions_basis(rec))})"
             add(
                 f"| {position} | {change} | {phrasing.saving_cell(rec, where_label(analysis))} | {_fits(rec.would_fit_alone)} |"

@@ -35,7 +35,7 @@ from oomdoctor.analysis.results import (
     WhatIfCase,
     WhatIfUnknown,
 )
-from oomdoctor.model import Frame
+from oomdoctor.model import Frame, Stack
 from oomdoctor.units import human_size as human
 from oomdoctor.units import human_sizes_apart, plural
 
@@ -556,42 +556,51 @@ RULE_OF_THUMB = "rule of thumb, not measured from the file"
 
 def regions_note(item: Recommendation) -> str | None:
     """What activation checkpointing's saving was measured from, the words before the lines that
-    call its regions (`Recommendation.regions_called_from`, which each view appends, worded by
+    call its regions (`MeasuredRegions.called_from`, which each view appends, worded by
     `frame_words` and escaped its own way); None for a saving not measured from regions."""
-    if not item.regions:
+    regions = item.regions
+    if regions is None or not regions.count:
         return None
-    if item.regions_sequential:
+    if regions.sequential:
         what, where = (
             ("the Sequential", "called at")
-            if not item.regions_of_loops
+            if not regions.of_loops
             else ("the loop", "at")
-            if item.regions_of_loops == len(item.regions_called_from)
+            if regions.of_loops == len(regions.called_from)
             else ("a Sequential or a loop", "the Sequential called or the loop at")
         )
         return (
-            f"measured from the file: checkpointing in {plural(item.regions, 'segment')} the torch modules"
+            f"measured from the file: checkpointing in {plural(regions.count, 'segment')} the torch modules"
             f" {what} calls (checkpoint_sequential's cuts, the last segment unchecked; one segment:"
             f" checkpoint of the whole), {where}"
         )
-    return f"measured from the file: checkpointing each of the {plural(item.regions, 'block')} called at"
+    return f"measured from the file: checkpointing each of the {plural(regions.count, 'block')} called at"
 
 
 def regions_basis(item: Recommendation) -> str:
     """How the regions' saving was had, said after the lines that call them ('' where the regions
     were read at the judged moment alone, as they are)."""
-    if item.regions_replayed_step is not None:
+    regions = item.regions
+    if regions is None:
+        return ""
+    if regions.replayed_step is not None:
         return (
-            f"; replayed on step {item.regions_replayed_step}'s completed pass of this forward at this pass's"
+            f"; replayed on step {regions.replayed_step}'s completed pass of this forward at this pass's"
             " sizes, each region run again where the backward reaches it, beside what the backward holds then"
         )
-    if item.regions_so_far:
+    if regions.so_far:
         return "; of the calls the interrupted pass made so far, cut as they are: its rest runs more (at least this)"
-    if item.regions_gradients_beside_bytes:
+    if regions.gradients_beside_bytes:
         return (
-            f"; the largest recomputed beside the {human(item.regions_gradients_beside_bytes)} of gradients the"
+            f"; the largest recomputed beside the {human(regions.gradients_beside_bytes)} of gradients the"
             " backward has yet to make (at most that many, so at least this)"
         )
     return ""
+
+
+def regions_called_from(item: Recommendation) -> Stack:
+    """The lines that call the regions activation checkpointing's saving was measured from."""
+    return item.regions.called_from if item.regions is not None else ()
 
 
 def regions_line(item: Recommendation) -> str | None:
@@ -601,7 +610,7 @@ def regions_line(item: Recommendation) -> str | None:
     note = regions_note(item)
     if note is None:
         return None
-    return f"{note} {', '.join(frame_words(f) for f in item.regions_called_from)}{regions_basis(item)}"
+    return f"{note} {', '.join(frame_words(f) for f in regions_called_from(item))}{regions_basis(item)}"
 
 
 def frame_words(frame: Frame) -> str:

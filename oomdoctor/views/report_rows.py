@@ -99,7 +99,10 @@ def changes_basis(analysis: Analysis) -> str | None:
     if rest is not None and rest.extrapolated:
         return f"batch-sized changes at the interrupted pass's projected peak, {human_size(rest.projected_pass_bytes)} of its own"
     # (a checkpointing saving 'at least' for the gradients a backward has yet to make says why itself)
-    if any(r.saved_at_least and not r.regions_gradients_beside_bytes for r in analysis.recommendations):
+    if any(
+        r.saved_at_least and not (r.regions is not None and r.regions.gradients_beside_bytes)
+        for r in analysis.recommendations
+    ):
         return "a saving 'at least' is estimated at the OOM: the rest of the interrupted pass, which nothing shows, only adds to it"
     if basis is not None and any(r.id in BATCH_SIZED_CHANGES for r in analysis.recommendations):
         # the what-if was made from a recorded step's peak, not the moment the report describes
