@@ -181,10 +181,12 @@ def test_placement_failure_is_said_and_not_fitted_at_full_scale():
     text = phrasing.evidence(missing)
     assert "placement" in text and "largest usable free block" in text
     what_if = analysis.what_if
-    # (graphs kept pass after pass: the moment's scale is an upper bound only, no scale said to fit)
-    bound = what_if.largest_fitting_scale if what_if.largest_fitting_scale is not None else what_if.upper_bound_scale
-    assert what_if.placement_limit_scale is not None and bound is not None
-    assert bound <= what_if.placement_limit_scale < 1.0
+    # (graphs kept pass after pass: the moment's scale is an upper bound only, no scale said to fit;
+    # as one, it is where no place could exist at all, past where today's layout shows one)
+    assert what_if.largest_fitting_scale is None
+    bound = what_if.upper_bound_scale
+    assert what_if.placement_limit_scale is not None and what_if.placement_reach_scale is not None
+    assert bound is not None and what_if.placement_limit_scale <= bound <= what_if.placement_reach_scale < 1.0
 
 
 def test_fragmentation_what_if_stays_below_the_failed_batch():

@@ -9,6 +9,7 @@ own" because 0.503x of the request exceeds the 4 MiB piece.)"""
 from __future__ import annotations
 
 from oomdoctor.analysis import analyse
+from oomdoctor.analysis.results import WhatIfCase, WhatIfUnknown
 from oomdoctor.analysis.whatif import placement_limit, placement_reach, what_if
 from tests.builders import MiB
 from tests.test_fragmentation_within_a_spike import _spike_in_pieces
@@ -49,3 +50,25 @@ def test_halving_the_batch_past_todays_blocks_is_not_said_to_fail():
     assert result.what_if.placement_limit_scale == 0.25 < 0.5 <= result.what_if.placement_reach_scale
     halving = next(r for r in result.recommendations if r.id == "smaller-micro-batch")
     assert halving.would_fit_alone is None
+
+
+def test_a_placement_limit_is_no_upper_bound():
+    """Where no scale is said to fit (what the run keeps grows pass after pass), the moment's largest
+    scale is given as an upper bound, "a larger scale does not fit". After a placement failure that
+    is where no place could exist at all (the reach), not where today's layout shows one: past the
+    latter a scale is unknown, not no. (`inference-with-grad-gpt` read "fits up to 0.65x at most, a
+    larger scale does not fit"; rehearsed, its batch at 0.69x and 0.75x ran to completion.)"""
+    result = what_if(
+        {"activations": 177 * MiB, "parameters": 2 * MiB},
+        scalable_bytes=177 * MiB,
+        request_bytes=8 * MiB,
+        target_phase="forward",
+        capacity_bytes=200 * MiB,
+        shortfall_bytes=4 * MiB,
+        placement_limit=0.5,
+        placement_reach=0.98,
+        beyond_the_moment=WhatIfUnknown.KEEPS_GROWING,
+    )
+    assert result.case == WhatIfCase.BEYOND_THE_MOMENT and result.largest_fitting_scale is None
+    assert result.upper_bound_scale == 0.98
+    assert result.fits_at(0.75) is None and result.fits_at(0.99) is False

@@ -160,6 +160,13 @@ def what_if(
         projected = True
     largest = None
     upper_bound = None
+    bound_by_place: float | None = None
+
+    def bound(scale: float | None) -> float | None:
+        """The largest scale as an upper bound: where a placement limit decides it, the scale past
+        which no place could exist at all, or the bytes do not fit (`placement_reach`)."""
+        return bound_by_place if case == WhatIfCase.PLACEMENT else scale
+
     bounded = capacity_bytes is None and capacity_bound is not None and scalable > 0 and fixed < capacity_bound
     if not bounded:
         capacity_bound = None  # none, or not needed: the capacity is known, or nothing scales
@@ -177,6 +184,9 @@ def what_if(
         largest = ((capacity_bytes - fixed) * 100 // scalable) / 100
         case = WhatIfCase.LINEAR
         if placement_limit is not None and placement_limit < largest:
+            # as an upper bound (below, where no scale is said to fit) the placement limit is not
+            # one: past it a place may still exist, up to the reach
+            bound_by_place = min(largest, placement_reach) if placement_reach is not None else largest
             largest = placement_limit
             case = WhatIfCase.PLACEMENT
     if beyond_the_moment is None and largest is not None and largest > 1:
@@ -186,14 +196,14 @@ def what_if(
         # 76 MiB free and 48 MiB cached in pieces)
         beyond_the_moment = WhatIfUnknown.LARGER_BATCH
     if rest is not None and not rest.extrapolated and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT):
-        upper_bound, largest, case = largest, None, WhatIfCase.PASS_INTERRUPTED
+        upper_bound, largest, case = bound(largest), None, WhatIfCase.PASS_INTERRUPTED
     elif (
         backward_unknown
         and rest is not None
         and rest.extrapolated
         and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
     ):
-        upper_bound, largest, case = largest, None, WhatIfCase.BACKWARD_UNKNOWN
+        upper_bound, largest, case = bound(largest), None, WhatIfCase.BACKWARD_UNKNOWN
     elif (
         beyond_the_moment is not None
         and case in (WhatIfCase.LINEAR, WhatIfCase.PLACEMENT)
@@ -203,7 +213,7 @@ def what_if(
             or (largest is not None and largest > 1)
         )
     ):
-        upper_bound, largest, case = largest, None, WhatIfCase.BEYOND_THE_MOMENT
+        upper_bound, largest, case = bound(largest), None, WhatIfCase.BEYOND_THE_MOMENT
     if case != WhatIfCase.BEYOND_THE_MOMENT:
         beyond_the_moment = None
     by_bytes = None
