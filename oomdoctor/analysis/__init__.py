@@ -32,6 +32,7 @@ from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis import devices as _devices
 from oomdoctor.analysis import phases as _phases
 from oomdoctor.analysis.frame_kinds import in_torch_optim
+from oomdoctor.analysis.holes import placement_layout
 from oomdoctor.analysis.passes import (
     Replica,
     pass_history,
@@ -73,6 +74,7 @@ from oomdoctor.analysis.results import (
     EventState,
     Finding,
     Fragmentation,
+    FreeHole,
     LiveBlock,
     OomEvent,
     Recommendation,
@@ -558,6 +560,7 @@ def _context(
     end_components, end_allocated = _at_end(dump, state, target)
     frames_train = _frames_train(dump, target, blocks, moment.step)
     optimizer_made = bool(dump.metadata.optimizers)
+    holes, shrinking = _placement_layout(dump, target, accounted, blocks)
     return Context(
         oom=accounted.fatal,
         accounting=accounted.accounting,
@@ -626,6 +629,32 @@ def _context(
         passes_grow=target.kind == "oom"
         and moment.phase in FORWARD_PASSES
         and passes_grow(dump.trace, dump.spans, target.index),
+        usable_holes=holes,
+        shrinking_segment_bytes=shrinking,
+    )
+
+
+def _placement_layout(
+    dump: _DeviceDump, target: _Target, accounted: _Accounted, blocks: Sequence[LiveBlock]
+) -> tuple[tuple[FreeHole, ...], tuple[int, ...]]:
+    """At a placement failure (free bytes enough, no place), the free blocks on the failed request's
+    pool and stream by what last held them, and the segments that shrink with the batch
+    (`holes.placement_layout`): a place for a smaller batch's request is only where one survives at
+    that batch."""
+    request = accounted.request_bytes
+    if accounted.fatal is None or not request or accounted.accounting.missing_bytes != 0 or target.index is None:
+        return (), ()
+    return placement_layout(
+        dump.trace,
+        dump.phase_index,
+        accounted.layout,
+        request_pool=accounted.fragmentation.request_pool,
+        request_stream=accounted.fragmentation.request_stream,
+        target_index=target.index,
+        min_bytes=request // 100,
+        live_blocks=blocks,
+        large_segment_bytes=accounted.large_segment_bytes,
+        divisions=dump.settings.rounding_divisions if dump.settings is not None else (),
     )
 
 
@@ -713,7 +742,7 @@ def _what_if(ctx: Context, target: _Target, moment: _Moment, need: Requirement, 
         # whatever the batch. (Rehearsed, checkpoint-gather-mlp-adam at batch 1 still ran out on its
         # 64 MiB gather, where a scale of 0.12x was said to fit)
         scales_request=ctx.request_scales and Verdict.CHECKPOINT_GATHER not in verdicts,
-        placement_limit=need.placement_limit,
+        placement_limit=need.batch_placement_limit,
         placement_reach=need.placement_reach,
         rest=ctx.passes.rest,
         # with no capacity known, the tightest near-OOM bounds it (what the device then refused)

@@ -75,6 +75,10 @@ class Requirement:
     projected_gap_bytes: int = 0
     placement_limit: float | None = None  # a placement failure: the largest request scale that finds a place
     placement_reach: float | None = None  # ... and the largest at which one could exist (`whatif.placement_reach`)
+    # ... and the largest batch scale at which the scaled request surely finds one: today's free
+    # blocks shrink with the batch where the tensors that left them did (`whatif.placement_limit`
+    # with the holes), so this is at most `placement_limit`, which keeps today's blocks as they are
+    batch_placement_limit: float | None = None
     rest_gap_bytes: int = 0  # the shortfall plus what the rest of the interrupted pass adds
     rest_unknown: bool = False  # the OOM interrupted a forward whose rest nothing shows
 
@@ -147,11 +151,14 @@ def requirement(ctx: Context, verdicts: set[str]) -> Requirement:
 
 def _requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     shortfall = ctx.shortfall()
-    limit = reach = None
+    limit = reach = batch_limit = None
     if ctx.placement_failure() and ctx.request:
         largest = ctx.fragmentation.largest_usable_free_block_bytes
         device_free = ctx.accounting.device_free_bytes
         limit = placement_limit(ctx.request, largest, device_free, ctx.large_segment_bytes)
+        batch_limit = placement_limit(
+            ctx.request, largest, device_free, ctx.large_segment_bytes, ctx.usable_holes, ctx.shrinking_segment_bytes
+        )
         reach = placement_reach(
             ctx.request,
             largest,
@@ -165,14 +172,23 @@ def _requirement(ctx: Context, verdicts: set[str]) -> Requirement:
     # upper bound): what the run needs is not known from it
     states_too_large = Verdict.MODEL_STATES_TOO_LARGE in verdicts and not states_assumed(ctx)
     if ctx.oom is None or not ctx.capacity_bytes or not (states_too_large or first_step):
-        return _rest_of_pass(ctx, Requirement(shortfall, placement_limit=limit, placement_reach=reach))
+        return _rest_of_pass(
+            ctx, Requirement(shortfall, placement_limit=limit, placement_reach=reach, batch_placement_limit=batch_limit)
+        )
     states_now = sum(model_states(ctx))
     states_needed, _, _ = ctx.projection
     if states_needed <= states_now:
-        return Requirement(shortfall, placement_limit=limit, placement_reach=reach)
+        return Requirement(shortfall, placement_limit=limit, placement_reach=reach, batch_placement_limit=batch_limit)
     others = sum(ctx.components.values()) - states_now
     need = states_needed + others + (ctx.request if ctx.request_scales else 0)
-    return Requirement(shortfall, need, max(0, need - ctx.capacity_bytes), limit, placement_reach=reach)
+    return Requirement(
+        shortfall,
+        need,
+        max(0, need - ctx.capacity_bytes),
+        limit,
+        placement_reach=reach,
+        batch_placement_limit=batch_limit,
+    )
 
 
 def _rest_of_pass(ctx: Context, need: Requirement) -> Requirement:

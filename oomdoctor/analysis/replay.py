@@ -64,6 +64,9 @@ _CHECKPOINT_EVERY = 60  # samples between copies of the live set (about eight pe
 # nearest copy; a few milliseconds of replay (about 0.3 us an event).
 CURSOR_COPY_EVENTS = 2048
 CURSOR_COPY_SEGMENT_EVENTS = 64
+# Events walked back from the target for what last held its free blocks (`last_occupants`); a
+# piece not reached by then counts as not shown
+MAX_OCCUPANT_WALK = 200_000
 _ROUND_RING_SIZES = frozenset([10**k for k in range(3, 9)] + [2**k for k in range(10, 27)])
 
 
@@ -652,6 +655,63 @@ def survivor_sizes(
             if not left:
                 break
     return found
+
+
+def last_occupants(
+    trace: DeviceTrace,
+    holes: Sequence[tuple[int, int]],
+    before: int,
+    limit: int = MAX_OCCUPANT_WALK,
+    divisions: tuple[tuple[int, int], ...] = (),
+) -> tuple[tuple[tuple[int, int | None], ...], ...]:
+    """What last held each free block (address, bytes) at event `before`: its pieces, each with the
+    index of the alloc event of the allocation freed last there (None: the trace does not show one,
+    within its last `limit` events before `before`: the piece was free since before the trace, or
+    never held, as the rest of a segment cut for a smaller request, or held as the unsplit remainder
+    of a block, beyond the rounded request its free event shows). Walking back, the latest free
+    that covers a byte of a block is its last occupant's; that allocation's alloc event is the one
+    at the same address before it. The blocks must not overlap."""
+    order = sorted(range(len(holes)), key=lambda h: holes[h][0])
+    starts = [holes[h][0] for h in order]
+    ends = [holes[h][0] + holes[h][1] for h in order]  # sorted too: the blocks do not overlap
+    uncovered = [[[start, end]] if end > start else [] for start, end in zip(starts, ends)]
+    open_holes = sum(1 for ranges in uncovered if ranges)
+    pieces: list[list[tuple[int, int | None]]] = [[] for _ in order]
+    waiting: dict[int, list[tuple[int, int]]] = {}  # address freed -> (block position, bytes) awaiting its alloc
+    addrs, sizes, actions = trace.addrs, trace.sizes, trace.actions
+    for index in range(min(before, len(actions)) - 1, max(0, before - limit) - 1, -1):
+        if not open_holes and not waiting:
+            break
+        action = actions[index]
+        address = addrs[index]
+        if action == ALLOC:
+            for position, nbytes in waiting.pop(address, ()):
+                pieces[position].append((nbytes, index))
+        elif open_holes and action in (FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALLOC, SEGMENT_MAP):
+            # a free: its allocation held what it covers; a segment made: what no free covered since
+            # was never held in it (an earlier segment at the same address is another story)
+            freed = action in (FREE_COMPLETED, FREE_REQUESTED)
+            end = address + (round_size(sizes[index], divisions) if freed else sizes[index])
+            position = bisect.bisect_left(starts, end) - 1  # the last block starting below `end`
+            while position >= 0 and ends[position] > address:
+                ranges = uncovered[position]
+                covered = sum(min(e, end) - max(s, address) for s, e in ranges if s < end and address < e)
+                if covered > 0:
+                    uncovered[position] = _subtract_range(ranges, address, end)
+                    if freed:
+                        waiting.setdefault(address, []).append((position, covered))
+                    else:
+                        pieces[position].append((covered, None))
+                    open_holes -= not uncovered[position]
+                position -= 1
+    for pending in waiting.values():
+        for position, nbytes in pending:
+            pieces[position].append((nbytes, None))
+    found: list[tuple[tuple[int, int | None], ...]] = [()] * len(holes)
+    for position, h in enumerate(order):
+        left = sum(e - s for s, e in uncovered[position])
+        found[h] = (*pieces[position], *(((left, None),) if left else ()))
+    return tuple(found)
 
 
 def ring_buffer_wrapped(event_count: int, max_entries: int | None) -> bool:

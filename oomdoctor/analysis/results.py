@@ -107,6 +107,23 @@ class PhaseSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class FreeHole:
+    """A free block on the failed request's pool (and stream) at the OOM, by what last held it
+    (`analysis.holes`): `scaled_bytes` last held by allocations that grow with the batch,
+    `fixed_bytes` by ones that do not; the rest by none the trace shows (unknown)."""
+
+    address: int
+    size_bytes: int
+    scaled_bytes: int
+    fixed_bytes: int
+
+    def at_least(self, hundredths: int) -> int:
+        """What surely remains of it in a run at this scale (in hundredths): its fixed bytes and its
+        scaled bytes scaled; of the bytes whose last holder is unknown, nothing is counted."""
+        return self.fixed_bytes + self.scaled_bytes * hundredths // 100
+
+
+@dataclass(frozen=True, slots=True)
 class OomEvent:
     event_index: int
     request_bytes: int  # the oom event's size: the rounded request
@@ -670,7 +687,9 @@ class WhatIf:
     case: str  # a WhatIfCase
     unusable_bytes: int = 0  # cached memory the failed request could not use, counted in fixed_bytes
     projected_states: bool = False  # fixed_bytes holds the model states projected at full size
-    placement_limit_scale: float | None = None  # a placement failure: where the scaled request fits today's free blocks
+    # a placement failure: the largest batch scale at which the scaled request finds a place, in today's
+    # free blocks as they would be at that batch or in free device memory (`whatif.placement_limit`)
+    placement_limit_scale: float | None = None
     calibrated: bool = False  # at 1.00x the model falls short by exactly what the failed request lacked
     request_fixed: bool = False  # the failed request counts in fixed_bytes (it does not grow with the batch)
     rough: bool = False  # the largest fitting scale is so far from the measured batch that the model is rough
@@ -708,8 +727,9 @@ class WhatIf:
         peak = self.predicted_peak_bytes(scale)
         fits: bool | None = peak <= self.capacity_bytes
         if self.placement_limit_scale is not None and scale > self.placement_limit_scale:
-            # today's free blocks hold no place for the scaled request; a run at this scale holds
-            # fewer bytes at that moment, where a place may be (up to the reach), or may not
+            # no place for the scaled request is known (today's blocks as they would be at this
+            # scale, free device memory); a run at this scale holds fewer bytes at that moment, where
+            # a place may be (up to the reach), or may not
             reach = self.placement_reach_scale
             return None if fits and reach is not None and scale <= reach else False
         if fits and peak + self.cache_margin_bytes > self.capacity_bytes:

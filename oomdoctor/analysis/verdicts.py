@@ -43,6 +43,7 @@ from oomdoctor.analysis.results import (
     Facts,
     Finding,
     Fragmentation,
+    FreeHole,
     LiveBlock,
     NearOom,
     OomEvent,
@@ -171,6 +172,11 @@ class Context:
     concatenations: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     # the passes since the last training phase each left more allocated than the last (passes.passes_grow)
     passes_grow: bool = field(default=False)
+    # a placement failure: the free blocks on the request's pool and stream, by what last held them
+    # (analysis.holes); () where the trace shows none of them, or no request failed on placement
+    usable_holes: tuple[FreeHole, ...] = field(default=())
+    # ... and the sizes of the segments that shrink with the batch (holes.placement_layout)
+    shrinking_segment_bytes: tuple[int, ...] = field(default=())
 
     @property
     def request(self) -> int:

@@ -12,12 +12,13 @@ full size, the fixed part is at least what they need (see `recommendations.requi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
     PHASE_BETWEEN,
+    FreeHole,
     LiveBlock,
     RestOfPass,
     WhatIf,
@@ -256,17 +257,31 @@ def placement_limit(
     largest_free_block_bytes: int,
     device_free_bytes: int | None,
     large_segment_bytes: int = LARGE_SEGMENT_BYTES,
+    holes: Sequence[FreeHole] | None = None,
+    shrinking_segments: Sequence[int] = (),
 ) -> float:
     """The largest scale of the request (in 0.01 steps, below 1) at which it fits the largest usable
-    free block, or its cudaMalloc fits free device memory."""
+    free block, or its cudaMalloc fits free device memory.
+
+    With `holes` (the usable free blocks by what last held them, `analysis.holes`) the scale is the
+    batch's: in a run at that scale each block holds what surely remains of it (`FreeHole.at_least`:
+    one its batch-sized tensors left behind shrinks with them, one nothing in the trace shows counts
+    as none), and free device memory gains what the segments that shrink with the batch
+    (`shrinking_segments`, `holes.placement_layout`) are cut smaller by; without, it is the
+    request's alone, today's blocks as they are (a chunked request)."""
     for hundredths in range(99, -1, -1):
         scaled = -(-request_bytes * hundredths // 100 // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        device_free = device_free_bytes
+        if holes is not None:
+            largest_free_block_bytes = max((hole.at_least(hundredths) for hole in holes), default=0)
+            if device_free is not None:
+                device_free += sum(
+                    max(0, size - segment_size(-(-size * hundredths // 100 // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES))
+                    for size in shrinking_segments
+                )
         if scaled <= largest_free_block_bytes:
             return hundredths / 100
-        if (
-            device_free_bytes is not None
-            and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes) <= device_free_bytes
-        ):
+        if device_free is not None and segment_size(max(scaled, MIN_BLOCK_BYTES), large_segment_bytes) <= device_free:
             return hundredths / 100
     return 0.0
 

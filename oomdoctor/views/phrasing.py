@@ -302,8 +302,11 @@ def what_if_note(what_if: WhatIf) -> str:
             )
     elif case == WhatIfCase.PLACEMENT:
         note = (
-            f"at 1.00x the request failed on placement, not for want of bytes: with today's free blocks the scaled request"
-            f" fits up to {what_if.largest_fitting_scale:.2f}x (by bytes alone the peak would fit further)"
+            "at 1.00x the request failed on placement, not for want of bytes: the scaled request finds a place up to"
+            f" {what_if.largest_fitting_scale:.2f}x, in today's free blocks as they would be at that batch (each shrunk"
+            " as the tensors that last held it shrink with the batch, bytes whose last tensor the trace does not show"
+            " counted as none) or in free device memory, with each segment cut for batch-sized tensors alone cut"
+            " smaller (by bytes alone the peak would fit further)"
         )
     elif what_if.largest_fitting_scale is None:  # (LINEAR: no scale leaves room for the cache)
         note = f"activations scale linearly with batch size and (at least) with sequence length; {_cache_room(what_if)}"
