@@ -101,3 +101,34 @@ def test_request_figures_follow_the_allocator_rules():
     assert ground_truth.allocation_size(512) == 2 * MiB
     assert ground_truth.allocation_size(1 * MiB + 512) == 20 * MiB
     assert ground_truth.allocation_size(10 * MiB + 1) == 12 * MiB
+
+
+def test_a_loss_computed_in_the_loop_is_the_forwards_until_its_backward(rehearsal):
+    """The loop's own code after the model returned and before the backward: what autograd holds for
+    that backward (F.cross_entropy's log-softmax of the logits, the loss) is an activation; what it
+    makes without autograd, or keeps past the backward, is an input (docs/definitions.md)."""
+    tracker, truth, session = rehearsal
+    model = torch.nn.Linear(64, 1000)
+    batch = torch.randn(256, 64)
+    targets = torch.randint(1000, (256,))
+    logits = model(batch)
+    log_probs_bytes = _block_bytes(session, [logits])  # the log-softmax is the logits' shape
+    activations_after_forward = truth.moment()["components"]["activations"]
+    loss = torch.nn.functional.cross_entropy(logits, targets)  # in the loop, outside every module
+    with torch.no_grad():
+        predicted = logits.argmax(dim=-1)  # the loop's, without autograd: an input
+    kept = logits * 2  # an autograd result the loop keeps past the backward
+    before = truth.moment()
+    assert before["phase"] == ground_truth.BETWEEN_STEPS
+    loss_code = before["components"]["activations"] - activations_after_forward
+    # the log-softmax, the loss and the kept product (autograd results, a backward still to come)
+    assert loss_code >= log_probs_bytes + _block_bytes(session, [loss, kept])
+    assert before["components"]["inputs"] == _block_bytes(session, [batch, predicted])
+    assert before["components"]["other"] == _block_bytes(session, [targets])  # never given to a module
+
+    loss.backward()
+    del logits
+    after = truth.moment()
+    # the backward freed what autograd saved; the loss and the product outlived it: the loop's
+    assert after["components"]["inputs"] == _block_bytes(session, [batch, predicted, loss, kept])
+    assert after["components"]["activations"] == 0  # the log-softmax went with the graph
