@@ -32,7 +32,8 @@ def test_an_oom_in_the_loss_code_after_the_forward_is_the_forwards_activations()
     result = analyse(_loss_code_oom().snapshot())
     assert (result.target_phase, result.target_step) == ("between_steps", 0)  # as the markers say
     assert result.verdict == "activation-spike"
-    assert result.component_bytes()["activations"] == 160 * MiB
+    # the forward's 160 MiB and the loop's float copy of the logits, made for the backward
+    assert result.component_bytes()["activations"] == 176 * MiB
     assert "alive in the loop's code after it returned and before its backward" in summary(result.summary)
 
 
@@ -40,3 +41,45 @@ def test_code_after_a_backward_is_not_the_forwards():
     result = analyse(_loss_code_oom(backward_first=True).snapshot())
     assert result.target_phase == "between_steps"
     assert result.verdict != "activation-spike"
+
+
+def _loss_in_the_loop(*, keep: bool) -> Sim:
+    """Two steps whose loss the loop computes after the model returned (24 MiB: `(loss / n)` of a
+    per-token loss), freed as the statement that calls backward on it ends; with `keep`, the loop
+    keeps each step's result past its backward instead (a list of per-step outputs)."""
+    sim = Sim(total_bytes=512 * MiB)
+    sim.alloc(16 * MiB, SETUP_STACK, "parameter", "layers.0.weight")
+    for step in range(2):
+        batch = sim.alloc(MiB, USER_STACK, "input", "Model.forward arg 0")
+        sim.marker("forward", "start")
+        saved = [sim.alloc(40 * MiB, FORWARD_STACK) for _ in range(2)]
+        sim.marker("forward", "end")
+        loss_code = sim.alloc(24 * MiB, USER_STACK)  # F.cross_entropy(logits, y) in the loop
+        sim.marker("backward", "start")
+        if step == 1:
+            sim.oom(64 * MiB, USER_STACK)
+            return sim
+        for address in saved:
+            sim.free(address)
+        sim.marker("backward", "end")
+        if not keep:
+            sim.free(loss_code)  # `(loss / n).backward()` returned: its operand goes with the statement
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+        sim.free(batch)
+    return sim
+
+
+def test_what_the_loop_computes_for_the_backward_is_an_activation_with_the_markers():
+    """The markers put the loop's loss code between steps; what it made for the backward that has
+    not run yet is the forward's, as a plain snapshot's frames say (docs/definitions.md)."""
+    result = analyse(_loss_in_the_loop(keep=False).snapshot())
+    assert result.target_phase == "backward"
+    assert result.component_bytes()["activations"] == (80 + 24) * MiB
+    assert result.component_bytes()["inputs"] == MiB
+
+
+def test_what_the_loop_keeps_past_the_backward_is_an_input_with_the_markers():
+    result = analyse(_loss_in_the_loop(keep=True).snapshot())
+    assert result.component_bytes()["activations"] == 80 * MiB
+    assert result.component_bytes()["inputs"] == MiB + 2 * 24 * MiB  # the site's block outlived a backward

@@ -678,9 +678,17 @@ def kept_past_backward_by_the_loop(
                 stack, inside = frames_in_call(index)
                 if stack and not inside:
                     made[index] = (following.last_index, stack)
+    return _outlived_their_backward(trace, made, live, after_target)
+
+
+def _outlived_their_backward(
+    trace: DeviceTrace, made: Mapping[int, tuple[int, Stack]], live: Collection[LiveAllocation], after_target: int
+) -> set[int]:
+    """Of `made` (alloc index -> (the last index of the backward after it, its stack)), the live ones
+    at a site one of whose blocks outlived that backward: the loop held them, not autograd."""
     if not made:
         return set()
-    live_made = {a.alloc_index for a in live if a.alloc_index in made}
+    live_made = {a.alloc_index for a in live if a.alloc_index is not None and a.alloc_index in made}
     if not live_made:
         return set()
     # which of those sites had a block outlive its backward
@@ -703,6 +711,59 @@ def kept_past_backward_by_the_loop(
         if backward_end < after_target:
             outlived.add(stack)
     return {index for index in live_made if made[index][1] in outlived}
+
+
+def computed_for_the_backward(
+    trace: DeviceTrace, phases: PhaseIndex, live: Collection[LiveAllocation], after_target: int
+) -> set[int]:
+    """Where the markers give the phases: the allocation indices of live blocks the loop's own code
+    made after a training forward returned and before its backward (the marker phases call that code
+    between steps; zero_grad may run in it, as a closure runs it), outside any module call, not
+    making or moving a batch nor named for what it is, and at no site one of whose blocks outlived
+    that backward: what the loop computes for the backward (a loss's intermediates, a loss computed
+    outside the model), an activation of the forward as docs/definitions.md says. Where the target
+    lies in that code before any backward began, nothing has outlived one yet."""
+    spans = phases.spans
+    made: dict[int, tuple[int, Stack]] = {}
+    loop_code_of: dict[int, bool] = {}  # id of a stack -> the loop's own code, as above (stacks are shared)
+    position = 0
+    while position < len(spans):
+        if spans[position].phase != PHASE_FORWARD or spans[position].last_index >= after_target:
+            position += 1
+            continue
+        window, position = [], position + 1
+        while position < len(spans) and spans[position].phase in (PHASE_BETWEEN, PHASE_ZERO_GRAD):
+            if spans[position].phase == PHASE_BETWEEN and spans[position].first_index <= after_target:
+                window.append(spans[position])
+            position += 1
+        following = spans[position] if position < len(spans) else None
+        if following is not None and following.first_index <= after_target and following.phase != PHASE_BACKWARD:
+            continue  # another pass or an optimizer step, no backward: not the loss code of a step
+        # the backward's last index, or past the target where it had not begun; the statement that
+        # called it (`(loss / n).backward()`) frees its operands as it ends, before the loop
+        # allocates again: freed by then, a block did not outlive the backward
+        backward_end = after_target + 1
+        if following is not None and following.first_index <= after_target:
+            next_alloc = trace.positions_in(ALLOC, following.last_index + 1, len(trace), limit=1)
+            backward_end = next_alloc[0] - 1 if next_alloc else len(trace)
+        for span in window:
+            for index in trace.positions_in(ALLOC, span.first_index, min(span.last_index, after_target) + 1):
+                stack = trace.frames_at(index)
+                loop_code = loop_code_of.get(id(stack))
+                if loop_code is None:
+                    loop_code = loop_code_of[id(stack)] = bool(
+                        stack
+                        and not _in_module_call(stack)
+                        and not _loads_data(stack)
+                        and _placed_by_names(stack) is None
+                        and save_frame(stack) is None
+                    )
+                if loop_code:
+                    made[index] = (backward_end, stack)
+    if not made:
+        return set()
+    held_by_loop = _outlived_their_backward(trace, made, live, after_target)
+    return {a.alloc_index for a in live if a.alloc_index in made and a.alloc_index not in held_by_loop}
 
 
 # DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
@@ -993,6 +1054,7 @@ def attribute(
     state = state_blocks(trace, phases, live, after_target) if not exact else set()
     hook_moved = hook_moved_weights(trace, phases, live, after_target) if not exact else set()
     held_by_loop = kept_past_backward_by_the_loop(trace, phases, live, after_target) if not exact else set()
+    for_the_backward = computed_for_the_backward(trace, phases, live, after_target) if exact else set()
 
     blocks: list[LiveBlock] = []
     for address, alloc_index, size, requested in live:  # LiveAllocation's fields
@@ -1030,6 +1092,8 @@ def attribute(
             component, method, confidence = PHASE_COMPONENT.get(phase, UNKNOWN), METHOD_PHASE, 0.9
             if alloc_index is None:
                 component, method = OTHER, METHOD_LIFETIME
+            elif alloc_index in for_the_backward:  # the loop's loss code after its forward, for the backward
+                component, method, confidence = ACTIVATIONS, METHOD_LIFETIME, 0.7
         elif alloc_index is None:
             component, method, confidence = pre_trace.get(address, _UNPLACED)
         else:
