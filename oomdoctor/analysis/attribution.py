@@ -10,6 +10,7 @@ step. Each live block records the method that placed it and a confidence.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -722,10 +723,15 @@ def computed_for_the_backward(
     making or moving a batch nor named for what it is, and at no site one of whose blocks outlived
     that backward: what the loop computes for the backward (a loss's intermediates, a loss computed
     outside the model), an activation of the forward as docs/definitions.md says. Where the target
-    lies in that code before any backward began, nothing has outlived one yet."""
+    lies in that code before any backward began, nothing has outlived one yet.
+
+    The work is the live blocks' and the windows' (the loop's code between a forward and its
+    backward), not the trace's: a site is read only where a live block was made at it."""
     spans = phases.spans
-    made: dict[int, tuple[int, Stack]] = {}
-    loop_code_of: dict[int, bool] = {}  # id of a stack -> the loop's own code, as above (stacks are shared)
+    actions, addrs = trace.actions, trace.addrs
+    # (first, last, the last index of the backward after it, None where it had not begun by the
+    # target) of each window of the loop's code after a forward
+    windows: list[tuple[int, int, int | None]] = []
     position = 0
     while position < len(spans):
         if spans[position].phase != PHASE_FORWARD or spans[position].last_index >= after_target:
@@ -739,31 +745,70 @@ def computed_for_the_backward(
         following = spans[position] if position < len(spans) else None
         if following is not None and following.first_index <= after_target and following.phase != PHASE_BACKWARD:
             continue  # another pass or an optimizer step, no backward: not the loss code of a step
-        # the backward's last index, or past the target where it had not begun; the statement that
-        # called it (`(loss / n).backward()`) frees its operands as it ends, before the loop
-        # allocates again: freed by then, a block did not outlive the backward
-        backward_end = after_target + 1
-        if following is not None and following.first_index <= after_target:
-            next_alloc = trace.positions_in(ALLOC, following.last_index + 1, len(trace), limit=1)
-            backward_end = next_alloc[0] - 1 if next_alloc else len(trace)
-        for span in window:
-            for index in trace.positions_in(ALLOC, span.first_index, min(span.last_index, after_target) + 1):
-                stack = trace.frames_at(index)
-                loop_code = loop_code_of.get(id(stack))
-                if loop_code is None:
-                    loop_code = loop_code_of[id(stack)] = bool(
-                        stack
-                        and not _in_module_call(stack)
-                        and not _loads_data(stack)
-                        and _placed_by_names(stack) is None
-                        and save_frame(stack) is None
-                    )
-                if loop_code:
-                    made[index] = (backward_end, stack)
-    if not made:
+        backward = following.last_index if following is not None and following.first_index <= after_target else None
+        windows.extend((span.first_index, min(span.last_index, after_target), backward) for span in window)
+    if not windows:
         return set()
-    held_by_loop = _outlived_their_backward(trace, made, live, after_target)
-    return {a.alloc_index for a in live if a.alloc_index in made and a.alloc_index not in held_by_loop}
+    loop_code_of: dict[int, bool] = {}  # id of a stack -> the loop's own code, as above (stacks are shared)
+
+    def loop_code(stack: Stack) -> bool:
+        known = loop_code_of.get(id(stack))
+        if known is None:
+            known = loop_code_of[id(stack)] = bool(
+                stack
+                and not _in_module_call(stack)
+                and not _loads_data(stack)
+                and _placed_by_names(stack) is None
+                and save_frame(stack) is None
+            )
+        return known
+
+    starts = [first for first, _, _ in windows]
+
+    def window_of(index: int) -> tuple[int, int, int | None] | None:
+        k = bisect.bisect_right(starts, index) - 1
+        return windows[k] if k >= 0 and index <= windows[k][1] else None
+
+    candidates = {
+        a.alloc_index: stack
+        for a in live
+        if a.alloc_index is not None
+        and a.alloc_index <= after_target
+        and window_of(a.alloc_index) is not None
+        and loop_code(stack := trace.frames_at(a.alloc_index))
+    }
+    if not candidates:
+        return set()
+    sites = set(candidates.values())
+    # which of those sites had a block outlive its backward: not freed by the backward's end, which
+    # came before the target (a block's first free after it is its own). The statement that called
+    # the backward (`(loss / n).backward()`) frees its operands as it ends, before the loop allocates
+    # again: freed by then, a block did not outlive the backward
+    outlived: set[Stack] = set()
+    for first, last, backward in windows:
+        if backward is None:
+            continue  # the target comes before this backward began: nothing outlived it yet
+        try:
+            backward_end = actions.index(ALLOC, backward + 1) - 1
+        except ValueError:
+            backward_end = len(actions)
+        if backward_end >= after_target:
+            continue
+        made = {}
+        for index in trace.positions_in(ALLOC, first, last + 1):
+            stack = trace.frames_at(index)
+            if stack in sites and loop_code(stack):
+                made[addrs[index]] = (index, stack)
+        if not made:
+            continue
+        end = backward_end + 1
+        freed: set[int] = set()
+        for index in compress(range(first, end), map(made.__contains__, addrs[first:end])):
+            address = addrs[index]
+            if actions[index] == FREE_REQUESTED and index > made[address][0] and address not in freed:
+                freed.add(address)
+        outlived.update(stack for address, (_, stack) in made.items() if address not in freed)
+    return {index for index, stack in candidates.items() if stack not in outlived}
 
 
 # DataParallel re-makes its replicas and splits its batch inside its forward, on every device but
