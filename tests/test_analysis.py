@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from oomdoctor.analysis import analyse
-from oomdoctor.analysis.results import SummaryKind, UnknownKind
+from oomdoctor.analysis.results import Analysis, SummaryKind, UnknownKind
 from oomdoctor.analysis.sizing import round_size, segment_size
 from oomdoctor.model import (
     ACTIVE_ALLOCATED,
@@ -458,20 +458,38 @@ def test_inference_with_grad_keeps_each_pass():
     assert result.recommendations[0].id == "no-grad"
 
 
-def test_steps_counted_without_optimizer_allocations_or_annotations():
-
+def _in_place_sgd_steps(*, gradients_freed: bool) -> Analysis:
+    """Three iterations of batch, forward, backward (SGD updating in place: no allocations); with
+    `gradients_freed` the loop frees each backward's blocks (its gradients set to None) before the
+    next batch, else every block stays alive."""
     events = []
     time_us = 0
-    stacks = []
     for _step in range(3):
-        stacks += [USER_STACK, FORWARD_STACK, FORWARD_STACK, (), ()]  # batch, forward, backward (SGD: no allocations)
-    for stack in stacks:
-        time_us += 10
-        events.append(TraceEvent("alloc", 0x100000 + time_us * 4096, 4096, 0, stack, time_us))
-    result = analyse(Snapshot(segments=(), traces=(DeviceTrace.from_events(0, events),)))
+        backward = []
+        for stack in [USER_STACK, FORWARD_STACK, FORWARD_STACK, (), ()]:  # batch, forward, backward
+            time_us += 10
+            events.append(TraceEvent("alloc", 0x100000 + time_us * 4096, 4096, 0, stack, time_us))
+            if not stack:
+                backward.append(events[-1].addr)
+        for address in backward if gradients_freed else ():
+            time_us += 10
+            events.append(TraceEvent("free_requested", address, 4096, 0, USER_STACK, time_us))
+    return analyse(Snapshot(segments=(), traces=(DeviceTrace.from_events(0, events),)))
+
+
+def test_steps_counted_without_optimizer_allocations_or_annotations():
+    """Where no optimizer step shows, a backward whose blocks (its gradients) are freed before the
+    next pass ended a step; where they stay alive into the next pass (added into: gradient
+    accumulation, or a loop that never frees them) the file cannot tell, and the passes are not
+    counted as steps of their own: the report says so."""
+    result = _in_place_sgd_steps(gradients_freed=True)
     forwards = [(s.first_index, s.step) for s in result.phases if s.phase == "forward"]
-    assert forwards == [(1, 0), (6, 1), (11, 2)]
+    assert forwards == [(1, 0), (8, 1), (15, 2)]
     assert result.phase_source == "frames"
+    assert UnknownKind.PASSES_MAY_BE_STEPS not in {u.kind for u in result.unknowns}
+    kept = _in_place_sgd_steps(gradients_freed=False)
+    assert [(s.first_index, s.step) for s in kept.phases if s.phase == "forward"] == [(1, 0), (6, 0), (11, 0)]
+    assert [u.count for u in kept.unknowns if u.kind == UnknownKind.PASSES_MAY_BE_STEPS] == [2]
 
 
 def test_dump_phase_follows_the_last_marker():

@@ -610,6 +610,7 @@ def _context(
         frames_train=frames_train,
         optimizer_annotated=dump.optimizer_annotated,
         optimizer_made=optimizer_made,
+        unsplit_passes=dump.unsplit_passes,
         registry_trained=(
             sum(
                 b.size_bytes
@@ -850,6 +851,9 @@ def _unknowns(
             # the run's first step: a stateless optimizer (plain SGD), an evaluation, or state read as
             # another kind leaves nothing to count the steps that ran before it
             unknowns.append(Unknown(UnknownKind.TRACE_AFTER_SETUP))
+    passes = [i for i in dump.unsplit_passes if target.index is None or i <= target.index]
+    if passes:
+        unknowns.append(Unknown(UnknownKind.PASSES_MAY_BE_STEPS, len(passes)))
     unknowns.extend(_why_unknown(blocks))
     if (
         accounted.fatal is not None

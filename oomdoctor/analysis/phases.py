@@ -993,11 +993,14 @@ def build_spans(
     device: int,
     inferred: set[int] | None = None,
     read_windows: list[list[tuple[int, int, str]]] | None = None,
+    unsplit: set[int] | None = None,
 ) -> tuple[list[PhaseSpan], str]:
     """Phase spans covering every event of `trace`, and the most trusted source that decided them.
     `inferred`, when given, receives the first event of each step whose start no mark shows (see
     `_number_steps`); `read_windows` the windows `frame_windows` read, where it was asked (no
-    markers, no optimizer annotations), so that nobody reads them twice."""
+    markers, no optimizer annotations), so that nobody reads them twice; `unsplit` the first event
+    of each pass counted in the step before it though it may be a step of its own (no optimizer
+    step shows, and the gradients stay alive across it: `_StepGradients`)."""
     count = len(trace)
     if count == 0:
         return [], SOURCE_NONE
@@ -1061,6 +1064,8 @@ def build_spans(
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
         returns=frozenset(found.returns),
         inferred=inferred,
+        gradients=_StepGradients(trace),
+        unsplit=unsplit,
     )
     if windows or not named:  # (not named: the optimizer annotations alone count the steps)
         source = window_source
@@ -1192,12 +1197,19 @@ def _number_steps(
     loop_marks: frozenset[int] = frozenset(),
     returns: frozenset[int] = frozenset(),
     inferred: set[int] | None = None,
+    gradients: _StepGradients | None = None,
+    unsplit: set[int] | None = None,
 ) -> list[PhaseSpan]:
     """Merge equal neighbours and number the steps.
 
     A step ends after a completed top-level optimizer step, or, in a run whose optimizer never
-    allocates (in-place SGD), after a completed backward, but not inside an `Optimizer.step` window
-    (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
+    allocates (in-place SGD), after a completed backward where what it left alive (its gradients)
+    was freed before the next backward (`gradients`: a `zero_grad` that set them to None,
+    whatever its frames say). Where they stay alive the next pass added into them: a micro-batch of
+    the same step (gradient accumulation), or a step of an optimizer that leaves no trace in a loop
+    that never frees them, which nothing in the file tells apart: the pass is counted in the step
+    before it, not as a step of its own, and its first event goes into `unsplit`. No step ends
+    inside an `Optimizer.step` window (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
     `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
     allocation follows: a tail of frees is no step of its own. A loop's mark (`loop_marks`: a
@@ -1230,10 +1242,16 @@ def _number_steps(
             position += 1
         allocating.append(position < len(allocations) and allocations[position] <= last)
     coming: list[str | None] = [None] * len(pieces)  # the phase of the first allocating piece from each on
+    # the first event of the next allocating backward piece after each (the trace's end: none)
+    next_backward = [pieces[-1][1] + 1 if pieces else 0] * len(pieces)
     for number in range(len(pieces) - 1, -1, -1):
         coming[number] = (
             pieces[number][2] if allocating[number] else (coming[number + 1] if number + 1 < len(pieces) else None)
         )
+        if number + 1 < len(pieces):
+            following = pieces[number + 1]
+            backward = allocating[number + 1] and following[2] == PHASE_BACKWARD
+            next_backward[number] = following[0] if backward else next_backward[number + 1]
     spans: list[PhaseSpan] = []
     step = 0
     work = False  # the current step has done something
@@ -1250,12 +1268,19 @@ def _number_steps(
             if previous == PHASE_OPTIMIZER:
                 ends_step = True
             elif previous == PHASE_BACKWARD and not has_optimizer and phase != PHASE_OPTIMIZER:
-                ends_step = True
+                if gradients is None or not gradients.stay(first, next_backward[number]):
+                    ends_step = True
+                elif work and not ends_step and unsplit is not None:
+                    unsplit.add(first)
         if ends_step and work:
             step += 1
             work = False
+            if gradients is not None:
+                gradients.reset()
             if inferred is not None and first not in marks:
                 inferred.add(first)
+        if phase == PHASE_BACKWARD and gradients is not None:
+            gradients.backward(first, last)
         if allocates:
             previous = phase
             if phase in _WORK or phase == PHASE_UNKNOWN:  # unknown: a trace whose stacks name no phase
@@ -1275,6 +1300,70 @@ def _number_steps(
             continue
         spans.append(PhaseSpan(first, last, phase, step, source))
     return spans
+
+
+# a backward's gradients were freed before the next backward (a new step) when at least this share of
+# what it left alive was
+GRADIENTS_FREED_PART = 0.5
+
+
+class _StepGradients:
+    """What the backwards of the current step left alive, kept up to date as `_number_steps` walks
+    the trace once (each event is read once, however many passes a step has), to tell whether the
+    next pass began a step (`stay`)."""
+
+    __slots__ = ("_trace", "_cursor", "_left", "_total")
+
+    def __init__(self, trace: DeviceTrace) -> None:
+        self._trace = trace
+        self._cursor = 0  # events before it are read
+        self._left: dict[int, int] = {}  # address -> bytes, of the step's backwards, not freed yet
+        self._total = 0
+
+    def _free_until(self, stop: int) -> None:
+        """Read the frees of events cursor..stop-1."""
+        addrs = self._trace.addrs
+        for index in self._trace.positions_in(FREE_REQUESTED, self._cursor, stop):
+            self._total -= self._left.pop(addrs[index], 0)
+        self._cursor = max(self._cursor, stop)
+
+    def backward(self, first: int, last: int) -> None:
+        """A backward piece of the step: what it allocates joins what the step's backwards made."""
+        self._free_until(first)
+        trace = self._trace
+        addrs, sizes, actions = trace.addrs, trace.sizes, trace.actions
+        stop = max(self._cursor, last + 1)
+        events = chain(
+            trace.positions_in(ALLOC, self._cursor, stop), trace.positions_in(FREE_REQUESTED, self._cursor, stop)
+        )
+        for index in sorted(events):
+            if actions[index] == ALLOC:
+                self._total += sizes[index] - self._left.get(addrs[index], 0)
+                self._left[addrs[index]] = sizes[index]
+            else:
+                self._total -= self._left.pop(addrs[index], 0)
+        self._cursor = stop
+
+    def reset(self) -> None:
+        """A step ended: its backwards' blocks are no longer the next step's."""
+        self._left.clear()
+        self._total = 0
+
+    def stay(self, next_first: int, until: int) -> bool:
+        """Whether what the step's backwards made and had not freed when the next pass began (at
+        `next_first`: the gradients AccumulateGrad stored, which later micro-batches add into in
+        place) is, for more than GRADIENTS_FREED_PART of its bytes, not freed before `until` (the
+        next backward's first event, or the trace's end). Where nothing they made was alive then
+        (a `zero_grad` set the gradients to None before the next forward), or most of it is freed
+        before the next backward (a `zero_grad` after the forward), the next pass began a step;
+        where the gradients went into tensors from before the trace, nothing shows they stay, and
+        the pass is a step, as it was read before."""
+        self._free_until(next_first)
+        if self._total <= 0:
+            return False
+        addrs, left = self._trace.addrs, self._left
+        freed = sum(left.get(addrs[index], 0) for index in self._trace.positions_in(FREE_REQUESTED, next_first, until))
+        return freed < GRADIENTS_FREED_PART * self._total
 
 
 class PhaseIndex:

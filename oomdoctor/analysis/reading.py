@@ -56,6 +56,9 @@ class DeviceDump:
     # the first event of each step whose start no mark shows (`phases.build_spans`): the step before
     # it ends where this one first allocates
     inferred_step_starts: frozenset[int] = frozenset()
+    # the first event of each pass counted in the step before it though it may be a step of its own
+    # (`phases.build_spans`: no optimizer step shows, and the gradients stay alive across it)
+    unsplit_passes: tuple[int, ...] = ()
     # the line of Module._apply's buffers' loop in the torch that wrote the dump, where its blocks
     # show it (`attribution.trace_buffer_line`; None with a registry, which names the buffers)
     buffer_line: int | None = None
@@ -65,6 +68,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
     """What the dump holds for `device`."""
     trace = columns(snapshot.traces[device] if 0 <= device < len(snapshot.traces) else ())
     inferred: set[int] = set()
+    unsplit: set[int] = set()
     read_windows: list[list[tuple[int, int, str]]] = []  # frame_windows', where build_spans read them
     spans, phase_source = build_spans(
         trace,
@@ -73,6 +77,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         device=device,
         inferred=inferred,
         read_windows=read_windows,
+        unsplit=unsplit,
     )
     recording = metadata.recording
     segments = snapshot.segments_on(device)
@@ -104,6 +109,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         expandable_available=snapshot.source_format != "legacy-history",
         ran_out=any(len(columns(t).positions(OOM)) for t in snapshot.traces),
         inferred_step_starts=frozenset(inferred),
+        unsplit_passes=tuple(sorted(unsplit)),
         buffer_line=buffer_line,
     )
 

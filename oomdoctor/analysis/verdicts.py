@@ -158,6 +158,10 @@ class Context:
     # oomdoctor's capture saw the process make an optimizer (metadata `optimizers`): it trains, though
     # it ran out before any backward or optimizer call
     optimizer_made: bool = field(default=False)
+    # the first event of each pass counted in the step before it though it may be a step of its own
+    # (no optimizer step shows, and the gradients stay alive across it: micro-batches of one step,
+    # or steps of an optimizer that leaves no trace in a loop that never frees them)
+    unsplit_passes: tuple[int, ...] = field(default=())
     # bytes of the live parameter blocks oomdoctor's registry says train (requires_grad; a LoRA
     # base's are frozen); None where the dump does not say, parameter by parameter
     registry_trained: int | None = field(default=None)
@@ -290,7 +294,10 @@ class Context:
 
     def gradients_maybe_accumulated(self) -> bool:
         """No optimizer step shows since the oldest of the gradients from earlier steps (or from
-        before the trace) was made: they may be accumulated over micro-batches on purpose."""
+        before the trace) was made, or some are an earlier pass's of the target's step (no optimizer
+        step shows between its passes): they may be accumulated over micro-batches on purpose."""
+        if self.gradients_from_passes():
+            return True
         made = [
             b.alloc_index for b in self.old_blocks((Component.GRADIENTS,), pre_trace=True) if b.alloc_index is not None
         ]
@@ -326,10 +333,36 @@ class Context:
         )
         return creating or self.optimizer_state_made()[0] == 0
 
+    def earlier_passes_end(self) -> int | None:
+        """Where the latest pass of the target's step that may be a step of its own began, at or
+        before the target (`unsplit_passes`: no optimizer step shows, and the gradients stayed alive
+        across it); None where there is none. Gradients this step made before it are an earlier
+        pass's: a micro-batch's of the same step, or an earlier step's, which the file cannot tell."""
+        if not self.unsplit_passes or self.target_step is None:
+            return None
+        target = self.target_index if self.target_index is not None else self.trace_entries - 1
+        step_first = min((s.first_index for s in self.phases if s.step == self.target_step), default=None)
+        if step_first is None:
+            return None
+        return max((i for i in self.unsplit_passes if step_first < i <= target), default=None)
+
+    def from_earlier_pass(self, block: LiveBlock, passes_end: int | None) -> bool:
+        """A gradient block made in the target's step before `passes_end` (`earlier_passes_end`)."""
+        return (
+            passes_end is not None
+            and block.component == Component.GRADIENTS
+            and block.alloc_index is not None
+            and block.alloc_index < passes_end
+            and block.step == self.target_step
+        )
+
     def old_blocks(self, components: tuple[str, ...], *, pre_trace: bool = False) -> list[LiveBlock]:
-        """The live blocks `old_bytes` counts (without a phase filter). DDP's gradient buckets are
-        gradients made once (and again at the bucket rebuild) that the reducer keeps for the whole
-        run: no step leaves them behind, and zero_grad does not free them."""
+        """The live blocks `old_bytes` counts (without a phase filter): made in a step before the
+        target's, or gradients made by an earlier pass of its step that may have been a step of its
+        own (`earlier_passes_end`). DDP's gradient buckets are gradients made once (and again at the
+        bucket rebuild) that the reducer keeps for the whole run: no step leaves them behind, and
+        zero_grad does not free them."""
+        passes_end = self.earlier_passes_end() if Component.GRADIENTS in components else None
         return [
             block
             for block in self.live_blocks
@@ -338,9 +371,16 @@ class Context:
             and (
                 pre_trace
                 if block.alloc_index is None
-                else self.target_step is not None and block.step is not None and block.step < self.target_step
+                else (self.target_step is not None and block.step is not None and block.step < self.target_step)
+                or self.from_earlier_pass(block, passes_end)
             )
         ]
+
+    def gradients_from_passes(self) -> int:
+        """Bytes of the live gradients an earlier pass of the target's step made, which the file
+        cannot tell from an earlier step's (`earlier_passes_end`)."""
+        passes_end = self.earlier_passes_end()
+        return sum(b.size_bytes for b in self.live_blocks if self.from_earlier_pass(b, passes_end))
 
     def old_bytes(
         self, components: tuple[str, ...], phases: tuple[str, ...] | None = None, *, pre_trace: bool = False
@@ -843,6 +883,9 @@ def _test_gradients_kept(ctx: Context) -> Finding | None:
     accumulating = ctx.gradients_maybe_accumulated()
     if accumulating:
         facts = facts.adding(no_optimizer_step=1)
+    from_passes = ctx.gradients_from_passes()
+    if from_passes:  # an earlier pass's of this step: a micro-batch's, or a step's the file cannot tell
+        facts = facts.adding(from_passes=from_passes)
     return Finding(
         Verdict.GRADIENTS_KEPT,
         0.5 if accumulating else 0.8 if no_zero_grad else 0.65,
@@ -1125,6 +1168,27 @@ def _comparable_peak(ctx: Context, *, whole: bool = False) -> tuple[int, int | N
     return (peak(best), best.step) if best is not None else (0, None)
 
 
+def _pass_fit_since(ctx: Context, after: int) -> bool:
+    """A forward and the backward after it, both of the target's step, began after event `after`
+    and ended before the target, which is in a forward, a backward or between them: an earlier pass
+    of this step (a micro-batch, with gradient accumulation) ran with what was alive after `after`
+    and fit."""
+    if ctx.target_phase not in (*FORWARD_PASSES, PHASE_BACKWARD, PHASE_BETWEEN):
+        return False
+    target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries - 1
+    forward_seen = False
+    for span in ctx.phases:
+        if span.step != ctx.target_step or span.first_index <= after:
+            continue
+        if span.last_index >= target:
+            break
+        if span.phase == PHASE_FORWARD:
+            forward_seen = True
+        elif span.phase == PHASE_BACKWARD and forward_seen:
+            return True
+    return False
+
+
 def _inputs_changed(ctx: Context) -> bool | None:
     """Whether the inputs' sizes changed against the comparable steps (True when any changed;
     False when every one with evidence kept them; None without evidence)."""
@@ -1161,6 +1225,8 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     # the state is not what changed (what this step adds is judged by the spike test)
     state_whole = -1 if state_done is None else state_done
     if any(s.first_index > state_whole for s in ctx.steps if s.step in set(ctx.passes.comparable_steps)):
+        return None
+    if _pass_fit_since(ctx, state_whole):  # a micro-batch of this step ran with the whole state and fit
         return None
     activations_now = ctx.components.get(Component.ACTIVATIONS, 0)
     earlier_peak = _earlier_activation_peak(ctx)
@@ -2001,6 +2067,14 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     fragments do not outrank an activation spike whose interrupted pass, extrapolated, needed more
     than all the free memory had it been one block (a place for this request would only have moved
     the OOM further into the pass)."""
+    if (
+        len(findings) >= 2
+        and findings[0].verdict == Verdict.GRADIENTS_KEPT
+        and findings[0].summary.facts.size("from_passes")
+    ):
+        # gradients an earlier pass of this step made, kept only if that pass was a step of its own,
+        # which the file cannot tell: what holds either way comes first
+        findings = [*findings[1:], findings[0]]
     if len(findings) >= 2 and findings[0].verdict == Verdict.GRADIENTS_KEPT:
         spike = _spike_over_kept_gradients(findings, ctx)
         if spike is not None:

@@ -63,6 +63,9 @@ UNKNOWNS: dict[str, str] = {
     UnknownKind.TRACE_AFTER_SETUP: (
         "how many steps ran before the trace: its steps are counted from its start, which came after the model's parameters were made"
     ),
+    UnknownKind.PASSES_MAY_BE_STEPS: (
+        "how many steps ran: {passes} after a backward with no optimizer step between, the backward's gradients still alive, {are} counted in its step, as micro-batches of gradient accumulation are, though each may be a step of its own (an optimizer that records nothing, in a loop that never frees the gradients); step numbers are the least the trace shows"
+    ),
     UnknownKind.LOAD_UNFINISHED: (
         "how much was still to be loaded: the failed request was reading tensors from a file (torch.load, safetensors), so a change that places it is not known to place the rest of the load"
     ),
@@ -124,6 +127,8 @@ def unknown(item: Unknown) -> str:
         entries=plural(count, "entry", "entries"),
         allocations=plural(count, "allocation"),
         times="once" if count == 1 else f"{count} times",
+        passes=plural(count, "pass", "passes"),
+        are="is" if count == 1 else "are",
         size=human(item.bytes or 0),
         # the blocks' pronouns, as many as they are
         **(_ONE_BLOCK if count == 1 else _BLOCKS),
@@ -693,7 +698,12 @@ def _summary_words(kind: str, f: Facts) -> str:
         return f"One allocation of {human(size('request'))} failed: {f.number('share'):.0%} of what PyTorch could have on this device, and more than all live activations, temporaries and inputs together ({human(size('transient'))})."
     if kind == SummaryKind.GRADIENTS_KEPT:
         before = size("before_trace")
-        if before and before >= (size("old") or 0):  # the earlier steps are not in the trace
+        passes = size("from_passes")
+        if passes and passes >= (size("old") or 0):  # made by this step's earlier passes, all of them
+            made = "from earlier passes (micro-batches of this step, or steps of their own: the file cannot tell)"
+        elif passes:
+            made = f"from earlier steps and passes ({human(passes)} from passes that may be micro-batches of this step)"
+        elif before and before >= (size("old") or 0):  # the earlier steps are not in the trace
             made = "made before the trace began (an earlier step's backward)"
         else:
             made = (

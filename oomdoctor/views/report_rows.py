@@ -33,13 +33,15 @@ def where_label(analysis: Analysis) -> str:
 def target_step_words(analysis: Analysis) -> str:
     """'step 3, ' (nothing when the step is unknown); 'step 0 of the trace, ' where optimizer
     state from before the trace shows that steps ran before it, which its numbers do not count, or
-    where the trace began after the model's parameters were made (steps may have run before it)."""
+    where the trace began after the model's parameters were made (steps may have run before it);
+    'step 0 or later, ' where passes counted in a step may be steps of their own."""
     if analysis.target_step is None:
         return ""
     before = any(
         item.kind in (UnknownKind.STEPS_BEFORE_TRACE, UnknownKind.TRACE_AFTER_SETUP) for item in analysis.unknowns
     )
-    return f"step {analysis.target_step}{' of the trace' if before else ''}, "
+    later = any(item.kind == UnknownKind.PASSES_MAY_BE_STEPS for item in analysis.unknowns)
+    return f"step {analysis.target_step}{' of the trace' if before else ''}{' or later' if later else ''}, "
 
 
 def target_context(analysis: Analysis) -> str:
