@@ -221,6 +221,25 @@ def test_gradients_kept_from_before_a_late_trace_say_so(entry):
         assert "made before the trace began" in summary(analysis.summary)
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [e for e in ENTRIES if e["variant"] == "gradient accumulation" and e["step"] == e["steps_before_trace"]],
+    ids=lambda entry: entry["name"],
+)
+def test_micro_batches_before_any_optimizer_step_say_the_step_is_a_lower_bound(entry):
+    """Stripped, an accumulation run that ran out before its first optimizer step shows no optimizer
+    step, and its first micro-batch's gradients stay alive into the second: the file cannot tell the
+    second micro-batch from a step. It is counted in step 0, said to be the least the trace shows,
+    and the gradients are kept only as the hedge they are, after the verdict; as captured, the
+    markers count the steps and nothing is hedged."""
+    stripped, captured = _analysis(entry["name"]), _captured(entry["name"])
+    assert "or later, " in target_context(stripped)
+    kept = [f for f in stripped.secondary if f.verdict == "gradients-kept"]
+    assert [f.confidence for f in kept] == [0.5]
+    assert "the file cannot tell" in summary(kept[0].summary)
+    assert "or later" not in target_context(captured)
+
+
 # --------------------------------------------------------------------------- the variants themselves
 
 

@@ -47,6 +47,9 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("slow-leak-mlp-kept-predictions", "state"): "inside a backward, the engine's frame-less gradients of the "
     "weights' shapes that AccumulateGrad has not stored yet (temporaries by the truth's definition) read as "
     "gradients, as those it stored are",
+    ("accumulation-activation-spike-gpt-adamw", "state"): "the parameters from before the recording, the first "
+    "micro-batch's gradients and the backward's temporary have no stacks: read as one layered model's weights, as "
+    "late-recording-optimizer-state-gpt-adamw's",
     ("late-recording-gradients-kept-mlp-sgd", "state"): "three frame-less copies (parameters, stale gradients, "
     "momentum) read as parameters and two Adam moments, the likelier reading of three copies",
 }
