@@ -353,6 +353,21 @@ def test_a_step_ends_only_after_a_completed_backward_or_optimizer_step():
     assert [s for _, s in _phase_steps(_trace(sim), list(range(9)))] == [0] * 3 + [1] * 3 + [2] * 3
 
 
+def test_an_evaluation_after_a_backward_whose_gradients_stay_is_no_micro_batch():
+    """No optimizer step shows and the backward's gradients stay alive, but the pass after it is an
+    evaluation (a loop named for one): it adds into no gradients, so it is no micro-batch of the
+    step before; it begins a step, as the markers' step index counts it, and nothing is unsplit."""
+    unsplit: set[int] = set()
+    trace = _trace(_sim_of([FORWARD, BACKWARD, EVAL_FORWARD, EVAL_FORWARD])).trace_of(0)
+    spans, _ = build_spans(trace, markers=None, annotations=(), device=0, unsplit=unsplit)
+    assert [(s.phase, s.step) for s in spans if s.phase != "before_first_step"] == [
+        ("forward", 0),
+        ("backward", 0),
+        ("evaluation", 1),
+    ]
+    assert not unsplit
+
+
 def test_an_optimizer_state_dict_saved_after_a_step_is_no_step():
     assert classify_stack(ADAM_SAVE) == "user"
     assert _run([FORWARD, BACKWARD, ADAM_STEP, ADAM_SAVE, ADAM_SAVE]) == [

@@ -1208,7 +1208,8 @@ def _number_steps(
     whatever its frames say). Where they stay alive the next pass added into them: a micro-batch of
     the same step (gradient accumulation), or a step of an optimizer that leaves no trace in a loop
     that never frees them, which nothing in the file tells apart: the pass is counted in the step
-    before it, not as a step of its own, and its first event goes into `unsplit`. No step ends
+    before it, not as a step of its own, and its first event goes into `unsplit` (an evaluation
+    adds into no gradients, and begins a step as before). No step ends
     inside an `Optimizer.step` window (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
     `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
@@ -1242,11 +1243,17 @@ def _number_steps(
             position += 1
         allocating.append(position < len(allocations) and allocations[position] <= last)
     coming: list[str | None] = [None] * len(pieces)  # the phase of the first allocating piece from each on
-    # the first event of the next allocating backward piece after each (the trace's end: none)
+    # the first event of the next allocating backward piece after each (the trace's end: none), and
+    # the phase of the first allocating pass (a forward or an evaluation) from each on
     next_backward = [pieces[-1][1] + 1 if pieces else 0] * len(pieces)
+    next_pass: list[str | None] = [None] * len(pieces)
     for number in range(len(pieces) - 1, -1, -1):
         coming[number] = (
             pieces[number][2] if allocating[number] else (coming[number + 1] if number + 1 < len(pieces) else None)
+        )
+        passing = allocating[number] and pieces[number][2] in FORWARD_PASSES
+        next_pass[number] = (
+            pieces[number][2] if passing else next_pass[number + 1] if number + 1 < len(pieces) else None
         )
         if number + 1 < len(pieces):
             following = pieces[number + 1]
@@ -1268,7 +1275,12 @@ def _number_steps(
             if previous == PHASE_OPTIMIZER:
                 ends_step = True
             elif previous == PHASE_BACKWARD and not has_optimizer and phase != PHASE_OPTIMIZER:
-                if gradients is None or not gradients.stay(first, next_backward[number]):
+                # an evaluation adds into no gradients: it is no micro-batch of the step before
+                if (
+                    gradients is None
+                    or next_pass[number] == PHASE_EVALUATION
+                    or not gradients.stay(first, next_backward[number])
+                ):
                     ends_step = True
                 elif work and not ends_step and unsplit is not None:
                     unsplit.add(first)
