@@ -140,3 +140,38 @@ def test_gradients_freed_before_the_next_backward_end_the_step():
         assert (analysis.target_phase, analysis.target_step) == ("backward", 1), zero_grad
         assert UnknownKind.PASSES_MAY_BE_STEPS not in {u.kind for u in analysis.unknowns}
         assert "or later" not in target_context(analysis)
+
+
+ZERO_GRAD_STACK = (Frame(TORCH + "optim/optimizer.py", 990, "zero_grad"), Frame("train.py", 45, "train_step"))
+
+
+def test_micro_batches_between_the_zero_grads_a_trace_shows_are_not_unknown():
+    """An optimizer that records nothing of its step (SGD in place, torch < 2.5), and a zero_grad
+    that frees the gradients after every second pass: the loop frees them each step, so the pass
+    they stay alive into is a micro-batch of the same step. The steps are the zero_grads', and
+    nothing is said to be a lower bound, nor are the first micro-batch's gradients kept."""
+    sim = Sim(total_bytes=4 * GiB)
+    for _ in range(4):
+        sim.alloc(64 * MiB, SETUP_STACK)
+    for step in range(2):
+        grads: list[int] = []
+        for micro in range(2):
+            acts = [sim.alloc(256 * MiB, FORWARD_STACK) for _ in range(4)]
+            if step and micro:  # the second step's second micro-batch runs out in its backward
+                sim.oom(2 * GiB, BACKWARD_STACK)
+                break
+            for block in acts:
+                sim.free(block)
+            for _ in range(4):
+                made = sim.alloc(64 * MiB, BACKWARD_STACK)
+                if micro:
+                    sim.free(made)  # added into the first micro-batch's
+                else:
+                    grads.append(made)
+        else:
+            for block in grads:
+                sim.free(block, ZERO_GRAD_STACK)
+    analysis = analyse(sim.snapshot(metadata=False))
+    assert (analysis.target_phase, analysis.target_step) == ("backward", 1)
+    assert UnknownKind.PASSES_MAY_BE_STEPS not in {u.kind for u in analysis.unknowns}
+    assert "gradients-kept" not in {analysis.verdict, *(f.verdict for f in analysis.secondary)}

@@ -1065,7 +1065,9 @@ def build_spans(
         returns=frozenset(found.returns),
         inferred=inferred,
         gradients=_StepGradients(trace),
-        unsplit=unsplit,
+        # where a zero_grad shows freeing the gradients, the loop frees them each step: a pass
+        # after which it did not run (the gradients stayed) is a micro-batch, not unknown
+        unsplit=unsplit if not any(phase == PHASE_ZERO_GRAD for _, _, phase in windows) else None,
     )
     if windows or not named:  # (not named: the optimizer annotations alone count the steps)
         source = window_source
@@ -1209,7 +1211,9 @@ def _number_steps(
     the same step (gradient accumulation), or a step of an optimizer that leaves no trace in a loop
     that never frees them, which nothing in the file tells apart: the pass is counted in the step
     before it, not as a step of its own, and its first event goes into `unsplit` (an evaluation
-    adds into no gradients, and begins a step as before). No step ends
+    adds into no gradients, and begins a step as before). Where the trace shows a `zero_grad`
+    freeing the gradients elsewhere, `unsplit` is None: the loop frees them each step, so a pass
+    they stayed alive into is a micro-batch of the same step. No step ends
     inside an `Optimizer.step` window (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
     `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
     where the step so far did some work (a forward, backward or optimizer allocation) and a later

@@ -64,7 +64,7 @@ UNKNOWNS: dict[str, str] = {
         "how many steps ran before the trace: its steps are counted from its start, which came after the model's parameters were made"
     ),
     UnknownKind.PASSES_MAY_BE_STEPS: (
-        "how many steps ran: {passes} after a backward with no optimizer step between, the backward's gradients still alive, {are} counted in its step, as micro-batches of gradient accumulation are, though each may be a step of its own (an optimizer that records nothing, in a loop that never frees the gradients); step numbers are the least the trace shows"
+        "how many steps ran: {passes} after a backward with no optimizer step between, the backward's gradients still alive, {are} counted in its step, as micro-batches of gradient accumulation are, though {each} may be a step of its own (an optimizer that records nothing, in a loop that never frees the gradients); step numbers are the least the trace shows"
     ),
     UnknownKind.LOAD_UNFINISHED: (
         "how much was still to be loaded: the failed request was reading tensors from a file (torch.load, safetensors), so a change that places it is not known to place the rest of the load"
@@ -129,6 +129,7 @@ def unknown(item: Unknown) -> str:
         times="once" if count == 1 else f"{count} times",
         passes=plural(count, "pass", "passes"),
         are="is" if count == 1 else "are",
+        each="it" if count == 1 else "each",
         size=human(item.bytes or 0),
         # the blocks' pronouns, as many as they are
         **(_ONE_BLOCK if count == 1 else _BLOCKS),
