@@ -2061,7 +2061,9 @@ def rest_of_pass_lacking(ctx: Context) -> int | None:
 
 
 def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
-    """The cause first, weighed by materiality: fragments that are a small share of what the
+    """The cause first, weighed by materiality: gradients kept only if an earlier pass of the
+    target's step was a step of its own, which the file cannot tell (micro-batches accumulate into
+    them), come after every finding that holds either way; fragments that are a small share of what the
     device could hold do not outrank growth over steps (a leak) that filled it; gradients a run
     frees every step (only late) do not outrank a spike that grew by more than they hold; and
     fragments do not outrank an activation spike whose interrupted pass, extrapolated, needed more
