@@ -120,3 +120,23 @@ def test_activations_dominating_a_first_forward_say_what_the_pass_reached_as_a_b
     assert _evidence(result, EvidenceKind.PASS_REACHED).bytes == 1000 * MiB
     assert _evidence(result, EvidenceKind.ROOM_FOR_PASS).bytes == GiB - 100 * MiB
     assert not [e for e in result.evidence if e.kind == EvidenceKind.EARLIER_PEAK_ACTIVATIONS]
+
+
+def test_the_room_a_first_forward_had_does_not_say_it_allocated_none_of_the_rest():
+    # the pass made a cuBLAS workspace (a C++ frame that allocates one; a plain snapshot, as read
+    # without markers), which is not its own activations or temporaries: the rest it is weighed
+    # against holds it, though the pass made it
+    workspace = (Frame("??", 0, "at::cuda::getNewWorkspace()"), *FORWARD_STACK)
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(100 * MiB, SETUP_STACK)
+    sim.alloc(8 * MiB, workspace)
+    for _ in range(4):
+        sim.alloc(200 * MiB, FORWARD_STACK)
+    sim.oom(200 * MiB, FORWARD_STACK)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.component_bytes()["workspace"] == 8 * MiB
+    room = _evidence(result, EvidenceKind.ROOM_FOR_PASS)
+    assert room.bytes == GiB - 108 * MiB  # the parameters and the workspace the pass made
+    words = evidence(room)
+    assert "did not allocate" not in words
+    assert "the capacity less the 108.00 MiB allocated besides its own activations and temporaries" in words

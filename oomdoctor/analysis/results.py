@@ -445,7 +445,7 @@ class EvidenceKind(StrEnum):
     PASS_ALLOCATED = "pass-allocated"  # bytes the forward pass allocated up to the target
     PASS_KEPT = "pass-kept"  # of them, still alive at the target
     PASS_REACHED = "pass-reached"  # request: the pass's own live bytes and the request, a lower bound
-    ROOM_FOR_PASS = "room-for-pass"  # rest: the capacity less what the pass did not allocate
+    ROOM_FOR_PASS = "room-for-pass"  # rest: the capacity less what is allocated besides the pass's own
     MODEL_STATES_AT_FULL_SIZE = "model-states-at-full-size"  # assumed_all
     NO_TRAINING = "no-training"  # no backward, optimizer step or gradients anywhere in the dump
     RESERVED = "reserved"

@@ -1021,7 +1021,7 @@ def _evidence_words(kind: str, f: Facts) -> str:
         every = "; assuming every parameter trains, an upper bound" if f.get("assumed_all") else ""
         return f"model states at full size (gradients and optimizer state still to come projected{at}{assuming}{every})"
     if kind == EvidenceKind.ROOM_FOR_PASS:
-        return f"left for this pass: the capacity less the {human(f.size('rest'))} it did not allocate (model states, inputs, the rest)"
+        return f"left for this pass: the capacity less the {human(f.size('rest'))} allocated besides its own activations and temporaries (model states, inputs, workspaces, the rest)"
     if kind == EvidenceKind.USABLE_FREE:
         estimated = f"; {LAYOUT_ESTIMATE}" if f.get("estimated") else ""
         return f"free cached bytes usable for the request ({f.get('pool')} pool, same stream{estimated})"
