@@ -94,3 +94,27 @@ def test_a_run_whose_parameters_fsdp_shards_is_not_told_to_shard_with_fsdp():
     ids = {r.id for r in analysis.recommendations}
     assert "shard-model-states" not in ids and "shard-gradients-and-parameters" not in ids
     assert "shard-over-more-gpus" in ids
+
+
+def test_sharding_over_more_ranks_is_never_said_to_fit():
+    """Twice the ranks halve each rank's shards, not the units FSDP gathers whole for their forward
+    and backward nor a gradient before it is reduced, and the units' size is not in the file: as
+    sharding a run that does not shard yet, no fit is claimed from the half (docs/verdicts.md).
+    FSDP's flat parameters, 384 MiB on this rank, their gradients, and Adam state being made in the
+    first step: 1.50 GiB of states at full size on 1.25 GiB, of which half, 768 MiB, is said saved."""
+    sim = Sim(total_bytes=1 * GiB + 256 * MiB)
+    for _ in range(4):
+        sim.alloc(96 * MiB, FSDP_FLAT)
+    activations = [sim.alloc(16 * MiB, FORWARD_STACK) for _ in range(2)]
+    for _ in range(4):
+        sim.alloc(96 * MiB, BACKWARD_STACK)
+    for block in activations:
+        sim.free(block)
+    for _ in range(6):
+        sim.alloc(96 * MiB, _state_stack(sharded=False))
+    sim.oom(96 * MiB, _state_stack(sharded=False))
+    analysis = analyse(sim.snapshot(metadata=False))
+    assert analysis.verdict == "model-states-too-large"
+    (more,) = [r for r in analysis.recommendations if r.id == "shard-over-more-gpus"]
+    assert more.estimated_saved_bytes == 768 * MiB
+    assert more.would_fit_alone is None

@@ -748,9 +748,10 @@ def recommend(
         # nothing to spare, or ran out where the model was built on the device before it was sharded.)
         # Where every parameter is taken to train, the gradients and state still to come are unknown too
         if training and ctx.parameters_sharded():
-            # sharded already: over twice the ranks each holds half of what it holds now (the units'
-            # gathers are in the run already)
-            add(Change.SHARD_OVER_MORE_GPUS, states // 2, (states_needed - buffers) // 2)
+            # sharded already: over twice the ranks each holds half of its shards, at most half of what
+            # it holds now; the units it gathers whole for their forward and backward, and gradients
+            # not yet reduced, stay as large, so no fit is claimed from the half either
+            add(Change.SHARD_OVER_MORE_GPUS, states // 2, (states_needed - buffers) // 2, fit_unknown=True)
         elif training and ctx.optimizer_state_sharded():
             # the state is this rank's share already; halving what is not sharded yet
             add(Change.SHARD_GRADIENTS_AND_PARAMETERS, (parameters + gradients) // 2, fit_unknown=True)

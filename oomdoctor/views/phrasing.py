@@ -479,7 +479,7 @@ CHANGES: dict[str, str] = {
         "The optimizer state is sharded already (ZeRO): shard the gradients and parameters too (ZeRO stage 2 or 3, or FSDP); with two GPUs each holds half of them."
     ),
     Change.SHARD_OVER_MORE_GPUS: (
-        "The model states are sharded already (FSDP): shard them over more GPUs (over twice as many each rank holds half as much), or offload parameters and optimizer state to the CPU (FSDP's CPUOffload, FSDP2's offload_policy)."
+        "The model states are sharded already (FSDP): shard them over more GPUs (over twice as many each rank holds half its shards; the units it gathers whole stay as large), or offload parameters and optimizer state to the CPU (FSDP's CPUOffload, FSDP2's offload_policy)."
     ),
     Change.SMALLER_WEIGHTS: (
         'Hold the weights in less GPU memory: quantise them (8- or 4-bit), load them in half precision if they are in float32, keep some layers on the CPU (offloading, as `device_map="auto"` does), or split them across GPUs (tensor parallelism).'
