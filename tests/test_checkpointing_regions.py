@@ -651,3 +651,32 @@ def test_a_backward_s_recomputation_is_counted_beside_the_gradients_it_made():
     rec = _checkpointing(sim)
     assert rec.estimated_saved_bytes == 26 * MiB
     assert rec.regions.count == BLOCKS and rec.regions.replayed_step == 0 and not rec.saved_at_least
+
+
+def test_a_first_forward_cut_short_is_cut_as_the_calls_it_made_so_far_a_lower_bound():
+    """The trace's first forward runs out in its third block: no completed pass replays it, so the
+    regions are the calls it made so far, cut as they are, and its rest runs more of them. The
+    figure is at least what it says, and the reports say why (JSON `regions.so_far`), as they do
+    where the rest was extrapolated but not replayed."""
+    sim = Sim(total_bytes=64 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "w")
+    sim.marker("forward", "start")
+    for _ in range(2):
+        for line, mib in BLOCK_PARTS:
+            sim.alloc(mib * MiB, _in_block(line))
+    sim.alloc(8 * MiB, _in_block(10))
+    sim.oom(32 * MiB, _in_block(11))
+    snapshot = sim.snapshot()
+    analysis = analyse(snapshot)
+    assert analysis.target_phase == "forward" and analysis.what_if.rest_of_pass is not None
+    assert not analysis.what_if.rest_of_pass.extrapolated
+    rec = next(r for r in analysis.recommendations if r.id == "activation-checkpointing")
+    assert rec.regions is not None and rec.regions.count == 3 and rec.regions.replayed_step is None
+    assert rec.saved_at_least and rec.regions.so_far and rec.would_fit_alone is None
+    assert "; of the calls the interrupted pass made so far, cut as they are" in phrasing.regions_line(rec)
+    json_rec = next(
+        r
+        for r in json.loads(render_report(snapshot, "json"))["recommendations"]
+        if r["id"] == "activation-checkpointing"
+    )
+    assert json_rec["regions"]["so_far"] is True

@@ -526,10 +526,11 @@ def recommend(
             saved = replay.saved_bytes + regions.earlier_saved_bytes
             grows = 1 + rest_growth / max(1, live_activations - earlier)
             regions = replay.regions  # the reports name its count and the pass replayed
-        elif regions is not None and rest_growth:
+        elif regions is not None and (rest_growth or rest_unseen):
             # an interrupted pass whose whole pass the trace does not replay (its rest extrapolated
-            # from a replica's, or from a pass of another structure): the calls it made so far, cut as
-            # they are, at the OOM. The rest runs more of them: at least that (lower bound)
+            # from a replica's, or from a pass of another structure, or shown by nothing: one of the
+            # trace's first passes): the calls it made so far, cut as they are, at the OOM. The rest
+            # runs more of them: at least that (lower bound)
             saved = regions.pass_saved_bytes + regions.earlier_saved_bytes
             bound = True
         elif regions is not None:
