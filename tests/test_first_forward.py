@@ -140,3 +140,22 @@ def test_the_room_a_first_forward_had_does_not_say_it_allocated_none_of_the_rest
     words = evidence(room)
     assert "did not allocate" not in words
     assert "the capacity less the 108.00 MiB allocated besides its own activations and temporaries" in words
+
+
+def test_states_that_need_95_percent_of_the_capacity_are_not_said_to_need_more_than_it():
+    # 245 MiB of parameters, 980 MiB with gradients and Adam state if all trained: at least 95% of
+    # the 1 GiB (too large to train beside anything else), yet less than it. The first forward holds
+    # 200 MiB beside a 400 MiB batch and asks for 200 MiB more
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(245 * MiB, SETUP_STACK)
+    for _ in range(4):
+        sim.alloc(100 * MiB, (Frame("train.py", 30, "load_batch"), Frame("train.py", 50, "main")))
+    for _ in range(4):
+        sim.alloc(50 * MiB, FORWARD_STACK)
+    sim.oom(200 * MiB, FORWARD_STACK)
+    result = analyse(sim.snapshot(metadata=False))
+    assert result.summary.kind == SummaryKind.UNKNOWN_WHAT_TRAINS
+    assert _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE).bytes == 980 * MiB
+    words = summary(result.summary)
+    assert "more than the 1.00 GiB" not in words
+    assert "bring the model states to 980.00 MiB, 96% of the 1.00 GiB PyTorch could have" in words

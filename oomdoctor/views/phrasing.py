@@ -866,7 +866,10 @@ def _summary_words(kind: str, f: Facts) -> str:
             if f.get("trains")
             else ("the file cannot tell whether they train", "a LoRA base, or inference")
         )
-        return f"The {f.get('phase')} pass ran out near its start, beside {human(size('parameters'))} of parameters; {which}, and that decides the cause: if every one trains, its gradients and optimizer state bring the model states to {human(size('states'))}, more than the {human(size('capacity'))} PyTorch could have (model states too large); if most are frozen ({frozen}), the pass's own memory and the failed request, at least {human(size('reached'))} (a lower bound: the pass was interrupted), did not fit in the {human(size('room'))} left beside the {human(size('rest'))} held otherwise (activations too large for one pass)."
+        # (too large from 95% of the capacity on, not only past it)
+        states, capacity = size("states") or 0, size("capacity") or 0
+        against = "more than the" if states > capacity or not capacity else f"{states / capacity:.0%} of the"
+        return f"The {f.get('phase')} pass ran out near its start, beside {human(size('parameters'))} of parameters; {which}, and that decides the cause: if every one trains, its gradients and optimizer state bring the model states to {human(states)}, {against} {human(capacity)} PyTorch could have (model states too large); if most are frozen ({frozen}), the pass's own memory and the failed request, at least {human(size('reached'))} (a lower bound: the pass was interrupted), did not fit in the {human(size('room'))} left beside the {human(size('rest'))} held otherwise (activations too large for one pass)."
     raise KeyError(kind)
 
 
