@@ -6,9 +6,12 @@ show, the verdict is `unknown` and says what decides it."""
 
 from __future__ import annotations
 
+import re
+
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.results import EvidenceKind, SummaryKind
 from oomdoctor.model import Frame
+from oomdoctor.pipeline import render_report
 from oomdoctor.units import GIB as GiB
 from oomdoctor.units import MIB as MiB
 from oomdoctor.views.phrasing import evidence, summary
@@ -159,3 +162,24 @@ def test_states_that_need_95_percent_of_the_capacity_are_not_said_to_need_more_t
     words = summary(result.summary)
     assert "more than the 1.00 GiB" not in words
     assert "bring the model states to 980.00 MiB, 96% of the 1.00 GiB PyTorch could have" in words
+
+
+def test_a_first_forward_s_lines_from_the_file_are_escaped_in_each_report():
+    # the frames' file names are the dump's text: control characters shown escaped, markup as data
+    hostile = "[bold]x[/]\x1b[31m\x07`|<b>*m*.py"
+    stack = (*FORWARD_STACK[:1], Frame(hostile, 12, "forward"), *FORWARD_STACK[2:])
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(BASE_MIB * MiB, SETUP_STACK, "parameter", "base.weight")
+    sim.alloc(ADAPTER_MIB * MiB, SETUP_STACK, "parameter", "adapter.weight")
+    for entry in sim.tensors:
+        entry["requires_grad"] = entry["name"] == "adapter.weight"
+    sim.marker("forward", "start")
+    for _ in range(4):
+        sim.alloc(ACTIVATION_MIB * MiB, stack)
+    sim.oom(REQUEST_MIB * MiB, stack)
+    snapshot = sim.snapshot(extra={"optimizers": 1})
+    assert analyse(snapshot).summary.kind == SummaryKind.ACTIVATIONS_FIRST_PASS
+    for output in ("text", "md"):
+        report = render_report(snapshot, output).decode()
+        assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", report)
+        assert "\\x1b[31m\\x07" in report  # shown, escaped
