@@ -72,7 +72,12 @@ def test_a_first_forward_of_a_model_that_does_not_train_is_too_large_in_one_pass
     result = analyse(sim.snapshot())
     assert result.verdict == "activation-spike", result.verdict
     assert result.summary.kind == SummaryKind.ACTIVATIONS_FIRST_PASS
-    assert _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE).bytes == (BASE_MIB + ADAPTER_MIB) * MiB
+    states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
+    assert states.bytes == (BASE_MIB + ADAPTER_MIB) * MiB
+    # nothing is projected: no Adam-style moments are assumed for parameters none of which train
+    words = evidence(states)
+    assert "projected" not in words and "Adam" not in words
+    assert "as held: no gradients or optimizer state still to come" in words
 
 
 def test_a_plain_first_forward_whose_states_fit_only_if_frozen_is_unknown_and_says_why():

@@ -1328,6 +1328,9 @@ class FullStates:
     assumed_all: bool  # every parameter taken to train: an upper bound
     moments: int | None  # optimizer state projected at this many moments per parameter (None: as it is)
     moments_assumed: bool  # that count is Adam-style's, assumed: neither frames nor state show the kind
+    # nothing still to come was projected (a run that does not train, no parameter that trains, the
+    # gradients and state all made): the states as held
+    as_held: bool = False
 
 
 def _states_at_full_size(ctx: Context) -> FullStates:
@@ -1340,7 +1343,7 @@ def _states_at_full_size(ctx: Context) -> FullStates:
     train keeps what it holds."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
     if not ctx.trains() and not ctx.trains_unknown():
-        return FullStates(parameters + gradients + optimizer_state + buffers, False, None, False)
+        return FullStates(parameters + gradients + optimizer_state + buffers, False, None, False, as_held=True)
     shown = trained_shown(ctx)
     trained = ctx.trained if shown else parameters
     state, moments, guessed = optimizer_state, None, False
@@ -1351,7 +1354,10 @@ def _states_at_full_size(ctx: Context) -> FullStates:
         if ctx.optimizer_kind is None:
             moments = ctx.moments_shown or moments
         state = max(optimizer_state, moments * trained)
-    return FullStates(parameters + max(gradients, trained) + state + buffers, not shown, moments, guessed)
+    full = parameters + max(gradients, trained) + state + buffers
+    if full == parameters + gradients + optimizer_state + buffers:
+        return FullStates(full, False, None, False, as_held=True)  # nothing to project: none trains, or all made
+    return FullStates(full, not shown, moments, guessed)
 
 
 @dataclass(frozen=True)
@@ -1415,6 +1421,7 @@ def _first_pass_evidence(ctx: Context, first: FirstPass) -> tuple[Evidence, ...]
                 assumed_all=int(first.assumed) or None,
                 projected_moments=first.full.moments,
                 moments_assumed=int(first.full.moments_assumed) or None,
+                as_held=int(first.full.as_held) or None,
             ),
         ),
         Evidence(EvidenceKind.CAPACITY, "capacity_bytes", first.capacity),

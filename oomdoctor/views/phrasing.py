@@ -1018,6 +1018,8 @@ def _evidence_words(kind: str, f: Facts) -> str:
     if kind == EvidenceKind.MODEL_STATES_NEEDED:
         return "model states needed" + _projection(f)
     if kind == EvidenceKind.MODEL_STATES_AT_FULL_SIZE:
+        if f.get("as_held"):
+            return "model states at full size (as held: no gradients or optimizer state still to come)"
         moments = f.get("projected_moments")
         at = "" if moments is None else f", the state at {moments}x the parameters that train"
         assuming = ", assuming Adam-style moments" if f.get("moments_assumed") else ""
