@@ -113,6 +113,17 @@ class RegisteredTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class OptimizerKind:
+    """One optimizer the process held (`optimizer_kinds`): what decides its state before it exists."""
+
+    class_name: str | None = None  # its class's qualified name ("torch.optim.sgd.SGD"), as written: data
+    # parameter-sized state tensors it makes per parameter it updates (0: SGD without momentum);
+    # None: not known (a class capture does not know, or settings that differ between param groups)
+    moments: int | None = None
+    options: Mapping[str, bool | int | float | None] | None = None  # the settings that decide it
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryCall:
     """A call to torch's `_record_memory_history` by someone else while capture was installed (and
     capture's answer to a call that stopped recording)."""
@@ -199,6 +210,7 @@ class DumpMetadata:
     exception: ExceptionInfo | None = None
     markers: tuple[Marker, ...] = ()
     optimizers: int | None = None  # optimizers the process had made and still held (None: not recorded)
+    optimizer_kinds: tuple[OptimizerKind, ...] = ()  # each of them (() in older dumps: not recorded)
     tensors: tuple[RegisteredTensor, ...] = ()
     recording: Recording | None = None
     reason: str | None = None  # "oom" | "manual" | "peak"
@@ -227,6 +239,7 @@ __all__ = [
     "MemGetInfo",
     "MemoryStats",
     "OomRecord",
+    "OptimizerKind",
     "Recording",
     "RegisteredTensor",
     "Rehearsal",

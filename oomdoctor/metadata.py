@@ -48,6 +48,19 @@ and memory_viz both read it. Every field is optional for readers: old or partial
     optimizers          int: how many optimizers (`torch.optim.Optimizer`) the process had made (after
                         install(); or, made before it, stepped) and still held at the dump; one there
                         tells the run trains, even before its first backward
+    optimizer_kinds     list of {"class", "moments", "options"}, one for each optimizer `optimizers`
+                        counts (in no set order; absent in older dumps): class is the qualified
+                        name of its class ("torch.optim.sgd.SGD", "bitsandbytes.optim.adam.Adam8bit");
+                        moments: int | None, the parameter-sized state tensors it makes for each
+                        parameter it updates, for torch's own optimizers (SGD 0 without momentum and
+                        1 with it; Adam and AdamW 2, 3 with amsgrad; RMSprop 1, +1 with momentum, +1
+                        centered; Adagrad, ASGD, Muon 1; Adamax, NAdam, RAdam, Adadelta, Rprop,
+                        SparseAdam 2), None for any other class (a subclass of torch's too), for one
+                        whose state is no whole number of its parameters (Adafactor, LBFGS) and
+                        where its param groups' settings differ; options: {setting: bool | int |
+                        float | None}, the settings that decide it ({"momentum": 0.0}), each as every
+                        param group has it (None: the groups differ); {} for other classes. At most
+                        MAX_OPTIMIZER_MOMENTS moments: a reader drops a larger count
     tensors             list of {"address", "device", "component", "name", "shape", "dtype",
                         "size_bytes"}: the storage data_ptr of every named tensor of the models
                         and optimizers the process used; component is one of REGISTRY_COMPONENTS;
@@ -110,6 +123,10 @@ FRAMEWORK_STAGES = tuple(stage.value for stage in FrameworkStage)
 HISTORY_REARMED, HISTORY_STOPPED, HISTORY_RESTORED = "rearmed", "stopped", "restored"
 HISTORY_ACTIONS = (HISTORY_REARMED, HISTORY_STOPPED, HISTORY_RESTORED)
 MAX_HISTORY_CALLS = 100
+
+# optimizer_kinds[].moments: torch's optimizers make at most 3 (AdamW with amsgrad, centered RMSprop
+# with momentum); a reader takes no larger count from a file
+MAX_OPTIMIZER_MOMENTS = 16
 
 COMPONENT_PARAMETER = RegistryComponent.PARAMETER.value
 COMPONENT_GRADIENT = RegistryComponent.GRADIENT.value

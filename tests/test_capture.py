@@ -438,6 +438,10 @@ def test_an_optimizer_is_counted_from_its_making_before_any_step(fake):
     (file,) = dumps_in(Path("oom-dumps"))
     meta = load(file)[METADATA_KEY]
     assert meta["optimizers"] == 1
+    # and which optimizer it is, with what decides the state its first step will make
+    assert meta["optimizer_kinds"] == [
+        {"class": "torch.optim.adamw.AdamW", "moments": 2, "options": {"amsgrad": False}}
+    ]
     assert not any(m["phase"] in ("optimizer_step", "zero_grad") for m in meta["markers"])
     optimizer.zero_grad()
     assert capture.current_markers()  # still recording after the dump

@@ -18,6 +18,7 @@ from oomdoctor.dump_metadata import (
     MemGetInfo,
     MemoryStats,
     OomRecord,
+    OptimizerKind,
     Recording,
     RegisteredTensor,
     Rehearsal,
@@ -84,6 +85,7 @@ FULL = {
     "reason": "oom",
     "rehearsal": {"device_memory_bytes": 24 << 30, "outside_bytes": 1 << 30, "alloc_conf": ""},
     "optimizers": 1,
+    "optimizer_kinds": [{"class": "torch.optim.sgd.SGD", "moments": 0, "options": {"momentum": 0.0}}],
 }
 
 
@@ -108,6 +110,8 @@ def test_every_field_is_typed():
     assert meta.reason == "oom"
     assert meta.rehearsal == Rehearsal(24 << 30, 1 << 30, "")
     assert meta.optimizers == 1
+    assert meta.optimizer_kinds == (OptimizerKind("torch.optim.sgd.SGD", 0, {"momentum": 0.0}),)
+    assert isinstance(meta.optimizer_kinds[0].options, FrozenDict)
     assert meta.dropped == ()
 
 
@@ -132,7 +136,7 @@ def test_absent_fields_are_none_or_empty():
         "optimizers",
     ):
         assert getattr(meta, name) is None
-    assert meta.argv == meta.markers == meta.tensors == meta.ooms_observed == ()
+    assert meta.argv == meta.markers == meta.tensors == meta.ooms_observed == meta.optimizer_kinds == ()
     assert parse_metadata({"oom": None, "exception": None, "rank": None}).dropped == ()
 
 
@@ -298,6 +302,42 @@ def test_a_tensor_without_device_is_kept_and_bad_optional_fields_are_dropped_alo
     )
     assert meta.tensors == (RegisteredTensor(address=16),)
     assert set(meta.dropped) == {f"tensors[].{k}" for k in ("component", "name", "shape", "dtype", "size_bytes")}
+
+
+def test_optimizer_kinds_keep_only_what_is_of_the_right_kind():
+    # a stranger's file: names are data, counts bounded, settings plain numbers or flags
+    meta = parse_metadata(
+        {
+            "optimizer_kinds": [
+                "SGD",
+                None,
+                {"class": "<b>x</b>\x1b[31m", "moments": 2, "options": {"amsgrad": False, "lr": None, "k": 2}},
+                {"class": 7, "moments": "2", "options": ["momentum", 0.9]},
+                {"class": "A", "moments": -1, "options": {"momentum": "0.9", 3: 1, "x": [1], "big": 2**64}},
+                {"class": "B", "moments": True},
+                {"class": "C", "moments": 17},
+                {"class": "D", "moments": 16, "options": {"momentum": float("nan")}},
+            ]
+        }
+    )
+    assert meta.optimizer_kinds[0] == OptimizerKind("<b>x</b>\x1b[31m", 2, {"amsgrad": False, "lr": None, "k": 2})
+    assert meta.optimizer_kinds[1:5] == (
+        OptimizerKind(),
+        OptimizerKind("A", None, {}),
+        OptimizerKind("B"),
+        OptimizerKind("C"),
+    )
+    last = meta.optimizer_kinds[5]
+    assert (last.class_name, last.moments, list(last.options)) == ("D", 16, ["momentum"])
+    assert set(meta.dropped) == {
+        "optimizer_kinds[]",
+        "optimizer_kinds[].class",
+        "optimizer_kinds[].moments",
+        "optimizer_kinds[].options",
+        "optimizer_kinds[].options[]",
+    }
+    assert parse_metadata({"optimizer_kinds": {"class": "SGD"}}).optimizer_kinds == ()
+    assert parse_metadata({"optimizer_kinds": "SGD"}).dropped == ("optimizer_kinds",)
 
 
 def test_alloc_conf_keeps_str_values_only():

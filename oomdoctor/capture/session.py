@@ -48,6 +48,7 @@ from typing import Any
 
 from oomdoctor.capture import environment, framework, writer
 from oomdoctor.capture.markers import PhaseRecorder
+from oomdoctor.capture.optimizers import optimizer_kinds
 from oomdoctor.capture.options import CaptureOptions
 from oomdoctor.capture.registry import collect_tensors
 from oomdoctor.metadata import (
@@ -868,6 +869,8 @@ class CaptureSession:
     ) -> dict[str, Any]:
         existing = snapshot.get(METADATA_KEY)
         metadata: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
+        optimizers = environment.attempt(lambda: list(self.recorder.optimizers), None)  # held once: each
+        # field below reads the same optimizers, though one may be collected while the dump is written
         metadata.update(
             {
                 "schema_version": SCHEMA_VERSION,
@@ -888,11 +891,12 @@ class CaptureSession:
                 "ooms_observed": [dict(entry) for entry in self.observed],
                 "exception": None,
                 "markers": self.recorder.marker_dicts(),
-                "optimizers": environment.attempt(lambda: len(list(self.recorder.optimizers)), None),
+                "optimizers": len(optimizers) if optimizers is not None else None,
+                "optimizer_kinds": environment.attempt(lambda: optimizer_kinds(optimizers or ()), []),
                 "tensors": environment.attempt(
                     lambda: collect_tensors(
                         list(self.recorder.root_modules),
-                        list(self.recorder.optimizers),
+                        optimizers or (),
                         self.backend.storage_address,
                         device,
                         self.recorder.input_records(),

@@ -29,12 +29,13 @@ from oomdoctor.dump_metadata import (
     MemGetInfo,
     MemoryStats,
     OomRecord,
+    OptimizerKind,
     Recording,
     RegisteredTensor,
     Rehearsal,
     Versions,
 )
-from oomdoctor.metadata import FRAMEWORK_STAGES, HISTORY_ACTIONS, PHASES
+from oomdoctor.metadata import FRAMEWORK_STAGES, HISTORY_ACTIONS, MAX_OPTIMIZER_MOMENTS, PHASES
 from oomdoctor.model import FrozenDict
 
 __all__ = ["parse_metadata"]
@@ -292,6 +293,32 @@ def _tensor(raw: Mapping[str, Any], path: str, read: _Fields) -> RegisteredTenso
     )
 
 
+def _options(raw: Mapping[str, Any], path: str, read: _Fields) -> Mapping[str, bool | int | float | None]:
+    """An optimizer's deciding settings: str names to bool, int64, float or None; others dropped."""
+    options: dict[str, bool | int | float | None] = {}
+    for name, value in raw.items():
+        if type(name) is str and (
+            value is None or type(value) in (bool, float) or (type(value) is int and _INT64_MIN <= value <= _INT64_MAX)
+        ):
+            options[name] = value
+        else:
+            read.drop(path + "[]")
+    return FrozenDict(options)
+
+
+def _optimizer_kind(raw: Mapping[str, Any], path: str, read: _Fields) -> OptimizerKind:
+    moments = read.integer(raw.get("moments"), path + ".moments")
+    if moments is not None and moments > MAX_OPTIMIZER_MOMENTS:
+        read.drop(path + ".moments")
+        moments = None
+    options = read.section(raw.get("options"), path + ".options")
+    return OptimizerKind(
+        class_name=read.text(raw.get("class"), path + ".class"),
+        moments=moments,
+        options=_options(options, path + ".options", read) if options is not None else None,
+    )
+
+
 def _recording(raw: Mapping[str, Any], path: str, read: _Fields) -> Recording:
     return Recording(
         max_entries=read.integer(raw.get("max_entries"), path + ".max_entries"),
@@ -360,6 +387,7 @@ def parse_metadata(raw: Any) -> DumpMetadata | None:
         exception=_sub(raw, "exception", read, _exception),
         markers=read.each(raw.get("markers"), "markers", _marker),
         optimizers=read.integer(raw.get("optimizers"), "optimizers"),
+        optimizer_kinds=read.each(raw.get("optimizer_kinds"), "optimizer_kinds", _optimizer_kind),
         tensors=read.each(raw.get("tensors"), "tensors", _tensor),
         recording=_sub(raw, "recording", read, _recording),
         reason=read.text(raw.get("reason"), "reason"),
