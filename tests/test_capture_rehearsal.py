@@ -204,6 +204,53 @@ def test_uncaught_oom_in_a_plain_process_gets_its_traceback(script, tmp_path):
     assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("optimizer_step", 0)
 
 
+FIRST_FORWARD_SCRIPT = textwrap.dedent(
+    """
+    import oomdoctor
+    oomdoctor.install()
+
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(2048, 2048) for _ in range(4)]
+    model = nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], nn.ReLU(), layers[3])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: no state, ever
+    for step in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(4096, 2048)).square().mean().backward()
+        optimizer.step()
+    """
+)
+
+
+def test_sgd_without_momentum_out_of_memory_in_its_first_forward_records_its_kind(script, capsys):
+    """64 MiB of parameters and a 32 MiB batch on 144 MiB: the first layer's output fits, the ReLU's
+    does not. The dump says which optimizer the run made, so the report projects no optimizer state
+    for it: the model states fit at full size (parameters and gradients, 128 MiB), and the forward
+    is too large for the device in one pass (with Adam's two moments assumed they would not fit, and
+    the verdict was unknown)."""
+    from oomdoctor.cli import main
+
+    first = script.parent / "first_forward.py"
+    first.write_text(FIRST_FORWARD_SCRIPT)
+    result, dumps = rehearse(first, [], 144 * MiB)
+    assert result.exit_code == 1 and len(dumps) == 1
+    meta = load(dumps[0])[METADATA_KEY]
+    assert phase_at(meta["markers"], meta["oom"]["time_us"]) == ("forward", 0)
+    assert meta["optimizers"] == 1
+    assert meta["optimizer_kinds"] == [{"class": "torch.optim.sgd.SGD", "moments": 0, "options": {"momentum": 0}}]
+    capsys.readouterr()
+    assert main(["report", str(dumps[0]), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "activation-spike", report["summary"]
+    (states,) = [e for e in report["evidence"] if e["metric"] == "model_states_full_bytes"]
+    parameters = sum(e["size_bytes"] for e in meta["tensors"] if e["component"] == "parameter")
+    assert states["bytes"] == 2 * parameters  # the parameters and their gradients to come, no state
+    assert "no optimizer state: its optimizer keeps none, recorded at capture" in states["text"], states
+    assert "Adam" not in json.dumps(report)
+
+
 RETRY_SCRIPT = textwrap.dedent(
     """
     import oomdoctor

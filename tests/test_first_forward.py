@@ -188,3 +188,71 @@ def test_a_first_forward_s_lines_from_the_file_are_escaped_in_each_report():
         report = render_report(snapshot, output).decode()
         assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", report)
         assert "\\x1b[31m\\x07" in report  # shown, escaped
+
+
+def _adapter_first_forward_oom() -> Sim:
+    """1 GiB: a 600 MiB frozen base and a 150 MiB adapter that trains (the registry says so), then
+    the first forward keeps 200 MiB of activations and asks for 100 MiB more with 74 MiB free.
+    With Adam's two moments for the adapter the model states would need 1.17 GiB at full size; with
+    no optimizer state, 900 MiB."""
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(600 * MiB, SETUP_STACK, "parameter", "base.weight")
+    sim.alloc(150 * MiB, SETUP_STACK, "parameter", "adapter.weight")
+    for entry in sim.tensors:
+        entry["requires_grad"] = entry["name"] == "adapter.weight"
+    sim.marker("forward", "start")
+    for _ in range(4):
+        sim.alloc(50 * MiB, FORWARD_STACK)
+    sim.oom(100 * MiB, FORWARD_STACK)
+    return sim
+
+
+SGD_WITHOUT_MOMENTUM = {"class": "torch.optim.sgd.SGD", "moments": 0, "options": {"momentum": 0.0}}
+
+
+def test_a_first_forward_of_sgd_without_momentum_projects_no_optimizer_state():
+    # capture recorded the optimizer's kind: plain SGD keeps no state, so the model states at full
+    # size are the parameters and the adapter's gradients, which fit: the pass is too large alone
+    sim = _adapter_first_forward_oom()
+    result = analyse(sim.snapshot(extra={"optimizers": 1, "optimizer_kinds": [SGD_WITHOUT_MOMENTUM]}))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
+    assert states.bytes == (600 + 150 + 150) * MiB  # parameters + the adapter's gradients, no state
+    words = evidence(states)
+    assert "no optimizer state: its optimizer keeps none, recorded at capture" in words
+    assert "Adam" not in words
+    assert result.verdict == "activation-spike", result.verdict
+    assert result.summary.kind == SummaryKind.ACTIVATIONS_FIRST_PASS
+
+
+def test_a_first_forward_projects_the_moments_capture_recorded():
+    # AdamW with amsgrad keeps three moments a parameter: more than the two Adam-style assumes
+    amsgrad = {"class": "torch.optim.adamw.AdamW", "moments": 3, "options": {"amsgrad": True}}
+    sim = _first_forward_oom(trains={"base.weight": False, "adapter.weight": True})
+    result = analyse(sim.snapshot(extra={"optimizers": 1, "optimizer_kinds": [amsgrad]}))
+    states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
+    assert states.bytes == (BASE_MIB + ADAPTER_MIB + 4 * ADAPTER_MIB) * MiB  # + gradients + three moments
+    assert "the state at 3x the parameters that train, as many moments per parameter as its optimizer keeps" in (
+        evidence(states)
+    )
+
+
+def test_optimizer_kinds_that_do_not_say_one_count_leave_the_assumption():
+    # without kinds (an older dump), with a kind capture did not know, with one optimizer of two
+    # recorded, or with two that differ, the state is projected as before: Adam-style, assumed
+    unknown = {"class": "bitsandbytes.optim.adam.Adam8bit", "moments": None, "options": {}}
+    momentum = {**SGD_WITHOUT_MOMENTUM, "moments": 1, "options": {"momentum": 0.9}}
+    for extra in (
+        {"optimizers": 1},
+        {"optimizers": 1, "optimizer_kinds": [unknown]},
+        {"optimizers": 2, "optimizer_kinds": [SGD_WITHOUT_MOMENTUM]},
+        {"optimizers": 2, "optimizer_kinds": [SGD_WITHOUT_MOMENTUM, momentum]},
+    ):
+        result = analyse(_adapter_first_forward_oom().snapshot(extra=extra))
+        assert result.verdict == "unknown", extra
+        assert not [e for e in result.evidence if e.kind == EvidenceKind.MODEL_STATES_AT_FULL_SIZE]
+    sim = _first_forward_oom(trains={"base.weight": False, "adapter.weight": True})
+    result = analyse(sim.snapshot(extra={"optimizers": 2, "optimizer_kinds": [SGD_WITHOUT_MOMENTUM]}))
+    states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
+    assert states.bytes == (BASE_MIB + ADAPTER_MIB + 3 * ADAPTER_MIB) * MiB
+    assert "assuming Adam-style moments" in evidence(states)

@@ -76,6 +76,18 @@ def test_a_component_names_its_largest_tensor_and_a_projection_its_moments():
     )
 
 
+def test_a_projection_at_the_moments_capture_recorded_says_so():
+    recorded = Evidence(EvidenceKind.MODEL_STATES_NEEDED, facts=Facts.of(projected_moments=3, moments_recorded=1))
+    assert phrasing.evidence(recorded) == (
+        "model states needed (optimizer state projected at 3x the parameters, as many moments per parameter as"
+        " its optimizer keeps, recorded at capture)"
+    )
+    none = Evidence(EvidenceKind.MODEL_STATES_NEEDED, facts=Facts.of(projected_moments=0, moments_recorded=1))
+    assert phrasing.evidence(none) == (
+        "model states needed (no optimizer state projected: its optimizer keeps none, recorded at capture)"
+    )
+
+
 def test_gradients_kept_says_which_were_made_before_the_trace():
     def sentence(**before: int) -> str:
         facts = Facts.of(old=64 << 20, step=1, phase="backward").adding(**before)

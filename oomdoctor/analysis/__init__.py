@@ -163,6 +163,19 @@ def _optimizer_kind(registry: _attribution.Registry, blocks) -> str | None:
     return None
 
 
+def _recorded_moments(metadata: DumpMetadata) -> int | None:
+    """The moments per parameter of every optimizer the process held, as capture recorded their
+    kinds (metadata `optimizer_kinds`); None where it did not record each one the dump counts
+    (older dumps, entries the loader dropped), did not know one's count, or the counts differ."""
+    kinds = metadata.optimizer_kinds
+    if not kinds or metadata.optimizers != len(kinds):
+        return None
+    counts = {kind.moments for kind in kinds}
+    if len(counts) != 1:
+        return None
+    return counts.pop()
+
+
 # A Lion optimizer's file (lion-pytorch's `lion_pytorch.py`, a `lion.py`), whose state a block was made in
 _LION_FILE = re.compile(r"(?:^|[_-])lion(?:[_.-])", re.IGNORECASE)
 
@@ -611,6 +624,7 @@ def _context(
         optimizer_annotated=dump.optimizer_annotated,
         optimizer_made=optimizer_made,
         unsplit_passes=dump.unsplit_passes,
+        recorded_moments=_recorded_moments(dump.metadata),
         registry_trained=(
             sum(
                 b.size_bytes

@@ -363,7 +363,8 @@ class SummaryKind(StrEnum):
 
     OUTSIDE_PYTORCH = "outside-pytorch"  # outside, total, request
     OUTSIDE_PYTORCH_GUESSED = "outside-pytorch-guessed"  # capacity (a plain snapshot: no device total)
-    MODEL_STATES_TOO_LARGE = "model-states-too-large"  # needed, capacity, projected_moments, optimizer_kind
+    # needed, capacity, projected_moments, optimizer_kind, moments_recorded (moments_read)
+    MODEL_STATES_TOO_LARGE = "model-states-too-large"
     FRAGMENTATION = "fragmentation"  # usable, request, largest
     OVERSIZED_REQUEST = "oversized-request"  # request, share (of the capacity), transient
     GRADIENTS_KEPT = "gradients-kept"  # old, step, phase, before_trace (of old; only when some are)
@@ -421,7 +422,7 @@ class EvidenceKind(StrEnum):
     ACTIVATIONS_AT_OOM = "activations-at-oom"
     LIVE_ACTIVATIONS = "live-activations"
     LIVE_TEMPORARIES = "live-temporaries"
-    MODEL_STATES_NEEDED = "model-states-needed"  # projected_moments, optimizer_kind
+    MODEL_STATES_NEEDED = "model-states-needed"  # projected_moments, optimizer_kind, moments_recorded
     CAPACITY = "capacity"
     USABLE_FREE = "usable-free"  # pool
     LARGEST_FREE_BLOCK = "largest-free-block"
@@ -446,7 +447,8 @@ class EvidenceKind(StrEnum):
     PASS_KEPT = "pass-kept"  # of them, still alive at the target
     PASS_REACHED = "pass-reached"  # request: the pass's own live bytes and the request, a lower bound
     ROOM_FOR_PASS = "room-for-pass"  # rest: the capacity less what is allocated besides the pass's own
-    MODEL_STATES_AT_FULL_SIZE = "model-states-at-full-size"  # assumed_all
+    # assumed_all, projected_moments, moments_assumed, moments_recorded, as_held
+    MODEL_STATES_AT_FULL_SIZE = "model-states-at-full-size"
     NO_TRAINING = "no-training"  # no backward, optimizer step or gradients anywhere in the dump
     RESERVED = "reserved"
     FREE_CACHED = "free-cached"

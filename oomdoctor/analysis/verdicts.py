@@ -65,6 +65,12 @@ CUDA_CONTEXT_ALLOWANCE_PART = 10  # but no more than a tenth of the device
 # optimizers that keep one parameter-sized tensor of state per parameter (SGD's momentum buffer,
 # Adagrad's sum, Lion's moment); the others read as Adam-style, two
 ONE_MOMENT_OPTIMIZERS = frozenset({"sgd", "adagrad", "lion"})
+# What says how many moments per parameter the optimizer state still to come is projected at
+# (`moments_to_come`), surest first
+MOMENTS_RECORDED = "recorded"  # capture recorded each optimizer's kind (metadata optimizer_kinds)
+MOMENTS_KIND = "kind"  # frames or registry names name the optimizer's kind
+MOMENTS_READ = "read"  # as many as its state so far holds (`state_moments`)
+MOMENTS_ASSUMED = "assumed"  # Adam's two: nothing shows the kind
 MODEL_STATES_CAPACITY_SHARE = 0.95  # model states at full size need this share of the capacity or more
 ASSUMED_STATES_CONFIDENCE = 0.3  # too large only if every parameter trains, which the file does not show
 OVERSIZED_PART = 2  # one request of half the capacity,
@@ -162,6 +168,9 @@ class Context:
     # (no optimizer step shows, and the gradients stay alive across it: micro-batches of one step,
     # or steps of an optimizer that leaves no trace in a loop that never frees them)
     unsplit_passes: tuple[int, ...] = field(default=())
+    # the moments per parameter every optimizer the process held makes (0: SGD without momentum),
+    # as capture recorded their kinds (metadata optimizer_kinds); None where it did not, or they differ
+    recorded_moments: int | None = field(default=None)
     # bytes of the live parameter blocks oomdoctor's registry says train (requires_grad; a LoRA
     # base's are frozen); None where the dump does not say, parameter by parameter
     registry_trained: int | None = field(default=None)
@@ -479,7 +488,8 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
     """Parameters + gradients + optimizer state + buffers as the run needs them at full size, and
     how the optimizer state was projected: `projected_moments` per parameter (None when it was
     taken as it is), `optimizer_kind` (None when the moments are assumed Adam-style or, with
-    `moments_read`, read from the state made so far: `state_moments`)."""
+    `moments_read`, read from the state made so far: `state_moments`), `moments_recorded` where
+    capture recorded the optimizers' kinds (`moments_to_come`)."""
     total, _, moments = ctx.projection
     parameters, gradients, _, _ = model_states(ctx)
     trained = ctx.trained
@@ -493,8 +503,12 @@ def _projected_states(ctx: Context) -> tuple[int, Facts]:
         projected_gradients=int(ctx.trains() and gradients < trained),
         trained=trained if trained < parameters else None,
     )
-    if moments is not None and ctx.optimizer_kind is None and ctx.moments_shown == moments:
-        facts = facts.adding(moments_read=1)  # read from the state made so far, not assumed
+    if moments is not None:
+        source = moments_to_come(ctx)[1]
+        if source == MOMENTS_RECORDED:
+            facts = facts.adding(moments_recorded=1)  # as capture recorded the optimizers' kinds
+        elif source == MOMENTS_READ:
+            facts = facts.adding(moments_read=1)  # read from the state made so far, not assumed
     masters = ctx.masters if moments is not None else None
     if masters is not None and masters < trained:
         facts = facts.adding(masters=masters)  # the state projected at the fp32 master weights only
@@ -716,6 +730,21 @@ def _paired_in_order(
     return paired_high
 
 
+def moments_to_come(ctx: Context) -> tuple[int, str]:
+    """The moments per parameter optimizer state still to come is projected at, and what says so
+    (MOMENTS_RECORDED, MOMENTS_KIND, MOMENTS_READ, MOMENTS_ASSUMED): as capture recorded every
+    optimizer's kind (`recorded_moments`: SGD without momentum keeps none); else one for an
+    optimizer that keeps one (`ONE_MOMENT_OPTIMIZERS`) and two for another the frames or registry
+    names; else as many as its state so far shows; else two, Adam's, assumed."""
+    if ctx.recorded_moments is not None:
+        return ctx.recorded_moments, MOMENTS_RECORDED
+    if ctx.optimizer_kind is not None:
+        return (1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2), MOMENTS_KIND
+    if ctx.moments_shown:
+        return ctx.moments_shown, MOMENTS_READ
+    return 2, MOMENTS_ASSUMED
+
+
 def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
     state was projected at; None when it was taken as it is). Gradients and state are projected at
@@ -729,9 +758,7 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     if ctx.optimizer_state_sharded():
         pass
     elif ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
-        moments = 1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2
-        if ctx.optimizer_kind is None:
-            moments = ctx.moments_shown or moments
+        moments, _ = moments_to_come(ctx)
         masters = ctx.masters
         projected_state = max(optimizer_state, moments * min(trained, masters if masters is not None else trained))
         projected_moments = moments
@@ -1328,6 +1355,7 @@ class FullStates:
     assumed_all: bool  # every parameter taken to train: an upper bound
     moments: int | None  # optimizer state projected at this many moments per parameter (None: as it is)
     moments_assumed: bool  # that count is Adam-style's, assumed: neither frames nor state show the kind
+    moments_recorded: bool = False  # that count is as capture recorded the optimizers' kinds
     # nothing still to come was projected (a run that does not train, no parameter that trains, the
     # gradients and state all made): the states as held
     as_held: bool = False
@@ -1338,7 +1366,8 @@ def _states_at_full_size(ctx: Context) -> FullStates:
     optimizer state still to come are projected at the parameters that train where the file shows
     which (`trained_shown`), else at every parameter, an upper bound (a LoRA base gets neither); the
     state at one moment per parameter for an optimizer that keeps one, at as many as its state so
-    far shows, else at two (Adam's, assumed where nothing names the optimizer). State already
+    far shows, else at two (Adam's, assumed where nothing names the optimizer); where capture
+    recorded the optimizers' kinds, at theirs (none for SGD without momentum). State already
     complete (past the first step, or sharded) is taken as it is. A run the file shows does not
     train keeps what it holds."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
@@ -1346,18 +1375,15 @@ def _states_at_full_size(ctx: Context) -> FullStates:
         return FullStates(parameters + gradients + optimizer_state + buffers, False, None, False, as_held=True)
     shown = trained_shown(ctx)
     trained = ctx.trained if shown else parameters
-    state, moments, guessed = optimizer_state, None, False
+    state, moments, source = optimizer_state, None, None
     complete = ctx.optimizer_state_sharded() or (optimizer_state > 0 and not ctx.in_first_optimizer_step())
     if not complete:
-        moments = 1 if ctx.optimizer_kind in ONE_MOMENT_OPTIMIZERS else 2
-        guessed = ctx.optimizer_kind is None and not ctx.moments_shown
-        if ctx.optimizer_kind is None:
-            moments = ctx.moments_shown or moments
+        moments, source = moments_to_come(ctx)
         state = max(optimizer_state, moments * trained)
     full = parameters + max(gradients, trained) + state + buffers
     if full == parameters + gradients + optimizer_state + buffers:
         return FullStates(full, False, None, False, as_held=True)  # nothing to project: none trains, or all made
-    return FullStates(full, not shown, moments, guessed)
+    return FullStates(full, not shown, moments, source == MOMENTS_ASSUMED, moments_recorded=source == MOMENTS_RECORDED)
 
 
 @dataclass(frozen=True)
@@ -1422,6 +1448,7 @@ def _first_pass_evidence(ctx: Context, first: FirstPass) -> tuple[Evidence, ...]
                 projected_moments=first.full.moments,
                 moments_assumed=int(first.full.moments_assumed) or None,
                 as_held=int(first.full.as_held) or None,
+                moments_recorded=int(first.full.moments_recorded) or None,
             ),
         ),
         Evidence(EvidenceKind.CAPACITY, "capacity_bytes", first.capacity),

@@ -630,6 +630,11 @@ def frame_words(frame: Frame) -> str:
 # --- the verdict's story and its evidence ---------------------------------------------------------
 
 
+# where the moments of optimizer state still to come are as capture recorded the optimizers' kinds
+KEPT_AS_RECORDED = "as many moments per parameter as its optimizer keeps, recorded at capture"
+NONE_AS_RECORDED = "its optimizer keeps none, recorded at capture"
+
+
 def _projection(facts: Facts) -> str:
     """' (optimizer state projected at 2x the parameters)' when the model states were projected
     (gradients too, in a run that trains but holds fewer of them than parameters)."""
@@ -639,9 +644,13 @@ def _projection(facts: Facts) -> str:
     parts = []
     if facts.get("projected_gradients"):
         parts.append(f"gradients projected at {which}' size" if trained is None else f"gradients projected at {which}")
-    if moments is not None:
+    if moments == 0 and facts.get("moments_recorded"):
+        parts.append(f"no optimizer state projected: {NONE_AS_RECORDED}")
+    elif moments is not None:
         assumed = (
-            ""
+            f", {KEPT_AS_RECORDED}"
+            if facts.get("moments_recorded")
+            else ""
             if facts.get("optimizer_kind")
             else ", as many moments per parameter as its state so far holds"
             if facts.get("moments_read")
@@ -1021,7 +1030,14 @@ def _evidence_words(kind: str, f: Facts) -> str:
         if f.get("as_held"):
             return "model states at full size (as held: no gradients or optimizer state still to come)"
         moments = f.get("projected_moments")
-        at = "" if moments is None else f", the state at {moments}x the parameters that train"
+        recorded = f.get("moments_recorded")
+        at = (
+            ""
+            if moments is None
+            else f", no optimizer state: {NONE_AS_RECORDED}"
+            if moments == 0 and recorded
+            else f", the state at {moments}x the parameters that train" + (f", {KEPT_AS_RECORDED}" if recorded else "")
+        )
         assuming = ", assuming Adam-style moments" if f.get("moments_assumed") else ""
         every = "; assuming every parameter trains, an upper bound" if f.get("assumed_all") else ""
         return f"model states at full size (gradients and optimizer state still to come projected{at}{assuming}{every})"
