@@ -256,3 +256,18 @@ def test_optimizer_kinds_that_do_not_say_one_count_leave_the_assumption():
     states = _evidence(result, EvidenceKind.MODEL_STATES_AT_FULL_SIZE)
     assert states.bytes == (BASE_MIB + ADAPTER_MIB + 3 * ADAPTER_MIB) * MiB
     assert "assuming Adam-style moments" in evidence(states)
+
+
+def test_a_strangers_optimizer_kind_is_data_never_words_of_the_report():
+    # the class name a file gives is never printed (only the count decides), and a count is bounded
+    from oomdoctor.pipeline import render_report
+
+    hostile = {"class": "<script>x</script>\x1b[31m**SGD**", "moments": 0, "options": {"momentum": 0.0}}
+    snapshot = _adapter_first_forward_oom().snapshot(extra={"optimizers": 1, "optimizer_kinds": [hostile]})
+    for output_format in ("text", "md", "json"):
+        words = render_report(snapshot, output_format).decode()
+        assert "script" not in words and "\x1b" not in words and "**SGD**" not in words
+        assert "its optimizer keeps none, recorded at capture" in words
+    beyond = {"class": "X", "moments": 1_000_000}
+    result = analyse(_adapter_first_forward_oom().snapshot(extra={"optimizers": 1, "optimizer_kinds": [beyond]}))
+    assert result.verdict == "unknown"  # the count was dropped: the state is projected as before
