@@ -97,6 +97,14 @@ FEW_TRACE_ENTRIES = 8  # a trace this short (torch 2.0 kept one entry by default
 NO_OOM_CONFIDENCE = 0.9  # a trace that could have kept an OOM event holds none
 NO_OOM_BLIND_CONFIDENCE = 0.3  # no trace, or one too short to have kept it: the file cannot tell
 FRAGMENTATION_MATERIAL_PART = 20  # fragments under a twentieth of the capacity do not outrank growth
+# what the run keeps and can free (stale gradients, a leak's tensors, kept outputs or graphs): where
+# the model states were seen to fit the device, such an excess covering what is missing is the cause
+KEPT_EXCESS_VERDICTS = (
+    Verdict.GRADIENTS_KEPT,
+    Verdict.CREEPING_LEAK,
+    Verdict.EVAL_OUTPUTS_KEPT,
+    Verdict.INFERENCE_WITH_GRAD,
+)
 # Outputs kept across evaluation batches (a loop of forward passes without backward)
 EVAL_MIN_KEEPING_PASSES = 2  # earlier passes that each left outputs alive
 EVAL_KEEPING_PART = 4  # and at least 3/4 of the earlier passes did
@@ -2094,15 +2102,47 @@ def rest_of_pass_lacking(ctx: Context) -> int | None:
     return ctx.request + extra - headroom
 
 
+def states_fit_earlier(ctx: Context) -> bool:
+    """The model states, at the size judged, were all alive together in an earlier step the run
+    went on from (its optimizer step completed: the target's step counts it), so they fit the
+    device beside what else it held then: none is projected beyond what is alive at the target, and
+    every model-state block alive there was made before that step's last event (or before the
+    trace began), so it was alive at that event too."""
+    if ctx.projection[0] > sum(model_states(ctx)):
+        return False  # states still to be made (a first step's optimizer state, gradients to come)
+    target = ctx.target_index if ctx.target_index is not None else ctx.trace_entries
+    step = ctx.target_step or 0
+    end = max((s.last_index for s in ctx.phases if s.step < step and s.last_index < target), default=None)
+    if end is None:
+        return False
+    return all(b.alloc_index is None or b.alloc_index <= end for b in ctx.live_blocks if b.component in _MODEL_STATES)
+
+
+def _excess_over_states(findings: list[Finding], ctx: Context) -> list[Finding]:
+    """Model states too large by their share of the capacity do not outrank an excess the run keeps
+    and can free (`KEPT_EXCESS_VERDICTS`: it covers what is missing) where the same states were all
+    alive together in an earlier step the run went on from (`states_fit_earlier`): they fit
+    then, and what fills the device now beside them is the excess (stale gradients accumulated into
+    in the backward, a leak's tensors)."""
+    if len(findings) < 2 or findings[0].verdict != Verdict.MODEL_STATES_TOO_LARGE:
+        return findings
+    excess = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS), None)
+    if excess is None or not states_fit_earlier(ctx):
+        return findings
+    return [excess, *(f for f in findings if f is not excess)]
+
+
 def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
-    """The cause first, weighed by materiality: gradients kept only if an earlier pass of the
-    target's step was a step of its own, which the file cannot tell (micro-batches accumulate into
-    them), come after every finding that holds either way; fragments that are a small share of what the
-    device could hold do not outrank growth over steps (a leak) that filled it; gradients a run
-    frees every step (only late) do not outrank a spike that grew by more than they hold; and
-    fragments do not outrank an activation spike whose interrupted pass, extrapolated, needed more
-    than all the free memory had it been one block (a place for this request would only have moved
-    the OOM further into the pass)."""
+    """The cause first, weighed by materiality: model states that fit earlier do not outrank an
+    excess the run keeps beside them (`_excess_over_states`); gradients kept only if an earlier
+    pass of the target's step was a step of its own, which the file cannot tell (micro-batches
+    accumulate into them), come after every finding that holds either way; fragments that are a
+    small share of what the device could hold do not outrank growth over steps (a leak) that filled
+    it; gradients a run frees every step (only late) do not outrank a spike that grew by more than
+    they hold; and fragments do not outrank an activation spike whose interrupted pass,
+    extrapolated, needed more than all the free memory had it been one block (a place for this
+    request would only have moved the OOM further into the pass)."""
+    findings = _excess_over_states(findings, ctx)
     if (
         len(findings) >= 2
         and findings[0].verdict == Verdict.GRADIENTS_KEPT

@@ -1,0 +1,57 @@
+"""Verdicts that must not change with the device's size for a reason their definitions do not
+give: a run rehearsed on a somewhat smaller device runs out at the same moment, or a little earlier
+in the same pass, for the same cause (docs/verdicts.md)."""
+
+from __future__ import annotations
+
+from oomdoctor.analysis import analyse
+from tests.builders import MiB, Sim
+
+LAYER = 12 * MiB + 512 * 1024  # four layers: 50 MiB of parameters
+
+
+def _stale_gradients_sim(total_mib: int, *, grown: bool = False) -> Sim:
+    """A loop that never calls zero_grad: step 0 makes four gradients, which the optimizer step
+    uses and leaves alive; step 1's backward, accumulating into them, runs out on a new gradient
+    of a layer's size beside them. The model states (parameters and gradients, 100 MiB) were all
+    alive at the end of step 0, which fit. With `grown`, step 1's forward adds a fifth layer (its
+    parameter made after step 0): the states judged were never alive together before."""
+    sim = Sim(total_bytes=total_mib * MiB)
+    for i in range(4):
+        sim.alloc(LAYER, (), "parameter", f"body.{i}.weight")
+    for step in range(2):
+        sim.marker("forward", "start")
+        if step == 1 and grown:
+            sim.alloc(LAYER, (), "parameter", "body.4.weight")
+        activations = [sim.alloc(MiB) for _ in range(2)]
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        sim.free(activations[0])
+        if step == 1:
+            sim.oom(LAYER)
+            break
+        sim.free(activations[1])
+        for i in range(4):
+            sim.alloc(LAYER, (), "gradient", f"body.{i}.weight.grad")
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+    return sim
+
+
+def test_stale_gradients_outrank_model_states_that_fit_in_an_earlier_step():
+    """100 MiB of model states on a 104 MiB device are at least 95% of it, but they were all alive
+    at the end of step 0 and the run went on: what the backward of step 1 cannot fit beside them is
+    the gradients step 0 left alive (rehearsed, `gradients-kept-mlp-plain-sgd` on 102 to 104 MiB
+    read model-states-too-large; with zero_grad(set_to_none=True) it ran on 102 MiB)."""
+    result = analyse(_stale_gradients_sim(104).snapshot())
+    assert result.verdict == "gradients-kept", (result.verdict, result.summary)
+    assert "model-states-too-large" in {f.verdict for f in result.secondary}
+
+
+def test_model_states_that_were_never_alive_together_before_stay_the_verdict():
+    """The same run with a parameter added after step 0: 112.5 MiB of states on 104 MiB, never
+    seen fitting: they are too large, stale gradients or not."""
+    result = analyse(_stale_gradients_sim(104, grown=True).snapshot())
+    assert result.verdict == "model-states-too-large", (result.verdict, result.summary)
+    assert "gradients-kept" in {f.verdict for f in result.secondary}
