@@ -5,7 +5,8 @@ in the same pass, for the same cause (docs/verdicts.md)."""
 from __future__ import annotations
 
 from oomdoctor.analysis import analyse
-from tests.builders import MiB, Sim
+from tests.builders import SETUP_STACK, MiB, Sim
+from tests.test_passes_rest_projection import _step
 
 LAYER = 12 * MiB + 512 * 1024  # four layers: 50 MiB of parameters
 
@@ -55,3 +56,22 @@ def test_model_states_that_were_never_alive_together_before_stay_the_verdict():
     result = analyse(_stale_gradients_sim(104, grown=True).snapshot())
     assert result.verdict == "model-states-too-large", (result.verdict, result.summary)
     assert "gradients-kept" in {f.verdict for f in result.secondary}
+
+
+def test_what_the_step_before_left_alive_does_not_explain_a_pass_whose_rest_lacks_more():
+    """Batch 16, 16, then 32, whose second layer fails on a 120 MiB device with 16 MiB missing:
+    step 1's logits (64 MiB, held by the loop's variable) cover that, but the rest of the pass,
+    extrapolated from step 1's, needs 224 MiB more: freeing them only moves the OOM further into
+    the pass. On a larger device, where the shortfall is more than they hold, it read as the larger
+    pass's activations; so it must here (rehearsed, `activation-spike-gpt-longer-sequence` on 120
+    and 125 MiB read unknown, and ran out on every device up to 162 MiB)."""
+    sim = Sim(total_bytes=120 * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK)
+    logits = _step(sim, 16, None)
+    logits = _step(sim, 16, logits)
+    _step(sim, 32, logits, oom=True)
+    result = analyse(sim.snapshot(metadata=False))
+    rest = result.what_if.rest_of_pass
+    assert rest is not None and rest.extrapolated
+    assert result.accounting.missing_bytes <= 64 * MiB
+    assert result.verdict == "activation-spike", (result.verdict, result.summary)

@@ -1557,7 +1557,10 @@ def _test_activation_spike(ctx: Context) -> Finding | None:
         return None  # the pass needed no more than the earlier steps reached and fit: something else grew
     spike = ratio is not None and ratio > SPIKE_RATIO
     kept_bytes = sum(b.size_bytes for b in kept.values())
-    if not spike and kept_bytes and kept_bytes >= ctx.needed:
+    # freed, what earlier steps or passes left alive must cover what the rest of an interrupted pass
+    # still lacks as well (where it is extrapolated), else the OOM only moves further into the pass
+    lacking = max(ctx.needed, rest_of_pass_lacking(ctx) or 0)
+    if not spike and kept_bytes and kept_bytes >= lacking:
         return None  # what earlier steps or passes left alive explains the OOM, not this batch
     if early:
         # cut short near its start: a spike only where the projected pass outgrew the earlier peak
