@@ -5,7 +5,7 @@ in the same pass, for the same cause (docs/verdicts.md)."""
 from __future__ import annotations
 
 from oomdoctor.analysis import analyse
-from tests.builders import SETUP_STACK, MiB, Sim
+from tests.builders import FORWARD_STACK, SETUP_STACK, MiB, Sim
 from tests.test_passes_rest_projection import _step
 
 LAYER = 12 * MiB + 512 * 1024  # four layers: 50 MiB of parameters
@@ -75,3 +75,56 @@ def test_what_the_step_before_left_alive_does_not_explain_a_pass_whose_rest_lack
     assert rest is not None and rest.extrapolated
     assert result.accounting.missing_bytes <= 64 * MiB
     assert result.verdict == "activation-spike", (result.verdict, result.summary)
+
+
+class _KeptCache(Sim):
+    def release_cache(self) -> None:  # cache the flush cannot return (blocks of split segments)
+        pass
+
+
+def _graphs_kept_in_pieces(piece_mib: float, oom_at: int) -> Sim:
+    """A forward-only loop in grad mode (`total += loss`) over a 16 MiB model: each pass keeps its
+    eight 4 MiB tensors (its graph) and frees a `piece_mib` temporary after its second, which stays
+    cached, a piece; the fifth pass runs out on its tensor `oom_at` with 2 MiB free on the device
+    and five pieces free, together more than the 4 MiB request, none large enough."""
+    total = 16 + 4 * (32 + piece_mib) + 4 * oom_at + 2
+    sim = _KeptCache(total_bytes=int(total * MiB))
+    sim.alloc(16 * MiB, SETUP_STACK, component="parameter", name="w")
+    for index in range(5):
+        sim.marker("forward", "start")
+        for op in range(8):
+            if index == 4 and op == oom_at:
+                sim.oom(4 * MiB, FORWARD_STACK)
+                return sim
+            sim.alloc(4 * MiB, FORWARD_STACK, component="activation")
+            if op == 1:
+                sim.free(sim.alloc(int(piece_mib * MiB), FORWARD_STACK))
+        sim.marker("forward", "end")
+    raise AssertionError("no OOM")
+
+
+def _verdicts(sim: Sim) -> list[str]:
+    result = analyse(sim.snapshot())
+    assert result.fragmentation.would_fit_if_contiguous
+    return [result.verdict, *(f.verdict for f in result.secondary)]
+
+
+def test_graphs_kept_outrank_fragments_where_the_rest_of_the_pass_lacked_more_than_all_free_memory():
+    """Cut short after four tensors, the pass still needed 16 MiB (the request among them), 2 MiB
+    more than all the free memory (the headroom, pieces counted) had it been one block, with 15 MiB
+    in pieces, material: a place for this request only moves the OOM on, and the
+    graphs kept pass after pass are what filled the device (rehearsed, `inference-with-grad-cnn` on
+    94 and 101 MiB read fragmentation, its expandable segments said not enough; with them it ran
+    out again, under no_grad it ran to the end)."""
+    assert _verdicts(_graphs_kept_in_pieces(3, oom_at=4))[:2] == ["inference-with-grad", "fragmentation"]
+
+
+def test_graphs_kept_outrank_fragments_that_are_a_small_share_of_the_device():
+    """Cut short at its last tensor, whose rest the pieces would hold: 6.25 MiB of pieces on a
+    179 MiB device, under a twentieth of it, do not outrank the 128 MiB of graphs kept, as they do
+    not outrank a leak."""
+    assert _verdicts(_graphs_kept_in_pieces(1.25, oom_at=7))[:2] == ["inference-with-grad", "fragmentation"]
+
+
+def test_fragments_that_held_the_rest_and_are_material_stay_first():
+    assert _verdicts(_graphs_kept_in_pieces(3, oom_at=7))[:2] == ["fragmentation", "inference-with-grad"]

@@ -2140,11 +2140,14 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     excess the run keeps beside them (`_excess_over_states`); gradients kept only if an earlier
     pass of the target's step was a step of its own, which the file cannot tell (micro-batches
     accumulate into them), come after every finding that holds either way; fragments that are a
-    small share of what the device could hold do not outrank growth over steps (a leak) that filled
-    it; gradients a run frees every step (only late) do not outrank a spike that grew by more than
-    they hold; and fragments do not outrank an activation spike whose interrupted pass,
-    extrapolated, needed more than all the free memory had it been one block (a place for this
-    request would only have moved the OOM further into the pass)."""
+    small share of what the device could hold do not outrank growth over steps (a leak) or another
+    excess the run keeps (`KEPT_EXCESS_VERDICTS`: graphs kept pass after pass, stale gradients)
+    that filled it, nor, material or not, a leak whose tensors one step keeps would fill them
+    (`_leak_outgrows`); gradients a run frees every step (only late) do not outrank a spike that
+    grew by more than they hold; and fragments do not outrank an activation spike, or an excess the
+    run keeps (`KEPT_EXCESS_VERDICTS`), where the interrupted pass, extrapolated, needed more than
+    all the free memory had it been one block (a place for this request would only have moved the
+    OOM further into the pass)."""
     findings = _excess_over_states(findings, ctx)
     if (
         len(findings) >= 2
@@ -2160,16 +2163,20 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
             return [spike, *(f for f in findings if f is not spike)]
     if len(findings) < 2 or findings[0].verdict != Verdict.FRAGMENTATION:
         return findings
-    spike = next((f for f in findings if f.verdict == Verdict.ACTIVATION_SPIKE), None)
+    # the pass itself, or what the run keeps beside it (graphs kept pass after pass, a leak)
+    grown = next(
+        (f for f in findings if f.verdict == Verdict.ACTIVATION_SPIKE or f.verdict in KEPT_EXCESS_VERDICTS), None
+    )
     lacking = rest_of_pass_lacking(ctx)
-    if spike is not None and lacking is not None and lacking > 0:
-        return [spike, *(f for f in findings if f is not spike)]
+    if grown is not None and lacking is not None and lacking > 0:
+        return [grown, *(f for f in findings if f is not grown)]
     capacity = ctx.capacity_bytes or 0
     material = ctx.fragmentation.usable_free_bytes * FRAGMENTATION_MATERIAL_PART >= capacity
-    leak = next((f for f in findings if f.verdict == Verdict.CREEPING_LEAK), None)
-    if material or leak is None:
+    # growth over steps (a leak) or over passes (graphs kept), or another excess the run keeps
+    kept = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS), None)
+    if material or kept is None:
         return findings
-    return [leak, *(f for f in findings if f is not leak)]
+    return [kept, *(f for f in findings if f is not kept)]
 
 
 def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
