@@ -128,3 +128,42 @@ def test_graphs_kept_outrank_fragments_that_are_a_small_share_of_the_device():
 
 def test_fragments_that_held_the_rest_and_are_material_stay_first():
     assert _verdicts(_graphs_kept_in_pieces(3, oom_at=7))[:2] == ["fragmentation", "inference-with-grad"]
+
+
+def _leak_in_pieces(kept_mib: int) -> Sim:
+    """Each step's forward keeps a `kept_mib` tensor for good (a loss kept with its graph) and
+    makes a 6 MiB activation its backward frees, which stays cached, a piece; step 4's forward runs
+    out on a 10 MiB request with four pieces free (24 MiB, material), none large enough."""
+    sim = _KeptCache(total_bytes=(8 + 5 * kept_mib + 24 + 2) * MiB)
+    sim.alloc(8 * MiB, SETUP_STACK, "parameter", "model.weight")
+    for step in range(5):
+        sim.marker("forward", "start")
+        sim.alloc(kept_mib * MiB, FORWARD_STACK)
+        if step == 4:
+            sim.oom(10 * MiB, FORWARD_STACK)
+            return sim
+        activation = sim.alloc(6 * MiB, FORWARD_STACK)
+        sim.marker("forward", "end")
+        sim.marker("backward", "start")
+        sim.free(activation)
+        sim.marker("backward", "end")
+        sim.marker("optimizer_step", "start")
+        sim.marker("optimizer_step", "end")
+    raise AssertionError("no OOM")
+
+
+def test_a_leak_that_keeps_more_each_step_than_all_the_pieces_outranks_them():
+    """24 MiB kept per step, as much as all the free pieces: had they been one block, the next
+    step's kept tensors would fill it, so a place for this request only moves the OOM to a later
+    step, and expandable segments are not said to fit (rehearsed, `creeping-leak-gpt-adamw` on
+    322 MiB, 20 MiB of pieces beside 42 MiB kept per step, read fragmentation and said expandable
+    segments would fit; with them it ran out in the same step's forward)."""
+    result = analyse(_leak_in_pieces(24).snapshot())
+    assert result.fragmentation.would_fit_if_contiguous
+    assert [result.verdict, *(f.verdict for f in result.secondary)][:2] == ["creeping-leak", "fragmentation"]
+    assert next(r.would_fit_alone for r in result.recommendations if r.id == "expandable-segments") is None
+
+
+def test_material_pieces_stay_first_beside_a_leak_that_keeps_less_each_step():
+    result = analyse(_leak_in_pieces(4).snapshot())
+    assert [result.verdict, *(f.verdict for f in result.secondary)][:2] == ["fragmentation", "creeping-leak"]

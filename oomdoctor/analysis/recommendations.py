@@ -710,8 +710,9 @@ def recommend(
             Change.EXPANDABLE_SEGMENTS if ctx.expandable_available else Change.UPGRADE_FOR_EXPANDABLE_SEGMENTS,
             ctx.fragmentation.usable_free_bytes,
             rest_fits=None if lacking is None else lacking <= 0,
-            # passes that each grow (a generation loop's cache): a place now only moves the OOM on
-            fit_unknown=ctx.passes_grow,
+            # passes that each grow (a generation loop's cache), or a leak that keeps more each
+            # step: a place now only moves the OOM on, to a pass or step the file does not show
+            fit_unknown=ctx.passes_grow or Verdict.CREEPING_LEAK in verdicts,
         )
     if Verdict.INFERENCE_WITH_GRAD in verdicts:
         graph = [

@@ -2171,12 +2171,25 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     if grown is not None and lacking is not None and lacking > 0:
         return [grown, *(f for f in findings if f is not grown)]
     capacity = ctx.capacity_bytes or 0
-    material = ctx.fragmentation.usable_free_bytes * FRAGMENTATION_MATERIAL_PART >= capacity
+    usable = ctx.fragmentation.usable_free_bytes
+    material = usable * FRAGMENTATION_MATERIAL_PART >= capacity
     # growth over steps (a leak) or over passes (graphs kept), or another excess the run keeps
     kept = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS), None)
-    if material or kept is None:
+    if material:
+        kept = next((f for f in findings if f.verdict == Verdict.CREEPING_LEAK), None)
+        if kept is not None and not _leak_outgrows(usable, ctx):
+            kept = None
+    if kept is None:
         return findings
     return [kept, *(f for f in findings if f is not kept)]
+
+
+def _leak_outgrows(usable_free: int, ctx: Context) -> bool:
+    """A leak that keeps, per earlier step whose tensors are alive (on average), at least all the
+    usable free pieces: had they been one block, the next step's kept tensors would fill it, so a
+    place for this request only moves the OOM to a later step."""
+    old, steps, _ = ctx.old_bytes(_LEAK_COMPONENTS)
+    return bool(steps) and old >= usable_free * len(steps)
 
 
 def diagnose(ctx: Context) -> tuple[Finding, tuple[Finding, ...]]:
