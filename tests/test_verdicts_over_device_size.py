@@ -167,3 +167,21 @@ def test_a_leak_that_keeps_more_each_step_than_all_the_pieces_outranks_them():
 def test_material_pieces_stay_first_beside_a_leak_that_keeps_less_each_step():
     result = analyse(_leak_in_pieces(4).snapshot())
     assert [result.verdict, *(f.verdict for f in result.secondary)][:2] == ["fragmentation", "creeping-leak"]
+
+
+def test_gradients_kept_only_if_an_earlier_pass_was_a_step_are_not_promoted_over_what_holds(monkeypatch):
+    # gradients an earlier pass of this step made (`from_passes`: micro-batches accumulate into
+    # them, or that pass was a step of its own; the file cannot tell) are no excess that outranks
+    # model states too large, even where the states fit in an earlier step
+    from oomdoctor.analysis import verdicts
+    from oomdoctor.analysis.results import Facts, Finding, Summary, SummaryKind
+    from oomdoctor.vocabulary import Verdict
+
+    monkeypatch.setattr(verdicts, "states_fit_earlier", lambda ctx: True)
+    states = Finding(Verdict.MODEL_STATES_TOO_LARGE, 0.8, Summary(SummaryKind.MODEL_STATES_TOO_LARGE), ())
+    hedged = Finding(
+        Verdict.GRADIENTS_KEPT, 0.5, Summary(SummaryKind.GRADIENTS_KEPT, Facts.of(from_passes=8 * MiB)), ()
+    )
+    kept = Finding(Verdict.GRADIENTS_KEPT, 0.8, Summary(SummaryKind.GRADIENTS_KEPT, Facts.of(old=8 * MiB)), ())
+    assert verdicts._excess_over_states([states, hedged], None) == [states, hedged]  # type: ignore[arg-type]
+    assert verdicts._excess_over_states([states, kept], None) == [kept, states]  # type: ignore[arg-type]

@@ -2129,10 +2129,16 @@ def _excess_over_states(findings: list[Finding], ctx: Context) -> list[Finding]:
     in the backward, a leak's tensors)."""
     if len(findings) < 2 or findings[0].verdict != Verdict.MODEL_STATES_TOO_LARGE:
         return findings
-    excess = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS), None)
+    excess = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS and _holds_either_way(f)), None)
     if excess is None or not states_fit_earlier(ctx):
         return findings
     return [excess, *(f for f in findings if f is not excess)]
+
+
+def _holds_either_way(finding: Finding) -> bool:
+    """All but gradients kept from an earlier pass of the target's step, which are kept only if that
+    pass was a step of its own (micro-batches accumulate into them): the file cannot tell."""
+    return not (finding.verdict == Verdict.GRADIENTS_KEPT and finding.summary.facts.size("from_passes"))
 
 
 def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
@@ -2149,11 +2155,7 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     all the free memory had it been one block (a place for this request would only have moved the
     OOM further into the pass)."""
     findings = _excess_over_states(findings, ctx)
-    if (
-        len(findings) >= 2
-        and findings[0].verdict == Verdict.GRADIENTS_KEPT
-        and findings[0].summary.facts.size("from_passes")
-    ):
+    if len(findings) >= 2 and not _holds_either_way(findings[0]):
         # gradients an earlier pass of this step made, kept only if that pass was a step of its own,
         # which the file cannot tell: what holds either way comes first
         findings = [*findings[1:], findings[0]]
@@ -2165,7 +2167,12 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
         return findings
     # the pass itself, or what the run keeps beside it (graphs kept pass after pass, a leak)
     grown = next(
-        (f for f in findings if f.verdict == Verdict.ACTIVATION_SPIKE or f.verdict in KEPT_EXCESS_VERDICTS), None
+        (
+            f
+            for f in findings
+            if f.verdict == Verdict.ACTIVATION_SPIKE or (f.verdict in KEPT_EXCESS_VERDICTS and _holds_either_way(f))
+        ),
+        None,
     )
     lacking = rest_of_pass_lacking(ctx)
     if grown is not None and lacking is not None and lacking > 0:
@@ -2174,7 +2181,7 @@ def _ordered(findings: list[Finding], ctx: Context) -> list[Finding]:
     usable = ctx.fragmentation.usable_free_bytes
     material = usable * FRAGMENTATION_MATERIAL_PART >= capacity
     # growth over steps (a leak) or over passes (graphs kept), or another excess the run keeps
-    kept = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS), None)
+    kept = next((f for f in findings if f.verdict in KEPT_EXCESS_VERDICTS and _holds_either_way(f)), None)
     if material:
         kept = next((f for f in findings if f.verdict == Verdict.CREEPING_LEAK), None)
         if kept is not None and not _leak_outgrows(usable, ctx):
