@@ -271,3 +271,27 @@ def test_a_strangers_optimizer_kind_is_data_never_words_of_the_report():
     beyond = {"class": "X", "moments": 1_000_000}
     result = analyse(_adapter_first_forward_oom().snapshot(extra={"optimizers": 1, "optimizer_kinds": [beyond]}))
     assert result.verdict == "unknown"  # the count was dropped: the state is projected as before
+
+
+def test_a_first_forward_whose_recorded_optimizer_s_state_cannot_fit_is_model_states_too_large():
+    # 300 MiB of parameters that all train (the registry says so) and an AdamW capture recorded (two
+    # moments a parameter): gradients and state to come bring the model states to 1.17 GiB, more
+    # than the 1 GiB device, before the first step has made any of the state
+    adamw = {"class": "torch.optim.adamw.AdamW", "moments": 2, "options": {"amsgrad": False}}
+    sim = Sim(total_bytes=GiB)
+    sim.alloc(300 * MiB, SETUP_STACK, "parameter", "weight")
+    for entry in sim.tensors:
+        entry["requires_grad"] = True
+    sim.marker("forward", "start")
+    for _ in range(4):
+        sim.alloc(150 * MiB, FORWARD_STACK)
+    sim.oom(150 * MiB, FORWARD_STACK)
+    result = analyse(sim.snapshot(extra={"optimizers": 1, "optimizer_kinds": [adamw]}))
+    assert (result.target_phase, result.target_step) == ("forward", 0)
+    assert result.verdict == "model-states-too-large", result.verdict
+    needed = _evidence(result, EvidenceKind.MODEL_STATES_NEEDED)
+    assert needed.bytes == 4 * 300 * MiB  # parameters, gradients and two moments
+    assert "recorded at capture" in evidence(needed)
+    # without the record the state stays unprojected before the first step (nothing says which optimizer)
+    plain = analyse(sim.snapshot(extra={"optimizers": 1}))
+    assert plain.verdict != "model-states-too-large"

@@ -757,15 +757,25 @@ def projected_parts(ctx: Context) -> tuple[int, int, int | None]:
     """(projected model states, of which optimizer state, the moments per parameter the optimizer
     state was projected at; None when it was taken as it is). Gradients and state are projected at
     the parameters that train (`trained_parameters`). A sharded optimizer's state (ZeRO) is this
-    rank's share, of no size the parameters give: it is taken as it is."""
+    rank's share, of no size the parameters give: it is taken as it is. Before the first optimizer
+    step (the target in step 0, no state yet) the state to come is projected only where capture
+    recorded the optimizers' kinds (`recorded_moments`): nothing else says which optimizer will
+    step, and how much state it will make."""
     parameters, gradients, optimizer_state, buffers = model_states(ctx)
     trained = ctx.trained
     projected_moments = None
     projected_gradients = max(gradients, trained) if ctx.trains() else gradients
     projected_state = optimizer_state
+    before_first_step = (
+        not optimizer_state
+        and bool(ctx.recorded_moments)
+        and ctx.trains()
+        and (ctx.target_step or 0) == 0
+        and ctx.target_phase != PHASE_OPTIMIZER
+    )
     if ctx.optimizer_state_sharded():
         pass
-    elif ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
+    elif before_first_step or ctx.in_first_optimizer_step() or (optimizer_state and optimizer_state < trained):
         moments, _ = moments_to_come(ctx)
         masters = ctx.masters
         projected_state = max(optimizer_state, moments * min(trained, masters if masters is not None else trained))
