@@ -15,7 +15,9 @@ import pytest
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.phases import PhaseIndex, _annotation_phase, build_spans, classify_stack
+from oomdoctor.analysis.results import UnknownKind
 from oomdoctor.model import Annotation, Frame, Snapshot
+from oomdoctor.views.report_rows import target_context
 from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, MiB, Sim
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -365,6 +367,101 @@ def test_an_evaluation_after_a_backward_whose_gradients_stay_is_no_micro_batch()
         ("backward", 0),
         ("evaluation", 1),
     ]
+    assert not unsplit
+
+
+SGD_STEP = (  # torch.optim.SGD with momentum: its first step makes the momentum buffers
+    _frame(f"{TORCH}/optim/sgd.py", "_multi_tensor_sgd", 420),
+    _frame(f"{TORCH}/optim/sgd.py", "sgd", 300),
+    _frame(f"{TORCH}/optim/sgd.py", "step", 120),
+    _frame(f"{TORCH}/optim/optimizer.py", "wrapper"),
+    *LOOP,
+)
+ADAM_FOREACH = (
+    _frame(f"{TORCH}/optim/adam.py", "_multi_tensor_adam", 540),
+    _frame(f"{TORCH}/optim/adam.py", "step", 230),
+    _frame(f"{TORCH}/optim/optimizer.py", "wrapper"),
+    *LOOP,
+)
+
+
+def _one_optimizer_step_then_passes(
+    optimizer: tuple[Frame, ...], *, temporaries: bool, gradients_freed: bool = False
+) -> tuple[list[tuple[str, int]], set[int], Snapshot]:
+    """Two passes (the first backward makes the gradients, kept; the second adds into them), one
+    optimizer step (its state, kept; with `temporaries` a block it makes and frees), then three
+    passes whose backwards make only temporaries (the gradients added into in place). With
+    `gradients_freed`, one pass before the step, and the loop frees the gradients at the top of
+    each iteration (`p.grad = None`: the loop's own frames), so that each backward makes them
+    again. (phase, step) of each pass's forward allocation, and the first events of the passes
+    counted in the step before them (`unsplit`), and the snapshot (the next forward runs out)."""
+    sim = Sim(total_bytes=8 << 30)
+    forwards = []
+    grads: list[int] = []
+
+    def one_pass(makes_gradients: bool) -> None:
+        if gradients_freed:  # the loop's own code, at the top of each iteration
+            for block in grads:
+                sim.free(block, LOOP)
+            grads.clear()
+        activation = sim.alloc(MiB, FORWARD)
+        forwards.append(len(sim.events) - 1)  # the allocation's event
+        if makes_gradients:
+            grads.extend([sim.alloc(MiB, BACKWARD), sim.alloc(MiB, BACKWARD)])
+        else:
+            sim.free(sim.alloc(MiB, BACKWARD), BACKWARD)
+        sim.free(activation, LOSS)
+
+    one_pass(True)
+    if not gradients_freed:  # a micro-batch adding into the first one's gradients
+        one_pass(False)
+    sim.alloc(MiB, optimizer)  # the optimizer's state
+    if temporaries:
+        sim.free(sim.alloc(MiB, optimizer), optimizer)
+    for _ in range(3):
+        one_pass(gradients_freed)
+    for block in grads if gradients_freed else ():
+        sim.free(block, LOOP)
+    sim.oom(64 * MiB, FORWARD)  # the next iteration's forward runs out
+    snapshot = _trace(sim)
+    unsplit: set[int] = set()
+    spans, _ = build_spans(snapshot.trace_of(0), markers=None, annotations=(), device=0, unsplit=unsplit)
+    index = PhaseIndex(spans)
+    steps = []
+    for first in forwards:
+        span = index.span_of(first)
+        assert span is not None
+        steps.append((span.phase, span.step))
+    return steps, unsplit, snapshot
+
+
+def test_passes_after_an_optimizer_seen_only_in_its_first_step_may_be_steps():
+    """SGD with momentum allocates only in its first step (the buffers, updated in place after): a
+    pass after a backward that follows that step, the gradients still alive, may be a micro-batch
+    or a step of its own that left no trace. It is counted in the step before it and listed as
+    unsplit ("step N or later"), not silently as a micro-batch. The passes before the one step
+    the optimizer shows are micro-batches: a step before it would have made the state."""
+    steps, unsplit, snapshot = _one_optimizer_step_then_passes(SGD_STEP, temporaries=False)
+    assert [step for _, step in steps] == [0, 0, 1, 1, 1]
+    assert len(unsplit) == 3  # the two passes after the first since the step, and the forward that ran out
+    analysis = analyse(snapshot)
+    assert [u.count for u in analysis.unknowns if u.kind == UnknownKind.PASSES_MAY_BE_STEPS] == [3]
+    assert "(step 1 or later, forward" in target_context(analysis)
+
+
+def test_passes_after_an_unseen_optimizers_step_are_steps_where_the_gradients_are_freed():
+    """The same optimizer, in a loop that frees the gradients after each backward (its own code, not
+    zero_grad): each backward ends a step, as where no optimizer shows at all."""
+    steps, unsplit, _ = _one_optimizer_step_then_passes(SGD_STEP, temporaries=False, gradients_freed=True)
+    assert [step for _, step in steps] == [0, 1, 2, 3]
+    assert not unsplit
+
+
+def test_an_optimizer_step_that_frees_its_temporaries_shows_each_step():
+    """A foreach Adam makes and frees temporaries in every step: the passes after its one step with
+    no step of it between are micro-batches of one step, and nothing is unsplit."""
+    steps, unsplit, _ = _one_optimizer_step_then_passes(ADAM_FOREACH, temporaries=True)
+    assert [step for _, step in steps] == [0, 0, 1, 1, 1]
     assert not unsplit
 
 

@@ -1053,6 +1053,9 @@ def build_spans(
     if windows:
         pieces = _joined(_overlay_windows(pieces, windows, window_source))
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
+    # no annotation counts the optimizer's steps: whether the one step the stacks show is all its
+    # steps leave (`_optimizer_steps_may_go_unseen`)
+    unseen = window_source == SOURCE_FRAMES and has_optimizer and _optimizer_steps_may_go_unseen(trace, pieces)
     spans = _number_steps(
         pieces,
         sorted(set(step_starts) | set(found.boundaries)),
@@ -1060,6 +1063,7 @@ def build_spans(
         # the steps its optimizer annotations end
         allocations=found.indices,
         has_optimizer=has_optimizer,
+        optimizer_may_go_unseen=unseen,
         stepping=stepping,
         loop_marks=frozenset(found.boundaries) - frozenset(step_starts),
         returns=frozenset(found.returns),
@@ -1074,6 +1078,40 @@ def build_spans(
     else:
         source = SOURCE_FRAMES if found.any_frames else SOURCE_USER_METADATA
     return spans, source
+
+
+def _optimizer_steps_may_go_unseen(trace: DeviceTrace, pieces: Sequence[tuple[int, int, str, str, bool]]) -> bool:
+    """Whether the optimizer's later steps may leave nothing in the trace: its stacks show it in one
+    step only (pieces of the optimizer's phase after no backward but the one before that step), and
+    what that step allocated stayed alive past it (its state: SGD's momentum buffers, a fused Adam's
+    moments, made in the first step and updated in place after). A step that freed a block it made
+    (a temporary of its arithmetic, which each step makes again: foreach Adam, AdamW, Adagrad,
+    RMSprop, SGD with weight decay), or steps seen after two backwards, show each step; then a pass
+    after a backward with no optimizer step between is a micro-batch. Reads only the events inside
+    the optimizer's pieces, and stops at the first sign that its steps show."""
+    steps = 0
+    backward_since = True  # a backward ran since the last optimizer piece (the first counts)
+    made: set[int] = set()  # addresses the current optimizer step allocated
+    addrs, actions = trace.addrs, trace.actions
+    for first, last, phase, _source, _new_pass in pieces:
+        if phase == PHASE_BACKWARD:
+            backward_since = True
+            continue
+        if phase != PHASE_OPTIMIZER:
+            continue
+        if backward_since:
+            steps += 1
+            backward_since = False
+            made.clear()
+            if steps > 1:
+                return False
+        events = chain(trace.positions_in(ALLOC, first, last + 1), trace.positions_in(FREE_REQUESTED, first, last + 1))
+        for index in sorted(events):
+            if actions[index] == ALLOC:
+                made.add(addrs[index])
+            elif addrs[index] in made:
+                return False
+    return steps == 1
 
 
 def _base_source(found: _FramePhases) -> str:
@@ -1195,6 +1233,7 @@ def _number_steps(
     *,
     allocations: Sequence[int],
     has_optimizer: bool,
+    optimizer_may_go_unseen: bool = False,
     stepping: _Interiors,
     loop_marks: frozenset[int] = frozenset(),
     returns: frozenset[int] = frozenset(),
@@ -1265,6 +1304,7 @@ def _number_steps(
             next_backward[number] = following[0] if backward else next_backward[number + 1]
     spans: list[PhaseSpan] = []
     step = 0
+    stepped = False  # an optimizer piece was passed
     work = False  # the current step has done something
     previous: str | None = None  # the phase of the latest piece that allocated
     for number, (first, last, phase, source, new_pass) in enumerate(pieces):
@@ -1278,7 +1318,11 @@ def _number_steps(
         if allocates and previous is not None and previous != phase and first not in stepping:
             if previous == PHASE_OPTIMIZER:
                 ends_step = True
-            elif previous == PHASE_BACKWARD and not has_optimizer and phase != PHASE_OPTIMIZER:
+            elif (
+                previous == PHASE_BACKWARD
+                and (not has_optimizer or (optimizer_may_go_unseen and stepped))
+                and phase != PHASE_OPTIMIZER
+            ):
                 # an evaluation adds into no gradients: it is no micro-batch of the step before
                 if (
                     gradients is None
@@ -1291,12 +1335,15 @@ def _number_steps(
         if ends_step and work:
             step += 1
             work = False
-            if gradients is not None:
+            # the gradients an optimizer's step read stay the ones later backwards add into until
+            # something frees them (`stay`): a step whose optimizer may go unseen is told by them
+            if gradients is not None and previous != PHASE_OPTIMIZER:
                 gradients.reset()
             if inferred is not None and first not in marks:
                 inferred.add(first)
         if phase == PHASE_BACKWARD and gradients is not None:
             gradients.backward(first, last)
+        stepped = stepped or phase == PHASE_OPTIMIZER
         if allocates:
             previous = phase
             if phase in _WORK or phase == PHASE_UNKNOWN:  # unknown: a trace whose stacks name no phase

@@ -64,7 +64,7 @@ UNKNOWNS: dict[str, str] = {
         "how many steps ran before the trace: its steps are counted from its start, which came after the model's parameters were made"
     ),
     UnknownKind.PASSES_MAY_BE_STEPS: (
-        "how many steps ran: {passes} after a backward with no optimizer step between, the backward's gradients still alive, {are} counted in its step, as micro-batches of gradient accumulation are, though {each} may be a step of its own (an optimizer that records nothing, in a loop that never frees the gradients); step numbers are the least the trace shows"
+        "how many steps ran: {passes} after a backward with no optimizer step between, the backward's gradients still alive, {are} counted in its step, as micro-batches of gradient accumulation are, though {each} may be a step of its own (an optimizer that records nothing, or nothing after its first step, in a loop that never frees the gradients); step numbers are the least the trace shows"
     ),
     UnknownKind.LOAD_UNFINISHED: (
         "how much was still to be loaded: the failed request was reading tensors from a file (torch.load, safetensors), so a change that places it is not known to place the rest of the load"
