@@ -457,6 +457,31 @@ def test_passes_after_an_unseen_optimizers_step_are_steps_where_the_gradients_ar
     assert not unsplit
 
 
+def test_optimizer_steps_that_made_state_alone_say_nothing_of_the_steps_between():
+    """SGD with momentum makes a parameter's buffer in the first step that parameter has a gradient
+    (a layer unfrozen, an expert first routed to): two steps that made state show, and the passes
+    after each, the gradients still alive, may be steps that made none. Each shown step ends its
+    step; the passes after it are counted in it and listed as unsplit."""
+    sim = Sim(total_bytes=8 << 30)
+    forwards = []
+    for number, stack in enumerate([FORWARD, SGD_STEP, FORWARD, FORWARD, SGD_STEP, FORWARD, FORWARD]):
+        if stack is SGD_STEP:
+            sim.alloc(MiB, SGD_STEP)  # the buffers of the parameters with their first gradients
+            continue
+        activation = sim.alloc(MiB, FORWARD)
+        forwards.append(len(sim.events) - 1)
+        if number == 0:
+            sim.alloc(MiB, BACKWARD)  # the gradients, kept and added into after
+        else:
+            sim.free(sim.alloc(MiB, BACKWARD), BACKWARD)
+        sim.free(activation, LOSS)
+    unsplit: set[int] = set()
+    spans, _ = build_spans(_trace(sim).trace_of(0), markers=None, annotations=(), device=0, unsplit=unsplit)
+    index = PhaseIndex(spans)
+    assert [index.span_of(first).step for first in forwards] == [0, 1, 1, 2, 2]  # type: ignore[union-attr]
+    assert sorted(unsplit) == [forwards[2], forwards[4]]
+
+
 def test_an_optimizer_step_that_frees_its_temporaries_shows_each_step():
     """A foreach Adam makes and frees temporaries in every step: the passes after its one step with
     no step of it between are micro-batches of one step, and nothing is unsplit."""

@@ -1053,8 +1053,8 @@ def build_spans(
     if windows:
         pieces = _joined(_overlay_windows(pieces, windows, window_source))
     has_optimizer = bool(step_starts) or PHASE_OPTIMIZER in found.seen
-    # no annotation counts the optimizer's steps: whether the one step the stacks show is all its
-    # steps leave (`_optimizer_steps_may_go_unseen`)
+    # no annotation counts the optimizer's steps: whether the steps the stacks show made state
+    # alone, so that its steps which make none may leave nothing (`_optimizer_steps_may_go_unseen`)
     unseen = window_source == SOURCE_FRAMES and has_optimizer and _optimizer_steps_may_go_unseen(trace, pieces)
     spans = _number_steps(
         pieces,
@@ -1081,14 +1081,16 @@ def build_spans(
 
 
 def _optimizer_steps_may_go_unseen(trace: DeviceTrace, pieces: Sequence[tuple[int, int, str, str, bool]]) -> bool:
-    """Whether the optimizer's later steps may leave nothing in the trace: its stacks show it in one
-    step only (pieces of the optimizer's phase after no backward but the one before that step), and
-    what that step allocated stayed alive past it (its state: SGD's momentum buffers, a fused Adam's
-    moments, made in the first step and updated in place after). A step that freed a block it made
-    (a temporary of its arithmetic, which each step makes again: foreach Adam, AdamW, Adagrad,
-    RMSprop, SGD with weight decay), or steps seen after two backwards, show each step; then a pass
+    """Whether the optimizer may take steps that leave nothing in the trace: each step its stacks
+    show (pieces of the optimizer's phase with no backward between them) made blocks that outlived
+    it and freed none it made, so each is a step that made state: SGD's momentum buffers and a
+    fused Adam's moments, made in the first step and updated in place after (or made later, for
+    parameters whose first gradient came later). Such steps say nothing of the steps that make no
+    state. A step that freed a block it made (a temporary of its arithmetic, which each step makes
+    again: foreach and for-loop Adam, AdamW, Adagrad, RMSprop, SGD with weight decay), or that made
+    nothing at all and still shows (by what it freed), shows what every step leaves: then a pass
     after a backward with no optimizer step between is a micro-batch. Reads only the events inside
-    the optimizer's pieces, and stops at the first sign that its steps show."""
+    the optimizer's pieces, and stops at the first step that shows so."""
     steps = 0
     backward_since = True  # a backward ran since the last optimizer piece (the first counts)
     made: set[int] = set()  # addresses the current optimizer step allocated
@@ -1100,18 +1102,18 @@ def _optimizer_steps_may_go_unseen(trace: DeviceTrace, pieces: Sequence[tuple[in
         if phase != PHASE_OPTIMIZER:
             continue
         if backward_since:
+            if steps and not made:
+                return False  # the step before made nothing, and showed
             steps += 1
             backward_since = False
             made.clear()
-            if steps > 1:
-                return False
         events = chain(trace.positions_in(ALLOC, first, last + 1), trace.positions_in(FREE_REQUESTED, first, last + 1))
         for index in sorted(events):
             if actions[index] == ALLOC:
                 made.add(addrs[index])
             elif addrs[index] in made:
                 return False
-    return steps == 1
+    return bool(made)
 
 
 def _base_source(found: _FramePhases) -> str:
@@ -1252,7 +1254,10 @@ def _number_steps(
     before it, not as a step of its own, and its first event goes into `unsplit` (an evaluation
     adds into no gradients, and begins a step as before). Where the trace shows a `zero_grad`
     freeing the gradients elsewhere, `unsplit` is None: the loop frees them each step, so a pass
-    they stayed alive into is a micro-batch of the same step. No step ends
+    they stayed alive into is a micro-batch of the same step. The same holds after the first
+    optimizer step the stacks show where its steps may leave nothing (`optimizer_may_go_unseen`:
+    each step shown made state alone, as SGD's momentum is made in its first step); passes before
+    it are micro-batches (a step before it would have made the state). No step ends
     inside an `Optimizer.step` window (`stepping`: its closure runs forward and backward); `boundaries` (annotations: the end of an
     `Optimizer.step`, `zero_grad`, the DataLoader's next batch) end one too. Each takes effect only
     where the step so far did some work (a forward, backward or optimizer allocation) and a later
