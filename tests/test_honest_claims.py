@@ -28,10 +28,14 @@ def _layer_stack(layer: int, op: int) -> tuple[Frame, ...]:
 INPUT_STACK = (Frame("train.py", 36, "train_step"),)
 
 
-def _step(sim: Sim, batch_mib: int, *, oom_at: int | None = None, input_mib: int | None = None) -> None:
+def _step(
+    sim: Sim, batch_mib: int, *, oom_at: int | None = None, input_mib: int | None = None, micro_batch: bool = False
+) -> None:
     """One training step: the batch, a forward of LAYERS layers of two kept tensors each (sized by
     the batch), a backward that frees them and makes one gradient, the optimizer step, zero_grad.
-    `oom_at`: the forward runs out at this allocation (its layer's tensors so far kept)."""
+    `oom_at`: the forward runs out at this allocation (its layer's tensors so far kept).
+    `micro_batch`: a micro-batch of gradient accumulation instead, which the step's next pass
+    follows: no optimizer step nor zero_grad, the gradient kept, the batch freed."""
     batch = sim.alloc((input_mib if input_mib is not None else batch_mib // 8 or 1) * MiB, INPUT_STACK)
     sim.marker("forward", "start")
     kept = []
@@ -49,6 +53,9 @@ def _step(sim: Sim, batch_mib: int, *, oom_at: int | None = None, input_mib: int
         sim.free(address)
     grad = sim.alloc(8 * MiB, (Frame("torch/autograd/graph.py", 800, "_engine_run_backward"),), "gradient", "w.grad")
     sim.marker("backward", "end")
+    if micro_batch:
+        sim.free(batch)
+        return
     sim.marker("optimizer_step", "start")
     sim.marker("optimizer_step", "end")
     sim.marker("zero_grad", "start")
@@ -146,6 +153,22 @@ def test_a_spike_ratio_names_a_cause_when_the_inputs_grew():
     assert result.summary.facts.get("earlier_step") in (0, 1)
     text = phrasing.summary(result.summary)
     assert "x the peak of earlier steps (larger inputs: a bigger batch, a longer sequence or larger images)" in text
+
+
+def test_a_spike_ratio_reads_the_inputs_of_the_pass_that_ran_out_not_its_steps_first():
+    """Gradient accumulation: the step's first micro-batch has the earlier steps' inputs, the second
+    (which runs out) twice their size. The cause is read from the pass that ran out."""
+    sim = Sim(total_bytes=230 * MiB)
+    _model(sim)
+    _step(sim, 10, input_mib=1)
+    _step(sim, 10, input_mib=1)
+    _step(sim, 10, input_mib=1, micro_batch=True)
+    _step(sim, 20, oom_at=10, input_mib=2)
+    result = analyse(sim.snapshot())
+    assert (result.target_step, result.target_phase) == (2, "forward")
+    assert result.summary.kind == SummaryKind.ACTIVATION_SPIKE, result.summary
+    assert result.summary.facts.get("inputs_changed") is True
+    assert "(larger inputs: a bigger batch" in phrasing.summary(result.summary)
 
 
 def test_a_spike_ratio_without_an_input_change_names_no_cause():

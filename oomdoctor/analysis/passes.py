@@ -377,7 +377,11 @@ def _align_inputs(trace: DeviceTrace, head: list[tuple[int, object, int]], then:
 
 class _InputsProbe:
     """`inputs_changed` against one target step, its own side (its batch, its forward's first
-    allocations, where each step's passes are) computed once for every earlier step it is asked about."""
+    allocations, where each step's passes are) computed once for every earlier step it is asked about.
+    `target_index`: the judged event, where it is known (an OOM): its own pass is the target's side,
+    not the step's first (a micro-batch after others, or a pass that may be a step of its own, as
+    phases.py counts them in one step), and the batch made before the step's first forward is that
+    pass's only when it is the step's first."""
 
     def __init__(
         self,
@@ -386,16 +390,22 @@ class _InputsProbe:
         target_step: int,
         passes: Sequence[_Pass] | None,
         spans_by_step: Mapping[int, Sequence[PhaseSpan]] | None,
+        target_index: int | None = None,
     ) -> None:
         self.trace, self.spans, self.spans_by_step = trace, spans, spans_by_step
         now_spans = spans if spans_by_step is None else spans_by_step.get(target_step, ())
         self.before_now = _between_sizes(trace, now_spans, target_step)
         self.last_pass: dict[int, _Pass] = {}  # step -> its latest pass
         first_pass: dict[int, _Pass] = {}
+        own: _Pass | None = None  # the latest pass of the target's step begun by the target
         for one in _forwards(spans) if passes is None else passes:
             first_pass.setdefault(one.step, one)
             self.last_pass[one.step] = one
+            if one.step == target_step and target_index is not None and one.first_index <= target_index:
+                own = one
         now = first_pass.get(target_step)
+        if own is not None and own is not now:
+            now, self.before_now = own, ()
         self.head = _allocations(trace, now.first_index, now.forward_last, INPUT_ALLOCATIONS) if now else []
         self.has_now = now is not None
 
@@ -967,7 +977,7 @@ def pass_history(
         by_step: dict[int, list[PhaseSpan]] = {}
         for span in spans:
             by_step.setdefault(span.step, []).append(span)
-        probe = _InputsProbe(trace, spans, target_step, passes, by_step)
+        probe = _InputsProbe(trace, spans, target_step, passes, by_step, oom_index)
         changed = {s: probe.against(s) for s in comparable}
     rest, forward = _rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
     if forward is None and backward and target_step is not None:
