@@ -60,7 +60,8 @@ class UnknownKind(StrEnum):
     STEPS_BEFORE_TRACE = "steps-before-trace"  # optimizer state predates the trace: steps ran before it
     TRACE_AFTER_SETUP = "trace-after-setup"  # parameters predate the trace: steps may have run before it
     # count: passes after a backward counted in its step, each of which may be a step of its own (no
-    # optimizer step shows, the gradients stayed alive across: micro-batches, or steps)
+    # optimizer step shows, or only ones that made its state, and the gradients stayed alive
+    # across: micro-batches, or steps)
     PASSES_MAY_BE_STEPS = "passes-may-be-steps"
     LOAD_UNFINISHED = "load-unfinished"  # the failed request was reading weights from a file: the rest of the load
     NO_STACK = "no-stack"  # count: live blocks with no stack in a snapshot with no trace at all
