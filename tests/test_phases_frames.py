@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -1168,3 +1169,20 @@ def test_another_threads_allocation_after_a_closure_s_work_ends_no_step():
     phases = _run([MODEL_TO, CLOSURE_FORWARD, worker, CLOSURE_FORWARD, CLOSURE_BACKWARD, (), BATCH, CLOSURE_FORWARD])
     assert [step for _, step in phases] == [0, 0, 0, 0, 0, 0, 1, 1], phases
     assert phases[6] == ("between_steps", 1), phases
+
+
+def test_a_story_that_names_a_step_says_it_is_the_least_where_passes_may_be_steps():
+    # the header's "step 1 or later" and the story's "step 1" must not disagree: the story says its
+    # step numbers are lower bounds, in the secondary findings too
+    from oomdoctor.views.phrasing import summary
+
+    _, _, snapshot = _one_optimizer_step_then_passes(SGD_STEP, temporaries=False)
+    analysis = analyse(snapshot)
+    story = summary(analysis.summary)
+    assert "step 1" in story
+    assert "Step numbers are the least the trace shows" in story
+    assert all(
+        "Step numbers are the least the trace shows" in summary(f.summary)
+        for f in analysis.secondary
+        if re.search(r"\b[Ss]tep \d", summary(f.summary))
+    )

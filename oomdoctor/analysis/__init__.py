@@ -926,10 +926,14 @@ def _result(
     )
     primary = judgement.primary
     summary, secondary = primary.summary, judgement.secondary
+    marks: dict[str, int] = {}
     if any(u.kind in (UnknownKind.STEPS_BEFORE_TRACE, UnknownKind.TRACE_AFTER_SETUP) for u in unknowns):
-        # steps may have run before the trace: a story that names steps says they are the trace's
-        summary = _steps_of_the_trace(summary)
-        secondary = tuple(replace(f, summary=_steps_of_the_trace(f.summary)) for f in secondary)
+        marks["trace_steps"] = 1  # steps may have run before the trace: the steps named are the trace's
+    if any(u.kind == UnknownKind.PASSES_MAY_BE_STEPS for u in unknowns):
+        marks["steps_at_least"] = 1  # passes counted in a step may be steps: the steps named are the least
+    if marks:
+        summary = _naming_steps(summary, marks)
+        secondary = tuple(replace(f, summary=_naming_steps(f.summary, marks)) for f in secondary)
     return Analysis(
         schema_version=RESULT_SCHEMA_VERSION,
         device=dump.index,
@@ -956,12 +960,14 @@ def _result(
     )
 
 
-def _steps_of_the_trace(summary: Summary) -> Summary:
-    """The summary with `trace_steps` where it names a step: the steps it names are counted from
-    the trace's start, which came after the run's (phrasing says so)."""
+def _naming_steps(summary: Summary, marks: dict[str, int]) -> Summary:
+    """The summary with `marks` where it names a step (phrasing says what each means): `trace_steps`,
+    the steps it names are counted from the trace's start, which came after the run's;
+    `steps_at_least`, they are the least the trace shows (passes counted in a step may be steps of
+    their own)."""
     if all(summary.facts.get(name) is None for name in ("step", "earlier_step", "rest_step")):
         return summary
-    return Summary(summary.kind, summary.facts.adding(trace_steps=1))
+    return Summary(summary.kind, summary.facts.adding(**marks))
 
 
 def _peak_step(steps: tuple[StepSummary, ...], allocated_bytes: int) -> StepSummary | None:

@@ -961,10 +961,13 @@ _UNLESS_ACCUMULATING = ", unless the run accumulates them on purpose (no optimiz
 
 def summary(item: Summary) -> str:
     """A finding's story in one or two sentences; where the steps it names are the trace's (steps
-    may have run before it began), it says so."""
+    may have run before it began), or the least the trace shows (passes counted in a step may be
+    steps of their own), it says so."""
     words = _summary_words(item.kind, item.facts)
     if item.facts.get("trace_steps") and _STEP_NUMBER.search(words):
         words += " (Steps are counted from the trace's start; more may have run before it.)"
+    if item.facts.get("steps_at_least") and _STEP_NUMBER.search(words):
+        words += " (Step numbers are the least the trace shows: passes counted in one step may be steps of their own.)"
     return words
 
 
