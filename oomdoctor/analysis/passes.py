@@ -436,27 +436,13 @@ def rest_of_pass(
     comparable: tuple[int, ...],
     replicas: Sequence[Replica] = (),
     trains: bool = False,
-) -> RestOfPass | None:
-    """`_rest_of_pass`'s rest."""
-    return _rest_of_pass(trace, spans, target_index, target_step, blocks, comparable, replicas, trains)[0]
-
-
-def _rest_of_pass(
-    trace: DeviceTrace,
-    spans: Sequence[PhaseSpan],
-    target_index: int | None,
-    target_step: int | None,
-    blocks: Sequence[LiveBlock],
-    comparable: tuple[int, ...],
-    replicas: Sequence[Replica] = (),
-    trains: bool = False,
 ) -> tuple[RestOfPass | None, ProjectedForward | None]:
     """At an OOM inside a forward, its rest extrapolated from the latest earlier completed pass of
     the same structure (a comparable step's, or an earlier pass of the same step when the run does
     not train) whose allocations this pass follows, or, where the run went on after the OOM (the
     script caught it), from a pass after it that ran to its end and that this pass follows with
     allocations scaled more evenly (MISFIT_MARGIN: the same batch tried again at half its size);
-    failing that, from a replica's pass that ran to its end (`_finished_passes`); else why not. None when the target is not in a forward.
+    failing that, from a replica's pass that ran to its end (`_finished_passes`); else why not. None (and no forward) when the target is not in a forward.
     `trains`: something besides the spans tells the run trains (the stacks, the annotations); in a
     run that does not, each forward span is a pass (`_forwards`). With it, the forward of the pass
     it was extrapolated from in this trace, projected (`ProjectedForward`; None from a replica's)."""
@@ -979,7 +965,7 @@ def pass_history(
             by_step.setdefault(span.step, []).append(span)
         probe = _InputsProbe(trace, spans, target_step, passes, by_step, oom_index)
         changed = {s: probe.against(s) for s in comparable}
-    rest, forward = _rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
+    rest, forward = rest_of_pass(trace, spans, oom_index, target_step, blocks, comparable, replicas, trains)
     if forward is None and backward and target_step is not None:
         # a target in a backward: the latest comparable pass whose inputs had the same sizes, as it
         # was, where its backward made gradients as the target's does (a backward that adds into
