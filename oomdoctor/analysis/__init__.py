@@ -92,6 +92,7 @@ from oomdoctor.analysis.timeline import Replayer
 from oomdoctor.analysis.verdicts import Context, diagnose, graphs_pile_up
 from oomdoctor.analysis.whatif import cache_margin, request_scales, scalable_bytes, what_if
 from oomdoctor.dump_metadata import NO_METADATA, DumpMetadata, Marker
+from oomdoctor.gcpause import cyclic_gc_paused
 from oomdoctor.metadata import HISTORY_RESTORED
 from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot, Stack
 from oomdoctor.vocabulary import Component, Verdict
@@ -240,26 +241,29 @@ def analyse(
     docstring); `series_points` bounds the memory-over-time series. `at_event` judges the state
     right after that event instead (a step's peak, say: `oomdoctor diff --steps`), as the OOM when
     it is the fatal one, else as a peak without an OOM."""
-    dump = _read_device(snapshot, device)
-    state = replay(dump, series_points)
-    target = _pick_target(dump, state, at_event)
-    accounted = _account(dump, state, target)
-    blocks, shares = _attribute(dump, state, target)
-    moment = _judge_moment(dump, state, target)
-    devices, replicas = _compare_devices(snapshot, dump, state, target, shares)
-    ctx = _context(dump, state, target, accounted, blocks, shares, moment, replicas)
-    ctx.peer_trains = _devices.peer_trains(devices)
-    judgement = _diagnose(ctx, target, moment, devices)
-    unsized = peak_unsized(dump, state)
-    unknowns = _unknowns(dump, state, target, accounted, blocks, unsized)
-    result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
-    if unsized is not None:
-        bound = state.peak_allocated_bytes + unsized[0]
-        result = replace(
-            result,
-            replay=replace(result.replay, torch_peak_at_most_bytes=bound, torch_peak_bound_assumes_defaults=unsized[2]),
-        )
-    return replace(result, device_summaries=devices) if devices else result
+    with cyclic_gc_paused():  # the analysis makes no cycles: the collector's passes would cost a tenth of it
+        dump = _read_device(snapshot, device)
+        state = replay(dump, series_points)
+        target = _pick_target(dump, state, at_event)
+        accounted = _account(dump, state, target)
+        blocks, shares = _attribute(dump, state, target)
+        moment = _judge_moment(dump, state, target)
+        devices, replicas = _compare_devices(snapshot, dump, state, target, shares)
+        ctx = _context(dump, state, target, accounted, blocks, shares, moment, replicas)
+        ctx.peer_trains = _devices.peer_trains(devices)
+        judgement = _diagnose(ctx, target, moment, devices)
+        unsized = peak_unsized(dump, state)
+        unknowns = _unknowns(dump, state, target, accounted, blocks, unsized)
+        result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
+        if unsized is not None:
+            bound = state.peak_allocated_bytes + unsized[0]
+            result = replace(
+                result,
+                replay=replace(
+                    result.replay, torch_peak_at_most_bytes=bound, torch_peak_bound_assumes_defaults=unsized[2]
+                ),
+            )
+        return replace(result, device_summaries=devices) if devices else result
 
 
 def _compare_devices(

@@ -16,14 +16,13 @@ twice as much as the unpickling itself. It is resumed (if it was on) before `loa
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from oomdoctor.gcpause import cyclic_gc_paused
 from oomdoctor.load.containers import (
     DEFAULT_MAX_BYTES,
     MAX_BYTES_ENV,
@@ -44,21 +43,6 @@ __all__ = [
 ]
 
 
-@contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        # What was made meanwhile counts as old (moved there without a pass over it): else the
-        # first collection after resuming would walk every object of the snapshot as young.
-        gc.freeze()
-        gc.unfreeze()
-        if was_enabled:
-            gc.enable()
-
-
 # The share of `load`'s work that reading (unpickling) takes; building the model takes the rest.
 READ_SHARE = 0.8
 
@@ -66,7 +50,7 @@ READ_SHARE = 0.8
 def load(source: Any, *, max_bytes: int | None = None, progress: Callable[[float], None] | None = None) -> Snapshot:
     """The Snapshot in `source` (a path, bytes, or a binary file object). `progress` hears the
     fraction of the work done (0 to 1) as the file is read, about every percent, and at the end."""
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         if progress is None:
             raw, container = read_source(source, max_bytes)
             return build_snapshot(raw, container, _describe(source))
@@ -83,7 +67,7 @@ def load(source: Any, *, max_bytes: int | None = None, progress: Callable[[float
 
 def load_raw(source: Any, *, max_bytes: int | None = None) -> Any:
     """The plain data in `source` (dicts, lists, str, numbers), read as safely as `load` reads it."""
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         return read_source(source, max_bytes)[0]
 
 
