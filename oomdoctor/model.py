@@ -207,6 +207,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         "_stack_by_number",
         "_next_number",
         "_positions",
+        "_stacks_of_positions",
     )
 
     def __init__(
@@ -243,6 +244,8 @@ class DeviceTrace(Sequence[TraceEvent]):
         self._stack_by_number: dict[int, Stack] = {}
         self._next_number = 0
         self._positions: dict[str, array[int]] = {}  # action -> the indices of its events
+        # action -> stacks_at(positions(action)), asked for again and again (the allocations')
+        self._stacks_of_positions: dict[str, tuple[list[int], dict[int, Stack]]] = {}
 
     @classmethod
     def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
@@ -305,9 +308,21 @@ class DeviceTrace(Sequence[TraceEvent]):
         """The stacks of the events `indices`, each distinct one converted once: a number per event
         and the stack of each number (equal numbers, equal stacks). Events that share their frame
         objects, as torch's share them, share a number, and an event keeps its number from call to
-        call (it is remembered in one integer array); the per-event work is done in C."""
+        call (it is remembered in one integer array); the per-event work is done in C. For the
+        events of one action (`positions(action)` itself) the answer is made once and shared: do not
+        change it."""
         if self._raw_stacks is None:
             return [0] * len(indices), {0: NO_STACK}
+        for action, found in self._positions.items():
+            if indices is found:
+                shared = self._stacks_of_positions.get(action)
+                if shared is None:
+                    shared = self._stacks_of_positions[action] = self._stacks_at(indices)
+                return shared
+        return self._stacks_at(indices)
+
+    def _stacks_at(self, indices: Sequence[int]) -> tuple[list[int], dict[int, Stack]]:
+        assert self._raw_stacks is not None
         known = self._stack_numbers
         if known is None:  # the first call: none numbered yet
             known = self._stack_numbers = array("q", [-1]) * len(self._raw_stacks)

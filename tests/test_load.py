@@ -364,6 +364,24 @@ def test_stacks_at_numbers_each_distinct_stack_once_and_keeps_the_numbers():
     assert again == [numbers[0], numbers[0], numbers[1]]
 
 
+def test_stacks_of_one_actions_events_are_made_once_and_agree_with_any_other_call():
+    first = [{"filename": "model.py", "line": 3, "name": "forward"}]
+    second = [{"filename": "train.py", "line": 12, "name": "main"}]
+
+    def event(action, frames):
+        return {"action": action, "addr": 512, "size": 512, "stream": 0, "frames": frames}
+
+    events = [event("alloc", list(first)), event("free_requested", list(second)), event("alloc", list(second))]
+    events.append(event("alloc", list(first)))
+    trace = load(pickle.dumps({"segments": [], "device_traces": [events]})).traces[0]
+    allocs = trace.positions("alloc")
+    numbers, stacks = trace.stacks_at(allocs)
+    assert trace.stacks_at(allocs)[0] is numbers  # made once: the allocations' stacks are asked for often
+    assert trace.stacks_at(list(allocs)) == (numbers, stacks)  # any other list of them: the same answer
+    assert numbers[0] == numbers[2] != numbers[1]
+    assert stacks[numbers[1]] == trace.frames_at(2) == trace.stacks_at([1])[1][trace.stacks_at([1])[0][0]]
+
+
 def test_oomdoctor_load_stays_callable_after_the_load_subpackage_is_imported():
     """`import oomdoctor; oomdoctor.load(path)`: importing `oomdoctor.load` (the analysis and the
     views do) rebinds the package attribute to the subpackage; the call must still load."""
