@@ -175,7 +175,7 @@ def peak_unsized(dump: DeviceDump, state: ReplayState) -> tuple[int, int, bool] 
             rounded, max_split_bytes=max_split, max_non_split_rounding_bytes=non_split, expandable=expandable
         )
 
-    found = unsized_remainders(dump.trace, state.history, state.peak_index, at_most, divisions)
+    found = unsized_remainders(dump.trace, state.history, state.peak_index, at_most, divisions, state.large_events)
     recorded = recorded_peak(dump, state)
     peak = state.peak_allocated_bytes
     if found is not None and recorded is not None and peak <= recorded <= peak + found[0]:

@@ -248,6 +248,9 @@ class ReplayState:
     has_time: bool
     # frees completed in the trace of blocks whose free was requested before it: allocations older than the trace
     pre_existing_completions: int = 0
+    # the alloc and free_requested events of requests over SMALL_REQUEST_BYTES, in order (what
+    # `unsized_remainders` walks), noted by the pass as it goes
+    large_events: Sequence[int] | None = None
 
 
 def columns(trace: Sequence[TraceEvent]) -> DeviceTrace:
@@ -304,6 +307,9 @@ def walk(
     pre_existing_frees: list[tuple[int, int, int]] = []
     completed_only = 0
     rounded_cache: dict[int, int] = {}
+    large_events: list[int] = []
+    large = large_events.append
+    small = SMALL_REQUEST_BYTES
     steps: dict[int, StepStats] = {}
     copies: list[LiveCopy] = []  # at every OOM and every _CHECKPOINT_EVERY samples
 
@@ -353,6 +359,8 @@ def walk(
         stop = min(next_boundary if next_boundary > position else count, next_sample + 1, count)
         for index, action, addr, size in islice(events, stop - position):
             if action == ALLOC:
+                if size > small:
+                    large(index)
                 if index == next_survivor:  # live at the dump: its exact bytes there
                     block_size = survivors[index]
                     survivor_position += 1
@@ -384,6 +392,8 @@ def walk(
                 if component == activation_component and totals[component] > stats_activation_peak:
                     stats_activation_peak = totals[component]
             elif action == FREE_REQUESTED:
+                if size > small:
+                    large(index)
                 entry = live.pop(addr, None)
                 if entry is None:
                     block_size = round_size(size, divisions)
@@ -484,6 +494,7 @@ def walk(
         allocated_offset_bytes=allocated_offset,
         has_frames=trace.any_frames,
         has_time=times is not None,
+        large_events=large_events,
     )
 
 
@@ -493,6 +504,7 @@ def unsized_remainders(
     peak_index: int | None,
     remainder_at_most: Callable[[int], int],
     divisions: tuple[tuple[int, int], ...] = (),
+    large_events: Sequence[int] | None = None,
 ) -> tuple[int, int] | None:
     """(bytes, blocks): how much more than the peak torch's own allocated bytes (what
     `torch.cuda.max_memory_allocated` tracks) may have reached over the trace's events, and how many
@@ -510,13 +522,19 @@ def unsized_remainders(
     peak's rule's there (at most the peak) plus the most the blocks live then may hold: the largest
     of those sums over the events bounds what the file leaves unsized. (Adding it to each event's
     own allocated bytes, and pinning a block for its whole life, would be tighter, at the cost of
-    more walks over the events: the analysis' time is kept for the peak's own walk.)"""
+    more walks over the events: the analysis' time is kept for the peak's own walk.) `large_events`:
+    the alloc and free_requested events over SMALL_REQUEST_BYTES (`ReplayState.large_events`), found
+    here when not given."""
     if peak_index is None:
         return None
     final = history.final_blocks
     exact = {entry[0] for address, entry in history.live_at_end.items() if address in final}
     actions, addrs, sizes = trace.actions, trace.addrs, trace.sizes
-    large = list(compress(range(len(sizes)), map(SMALL_REQUEST_BYTES.__lt__, sizes)))
+    large = (
+        list(compress(range(len(sizes)), map(SMALL_REQUEST_BYTES.__lt__, sizes)))
+        if large_events is None
+        else large_events
+    )
     cap_of: dict[int, tuple[int, int]] = {}  # request -> (its counted bytes, the most its remainder can be)
     # the live blocks by start: (counted end, the most their remainder can be); and their starts by end
     live: dict[int, tuple[int, int]] = {}
