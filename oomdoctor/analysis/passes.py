@@ -228,13 +228,22 @@ def site_key(frames: Stack, depth: int | None = KEY_FRAMES) -> tuple[tuple[str, 
 
 
 def _allocations(
-    trace: DeviceTrace, first: int, last: int, limit: int = MAX_ALLOCATIONS
+    trace: DeviceTrace,
+    first: int,
+    last: int,
+    limit: int = MAX_ALLOCATIONS,
+    keys: dict[int, tuple[tuple[str, int], ...] | None] | None = None,
 ) -> list[tuple[int, object, int]]:
-    """(event index, site key, size) of each allocation in [first, last], the first `limit` of them."""
+    """(event index, site key, size) of each allocation in [first, last], the first `limit` of them.
+    `keys`: the site keys of the trace's stack numbers made so far, kept from call to call (a probe
+    of many steps' passes meets the same stacks in each)."""
     sizes = trace.sizes
     indices = trace.positions_in(ALLOC, first, min(last + 1, len(sizes)), min(limit, MAX_ALLOCATIONS))
     numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
-    key_of = {number: site_key(frames) for number, frames in stacks.items()}
+    key_of = {} if keys is None else keys
+    for number, frames in stacks.items():
+        if number not in key_of:
+            key_of[number] = site_key(frames)
     return list(zip(indices, map(key_of.__getitem__, numbers), map(sizes.__getitem__, indices)))
 
 
@@ -361,18 +370,23 @@ _INPUT_ALIGN_REACH = INPUT_ALLOCATIONS * (LOOKAHEAD + 1) + LOOKAHEAD + 1
 _INPUT_ALIGN_FIRST = INPUT_ALLOCATIONS + LOOKAHEAD + 1
 
 
-def _align_inputs(trace: DeviceTrace, head: list[tuple[int, object, int]], then: _Pass) -> _Alignment | str:
+def _align_inputs(
+    trace: DeviceTrace,
+    head: list[tuple[int, object, int]],
+    then: _Pass,
+    keys: dict[int, tuple[tuple[str, int], ...] | None] | None = None,
+) -> _Alignment | str:
     """`_align(head, the earlier forward's allocations)`, reading those only as far as it reaches:
     the first _INPUT_ALIGN_FIRST, and all it can reach (_INPUT_ALIGN_REACH) only when a match ending
     at `earlier_position` may have looked past them (it looks LOOKAHEAD past where it stands) or
     when it failed."""
-    first = _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_FIRST)
+    first = _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_FIRST, keys)
     if len(first) < _INPUT_ALIGN_FIRST:  # all there are
         return _align(head, first)
     alignment = _align(head, first)
     if isinstance(alignment, _Alignment) and alignment.earlier_position + 1 + LOOKAHEAD <= _INPUT_ALIGN_FIRST:
         return alignment
-    return _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH))
+    return _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH, keys))
 
 
 class _InputsProbe:
@@ -406,7 +420,9 @@ class _InputsProbe:
         now = first_pass.get(target_step)
         if own is not None and own is not now:
             now, self.before_now = own, ()
-        self.head = _allocations(trace, now.first_index, now.forward_last, INPUT_ALLOCATIONS) if now else []
+        # the site keys of the stacks met so far: each step's passes meet the same ones
+        self.keys: dict[int, tuple[tuple[str, int], ...] | None] = {}
+        self.head = _allocations(trace, now.first_index, now.forward_last, INPUT_ALLOCATIONS, self.keys) if now else []
         self.has_now = now is not None
 
     def against(self, earlier: int) -> bool | None:
@@ -419,7 +435,7 @@ class _InputsProbe:
         then = self.last_pass.get(earlier)
         if self.has_now and then is not None:
             head = self.head
-            alignment = _align_inputs(trace, head, then) if head else None
+            alignment = _align_inputs(trace, head, then, self.keys) if head else None
             if isinstance(alignment, _Alignment) and alignment.sizes:
                 verdicts.append(any(a != b for a, b in alignment.sizes))
         if not verdicts:
