@@ -1269,7 +1269,8 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
     # a completed step like the target's that began once the state was whole ran with it and fit:
     # the state is not what changed (what this step adds is judged by the spike test)
     state_whole = -1 if state_done is None else state_done
-    if any(s.first_index > state_whole for s in ctx.steps if s.step in set(ctx.passes.comparable_steps)):
+    comparable_steps = set(ctx.passes.comparable_steps)
+    if any(s.first_index > state_whole for s in ctx.steps if s.step in comparable_steps):
         return None
     if _pass_fit_since(ctx, state_whole):  # a micro-batch of this step ran with the whole state and fit
         return None
