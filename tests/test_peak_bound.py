@@ -360,36 +360,3 @@ def test_would_fit_if_contiguous_with_no_answer_reads_unknown_in_the_text_report
     assert "would fit if contiguous: unknown" in text_report.render(unanswered)
     answered = {True: "yes", False: "no"}[analysis.fragmentation.would_fit_if_contiguous]
     assert f"would fit if contiguous: {answered}" in text_report.render(analysis)
-
-
-def test_the_large_events_the_replay_notes_are_the_ones_the_bound_walks():
-    """The replay notes the alloc and free_requested events of requests over SMALL_REQUEST_BYTES as
-    it goes (`ReplayState.large_events`); the bound walked from them is the bound found alone."""
-    from oomdoctor.analysis.reading import read_device
-    from oomdoctor.analysis.reading import replay as replay_device
-    from oomdoctor.analysis.replay import unsized_remainders
-    from oomdoctor.analysis.sizing import SMALL_REQUEST_BYTES
-    from oomdoctor.dump_metadata import NO_METADATA
-    from oomdoctor.model import ALLOC, FREE_REQUESTED
-
-    def at_most(rounded: int) -> int:
-        return rounded // 8
-
-    dumps = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "dumps").glob("*.pickle"))
-    checked = 0
-    for path in dumps[:6]:
-        snapshot = load(path)
-        device = snapshot.devices[0]
-        dump = read_device(snapshot, snapshot.oomdoctor or NO_METADATA, device)
-        state = replay_device(dump, 480)
-        trace = dump.trace
-        expected = [
-            i
-            for i, (action, size) in enumerate(zip(trace.actions, trace.sizes))
-            if action in (ALLOC, FREE_REQUESTED) and size > SMALL_REQUEST_BYTES
-        ]
-        assert list(state.large_events) == expected
-        alone = unsized_remainders(trace, state.history, state.peak_index, at_most)
-        assert unsized_remainders(trace, state.history, state.peak_index, at_most, (), state.large_events) == alone
-        checked += bool(expected)
-    assert checked

@@ -600,7 +600,7 @@ def _context(
         large_segment_bytes=accounted.large_segment_bytes,
         scalable_bytes=scalable_bytes(blocks),
         request_scales=request_scales(moment.phase, accounted.request_bytes or 0, blocks),
-        near_ooms=near_ooms(dump.trace, dump.segments),
+        near_ooms=near_ooms(dump.trace, dump.segments, state.segment_events),
         state_runs=_state_runs(dump.trace, blocks, target.index),
         pass_allocated_bytes=pass_allocated,
         pass_kept_bytes=pass_kept,

@@ -251,6 +251,9 @@ class ReplayState:
     # the alloc and free_requested events of requests over SMALL_REQUEST_BYTES, in order (what
     # `unsized_remainders` walks), noted by the pass as it goes
     large_events: Sequence[int] | None = None
+    # the segment_alloc, segment_map, segment_free and segment_unmap events, in order (what
+    # `near_ooms` reads), noted by the pass as it goes
+    segment_events: Sequence[int] | None = None
 
 
 def columns(trace: Sequence[TraceEvent]) -> DeviceTrace:
@@ -309,6 +312,8 @@ def walk(
     rounded_cache: dict[int, int] = {}
     large_events: list[int] = []
     large = large_events.append
+    segment_events: list[int] = []
+    segment_event = segment_events.append
     small = SMALL_REQUEST_BYTES
     steps: dict[int, StepStats] = {}
     copies: list[LiveCopy] = []  # at every OOM and every _CHECKPOINT_EVERY samples
@@ -417,8 +422,10 @@ def walk(
                     completed_only += 1  # its free was requested before the trace: so was its allocation
             elif action == SEGMENT_ALLOC or action == SEGMENT_MAP:
                 reserved += size
+                segment_event(index)
             elif action == SEGMENT_FREE or action == SEGMENT_UNMAP:
                 reserved -= size
+                segment_event(index)
             elif action == OOM:
                 oom_indices.append(index)
                 copies.append((index, dict(live), dict(pending)))
@@ -495,6 +502,7 @@ def walk(
         has_frames=trace.any_frames,
         has_time=times is not None,
         large_events=large_events,
+        segment_events=segment_events,
     )
 
 
@@ -609,13 +617,20 @@ def _frees_cache(stack: Stack) -> bool:
 _SEGMENT_ACTIONS = frozenset({SEGMENT_ALLOC, SEGMENT_MAP, SEGMENT_FREE, SEGMENT_UNMAP})
 
 
-def near_ooms(trace: DeviceTrace, segments: Sequence[Segment]) -> tuple[NearOom, ...]:
+def near_ooms(
+    trace: DeviceTrace, segments: Sequence[Segment], segment_events: Sequence[int] | None = None
+) -> tuple[NearOom, ...]:
     """The cudaMalloc failures the allocator survived: when a segment cannot be had, torch frees
     its cached segments (the `segment_free` events carry the stack of the allocation waiting) and
-    tries again; a `segment_alloc` with that same stack right after the run is the retry."""
+    tries again; a `segment_alloc` with that same stack right after the run is the retry.
+    `segment_events`: the trace's segment events (`ReplayState.segment_events`), found here when
+    not given."""
     actions, sizes = trace.actions, trace.sizes
-    segment_actions = _SEGMENT_ACTIONS
-    events = list(compress(range(len(actions)), map(segment_actions.__contains__, actions)))
+    events = (
+        list(compress(range(len(actions)), map(_SEGMENT_ACTIONS.__contains__, actions)))
+        if segment_events is None
+        else segment_events
+    )
     if not events:
         return ()
     grows = (SEGMENT_ALLOC, SEGMENT_MAP)
