@@ -474,12 +474,13 @@ def rest_of_pass(
         for b in blocks
         if b.alloc_index is not None and current.first_index <= b.alloc_index <= target_index and b.component in SCALED
     )
+    comparable_set = set(comparable)
     earlier = [
         p
         for p in passes
         if p.last_index < current.first_index
         and (
-            p.step in comparable
+            p.step in comparable_set
             or p.step == current.step  # an earlier pass of this step: another evaluation batch, a micro-batch
         )
     ]

@@ -1299,7 +1299,8 @@ def _test_optimizer_buildup(ctx: Context) -> Finding | None:
         comparable = [0]
     new_state = optimizer_state
     if comparable and not made_by_step_0:  # the state made since the latest step that fit began
-        began = next((s.first_index for s in ctx.steps if s.step == max(comparable)), -1)
+        latest = max(comparable)
+        began = next((s.first_index for s in ctx.steps if s.step == latest), -1)
         new_state = sum(
             b.size_bytes
             for b in ctx.live_blocks
