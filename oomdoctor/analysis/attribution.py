@@ -27,6 +27,7 @@ from oomdoctor.analysis.frame_kinds import (
     in_torch_optim,
     is_python_source,
     lead_frame_index,
+    per_stack,
 )
 from oomdoctor.analysis.phases import PhaseIndex, classify_stack, trains_by_frames
 from oomdoctor.analysis.results import (
@@ -142,6 +143,7 @@ def series_classifier(registry: Registry, pre_trace: Mapping[int, tuple[int, str
     return component_of_alloc, component_of_pre_existing
 
 
+@per_stack
 def source_line(stack: Stack) -> str | None:
     """The innermost frame of the user's own Python code, as `file:line in function`.
 
@@ -237,9 +239,10 @@ _LAYER_CONFIDENCE = 0.3  # weights read from the shapes alone
 _SAME_SHAPE_PER_COMPANION = 4  # matrices of one shape in a layer per smaller tensor beside them (q, k, v, o)
 
 
-def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
+@per_stack
+def _python_user_frames(stack: Stack) -> tuple[tuple[str, str], ...]:
     """(file stem, function) of the innermost user frames, as written (camelCase splits into words)."""
-    found = []
+    found: list[tuple[str, str]] = []
     for frame in stack:
         filename = frame.path
         if not filename.endswith(".py") or "/torch/" in filename or "<frozen" in filename:
@@ -248,7 +251,7 @@ def _python_user_frames(stack: Stack) -> list[tuple[str, str]]:
         found.append((stem, frame.name))
         if len(found) == _USER_FRAMES_READ:
             break
-    return found
+    return tuple(found)
 
 
 def made_by_code_outside_torch(stack: Stack) -> bool:
@@ -256,6 +259,7 @@ def made_by_code_outside_torch(stack: Stack) -> bool:
     return bool(_python_user_frames(stack))
 
 
+@per_stack
 def _workspace_frames(stack: Stack) -> bool:
     """Whether a C++ frame of the stack (recorded with `stacks="all"`) allocates a library workspace."""
     return any(_WORKSPACE_FRAME_WORD in frame.name.lower() for frame in stack if not frame.filename.endswith(".py"))
@@ -266,6 +270,7 @@ def _workspace_frames(stack: Stack) -> bool:
 _WEIGHT_READERS = ("/safetensors/", "torch/serialization.py")
 
 
+@per_stack
 def _reads_weights(stack: Stack) -> bool:
     """Whether the stack reads tensors from a file (a weights reader's frames) outside data loading
     (a dataset of cached tensors is read so too)."""
@@ -280,6 +285,7 @@ def reads_weights(stack: Stack) -> bool:
     return _reads_weights(stack)
 
 
+@per_stack
 def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
     """(component, method, confidence) of a block by what its code is called: a library that reads
     weights from a file (frames), else the words of the user's own function and file names
@@ -295,6 +301,7 @@ def _placed_by_names(stack: Stack) -> tuple[int, str, float] | None:
 _SCRIPT_ENTRIES = frozenset({"<module>", "main"})
 
 
+@per_stack
 def _by_names(stack: Stack) -> int | None:
     """The kind of memory the user's own function and file names say they allocate, if any (the
     file's name only for a function of it that is not the script's entry point)."""
@@ -320,6 +327,7 @@ def preallocates(stack: Stack) -> bool:
     return _by_names(stack) == PREALLOCATED
 
 
+@per_stack
 def _loads_data(stack: Stack) -> bool:
     """Whether the stack makes or moves a batch: torch's data loading, or user code named so."""
     for frame in stack:
@@ -328,6 +336,7 @@ def _loads_data(stack: Stack) -> bool:
     return any(_DATA_WORDS.search(function.lower()) for _, function in _python_user_frames(stack))
 
 
+@per_stack
 def _in_constructor(stack: Stack) -> bool:
     return any(function == "__init__" for _, function in _python_user_frames(stack))
 
@@ -364,6 +373,7 @@ def _is_apply(frame: Frame) -> bool:
     return frame.name == _APPLY and frame.path.endswith(_MODULE_FILE)
 
 
+@per_stack
 def _apply_frame(stack: Stack) -> int | None:
     """The position in a stack of its innermost `Module._apply` frame (the loop that converted the
     tensor), if any."""
@@ -373,6 +383,7 @@ def _apply_frame(stack: Stack) -> int | None:
     return None
 
 
+@per_stack
 def _apply_line(stack: Stack) -> int | None:
     position = _apply_frame(stack)
     return stack[position].line if position is not None else None
@@ -439,6 +450,7 @@ _DDP_FILE = "torch/nn/parallel/distributed.py"
 _DDP_BUCKET_FUNCTIONS = frozenset({"_ddp_init_helper", "_pre_forward", "main_hook"})
 
 
+@per_stack
 def ddp_bucket_frames(stack: Stack) -> bool:
     """Whether the innermost Python frame of a stack is where DDP's reducer makes its gradient
     buckets (`_DDP_BUCKET_FUNCTIONS`)."""
@@ -456,6 +468,7 @@ _SHARDED_OPTIMIZER_FILES = ("torch/distributed/optim/zero_redundancy_optimizer.p
 _SHARDED_OPTIMIZER_FOLDERS = ("deepspeed/runtime/zero/",)
 
 
+@per_stack
 def sharded_optimizer_frames(stack: Stack) -> bool:
     """Whether a stack runs inside an optimizer that shards its state across ranks."""
     for frame in stack:
@@ -465,6 +478,7 @@ def sharded_optimizer_frames(stack: Stack) -> bool:
     return False
 
 
+@per_stack
 def series_component_by_stack(stack: Stack) -> int | None:
     """The component the memory-over-time series gives an allocation by its own stack, whatever
     the phase it was made in (None: by its phase), as the live blocks are placed: DDP's gradient
@@ -498,6 +512,7 @@ _FSDP_PARAMETER_FILES = ("torch/distributed/fsdp/_flat_param.py", "torch/distrib
 _FSDP_COLLECTIVES = "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"
 
 
+@per_stack
 def fsdp_parameter_frames(stack: Stack) -> bool:
     """Whether the innermost torch frames of a stack are FSDP making or gathering parameters."""
     for frame in stack:
@@ -528,6 +543,7 @@ _MODULE_MOVES = frozenset({"_apply", "to", "cuda", "to_empty"})
 _SET_MODULE_TENSOR = "set_module_tensor_to_device"
 
 
+@per_stack
 def moves_module_tensors(stack: Stack) -> bool:
     """Whether the stack moves or converts a module's own tensors (`Module.to`, `.cuda`, `_apply`)
     or sets one (accelerate's `set_module_tensor_to_device`)."""
@@ -821,6 +837,7 @@ _SCATTER_FUNCTIONS = frozenset({"scatter", "scatter_kwargs"})
 _SCATTER_FILES = ("/data_parallel.py", "/scatter_gather.py")
 
 
+@per_stack
 def data_parallel_kind(stack: Stack) -> int | None:
     """PARAMETERS for a block DataParallel's replicate made, INPUTS for one its scatter made (the
     innermost of the two frames decides), None otherwise."""
@@ -833,6 +850,7 @@ def data_parallel_kind(stack: Stack) -> int | None:
     return None
 
 
+@per_stack
 def _backward_made(stack: Stack) -> bool:
     return any("AccumulateGrad" in frame.name for frame in stack if not frame.filename.endswith(".py"))
 
@@ -843,6 +861,7 @@ def _backward_made(stack: Stack) -> bool:
 _UPDATE_FUNCTION = re.compile(r"_(single_tensor|multi_tensor|fused)_(?!sgd$)\w+")
 
 
+@per_stack
 def _update_temporary(stack: Stack) -> bool:
     """Whether the innermost torch.optim frame of a stack is an update function that makes no state."""
     for frame in stack:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from oomdoctor.analysis.frame_kinds import in_activation_checkpoint
+from oomdoctor.analysis.frame_kinds import in_activation_checkpoint, per_stack
 from oomdoctor.model import Frame, Stack
 
 _DCP_FILES = "torch/distributed/checkpoint/"
@@ -57,6 +57,7 @@ def _loads(frame: Frame) -> bool:
     )
 
 
+@per_stack
 def save_frame(stack: Stack) -> Frame | None:
     """The outermost frame of `stack` that saves a checkpoint, or None when the stack saves none
     (or loads one)."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 from oomdoctor.model import Frame, Stack, slashed
 
@@ -101,24 +103,37 @@ def _kind(filename: str, name: str, has_line: bool) -> str:
     return NATIVE
 
 
-# lead_frame_index of the stacks seen, by identity: a dump's blocks and events share their stack
-# tuples, and every view labels each block by its lead frame (some views more than once)
-_LEADS: dict[int, tuple[Stack, int | None]] = {}
-_LEADS_KEPT = 1 << 16
+# Stacks each function of one `per_stack` remembers, at most; past that it starts again.
+STACKS_KEPT = 1 << 16
+
+_Result = TypeVar("_Result")
 
 
+def per_stack(function: Callable[[Stack], _Result]) -> Callable[[Stack], _Result]:
+    """`function` of a stack, worked out once per stack: remembered by the stack's identity (with
+    the stack itself, so that the identity stays its own), for at most STACKS_KEPT stacks.
+
+    A dump's blocks and events share their stack tuples (the loader makes one per distinct stack),
+    so what a rule reads in a stack is read once per distinct stack, not once per block or event
+    that has it: a dump of 100,000 live blocks over a few hundred stacks. The function must be pure
+    and return something nobody changes (a bool, a str, a tuple)."""
+    kept: dict[int, tuple[Stack, _Result]] = {}
+
+    def remembered(stack: Stack) -> _Result:
+        entry = kept.get(id(stack))
+        if entry is not None and entry[0] is stack:
+            return entry[1]
+        result = function(stack)
+        if len(kept) >= STACKS_KEPT:
+            kept.clear()
+        kept[id(stack)] = (stack, result)
+        return result
+
+    return functools.update_wrapper(remembered, function)
+
+
+@per_stack  # every view labels each block by its lead frame (some views more than once)
 def lead_frame_index(stack: Stack) -> int | None:
-    entry = _LEADS.get(id(stack))
-    if entry is not None and entry[0] is stack:
-        return entry[1]
-    position = _lead_frame_index(stack)
-    if len(_LEADS) >= _LEADS_KEPT:
-        _LEADS.clear()
-    _LEADS[id(stack)] = (stack, position)
-    return position
-
-
-def _lead_frame_index(stack: Stack) -> int | None:
     """The position of the frame that stands for where a block was allocated: the innermost frame
     of the user's own Python code.
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain, compress, groupby
 from typing import Any
 
-from oomdoctor.analysis.frame_kinds import in_torch_optim
+from oomdoctor.analysis.frame_kinds import in_torch_optim, per_stack
 from oomdoctor.analysis.results import (
     FORWARD_PASSES,
     PHASE_BACKWARD,
@@ -144,6 +144,7 @@ def _frame_kind(filename: str, name: str) -> str | None:
     return None
 
 
+@per_stack
 def _stack_class(stack: Stack) -> str:
     """The class of an allocation's stack: walk it from the outermost frame in, so that each phase
     frame decides for what runs inside it, with two exceptions that make it survive frameworks:
