@@ -346,6 +346,7 @@ def _phase_of(phases: PhaseIndex, index: int) -> str | None:
     return span.phase if span is not None else None
 
 
+@per_stack
 def _makes_parameter(stack: Stack, buffer_line: int | None = None) -> bool:
     """Whether a block made before the first step by this stack is a parameter (as `_infer` places
     one by its frames): a module's setup (not its buffers', `buffer_line`), a function named so, or
@@ -880,6 +881,12 @@ def _place_by_own_frames(
         return WORKSPACE, METHOD_SIZE_MATCH, 0.5
     if not stack:
         return None
+    return _placed_by_stack(stack, buffer_line)
+
+
+@per_stack
+def _placed_by_stack(stack: Stack, buffer_line: int | None) -> tuple[int, str, float] | None:
+    """`_place_by_own_frames` of a stack with frames, after the checks that read the block's size."""
     if save_frame(stack) is not None:  # a copy made to save a checkpoint (a state dict gathered): no model state
         return OTHER, METHOD_FRAMES, 0.6
     if ddp_bucket_frames(stack):

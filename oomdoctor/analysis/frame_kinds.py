@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from oomdoctor.model import Frame, Stack, slashed
 
@@ -109,24 +109,26 @@ STACKS_KEPT = 1 << 16
 _Result = TypeVar("_Result")
 
 
-def per_stack(function: Callable[[Stack], _Result]) -> Callable[[Stack], _Result]:
-    """`function` of a stack, worked out once per stack: remembered by the stack's identity (with
-    the stack itself, so that the identity stays its own), for at most STACKS_KEPT stacks.
+def per_stack(function: Callable[..., _Result]) -> Callable[..., _Result]:
+    """`function(stack, *rest)` worked out once per stack (and `rest`, hashable values): remembered
+    by the stack's identity (with the stack itself, so that the identity stays its own), for at
+    most STACKS_KEPT stacks.
 
     A dump's blocks and events share their stack tuples (the loader makes one per distinct stack),
     so what a rule reads in a stack is read once per distinct stack, not once per block or event
     that has it: a dump of 100,000 live blocks over a few hundred stacks. The function must be pure
     and return something nobody changes (a bool, a str, a tuple)."""
-    kept: dict[int, tuple[Stack, _Result]] = {}
+    kept: dict[Any, tuple[Stack, _Result]] = {}
 
-    def remembered(stack: Stack) -> _Result:
-        entry = kept.get(id(stack))
+    def remembered(stack: Stack, *rest: Any) -> _Result:
+        key = (id(stack), *rest) if rest else id(stack)
+        entry = kept.get(key)
         if entry is not None and entry[0] is stack:
             return entry[1]
-        result = function(stack)
+        result = function(stack, *rest)
         if len(kept) >= STACKS_KEPT:
             kept.clear()
-        kept[id(stack)] = (stack, result)
+        kept[key] = (stack, result)
         return result
 
     return functools.update_wrapper(remembered, function)
