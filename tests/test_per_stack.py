@@ -61,3 +61,16 @@ def test_the_attribution_rules_read_each_shared_stack_once(monkeypatch):
     assert all(attribution._loads_data.__wrapped__(stack) for _ in range(50))
     assert all(attribution._by_names.__wrapped__(stack) is None for _ in range(50))
     assert len(read) == 1
+
+
+def test_further_arguments_are_part_of_what_is_remembered():
+    read = []
+
+    @per_stack
+    def at_line(stack, line):
+        read.append((stack, line))
+        return any(frame.line == line for frame in stack)
+
+    assert at_line(FORWARD, 3) and at_line(FORWARD, 3)
+    assert not at_line(FORWARD, 4)
+    assert read == [(FORWARD, 3), (FORWARD, 4)]
