@@ -552,11 +552,16 @@ def _state_runs(trace: DeviceTrace, blocks: Sequence[LiveBlock], target: int | N
     return tuple(runs)
 
 
-def _at_end(dump: _DeviceDump, state: ReplayState, target: _Target) -> tuple[dict[str, int], int | None]:
+def _at_end(
+    dump: _DeviceDump, state: ReplayState, target: _Target, shares: Sequence[ComponentShare]
+) -> tuple[dict[str, int], int | None]:
     """Components and allocated bytes at the dump, placed as the target's blocks are (None when
-    the target is the dump itself)."""
+    the target is the dump itself). A target at the trace's last event is the dump's own state,
+    placed already (`shares`)."""
     if target.index is None:
         return {}, None
+    if target.index == len(dump.trace) - 1:
+        return {s.name: s.bytes for s in shares}, target.state.allocated_bytes
     at_end = _state_at_target(dump.trace, dump.segments, state.history, None)[0]
     blocks = place(dump, state.history, at_end.live, None)
     return {s.name: s.bytes for s in _attribution.shares(blocks)}, at_end.allocated_bytes
@@ -574,7 +579,7 @@ def _context(
 ) -> Context:
     """Everything the verdict tests read."""
     pass_allocated, pass_kept, pass_kept_count, pass_returned = _current_pass(dump, target, blocks)
-    end_components, end_allocated = _at_end(dump, state, target)
+    end_components, end_allocated = _at_end(dump, state, target, shares)
     frames_train = _frames_train(dump, target, blocks, moment.step)
     optimizer_made = bool(dump.metadata.optimizers)
     holes, shrinking = _placement_layout(dump, target, accounted, blocks)
