@@ -393,3 +393,52 @@ def test_oomdoctor_load_stays_callable_after_the_load_subpackage_is_imported():
     importlib.import_module("oomdoctor.load")
     snapshot = oomdoctor.load(EXAMPLE_DUMP)
     assert snapshot.segments and oomdoctor.load(EXAMPLE_DUMP.read_bytes()).segments == snapshot.segments
+
+
+def _trace_of(events: list[dict]) -> DeviceTrace:
+    return load(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)).traces[0]
+
+
+def _event(action: str, **keys: object) -> dict:
+    return {"action": action, "size": 512, "stream": 0, "frames": [], **keys}
+
+
+@pytest.mark.parametrize("runs", [1, 3, 1100])  # up to and beyond the oom events read in runs between them
+def test_oom_events_read_their_addr_where_they_have_one(runs: int) -> None:
+    events = []
+    for run in range(runs):
+        events += [_event("alloc", addr=4096 * run + 512), _event("oom"), _event("oom", addr=None)]
+        events += [_event("oom", addr=4096 * run + 1024), _event("free_requested", addr=4096 * run + 512)]
+    trace = _trace_of(events)
+    expected = []
+    for run in range(runs):
+        expected += [4096 * run + 512, 0, 0, 4096 * run + 1024, 4096 * run + 512]
+    assert trace.addrs == tuple(expected)
+    assert len(trace.addrs) == len(trace.actions) == 5 * runs
+
+
+def test_an_addr_missing_beside_an_oom_event_reads_as_zero() -> None:
+    trace = _trace_of([_event("alloc", addr=512), _event("oom"), _event("alloc"), _event("oom", addr=1024)])
+    assert trace.addrs == (512, 0, 0, 1024)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("x", "device 0 trace event 1: 'addr' is a str"),
+        (True, "device 0 trace event 1: 'addr' is a bool"),
+        (2**64, "device 0 trace event 1: 'addr' does not fit in 64 bits"),
+    ],
+)
+def test_a_bad_addr_on_an_oom_event_is_refused(bad: object, message: str) -> None:
+    with pytest.raises(LoadError, match=message):
+        _trace_of([_event("alloc", addr=512), _event("oom", addr=bad), _event("free_requested", addr=512)])
+
+
+def test_one_text_value_in_many_objects_is_one_interned_object() -> None:
+    data = make_snapshot()
+    for event in data["device_traces"][0]:
+        event["compile_context"] = "N/A"
+    trace = load(orjson.dumps(data)).traces[0]  # JSON: a str object per event
+    assert trace.compile_contexts == ("N/A",) * len(trace)
+    assert all(value is sys.intern("N/A") for value in trace.compile_contexts)

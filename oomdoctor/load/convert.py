@@ -14,8 +14,8 @@ from __future__ import annotations
 import operator
 import sys
 from array import array
-from collections.abc import Callable, Mapping
-from itertools import repeat
+from collections.abc import Callable, Iterator, Mapping
+from itertools import chain, islice, repeat
 from typing import Any
 
 from oomdoctor.allocator_rules import recorded_settings
@@ -324,6 +324,8 @@ def _shared_strings(values: tuple[Any, ...], distinct: set[Any]) -> tuple[Any, .
     if len(set(map(id, sample))) <= len(set(sample)):
         return values  # already one object per value, as in torch's pickles
     table = {v: sys.intern(v) if type(v) is str else v for v in distinct}
+    if len(table) == 1:  # one value throughout (compile_context 'N/A', say): no lookup per value
+        return tuple(table.values()) * len(values)
     return tuple(map(table.__getitem__, values))
 
 
@@ -346,6 +348,35 @@ def _column_reader(events: list[Any]) -> Callable[..., tuple[Any, ...]]:
     return column
 
 
+_ADDR = operator.itemgetter("addr")
+_OOM_ADDR = operator.methodcaller("get", "addr", 0)
+# Up to this many `oom` events in a trace, its addr column is read in runs between them.
+_OOM_RUNS_MAX = 1024
+
+
+def _addr_column(events: list[Any], column: Callable[..., tuple[Any, ...]], oom_indices: list[int]) -> tuple[Any, ...]:
+    """The addr of every event (all dicts by now). torch writes none on `oom` events: those are read
+    with dict.get (0 when missing, as `_int_column` fills it), the runs between them with an
+    itemgetter, a little faster than dict.get; an event elsewhere without one sends the whole column
+    to dict.get (None where missing)."""
+    if not oom_indices:
+        return column("addr")
+    if len(oom_indices) <= _OOM_RUNS_MAX:
+        rest = iter(events)
+        runs: list[Iterator[Any]] = []
+        start = 0
+        for index in oom_indices:  # consumed in order by chain: each run takes its events from `rest`
+            runs.append(map(_ADDR, islice(rest, index - start)))
+            runs.append(map(_OOM_ADDR, islice(rest, 1)))
+            start = index + 1
+        runs.append(map(_ADDR, rest))
+        try:
+            return tuple(chain.from_iterable(runs))
+        except KeyError:
+            pass
+    return column("addr", always=False)
+
+
 def _present(events: list[Any], key: str) -> bool:
     """torch writes a key on every event of a trace or on none (spec §1.9); look at both ends."""
     return key in events[0] or key in events[-1]
@@ -364,9 +395,10 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     distinct_actions = _distinct(actions, (str,), describe, device, "action")
     actions = _shared_strings(actions, distinct_actions)
 
+    oom_indices: list[int] = indices_of(actions, OOM, []) if OOM in distinct_actions else []
+
     sizes = _int_column(column("size"), describe, device, "size", ranged=True)
-    # `oom` events have no addr
-    addrs = _int_column(column("addr", always=False), describe, device, "addr", missing=0, ranged=True)
+    addrs = _int_column(_addr_column(events, column, oom_indices), describe, device, "addr", missing=0, ranged=True)
     streams = column("stream")
     if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
         streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
@@ -392,12 +424,10 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     raw_stacks = column("frames")  # checked lazily: StackTable turns anything odd into no stack
 
     device_free: dict[int, int] = {}
-    if OOM in distinct_actions:
-        oom_indices: list[int] = indices_of(actions, OOM, [])
-        for index in oom_indices:
-            free = events[index].get("device_free")
-            if free is not None:
-                device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
+    for index in oom_indices:
+        free = events[index].get("device_free")
+        if free is not None:
+            device_free[index] = _int(free, describe, f"device {device} trace event {index} 'device_free'")
     if ANNOTATE in distinct_actions:
         _note_once(era, "'annotate' trace events", 14)
 
