@@ -442,3 +442,27 @@ def test_one_text_value_in_many_objects_is_one_interned_object() -> None:
     trace = load(orjson.dumps(data)).traces[0]  # JSON: a str object per event
     assert trace.compile_contexts == ("N/A",) * len(trace)
     assert all(value is sys.intern("N/A") for value in trace.compile_contexts)
+
+
+@pytest.mark.parametrize("key", ["size", "addr", "time_us", "stream"])
+def test_int_columns_take_every_int64_and_refuse_the_first_bad_value_by_kind_before_range(key: str) -> None:
+    def events(*values: object) -> list[dict]:
+        made = [_event("alloc", addr=4096, time_us=7) for _ in values]
+        for event, value in zip(made, values):
+            event[key] = value
+        return made
+
+    column = "times_us" if key == "time_us" else f"{key}s"
+    assert getattr(_trace_of(events(2**63 - 1, -(2**63), 0, 1, 5)), column) == (2**63 - 1, -(2**63), 0, 1, 5)
+    for values, message in [
+        ((5, 2**63, 7), "event 1: '{key}' does not fit in 64 bits"),
+        ((5, 6, -(2**63) - 1), "event 2: '{key}' does not fit in 64 bits"),
+        ((5, True, 7), "event 1: '{key}' is a bool"),
+        ((5, 6, False), "event 2: '{key}' is a bool"),
+        ((2**64, 6, False), "event 2: '{key}' is a bool"),  # a wrong kind is named before a wrong range
+        ((2**64, 1.0, 7), "event 1: '{key}' is a float"),
+        ((5, 0.0, 7), "event 1: '{key}' is a float"),
+        ((5, 6, "7"), "event 2: '{key}' is a str"),
+    ]:
+        with pytest.raises(LoadError, match=f"device 0 trace {message.format(key=key)};"):
+            _trace_of(events(*values))

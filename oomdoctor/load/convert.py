@@ -170,6 +170,10 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# An array of C longs where they are 64 bits wide (Linux, macOS): it takes the same values as one of
+# long longs ('q'), and converts an int of more than one 30-bit digit (an address, a time in us)
+# without the byte-by-byte path that 'q' takes, about a third faster.
+_INT64_TYPECODE = "l" if array("l").itemsize == 8 else "q"
 
 
 def _int(value: Any, describe: str, what: str) -> int:
@@ -273,6 +277,8 @@ def _int_column(
     values: tuple[Any, ...], describe: str, device: int, key: str, *, missing: int | None = None, ranged: bool = False
 ) -> tuple[int, ...]:
     """`values` checked to be ints (None replaced by `missing` when given), within int64 if `ranged`."""
+    if ranged and _all_int64(values):
+        return values
     kinds = set(map(type, values))
     if kinds != {int}:
         allowed = (int, _NONE_TYPE) if missing is not None else (int,)
@@ -292,11 +298,24 @@ def _int_column(
     return values
 
 
+def _all_int64(values: tuple[Any, ...]) -> bool:
+    """Whether every one of `values` (not empty) is an int, never a bool, that fits in 64 bits. An
+    int64 array refuses, in one C pass, every value that is not an int or a bool in range (nothing
+    else a snapshot holds has __index__); bools are then told apart by the smallest value, as none
+    can be below 2 (no 0 or 1, so no False or True), or else by their types. False says only that the
+    full checks must run: they name the first bad value, as they always have."""
+    try:
+        array(_INT64_TYPECODE, values)
+    except (TypeError, OverflowError):
+        return False
+    return min(values) > 1 or set(map(type, values)) == {int}
+
+
 def _check_int64(values: tuple[int, ...], describe: str, device: int, key: str) -> None:
     """Raise unless every one of `values` (ints, never bools) fits in 64 bits: one C pass (an
     int64 array refuses the first that does not), where min and max took two."""
     try:
-        array("q", values)
+        array(_INT64_TYPECODE, values)
     except OverflowError:
         index = next(i for i, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
         raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits") from None
@@ -406,13 +425,16 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     times_us = None
     if _present(events, "time_us"):
         values = column("time_us")
-        kinds = set(map(type, values))
-        if not kinds.issubset((int, _NONE_TYPE)):
-            raise _bad_value_error(values, (int, _NONE_TYPE), describe, device, "time_us")
-        present = values if _NONE_TYPE not in kinds else tuple(v for v in values if v is not None)
-        if present:  # ints by now: only their range is left to check
-            _check_int64(present, describe, device, "time_us")
+        if _all_int64(values):
             times_us = values
+        else:
+            kinds = set(map(type, values))
+            if not kinds.issubset((int, _NONE_TYPE)):
+                raise _bad_value_error(values, (int, _NONE_TYPE), describe, device, "time_us")
+            present = values if _NONE_TYPE not in kinds else tuple(v for v in values if v is not None)
+            if present:  # ints by now: only their range is left to check
+                _check_int64(present, describe, device, "time_us")
+                times_us = values
     if times_us is not None:
         _note_once(era, "time_us on trace events", 2)
     else:
