@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from oomdoctor.errors import LoadError
-from oomdoctor.load import load, load_raw
+from oomdoctor.load import freeze_builtins, load, load_raw
 from oomdoctor.model import (
     ACTIVE_PENDING_FREE,
     DEFAULT_POOL,
@@ -442,6 +442,39 @@ def test_one_text_value_in_many_objects_is_one_interned_object() -> None:
     trace = load(orjson.dumps(data)).traces[0]  # JSON: a str object per event
     assert trace.compile_contexts == ("N/A",) * len(trace)
     assert all(value is sys.intern("N/A") for value in trace.compile_contexts)
+
+
+@pytest.mark.parametrize("at", ["dict", "list"])
+def test_frozen_metadata_keeps_int64_leaves_and_refuses_wider_ones(at: str) -> None:
+    def holding(value: object) -> dict:
+        return {"x": value, "y": [1, 2.5, None, True]} if at == "dict" else {"x": [0, value, "s"]}
+
+    for fits in (2**63 - 1, -(2**63)):
+        frozen = freeze_builtins(holding(fits))
+        assert frozen is not None and orjson.loads(orjson.dumps(frozen)) == holding(fits)
+    for wide in (2**63, -(2**63) - 1, 2**64):
+        assert freeze_builtins(holding(wide)) is None
+
+
+def test_frozen_metadata_counts_every_leaf_against_the_expansion_limit(monkeypatch) -> None:
+    import oomdoctor.load.convert as convert
+
+    monkeypatch.setattr(convert, "FREEZE_MAX_EXPANDED", 100)
+    # a list costs 1 and each item its own cost: 1 a scalar, 1 more per 64 characters of a str;
+    # a dict costs 1 and each item its value's cost, 1, and 1 more per 64 characters of its key
+    assert freeze_builtins({"k": [7] * 97}) is not None  # 1 + (1 + 97) + 1 = 100
+    assert freeze_builtins({"k": [7] * 98}) is None
+    assert freeze_builtins({"k": [None, 1.5, True] * 32 + ["a" * 63]}) is not None  # 1 + (1 + 96 + 1) + 1
+    assert freeze_builtins({"k": [None, 1.5, True] * 32 + ["a" * 64]}) is None
+    assert freeze_builtins({f"k{i:02}": "v" for i in range(49)}) is not None  # 1 + 49 * 2
+    assert freeze_builtins({f"k{i:02}": "v" for i in range(50)}) is None
+    assert freeze_builtins({f"k{i:02}": "v" * 64 for i in range(33)}) is not None  # 1 + 33 * 3
+    assert freeze_builtins({f"k{i:02}": "v" * 64 for i in range(34)}) is None
+    assert freeze_builtins({"k" * 62 + f"{i:02}": 1.5 for i in range(33)}) is not None  # 1 + 33 * 3
+    assert freeze_builtins({"k" * 62 + f"{i:02}": 1.5 for i in range(34)}) is None
+    shared = ["s"] * 9  # costs 10 at each of its references
+    assert freeze_builtins({"k": [shared] * 9}) is not None  # 1 + (1 + 90) + 1 = 93
+    assert freeze_builtins({"k": [shared] * 10}) is None
 
 
 @pytest.mark.parametrize("key", ["size", "addr", "time_us", "stream"])
