@@ -435,6 +435,19 @@ def test_a_bad_addr_on_an_oom_event_is_refused(bad: object, message: str) -> Non
         _trace_of([_event("alloc", addr=512), _event("oom", addr=bad), _event("free_requested", addr=512)])
 
 
+def test_addrs_beside_oom_events_keep_0_and_1_and_refuse_bools() -> None:
+    oom, alloc = _event("oom"), _event("alloc", addr=512)
+    assert _trace_of([_event("alloc", addr=1), oom, _event("alloc", addr=0), oom]).addrs == (1, 0, 0, 0)
+    assert _trace_of([oom, oom]).addrs == (0, 0)
+    for events, at in [
+        ([alloc, oom, _event("alloc", addr=False), alloc], 2),
+        ([_event("alloc", addr=True), oom], 0),
+        ([alloc, oom, alloc, _event("oom", addr=False)], 3),
+    ]:
+        with pytest.raises(LoadError, match=f"device 0 trace event {at}: 'addr' is a bool"):
+            _trace_of(events)
+
+
 def test_one_text_value_in_many_objects_is_one_interned_object() -> None:
     data = make_snapshot()
     for event in data["device_traces"][0]:

@@ -274,10 +274,18 @@ def _bad_value_error(
 
 
 def _int_column(
-    values: tuple[Any, ...], describe: str, device: int, key: str, *, missing: int | None = None, ranged: bool = False
+    values: tuple[Any, ...],
+    describe: str,
+    device: int,
+    key: str,
+    *,
+    missing: int | None = None,
+    ranged: bool = False,
+    zeros_at: list[int] | None = None,
 ) -> tuple[int, ...]:
-    """`values` checked to be ints (None replaced by `missing` when given), within int64 if `ranged`."""
-    if ranged and _all_int64(values):
+    """`values` checked to be ints (None replaced by `missing` when given), within int64 if `ranged`.
+    `zeros_at`: the positions (ascending) where 0s are expected, as in the addr of oom events."""
+    if ranged and _all_int64(values, zeros_at):
         return values
     kinds = set(map(type, values))
     if kinds != {int}:
@@ -298,17 +306,37 @@ def _int_column(
     return values
 
 
-def _all_int64(values: tuple[Any, ...]) -> bool:
+def _all_int64(values: tuple[Any, ...], zeros_at: list[int] | None = None) -> bool:
     """Whether every one of `values` (not empty) is an int, never a bool, that fits in 64 bits. An
     int64 array refuses, in one C pass, every value that is not an int or a bool in range (nothing
     else a snapshot holds has __index__); bools are then told apart by the smallest value, as none
-    can be below 2 (no 0 or 1, so no False or True), or else by their types. False says only that the
-    full checks must run: they name the first bad value, as they always have."""
+    can be below 2 (no 0 or 1, so no False or True), or else by their types. The values at
+    `zeros_at` (a few positions) are typed one by one and the smallest is taken over the others.
+    False says only that the full checks must run: they name the first bad value, as they always
+    have."""
     try:
         array(_INT64_TYPECODE, values)
     except (TypeError, OverflowError):
         return False
-    return min(values) > 1 or set(map(type, values)) == {int}
+    if zeros_at and len(zeros_at) <= _OOM_RUNS_MAX and all(type(values[i]) is int for i in zeros_at):
+        smallest = _smallest_besides(values, zeros_at)
+    else:
+        smallest = min(values)
+    return smallest > 1 or set(map(type, values)) == {int}
+
+
+def _smallest_besides(values: tuple[int, ...], positions: list[int]) -> int:
+    """The smallest of `values` (ints or bools) but those at `positions` (ascending), or 2 when no
+    other is left."""
+    rest = iter(values)
+    smallest = 2
+    start = 0
+    for index in positions:
+        if index > start:
+            smallest = min(smallest, min(islice(rest, index - start)))
+        next(rest)
+        start = index + 1
+    return min(smallest, min(rest, default=2))
 
 
 def _check_int64(values: tuple[int, ...], describe: str, device: int, key: str) -> None:
@@ -417,7 +445,8 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     oom_indices: list[int] = indices_of(actions, OOM, []) if OOM in distinct_actions else []
 
     sizes = _int_column(column("size"), describe, device, "size", ranged=True)
-    addrs = _int_column(_addr_column(events, column, oom_indices), describe, device, "addr", missing=0, ranged=True)
+    addr_values = _addr_column(events, column, oom_indices)
+    addrs = _int_column(addr_values, describe, device, "addr", missing=0, ranged=True, zeros_at=oom_indices)
     streams = column("stream")
     if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
         streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
