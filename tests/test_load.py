@@ -512,3 +512,18 @@ def test_int_columns_take_every_int64_and_refuse_the_first_bad_value_by_kind_bef
     ]:
         with pytest.raises(LoadError, match=f"device 0 trace {message.format(key=key)};"):
             _trace_of(events(*values))
+
+
+def test_a_stream_column_of_zeros_is_told_from_false_and_float_zeros() -> None:
+    def streams(*values: object) -> list[dict]:
+        return [_event("alloc", addr=512, stream=value) for value in values]
+
+    assert _trace_of(streams(0, 0, 0)).streams == (0, 0, 0)
+    assert _trace_of(streams(0, None, 0)).streams == (0, 0, 0)
+    assert _trace_of(streams(0, 7, 0)).streams == (0, 7, 0)
+    for values, message in [
+        ((0, False, 0), "event 1: 'stream' is a bool"),
+        ((0, 0, 0.0), "event 2: 'stream' is a float"),
+    ]:
+        with pytest.raises(LoadError, match=f"device 0 trace {message};"):
+            _trace_of(streams(*values))

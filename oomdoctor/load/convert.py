@@ -349,13 +349,20 @@ def _check_int64(values: tuple[int, ...], describe: str, device: int, key: str) 
         raise _shape_error(describe, f"device {device} trace event {index}: '{key}' does not fit in 64 bits") from None
 
 
-def _distinct(values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str) -> set[Any]:
+def _distinct(
+    values: tuple[Any, ...], allowed: tuple[type, ...], describe: str, device: int, key: str, usual: Any = None
+) -> set[Any]:
     """The distinct values of a column with few of them (actions, streams, contexts), type-checked.
 
     The types are checked before any value is hashed: hashing a deeply nested or self-sharing tuple
-    from a hostile file would overflow the C stack or take exponential time."""
-    if not set(map(type, values)).issubset(allowed):
+    from a hostile file would overflow the C stack or take exponential time. `usual`: a value that
+    is often the only one, counted first (in C, comparing without hashing): stream 0, which among
+    ints and None only an int 0 equals."""
+    kinds = set(map(type, values))
+    if not kinds.issubset(allowed):
         raise _bad_value_error(values, allowed, describe, device, key)
+    if type(usual) in kinds and values.count(usual) == len(values):
+        return {usual}
     try:
         distinct = set(values)
     except TypeError:  # an unhashable value: a list or dict where a str or int belongs
@@ -448,7 +455,7 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
     addr_values = _addr_column(events, column, oom_indices)
     addrs = _int_column(addr_values, describe, device, "addr", missing=0, ranged=True, zeros_at=oom_indices)
     streams = column("stream")
-    if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream") != {0}:
+    if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream", usual=0) != {0}:
         streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
 
     times_us = None
