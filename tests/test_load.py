@@ -527,3 +527,23 @@ def test_a_stream_column_of_zeros_is_told_from_false_and_float_zeros() -> None:
     ]:
         with pytest.raises(LoadError, match=f"device 0 trace {message};"):
             _trace_of(streams(*values))
+
+
+@pytest.mark.parametrize(
+    ("fill", "bad"),
+    [
+        ([0] * 5000, False),  # more 0s than are typed one by one
+        ([1] * 5000, True),
+        ([1, 0] * 2500, False),
+        ([512, 2**21] * 2000, False),  # 0 bytes across words: searching for a stored 0 gives up
+        ([2**8, 512] * 2000, True),  # and so for a stored 1
+        ([7] * 100, True),
+        ([2**21] * 3000, False),
+    ],
+)
+def test_a_bool_among_many_ints_is_found_however_the_ints_are_stored(fill: list[int], bad: bool) -> None:
+    events = [_event("alloc", addr=512, size=value) for value in fill]
+    assert _trace_of(events).sizes == tuple(fill)
+    for at in (0, len(fill) // 2, len(fill)):
+        with pytest.raises(LoadError, match=f"device 0 trace event {at}: 'size' is a bool"):
+            _trace_of([*events[:at], _event("alloc", addr=512, size=bad), *events[at:]])

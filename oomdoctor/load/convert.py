@@ -274,18 +274,10 @@ def _bad_value_error(
 
 
 def _int_column(
-    values: tuple[Any, ...],
-    describe: str,
-    device: int,
-    key: str,
-    *,
-    missing: int | None = None,
-    ranged: bool = False,
-    zeros_at: list[int] | None = None,
+    values: tuple[Any, ...], describe: str, device: int, key: str, *, missing: int | None = None, ranged: bool = False
 ) -> tuple[int, ...]:
-    """`values` checked to be ints (None replaced by `missing` when given), within int64 if `ranged`.
-    `zeros_at`: the positions (ascending) where 0s are expected, as in the addr of oom events."""
-    if ranged and _all_int64(values, zeros_at):
+    """`values` checked to be ints (None replaced by `missing` when given), within int64 if `ranged`."""
+    if ranged and _all_int64(values):
         return values
     kinds = set(map(type, values))
     if kinds != {int}:
@@ -306,37 +298,59 @@ def _int_column(
     return values
 
 
-def _all_int64(values: tuple[Any, ...], zeros_at: list[int] | None = None) -> bool:
-    """Whether every one of `values` (not empty) is an int, never a bool, that fits in 64 bits. An
-    int64 array refuses, in one C pass, every value that is not an int or a bool in range (nothing
-    else a snapshot holds has __index__); bools are then told apart by the smallest value, as none
-    can be below 2 (no 0 or 1, so no False or True), or else by their types. The values at
-    `zeros_at` (a few positions) are typed one by one and the smallest is taken over the others.
-    False says only that the full checks must run: they name the first bad value, as they always
-    have."""
+def _all_int64(values: tuple[Any, ...]) -> bool:
+    """Whether every one of `values` (not empty) is an int, never a bool, that fits in 64 bits.
+
+    An int64 array refuses, in one C pass, every value that is not an int or a bool in range
+    (nothing else a snapshot holds has __index__). Only bools are left to tell apart, and a bool
+    is stored as a word equal to 0 or 1: those words are searched for in the array's bytes (in C)
+    and the values there typed one by one; where there are too many to look at, the smallest value
+    says whether a 0 or a 1 is there at all (none: no bool), or else the type of every value is
+    read. False says only that the full checks must run: they name the first bad value, as they
+    always have."""
     try:
-        array(_INT64_TYPECODE, values)
+        words = array(_INT64_TYPECODE, values).tobytes()
     except (TypeError, OverflowError):
         return False
-    if zeros_at and len(zeros_at) <= _OOM_RUNS_MAX and all(type(values[i]) is int for i in zeros_at):
-        smallest = _smallest_besides(values, zeros_at)
-    else:
+    zeros = _typed_at_word(values, words, _WORD_0)
+    ones = _typed_at_word(values, words, _WORD_1)
+    if zeros is False or ones is False:
+        return False
+    if zeros is None or ones is None:  # a search gave up
         smallest = min(values)
-    return smallest > 1 or set(map(type, values)) == {int}
+        if not (smallest > 1 or (smallest == 1 and ones)):
+            return set(map(type, values)) == {int}
+    return True
 
 
-def _smallest_besides(values: tuple[int, ...], positions: list[int]) -> int:
-    """The smallest of `values` (ints or bools) but those at `positions` (ascending), or 2 when no
-    other is left."""
-    rest = iter(values)
-    smallest = 2
-    start = 0
-    for index in positions:
-        if index > start:
-            smallest = min(smallest, min(islice(rest, index - start)))
-        next(rest)
-        start = index + 1
-    return min(smallest, min(rest, default=2))
+_WORD_0 = array(_INT64_TYPECODE, [0]).tobytes()
+_WORD_1 = array(_INT64_TYPECODE, [1]).tobytes()
+# How many values equal to `word` are typed one by one, and how many matches across two words are
+# stepped over, before `_typed_at_word` gives up.
+_TYPED_MAX = 4096
+_STRADDLING_MAX = 64
+
+
+def _typed_at_word(values: tuple[Any, ...], words: bytes, word: bytes) -> bool | None:
+    """Whether every value stored as `word` in `words` (the bytes of an array of `values`) is an
+    int: True, False, or None when there were too many matches to look at."""
+    size = len(word)
+    typed = straddling = 0
+    at = words.find(word)
+    while at >= 0:
+        if at % size:  # the end of one word and the start of the next: go on from the next word
+            straddling += 1
+            if straddling > _STRADDLING_MAX:
+                return None
+            at = words.find(word, at - at % size + size)
+            continue
+        typed += 1
+        if typed > _TYPED_MAX:
+            return None
+        if type(values[at // size]) is not int:
+            return False
+        at = words.find(word, at + size)
+    return True
 
 
 def _check_int64(values: tuple[int, ...], describe: str, device: int, key: str) -> None:
@@ -453,7 +467,7 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
 
     sizes = _int_column(column("size"), describe, device, "size", ranged=True)
     addr_values = _addr_column(events, column, oom_indices)
-    addrs = _int_column(addr_values, describe, device, "addr", missing=0, ranged=True, zeros_at=oom_indices)
+    addrs = _int_column(addr_values, describe, device, "addr", missing=0, ranged=True)
     streams = column("stream")
     if _distinct(streams, (int, _NONE_TYPE), describe, device, "stream", usual=0) != {0}:
         streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
