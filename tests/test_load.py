@@ -547,3 +547,23 @@ def test_a_bool_among_many_ints_is_found_however_the_ints_are_stored(fill: list[
     for at in (0, len(fill) // 2, len(fill)):
         with pytest.raises(LoadError, match=f"device 0 trace event {at}: 'size' is a bool"):
             _trace_of([*events[:at], _event("alloc", addr=512, size=bad), *events[at:]])
+
+
+@pytest.mark.parametrize(
+    ("device", "time_us", "message"),
+    [
+        ("0", 5, "annotation 1 'device' is a str, not an int"),
+        (True, 5, "annotation 1 'device' is a bool, not an int"),
+        (2**63, 5, "annotation 1 'device' does not fit in 64 bits"),
+        (0, None, "annotation 1 'time_us' is a None, not an int"),
+        (0, -(2**63) - 1, "annotation 1 'time_us' does not fit in 64 bits"),
+        ("0", 2**64, "annotation 1 'device' is a str, not an int"),
+    ],
+)
+def test_an_annotation_with_a_bad_device_or_time_is_refused(device: object, time_us: object, message: str) -> None:
+    data = make_snapshot()
+    data["external_annotations"][1].update(device=device, time_us=time_us)
+    with pytest.raises(LoadError, match=f"input: wrong structure: {message};"):
+        load(pickle.dumps(data, protocol=4))
+    data["external_annotations"][1].update(device=2**63 - 1, time_us=-(2**63))
+    assert load(pickle.dumps(data, protocol=4)).annotations[1].time_us == -(2**63)

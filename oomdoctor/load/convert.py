@@ -656,8 +656,14 @@ def _build_annotations(raw: Any, describe: str) -> tuple[Annotation, ...]:
         device, time_us = entry.get("device", 0), entry.get("time_us", 0)
         if type(name) is not str or type(stage) is not str:
             raise _shape_error(describe, f"annotation {index} has a name or stage that is not a str")
-        _int(device, describe, f"annotation {index} 'device'")
-        _int(time_us, describe, f"annotation {index} 'time_us'")
+        if not (  # as _int checks them, without making its messages for each of thousands of annotations
+            type(device) is int
+            and type(time_us) is int
+            and _INT64_MIN <= device <= _INT64_MAX
+            and _INT64_MIN <= time_us <= _INT64_MAX
+        ):
+            _int(device, describe, f"annotation {index} 'device'")
+            _int(time_us, describe, f"annotation {index} 'time_us'")
         annotations.append(Annotation(name, sys.intern(stage), device, time_us))
     return tuple(annotations)
 
