@@ -737,9 +737,6 @@ def freeze_builtins(value: Any) -> Any:
         return None
 
 
-_SCALARS = frozenset((int, float, bool, _NONE_TYPE))
-
-
 def _freeze(value: Any, depth: int, done: dict[int, Any]) -> tuple[Any, int]:
     kind = type(value)
     if kind is str:
@@ -759,38 +756,20 @@ def _freeze(value: Any, depth: int, done: dict[int, Any]) -> tuple[Any, int]:
         return known
     done[id(value)] = None
     cost = 1
-    # the scalars among the items (most of them: markers, registered tensors) are kept here, at the
-    # cost _freeze gives them, without a call each
     if kind is dict:
         frozen_items = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise _Malformed
-            item_kind = type(item)
-            if item_kind is str:
-                frozen_items[key] = item
-                cost += 2 + (len(item) >> 6) + (len(key) >> 6)
-            elif item_kind in _SCALARS and (item_kind is not int or _INT64_MIN <= item <= _INT64_MAX):
-                frozen_items[key] = item
-                cost += 2 + (len(key) >> 6)
-            else:
-                frozen_items[key], item_cost = _freeze(item, depth + 1, done)
-                cost += item_cost + 1 + (len(key) >> 6)
+            frozen_items[key], item_cost = _freeze(item, depth + 1, done)
+            cost += item_cost + 1 + (len(key) >> 6)
         frozen: Any = FrozenDict(frozen_items)
     elif kind in (list, tuple):
         items = []
         for item in value:
-            item_kind = type(item)
-            if item_kind is str:
-                items.append(item)
-                cost += 1 + (len(item) >> 6)
-            elif item_kind in _SCALARS and (item_kind is not int or _INT64_MIN <= item <= _INT64_MAX):
-                items.append(item)
-                cost += 1
-            else:
-                frozen_item, item_cost = _freeze(item, depth + 1, done)
-                items.append(frozen_item)
-                cost += item_cost
+            frozen_item, item_cost = _freeze(item, depth + 1, done)
+            items.append(frozen_item)
+            cost += item_cost
         frozen = tuple(items)
     else:
         raise _Malformed
