@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 
-from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, frame_kind
+from oomdoctor.analysis.frame_kinds import PYTHON_KINDS, frame_kind, per_stack
 from oomdoctor.analysis.phases import in_module_forward
 from oomdoctor.analysis.regions import Regions, checkpoint_regions, sequential_regions
 from oomdoctor.analysis.results import (
@@ -213,6 +213,7 @@ def comparable_steps(trace: DeviceTrace, spans: Sequence[PhaseSpan], target_step
     return tuple(steps)
 
 
+@per_stack  # each step's passes meet the same stacks again
 def site_key(frames: Stack, depth: int | None = KEY_FRAMES) -> tuple[tuple[str, int], ...] | None:
     """An allocation's site: the (file, line) of its innermost Python frames, `depth` of them (a
     `stacks="all"` stack starts with the unwinder's and the allocator's C++ frames, alike for every
@@ -228,22 +229,13 @@ def site_key(frames: Stack, depth: int | None = KEY_FRAMES) -> tuple[tuple[str, 
 
 
 def _allocations(
-    trace: DeviceTrace,
-    first: int,
-    last: int,
-    limit: int = MAX_ALLOCATIONS,
-    keys: dict[int, tuple[tuple[str, int], ...] | None] | None = None,
+    trace: DeviceTrace, first: int, last: int, limit: int = MAX_ALLOCATIONS
 ) -> list[tuple[int, object, int]]:
-    """(event index, site key, size) of each allocation in [first, last], the first `limit` of them.
-    `keys`: the site keys of the trace's stack numbers made so far, kept from call to call (a probe
-    of many steps' passes meets the same stacks in each)."""
+    """(event index, site key, size) of each allocation in [first, last], the first `limit` of them."""
     sizes = trace.sizes
     indices = trace.positions_in(ALLOC, first, min(last + 1, len(sizes)), min(limit, MAX_ALLOCATIONS))
     numbers, stacks = trace.stacks_at(indices)  # each distinct stack's key made once
-    key_of = {} if keys is None else keys
-    for number, frames in stacks.items():
-        if number not in key_of:
-            key_of[number] = site_key(frames)
+    key_of = {number: site_key(frames) for number, frames in stacks.items()}
     return list(zip(indices, map(key_of.__getitem__, numbers), map(sizes.__getitem__, indices)))
 
 
@@ -370,23 +362,18 @@ _INPUT_ALIGN_REACH = INPUT_ALLOCATIONS * (LOOKAHEAD + 1) + LOOKAHEAD + 1
 _INPUT_ALIGN_FIRST = INPUT_ALLOCATIONS + LOOKAHEAD + 1
 
 
-def _align_inputs(
-    trace: DeviceTrace,
-    head: list[tuple[int, object, int]],
-    then: _Pass,
-    keys: dict[int, tuple[tuple[str, int], ...] | None] | None = None,
-) -> _Alignment | str:
+def _align_inputs(trace: DeviceTrace, head: list[tuple[int, object, int]], then: _Pass) -> _Alignment | str:
     """`_align(head, the earlier forward's allocations)`, reading those only as far as it reaches:
     the first _INPUT_ALIGN_FIRST, and all it can reach (_INPUT_ALIGN_REACH) only when a match ending
     at `earlier_position` may have looked past them (it looks LOOKAHEAD past where it stands) or
     when it failed."""
-    first = _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_FIRST, keys)
+    first = _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_FIRST)
     if len(first) < _INPUT_ALIGN_FIRST:  # all there are
         return _align(head, first)
     alignment = _align(head, first)
     if isinstance(alignment, _Alignment) and alignment.earlier_position + 1 + LOOKAHEAD <= _INPUT_ALIGN_FIRST:
         return alignment
-    return _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH, keys))
+    return _align(head, _allocations(trace, then.first_index, then.forward_last, _INPUT_ALIGN_REACH))
 
 
 class _InputsProbe:
@@ -420,9 +407,7 @@ class _InputsProbe:
         now = first_pass.get(target_step)
         if own is not None and own is not now:
             now, self.before_now = own, ()
-        # the site keys of the stacks met so far: each step's passes meet the same ones
-        self.keys: dict[int, tuple[tuple[str, int], ...] | None] = {}
-        self.head = _allocations(trace, now.first_index, now.forward_last, INPUT_ALLOCATIONS, self.keys) if now else []
+        self.head = _allocations(trace, now.first_index, now.forward_last, INPUT_ALLOCATIONS) if now else []
         self.has_now = now is not None
 
     def against(self, earlier: int) -> bool | None:
@@ -435,7 +420,7 @@ class _InputsProbe:
         then = self.last_pass.get(earlier)
         if self.has_now and then is not None:
             head = self.head
-            alignment = _align_inputs(trace, head, then, self.keys) if head else None
+            alignment = _align_inputs(trace, head, then) if head else None
             if isinstance(alignment, _Alignment) and alignment.sizes:
                 verdicts.append(any(a != b for a, b in alignment.sizes))
         if not verdicts:
