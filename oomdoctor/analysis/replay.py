@@ -617,6 +617,11 @@ def _frees_cache(stack: Stack) -> bool:
 _SEGMENT_ACTIONS = frozenset({SEGMENT_ALLOC, SEGMENT_MAP, SEGMENT_FREE, SEGMENT_UNMAP})
 
 
+def _segment_events(actions: Sequence[str]) -> list[int]:
+    """The indices of the segment events among `actions`, in order."""
+    return list(compress(range(len(actions)), map(_SEGMENT_ACTIONS.__contains__, actions)))
+
+
 def near_ooms(
     trace: DeviceTrace, segments: Sequence[Segment], segment_events: Sequence[int] | None = None
 ) -> tuple[NearOom, ...]:
@@ -626,11 +631,7 @@ def near_ooms(
     `segment_events`: the trace's segment events (`ReplayState.segment_events`), found here when
     not given."""
     actions, sizes = trace.actions, trace.sizes
-    events = (
-        list(compress(range(len(actions)), map(_SEGMENT_ACTIONS.__contains__, actions)))
-        if segment_events is None
-        else segment_events
-    )
+    events = _segment_events(actions) if segment_events is None else segment_events
     if not events:
         return ()
     grows = (SEGMENT_ALLOC, SEGMENT_MAP)
@@ -775,7 +776,6 @@ def ooms_of(
     return tuple(found)
 
 
-_SEGMENT_KINDS = (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 # What the segment events after a moment undo: fixed segments by address, and the byte ranges
 # mapped into expandable segments (kept as intervals; the segments are rebuilt from them).
 _SegmentState = tuple[dict[int, Segment], list[list[int]]]
@@ -832,7 +832,7 @@ def _segments_of(state: _SegmentState, segments: Sequence[Segment]) -> list[Segm
 def segments_at(trace: DeviceTrace, segments: Sequence[Segment], target_index: int) -> tuple[list[Segment], bool]:
     """The segments just after `target_index`, walking the segment events after it backwards."""
     actions = trace.actions
-    later = [i for i in range(target_index + 1, len(trace)) if actions[i] in _SEGMENT_KINDS]
+    later = [i for i in range(target_index + 1, len(trace)) if actions[i] in _SEGMENT_ACTIONS]
     if not later:
         return list(segments), True
     state = _segment_state(segments)
@@ -851,7 +851,7 @@ class SegmentHistory:
         self.trace = trace
         self.segments = tuple(segments)
         actions = trace.actions
-        self.indices = list(compress(range(len(actions)), map(_SEGMENT_KINDS.__contains__, actions)))
+        self.indices = _segment_events(actions)
         self._device = segments[0].device if segments else 0
         # position p -> the state with the segment events at positions p and on undone
         state = _segment_state(segments)
