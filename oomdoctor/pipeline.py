@@ -168,11 +168,12 @@ def info_file(path: str, output_format: str, *, max_bytes: int | None = None) ->
 def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, root: str | None = None) -> RankDump:
     """Load and analyse one rank's file (what each worker process runs); its `file` is its name, or
     with `root` its path relative to that folder."""
-    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis import analyser
     from oomdoctor.analysis.environment import environment_of
 
     snapshot = load_snapshot(path, max_bytes=max_bytes)
-    analysis = analyse(snapshot)
+    judge = analyser(snapshot)
+    analysis = judge.analyse()
     environment = environment_of(snapshot)
     metadata = snapshot.oomdoctor_raw if isinstance(snapshot.oomdoctor_raw, Mapping) else {}
     name = _relative(path, root)
@@ -188,7 +189,7 @@ def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, 
     at_peak = None
     if not ran_out and replay.peak_index is not None and replay.peak_allocated_bytes > replay.target_allocated_bytes:
         # a rank that did not run out is compared at its peak, not at the quieter moment its dump describes
-        at_peak = analyse(snapshot, device=analysis.device, at_event=replay.peak_index)
+        at_peak = judge.analyse(replay.peak_index)
     if redact:
         from oomdoctor.redact import Redactor, redact_analysis, redact_environment
 
@@ -449,12 +450,13 @@ def diff_side(
     redact: bool = False,
     step: int | None = None,
     source: str | None = None,
-    analysis=None,
+    judge=None,
 ):
     """One side of `oomdoctor diff` (analysis.diff.Side): the snapshot at its target and at its
-    peak, or, with `step`, at that step's peak and its OOM (else its last event). `analysis`: the
-    snapshot's analysis of `device` when the caller has made it already."""
-    from oomdoctor.analysis import analyse
+    peak, or, with `step`, at that step's peak and its OOM (else its last event). `judge`: the
+    caller's `analysis.Analyser` of the snapshot's device, when it has one (each moment is then
+    judged once, whoever asks)."""
+    from oomdoctor.analysis import analyser
     from oomdoctor.analysis.diff import (
         MOMENT_DUMP,
         MOMENT_OOM,
@@ -466,15 +468,16 @@ def diff_side(
     )
     from oomdoctor.analysis.environment import environment_of
 
-    if analysis is None:
-        analysis = analyse(snapshot, device=device)
+    if judge is None:
+        judge = analyser(snapshot, device=device)
+    analysis = judge.analyse()
     replay = analysis.replay
     target_moment = None
     peak_moment = MOMENT_PEAK
     if step is None:
         at_target = analysis
         same = replay.peak_index is None or replay.peak_index == replay.target_index
-        at_peak = analysis if same else analyse(snapshot, device=analysis.device, at_event=replay.peak_index)
+        at_peak = analysis if same else judge.analyse(replay.peak_index)
         if replay.peak_index is None:
             peak_moment = MOMENT_DUMP  # no allocation in a trace: the peak is unknown, the dump is what is known
     else:
@@ -485,12 +488,12 @@ def diff_side(
         settings = snapshot.allocator_settings
         divisions = settings.rounding_divisions if settings is not None else ()
         peak_index = step_peak_index(snapshot.traces[analysis.device], summary, divisions)
-        at_peak = analyse(snapshot, device=analysis.device, at_event=peak_index)
+        at_peak = judge.analyse(peak_index)
         fatal = replay.target_index if replay.target_kind == "oom" else None
         if fatal is not None and summary.first_index <= fatal <= summary.last_index:
             at_target, target_moment = analysis, MOMENT_OOM
         else:
-            at_target = analyse(snapshot, device=analysis.device, at_event=summary.last_index)
+            at_target = judge.analyse(summary.last_index)
             target_moment = MOMENT_STEP_END
     environment = environment_of(snapshot)
     if redact:
@@ -541,7 +544,7 @@ def compare_files(
     """What `oomdoctor open A --compare B` shows: (analysis of A, analysis of B, their diff), the
     diff made as `diff_files` makes it (the same sides, the same rows). `enter_stage` hears each
     stage ("reading B"), `progress` the fraction of the whole work done (each file half of it)."""
-    from oomdoctor.analysis import analyse
+    from oomdoctor.analysis import analyser
     from oomdoctor.analysis.diff import DIFF_FILES, compare
 
     analyses, sides = [], []
@@ -555,9 +558,9 @@ def compare_files(
         snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=on_load)
         if enter_stage is not None:
             enter_stage(f"analysing {key}")
-        analysis = analyse(snapshot, device=device)
-        analyses.append(analysis)
-        sides.append(diff_side(snapshot, _shown(path, False), device=device, analysis=analysis))
+        judge = analyser(snapshot, device=device)
+        analyses.append(judge.analyse())
+        sides.append(diff_side(snapshot, _shown(path, False), device=device, judge=judge))
         if progress is not None:
             progress(start + 0.5)
     if enter_stage is not None:
@@ -575,11 +578,13 @@ def diff_steps(
     max_bytes: int | None = None,
 ):
     """`oomdoctor diff FILE --steps I J`: two steps of one dump."""
+    from oomdoctor.analysis import analyser
     from oomdoctor.analysis.diff import DIFF_STEPS, compare
 
     snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    judge = analyser(snapshot, device=device)  # one reading of the device for both steps' moments
     a, b = (
-        diff_side(snapshot, f"step {step}", device=device, redact=redact, step=step, source=str(path))
+        diff_side(snapshot, f"step {step}", device=device, redact=redact, step=step, source=str(path), judge=judge)
         for step in (step_a, step_b)
     )
     return compare(a, b, kind=DIFF_STEPS)

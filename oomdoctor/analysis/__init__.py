@@ -15,6 +15,7 @@ evidence, recommendations and a what-if for the batch size. No I/O, no printing.
     analysis.live_blocks                    # every live block: component, method, confidence, frames
 
     replayer(snapshot, device).state_at(i)  # EventState after event i: live blocks, segment layout
+    analyser(snapshot).analyse(i)           # analyse(snapshot, at_event=i); the device read once for every i
 
 The verdict set and each verdict's test are documented in docs/verdicts.md, with the requirement
 (`recommendations.requirement`: shortfall at the OOM, projected model states, placement failures) that the
@@ -97,7 +98,7 @@ from oomdoctor.metadata import HISTORY_RESTORED
 from oomdoctor.model import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, DeviceTrace, Segment, Snapshot, Stack
 from oomdoctor.vocabulary import Component, Verdict
 
-__all__ = ["analyse", "replayer", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
+__all__ = ["analyse", "analyser", "replayer", "Analyser", "Analysis", "Replayer", "RESULT_SCHEMA_VERSION"]
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -240,37 +241,84 @@ def analyse(
     """Judge one device of `snapshot`, the failing one unless `device` is given (see the module's
     docstring); `series_points` bounds the memory-over-time series. `at_event` judges the state
     right after that event instead (a step's peak, say: `oomdoctor diff --steps`), as the OOM when
-    it is the fatal one, else as a peak without an OOM."""
-    with cyclic_gc_paused():  # the analysis makes no cycles: the collector's passes would cost a tenth of it
-        dump = _read_device(snapshot, device)
-        state = replay(dump, series_points)
-        target = _pick_target(dump, state, at_event)
-        accounted = _account(dump, state, target)
-        blocks, shares = _attribute(dump, state, target)
-        moment = _judge_moment(dump, state, target)
-        devices, replicas = _compare_devices(snapshot, dump, state, target, shares)
-        ctx = _context(dump, state, target, accounted, blocks, shares, moment, replicas)
-        ctx.peer_trains = _devices.peer_trains(devices)
-        judgement = _diagnose(ctx, target, moment, devices)
-        unsized = peak_unsized(dump, state)
-        unknowns = _unknowns(dump, state, target, accounted, blocks, unsized)
-        result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
-        if unsized is not None:
-            bound = state.peak_allocated_bytes + unsized[0]
-            result = replace(
-                result,
-                replay=replace(
-                    result.replay, torch_peak_at_most_bytes=bound, torch_peak_bound_assumes_defaults=unsized[2]
-                ),
-            )
-        return replace(result, device_summaries=devices) if devices else result
+    it is the fatal one, else as a peak without an OOM. To judge several moments of one device,
+    `analyser` reads it once for all of them."""
+    return analyser(snapshot, device=device, series_points=series_points).analyse(at_event)
+
+
+def analyser(snapshot: Snapshot, *, device: int | None = None, series_points: int = 480) -> Analyser:
+    """An `Analyser` of one device of `snapshot` (the failing one unless `device` is given):
+    `analyser(s).analyse(i)` is `analyse(s, at_event=i)`, and each further moment costs only its own
+    judging."""
+    return Analyser(snapshot, device, series_points)
+
+
+class Analyser:
+    """One device of a snapshot read and its trace replayed once, for judging any number of its
+    moments: what `analyse` works out before it picks its moment (the device's phases and
+    placements from before the trace, the replay, the bound on the peak's unsized remainders, the
+    other devices' readings) depends on the snapshot alone, and each `analyse(at_event)` reuses it.
+    A diff's target and peak, a rank's peak and a plan's phase peaks are each judged this way."""
+
+    __slots__ = ("snapshot", "_dump", "_state", "_unsized", "_peers", "_judged")
+
+    def __init__(self, snapshot: Snapshot, device: int | None = None, series_points: int = 480) -> None:
+        self.snapshot = snapshot
+        with cyclic_gc_paused():  # the analysis makes no cycles: the collector's passes would cost a tenth of it
+            self._dump = _read_device(snapshot, device)
+            self._state = replay(self._dump, series_points)
+            self._unsized = peak_unsized(self._dump, self._state)
+        self._peers: dict[int, tuple[_DeviceDump, ReplayState]] = {}  # the other devices, read when first judged
+        self._judged: dict[int | None, Analysis] = {}  # at_event -> its judgement (immutable: asked again, shared)
+
+    @property
+    def device(self) -> int:
+        """The device judged."""
+        return self._dump.index
+
+    def analyse(self, at_event: int | None = None) -> Analysis:
+        """The judgement of the moment `analyse(snapshot, device=..., at_event=at_event)` judges
+        (made once per moment: asked again, the same object)."""
+        judged = self._judged.get(at_event)
+        if judged is None:
+            judged = self._judged[at_event] = self._judge(at_event)
+        return judged
+
+    def _judge(self, at_event: int | None) -> Analysis:
+        snapshot, dump, state, unsized = self.snapshot, self._dump, self._state, self._unsized
+        with cyclic_gc_paused():
+            target = _pick_target(dump, state, at_event)
+            accounted = _account(dump, state, target)
+            blocks, shares = _attribute(dump, state, target)
+            moment = _judge_moment(dump, state, target)
+            devices, replicas = _compare_devices(snapshot, dump, state, target, shares, self._peers)
+            ctx = _context(dump, state, target, accounted, blocks, shares, moment, replicas)
+            ctx.peer_trains = _devices.peer_trains(devices)
+            judgement = _diagnose(ctx, target, moment, devices)
+            unknowns = _unknowns(dump, state, target, accounted, blocks, unsized)
+            result = _result(snapshot, dump, state, target, accounted, blocks, shares, moment, judgement, unknowns)
+            if unsized is not None:
+                bound = state.peak_allocated_bytes + unsized[0]
+                result = replace(
+                    result,
+                    replay=replace(
+                        result.replay, torch_peak_at_most_bytes=bound, torch_peak_bound_assumes_defaults=unsized[2]
+                    ),
+                )
+            return replace(result, device_summaries=devices) if devices else result
 
 
 def _compare_devices(
-    snapshot: Snapshot, dump: _DeviceDump, state: ReplayState, target: _Target, shares: Sequence[ComponentShare]
+    snapshot: Snapshot,
+    dump: _DeviceDump,
+    state: ReplayState,
+    target: _Target,
+    shares: Sequence[ComponentShare],
+    peers: dict[int, tuple[_DeviceDump, ReplayState]],
 ) -> tuple[tuple[DeviceSummary, ...], tuple[Replica, ...]]:
     """Every device of a snapshot that holds several, the judged one read from its own analysis;
-    and the replicas of its model among them."""
+    and the replicas of its model among them. `peers`: the other devices' readings, kept from one
+    moment judged to the next."""
     if len(snapshot.devices) < 2:
         return (), ()
     judged = _devices.JudgedDevice(
@@ -285,7 +333,7 @@ def _compare_devices(
         moment_index=target.index,
         components=shares,
     )
-    return _devices.summarise(snapshot, dump.metadata, judged)
+    return _devices.summarise(snapshot, dump.metadata, judged, peers)
 
 
 def _read_device(snapshot: Snapshot, device: int | None) -> _DeviceDump:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.passes import Replica
 from oomdoctor.analysis.reading import DeviceDump, place, read_device, replay
-from oomdoctor.analysis.replay import final_live_blocks
+from oomdoctor.analysis.replay import ReplayState, final_live_blocks
 from oomdoctor.analysis.results import (
     PHASE_BACKWARD,
     PHASE_OPTIMIZER,
@@ -74,11 +74,15 @@ class JudgedDevice:
 
 
 def summarise(
-    snapshot: Snapshot, metadata: DumpMetadata, judged: JudgedDevice
+    snapshot: Snapshot,
+    metadata: DumpMetadata,
+    judged: JudgedDevice,
+    peers: dict[int, tuple[DeviceDump, ReplayState]] | None = None,
 ) -> tuple[tuple[DeviceSummary, ...], tuple[Replica, ...]]:
     """One summary per device of `snapshot`, in device order, and the replicas of the judged
     device's model among the others (their traces and phases, for `passes.rest_of_pass`); none
-    when it holds one device."""
+    when it holds one device. `peers`: each other device's reading and replay, filled as they are
+    read and reused where already there (an `Analyser` judging several moments)."""
     devices = snapshot.devices
     if len(devices) < 2:
         return (), ()
@@ -106,7 +110,7 @@ def summarise(
                 )
             )
         else:
-            summary, dump = _peer(snapshot, metadata, device, judged_data_parallel, moment_time)
+            summary, dump = _peer(snapshot, metadata, device, judged_data_parallel, moment_time, peers)
             summaries.append(summary)
             if summary.replica and len(dump.trace):
                 replicas.append(Replica(device, dump.trace, dump.spans))
@@ -161,12 +165,23 @@ def _summary(
 
 
 def _peer(
-    snapshot: Snapshot, metadata: DumpMetadata, device: int, judged_data_parallel: bool, moment_time: int | None
+    snapshot: Snapshot,
+    metadata: DumpMetadata,
+    device: int,
+    judged_data_parallel: bool,
+    moment_time: int | None,
+    peers: dict[int, tuple[DeviceDump, ReplayState]] | None = None,
 ) -> tuple[DeviceSummary, DeviceDump]:
-    """Read one other device as `analyse` reads the judged one, at its own moment (and what was read)."""
-    dump = read_device(snapshot, metadata, device)
+    """Read one other device as `analyse` reads the judged one, at its own moment (and what was
+    read); its reading and replay kept in `peers`, or taken from there."""
+    known = peers.get(device) if peers is not None else None
+    if known is None:
+        read = read_device(snapshot, metadata, device)
+        known = read, replay(read, 2)
+        if peers is not None:
+            peers[device] = known
+    dump, state = known
     trace, segments, spans = dump.trace, dump.segments, dump.spans
-    state = replay(dump, 2)
     history = state.history
     if state.oom_indices:
         moment, index = "oom", state.oom_indices[-1]
