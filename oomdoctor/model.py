@@ -32,6 +32,7 @@ from itertools import compress, count, islice, repeat
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from oomdoctor.allocator_rules import LARGE_SEGMENT_BYTES
+from oomdoctor.records import pickled_by_fields
 from oomdoctor.vocabulary import Action, BlockState
 
 if TYPE_CHECKING:
@@ -521,3 +522,6 @@ class Snapshot:
         if 0 <= device < len(self.traces):
             return self.traces[device]
         return DeviceTrace(device, (), (), (), ())
+
+
+pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast

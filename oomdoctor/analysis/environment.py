@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from oomdoctor.dump_metadata import NO_METADATA, DeviceInfo, Framework, Recording, Versions
 from oomdoctor.metadata import HISTORY_RESTORED, HISTORY_STOPPED
 from oomdoctor.model import Snapshot
+from oomdoctor.records import pickled_by_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +132,6 @@ def environment_of(snapshot: Snapshot) -> Environment:
         packages=tuple(sorted(meta.packages.items())) if meta.packages else (),
         environment_variables=tuple(sorted(meta.environment.items())) if meta.environment else (),
     )
+
+
+pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast

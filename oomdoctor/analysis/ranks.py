@@ -32,6 +32,7 @@ from oomdoctor.analysis.contents import Contents
 from oomdoctor.analysis.environment import Environment
 from oomdoctor.analysis.results import SOURCE_MARKERS, Analysis
 from oomdoctor.metadata import COMPONENTS
+from oomdoctor.records import pickled_by_fields
 
 STANDOUT_FRACTION = 0.10
 STANDOUT_MIN_BYTES = 1024 * 1024
@@ -417,3 +418,6 @@ def _trace_activation_peak(row: RankRow) -> int | None:
     if not peaks or any(p is None for p in peaks):
         return None
     return max(p for p in peaks if p is not None)
+
+
+pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast

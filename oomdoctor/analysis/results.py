@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from oomdoctor.model import Segment, Stack
+from oomdoctor.records import pickled_by_fields
 from oomdoctor.vocabulary import Method, Phase, PhaseSource, StrEnum
 
 # Where a phase or a component assignment came from, most trusted first.
@@ -810,3 +811,6 @@ class Analysis:
 
     def component_bytes(self) -> dict[str, int]:
         return {c.name: c.bytes for c in self.components}
+
+
+pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast

@@ -38,6 +38,7 @@ from typing import Any
 from oomdoctor.errors import OomdoctorError
 from oomdoctor.load import guard
 from oomdoctor.load.access import access_error
+from oomdoctor.records import pickled_by_fields
 
 DUMP_NAME = re.compile(r"^(?:oom|manual|peak)-rank(\d+)-.*\.pickle$")
 # "rank3", "rank_3", "rank-3", "RANK3" where no other letter runs into "rank" and no digit follows
@@ -399,3 +400,6 @@ def _pool_pass(
             except BrokenProcessPool:
                 broken.append(index)
     return broken
+
+
+pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast
