@@ -209,6 +209,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         "_next_number",
         "_positions",
         "_stacks_of_positions",
+        "_times_or_zero",
     )
 
     def __init__(
@@ -226,6 +227,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         forward_frames: Mapping[int, tuple[str, ...]] | None = None,
         raw_stacks: Sequence[Any] | None = None,
         stack_of: Callable[[Any], Stack] | None = None,
+        times_complete: bool = False,
     ) -> None:
         self.device = device
         self.actions = actions
@@ -247,6 +249,8 @@ class DeviceTrace(Sequence[TraceEvent]):
         self._positions: dict[str, array[int]] = {}  # action -> the indices of its events
         # action -> stacks_at(positions(action)), asked for again and again (the allocations')
         self._stacks_of_positions: dict[str, tuple[list[int], dict[int, Stack]]] = {}
+        # times_us with 0 for an event without a time; the loader says when every event has one
+        self._times_or_zero: Sequence[int] | None = times_us if times_complete else None  # type: ignore[assignment]
 
     @classmethod
     def from_events(cls, device: int, events: Sequence[TraceEvent]) -> DeviceTrace:
@@ -274,6 +278,17 @@ class DeviceTrace(Sequence[TraceEvent]):
 
     def __len__(self) -> int:
         return len(self.actions)
+
+    def times_or_zero(self) -> Sequence[int]:
+        """The events' times with 0 for an event without one (what bisecting by time reads), made
+        once; empty without times."""
+        known = self._times_or_zero
+        if known is not None:
+            return known
+        times = self.times_us or ()
+        found: Sequence[int] = [t if t is not None else 0 for t in times] if None in times else times  # type: ignore[assignment]
+        self._times_or_zero = found
+        return found
 
     def positions(self, action: str) -> array[int]:
         """The indices of the events of `action`, in order (found once per action, then shared: do

@@ -189,6 +189,22 @@ def test_frames_are_shared_not_copied() -> None:
     assert trace.events_with_frames == 6
 
 
+def test_times_for_bisecting_are_the_times_when_every_event_has_one() -> None:
+    raw = make_snapshot()
+    trace = load(pickle.dumps(raw, protocol=4)).traces[0]
+    assert trace.times_us is not None and None not in trace.times_us
+    assert trace.times_or_zero() is trace.times_us  # the loader proved every time an int: nothing to fill
+    raw["device_traces"][0][2]["time_us"] = None  # one event without a time
+    gappy = load(pickle.dumps(raw, protocol=4)).traces[0]
+    filled = gappy.times_or_zero()
+    assert gappy.times_us[2] is None and filled[2] == 0
+    assert [t for i, t in enumerate(filled) if i != 2] == [t for i, t in enumerate(gappy.times_us) if i != 2]
+    assert gappy.times_or_zero() is filled  # made once
+    rebuilt = DeviceTrace.from_events(0, list(gappy))
+    assert list(rebuilt.times_or_zero()) == filled
+    assert DeviceTrace.from_events(0, list(trace)).times_or_zero() == trace.times_us
+
+
 def test_actions_are_interned() -> None:
     trace = load(orjson.dumps(make_snapshot())).traces[0]
     assert trace.actions[1] is trace.actions[2] is sys.intern("alloc")

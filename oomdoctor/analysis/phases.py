@@ -288,14 +288,6 @@ def _time_key(time_us: int | None) -> int:
     return time_us if time_us is not None else 0
 
 
-def _bisectable_times(trace: DeviceTrace) -> Sequence[int]:
-    """The trace's times for bisecting (an event without one counts as 0), made once per search."""
-    times = trace.times_us or ()
-    if None in times:
-        return [_time_key(t) for t in times]
-    return times  # type: ignore[return-value]  # no None in it
-
-
 def _index_window(times: Sequence[int], start_us: int, end_us: int) -> tuple[int, int]:
     first = bisect.bisect_left(times, start_us)
     last = bisect.bisect_right(times, end_us) - 1
@@ -333,7 +325,7 @@ def spans_from_markers(trace: DeviceTrace, markers: Sequence[Marker]) -> list[Ph
     if not markers or not _times_usable(trace):
         return None
     usable = [m for m in markers if m.time_us is not None]
-    times = _bisectable_times(trace)
+    times = trace.times_or_zero()
     open_starts: dict[str, tuple[int, int]] = {}
     windows: list[tuple[int, int, str, int, str]] = []
     for marker in sorted(usable, key=lambda m: _time_key(m.time_us)):
@@ -405,7 +397,7 @@ def annotation_windows(
     if not annotations or not _times_usable(trace):
         return [], []
     on_device = [a for a in annotations if a.device == device] or list(annotations)
-    times = _bisectable_times(trace)
+    times = trace.times_or_zero()
     open_starts: dict[str, list[int]] = {}
     windows: list[tuple[int, int, str]] = []
     step_starts: list[int] = []

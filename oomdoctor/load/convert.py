@@ -473,10 +473,11 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         streams = _int_column(streams, describe, device, "stream", missing=0, ranged=True)
 
     times_us = None
+    times_complete = False  # every event has a time
     if _present(events, "time_us"):
         values = column("time_us")
         if _all_int64(values):
-            times_us = values
+            times_us, times_complete = values, True
         else:
             kinds = set(map(type, values))
             if not kinds.issubset((int, _NONE_TYPE)):
@@ -536,6 +537,7 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         forward_frames=FrozenDict(forward_frames),
         raw_stacks=raw_stacks,
         stack_of=stacks.stack_of,
+        times_complete=times_complete,
     )
 
 
