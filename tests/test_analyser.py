@@ -5,6 +5,7 @@ that judge several moments (diff, a folder's ranks, a plan) read it once."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -111,3 +112,18 @@ def test_a_diff_of_two_files_reads_each_once(monkeypatch):
     reads = counting(monkeypatch, analysis_module, "read_device")
     pipeline.diff_files(str(DUMPS / "no-oom-gpt-adamw.pickle"), str(DUMPS / "optimizer-state-buildup-gpt-adamw.pickle"))
     assert len(reads) == 2
+
+
+def test_the_dumps_live_blocks_are_gathered_once(monkeypatch):
+    reading_module = importlib.import_module("oomdoctor.analysis.reading")
+    replay_module = importlib.import_module("oomdoctor.analysis.replay")  # (the package's `replay` is a function)
+
+    gathered = counting(monkeypatch, reading_module, "final_live_blocks")
+    again = counting(monkeypatch, replay_module, "final_live_blocks")
+    snapshot = load(DUMPS / "fragmentation-gpt-bucketed-lengths.pickle")
+    dump = reading_module.read_device(snapshot, snapshot.oomdoctor, 0)
+    state = reading_module.replay(dump, 480)
+    assert (len(gathered), len(again)) == (1, 0)
+    assert state.history.final_blocks is dump.final_blocks and dump.final_blocks
+    walked = replay_module.walk(dump.trace, dump.segments, dump.spans, None, lambda address, size: 0, 8, 0)
+    assert len(again) == 1 and walked.history.final_blocks == dump.final_blocks  # without them, walk finds them

@@ -94,6 +94,10 @@ def test_only_the_modules_own_frozen_slotted_dataclasses_change():
     before = (Mutable.__dict__.get("__getstate__"), NoSlots.__dict__.get("__getstate__"), PhaseSpan.__getstate__)
     pickled_by_fields(namespace)
     assert One.__getstate__.__module__ == Two.__getstate__.__module__ == "oomdoctor.records"
-    assert (Mutable.__dict__.get("__getstate__"), NoSlots.__dict__.get("__getstate__"), PhaseSpan.__getstate__) == before
+    assert (
+        Mutable.__dict__.get("__getstate__"),
+        NoSlots.__dict__.get("__getstate__"),
+        PhaseSpan.__getstate__,
+    ) == before
     assert One(5).__getstate__() == (5,) and Two(1, "y").__getstate__() == (1, "y")
     assert copy.deepcopy(One(5)) == One(5) and copy.deepcopy(Two(1, "y")) == Two(1, "y")

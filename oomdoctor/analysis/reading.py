@@ -10,7 +10,7 @@ reads the judged device this way and `devices` each of its peers, so a peer's ro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oomdoctor.allocator_rules import UNLIMITED, read_alloc_conf, unsplit_remainder_at_most
 from oomdoctor.analysis import attribution as _attribution
@@ -27,7 +27,7 @@ from oomdoctor.analysis.replay import (
 from oomdoctor.analysis.results import LiveAllocation, LiveBlock, PhaseSpan
 from oomdoctor.dump_metadata import DumpMetadata
 from oomdoctor.metadata import COMPONENTS
-from oomdoctor.model import DEFAULT_POOL, OOM, AllocatorSettings, DeviceTrace, Segment, Snapshot
+from oomdoctor.model import DEFAULT_POOL, OOM, AllocatorSettings, Block, DeviceTrace, Segment, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,8 @@ class DeviceDump:
     # the line of Module._apply's buffers' loop in the torch that wrote the dump, where its blocks
     # show it (`attribution.trace_buffer_line`; None with a registry, which names the buffers)
     buffer_line: int | None = None
+    # the dump's live blocks by address (`replay.final_live_blocks` of `segments`), found once
+    final_blocks: dict[int, Block] = field(default_factory=dict)
 
 
 def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> DeviceDump:
@@ -111,6 +113,7 @@ def read_device(snapshot: Snapshot, metadata: DumpMetadata, device: int) -> Devi
         inferred_step_starts=frozenset(inferred),
         unsplit_passes=tuple(sorted(unsplit)),
         buffer_line=buffer_line,
+        final_blocks=final_blocks,
     )
 
 
@@ -144,6 +147,7 @@ def replay(dump: DeviceDump, series_points: int) -> ReplayState:
         # oomdoctor's registry names DDP's buckets and FSDP's parameters already: reading every
         # allocation's stack for them is the plain snapshot's work
         {} if dump.registry else _attribution.components_by_own_stacks(dump.trace),
+        final_blocks=dump.final_blocks,
     )
 
 

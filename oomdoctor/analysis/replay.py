@@ -275,6 +275,7 @@ def walk(
     max_points: int = 480,
     phase_component_map: dict[str, int] | None = None,
     own_components: Mapping[int, int] | None = None,
+    final_blocks: dict[int, Block] | None = None,
 ) -> ReplayState:
     """One pass over the trace. An allocation's component is the one `phase_component_map` gives
     its phase (the last component, unknown, when it gives none), unless `registered` (oomdoctor's
@@ -286,9 +287,11 @@ def walk(
     Allocated bytes after an event follow docs/definitions.md ("The peak"): each live block at
     round_size(request), unless it survives to the dump (its exact bytes there, from its alloc on),
     plus the blocks from before the trace (exact from the dump, or round_size of their free); the
-    peak, the steps' peaks and the series all count them so."""
+    peak, the steps' peaks and the series all count them so. `final_blocks`: `final_live_blocks(segments)`
+    when the caller has it."""
     count = len(trace)
-    final_blocks = final_live_blocks(segments)
+    if final_blocks is None:
+        final_blocks = final_live_blocks(segments)
     survivors = survivor_sizes(trace, final_blocks, divisions)
     survivor_order = sorted(survivors)
     survivor_position = 0
