@@ -90,11 +90,12 @@ class Frame:
     filename: str
     line: int
     name: str
+    # the frame's file with forward slashes (`slashed`), what every rule matches: made once, since
+    # the loader makes one Frame per distinct frame and the rules read it in every stack that has it
+    path: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def path(self) -> str:
-        """The frame's file with forward slashes (`slashed`)."""
-        return slashed(self.filename)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", slashed(self.filename))
 
 
 Stack = tuple[Frame, ...]  # innermost frame first, as torch writes it

@@ -32,14 +32,16 @@ def shortened(text: str, limit: int = FRAME_TEXT_LIMIT) -> str:
 
 
 class StackTable:
-    __slots__ = ("_frame_by_id", "_frame_by_value", "_stack_by_ids", "_stack_by_frames")
+    __slots__ = ("_frame_by_id", "_raw_frames", "_frame_by_value", "_stack_by_ids", "_stack_by_frames")
 
     def __init__(self) -> None:
-        # id(raw dict) -> (raw dict, Frame); the raw dict is kept so that its id stays unique
-        self._frame_by_id: dict[int, tuple[Any, Frame]] = {}
+        self._frame_by_id: dict[int, Frame] = {}  # id(raw dict) -> its Frame
+        self._raw_frames: list[Any] = []  # the raw dicts converted, kept so that their ids stay theirs
         self._frame_by_value: dict[tuple[Any, ...], Frame] = {}
         self._stack_by_ids: dict[tuple[int, ...], tuple[list[Any], Stack]] = {}
-        self._stack_by_frames: dict[Stack, Stack] = {}
+        # the ids of a stack's Frames -> the stack: one Frame per distinct value here, so equal ids are
+        # equal frames (and a Frame's own hash, made in Python, is never needed)
+        self._stack_by_frames: dict[tuple[int, ...], Stack] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         # identities mean nothing in another process: start empty there
@@ -48,9 +50,10 @@ class StackTable:
     def frame_of(self, raw: Any) -> Frame:
         known = self._frame_by_id.get(id(raw))
         if known is not None:
-            return known[1]
+            return known
         frame = self._convert_frame(raw)
-        self._frame_by_id[id(raw)] = (raw, frame)
+        self._frame_by_id[id(raw)] = frame
+        self._raw_frames.append(raw)
         return frame
 
     def _convert_frame(self, raw: Any) -> Frame:
@@ -81,7 +84,14 @@ class StackTable:
         known = self._stack_by_ids.get(ids)
         if known is not None:
             return known[1]
-        frames = tuple(map(self.frame_of, raw))
-        stack = self._stack_by_frames.setdefault(frames, frames)
+        # the frames met before are found in C, and only new ones converted one by one
+        found = tuple(map(self._frame_by_id.get, ids))
+        if not all(found):  # (a Frame is always true)
+            for frame, item in zip(found, raw):
+                if frame is None:
+                    self.frame_of(item)
+            found = tuple(map(self._frame_by_id.get, ids))
+        frames: Stack = found  # type: ignore[assignment]  # every one found now
+        stack = self._stack_by_frames.setdefault(tuple(map(id, frames)), frames)
         self._stack_by_ids[ids] = (raw, stack)
         return stack
