@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import time
 from pathlib import Path
 
 import orjson
@@ -158,6 +159,24 @@ def test_map_files_keeps_order_and_turns_errors_into_notes(parallel):
     assert [o.value for o in outcomes] == ["X/A", None, "X/C"]
     assert outcomes[1].error == "could not be analysed (ValueError: boom)"
     assert outcomes[0].error is None and outcomes[2].error is None
+
+
+def _started_at(path: str) -> float:
+    started = time.monotonic()  # one clock for every process of the machine
+    time.sleep(0.2)
+    return started
+
+
+def test_map_files_gives_the_workers_the_largest_files_first(tmp_path):
+    paths = []
+    for name, kib in (("small", 1), ("largest", 4), ("medium", 2), ("large", 3)):
+        path = tmp_path / name
+        path.write_bytes(b"x" * kib * 1024)
+        paths.append(str(path))
+    outcomes = map_files(paths, _started_at, max_workers=2)
+    assert [o.path for o in outcomes] == paths  # returned in the listing's order
+    started = {Path(o.path).name: o.value for o in outcomes}
+    assert max(started["largest"], started["large"]) < min(started["medium"], started["small"])
 
 
 # -- reading and comparing -------------------------------------------------------------------------

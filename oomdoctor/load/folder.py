@@ -348,7 +348,8 @@ def map_files(
 ) -> tuple[FileOutcome, ...]:
     """`work(path)` for every path, in parallel processes unless there is one file (or `parallel` is
     False, or the host has no idle CPU: then in this process, or in one worker process where this
-    one may be killed by the unpickling time limit), returned in the order of `paths`."""
+    one may be killed by the unpickling time limit), returned in the order of `paths`. Worker
+    processes take the largest files first."""
     if max_workers is None:
         largest_file_bytes = max((_size_bytes(path) for path in paths), default=0)
         workers = worker_count(
@@ -367,7 +368,10 @@ def map_files(
         # file costs only its own row, however busy the host (a busy one asks for no parallelism).
         workers = 1
     outcomes: dict[int, FileOutcome] = {}
-    pending = list(range(len(paths)))
+    # the largest files first: the workers take them in this order, so that no large file is left
+    # to run alone at the end while the other workers wait
+    sizes = [_size_bytes(path) for path in paths]
+    pending = sorted(range(len(paths)), key=lambda index: -sizes[index])
     try:
         broken = _pool_pass(paths, pending, work, workers, outcomes)
     except (OSError, NotImplementedError, ImportError):  # no process support here: read them one by one
