@@ -205,6 +205,31 @@ def test_times_for_bisecting_are_the_times_when_every_event_has_one() -> None:
     assert DeviceTrace.from_events(0, list(trace)).times_or_zero() == trace.times_us
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("size", "1024", "segment 0 block 1 'size' is a str, not an int"),
+        ("size", True, "segment 0 block 1 'size' is a bool, not an int"),
+        ("address", 2**64, "segment 0 block 1 'address' does not fit in 64 bits"),
+        ("requested_size", 1.5, "segment 0 block 1 'requested_size' is a float, not an int"),
+        ("state", 3, "segment 0 block 1 'state' is a int, not a str"),
+        ("history", {}, "segment 0 block 1 'history' is a dict, not a list"),
+    ],
+)
+def test_a_bad_block_is_named_by_its_segment_and_number(key, value, said) -> None:
+    raw = make_snapshot()
+    block = raw["segments"][0]["blocks"][1]
+    block[key] = value
+    if key == "history":
+        del block["frames"]
+    with pytest.raises(LoadError) as refused:
+        load(pickle.dumps(raw, protocol=4))
+    assert said in str(refused.value)
+    raw["segments"][0]["blocks"][1] = ["not", "a", "dict"]
+    with pytest.raises(LoadError, match="segment 0 block 1 is a list, not a dict"):
+        load(pickle.dumps(raw, protocol=4))
+
+
 def test_actions_are_interned() -> None:
     trace = load(orjson.dumps(make_snapshot())).traces[0]
     assert trace.actions[1] is trace.actions[2] is sys.intern("alloc")

@@ -206,9 +206,7 @@ def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) 
         blocks = []
         offset = 0
         for block_index, raw_block in enumerate(raw_blocks):
-            block, is_legacy = _build_block(
-                raw_block, address + offset, stacks, describe, f"{where} block {block_index}"
-            )
+            block, is_legacy = _build_block(raw_block, address + offset, stacks, describe, index, block_index)
             legacy = legacy or is_legacy
             offset += block.size
             blocks.append(block)
@@ -231,28 +229,44 @@ def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) 
     return tuple(segments), legacy
 
 
-def _build_block(raw: Any, default_address: int, stacks: StackTable, describe: str, where: str) -> tuple[Block, bool]:
+def _build_block(
+    raw: Any, default_address: int, stacks: StackTable, describe: str, segment: int, number: int
+) -> tuple[Block, bool]:
+    """Block `number` of segment `segment`. Its ints are checked inline and a message (naming the
+    block) made only for a bad one: a dump can hold a hundred thousand blocks."""
     if type(raw) is not dict:
-        raise _shape_error(describe, f"{where} is a {_type_name(raw)}, not a dict")
-    size = _int(raw.get("size"), describe, f"{where} 'size'")
+        raise _shape_error(describe, f"{_block_where(segment, number)} is a {_type_name(raw)}, not a dict")
+    size = raw.get("size")
+    if type(size) is not int or not _INT64_MIN <= size <= _INT64_MAX:
+        size = _int(size, describe, f"{_block_where(segment, number)} 'size'")  # raises
     state = raw.get("state")
     if type(state) is not str:
-        raise _shape_error(describe, f"{where} 'state' is a {_type_name(state)}, not a str")
+        raise _shape_error(describe, f"{_block_where(segment, number)} 'state' is a {_type_name(state)}, not a str")
     state = _STATE_ALIASES.get(state) or sys.intern(state)
     address = raw.get("address", default_address)
-    _int(address, describe, f"{where} 'address'")
+    if type(address) is not int or not _INT64_MIN <= address <= _INT64_MAX:
+        address = _int(address, describe, f"{_block_where(segment, number)} 'address'")  # raises
     history = raw.get("history") if "frames" not in raw else None
     if history is not None and type(history) is not list:
-        raise _shape_error(describe, f"{where} 'history' is a {_type_name(history)}, not a list")
+        raise _shape_error(
+            describe, f"{_block_where(segment, number)} 'history' is a {_type_name(history)}, not a list"
+        )
     if history:
+        where = _block_where(segment, number)
         # torch 2.0: the newest allocation of the block is history[0] (as _memory_viz reads it)
         latest = history[0]
         if type(latest) is not dict:
             raise _shape_error(describe, f"{where} 'history' entry is a {_type_name(latest)}, not a dict")
         requested_size = _int(latest.get("real_size", size), describe, f"{where} 'real_size'")
         return Block(address, size, requested_size, state, stacks.stack_of(latest.get("frames"))), True
-    requested_size = _int(raw.get("requested_size", size), describe, f"{where} 'requested_size'")
+    requested_size = raw.get("requested_size", size)
+    if type(requested_size) is not int or not _INT64_MIN <= requested_size <= _INT64_MAX:
+        requested_size = _int(requested_size, describe, f"{_block_where(segment, number)} 'requested_size'")  # raises
     return Block(address, size, requested_size, state, stacks.stack_of(raw.get("frames"))), "history" in raw
+
+
+def _block_where(segment: int, number: int) -> str:
+    return f"segment {segment} block {number}"
 
 
 def _pool_id(value: Any, describe: str, what: str) -> tuple[int, int]:
