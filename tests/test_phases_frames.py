@@ -16,7 +16,7 @@ import pytest
 
 from oomdoctor.analysis import analyse
 from oomdoctor.analysis.phases import PhaseIndex, _annotation_phase, build_spans, classify_stack
-from oomdoctor.analysis.results import UnknownKind
+from oomdoctor.analysis.results import PhaseSpan, UnknownKind
 from oomdoctor.model import Annotation, Frame, Snapshot
 from oomdoctor.views.report_rows import target_context
 from tests.builders import ADAM_INIT_STACK, FORWARD_STACK, MiB, Sim
@@ -1186,3 +1186,11 @@ def test_a_story_that_names_a_step_says_it_is_the_least_where_passes_may_be_step
         for f in analysis.secondary
         if re.search(r"\b[Ss]tep \d", summary(f.summary))
     )
+
+
+def test_the_span_of_an_event_is_the_last_one_starting_at_or_before_it():
+    spans = [PhaseSpan(5, 9, "forward", 0, "markers"), PhaseSpan(10, 20, "backward", 0, "markers")]
+    index = PhaseIndex(spans)
+    assert [index.span_of(i) for i in (5, 9, 10, 20, 25)] == [spans[0], spans[0], spans[1], spans[1], spans[1]]
+    assert index.span_of(0) is spans[0] and index.span_of(-3) is spans[0]  # before the first: the first
+    assert PhaseIndex([]).span_of(3) is None

@@ -1435,10 +1435,12 @@ class PhaseIndex:
         self._starts = [s.first_index for s in self.spans]
 
     def span_of(self, index: int) -> PhaseSpan | None:
-        if not self.spans:
+        """The span holding event `index` (the first span for an index before it); None without spans."""
+        spans = self.spans
+        if not spans:
             return None
-        position = bisect.bisect_right(self._starts, index) - 1
-        return self.spans[max(position, 0)]
+        after = bisect.bisect_right(self._starts, index)  # the spans starting at or before it
+        return spans[after - 1] if after else spans[0]
 
     def span_after(self, span: PhaseSpan) -> PhaseSpan | None:
         position = bisect.bisect_right(self._starts, span.first_index)
