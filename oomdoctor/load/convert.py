@@ -232,20 +232,16 @@ def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) 
 def _build_block(
     raw: Any, default_address: int, stacks: StackTable, describe: str, segment: int, number: int
 ) -> tuple[Block, bool]:
-    """Block `number` of segment `segment`. Its ints are checked inline and a message (naming the
-    block) made only for a bad one: a dump can hold a hundred thousand blocks."""
+    """Block `number` of segment `segment`. A message naming the block is made only for a bad value
+    (`_block_int`): a dump can hold a hundred thousand blocks."""
     if type(raw) is not dict:
         raise _shape_error(describe, f"{_block_where(segment, number)} is a {_type_name(raw)}, not a dict")
-    size = raw.get("size")
-    if type(size) is not int or not _INT64_MIN <= size <= _INT64_MAX:
-        size = _int(size, describe, f"{_block_where(segment, number)} 'size'")  # raises
+    size = _block_int(raw.get("size"), describe, segment, number, "size")
     state = raw.get("state")
     if type(state) is not str:
         raise _shape_error(describe, f"{_block_where(segment, number)} 'state' is a {_type_name(state)}, not a str")
     state = _STATE_ALIASES.get(state) or sys.intern(state)
-    address = raw.get("address", default_address)
-    if type(address) is not int or not _INT64_MIN <= address <= _INT64_MAX:
-        address = _int(address, describe, f"{_block_where(segment, number)} 'address'")  # raises
+    address = _block_int(raw.get("address", default_address), describe, segment, number, "address")
     history = raw.get("history") if "frames" not in raw else None
     if history is not None and type(history) is not list:
         raise _shape_error(
@@ -259,14 +255,19 @@ def _build_block(
             raise _shape_error(describe, f"{where} 'history' entry is a {_type_name(latest)}, not a dict")
         requested_size = _int(latest.get("real_size", size), describe, f"{where} 'real_size'")
         return Block(address, size, requested_size, state, stacks.stack_of(latest.get("frames"))), True
-    requested_size = raw.get("requested_size", size)
-    if type(requested_size) is not int or not _INT64_MIN <= requested_size <= _INT64_MAX:
-        requested_size = _int(requested_size, describe, f"{_block_where(segment, number)} 'requested_size'")  # raises
+    requested_size = _block_int(raw.get("requested_size", size), describe, segment, number, "requested_size")
     return Block(address, size, requested_size, state, stacks.stack_of(raw.get("frames"))), "history" in raw
 
 
 def _block_where(segment: int, number: int) -> str:
     return f"segment {segment} block {number}"
+
+
+def _block_int(value: Any, describe: str, segment: int, number: int, key: str) -> int:
+    """`_int` for a block's `key`, the message naming the block made only when the value is bad."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        return value
+    return _int(value, describe, f"{_block_where(segment, number)} '{key}'")  # raises
 
 
 def _pool_id(value: Any, describe: str, what: str) -> tuple[int, int]:
