@@ -350,11 +350,11 @@ def map_files(
     False, or the host has no idle CPU: then in this process, or in one worker process where this
     one may be killed by the unpickling time limit), returned in the order of `paths`. Worker
     processes take the largest files first."""
+    sizes = [_size_bytes(path) for path in paths]
     if max_workers is None:
-        largest_file_bytes = max((_size_bytes(path) for path in paths), default=0)
         workers = worker_count(
             len(paths),
-            largest_file_bytes=largest_file_bytes,
+            largest_file_bytes=max(sizes, default=0),
             available_bytes=available_memory_bytes(),
             idle=idle_cpus(),
         )
@@ -370,7 +370,6 @@ def map_files(
     outcomes: dict[int, FileOutcome] = {}
     # the largest files first: the workers take them in this order, so that no large file is left
     # to run alone at the end while the other workers wait
-    sizes = [_size_bytes(path) for path in paths]
     pending = sorted(range(len(paths)), key=lambda index: -sizes[index])
     try:
         broken = _pool_pass(paths, pending, work, workers, outcomes)
