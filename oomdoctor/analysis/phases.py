@@ -839,9 +839,9 @@ def boundary_indices(trace: DeviceTrace, annotations: Sequence[Annotation], devi
     if not annotations or not _times_usable(trace):
         return []
     on_device = [a for a in annotations if a.device == device] or list(annotations)
-    times = trace.times_us or ()
+    times = trace.times_or_zero()
     starts = {
-        bisect.bisect_left(times, a.time_us, key=_time_key)
+        bisect.bisect_left(times, a.time_us)
         for a in on_device
         if a.stage == "START" and _is_boundary_annotation(a.name)
     }
