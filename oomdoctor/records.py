@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -45,8 +45,7 @@ def _by_fields(cls: type) -> None:
         for name, value in zip(names, values):
             setter(self, name, value)
 
-    getstate: Callable[[Any], Any] = state
-    cls.__getstate__ = getstate  # type: ignore[method-assign,attr-defined]
+    cls.__getstate__ = state  # type: ignore[method-assign,attr-defined]
     cls.__setstate__ = set_state  # type: ignore[attr-defined]
 
 
