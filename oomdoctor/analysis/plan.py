@@ -3,8 +3,9 @@
 `memory_plan(analysis, analyse_at, ...)` reads the dump `oomdoctor rehearse` writes at the end of a
 run that ran to completion. `analysis` is `analyse(snapshot, series_points=...)` with at least as
 many points as the trace has events, so that every event is a point of the series and the phase and
-step peaks are exact; `analyse_at(event_index)` is `analyse(snapshot, at_event=event_index)`, the
-full analysis (components, verdict, recommendations) of one moment: the peak, and each phase's peak.
+step peaks are exact; `analyse_at(event_index)` is the full analysis (components, verdict,
+recommendations) of one moment, `analyse(snapshot, at_event=event_index)`: the peak, and each phase's
+peak (the plan reads their components, which the series' points do not change).
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | N
     """The memory plan of a run that fits, read from its end-of-run dump; None otherwise."""
     if result.exit_code != 0 or result.oom is not None or result.end_dump is None:
         return None
-    from oomdoctor.analysis import analyse, analyser
+    from oomdoctor.analysis import analyser
     from oomdoctor.analysis.plan import memory_plan
     from oomdoctor.pipeline import load_snapshot
     from oomdoctor.units import format_size
@@ -279,10 +279,10 @@ def _plan(script: Path, config: Any, result: Any, output_format: str) -> str | N
     events = len(snapshot.traces[0]) if snapshot.traces else 0
     if not events:
         return None
-    analysis = analyse(snapshot, series_points=events + 1)
-    moments = analyser(snapshot)  # the phases' peaks, each judged in full, from one reading of the device
+    # one reading of the device: every event a point of the series, and each phase's peak judged in full
+    moments = analyser(snapshot, series_points=events + 1)
     plan = memory_plan(
-        analysis,
+        moments.analyse(),
         moments.analyse,
         device_memory_bytes=config.device_memory_bytes,
         outside_bytes=config.outside_bytes + config.cuda_context_bytes,
