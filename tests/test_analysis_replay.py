@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oomdoctor.analysis import Replayer, analyse, replayer
+from oomdoctor.analysis.reading import read_device, replay
 from oomdoctor.analysis.replay import LiveHistory, ring_buffer_wrapped
 from oomdoctor.analysis.results import Unknown, UnknownKind
 from oomdoctor.analysis.sizing import round_size
-from oomdoctor.model import DeviceTrace, Snapshot
+from oomdoctor.dump_metadata import NO_METADATA
+from oomdoctor.model import DeviceTrace, Snapshot, TraceEvent
 from tests.builders import USER_STACK, MiB, Sim, metadata_fields, spike_sim
 
 OPS = st.lists(
@@ -113,6 +115,52 @@ def test_the_cursors_copies_hold_at_most_one_entry_per_two_events(ops):
     trace = sim.snapshot(metadata=False).traces[0]
     history = LiveHistory.record(trace, (), every=1)
     assert sum(len(live) + len(pending) for _, live, pending in history.copies) <= len(trace) / 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    OPS,
+    st.integers(min_value=0, max_value=30),
+    st.integers(min_value=0, max_value=30),
+    st.sampled_from([1, 3, 2048]),
+)
+def test_the_bytes_live_after_an_event_are_what_its_live_set_sums_to(ops, dropped, cut, every):
+    """`bytes_at` counts what `at` makes, at every event: also where the trace lost its oldest
+    events (blocks from before it, freed in it, or never), or its newest (blocks it holds live
+    that the dump does not), replayed from copies taken anywhere (the walk's at every OOM)."""
+    sim = _run(ops)
+    segments = sim.snapshot(metadata=False).segments
+    events = sim.events[min(dropped, len(sim.events) // 2) : len(sim.events) - min(cut, len(sim.events) // 3)]
+    snapshot = Snapshot(segments=segments, traces=(DeviceTrace.from_events(0, events),))
+    trace = snapshot.traces[0]
+    walked = replay(read_device(snapshot, NO_METADATA, 0), 2).history  # with copies at every OOM
+    histories = [LiveHistory.record(trace, segments, every=every), walked]
+    for history in histories:
+        for index in range(len(trace)):
+            live, _ = history.at(index)
+            assert history.bytes_at(index) == sum(a.size_bytes for a in live.values())
+
+
+def test_a_block_from_before_the_trace_counts_once_however_often_the_trace_frees_it():
+    """A hostile or torn trace: the dump's block at `kept` was never allocated in the trace yet is
+    freed in it, and `gone` (no block of the dump) is freed twice. `at` keeps one allocation per
+    address, and `bytes_at` counts each once."""
+    sim = Sim(total_bytes=1 << 40)
+    kept = sim.alloc(10 * MiB, USER_STACK)
+    segments = sim.snapshot(metadata=False).segments
+    gone = kept + (64 << 20)
+    events = [
+        TraceEvent("free_requested", kept, 10 * MiB),
+        TraceEvent("alloc", gone + (1 << 30), MiB),
+        TraceEvent("free_requested", kept, 10 * MiB),
+        TraceEvent("free_requested", gone, 4 * MiB),
+        TraceEvent("free_requested", gone, 4 * MiB),
+    ]
+    history = LiveHistory.record(DeviceTrace.from_events(0, events), segments, every=1)
+    for index in range(len(events)):
+        live, _ = history.at(index)
+        assert history.bytes_at(index) == sum(a.size_bytes for a in live.values())
+    assert history.bytes_at(1) == 10 * MiB + MiB + 4 * MiB  # kept (the dump's), the alloc, gone once
 
 
 @settings(max_examples=60, deadline=None)

@@ -372,8 +372,7 @@ def _live_bytes(history: LiveHistory, index: int | None) -> int:
     rule, blocks no rebuilt segment could hold included; what the walk counts there."""
     if index is None:
         return sum(b.size for b in history.final_blocks.values())
-    live, _ = history.at(index)
-    return sum(a.size_bytes for a in live.values())
+    return history.bytes_at(index)
 
 
 def _account(dump: _DeviceDump, state: ReplayState, target: _Target) -> _Accounted:

@@ -194,7 +194,7 @@ def _peer(
     at_judged = None
     aligned = _index_at_time(trace, moment_time)
     if aligned is not None:
-        at_judged = sum(a.size_bytes for a in history.at(aligned)[0].values())
+        at_judged = history.bytes_at(aligned)
     data_parallel = _runs_data_parallel(trace)
     summary = _summary(
         device,

@@ -183,11 +183,10 @@ class LiveHistory:
             live[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
         return live
 
-    def at(self, event_index: int) -> tuple[dict[int, LiveAllocation], dict[int, int]]:
-        """(live, pending) right after `event_index`: address -> allocation, and address -> block
-        bytes of each block whose free was requested but not completed. Replayed from the nearest
-        copy at or before the event; a block still live at the end has the dump's size, a block
-        allocated before the trace is live until its free (or for good)."""
+    def _replayed(self, event_index: int, with_pending: bool = True) -> tuple[dict[int, LiveEntry], dict[int, int]]:
+        """The pass's live set right after `event_index` (the copy's own when the nearest copy was
+        taken there: do not change it) and, `with_pending`, a new pending set; replayed from the
+        nearest copy at or before the event."""
         position = bisect.bisect_right(self._copy_indices, event_index)
         if position:
             copy_index, live, pending = self.copies[position - 1]
@@ -195,7 +194,7 @@ class LiveHistory:
         else:
             start, live, pending = 0, {}, {}
         end = event_index + 1
-        pending = dict(pending)
+        pending = dict(pending) if with_pending else {}
         if start < end:
             live = dict(live)
             trace = self.trace
@@ -208,9 +207,18 @@ class LiveHistory:
                     live[addr] = (index, 0, rounded.get(size) or round_size(size, divisions), size)
                 elif action == FREE_REQUESTED:
                     entry = live.pop(addr, None)
-                    pending[addr] = entry[2] if entry is not None else round_size(size, divisions)
+                    if with_pending:
+                        pending[addr] = entry[2] if entry is not None else round_size(size, divisions)
                 elif action == FREE_COMPLETED:
                     pending.pop(addr, None)
+        return live, pending
+
+    def at(self, event_index: int) -> tuple[dict[int, LiveAllocation], dict[int, int]]:
+        """(live, pending) right after `event_index`: address -> allocation, and address -> block
+        bytes of each block whose free was requested but not completed. Replayed from the nearest
+        copy at or before the event; a block still live at the end has the dump's size, a block
+        allocated before the trace is live until its free (or for good)."""
+        live, pending = self._replayed(event_index)
         live_at_end = self.live_at_end
         final = self.final_blocks
         merged: dict[int, LiveAllocation] = {}
@@ -229,6 +237,32 @@ class LiveHistory:
             if address not in merged:
                 merged[address] = LiveAllocation(address, None, size, size)
         return merged, pending
+
+    def bytes_at(self, event_index: int) -> int:
+        """The block bytes of everything live right after `event_index`: what `at(event_index)`'s
+        allocations sum to, counted without making them (a dump of 100,000 live blocks)."""
+        live, _ = self._replayed(event_index, with_pending=False)
+        live_at_end = self.live_at_end
+        final = self.final_blocks
+        total = 0
+        for address, (alloc_index, _, size, _) in live.items():
+            end_entry = live_at_end.get(address)
+            block = final.get(address)
+            if end_entry is not None and end_entry[0] == alloc_index and block is not None:
+                total += block.size
+            else:
+                total += size
+        for address, block in self._untraced:  # allocated before the trace and never freed
+            if address not in live:
+                total += block.size
+        later = bisect.bisect_right(self._pre_free_indices, event_index)
+        counted: set[int] = set()
+        for _, address, size in self.pre_existing_frees[later:]:  # allocated before the trace, freed later
+            # (each address once, and not one already live or never freed, as `at` keeps them)
+            if address not in live and address not in counted and (address not in final or address in live_at_end):
+                counted.add(address)
+                total += size
+        return total
 
 
 @dataclass
