@@ -387,6 +387,13 @@ class DeviceTrace(Sequence[TraceEvent]):
     def has_frames_at(self, index: int) -> bool:
         return self._raw_stacks is not None and bool(self._raw_stacks[index])
 
+    def with_frames(self, indices: Sequence[int]) -> list[int]:
+        """Those of `indices` whose events carry a non-empty stack, in order (`has_frames_at` of
+        each, picked in C)."""
+        if self._raw_stacks is None:
+            return []
+        return list(compress(indices, map(bool, map(self._raw_stacks.__getitem__, indices))))
+
     @property
     def any_frames(self) -> bool:
         """Whether any event carries a non-empty stack (stops at the first that does)."""

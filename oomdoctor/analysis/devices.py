@@ -24,8 +24,10 @@ Pure functions of the model; no I/O.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import compress, count, repeat
 
 from oomdoctor.analysis import attribution as _attribution
 from oomdoctor.analysis.passes import Replica
@@ -231,6 +233,9 @@ def _index_at_time(trace: DeviceTrace, time_us: int | None) -> int | None:
     times = trace.times_us
     if time_us is None or times is None:
         return None
+    if trace.times_or_zero() is times:  # every event has its time: the first later one found in C
+        later = next(compress(count(), map(operator.gt, times, repeat(time_us))), len(times))
+        return later - 1 if later else None
     found = None
     for index, moment in enumerate(times):
         if moment is not None and moment <= time_us:
@@ -243,7 +248,7 @@ def _index_at_time(trace: DeviceTrace, time_us: int | None) -> int | None:
 def _runs_data_parallel(trace: DeviceTrace) -> bool:
     """Whether DataParallel's frames are among the stacks of a trace's allocations (a bounded
     sample of its alloc events: a trace may hold a million)."""
-    allocs = [i for i, action in enumerate(trace.actions) if action == ALLOC and trace.has_frames_at(i)]
+    allocs = trace.with_frames(trace.positions(ALLOC))
     if len(allocs) > SITES_HEAD + SITES_SPREAD:
         rest = allocs[SITES_HEAD:]
         stride = len(rest) / SITES_SPREAD
