@@ -233,8 +233,9 @@ def _index_at_time(trace: DeviceTrace, time_us: int | None) -> int | None:
     times = trace.times_us
     if time_us is None or times is None:
         return None
-    if trace.times_or_zero() is times:  # every event has its time: the first later one found in C
-        later = next(compress(count(), map(operator.gt, times, repeat(time_us))), len(times))
+    timed = trace.times_or_zero()
+    if timed is times:  # every event has its time: the first later one found in C
+        later = next(compress(count(), map(operator.gt, timed, repeat(time_us))), len(timed))
         return later - 1 if later else None
     found = None
     for index, moment in enumerate(times):
