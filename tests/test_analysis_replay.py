@@ -108,6 +108,24 @@ def test_a_long_trace_replays_from_many_copies_to_the_state_of_a_forward_replay(
             assert {live.address for live in state.live} == addresses
 
 
+def test_the_walk_copies_the_live_set_about_every_eighth_of_the_trace_whatever_its_points():
+    """A device read for its summary only (two series points, as another device of the dump is)
+    keeps copies as the judged one does: its moments replay from the nearest, not from the start,
+    and the copies hold at most one entry per two events."""
+    sim = spike_sim(allocations=300)
+    snapshot = sim.snapshot(metadata=False)
+    trace = snapshot.traces[0]
+    states = _forward_states(sim.events)
+    for points in (2, 480):
+        history = replay(read_device(snapshot, NO_METADATA, 0), points).history
+        kept = [copy for copy in history.copies if trace.actions[copy[0]] != "oom"]
+        assert len(kept) >= 3
+        assert sum(len(live) + len(pending) for _, live, pending in kept) <= len(trace) / 2
+        for index in [0, len(trace) // 3, len(trace) // 2, len(trace) - 2] + [copy[0] for copy in kept]:
+            live, _ = history.at(index)
+            assert set(live) == states[index][2]
+
+
 @settings(max_examples=40, deadline=None)
 @given(OPS)
 def test_the_cursors_copies_hold_at_most_one_entry_per_two_events(ops):

@@ -59,7 +59,10 @@ LiveEntry = tuple[int, int, int, int]
 # (event index, live: address -> entry, pending free: address -> block bytes) right after that event
 LiveCopy = tuple[int, dict[int, LiveEntry], dict[int, int]]
 
-_CHECKPOINT_EVERY = 60  # samples between copies of the live set (about eight per trace)
+# The walk copies the live set about this many times a trace (whatever its series' points), where
+# the events since the last copy outnumber twice the blocks then live or pending (so that the
+# copies hold at most one entry per two events): `LiveHistory.at` replays from the nearest.
+_COPIES_PER_TRACE = 8
 # A cursor's copies (`LiveHistory.record`, `SegmentHistory`): events replayed at most from the
 # nearest copy; a few milliseconds of replay (about 0.3 us an event).
 CURSOR_COPY_EVENTS = 2048
@@ -353,7 +356,10 @@ def walk(
     segment_event = segment_events.append
     small = SMALL_REQUEST_BYTES
     steps: dict[int, StepStats] = {}
-    copies: list[LiveCopy] = []  # at every OOM and every _CHECKPOINT_EVERY samples
+    copies: list[LiveCopy] = []  # at every OOM, and about every eighth of the trace
+    copy_every = max(1, -(-count // _COPIES_PER_TRACE))
+    next_copy = copy_every - 1
+    last_copy = -1
 
     span_position = 0
     next_boundary = spans[1].first_index if len(spans) > 1 else count
@@ -398,7 +404,7 @@ def walk(
                 stats = steps.get(step) or steps.setdefault(step, StepStats(index, index, allocated, allocated, 0))
                 stats_peak = stats.peak_allocated_bytes
                 stats_activation_peak = stats.peak_activation_bytes
-        stop = min(next_boundary if next_boundary > position else count, next_sample + 1, count)
+        stop = min(next_boundary if next_boundary > position else count, next_sample + 1, next_copy + 1, count)
         for index, action, addr, size in islice(events, stop - position):
             if action == ALLOC:
                 if size > small:
@@ -467,13 +473,16 @@ def walk(
                 oom_indices.append(index)
                 copies.append((index, dict(live), dict(pending)))
         position = stop
+        if index == next_copy:
+            next_copy += copy_every
+            if index - last_copy >= 2 * (len(live) + len(pending)) and not (copies and copies[-1][0] == index):
+                copies.append((index, dict(live), dict(pending)))
+                last_copy = index
         if index == next_sample:
             now = tuple(totals)
             mosts.append((most_index, interval_most, now if climbing or most_totals is None else most_totals))
             samples.append((index, times[index] if times is not None else None, allocated, reserved, now))
             next_sample += stride
-            if len(samples) % _CHECKPOINT_EVERY == 0:
-                copies.append((index, dict(live), dict(pending)))
             # the next interval's most: set by its first event if that is an alloc or a free
             # (`climbing` tells the free so), else the state now, which that event leaves as it is
             following = actions[index + 1] if index < last else None
