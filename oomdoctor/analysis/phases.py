@@ -1280,8 +1280,7 @@ def _number_steps(
     allocating: list[bool] = []  # whether each piece allocates
     position = 0
     for first, last, *_ in pieces:
-        while position < len(allocations) and allocations[position] < first:
-            position += 1
+        position = bisect.bisect_left(allocations, first, position)  # (in order: the first from here on)
         allocating.append(position < len(allocations) and allocations[position] <= last)
     coming: list[str | None] = [None] * len(pieces)  # the phase of the first allocating piece from each on
     # the first event of the next allocating backward piece after each (the trace's end: none), and
