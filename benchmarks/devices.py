@@ -7,9 +7,10 @@ stages in one process) writes one snapshot holding every device's trace and segm
 judges the device that ran out and reads every other device too, at its own moment and at the
 judged one's time (`analysis.devices`). Each dump: the plain torch trace (or --source) repeated as
 benchmarks/analyse.py repeats it, to about --events events, then copied to --devices devices, each
-in its own address range; only the last device keeps the trace's `oom` events. It is measured
-beside a dump of one device holding as many events in all, each against its own floor (a bare
-restricted pickle.load, GC paused). Each run is a fresh process, the sides alternating --runs
+in its own address range; only the last device keeps the trace's `oom` events (where it has none,
+as the default corpus trace, the report judges the first device at its peak and reads the others
+beside it). It is measured beside a dump of one device holding as many events in all, each against
+its own floor (a bare restricted pickle.load, GC paused). Each run is a fresh process, the sides alternating --runs
 times; medians.
 """
 
