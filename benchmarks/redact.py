@@ -6,7 +6,8 @@ The snapshot is built as benchmarks/analyse.py builds it (a real trace repeated)
 runs in a fresh process and keeps the best of --repeats:
 
 * redact IN OUT against a restricted pickle.load plus pickle.dump (protocol 4) of the same file, the
-  least any rewrite of the dump costs; redact also loads its output once to check it;
+  least any rewrite of the dump costs, in time and in peak memory; redact also loads its output
+  once to check it;
 * report --format md --redact against report --format md: what redacting the results adds.
 """
 
@@ -42,20 +43,25 @@ else:
     sys.stdout = io.TextIOWrapper(open(os.devnull, "wb"))
     assert main(["report", source, "--format", "md", *(["--redact"] if mode == "report-redact" else [])]) == 0
 elapsed = time.perf_counter() - start
-print(json.dumps({{"seconds": elapsed}}), file=sys.stderr)
+with open("/proc/self/status") as status:  # the process's peak resident memory (Linux)
+    peak = next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")), 0)
+print(json.dumps({{"seconds": elapsed, "peak_bytes": peak}}), file=sys.stderr)
 """
 
 
-def measure(mode: str, source: Path, target: Path, repeats: int) -> float:
+def measure(mode: str, source: Path, target: Path, repeats: int) -> tuple[float, int]:
+    """The best wall seconds of `repeats` fresh processes, and the least peak memory among them."""
     code = CHILD.format(root=str(ROOT))
-    best = None
+    best, least = None, None
     for _ in range(repeats):
         done = subprocess.run(
             [sys.executable, "-c", code, mode, str(source), str(target)], capture_output=True, text=True, check=True
         )
-        seconds = json.loads(done.stderr.strip().splitlines()[-1])["seconds"]
-        best = seconds if best is None else min(best, seconds)
-    return best
+        result = json.loads(done.stderr.strip().splitlines()[-1])
+        best = result["seconds"] if best is None else min(best, result["seconds"])
+        least = result["peak_bytes"] if least is None else min(least, result["peak_bytes"])
+    assert best is not None and least is not None
+    return best, least
 
 
 def main() -> int:
@@ -70,14 +76,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         path, out = Path(folder) / "million.pickle", Path(folder) / "out.pickle"
         count = build(source, args.events, path)
-        copy = measure("copy", path, out, args.repeats)
-        redact = measure("redact", path, out, args.repeats)
-        report = measure("report", path, out, args.repeats)
-        report_redacted = measure("report-redact", path, out, args.repeats)
+        copy, copy_peak = measure("copy", path, out, args.repeats)
+        redact, redact_peak = measure("redact", path, out, args.repeats)
+        report, _ = measure("report", path, out, args.repeats)
+        report_redacted, _ = measure("report-redact", path, out, args.repeats)
     print(f"snapshot: {count} events from {source.name}")
-    print(f"restricted load + pickle.dump: {copy:.2f} s;  redact IN OUT: {redact:.2f} s")
+    print(
+        f"restricted load + pickle.dump: {copy:.2f} s, peak {copy_peak / 2**20:.0f} MiB;"
+        f"  redact IN OUT: {redact:.2f} s, peak {redact_peak / 2**20:.0f} MiB"
+    )
     print(f"report --format md: {report:.2f} s;  with --redact: {report_redacted:.2f} s")
-    print(f"redact / load+dump:           {redact / copy:.2f}x")
+    print(f"redact / load+dump:           {redact / copy:.2f}x time, {redact_peak / copy_peak:.2f}x peak memory")
     print(f"report md --redact / without: {report_redacted / report:.2f}x")
     return 0
 

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             raise OomdoctorError(f"{target}: cannot write ({error.strerror or error})") from None
         except (pickle.PicklingError, RecursionError, TypeError) as error:
             raise OomdoctorError(f"{source}: cannot be written back as a pickle ({error})") from None
+        del data  # written: the check below loads the copy beside nothing else of this size
         try:
             load(temporary, max_bytes=None)
         except LoadError as error:
