@@ -6,8 +6,8 @@ The snapshot is built as benchmarks/analyse.py builds it (a real trace repeated)
 runs in a fresh process and keeps the best of --repeats:
 
 * redact IN OUT against a restricted pickle.load plus pickle.dump (protocol 4) of the same file, the
-  least any rewrite of the dump costs, in time and in peak memory; redact also loads its output
-  once to check it;
+  cycle GC paused, the least any rewrite of the dump costs, in time and in peak memory; redact also
+  loads its output once to check it;
 * report --format md --redact against report --format md: what redacting the results adds.
 """
 
@@ -26,13 +26,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.analyse import build, source_snapshot  # noqa: E402
 
 CHILD = r"""
-import io, json, os, pickle, sys, time
+import gc, io, json, os, pickle, sys, time
 sys.path.insert(0, {root!r})
 from oomdoctor.load.safe_pickle import RestrictedUnpickler
 from oomdoctor.cli import main
 mode, source, target = sys.argv[1], sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 if mode == "copy":
+    gc.disable()  # as oomdoctor reads and writes with the cycle GC paused (the GC is no part of the floor)
     with open(source, "rb") as f:
         data = RestrictedUnpickler(f).load()
     with open(target, "wb") as f:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from oomdoctor.commands import add_max_bytes_argument, max_bytes_argument
 from oomdoctor.errors import LoadError, OomdoctorError
+from oomdoctor.gcpause import cyclic_gc_paused
 from oomdoctor.safetext import printable
 
 PICKLE_PROTOCOL = 4
@@ -80,9 +81,6 @@ def _a(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomdoctor.load import load, load_raw
-    from oomdoctor.redact import redact_snapshot_data, redactor_for_data
-
     source, target = Path(args.input), Path(args.output)
     max_bytes = max_bytes_argument(args)
     if _same_file(source, target):
@@ -93,6 +91,15 @@ def run(args: argparse.Namespace) -> int:
         raise OomdoctorError(f"{target}: already exists (--force replaces it)")
     if not target.parent.is_dir():
         raise OomdoctorError(f"{target.parent}: no such directory")
+    with cyclic_gc_paused():  # reading, redacting and writing a dump make millions of objects, no cycles
+        _redact_file(source, target, max_bytes)
+    return 0
+
+
+def _redact_file(source: Path, target: Path, max_bytes: int | None) -> None:
+    """Redact `source` into `target`: written beside it first, loaded back to check it, then moved there."""
+    from oomdoctor.load import load, load_raw
+    from oomdoctor.redact import redact_snapshot_data, redactor_for_data
 
     data = load_raw(source, max_bytes=max_bytes)
     if not _snapshot_shaped(data):
@@ -131,4 +138,3 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {printable(str(target))} (host and user names, path prefixes and the pid redacted{note})",
         file=sys.stderr,
     )
-    return 0
