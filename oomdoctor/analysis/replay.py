@@ -13,9 +13,10 @@ replays from the nearest one and merges the result with the dump's own blocks.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
+from operator import itemgetter
 
 from oomdoctor.analysis.results import (
     EventState,
@@ -216,56 +217,44 @@ class LiveHistory:
                     pending.pop(addr, None)
         return live, pending
 
-    def at(self, event_index: int) -> tuple[dict[int, LiveAllocation], dict[int, int]]:
-        """(live, pending) right after `event_index`: address -> allocation, and address -> block
-        bytes of each block whose free was requested but not completed. Replayed from the nearest
-        copy at or before the event; a block still live at the end has the dump's size, a block
-        allocated before the trace is live until its free (or for good)."""
-        live, pending = self._replayed(event_index)
+    def _allocations(self, event_index: int, live: dict[int, LiveEntry]) -> Iterator[tuple[int, int | None, int, int]]:
+        """(address, alloc event, block bytes, requested bytes) of everything live right after
+        `event_index`, each address once, from the pass's `live` set there: a block still live at
+        the end has the dump's size, a block allocated before the trace is live until its free (or
+        for good)."""
         live_at_end = self.live_at_end
         final = self.final_blocks
-        merged: dict[int, LiveAllocation] = {}
         for address, (alloc_index, _, size, requested) in live.items():
             end_entry = live_at_end.get(address)
             block = final.get(address)
             if end_entry is not None and end_entry[0] == alloc_index and block is not None:
-                merged[address] = LiveAllocation(address, alloc_index, block.size, block.requested_size)
+                yield address, alloc_index, block.size, block.requested_size
             else:
-                merged[address] = LiveAllocation(address, alloc_index, size, requested)
+                yield address, alloc_index, size, requested
         for address, block in self._untraced:  # allocated before the trace and never freed
-            if address not in merged:
-                merged[address] = LiveAllocation(address, None, block.size, block.requested_size)
+            if address not in live:
+                yield address, None, block.size, block.requested_size
         later = bisect.bisect_right(self._pre_free_indices, event_index)
+        freed: set[int] = set()
         for _, address, size in self.pre_existing_frees[later:]:  # allocated before the trace, freed later
-            if address not in merged:
-                merged[address] = LiveAllocation(address, None, size, size)
+            # (not one live, nor one never freed, nor one met already)
+            if address not in live and address not in freed and (address not in final or address in live_at_end):
+                freed.add(address)
+                yield address, None, size, size
+
+    def at(self, event_index: int) -> tuple[dict[int, LiveAllocation], dict[int, int]]:
+        """(live, pending) right after `event_index`: address -> allocation, and address -> block
+        bytes of each block whose free was requested but not completed. Replayed from the nearest
+        copy at or before the event (`_allocations` says which blocks and their sizes)."""
+        live, pending = self._replayed(event_index)
+        merged = {entry[0]: LiveAllocation(*entry) for entry in self._allocations(event_index, live)}
         return merged, pending
 
     def bytes_at(self, event_index: int) -> int:
         """The block bytes of everything live right after `event_index`: what `at(event_index)`'s
         allocations sum to, counted without making them (a dump of 100,000 live blocks)."""
         live, _ = self._replayed(event_index, with_pending=False)
-        live_at_end = self.live_at_end
-        final = self.final_blocks
-        total = 0
-        for address, (alloc_index, _, size, _) in live.items():
-            end_entry = live_at_end.get(address)
-            block = final.get(address)
-            if end_entry is not None and end_entry[0] == alloc_index and block is not None:
-                total += block.size
-            else:
-                total += size
-        for address, block in self._untraced:  # allocated before the trace and never freed
-            if address not in live:
-                total += block.size
-        later = bisect.bisect_right(self._pre_free_indices, event_index)
-        counted: set[int] = set()
-        for _, address, size in self.pre_existing_frees[later:]:  # allocated before the trace, freed later
-            # (each address once, and not one already live or never freed, as `at` keeps them)
-            if address not in live and address not in counted and (address not in final or address in live_at_end):
-                counted.add(address)
-                total += size
-        return total
+        return sum(map(itemgetter(2), self._allocations(event_index, live)))
 
 
 @dataclass
