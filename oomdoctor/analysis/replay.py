@@ -61,8 +61,7 @@ LiveEntry = tuple[int, int, int, int]
 LiveCopy = tuple[int, dict[int, LiveEntry], dict[int, int]]
 
 # The walk copies the live set about this many times a trace (whatever its series' points), where
-# the events since the last copy outnumber twice the blocks then live or pending (so that the
-# copies hold at most one entry per two events): `LiveHistory.at` replays from the nearest.
+# a copy fits (`_copy_fits`, as `LiveHistory.record` copies): `LiveHistory.at` replays from the nearest.
 _COPIES_PER_TRACE = 8
 # A cursor's copies (`LiveHistory.record`, `SegmentHistory`): events replayed at most from the
 # nearest copy; a few milliseconds of replay (about 0.3 us an event).
@@ -81,6 +80,13 @@ class StepStats:
     peak_allocated_bytes: int  # relative to the pass start until made absolute
     end_allocated_bytes: int
     peak_activation_bytes: int
+
+
+def _copy_fits(index: int, last_copy: int, live: dict[int, LiveEntry], pending: dict[int, int]) -> bool:
+    """Whether a copy of the live and pending sets right after event `index` keeps the copies at
+    most one entry per two events: the events since the last copy (at `last_copy`) are at least
+    twice the entries it would hold."""
+    return index - last_copy >= 2 * (len(live) + len(pending))
 
 
 def final_live_blocks(segments: Sequence[Segment]) -> dict[int, Block]:
@@ -171,7 +177,7 @@ class LiveHistory:
                 pending.pop(addr, None)
             if index == next_check:
                 next_check += every
-                if index - last_copy >= 2 * (len(live) + len(pending)):
+                if _copy_fits(index, last_copy, live, pending):
                     kept.append((index, dict(live), dict(pending)))
                     last_copy = index
         return cls(trace, final_live_blocks(segments), divisions, kept, live, pre_existing_frees, rounded)
@@ -464,7 +470,7 @@ def walk(
         position = stop
         if index == next_copy:
             next_copy += copy_every
-            if index - last_copy >= 2 * (len(live) + len(pending)) and not (copies and copies[-1][0] == index):
+            if _copy_fits(index, last_copy, live, pending) and not (copies and copies[-1][0] == index):
                 copies.append((index, dict(live), dict(pending)))
                 last_copy = index
         if index == next_sample:
