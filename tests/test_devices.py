@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oomdoctor.analysis import analyse
-from oomdoctor.analysis.devices import IMBALANCE_RATIO, _index_at_time
+from oomdoctor.analysis.devices import IMBALANCE_RATIO, _index_at_time, _last_at_or_before
 from oomdoctor.model import DeviceTrace, Frame, TraceEvent
 from oomdoctor.views import json_report, markdown_report, text_report
 from oomdoctor.vocabulary import Verdict
@@ -372,24 +372,14 @@ def test_a_replica_s_forward_tells_nothing_of_the_backward_of_a_run_that_trains(
     assert all(r.would_fit_alone is not True for r in analysis.recommendations)
 
 
-def _last_at_or_before(times, time_us):
-    """The reading `_index_at_time` keeps: the last timed event before the first later one."""
-    found = None
-    for index, moment in enumerate(times):
-        if moment is not None and moment <= time_us:
-            found = index
-        elif moment is not None:
-            break
-    return found
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.one_of(st.integers(min_value=0, max_value=50), st.none()), max_size=30),
     st.integers(min_value=-5, max_value=60),
 )
 def test_a_peer_is_read_at_the_last_event_at_or_before_the_judged_time(times, time_us):
-    """Found in C where every event has its time (in order or not), else event by event: the same."""
+    """Found in C where every event has its time (in order or not): the same event as the reading
+    event by event finds."""
     trace = DeviceTrace.from_events(
         0, [TraceEvent("alloc", 512 * (i + 1), 512, time_us=t) for i, t in enumerate(times)]
     )

@@ -237,6 +237,12 @@ def _index_at_time(trace: DeviceTrace, time_us: int | None) -> int | None:
     if timed is times:  # every event has its time: the first later one found in C
         later = next(compress(count(), map(operator.gt, timed, repeat(time_us))), len(timed))
         return later - 1 if later else None
+    return _last_at_or_before(times, time_us)
+
+
+def _last_at_or_before(times: Sequence[int | None], time_us: int) -> int | None:
+    """The last event with a time at or before `time_us` before the first with a later one (events
+    without a time passed over), read one by one: `_index_at_time`'s reading of any times."""
     found = None
     for index, moment in enumerate(times):
         if moment is not None and moment <= time_us:
