@@ -159,6 +159,15 @@ def _closing_events(raw: dict[str, Any], device: int) -> list[dict[str, Any]]:
     return closing
 
 
+def address_range(trace: list[dict[str, Any]], segments: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(lowest, highest, stride) of the addresses a trace's events and `segments` use: a copy
+    shifted by a multiple of the stride (a power of two, at least 1 GiB) lies in its own range."""
+    addresses = [e["addr"] for e in trace if e["action"] in _ADDRESSED]
+    addresses += [s["address"] + s["total_size"] for s in segments] + [s["address"] for s in segments]
+    low, high = min(addresses), max(addresses)
+    return low, high, 1 << max((high - low + 1).bit_length(), 30)
+
+
 def repeat_trace(raw: dict[str, Any], events: int) -> dict[str, Any]:
     """`raw` (a snapshot dict) with its longest trace repeated until it holds about `events` events:
     copies of the trace, each earlier in time and in its own address range, each closed by frees,
@@ -170,11 +179,8 @@ def repeat_trace(raw: dict[str, Any], events: int) -> dict[str, Any]:
     closing = _closing_events(raw, device)
     per_copy = len(trace) + len(closing)
     copies = max(0, -(-(events - len(trace)) // per_copy))
-    addresses = [e["addr"] for e in trace if e["action"] in _ADDRESSED]
-    addresses += [s["address"] + s["total_size"] for s in raw["segments"]] + [s["address"] for s in raw["segments"]]
-    extent = max(addresses) - min(addresses) + 1
-    stride = 1 << max(extent.bit_length(), 30)  # each copy's own address range
-    if max(addresses) + copies * stride >= 2**63:
+    low, high, stride = address_range(trace, raw["segments"])
+    if high + copies * stride >= 2**63:
         raise SystemExit("the trace's addresses leave no room for that many copies")
     first_us, last_us = trace[0].get("time_us", 0), trace[-1].get("time_us", 0)
     span_us = last_us - first_us + len(closing) + 1000
@@ -189,7 +195,7 @@ def repeat_trace(raw: dict[str, Any], events: int) -> dict[str, Any]:
     for copy in range(copies):
         shift_us = -(copies - copy) * span_us
         shift = -(copies - copy) * stride  # below the original, where nothing of it lies
-        shift = (copy + 1) * stride if min(addresses) + shift < stride else shift
+        shift = (copy + 1) * stride if low + shift < stride else shift
         for event in trace:
             if event["action"] == "oom":
                 continue

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyse import _ADDRESSED, measure, repeat_trace, source_snapshot  # noqa: E402  (benchmarks/analyse.py)
+from analyse import _ADDRESSED, address_range, measure, repeat_trace, source_snapshot  # noqa: E402  (benchmarks/analyse.py)
 
 
 def _shifted_segment(segment: dict[str, Any], device: int, shift: int) -> dict[str, Any]:
@@ -45,10 +45,7 @@ def build(source: Path, devices: int, events: int, out: Path) -> int:
     device = max(range(len(traces)), key=lambda d: len(traces[d]))
     trace = traces[device]
     segments = [s for s in raw["segments"] if s.get("device", 0) == device]
-    addresses = [e["addr"] for e in trace if e["action"] in _ADDRESSED] + [s["address"] for s in segments]
-    addresses += [s["address"] + s["total_size"] for s in segments]
-    low, high = min(addresses), max(addresses)
-    stride = 1 << max((high - low + 1).bit_length(), 30)
+    _, high, stride = address_range(trace, segments)
     raw["device_traces"] = []
     raw["segments"] = []
     for copy in range(devices):
