@@ -100,6 +100,10 @@ class Frame:
 
 Stack = tuple[Frame, ...]  # innermost frame first, as torch writes it
 NO_STACK: Stack = ()
+# Numbering the stacks of events reads every frame of every event's list. Up to this many frames an
+# event on average it does so directly; beyond, each distinct list is read once (a pickle can share
+# one deep list among a million events, where torch gives each event its own).
+_FRAMES_PER_EVENT_UNSHARED = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,17 +372,27 @@ class DeviceTrace(Sequence[TraceEvent]):
             kinds.add(tuple)
         base = self._next_number
         odd = not kinds.issubset((list, tuple))
-        if not odd:
+        sources = raws  # a number new in this call is base + the position in here where its stack first occurs
+        if odd:  # something odd where a frame list belongs (frames_at makes it no stack): one number each
+            numbers = list(range(base, base + len(raws)))
+        elif sum(map(len, raws)) <= _FRAMES_PER_EVENT_UNSHARED * len(raws):
             # a stack's key is the identities of its frames; a new key is numbered by where it first occurs
             numbering = self._numbering
             numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count(base)))
-        else:  # something odd where a frame list belongs (frames_at makes it no stack): one number each
-            numbers = list(range(base, base + len(raws)))
+        else:
+            # deep stacks, or frame lists a pickle shares among many events (torch gives each event
+            # its own): the key is made once a list, the work bounded by what the file holds
+            ids = list(map(id, raws))
+            by_id = dict(zip(ids, raws))  # each list once, in the order of its first event
+            sources = list(by_id.values())
+            keys = map(tuple, map(map, repeat(id), sources))
+            number_of = dict(zip(by_id, map(self._numbering.setdefault, keys, count(base))))
+            numbers = list(map(number_of.__getitem__, ids))
         self._next_number = base + len(raws)
         stack_of = self._stack_by_number
-        # a number new in this call is base + the position where its stack first occurs
         for number in sorted(number for number in set(numbers) if number >= base):
-            stack_of[number] = self.frames_at(indices[number - base])
+            raw = sources[number - base]
+            stack_of[number] = self._stack_of(raw) if raw else NO_STACK  # type: ignore[misc]  # as frames_at
         if odd and len(set(indices)) < len(indices):  # an event asked twice keeps the last number given
             last = dict(zip(indices, numbers))
             numbers = list(map(last.__getitem__, indices))

@@ -56,6 +56,9 @@ USER = "<user>"
 PID = "<pid>"
 REDACTED = "<redacted>"
 
+# walk's memo: redacted paths, redacted texts, and id -> (an object met, what it became)
+_WalkMemo = tuple[dict[str, str], dict[str, str], dict[int, tuple[Any, Any]]]
+
 _PACKAGES = re.compile(r"/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?t?/", re.IGNORECASE)
 _HOME = re.compile(r"^(?:/home/|/Users/|/usr/home/|/export/home/|[A-Za-z]:/(?:Users|Documents and Settings)/)([^/]+)")
@@ -264,11 +267,12 @@ class Redactor:
                 filenames.update(f.filename for f in frames)
                 scripts.add(frames[-1].filename)
 
+        seen_stacks: set[int] = set()  # each stack once, however many blocks or events share it
         for segment in snapshot.segments:
-            stack(segment.frames)
-            for block in segment.blocks:
-                stack(block.frames)
-        seen_stacks: set[int] = set()
+            for frames in _by_id([segment.frames, *(block.frames for block in segment.blocks)]).values():
+                if id(frames) not in seen_stacks:
+                    seen_stacks.add(id(frames))
+                    stack(frames)
         for trace in snapshot.traces:
             for index in range(max(0, len(trace) - _FRAME_SAMPLE_EVENTS), len(trace)):
                 if trace.has_frames_at(index):
@@ -278,7 +282,7 @@ class Redactor:
                         stack(frames)
             for column in (trace.user_metadata, trace.compile_contexts):
                 texts.update(v for v in set(column or ()) if isinstance(v, str))
-            for lines in trace.forward_frames.values():
+            for lines in _by_id(trace.forward_frames.values()).values():  # the loader shares them as the file does
                 texts.update(lines)
         texts.update(a.name for a in snapshot.annotations)
         # every string of the key as written (unknown keys included), host and pid as parsed
@@ -359,15 +363,29 @@ class Redactor:
 
     # -- results ---------------------------------------------------------------------------------
 
-    def walk(self, value: Any, _memo: tuple[dict[str, str], dict[str, str]] | None = None) -> Any:
-        """`value` (a result object, tuple, dict or string) rebuilt with every path and name redacted."""
-        memo = ({}, {}) if _memo is None else _memo
-        paths, texts = memo
+    def walk(self, value: Any, _memo: _WalkMemo | None = None) -> Any:
+        """`value` (a result object, tuple, dict or string) rebuilt with every path and name redacted.
+        An object met again (results share stacks and frames, as blocks and events do) is rebuilt
+        once."""
+        memo = ({}, {}, {}) if _memo is None else _memo
+        texts = memo[1]
         if isinstance(value, str):
             text = texts.get(value)
             if text is None:
                 text = texts[value] = self.text(value)
             return text
+        if type(value) in _SCALARS:
+            return value
+        done = memo[2]
+        known = done.get(id(value))
+        if known is not None:
+            return known[1]
+        new = self._rebuild(value, memo)
+        done[id(value)] = (value, new)  # the original kept, so that its id stays its own
+        return new
+
+    def _rebuild(self, value: Any, memo: _WalkMemo) -> Any:
+        paths = memo[0]
         if isinstance(value, Frame):
             filename = paths.get(value.filename)
             if filename is None:
@@ -810,13 +828,15 @@ def redactor_for_data(data: Any) -> Redactor:
         stacks(list(map(dict.get, items, repeat("frames"))), own)
         for key in ("user_metadata", "compile_context"):
             texts.update(_strings(list(map(dict.get, items, repeat(key)))))
-        for lines in filter(None, map(dict.get, items, repeat("forward_frames"))):
+        for lines in _by_id(filter(None, map(dict.get, items, repeat("forward_frames")))).values():
             if type(lines) is list:
                 texts.update(_strings(lines))
         return items
 
+    # each list once below, however often a pickle shares it (torch shares none of them)
     def nested(items: list[dict[Any, Any]], key: str) -> list[Any]:
-        return list(itertools.chain.from_iterable(v for v in map(dict.get, items, repeat(key)) if type(v) is list))
+        lists = _by_id(v for v in map(dict.get, items, repeat(key)) if type(v) is list)
+        return list(itertools.chain.from_iterable(lists.values()))
 
     def segments(items: Any, own: bool = True) -> None:
         blocks = holders(nested(holders(items, own), "blocks"), own)
@@ -824,7 +844,7 @@ def redactor_for_data(data: Any) -> Redactor:
         stacks(list(map(dict.get, history, repeat("frames"))), own)
 
     def traces(items: Any, own: bool = True) -> None:
-        for trace in items if type(items) is list else ():
+        for trace in _by_id(items).values() if type(items) is list else ():
             holders(trace if type(trace) is list else [trace], own)
 
     meta: Mapping[str, Any] = {}

@@ -122,6 +122,53 @@ def _frame_amplification():
     return {"segments": [segment], "device_traces": [events]}
 
 
+# A list the pickle shares: written once, read at every reference. torch shares frame dicts only;
+# a file of a megabyte sharing a list of SHARED items under SHARED places asks for 4e8 readings.
+SHARED = 20_000
+
+
+def _shared_events(**extra):
+    return [
+        {"action": "alloc", "addr": BASE + i * 512, "size": 512, "stream": 0, "time_us": i, "frames": [], **extra}
+        for i in range(SHARED)
+    ]
+
+
+def _shared_blocks(frames=()):
+    return [
+        {"address": BASE + i * 512, "size": 512, "requested_size": 512, "state": "active_allocated",
+         "frames": frames or []}
+        for i in range(SHARED)
+    ]  # fmt: skip
+
+
+def _shared_segment(blocks, address=BASE):
+    return {"device": 0, "address": address, "total_size": 512 * SHARED, "stream": 0, "segment_type": "large",
+            "blocks": blocks}  # fmt: skip
+
+
+def _shared_traces():
+    return {"segments": [], "device_traces": [_shared_events()] * SHARED}
+
+
+def _shared_block_lists():
+    blocks = _shared_blocks()
+    return {"segments": [_shared_segment(blocks, BASE + i * (1 << 30)) for i in range(SHARED)], "device_traces": [[]]}
+
+
+def _shared_deep_stack():
+    stack = [{"filename": f"/home/alice/m{i}.py", "line": i, "name": f"f{i}"} for i in range(2 * SHARED)]
+    events = _shared_events()
+    for event in events:
+        event["frames"] = stack
+    return {"segments": [_shared_segment(_shared_blocks(stack))], "device_traces": [events]}
+
+
+def _shared_forward_frames():
+    lines = [f'  File "/home/alice/m.py", line {i}, in f' for i in range(SHARED)]
+    return {"segments": [], "device_traces": [_shared_events(user_metadata="", forward_frames=lines)]}
+
+
 def _markdown_breakout():
     data = one_block_snapshot(
         oomdoctor={
@@ -203,6 +250,19 @@ REPRODUCERS = {
         one_block_snapshot(oomdoctor={"host": "node7", "pid": 4242, "argv": ["/home/alice/proj/train.py"]}),
         ".pickle",
     ),
+    "r23_shared_trace": (_shared_traces(), ".pickle"),
+    "r24_shared_blocks": (_shared_block_lists(), ".pickle"),
+    "r25_shared_deep_stack": (_shared_deep_stack(), ".pickle"),
+    "r26_shared_forward_frames": (_shared_forward_frames(), ".pickle"),
+}
+
+# What a reproducer must give, beyond check_outcome's rules (which would let an internal error's
+# one line pass): a report (exit 0), or the refusal that names the fault.
+OUTCOMES = {
+    "r23_shared_trace": "wrong structure: device 1's trace is the same list as device 0's (the pickle shares it)",
+    "r24_shared_blocks": "wrong structure: segment 1's blocks are the same list as segment 0's (the pickle shares it)",
+    "r25_shared_deep_stack": "report",
+    "r26_shared_forward_frames": "report",
 }
 
 VERBS = {
@@ -256,6 +316,11 @@ def test_reproducer_gets_a_report_or_one_line(name, verb, tmp_path):
     arguments = [a.format(file=path, out=out) for a in VERBS[verb]]
     result, seconds = run_command(arguments, tmp_path)
     check_outcome(result, seconds)
+    expected = OUTCOMES.get(name)
+    if expected == "report":
+        assert result.returncode == 0, result.stderr[-2000:]
+    elif expected is not None:
+        assert result.returncode == 2 and expected.encode() in result.stderr, result.stderr[-2000:]
     if verb in ("text", "md", "info"):
         assert not RAW_CONTROL.search(result.stdout), RAW_CONTROL.search(result.stdout)
     if verb == "redact" and result.returncode == 0:  # the copy it wrote reads as a snapshot

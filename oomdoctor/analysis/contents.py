@@ -140,10 +140,10 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
     stack_kinds: set[str] = set()
     first_times: list[int] = []
     last_times: list[int] = []
+    stacks: dict[int, Stack] = {}  # each stack once, however many segments, blocks and events share it
     for segment in snapshot.segments:
-        _stack_kind(segment.frames, stack_kinds)
-        for block in segment.blocks:
-            _stack_kind(block.frames, stack_kinds)
+        stacks[id(segment.frames)] = segment.frames
+        stacks.update((id(block.frames), block.frames) for block in segment.blocks)
     for device in snapshot.devices:
         part = snapshot.device(device)
         trace = part.trace
@@ -157,8 +157,7 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
             last_times.append(last_time)
         if count:
             step = max(1, count // _STACK_SAMPLE_EVENTS)
-            for index in range(0, count, step):
-                _stack_kind(trace.frames_at(index), stack_kinds)
+            stacks.update((id(frames), frames) for frames in map(trace.frames_at, range(0, count, step)))
             if OOM in actions:
                 for index, action in enumerate(trace.actions):
                     if action == OOM:
@@ -183,6 +182,8 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
                 last_time_us=last_time,
             )
         )
+    for stack in stacks.values():
+        _stack_kind(stack, stack_kinds)
     return Contents(
         file=name,
         container=snapshot.container,

@@ -128,6 +128,12 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     if type(raw_traces) is not list:
         raise _shape_error(describe, f"'device_traces' is a {_type_name(raw_traces)}, not a list")
 
+    _refuse_shared(raw_traces, "device {}'s trace is the same list as device {}'s", describe)
+    _refuse_shared(
+        [seg.get("blocks") if type(seg) is dict else None for seg in raw_segments],
+        "segment {}'s blocks are the same list as segment {}'s",
+        describe,
+    )
     stacks = StackTable()
     segments, legacy = _build_segments(raw_segments, stacks, describe)
     expandable_recorded = bool(raw_segments) and all("is_expandable" in s for s in raw_segments)
@@ -182,6 +188,19 @@ def _int(value: Any, describe: str, what: str) -> int:
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise _shape_error(describe, f"{what} does not fit in 64 bits")
     return value
+
+
+def _refuse_shared(lists: list[Any], what: str, describe: str) -> None:
+    """Refuse a non-empty list met twice among `lists` (each device's trace, each segment's blocks);
+    `what` names the later and the earlier place. torch writes each its own list; a pickle can
+    share one under thousands of devices or segments, and a file of a megabyte would then ask for
+    its events or blocks to be read a thousand million times."""
+    first: dict[int, int] = {}
+    for index, value in enumerate(lists):
+        if type(value) is list and value:
+            earlier = first.setdefault(id(value), index)
+            if earlier != index:
+                raise _shape_error(describe, what.format(index, earlier) + " (the pickle shares it)")
 
 
 def _build_segments(raw_segments: list[Any], stacks: StackTable, describe: str) -> tuple[tuple[Segment, ...], bool]:
@@ -529,14 +548,19 @@ def _build_trace(device: int, events: list[Any], stacks: StackTable, describe: s
         and any(map(operator.contains, events, repeat("forward_frames")))
     ):
         _note_once(era, "forward_frames on trace events", 11)
+        converted: dict[int, tuple[str, ...]] = {}  # each list once, however many events share it
         for index, event in enumerate(events):
             lines = event.get("forward_frames")
             if lines:
-                forward_frames[index] = (
-                    tuple(line if type(line) is str else describe_value(line) for line in lines)
-                    if type(lines) in (list, tuple)
-                    else ()
-                )
+                if type(lines) not in (list, tuple):
+                    forward_frames[index] = ()
+                    continue
+                done = converted.get(id(lines))
+                if done is None:
+                    done = converted[id(lines)] = tuple(
+                        line if type(line) is str else describe_value(line) for line in lines
+                    )
+                forward_frames[index] = done
 
     return DeviceTrace(
         device=device,

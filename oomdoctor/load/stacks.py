@@ -32,12 +32,22 @@ def shortened(text: str, limit: int = FRAME_TEXT_LIMIT) -> str:
 
 
 class StackTable:
-    __slots__ = ("_frame_by_id", "_raw_frames", "_frame_by_value", "_stack_by_ids", "_stack_by_frames")
+    __slots__ = (
+        "_frame_by_id",
+        "_raw_frames",
+        "_frame_by_value",
+        "_stack_by_list",
+        "_stack_by_ids",
+        "_stack_by_frames",
+    )
 
     def __init__(self) -> None:
         self._frame_by_id: dict[int, Frame] = {}  # id(raw dict) -> its Frame
         self._raw_frames: list[Any] = []  # the raw dicts converted, kept so that their ids stay theirs
         self._frame_by_value: dict[tuple[Any, ...], Frame] = {}
+        # id(raw list) -> (the list, kept so that its id stays its own; its stack): a list a pickle
+        # shares among many blocks or events is read once, not once each
+        self._stack_by_list: dict[int, tuple[Any, Stack]] = {}
         self._stack_by_ids: dict[tuple[int, ...], tuple[list[Any], Stack]] = {}
         # the ids of a stack's Frames -> the stack: one Frame per distinct value here, so equal ids are
         # equal frames (and a Frame's own hash, made in Python, is never needed)
@@ -80,9 +90,13 @@ class StackTable:
         """The shared Stack for a raw list of frame dicts (innermost first); NO_STACK when empty."""
         if not raw or type(raw) not in (list, tuple):
             return NO_STACK
+        known = self._stack_by_list.get(id(raw))
+        if known is not None:
+            return known[1]
         ids = tuple(map(id, raw))
         known = self._stack_by_ids.get(ids)
         if known is not None:
+            self._stack_by_list[id(raw)] = (raw, known[1])
             return known[1]
         # the frames met before are found in C, and only new ones converted one by one
         found = tuple(map(self._frame_by_id.get, ids))
@@ -93,5 +107,5 @@ class StackTable:
             found = tuple(map(self._frame_by_id.get, ids))
         frames: Stack = found  # type: ignore[assignment]  # every one found now
         stack = self._stack_by_frames.setdefault(tuple(map(id, frames)), frames)
-        self._stack_by_ids[ids] = (raw, stack)
+        self._stack_by_ids[ids] = self._stack_by_list[id(raw)] = (raw, stack)
         return stack
