@@ -39,7 +39,7 @@ import itertools
 import operator
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -554,8 +554,9 @@ class _DumpRewriter:
     and sets are rebuilt, and `rebuilt` keeps each original alive next to what replaced it.
     """
 
-    def __init__(self, redactor: Redactor) -> None:
+    def __init__(self, redactor: Redactor, columns: _ListColumns | None = None) -> None:
         self.redactor = redactor
+        self.columns = _ListColumns() if columns is None else columns
         self.paths: dict[str, str] = {}
         self.texts: dict[str, str] = {}
         self.visited: set[int] = set()
@@ -698,8 +699,7 @@ class _DumpRewriter:
                         if value in changed:
                             item[key] = changed[value]
                 continue
-            lists = self._unvisited(list(filter(None, column)), mark=False)  # the non-empty ones
-            inner = _distinct_items(lists)  # torch shares frame dicts among stacks: few of them
+            lists, inner = self.columns.read(column, self.visited)  # the non-empty lists not yet met, their items
             if type(rule[1]) is dict and set(map(type, inner)) <= _DICT_KINDS:
                 self.visited.update(map(id, lists))
                 self._dicts(inner, rule[1], depth + 2)
@@ -707,15 +707,15 @@ class _DumpRewriter:
                 for value in lists:
                     self.each(value, rule[1], depth + 1)
 
-    def _unvisited(self, items: list[Any], mark: bool = True) -> list[Any]:
-        """`items` met for the first time, each once, in their order (the order they lie in memory)."""
+    def _unvisited(self, items: list[Any]) -> list[Any]:
+        """`items` met for the first time, each once, in their order (the order they lie in memory);
+        they are marked visited."""
         by_id = dict(zip(map(id, items), items))
         if self.visited.isdisjoint(by_id):
             fresh = list(by_id.values())
         else:
             fresh = [item for key, item in by_id.items() if key not in self.visited]
-        if mark:
-            self.visited.update(by_id)
+        self.visited.update(by_id)
         return fresh
 
     def traces(self, value: list[Any], depth: int) -> list[Any]:
@@ -785,20 +785,28 @@ class _DumpRewriter:
 _NO_RULES: dict[str, Any] = {}
 
 
-def redact_snapshot_data(data: Any, redactor: Redactor) -> Any:
+def redact_data(data: Any) -> Any:
+    """Redact a dump's plain data in place with what it teaches (`redactor_for_data`) and return it,
+    as `redact_snapshot_data(data, redactor_for_data(data))` does, reading each column of stacks once
+    for both."""
+    columns = _ListColumns()
+    return redact_snapshot_data(data, redactor_for_data(data, columns), columns)
+
+
+def redact_snapshot_data(data: Any, redactor: Redactor, _columns: _ListColumns | None = None) -> Any:
     """Redact a dump's plain data (a snapshot dict or a bare segment list) in place and return it.
 
     Every string is redacted by what its key holds (see the rules above `_DumpRewriter`): file names
     as paths, free text as text, vocabulary kept; in oomdoctor's key the host becomes "<host>" and the
     pid None; strings under keys nobody knows become "<redacted>". Numbers and the shape stay.
     """
-    rewriter = _DumpRewriter(redactor)
+    rewriter = _DumpRewriter(redactor, _columns)
     if type(data) is list:
         return rewriter.each(data, _SEGMENT, 0)
     return rewriter.apply(_TOP, data, 0)
 
 
-def redactor_for_data(data: Any) -> Redactor:
+def redactor_for_data(data: Any, _columns: _ListColumns | None = None) -> Redactor:
     """A redactor that learns from a dump's plain data (as `Redactor.from_snapshot` does from the model).
 
     The project's root comes from the frames the loader reads; user names also from every other
@@ -809,11 +817,12 @@ def redactor_for_data(data: Any) -> Redactor:
     scripts: set[str] = set()
     texts: set[str] = set()
     seen: set[int] = set()
+    columns = _ListColumns() if _columns is None else _columns
 
     def stacks(column: list[Any], own: bool) -> None:
-        lists = [s for i, s in _by_id(filter(None, column)).items() if type(s) is list and i not in seen]
+        lists, items = columns.read(column, seen, remember=True)
         seen.update(map(id, lists))
-        frames = [f for f in _distinct_items(lists) if type(f) is dict]
+        frames = [f for f in items if type(f) is dict]
         names = _strings(list(map(dict.get, frames, repeat("filename"))))
         outermost = [f.get("filename") for f in _by_id(map(operator.itemgetter(-1), lists)).values() if type(f) is dict]
         if own:
@@ -872,6 +881,43 @@ def redactor_for_data(data: Any) -> Redactor:
         filenames=filenames,
         script_filenames=scripts,
     )
+
+
+class _ListColumns:
+    """The lists in a column of values (each event's frames, each segment's blocks) and the distinct
+    items in them, worked out once for the two passes of redacting a dump (`redact_data`): learning
+    names and rewriting read the same columns, and finding the few thousand distinct frames among a
+    million stacks of thirty is the costly part.
+
+    What a pass remembers is given to a later `read` of a column that holds the very same objects in
+    the same order, checked object by object; the lists' items are not written between the passes
+    (the rewriter changes a list's items only after marking it visited, and visited lists are skipped).
+    """
+
+    def __init__(self) -> None:
+        self._known: list[tuple[Sequence[Any], list[list[Any]], list[Any]]] = []
+
+    def read(self, column: Sequence[Any], skip: set[int], remember: bool = False) -> tuple[list[list[Any]], list[Any]]:
+        """The lists in `column` whose ids are not in `skip`, each once, in order; and the items in
+        them, each object once, in order. Anything else in `column` (None, empty lists, other values)
+        is left out. A remembered reading is given once and then forgotten."""
+        found = None
+        for index, known in enumerate(self._known):
+            if len(known[0]) == len(column) and all(map(operator.is_, known[0], column)):
+                found = known if remember else self._known.pop(index)
+                break
+        if found is None:
+            lists = list(_by_id(filter(None, column)).values())
+            if not set(map(type, lists)) <= _LIST_KINDS:
+                lists = [value for value in lists if type(value) is list]
+            found = (column, lists, _distinct_items(lists))
+            if remember:
+                self._known.append(found)
+        _, lists, items = found
+        if skip.isdisjoint(map(id, lists)):
+            return lists, items
+        lists = [value for value in lists if id(value) not in skip]
+        return lists, _distinct_items(lists)
 
 
 def _by_id(items: Iterable[Any]) -> dict[int, Any]:

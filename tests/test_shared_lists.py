@@ -19,8 +19,8 @@ from oomdoctor.errors import LoadError
 from oomdoctor.load import load
 from oomdoctor.load.stacks import StackTable
 from oomdoctor.model import Frame
-from oomdoctor.redact import Redactor
-from tests.builders import BASE, MiB
+from oomdoctor.redact import Redactor, redact_data, redact_snapshot_data, redactor_for_data
+from tests.builders import BASE, MiB, make_snapshot
 
 
 def _events(count: int, frames: list | None = None, **extra) -> list[dict]:
@@ -138,3 +138,30 @@ def test_results_sharing_a_stack_are_redacted_once_alike() -> None:
     assert walked["a"][0] is walked["a"][1] is walked["b"][0]
     assert [f.filename for f in walked["a"][0]] == [f"<project>/m{i}.py" for i in range(3)]
     assert walked == {"a": (walked["a"][0],) * 2, "b": [walked["a"][0]]}
+
+
+def _sharing_dump() -> dict:
+    """Lists torch writes apart shared anyway, frame lists shared as well as frames, a tuple among
+    frames: whatever the rewriter meets first, once."""
+    data = make_snapshot()
+    deep = _stack(5)
+    events = data["device_traces"][0]
+    for event in events[:3]:
+        event["frames"] = deep
+    events[3]["frames"] = [deep[0], ("not", "a", "dict")]
+    data["segments"][0]["blocks"][0]["frames"] = deep
+    data["device_traces"] = [events, events[:2]]  # the same event dicts under two devices
+    data["oomdoctor"] = {"argv": ["/home/alice/src/train.py"], "host": "node7"}
+    return data
+
+
+@pytest.mark.parametrize("make", [make_snapshot, _sharing_dump])
+def test_redacting_in_one_go_writes_what_the_two_steps_write(make) -> None:
+    """`redact_data` reads each column of stacks once for learning and rewriting; what it writes is
+    what learning and then rewriting write apart."""
+    two_steps = make()
+    redact_snapshot_data(two_steps, redactor_for_data(two_steps))
+    one_go = make()
+    redact_data(one_go)
+    assert pickle.dumps(one_go, protocol=4) == pickle.dumps(two_steps, protocol=4)
+    assert b"alice" not in pickle.dumps(one_go, protocol=4)

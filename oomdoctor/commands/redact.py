@@ -99,14 +99,14 @@ def run(args: argparse.Namespace) -> int:
 def _redact_file(source: Path, target: Path, max_bytes: int | None) -> None:
     """Redact `source` into `target`: written beside it first, loaded back to check it, then moved there."""
     from oomdoctor.load import load, load_raw
-    from oomdoctor.redact import redact_snapshot_data, redactor_for_data
+    from oomdoctor.redact import redact_data
 
     data = load_raw(source, max_bytes=max_bytes)
     if not _snapshot_shaped(data):
         raise LoadError(
             f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments, not {_shape(data)})"
         )
-    redact_snapshot_data(data, redactor_for_data(data))
+    redact_data(data)
     compress = target.name.lower().endswith(".gz") or _is_gzip(source)
 
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
