@@ -12,7 +12,8 @@ one of five strategies (those of shared/reference/hostile-inputs/FINDINGS.md):
              scalar replaced by deep nesting, a DUP "laughs" or hash bomb, or a refused opcode
   value      the seed as data (oomdoctor.load.load_raw), one to three snapshot-aware mutations
              (sizes, huge ints, NaN, wrong types, missing keys, Unicode digits, control/markup/
-             Markdown payloads, metadata, allocator settings, deep nesting, shared-list laughs),
+             Markdown payloads, metadata, allocator settings, deep nesting, shared-list laughs,
+             one long trace, blocks, frames or forward_frames list shared by thousands of places),
              written back as pickle protocol 0-5, gzip, JSON or memory_viz HTML
   splice     two seeds: bytes cut at opcode boundaries, or a subtree of one grafted into the other
   container  gzip (nested, truncated, trailing garbage), HTML (bad base64, nested), BOM, UTF-16
@@ -796,6 +797,7 @@ def _segments_and_events(m: Mutation, data: Any) -> str:
             "annotations",
             "aliases",
             "pool",
+            "shared",
         )
     )
     events = (
@@ -886,7 +888,57 @@ def _segments_and_events(m: Mutation, data: Any) -> str:
         )
         m.needs_pickle = True
         return f"pool id = {_short(value)}"
+    if kind == "shared" and isinstance(data, dict) and (events or blocks):
+        return _shared_list(m, data, events, blocks)
     return "no snapshot-aware change applied"
+
+
+SHARED_LENGTH = 12_000  # items in a list shared SHARED_LENGTH times: 144M readings unless each list is read once
+
+
+def _shared_list(m: Mutation, data: dict, events: list[dict], blocks: list[dict]) -> str:
+    """One long list under thousands of places, as a pickle can share it and torch never does: a
+    device's trace under many devices, a segment's blocks under many segments, one deep stack or
+    one forward_frames list under every event and block."""
+    rng, n = m.rng, SHARED_LENGTH
+    m.needs_pickle = True  # JSON cannot share: it would write the list out at every place
+    where = rng.choice(("traces", "blocks", "frames", "forward_frames"))
+    if where == "traces" and events:
+        trace = [dict(rng.choice(events), addr=0x7F0000000000 + i * 512) for i in range(n)]
+        data["device_traces"] = [trace] * n
+    elif where == "blocks" and blocks:
+        shared = [dict(rng.choice(blocks), address=0x7F0000000000 + i * 512) for i in range(n)]
+        data["segments"] = [
+            {"device": 0, "address": 0x7F0000000000 + i * n * 512, "total_size": n * 512, "stream": 0,
+             "segment_type": "large", "blocks": shared}
+            for i in range(n)
+        ]  # fmt: skip
+    elif where == "frames":
+        name = payload(rng)  # one string, however long, under every frame
+        stack = [{"filename": f"/home/fuzz/m{i}.py", "line": i, "name": name} for i in range(n)]
+        holders = [dict(rng.choice(events or blocks)) for _ in range(n)]
+        for holder in holders + events + blocks:
+            holder["frames"] = stack
+        _list_holding(data, events[0] if events else blocks[0]).extend(holders)
+    elif events:
+        name = payload(rng)[:200]
+        lines = [f'  File "/home/fuzz/m.py", line {i}, in {name}' for i in range(n)]
+        holders = [dict(rng.choice(events)) for _ in range(n)]
+        for event in holders + events:
+            event.update(user_metadata="", forward_frames=lines)
+        _list_holding(data, events[0]).extend(holders)
+    else:
+        return "no list to share"
+    return f"one list of {n} shared by {n} {where}"
+
+
+def _list_holding(data: dict, item: dict) -> list:
+    """The trace or blocks list of `data` that holds `item`."""
+    traces = data.get("device_traces") if isinstance(data.get("device_traces"), list) else []
+    segments = data.get("segments") if isinstance(data.get("segments"), list) else []
+    lists = [t for t in traces if isinstance(t, list)]
+    lists += [s["blocks"] for s in segments if isinstance(s, dict) and isinstance(s.get("blocks"), list)]
+    return next(found for found in lists if any(x is item for x in found))
 
 
 def _key_mutation(m: Mutation, data: Any) -> str:
