@@ -100,10 +100,11 @@ class Frame:
 
 Stack = tuple[Frame, ...]  # innermost frame first, as torch writes it
 NO_STACK: Stack = ()
-# Numbering the stacks of events reads every frame of every event's list. Up to this many frames an
-# event on average it does so directly; beyond, each distinct list is read once (a pickle can share
-# one deep list among a million events, where torch gives each event its own).
-_FRAMES_PER_EVENT_UNSHARED = 64
+# A stack is keyed by its frames' identities for each event or block that refers to its list. For
+# lists of up to this many frames (on average, for a trace's events) that costs little; longer ones
+# are keyed once a list, however many refer to it: a pickle can share one deep list among a million
+# events, where torch gives each event its own.
+KEYED_PER_REFERENCE_FRAMES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +376,7 @@ class DeviceTrace(Sequence[TraceEvent]):
         sources = raws  # a number new in this call is base + the position in here where its stack first occurs
         if odd:  # something odd where a frame list belongs (frames_at makes it no stack): one number each
             numbers = list(range(base, base + len(raws)))
-        elif sum(map(len, raws)) <= _FRAMES_PER_EVENT_UNSHARED * len(raws):
+        elif sum(map(len, raws)) <= KEYED_PER_REFERENCE_FRAMES * len(raws):
             # a stack's key is the identities of its frames; a new key is numbered by where it first occurs
             numbering = self._numbering
             numbers = list(map(numbering.setdefault, map(tuple, map(map, repeat(id), raws)), count(base)))

@@ -90,20 +90,23 @@ def test_shared_forward_frames_are_converted_once_and_read_as_written_apart() ->
     assert len({id(v) for v in read_apart.forward_frames.values()}) == 4
 
 
-def test_a_frame_list_shared_by_blocks_is_one_stack() -> None:
+@pytest.mark.parametrize("depth", [3, 100])  # keyed at every reference / once a list
+def test_a_frame_list_shared_by_blocks_is_one_stack(depth) -> None:
     table = StackTable()
-    frames = _stack(3)
+    frames = _stack(depth)
     first = table.stack_of(frames)
     assert table.stack_of(frames) is first
     assert table.stack_of(list(frames)) is first  # the same frames in another list: the same stack
-    assert [f.filename for f in first] == [f"/home/alice/src/m{i}.py" for i in range(3)]
+    table.forget_lists()
+    assert table.stack_of(frames) is first
+    assert [f.filename for f in first] == [f"/home/alice/src/m{i}.py" for i in range(depth)]
 
 
 @pytest.mark.parametrize("threshold", [0, 10**9])  # each distinct list keyed once / each event's list keyed
 def test_stack_numbers_are_one_per_distinct_stack_either_way(monkeypatch, threshold) -> None:
     """The numbering's two ways (keying each event's list, or each distinct list once when the lists
     hold many frames an event) give the same stacks and the same partition of the events."""
-    monkeypatch.setattr(oomdoctor.model, "_FRAMES_PER_EVENT_UNSHARED", threshold)
+    monkeypatch.setattr(oomdoctor.model, "KEYED_PER_REFERENCE_FRAMES", threshold)
     deep, other = _stack(80), _stack(80, "/home/bob")
     events = _events(3, deep) + _events(2, list(deep)) + _events(2, other) + _events(2) + _events(1, deep)
     trace = load(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)).traces[0]

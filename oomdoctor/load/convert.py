@@ -136,6 +136,7 @@ def build_snapshot(raw: Any, container: str, describe: str = "input") -> Snapsho
     )
     stacks = StackTable()
     segments, legacy = _build_segments(raw_segments, stacks, describe)
+    stacks.forget_lists()  # the raw segments go with `raw`; the events' lists stay with their traces
     expandable_recorded = bool(raw_segments) and all("is_expandable" in s for s in raw_segments)
     # torch 2.0 (its per-block history) had no expandable segments: none of its segments is one
     expandable_recorded = expandable_recorded or (legacy and bool(raw_segments))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomdoctor.model import NO_STACK, Frame, Stack
+from oomdoctor.model import KEYED_PER_REFERENCE_FRAMES, NO_STACK, Frame, Stack
 
 UNKNOWN_FRAME = Frame("??", 0, "??")
 FRAME_TEXT_LIMIT = 16384  # characters of a frame's file or function name
@@ -45,8 +45,9 @@ class StackTable:
         self._frame_by_id: dict[int, Frame] = {}  # id(raw dict) -> its Frame
         self._raw_frames: list[Any] = []  # the raw dicts converted, kept so that their ids stay theirs
         self._frame_by_value: dict[tuple[Any, ...], Frame] = {}
-        # id(raw list) -> (the list, kept so that its id stays its own; its stack): a list a pickle
-        # shares among many blocks or events is read once, not once each
+        # id(raw list) -> (the list, kept so that its id stays its own; its stack), for lists longer
+        # than KEYED_PER_REFERENCE_FRAMES: one a pickle shares among many blocks or events is read
+        # once, not once each (`forget_lists`)
         self._stack_by_list: dict[int, tuple[Any, Stack]] = {}
         self._stack_by_ids: dict[tuple[int, ...], tuple[list[Any], Stack]] = {}
         # the ids of a stack's Frames -> the stack: one Frame per distinct value here, so equal ids are
@@ -86,17 +87,25 @@ class StackTable:
             frame = self._frame_by_value[key] = Frame(filename, line, name)
         return frame
 
+    def forget_lists(self) -> None:
+        """Let go of the raw lists met so far (the blocks', once they are built: nothing else holds
+        them), keeping their stacks."""
+        self._stack_by_list.clear()
+
     def stack_of(self, raw: Any) -> Stack:
         """The shared Stack for a raw list of frame dicts (innermost first); NO_STACK when empty."""
         if not raw or type(raw) not in (list, tuple):
             return NO_STACK
-        known = self._stack_by_list.get(id(raw))
-        if known is not None:
-            return known[1]
+        long = len(raw) > KEYED_PER_REFERENCE_FRAMES
+        if long:
+            known = self._stack_by_list.get(id(raw))
+            if known is not None:
+                return known[1]
         ids = tuple(map(id, raw))
         known = self._stack_by_ids.get(ids)
         if known is not None:
-            self._stack_by_list[id(raw)] = (raw, known[1])
+            if long:
+                self._stack_by_list[id(raw)] = (raw, known[1])
             return known[1]
         # the frames met before are found in C, and only new ones converted one by one
         found = tuple(map(self._frame_by_id.get, ids))
@@ -107,5 +116,7 @@ class StackTable:
             found = tuple(map(self._frame_by_id.get, ids))
         frames: Stack = found  # type: ignore[assignment]  # every one found now
         stack = self._stack_by_frames.setdefault(tuple(map(id, frames)), frames)
-        self._stack_by_ids[ids] = self._stack_by_list[id(raw)] = (raw, stack)
+        self._stack_by_ids[ids] = (raw, stack)
+        if long:
+            self._stack_by_list[id(raw)] = (raw, stack)
         return stack
