@@ -552,6 +552,15 @@ class Snapshot:
     def segments_on(self, device: int) -> tuple[Segment, ...]:
         return tuple(s for s in self.segments if s.device == device)
 
+    def segment_stacks(self) -> list[Stack]:
+        """The stacks of the segments and their blocks, each once however many hold it (the loader
+        gives a stack one tuple wherever it recurs), empty ones included."""
+        stacks: dict[int, Stack] = {}
+        for segment in self.segments:
+            stacks[id(segment.frames)] = segment.frames
+            stacks.update((id(block.frames), block.frames) for block in segment.blocks)
+        return list(stacks.values())
+
     def device(self, index: int) -> Device:
         return Device(index, self.segments_on(index), self.trace_of(index))
 

@@ -262,24 +262,20 @@ class Redactor:
         scripts: set[str] = set()
         texts: set[str] = set()
 
+        seen_stacks: set[int] = set()  # each stack once, however many blocks or events share it
+
         def stack(frames: tuple[Frame, ...]) -> None:
-            if frames:
+            if frames and id(frames) not in seen_stacks:
+                seen_stacks.add(id(frames))
                 filenames.update(f.filename for f in frames)
                 scripts.add(frames[-1].filename)
 
-        seen_stacks: set[int] = set()  # each stack once, however many blocks or events share it
-        for segment in snapshot.segments:
-            for frames in _by_id([segment.frames, *(block.frames for block in segment.blocks)]).values():
-                if id(frames) not in seen_stacks:
-                    seen_stacks.add(id(frames))
-                    stack(frames)
+        for frames in snapshot.segment_stacks():
+            stack(frames)
         for trace in snapshot.traces:
             for index in range(max(0, len(trace) - _FRAME_SAMPLE_EVENTS), len(trace)):
                 if trace.has_frames_at(index):
-                    frames = trace.frames_at(index)
-                    if id(frames) not in seen_stacks:
-                        seen_stacks.add(id(frames))
-                        stack(frames)
+                    stack(trace.frames_at(index))
             for column in (trace.user_metadata, trace.compile_contexts):
                 texts.update(v for v in set(column or ()) if isinstance(v, str))
             for lines in _by_id(trace.forward_frames.values()).values():  # the loader shares them as the file does

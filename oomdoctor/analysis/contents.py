@@ -140,10 +140,8 @@ def describe(snapshot: Snapshot, name: str) -> Contents:
     stack_kinds: set[str] = set()
     first_times: list[int] = []
     last_times: list[int] = []
-    stacks: dict[int, Stack] = {}  # each stack once, however many segments, blocks and events share it
-    for segment in snapshot.segments:
-        stacks[id(segment.frames)] = segment.frames
-        stacks.update((id(block.frames), block.frames) for block in segment.blocks)
+    # each stack once, however many segments, blocks and events share it
+    stacks = {id(frames): frames for frames in snapshot.segment_stacks()}
     for device in snapshot.devices:
         part = snapshot.device(device)
         trace = part.trace
