@@ -79,9 +79,7 @@ def test_empty_lists_may_be_shared() -> None:
 def test_shared_forward_frames_are_converted_once_and_read_as_written_apart() -> None:
     lines = [f'  File "/src/m.py", line {i}, in f' for i in range(5)] + [7]
     shared = _events(4, user_metadata="", forward_frames=lines)
-    apart = _events(4, user_metadata="", forward_frames=list(lines))
-    for event in apart:
-        event["forward_frames"] = list(lines)
+    apart = [dict(event, forward_frames=list(lines)) for event in _events(4, user_metadata="")]
     read_shared = load(pickle.dumps({"segments": [], "device_traces": [shared]}, protocol=4)).traces[0]
     read_apart = load(pickle.dumps({"segments": [], "device_traces": [apart]}, protocol=4)).traces[0]
     assert read_shared.forward_frames == read_apart.forward_frames
