@@ -525,11 +525,17 @@ def diff_files(
     """`oomdoctor diff A B`: analysis.diff.Diff of two files."""
     from oomdoctor.analysis.diff import DIFF_FILES, compare
 
-    sides = []
-    for path in (path_a, path_b):
-        snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
-        sides.append(diff_side(snapshot, _shown(path, redact), device=device, redact=redact))
+    # one file at a time: a side keeps what it compares, not the snapshot, which goes before the next is read
+    sides = [
+        _file_side(path, _shown(path, redact), device=device, redact=redact, max_bytes=max_bytes)
+        for path in (path_a, path_b)
+    ]
     return compare(sides[0], sides[1], kind=DIFF_FILES)
+
+
+def _file_side(path: str, label: str, *, device: int | None = None, redact: bool, max_bytes: int | None):
+    """`diff_side` of the file at `path`, its snapshot let go once the side is made."""
+    return diff_side(load_snapshot(path, device=device, max_bytes=max_bytes), label, device=device, redact=redact)
 
 
 def compare_files(
@@ -605,8 +611,9 @@ def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False
             raise OomdoctorError(
                 f"{directory}: {len(files)} files are rank {rank} ({files[0]}, {files[1]}): pick two files"
             )
-        snapshot = load_snapshot(os.path.join(folder.directory, files[0]), max_bytes=max_bytes)
-        sides.append(diff_side(snapshot, f"rank {rank}", redact=redact))
+        sides.append(
+            _file_side(os.path.join(folder.directory, files[0]), f"rank {rank}", redact=redact, max_bytes=max_bytes)
+        )
     return compare(sides[0], sides[1], kind=DIFF_RANKS)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -25,7 +27,7 @@ from oomdoctor.analysis.diff import (
 from oomdoctor.analysis.results import LiveBlock
 from oomdoctor.cli import main
 from oomdoctor.load import load
-from oomdoctor.model import Frame
+from oomdoctor.model import Frame, Snapshot
 from oomdoctor.views import diff_report
 from tests.conftest import FIXTURES
 
@@ -127,6 +129,27 @@ def test_ranks_of_a_folder(tmp_path, capsys):
     assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
     assert main(["diff", str(folder), "--ranks", "0", "1", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["kind"] == "ranks"
+
+
+@pytest.mark.parametrize("diff_of", ["files", "ranks"])
+def test_the_first_snapshot_is_let_go_before_the_second_is_read(tmp_path, monkeypatch, diff_of):
+    """A side keeps what it compares: two large dumps never take twice the memory of one."""
+    load = pipeline.load_snapshot
+    alive_at_each_load = []
+
+    def counting(*args, **kwargs):
+        gc.collect()
+        alive_at_each_load.append(sum(type(o) is Snapshot for o in gc.get_objects()))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "load_snapshot", counting)
+    if diff_of == "files":
+        diff = pipeline.diff_files(str(SPIKE), str(OPTIMIZER))
+    else:
+        monkeypatch.setattr(pipeline, "read_folder", functools.partial(pipeline.read_folder, parallel=False))
+        diff = pipeline.diff_ranks(str(_rank_folder(tmp_path)), 0, 1)
+    assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
+    assert alive_at_each_load[-2:] == [0, 0]
 
 
 @pytest.mark.parametrize(
