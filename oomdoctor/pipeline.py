@@ -177,11 +177,7 @@ def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, 
     environment = environment_of(snapshot)
     metadata = snapshot.oomdoctor_raw if isinstance(snapshot.oomdoctor_raw, Mapping) else {}
     name = _relative(path, root)
-    if environment.rank is not None:
-        rank, rank_source = environment.rank, RANK_FROM_METADATA
-    else:
-        rank = rank_from_name(os.path.basename(path))
-        rank_source = RANK_FROM_FILE_NAME if rank is not None else RANK_UNKNOWN
+    rank, rank_source = _rank(environment.rank, path)
     oom = metadata.get("oom")
     recorded_time = oom.get("time_us") if isinstance(oom, Mapping) else None
     ran_out = analysis.replay.target_kind == "oom"
@@ -208,6 +204,23 @@ def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, 
         environment=environment,
         at_peak=at_peak,
     )
+
+
+def _rank(recorded: int | None, path: str) -> tuple[int | None, str]:
+    """(rank, how it is known) of the file at `path`: the rank oomdoctor's metadata `recorded`,
+    else the one its name gives, else None."""
+    if recorded is not None:
+        return recorded, RANK_FROM_METADATA
+    rank = rank_from_name(os.path.basename(path))
+    return rank, RANK_FROM_FILE_NAME if rank is not None else RANK_UNKNOWN
+
+
+def _file_rank(path: str, *, max_bytes: int | None = None) -> int | None:
+    """The rank of the file at `path`, as `read_rank` finds it, from its load alone (what each
+    worker runs for `diff --ranks`)."""
+    from oomdoctor.analysis.environment import environment_of
+
+    return _rank(environment_of(load_snapshot(path, max_bytes=max_bytes)).rank, path)[0]
 
 
 def read_folder(
@@ -600,19 +613,24 @@ def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False
     """`oomdoctor diff DIR --ranks R S`: the files of two ranks of a folder, each at its failing device."""
     from oomdoctor.analysis.diff import DIFF_RANKS, compare
 
-    folder = read_folder(directory, max_bytes=max_bytes)
+    # which file is which rank: each file loaded (in parallel), not analysed; then the two analysed
+    listing = find_dump_files(directory)
+    outcomes = map_files(listing.paths, functools.partial(_file_rank, max_bytes=max_bytes))
+    ranked = [(_relative(outcome.path, None), outcome.value) for outcome in outcomes if outcome.error is None]
+    if not ranked:
+        raise LoadError(_nothing_read(listing.directory, _skipped(outcomes) + _skipped(listing.skipped)))
     sides = []
     for rank in (rank_a, rank_b):
-        files = [d.file for d in folder.dumps if d.rank == rank]
+        files = [name for name, its_rank in ranked if its_rank == rank]
         if not files:
-            known = ", ".join(str(r) for r in sorted({d.rank for d in folder.dumps if d.rank is not None})) or "none"
+            known = ", ".join(str(r) for r in sorted({r for _, r in ranked if r is not None})) or "none"
             raise OomdoctorError(f"{directory}: no file of rank {rank} in this folder (ranks: {known})")
         if len(files) > 1:
             raise OomdoctorError(
                 f"{directory}: {len(files)} files are rank {rank} ({files[0]}, {files[1]}): pick two files"
             )
         sides.append(
-            _file_side(os.path.join(folder.directory, files[0]), f"rank {rank}", redact=redact, max_bytes=max_bytes)
+            _file_side(os.path.join(listing.directory, files[0]), f"rank {rank}", redact=redact, max_bytes=max_bytes)
         )
     return compare(sides[0], sides[1], kind=DIFF_RANKS)
 

@@ -27,6 +27,7 @@ from oomdoctor.analysis.diff import (
 from oomdoctor.analysis.results import LiveBlock
 from oomdoctor.cli import main
 from oomdoctor.load import load
+from oomdoctor.load.folder import map_files
 from oomdoctor.model import Frame, Snapshot
 from oomdoctor.views import diff_report
 from tests.conftest import FIXTURES
@@ -129,6 +130,30 @@ def test_ranks_of_a_folder(tmp_path, capsys):
     assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
     assert main(["diff", str(folder), "--ranks", "0", "1", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["kind"] == "ranks"
+
+
+def test_ranks_analyse_only_the_two_files_compared(tmp_path, monkeypatch):
+    """The other ranks' files are loaded to learn their ranks, never analysed."""
+    import oomdoctor.analysis
+
+    folder = _rank_folder(tmp_path)
+    shutil.copy(BATCH_16, folder / "oom-rank2-node-3-20260101T000000Z.pickle")
+    analysed = []
+    analyser = oomdoctor.analysis.analyser
+
+    def counting(snapshot, *args, **kwargs):
+        analysed.append(snapshot)
+        return analyser(snapshot, *args, **kwargs)
+
+    def in_this_process(paths, work, **options):
+        return map_files(paths, work, **{**options, "parallel": False})
+
+    monkeypatch.setattr(oomdoctor.analysis, "analyser", counting)
+    monkeypatch.setattr(pipeline, "map_files", in_this_process)
+    diff = pipeline.diff_ranks(str(folder), 2, 1)
+    assert (diff.a.label, diff.b.label) == ("rank 2", "rank 1")
+    assert diff.b.verdict == "optimizer-state-buildup"
+    assert len(analysed) == 2
 
 
 @pytest.mark.parametrize("diff_of", ["files", "ranks"])
