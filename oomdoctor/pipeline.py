@@ -580,6 +580,7 @@ def compare_files(
         judge = analyser(snapshot, device=device)
         analyses.append(judge.analyse())
         sides.append(diff_side(snapshot, _shown(path, False), device=device, judge=judge))
+        del snapshot, judge  # the analysis and the side keep what they show: let the file go before the next
         if progress is not None:
             progress(start + 0.5)
     if enter_stage is not None:

@@ -156,7 +156,7 @@ def test_ranks_analyse_only_the_two_files_compared(tmp_path, monkeypatch):
     assert len(analysed) == 2
 
 
-@pytest.mark.parametrize("diff_of", ["files", "ranks"])
+@pytest.mark.parametrize("diff_of", ["files", "ranks", "open --compare"])
 def test_the_first_snapshot_is_let_go_before_the_second_is_read(tmp_path, monkeypatch, diff_of):
     """A side keeps what it compares: two large dumps never take twice the memory of one."""
     load = pipeline.load_snapshot
@@ -170,6 +170,8 @@ def test_the_first_snapshot_is_let_go_before_the_second_is_read(tmp_path, monkey
     monkeypatch.setattr(pipeline, "load_snapshot", counting)
     if diff_of == "files":
         diff = pipeline.diff_files(str(SPIKE), str(OPTIMIZER))
+    elif diff_of == "open --compare":
+        _, _, diff = pipeline.compare_files(str(SPIKE), str(OPTIMIZER))
     else:
         monkeypatch.setattr(pipeline, "read_folder", functools.partial(pipeline.read_folder, parallel=False))
         diff = pipeline.diff_ranks(str(_rank_folder(tmp_path)), 0, 1)
