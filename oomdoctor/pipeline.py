@@ -624,6 +624,13 @@ def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False
     for rank in (rank_a, rank_b):
         files = [name for name, its_rank in ranked if its_rank == rank]
         if not files:
+            # a file its name says is that rank's, that could not be read: say why, not only that none is
+            unread = [o for o in outcomes if o.error is not None and rank_from_name(os.path.basename(o.path)) == rank]
+            if unread:
+                name = _relative(unread[0].path, None)
+                raise OomdoctorError(
+                    f"{directory}: the file of rank {rank}, {name}, could not be read: {unread[0].error}"
+                )
             known = ", ".join(str(r) for r in sorted({r for _, r in ranked if r is not None})) or "none"
             raise OomdoctorError(f"{directory}: no file of rank {rank} in this folder (ranks: {known})")
         if len(files) > 1:

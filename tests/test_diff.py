@@ -132,6 +132,16 @@ def test_ranks_of_a_folder(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["kind"] == "ranks"
 
 
+def test_a_rank_whose_file_cannot_be_read_says_why(tmp_path, capsys):
+    folder = _rank_folder(tmp_path)
+    (folder / "oom-rank2-node-3-20260101T000000Z.pickle").write_bytes(b"not a pickle at all")
+    assert main(["diff", str(folder), "--ranks", "0", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "the file of rank 2, oom-rank2-node-3-20260101T000000Z.pickle, could not be read: not a snapshot" in err
+    assert main(["diff", str(folder), "--ranks", "0", "3"]) == 2
+    assert "no file of rank 3 in this folder (ranks: 0, 1)" in capsys.readouterr().err
+
+
 def test_ranks_analyse_only_the_two_files_compared(tmp_path, monkeypatch):
     """The other ranks' files are loaded to learn their ranks, never analysed."""
     import oomdoctor.analysis
