@@ -44,10 +44,14 @@ from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.load.folder import (
     FileOutcome,
     FolderListing,
+    available_memory_bytes,
     find_dump_files,
     find_dump_tree,
+    idle_cpus,
     map_files,
     rank_from_name,
+    read_at_once,
+    worker_count,
 )
 
 # -- one file ------------------------------------------------------------------------------------
@@ -538,17 +542,42 @@ def diff_files(
     """`oomdoctor diff A B`: analysis.diff.Diff of two files."""
     from oomdoctor.analysis.diff import DIFF_FILES, compare
 
-    # one file at a time: a side keeps what it compares, not the snapshot, which goes before the next is read
-    sides = [
-        _file_side(path, _shown(path, redact), device=device, redact=redact, max_bytes=max_bytes)
-        for path in (path_a, path_b)
-    ]
-    return compare(sides[0], sides[1], kind=DIFF_FILES)
+    return compare(
+        *_file_sides((path_a, path_b), (_shown(path_a, redact), _shown(path_b, redact)), device, redact, max_bytes),
+        kind=DIFF_FILES,
+    )
 
 
-def _file_side(path: str, label: str, *, device: int | None = None, redact: bool, max_bytes: int | None):
-    """`diff_side` of the file at `path`, its snapshot let go once the side is made."""
-    return diff_side(load_snapshot(path, device=device, max_bytes=max_bytes), label, device=device, redact=redact)
+# Two files are read in two worker processes at once when both are at least this large (and two
+# CPUs are idle, and memory holds both): a smaller file is read in less than the pool costs to start.
+PARALLEL_SIDE_MIN_BYTES = 4 << 20
+
+
+def _file_sides(
+    paths: tuple[str, str], labels: tuple[str, str], device: int | None, redact: bool, max_bytes: int | None
+) -> list:
+    """`diff_side` of each of two files (their `labels`: one per distinct path). Each side keeps
+    what it compares, not its snapshot, which goes before the next file is read; two large files
+    are read at once, in worker processes (`read_at_once`: a file they could not read is read
+    here, so that its error is what it would be)."""
+    work = functools.partial(
+        _file_side, labels=dict(zip(paths, labels)), device=device, redact=redact, max_bytes=max_bytes
+    )
+    sizes = [_file_size(path) for path in paths]
+    done: dict[int, object] = {}
+    if (
+        min(sizes) >= PARALLEL_SIDE_MIN_BYTES
+        and worker_count(2, largest_file_bytes=max(sizes), available_bytes=available_memory_bytes(), idle=idle_cpus())
+        >= 2
+    ):
+        done = read_at_once(paths, work)
+    return [done[index] if index in done else work(path) for index, path in enumerate(paths)]
+
+
+def _file_side(path: str, *, labels: Mapping[str, str], device: int | None, redact: bool, max_bytes: int | None):
+    """`diff_side` of the file at `path` (named `labels[path]`), its snapshot let go once the side is made."""
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    return diff_side(snapshot, labels[path], device=device, redact=redact)
 
 
 def compare_files(
@@ -620,7 +649,7 @@ def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False
     ranked = [(_relative(outcome.path, None), outcome.value) for outcome in outcomes if outcome.error is None]
     if not ranked:
         raise LoadError(_nothing_read(listing.directory, _skipped(outcomes) + _skipped(listing.skipped)))
-    sides = []
+    chosen = []
     for rank in (rank_a, rank_b):
         files = [name for name, its_rank in ranked if its_rank == rank]
         if not files:
@@ -637,10 +666,9 @@ def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False
             raise OomdoctorError(
                 f"{directory}: {len(files)} files are rank {rank} ({files[0]}, {files[1]}): pick two files"
             )
-        sides.append(
-            _file_side(os.path.join(listing.directory, files[0]), f"rank {rank}", redact=redact, max_bytes=max_bytes)
-        )
-    return compare(sides[0], sides[1], kind=DIFF_RANKS)
+        chosen.append(os.path.join(listing.directory, files[0]))
+    paths = (chosen[0], chosen[1])
+    return compare(*_file_sides(paths, (f"rank {rank_a}", f"rank {rank_b}"), None, redact, max_bytes), kind=DIFF_RANKS)
 
 
 def render_diff(diff, output_format: str) -> bytes:

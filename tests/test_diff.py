@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import gc
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -164,6 +165,55 @@ def test_ranks_analyse_only_the_two_files_compared(tmp_path, monkeypatch):
     assert (diff.a.label, diff.b.label) == ("rank 2", "rank 1")
     assert diff.b.verdict == "optimizer-state-buildup"
     assert len(analysed) == 2
+
+
+def _in_workers(monkeypatch, tmp_path, die: bool = False) -> Path:
+    """Two files of any size read in worker processes; each load notes the process it ran in, and
+    with `die` a worker process ends itself instead of loading."""
+    parent, load, log = os.getpid(), pipeline.load_snapshot, tmp_path / "pids"
+
+    def noting(path, *args, **kwargs):
+        with open(log, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        if die and os.getpid() != parent:
+            os._exit(1)
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "PARALLEL_SIDE_MIN_BYTES", 0)
+    monkeypatch.setattr(pipeline, "worker_count", lambda *args, **kwargs: 2)
+    monkeypatch.setattr(pipeline, "load_snapshot", noting)
+    return log
+
+
+def _pids(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split()]
+
+
+def test_two_large_files_are_read_at_once_in_workers_with_the_same_diff(tmp_path, monkeypatch):
+    one_by_one = diff_report.to_json(pipeline.diff_files(str(SPIKE), str(OPTIMIZER)))
+    log = _in_workers(monkeypatch, tmp_path)
+    diff = pipeline.diff_files(str(SPIKE), str(OPTIMIZER))
+    assert diff_report.to_json(diff) == one_by_one
+    pids = _pids(log)
+    assert len(pids) == 2 and os.getpid() not in pids and len(set(pids)) == 2
+
+
+def test_a_file_the_workers_cannot_read_fails_as_it_does_in_one_process(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"not a pickle at all")
+    assert main(["diff", str(SPIKE), str(bad)]) == 2
+    alone = capsys.readouterr().err
+    log = _in_workers(monkeypatch, tmp_path)
+    assert main(["diff", str(SPIKE), str(bad)]) == 2
+    assert capsys.readouterr().err == alone
+    assert _pids(log).count(os.getpid()) == 1  # the bad file, read again here
+
+
+def test_a_worker_that_dies_leaves_both_files_to_this_process(tmp_path, monkeypatch):
+    one_by_one = diff_report.to_json(pipeline.diff_files(str(SPIKE), str(OPTIMIZER)))
+    log = _in_workers(monkeypatch, tmp_path, die=True)
+    assert diff_report.to_json(pipeline.diff_files(str(SPIKE), str(OPTIMIZER))) == one_by_one
+    assert _pids(log).count(os.getpid()) == 2
 
 
 @pytest.mark.parametrize("diff_of", ["files", "ranks", "open --compare"])

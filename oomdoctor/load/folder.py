@@ -384,6 +384,27 @@ def map_files(
     return tuple(outcomes[index] for index in range(len(paths)))
 
 
+def read_at_once(paths: Sequence[str], work: Callable[[str], Any]) -> dict[int, Any]:
+    """`work(path)` for each of a few paths at once, one worker process each: index -> what it
+    returned. A path whose work raised, or whose worker died (which ends them all), is left out:
+    the caller reads it in its own process, where its error is raised (or the unpickling time limit
+    ends the command) as it would be without workers."""
+    done: dict[int, Any] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=len(paths), initializer=guard.enable) as executor:
+            futures = [executor.submit(work, path) for path in paths]
+            for index, future in enumerate(futures):
+                try:
+                    done[index] = future.result()
+                except BrokenProcessPool:
+                    break
+                except Exception:  # noqa: BLE001 - raised again where the caller reads it
+                    continue
+    except (OSError, NotImplementedError, ImportError):  # no process support here
+        pass
+    return done
+
+
 WORKER_DIED = (
     "the process reading it died: out of host memory, or a file built to make the unpickler work without "
     "bound or crash (killed after the unpickling time limit)"
