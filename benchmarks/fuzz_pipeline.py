@@ -1248,7 +1248,13 @@ VERB_RUNS = (
     ("info-text", ("info", "{input}"), "text"),
     ("info-json", ("info", "{input}", "--format", "json"), "json"),
     ("redact", ("redact", "{input}", "{output}", "--force"), "redact"),
+    # against a good dump: what the case holds shows as sites that appeared, went or grew
+    ("diff-text", ("diff", "{input}", "{good}"), "text"),
+    ("diff-md", ("diff", "{good}", "{input}", "--format", "md"), "text"),
+    ("diff-json", ("diff", "{input}", "{good}", "--format", "json"), "json"),
 )
+# the other side of the diff verbs
+GOOD_DUMP = ROOT / "fixtures" / "dumps" / "activation-spike-gpt-longer-sequence.pickle"
 
 
 @dataclass
@@ -1532,7 +1538,7 @@ def run_pipeline(
             on_stage(stage)
         with contextlib.suppress(FileNotFoundError):
             output_path.unlink()
-        argv = [part.format(input=path, output=output_path) for part in template]
+        argv = [part.format(input=path, output=output_path, good=GOOD_DUMP) for part in template]
         # The first verb runs as the command does, in a watched child (a fork per verb costs more
         # than a small case): a file it reads without the unpickler hanging or crashing reads the
         # same way in every verb (they share the reader), so the others run in this worker unless
@@ -1819,7 +1825,7 @@ def run_campaign(
 ) -> Summary:
     """Run cases first .. first+cases-1 in a pool of worker processes, replacing any that hang or die."""
     # A file built to hang the unpickler is refused after the command's read limit; a short base
-    # keeps such cases from holding a worker for the default 10 s in each of the nine verbs.
+    # keeps such cases from holding a worker for the default 10 s in each of the twelve verbs.
     os.environ.setdefault("OOMDOCTOR_READ_SECONDS", "1")
     settings = settings or Settings()
     seeds = seeds if seeds is not None else load_seeds()
