@@ -156,11 +156,8 @@ def test_ranks_analyse_only_the_two_files_compared(tmp_path, monkeypatch):
         analysed.append(snapshot)
         return analyser(snapshot, *args, **kwargs)
 
-    def in_this_process(paths, work, **options):
-        return map_files(paths, work, **{**options, "parallel": False})
-
     monkeypatch.setattr(oomdoctor.analysis, "analyser", counting)
-    monkeypatch.setattr(pipeline, "map_files", in_this_process)
+    monkeypatch.setattr(pipeline, "map_files", functools.partial(map_files, parallel=False))
     diff = pipeline.diff_ranks(str(folder), 2, 1)
     assert (diff.a.label, diff.b.label) == ("rank 2", "rank 1")
     assert diff.b.verdict == "optimizer-state-buildup"
@@ -218,7 +215,7 @@ def test_a_worker_that_dies_leaves_both_files_to_this_process(tmp_path, monkeypa
 
 @pytest.mark.parametrize("diff_of", ["files", "ranks", "open --compare"])
 def test_the_first_snapshot_is_let_go_before_the_second_is_read(tmp_path, monkeypatch, diff_of):
-    """A side keeps what it compares: two large dumps never take twice the memory of one."""
+    """A side keeps what it compares: read one after the other, two dumps take the memory of the larger."""
     load = pipeline.load_snapshot
     alive_at_each_load = []
 
@@ -233,7 +230,7 @@ def test_the_first_snapshot_is_let_go_before_the_second_is_read(tmp_path, monkey
     elif diff_of == "open --compare":
         _, _, diff = pipeline.compare_files(str(SPIKE), str(OPTIMIZER))
     else:
-        monkeypatch.setattr(pipeline, "read_folder", functools.partial(pipeline.read_folder, parallel=False))
+        monkeypatch.setattr(pipeline, "map_files", functools.partial(map_files, parallel=False))
         diff = pipeline.diff_ranks(str(_rank_folder(tmp_path)), 0, 1)
     assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
     assert alive_at_each_load[-2:] == [0, 0]
