@@ -24,8 +24,7 @@ from oomdoctor.examples import EXAMPLE_DUMP  # noqa: E402
 from oomdoctor.load import load  # noqa: E402
 from oomdoctor.metadata import COMPONENTS  # noqa: E402
 from oomdoctor.model import ACTIVE_ALLOCATED, INACTIVE, Block, Segment  # noqa: E402
-from oomdoctor.tui import content  # noqa: E402
-from oomdoctor.tui.allocations import SEARCH_PAUSE  # noqa: E402
+from oomdoctor.tui import allocations, content  # noqa: E402
 from oomdoctor.tui.app import Browser, LoadingView, make_app, make_loading_app  # noqa: E402
 from oomdoctor.tui.stack import StackPane  # noqa: E402
 from oomdoctor.tui.timeline import AXIS_WIDTH, OOM_MARK, SHORT_LABELS, TimelineChart, TimelinePane  # noqa: E402
@@ -508,9 +507,13 @@ def test_a_burst_of_key_presses_replays_the_last_not_each():
 
 
 @pytest.mark.slow
-def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
+def test_search_filters_the_allocation_table_and_a_row_shows_its_stack(monkeypatch):
     snapshot, analysis = loaded(EXAMPLE_DUMP)
     expected = content.filter_rows(content.allocation_rows(analysis), "exp_avg_sq")
+    # a pause longer than the pilot takes between two keys on a loaded machine (it waits for each key
+    # to be handled: 0.1 s and more, near the 0.15 s meant for a person typing), so that no prefix of
+    # the word is searched for before the word
+    monkeypatch.setattr(allocations, "SEARCH_PAUSE", 2.0)
 
     async def scenario(app, pilot):
         await pilot.press("5")
@@ -521,7 +524,6 @@ def test_search_filters_the_allocation_table_and_a_row_shows_its_stack():
         await pilot.press(*"exp_avg_sq")
         await settle(app, pilot)
         typing = table.row_count  # the search waits for a pause in the typing
-        await pilot.pause(SEARCH_PAUSE * 2)
         # the pause's timer and the filter's worker run on the app's clock, which a loaded machine
         # delays: wait for the filtered rows rather than for a fixed time
         await until(pilot, lambda: table.row_count != before)
