@@ -44,14 +44,11 @@ from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.load.folder import (
     FileOutcome,
     FolderListing,
-    available_memory_bytes,
     find_dump_files,
     find_dump_tree,
-    idle_cpus,
     map_files,
     rank_from_name,
     read_at_once,
-    worker_count,
 )
 
 # -- one file ------------------------------------------------------------------------------------
@@ -563,14 +560,7 @@ def _file_sides(
     work = functools.partial(
         _file_side, labels=dict(zip(paths, labels)), device=device, redact=redact, max_bytes=max_bytes
     )
-    sizes = [_file_size(path) for path in paths]
-    done: dict[int, object] = {}
-    if (
-        min(sizes) >= PARALLEL_SIDE_MIN_BYTES
-        and worker_count(2, largest_file_bytes=max(sizes), available_bytes=available_memory_bytes(), idle=idle_cpus())
-        >= 2
-    ):
-        done = read_at_once(paths, work)
+    done = read_at_once(paths, work, min_bytes=PARALLEL_SIDE_MIN_BYTES)
     return [done[index] if index in done else work(path) for index, path in enumerate(paths)]
 
 

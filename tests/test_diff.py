@@ -27,7 +27,7 @@ from oomdoctor.analysis.diff import (
 )
 from oomdoctor.analysis.results import LiveBlock
 from oomdoctor.cli import main
-from oomdoctor.load import load
+from oomdoctor.load import folder, load
 from oomdoctor.load.folder import map_files
 from oomdoctor.model import Frame, Snapshot
 from oomdoctor.views import diff_report
@@ -177,7 +177,7 @@ def _in_workers(monkeypatch, tmp_path, die: bool = False) -> Path:
         return load(path, *args, **kwargs)
 
     monkeypatch.setattr(pipeline, "PARALLEL_SIDE_MIN_BYTES", 0)
-    monkeypatch.setattr(pipeline, "worker_count", lambda *args, **kwargs: 2)
+    monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 2)
     monkeypatch.setattr(pipeline, "load_snapshot", noting)
     return log
 

@@ -352,12 +352,7 @@ def map_files(
     processes take the largest files first."""
     sizes = [_size_bytes(path) for path in paths]
     if max_workers is None:
-        workers = worker_count(
-            len(paths),
-            largest_file_bytes=max(sizes, default=0),
-            available_bytes=available_memory_bytes(),
-            idle=idle_cpus(),
-        )
+        workers = _workers_for(sizes)
     else:
         workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:
@@ -384,12 +379,23 @@ def map_files(
     return tuple(outcomes[index] for index in range(len(paths)))
 
 
-def read_at_once(paths: Sequence[str], work: Callable[[str], Any]) -> dict[int, Any]:
+def _workers_for(sizes: Sequence[int]) -> int:
+    """`worker_count` for files of `sizes` bytes, on this host as it is now."""
+    return worker_count(
+        len(sizes), largest_file_bytes=max(sizes, default=0), available_bytes=available_memory_bytes(), idle=idle_cpus()
+    )
+
+
+def read_at_once(paths: Sequence[str], work: Callable[[str], Any], *, min_bytes: int = 0) -> dict[int, Any]:
     """`work(path)` for each of a few paths at once, one worker process each: index -> what it
-    returned. A path whose work raised, or whose worker died (which ends them all), is left out:
-    the caller reads it in its own process, where its error is raised (or the unpickling time limit
-    ends the command) as it would be without workers."""
+    returned. Nothing is read when a file is under `min_bytes` or the host cannot give each file a
+    worker (`worker_count`). A path whose work raised, or whose worker died (which ends them all),
+    is left out: the caller reads it in its own process, where its error is raised (or the
+    unpickling time limit ends the command) as it would be without workers."""
     done: dict[int, Any] = {}
+    sizes = [_size_bytes(path) for path in paths]
+    if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths):
+        return done
     try:
         with ProcessPoolExecutor(max_workers=len(paths), initializer=guard.enable) as executor:
             futures = [executor.submit(work, path) for path in paths]
