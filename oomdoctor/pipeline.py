@@ -44,6 +44,7 @@ from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.load.folder import (
     FileOutcome,
     FolderListing,
+    file_size,
     find_dump_files,
     find_dump_tree,
     map_files,
@@ -276,7 +277,7 @@ def _within_total(paths: tuple[str, ...], budget: list[int]) -> tuple[list[str],
     kept: list[str] = []
     over: list[FileOutcome] = []
     for path in paths:
-        size = _file_size(path)
+        size = file_size(path)
         if size > budget[0]:
             over.append(
                 FileOutcome(path, None, f"not read: the files of a recursive read may total {human_size(budget[1])}")
@@ -285,13 +286,6 @@ def _within_total(paths: tuple[str, ...], budget: list[int]) -> tuple[list[str],
         budget[0] -= size
         kept.append(path)
     return kept, over
-
-
-def _file_size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def _relative(path: str, root: str | None) -> str:

@@ -260,7 +260,8 @@ def find_dump_tree(directory: str | os.PathLike[str]) -> TreeListing:
     return TreeListing(shown, tuple(sorted(groups, key=group_order)), tuple(tree_skipped))
 
 
-def _size_bytes(path: str) -> int:
+def file_size(path: str) -> int:
+    """The size of the file at `path` in bytes; 0 when it cannot be read."""
     try:
         return os.path.getsize(path)
     except OSError:
@@ -350,7 +351,7 @@ def map_files(
     False, or the host has no idle CPU: then in this process, or in one worker process where this
     one may be killed by the unpickling time limit), returned in the order of `paths`. Worker
     processes take the largest files first."""
-    sizes = [_size_bytes(path) for path in paths]
+    sizes = [file_size(path) for path in paths]
     if max_workers is None:
         workers = _workers_for(sizes)
     else:
@@ -393,7 +394,7 @@ def read_at_once(paths: Sequence[str], work: Callable[[str], Any], *, min_bytes:
     is left out: the caller reads it in its own process, where its error is raised (or the
     unpickling time limit ends the command) as it would be without workers."""
     done: dict[int, Any] = {}
-    sizes = [_size_bytes(path) for path in paths]
+    sizes = [file_size(path) for path in paths]
     if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths):
         return done
     try:
