@@ -50,6 +50,7 @@ from oomdoctor.load.folder import (
     map_files,
     rank_from_name,
     read_at_once,
+    read_beside,
 )
 
 # -- one file ------------------------------------------------------------------------------------
@@ -575,30 +576,73 @@ def compare_files(
 ):
     """What `oomdoctor open A --compare B` shows: (analysis of A, analysis of B, their diff), the
     diff made as `diff_files` makes it (the same sides, the same rows). `enter_stage` hears each
-    stage ("reading B"), `progress` the fraction of the whole work done (each file half of it)."""
-    from oomdoctor.analysis import analyser
+    stage ("reading B"), `progress` the fraction of the whole work done.
+
+    Two large files are read at once (`read_beside`, under the rule `diff` reads them by): B in a
+    worker process while A is read here, A's reading then most of the progress. Otherwise (each
+    file half of the progress), or when the worker could not read B (the rest of it), B is read here
+    after A, so that an error is raised as it would be without workers. Each file's snapshot goes once its analysis
+    and side are made."""
     from oomdoctor.analysis.diff import DIFF_FILES, compare
 
-    analyses, sides = [], []
-    for number, (key, path) in enumerate((("A", path_a), ("B", path_b))):
-        start = number / 2
-        if enter_stage is not None:
-            enter_stage(f"reading {key}")
-        on_load = (
-            None if progress is None else (lambda fraction, start=start: progress(start + LOAD_SHARE * fraction / 2))
+    work = functools.partial(_analysed_side, device=device, max_bytes=max_bytes)
+    beside = read_beside((path_a, path_b), 1, work, min_bytes=PARALLEL_SIDE_MIN_BYTES)
+    try:
+        a_done = 0.5 if beside is None else 0.9
+        analysis_a, side_a = work(
+            path_a, key="A", enter_stage=enter_stage, progress=_progress_span(progress, 0, a_done)
         )
-        snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=on_load)
-        if enter_stage is not None:
-            enter_stage(f"analysing {key}")
-        judge = analyser(snapshot, device=device)
-        analyses.append(judge.analyse())
-        sides.append(diff_side(snapshot, _shown(path, False), device=device, judge=judge))
-        del snapshot, judge  # the analysis and the side keep what they show: let the file go before the next
         if progress is not None:
-            progress(start + 0.5)
+            progress(a_done)
+        if beside is not None and enter_stage is not None:
+            enter_stage("reading B")
+        read, found = (False, None) if beside is None else beside.result()
+    finally:
+        if beside is not None:
+            beside.close()
+    if read:
+        analysis_b, side_b = found
+    else:
+        analysis_b, side_b = work(
+            path_b, key="B", enter_stage=enter_stage, progress=_progress_span(progress, a_done, 1)
+        )
+    if progress is not None:
+        progress(1.0)
     if enter_stage is not None:
         enter_stage("comparing")
-    return analyses[0], analyses[1], compare(sides[0], sides[1], kind=DIFF_FILES)
+    return analysis_a, analysis_b, compare(side_a, side_b, kind=DIFF_FILES)
+
+
+def _progress_span(
+    progress: Callable[[float], None] | None, start: float, end: float
+) -> Callable[[float], None] | None:
+    """`progress` for one file of `compare_files`, whose work runs from `start` to `end` of the whole:
+    its load to LOAD_SHARE of its span (oomdoctor.load.load's fractions)."""
+    if progress is None:
+        return None
+    return lambda fraction: progress(start + LOAD_SHARE * fraction * (end - start))
+
+
+def _analysed_side(
+    path: str,
+    *,
+    device: int | None,
+    max_bytes: int | None,
+    key: str = "",
+    enter_stage: Callable[[str], None] | None = None,
+    progress: Callable[[float], None] | None = None,
+):
+    """(analysis, diff side) of one file of `compare_files` (here, or in its worker), named `key` in
+    the stages; the snapshot is let go when they are made."""
+    from oomdoctor.analysis import analyser
+
+    if enter_stage is not None:
+        enter_stage(f"reading {key}")
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
+    if enter_stage is not None:
+        enter_stage(f"analysing {key}")
+    judge = analyser(snapshot, device=device)
+    return judge.analyse(), diff_side(snapshot, _shown(path, False), device=device, judge=judge)
 
 
 def diff_steps(

@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from oomdoctor.analysis.diff import (
 )
 from oomdoctor.analysis.results import LiveBlock
 from oomdoctor.cli import main
+from oomdoctor.errors import OomdoctorError
 from oomdoctor.load import folder, load
 from oomdoctor.load.folder import map_files
 from oomdoctor.model import Frame, Snapshot
@@ -211,6 +213,90 @@ def test_a_worker_that_dies_leaves_both_files_to_this_process(tmp_path, monkeypa
     log = _in_workers(monkeypatch, tmp_path, die=True)
     assert diff_report.to_json(pipeline.diff_files(str(SPIKE), str(OPTIMIZER))) == one_by_one
     assert _pids(log).count(os.getpid()) == 2
+
+
+def _beside(monkeypatch, work, path: str = "anything"):
+    monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 2)
+    beside = folder.read_beside((path, path), 1, work)
+    assert beside is not None
+    return beside
+
+
+def test_read_beside_returns_what_the_worker_made_in_another_process(monkeypatch):
+    from tests import beside_work
+
+    done, (path, pid) = _beside(monkeypatch, beside_work.echo).result()
+    assert done and path == "anything" and pid != os.getpid()
+    # what the work prints reaches neither the answer nor the terminal
+    assert _beside(monkeypatch, beside_work.noisy).result() == (True, "anything")
+
+
+@pytest.mark.parametrize("work", ["fails", "dies"])
+def test_read_beside_leaves_the_file_to_the_caller_when_the_worker_fails_or_dies(monkeypatch, work):
+    from tests import beside_work
+
+    assert _beside(monkeypatch, getattr(beside_work, work)).result() == (False, None)
+
+
+def test_read_beside_close_ends_a_worker_still_at_work(monkeypatch):
+    from tests import beside_work
+
+    beside = _beside(monkeypatch, beside_work.sleeps)
+    process = beside._process
+    beside.close()
+    assert process.poll() is not None  # killed, not waited for the minute
+
+
+def test_read_beside_needs_every_file_large_and_the_host_able(tmp_path, monkeypatch):
+    from tests import beside_work
+
+    small = tmp_path / "small.pickle"
+    small.write_bytes(b"x" * 10)
+    monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 2)
+    assert folder.read_beside((str(small), str(SPIKE)), 1, beside_work.echo, min_bytes=100) is None
+    monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 1)
+    assert folder.read_beside((str(SPIKE), str(SPIKE)), 1, beside_work.echo) is None
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_open_compare_reads_b_in_a_worker_beside_a_with_the_same_results(tmp_path, monkeypatch, in_thread):
+    """The app loads in a thread: the worker is a new interpreter there as anywhere (never a fork)."""
+    one_by_one = pipeline.compare_files(str(SPIKE), str(OPTIMIZER))
+    log = _in_workers(monkeypatch, tmp_path)
+    stages: list[str] = []
+    fractions: list[float] = []
+    found = {}
+
+    def run():
+        found["both"] = pipeline.compare_files(
+            str(SPIKE), str(OPTIMIZER), enter_stage=stages.append, progress=fractions.append
+        )
+
+    if in_thread:
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    else:
+        run()
+    a, b, diff = found["both"]
+    assert (a, b) == one_by_one[:2] and diff_report.to_json(diff) == diff_report.to_json(one_by_one[2])
+    assert _pids(log) == [os.getpid()]  # A here; B in the worker, which the patch does not reach
+    assert stages == ["reading A", "analysing A", "reading B", "comparing"]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_open_compare_with_b_unreadable_in_the_worker_fails_as_in_one_process(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"not a pickle at all")
+    with pytest.raises(OomdoctorError) as alone:
+        pipeline.compare_files(str(SPIKE), str(bad))
+    log = _in_workers(monkeypatch, tmp_path)
+    fractions: list[float] = []
+    with pytest.raises(OomdoctorError) as beside:
+        pipeline.compare_files(str(SPIKE), str(bad), progress=fractions.append)
+    assert str(beside.value) == str(alone.value) and beside.value.exit_code == alone.value.exit_code
+    assert fractions == sorted(fractions) and fractions[-1] >= 0.9  # B's second reading goes on from A's share
+    assert _pids(log) == [os.getpid(), os.getpid()]  # A, then B read again here
 
 
 @pytest.mark.parametrize("diff_of", ["files", "ranks", "open --compare"])

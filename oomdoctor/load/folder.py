@@ -28,7 +28,10 @@ file's note; the others are still read. Nothing here knows what `work` returns.
 from __future__ import annotations
 
 import os
+import pickle
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -410,6 +413,92 @@ def read_at_once(paths: Sequence[str], work: Callable[[str], Any], *, min_bytes:
     except (OSError, NotImplementedError, ImportError):  # no process support here
         pass
     return done
+
+
+class Beside:
+    """`work(path)` under way in a worker process while the caller reads other files (`read_beside`)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+
+    def result(self) -> tuple[bool, Any]:
+        """(True, what `work` returned), once it is done; (False, None) when it raised or its worker
+        died: the caller then reads the file itself, so that its error is what it would be."""
+        try:
+            assert self._process.stdout is not None
+            return pickle.loads(self._process.stdout.read())  # noqa: S301 - from the worker this started
+        except Exception:  # noqa: BLE001 - nothing, or cut short: the worker died (at the time limit, say)
+            return False, None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End the worker (killed if it is still at work) and let its pipes go."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+# The worker of `read_beside`: a new interpreter (never a fork, which would copy the locks the
+# caller's other threads hold: the terminal app loads in a thread), with the caller's import path.
+_BESIDE_CHILD = (
+    "import pickle, sys; given = sys.stdin.buffer; sys.path[:] = pickle.load(given); "
+    "from oomdoctor.load.folder import _work_beside; _work_beside(given)"
+)
+
+
+def read_beside(paths: Sequence[str], index: int, work: Callable[[str], Any], *, min_bytes: int = 0) -> Beside | None:
+    """Start `work(paths[index])` in a worker process, for the caller to read the other `paths`
+    meanwhile and take the result from `Beside.result`; `work` must pickle (a module's function,
+    or a partial of one). None when every file is not at least `min_bytes`, or the host cannot give
+    each file a CPU and hold them all at once (`worker_count`), or no process can be started: the
+    caller reads them all itself."""
+    sizes = [file_size(path) for path in paths]
+    if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths) or not sys.executable:
+        return None
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _BESIDE_CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # nothing on the terminal the caller may be drawing on
+        )
+    except (OSError, ValueError):  # no process can be started here
+        return None
+    beside = Beside(process)
+    try:
+        assert process.stdin is not None
+        pickle.dump(list(sys.path), process.stdin)  # first: what the work's own unpickling imports
+        pickle.dump((work, paths[index]), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        process.stdin.close()
+    except Exception:  # noqa: BLE001 - the worker is gone, or work does not pickle
+        beside.close()
+        return None
+    return beside
+
+
+def _work_beside(given: Any) -> None:
+    """In the worker of `read_beside`: `work(path)` as the caller sent them, and (True, what it
+    returned) or (False, None) written back. Output the work prints goes nowhere: standard output
+    carries the answer alone."""
+    answer = os.fdopen(os.dup(1), "wb")
+    with open(os.devnull, "wb") as nowhere:
+        os.dup2(nowhere.fileno(), 1)
+    guard.enable()
+    try:
+        work, path = pickle.load(given)  # noqa: S301 - from the process that started this one
+        outcome: tuple[bool, Any] = (True, work(path))
+    except BaseException:  # noqa: BLE001 - raised again where the caller reads it
+        outcome = (False, None)
+    try:
+        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - what work returned does not pickle: the caller reads it
+        data = pickle.dumps((False, None))
+    with answer:
+        answer.write(data)
 
 
 WORKER_DIED = (
