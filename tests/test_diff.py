@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -255,6 +256,9 @@ def test_read_beside_needs_every_file_large_and_the_host_able(tmp_path, monkeypa
     monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 2)
     assert folder.read_beside((str(small), str(SPIKE)), 1, beside_work.echo, min_bytes=100) is None
     monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 1)
+    assert folder.read_beside((str(SPIKE), str(SPIKE)), 1, beside_work.echo) is None
+    monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 2)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)  # a frozen app: its executable is itself
     assert folder.read_beside((str(SPIKE), str(SPIKE)), 1, beside_work.echo) is None
 
 

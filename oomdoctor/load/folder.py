@@ -457,7 +457,9 @@ def read_beside(paths: Sequence[str], index: int, work: Callable[[str], Any], *,
     each file a CPU and hold them all at once (`worker_count`), or no process can be started: the
     caller reads them all itself."""
     sizes = [file_size(path) for path in paths]
-    if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths) or not sys.executable:
+    if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths):
+        return None
+    if not sys.executable or getattr(sys, "frozen", False):  # no interpreter to start (a frozen app's is itself)
         return None
     try:
         process = subprocess.Popen(
