@@ -23,6 +23,11 @@ min(files, usable CPUs) workers, fewer when the host's available memory would no
 loaded files at once or when other work keeps its CPUs busy (the load average), or in this
 process for one file or when only one worker would run. An exception from one file becomes that
 file's note; the others are still read. Nothing here knows what `work` returns.
+
+Two large files compared (`diff`, `open --compare`) are read at once under the same rule:
+`read_at_once` reads each in a worker of its own; `read_beside` starts one file's work in a new
+interpreter (never a fork: the terminal app loads in a thread) while the caller reads the other.
+Either leaves a file whose work failed to the caller, to read again and raise its own error.
 """
 
 from __future__ import annotations
