@@ -223,13 +223,16 @@ def _beside(monkeypatch, work, path: str = "anything"):
     return beside
 
 
-def test_read_beside_returns_what_the_worker_made_in_another_process(monkeypatch):
+def test_read_beside_returns_what_the_worker_made_in_another_process(monkeypatch, capfd):
     from tests import beside_work
 
     done, (path, pid) = _beside(monkeypatch, beside_work.echo).result()
     assert done and path == "anything" and pid != os.getpid()
-    # what the work prints reaches neither the answer nor the terminal
+    # what the work prints reaches neither the answer nor the terminal (this process's own outputs)
+    capfd.readouterr()
     assert _beside(monkeypatch, beside_work.noisy).result() == (True, "anything")
+    out, err = capfd.readouterr()
+    assert "standard" not in out + err
 
 
 @pytest.mark.parametrize("work", ["fails", "dies"])
