@@ -580,9 +580,9 @@ def compare_files(
 
     Two large files are read at once (`read_beside`, under the rule `diff` reads them by): B in a
     worker process while A is read here, A's reading then most of the progress. Otherwise (each
-    file half of the progress), or when the worker could not read B (the rest of it), B is read here
-    after A, so that an error is raised as it would be without workers. Each file's snapshot goes once its analysis
-    and side are made."""
+    file half of the progress), or when the worker could not read B (the rest of it), B is read
+    here after A, so that an error is raised as it would be without workers. Each file's snapshot
+    goes once its analysis and side are made."""
     from oomdoctor.analysis.diff import DIFF_FILES, compare
 
     work = functools.partial(_analysed_side, device=device, max_bytes=max_bytes)

@@ -395,6 +395,13 @@ def _workers_for(sizes: Sequence[int]) -> int:
     )
 
 
+def _all_at_once(paths: Sequence[str], min_bytes: int) -> bool:
+    """Whether `paths` are worth reading all at once, each by a process of its own: every file at
+    least `min_bytes`, and the host able to give each a CPU and hold them all (`worker_count`)."""
+    sizes = [file_size(path) for path in paths]
+    return min(sizes, default=0) >= min_bytes and _workers_for(sizes) >= len(paths)
+
+
 def read_at_once(paths: Sequence[str], work: Callable[[str], Any], *, min_bytes: int = 0) -> dict[int, Any]:
     """`work(path)` for each of a few paths at once, one worker process each: index -> what it
     returned. Nothing is read when a file is under `min_bytes` or the host cannot give each file a
@@ -402,8 +409,7 @@ def read_at_once(paths: Sequence[str], work: Callable[[str], Any], *, min_bytes:
     is left out: the caller reads it in its own process, where its error is raised (or the
     unpickling time limit ends the command) as it would be without workers."""
     done: dict[int, Any] = {}
-    sizes = [file_size(path) for path in paths]
-    if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths):
+    if not _all_at_once(paths, min_bytes):
         return done
     try:
         with ProcessPoolExecutor(max_workers=len(paths), initializer=guard.enable) as executor:
@@ -461,8 +467,7 @@ def read_beside(paths: Sequence[str], index: int, work: Callable[[str], Any], *,
     or a partial of one). None when every file is not at least `min_bytes`, or the host cannot give
     each file a CPU and hold them all at once (`worker_count`), or no process can be started: the
     caller reads them all itself."""
-    sizes = [file_size(path) for path in paths]
-    if min(sizes, default=0) < min_bytes or _workers_for(sizes) < len(paths):
+    if not _all_at_once(paths, min_bytes):
         return None
     if not sys.executable or getattr(sys, "frozen", False):  # no interpreter to start (a frozen app's is itself)
         return None
