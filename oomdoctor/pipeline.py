@@ -137,31 +137,45 @@ def render_report(
 
 
 def report_file(
-    path: str, output_format: str, *, redact: bool = False, device: int | None = None, max_bytes: int | None = None
+    path: str,
+    output_format: str,
+    *,
+    redact: bool = False,
+    device: int | None = None,
+    max_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> bytes:
-    """`oomdoctor report FILE` in "text", "md" or "json"."""
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    """`oomdoctor report FILE` in "text", "md" or "json" (`progress`: as `load_snapshot`'s)."""
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
     return render_report(snapshot, output_format, source=str(path), redact=redact, device=device)
 
 
 def report_file_analysed(
-    path: str, output_format: str, *, redact: bool = False, device: int | None = None, max_bytes: int | None = None
+    path: str,
+    output_format: str,
+    *,
+    redact: bool = False,
+    device: int | None = None,
+    max_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ):
     """(`report_file`'s bytes, the analysis they report, unredacted): for `report --fail-if`."""
     from oomdoctor.analysis import analyse
 
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
     analysis = analyse(snapshot, device=device)
     rendered = render_report(snapshot, output_format, source=str(path), redact=redact, device=device, analysis=analysis)
     return rendered, analysis
 
 
-def info_file(path: str, output_format: str, *, max_bytes: int | None = None) -> str:
-    """`oomdoctor info FILE` in "text" or "json"."""
+def info_file(
+    path: str, output_format: str, *, max_bytes: int | None = None, progress: Callable[[float], None] | None = None
+) -> str:
+    """`oomdoctor info FILE` in "text" or "json" (`progress`: as `load_snapshot`'s)."""
     from oomdoctor.analysis.contents import describe
     from oomdoctor.views.info import to_json, to_text
 
-    contents = describe(load_snapshot(path, max_bytes=max_bytes), path)
+    contents = describe(load_snapshot(path, max_bytes=max_bytes, progress=progress), path)
     return to_json(contents) + "\n" if output_format == "json" else to_text(contents)
 
 

@@ -28,6 +28,8 @@ INTERRUPT_GRACE_SECONDS = 2.0
 # How the parent's line for a file that hung or crashed the unpickler begins (after the file's name).
 REFUSED_AFTER_LIMIT = "refused: unpickling it did not finish"
 REFUSED_AFTER_CRASH = "refused: the unpickler crashed"
+# Back to the start of the line, erased to its end.
+CLEAR_LINE = "\r\x1b[K"
 # What puts a terminal back after a full-screen app died: leave the alternate screen, show the
 # cursor, stop mouse reporting (all modes), bracketed paste and focus events.
 TERMINAL_RESET = (
@@ -176,6 +178,12 @@ def _restore_terminal(terminal: object) -> None:
         if sys.stdout is not None and sys.stdout.isatty():
             sys.stdout.write(TERMINAL_RESET)
             sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            sys.stderr.write(CLEAR_LINE)  # a read's progress line the child left (commands.ReadProgress)
+            sys.stderr.flush()
     except (OSError, ValueError):
         pass
     if terminal is None:

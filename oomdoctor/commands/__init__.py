@@ -1,15 +1,19 @@
 """The CLI's verbs, one module each; helpers here are what several verbs share: the arguments
 they have in common (FILE, --format, --redact, --device, --max-bytes, --fail-if, --width), reading
---max-bytes back, checking --fail-if, the width text is wrapped to, and writing a report out whole.
-Loading, analysing and rendering is oomdoctor.pipeline's.
+--max-bytes back, checking --fail-if, the width text is wrapped to, a long read's progress on a
+terminal, and writing a report out whole. Loading, analysing and rendering is oomdoctor.pipeline's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
+import time
+import unicodedata
+from collections.abc import Callable, Iterator
 
 from oomdoctor.errors import EXIT_FINDINGS, EXIT_OK, OomdoctorError
 
@@ -120,6 +124,108 @@ def wrapped(data: bytes, args: argparse.Namespace) -> bytes:
     from oomdoctor.views.wrap import wrap_text
 
     return wrap_text(data.decode(), width).encode()
+
+
+class ReadProgress:
+    """How far the read of one file has got, on one line of standard error that is rewritten in
+    place and blanked when the work is done: `oomdoctor: reading NAME  42%`, then (with `then`,
+    say "analysing") `oomdoctor: analysing NAME`. Called with the fraction of the load done
+    (`oomdoctor.load.load`'s `progress`: 1.0 once the model is built). Nothing is drawn in the
+    first DELAY_SECONDS, so that a file read at once leaves no trace, nor more often than every
+    INTERVAL_SECONDS."""
+
+    DELAY_SECONDS = 0.5
+    INTERVAL_SECONDS = 0.1
+
+    def __init__(
+        self, path: str, stream, *, then: str | None = "analysing", clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        from oomdoctor.safetext import printable
+
+        self._name = printable(os.path.basename(os.fsdecode(path)) or path, 60)
+        self._then = then
+        self._stream = stream
+        self._clock = clock
+        self._start = clock()
+        self._next = self._start + self.DELAY_SECONDS
+        self._drawn = 0  # the columns the line on screen takes
+        self._last = ""
+
+    def __call__(self, fraction: float) -> None:
+        now = self._clock()
+        done = fraction >= 1.0
+        if now < self._next and not (done and self._drawn):
+            return
+        if now < self._start + self.DELAY_SECONDS:
+            return
+        self._next = now + self.INTERVAL_SECONDS
+        if done and self._then is None:
+            self.clear()
+            return
+        if done:
+            line = f"oomdoctor: {self._then} {self._name}"
+        else:
+            line = f"oomdoctor: reading {self._name} {int(max(fraction, 0.0) * 100):3d}%"
+        if line != self._last:
+            self._draw(line)
+
+    def _draw(self, line: str) -> None:
+        line = _clip_cells(line, _columns(self._stream) - 1)
+        cells = _cells(line)
+        self._write("\r" + line + " " * max(self._drawn - cells, 0) + "\r")
+        self._drawn = cells
+        self._last = line
+
+    def clear(self) -> None:
+        """Blank the line, if anything was drawn, and leave the cursor at its start."""
+        if self._drawn:
+            self._write("\r" + " " * self._drawn + "\r")
+            self._drawn = 0
+            self._last = ""
+
+    def _write(self, text: str) -> None:
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError):  # a closed or broken terminal: no progress, the work goes on
+            pass
+
+
+@contextlib.contextmanager
+def read_progress(path: str, *, then: str | None = "analysing") -> Iterator[ReadProgress | None]:
+    """A `ReadProgress` for `path` on standard error while it is a terminal (else None), blanked
+    when the block ends, before anything else is written there or to standard output."""
+    stream = sys.stderr
+    try:
+        terminal = stream is not None and stream.isatty() and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError, OSError):
+        terminal = False
+    if not terminal:
+        yield None
+        return
+    progress = ReadProgress(path, stream, then=then)
+    try:
+        yield progress
+    finally:
+        progress.clear()
+
+
+def _columns(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def _cells(text: str) -> int:
+    """The terminal columns `text` takes (wide East Asian characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _clip_cells(text: str, cells: int) -> str:
+    while text and _cells(text) > max(cells, 0):
+        text = text[:-1]
+    return text
 
 
 def write_output(data: bytes) -> None:

@@ -14,6 +14,9 @@ Byte totals, over all devices and per device:
   free_bytes        reserved - allocated: cached, not allocated
 (torch.cuda._memory_viz's "total_free" is free_bytes + rounding_bytes.)
 
+On a terminal, a file that takes more than half a second to read says how far the read has got on
+one line of stderr, blanked before the answer is printed.
+
 Files larger than --max-bytes (default 4GiB, or OOMDOCTOR_MAX_BYTES; decompressed size for gzip)
 are refused. Sizes: 4GiB, 512MiB, 1.5GB (GB, MB: powers of 1000; GiB, G: powers of 1024), or bytes.
 
@@ -38,6 +41,7 @@ from oomdoctor.commands import (
     add_max_bytes_argument,
     add_width_argument,
     max_bytes_argument,
+    read_progress,
     text_width,
 )
 
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     elif recursive:
         raise OomdoctorError(f"{args.file}: --recursive applies to a folder of dumps")
     else:
-        text = pipeline.info_file(args.file, args.format, max_bytes=max_bytes)
+        with read_progress(args.file, then=None) as progress:
+            text = pipeline.info_file(args.file, args.format, max_bytes=max_bytes, progress=progress)
     if args.format == "text":
         from oomdoctor.views.wrap import wrap_text
 

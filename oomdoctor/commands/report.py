@@ -11,6 +11,9 @@ holds the full result (`verdict`, `confidence`, `components` in bytes, `evidence
 `recommendations`, `what_if`, `environment`, `schema_version`, ...). With several devices the one
 that ran out of memory is judged, unless --device says otherwise.
 
+On a terminal, a file that takes more than half a second to read says how far the read has got,
+then that it is being analysed, on one line of stderr, blanked before the report is printed.
+
 --redact replaces, in any format, the host name, user names, home directories and other absolute
 path prefixes (a path keeps its part after site-packages/ or under the project's root, otherwise its
 file name), paths in the command line and in frames' function names, and process ids (also in
@@ -56,6 +59,7 @@ from oomdoctor.commands import (
     add_width_argument,
     check_gate,
     max_bytes_argument,
+    read_progress,
     wrapped,
     write_output,
 )
@@ -102,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
         report = pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive)
         write_output(_wrapped(report, args))
         return 0
-    report = pipeline.report_file(args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes)
+    with read_progress(args.file) as progress:
+        report = pipeline.report_file(
+            args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes, progress=progress
+        )
     write_output(_wrapped(report, args))
     return 0
 
@@ -128,9 +135,10 @@ def _run_gated(args: argparse.Namespace, fail_if: str) -> int:
         write_output(_wrapped(rendered, args))
         codes = [check_gate(condition, report_figures(dump.analysis), who=_rank_name(dump)) for dump in folder.dumps]
         return EXIT_FINDINGS if EXIT_FINDINGS in codes else EXIT_OK
-    rendered, analysis = pipeline.report_file_analysed(
-        args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes
-    )
+    with read_progress(args.file) as progress:
+        rendered, analysis = pipeline.report_file_analysed(
+            args.file, args.format, redact=redact, device=args.device, max_bytes=max_bytes, progress=progress
+        )
     write_output(_wrapped(rendered, args))
     return check_gate(condition, report_figures(analysis))
 
