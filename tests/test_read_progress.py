@@ -158,3 +158,39 @@ def test_the_watching_parent_blanks_the_line_a_dead_child_left(monkeypatch):
     monkeypatch.setattr("sys.stdout", io.StringIO())
     supervise._restore_terminal(None)
     assert terminal.getvalue() == supervise.CLEAR_LINE
+
+
+def test_a_stage_is_said_at_once_and_names_the_fractions_after_it():
+    terminal, clock = Terminal(), Clock()
+    progress = ReadProgress("oom.pickle", terminal, then="redacting", clock=clock)
+    progress.stage("writing")  # before the delay: nothing
+    assert terminal.getvalue() == ""
+    clock.now += ReadProgress.DELAY_SECONDS
+    progress.stage("writing")
+    assert _screen(terminal.getvalue()) == "oomdoctor: writing oom.pickle"
+    progress.stage("checking")
+    clock.now += ReadProgress.INTERVAL_SECONDS
+    progress(0.5)
+    assert _screen(terminal.getvalue()).rstrip() == "oomdoctor: checking oom.pickle  50%"
+    progress(1.0)  # the stage said no next one: blanked
+    assert _screen(terminal.getvalue()).strip() == ""
+
+
+def test_redact_says_its_stages_and_writes_the_same_copy(tmp_path, monkeypatch, capsys):
+    assert main(["redact", str(FIXTURE), str(tmp_path / "plain.pickle")]) == 0
+    plain = capsys.readouterr()
+    assert plain.err.startswith("wrote ") and plain.err.count("\n") == 1  # its one line, on stderr
+    monkeypatch.setattr(ReadProgress, "DELAY_SECONDS", 0.0)
+    monkeypatch.setattr(ReadProgress, "INTERVAL_SECONDS", 0.0)
+    monkeypatch.setenv("TERM", "xterm")
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(["redact", str(FIXTURE), str(tmp_path / "shown.pickle")]) == 0
+    assert capsys.readouterr().out == plain.out
+    assert (tmp_path / "shown.pickle").read_bytes() == (tmp_path / "plain.pickle").read_bytes()
+    progress, _, said = terminal.getvalue().rpartition("\r")
+    assert said == plain.err.replace("plain.pickle", "shown.pickle")  # on a blanked line
+    stages = ["reading", "redacting", "writing", "checking the copy of"]
+    positions = [progress.find(f"oomdoctor: {stage} creeping-leak-gpt-adamw.pickle") for stage in stages]
+    assert -1 not in positions and positions == sorted(positions)
+    assert _screen(progress).strip() == ""

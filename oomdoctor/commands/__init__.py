@@ -127,12 +127,12 @@ def wrapped(data: bytes, args: argparse.Namespace) -> bytes:
 
 
 class ReadProgress:
-    """How far the read of one file has got, on one line of standard error that is rewritten in
+    """How far the work on one file has got, on one line of standard error that is rewritten in
     place and blanked when the work is done: `oomdoctor: reading NAME  42%`, then (with `then`,
     say "analysing") `oomdoctor: analysing NAME`. Called with the fraction of the load done
-    (`oomdoctor.load.load`'s `progress`: 1.0 once the model is built). Nothing is drawn in the
-    first DELAY_SECONDS, so that a file read at once leaves no trace, nor more often than every
-    INTERVAL_SECONDS."""
+    (`oomdoctor.load.load`'s `progress`: 1.0 once the model is built); `stage` names a later stage
+    of the work. Nothing is drawn in the first DELAY_SECONDS, so that a file read at once leaves no
+    trace, nor more often than every INTERVAL_SECONDS."""
 
     DELAY_SECONDS = 0.5
     INTERVAL_SECONDS = 0.1
@@ -143,6 +143,7 @@ class ReadProgress:
         from oomdoctor.safetext import printable
 
         self._name = printable(os.path.basename(os.fsdecode(path)) or path, 60)
+        self._verb = "reading"
         self._then = then
         self._stream = stream
         self._clock = clock
@@ -165,9 +166,19 @@ class ReadProgress:
         if done:
             line = f"oomdoctor: {self._then} {self._name}"
         else:
-            line = f"oomdoctor: reading {self._name} {int(max(fraction, 0.0) * 100):3d}%"
+            line = f"oomdoctor: {self._verb} {self._name} {int(max(fraction, 0.0) * 100):3d}%"
         if line != self._last:
             self._draw(line)
+
+    def stage(self, verb: str, *, then: str | None = None) -> None:
+        """A new stage of the work: `oomdoctor: VERB NAME` now (once DELAY_SECONDS have passed),
+        and VERB for the fractions it is called with from here; at 1.0 `then`, or the line blanked."""
+        self._verb, self._then = verb, then
+        now = self._clock()
+        if now < self._start + self.DELAY_SECONDS:
+            return
+        self._next = now + self.INTERVAL_SECONDS
+        self._draw(f"oomdoctor: {verb} {self._name}")
 
     def _draw(self, line: str) -> None:
         line = _clip_cells(line, _columns(self._stream) - 1)

@@ -17,6 +17,9 @@ OUT is written as a pickle (protocol 4), gzip-compressed when its name ends in .
 pytorch.org/memory_viz, which reads plain pickles), through a new temporary file and a rename, and
 read back before the rename to check that it loads. IN is never overwritten, nor anything at OUT (a dangling
 symbolic link included) unless --force, which replaces the link itself, never what it points to.
+
+On a terminal, a dump that takes more than half a second to read says on one line of stderr which
+stage the work is at (reading, redacting, writing, checking the copy), blanked when it is done.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from oomdoctor.commands import add_max_bytes_argument, max_bytes_argument
+from oomdoctor.commands import ReadProgress, add_max_bytes_argument, max_bytes_argument, read_progress
 from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.gcpause import cyclic_gc_paused
 from oomdoctor.safetext import printable
@@ -91,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
         raise OomdoctorError(f"{target}: already exists (--force replaces it)")
     if not target.parent.is_dir():
         raise OomdoctorError(f"{target.parent}: no such directory")
-    with cyclic_gc_paused():  # reading, redacting and writing a dump make millions of objects, no cycles
-        _redact_file(source, target, max_bytes)
+    # reading, redacting and writing a dump make millions of objects, no cycles
+    with cyclic_gc_paused(), read_progress(args.input, then="redacting") as progress:
+        _redact_file(source, target, max_bytes, progress)
     return 0
 
 
@@ -101,17 +105,20 @@ def run(args: argparse.Namespace) -> int:
 GZIP_LEVEL = 6
 
 
-def _redact_file(source: Path, target: Path, max_bytes: int | None) -> None:
-    """Redact `source` into `target`: written beside it first, loaded back to check it, then moved there."""
+def _redact_file(source: Path, target: Path, max_bytes: int | None, progress: ReadProgress | None = None) -> None:
+    """Redact `source` into `target`: written beside it first, loaded back to check it, then moved
+    there (`progress`: the stages said on a terminal)."""
     from oomdoctor.load import load, load_raw
     from oomdoctor.redact import redact_data
 
-    data = load_raw(source, max_bytes=max_bytes)
+    data = load_raw(source, max_bytes=max_bytes, progress=progress)
     if not _snapshot_shaped(data):
         raise LoadError(
             f"{source}: not a memory snapshot (expected a dict with 'segments' or a list of segments, not {_shape(data)})"
         )
     redact_data(data)
+    if progress is not None:
+        progress.stage("writing")
     compress = target.name.lower().endswith(".gz") or _is_gzip(source)
 
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -132,8 +139,10 @@ def _redact_file(source: Path, target: Path, max_bytes: int | None) -> None:
         except (pickle.PicklingError, RecursionError, TypeError) as error:
             raise OomdoctorError(f"{source}: cannot be written back as a pickle ({error})") from None
         del data  # written: the check below loads the copy beside nothing else of this size
+        if progress is not None:
+            progress.stage("checking the copy of")
         try:
-            load(temporary, max_bytes=None)
+            load(temporary, max_bytes=None, progress=progress)
         except LoadError as error:
             raise LoadError(f"{source}: the redacted copy would not load ({str(error).split(': ', 1)[-1]})") from None
         os.replace(temporary, target)

@@ -65,10 +65,19 @@ def load(source: Any, *, max_bytes: int | None = None, progress: Callable[[float
         return snapshot
 
 
-def load_raw(source: Any, *, max_bytes: int | None = None) -> Any:
-    """The plain data in `source` (dicts, lists, str, numbers), read as safely as `load` reads it."""
+def load_raw(source: Any, *, max_bytes: int | None = None, progress: Callable[[float], None] | None = None) -> Any:
+    """The plain data in `source` (dicts, lists, str, numbers), read as safely as `load` reads it;
+    `progress` hears the fraction read, as `load`'s does (1.0 once read)."""
     with cyclic_gc_paused():
-        return read_source(source, max_bytes)[0]
+        if progress is None:
+            return read_source(source, max_bytes)[0]
+        token = READ_PROGRESS.set(lambda fraction: progress(min(fraction, 1.0)))
+        try:
+            data = read_source(source, max_bytes)[0]
+        finally:
+            READ_PROGRESS.reset(token)
+        progress(1.0)
+        return data
 
 
 def _describe(source: Any) -> str:
