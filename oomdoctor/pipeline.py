@@ -159,7 +159,8 @@ def report_file_analysed(
     max_bytes: int | None = None,
     progress: Callable[[float], None] | None = None,
 ):
-    """(`report_file`'s bytes, the analysis they report, unredacted): for `report --fail-if`."""
+    """(`report_file`'s bytes, the analysis they report, unredacted): for `report --fail-if`
+    (`progress`: as `load_snapshot`'s)."""
     from oomdoctor.analysis import analyse
 
     snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
