@@ -146,8 +146,9 @@ def report_file(
     progress: Callable[[float], None] | None = None,
 ) -> bytes:
     """`oomdoctor report FILE` in "text", "md" or "json" (`progress`: as `load_snapshot`'s)."""
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
-    return render_report(snapshot, output_format, source=str(path), redact=redact, device=device)
+    return report_file_analysed(
+        path, output_format, redact=redact, device=device, max_bytes=max_bytes, progress=progress
+    )[0]
 
 
 def report_file_analysed(
