@@ -155,9 +155,8 @@ class ReadProgress:
     def __call__(self, fraction: float) -> None:
         now = self._clock()
         done = fraction >= 1.0
+        # `_next` is never before the delay's end, and a line is drawn only after it
         if now < self._next and not (done and self._drawn):
-            return
-        if now < self._start + self.DELAY_SECONDS:
             return
         self._next = now + self.INTERVAL_SECONDS
         if done and self._then is None:
