@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from oomdoctor.analysis.ranks import (
     RANK_FROM_FILE_NAME,
@@ -43,6 +43,7 @@ from oomdoctor.analysis.ranks import (
 from oomdoctor.errors import LoadError, OomdoctorError
 from oomdoctor.load.folder import (
     FileOutcome,
+    FolderGroup,
     FolderListing,
     file_size,
     find_dump_files,
@@ -88,8 +89,7 @@ def load_and_analyse(
     from 0 while the file is read to LOAD_SHARE once its model is built."""
     from oomdoctor.analysis import analyse
 
-    on_load = None if progress is None else (lambda fraction: progress(LOAD_SHARE * fraction))
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=on_load)
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=_scaled(progress, 0.0, LOAD_SHARE))
     if enter_stage is not None:
         enter_stage("analysing")
     return snapshot, analyse(snapshot, device=device)
@@ -184,13 +184,21 @@ def info_file(
 # -- a folder of per-rank dumps ------------------------------------------------------------------
 
 
-def read_rank(path: str, *, max_bytes: int | None = None, redact: bool = False, root: str | None = None) -> RankDump:
+def read_rank(
+    path: str,
+    *,
+    max_bytes: int | None = None,
+    redact: bool = False,
+    root: str | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> RankDump:
     """Load and analyse one rank's file (what each worker process runs); its `file` is its name, or
-    with `root` its path relative to that folder."""
+    with `root` its path relative to that folder. `progress` hears the fraction of the work done
+    (to LOAD_SHARE once its model is built)."""
     from oomdoctor.analysis import analyser
     from oomdoctor.analysis.environment import environment_of
 
-    snapshot = load_snapshot(path, max_bytes=max_bytes)
+    snapshot = load_snapshot(path, max_bytes=max_bytes, progress=_scaled(progress, 0.0, LOAD_SHARE))
     judge = analyser(snapshot)
     analysis = judge.analyse()
     environment = environment_of(snapshot)
@@ -234,12 +242,14 @@ def _rank(recorded: int | None, path: str) -> tuple[int | None, str]:
     return rank, RANK_FROM_FILE_NAME if rank is not None else RANK_UNKNOWN
 
 
-def _file_rank(path: str, *, max_bytes: int | None = None) -> int | None:
+def _file_rank(
+    path: str, *, max_bytes: int | None = None, progress: Callable[[float], None] | None = None
+) -> int | None:
     """The rank of the file at `path`, as `read_rank` finds it, from its load alone (what each
-    worker runs for `diff --ranks`)."""
+    worker runs for `diff --ranks`; `progress` hears the fraction of the load done)."""
     from oomdoctor.analysis.environment import environment_of
 
-    return _rank(environment_of(load_snapshot(path, max_bytes=max_bytes)).rank, path)[0]
+    return _rank(environment_of(load_snapshot(path, max_bytes=max_bytes, progress=progress)).rank, path)[0]
 
 
 def read_folder(
@@ -251,9 +261,11 @@ def read_folder(
     max_workers: int | None = None,
     recursive: bool = False,
     max_total_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> RankFolder:
     """Every dump in `directory`, loaded and analysed in parallel worker processes; with `recursive`,
-    the dumps of the one folder of its tree that holds the OOM (`read_tree`)."""
+    the dumps of the one folder of its tree that holds the OOM (`read_tree`). `progress` hears the
+    fraction of the files' work done (map_files)."""
     if recursive:
         return read_tree(
             directory,
@@ -262,10 +274,11 @@ def read_folder(
             parallel=parallel,
             max_workers=max_workers,
             max_total_bytes=max_total_bytes,
+            progress=progress,
         )
     listing = find_dump_files(directory)
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact)
-    outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel)
+    outcomes = map_files(listing.paths, work, max_workers=max_workers, parallel=parallel, progress=progress)
     dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
     failures = _skipped(outcomes)
     if not dumps:
@@ -320,6 +333,7 @@ def read_tree(
     parallel: bool = True,
     max_workers: int | None = None,
     max_total_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> RankFolder:
     """`report DIR --recursive`: the dumps of the one folder of `directory`'s tree that holds the OOM.
 
@@ -327,16 +341,21 @@ def read_tree(
     an OOM first (oomdoctor's `oom-` dumps, torchtitan's `..._exit` folders), then the latest step
     (`iteration_20` before `iteration_10`), then the newest files, until one holds a file that ran out
     of memory; that folder's ranks are compared (the first folder read when none did). The other
-    folders are summed up in `folders`; file names are relative to `directory`."""
+    folders are summed up in `folders`; file names are relative to `directory`.
+
+    `progress` hears the fraction done of all the files the budget lets be read, each weighted by its
+    size: the reading stops short of them all once a folder holds an OOM."""
     tree = find_dump_tree(directory)
     root = tree.directory
     budget = [total_limit(max_bytes, max_total_bytes)] * 2
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact, root=root)
     read: dict[str, tuple[tuple[RankDump, ...], tuple[FileOutcome, ...]]] = {}
     chosen = None
+    plan = _Plan(tree.groups, budget[0], progress)
     for group in tree.groups:
         paths, over = _within_total(group.paths, budget)
-        outcomes = map_files(paths, work, max_workers=max_workers, parallel=parallel) if paths else ()
+        told = plan.group(paths)
+        outcomes = map_files(paths, work, max_workers=max_workers, parallel=parallel, progress=told) if paths else ()
         dumps = tuple(outcome.value for outcome in outcomes if outcome.error is None)
         read[group.folder] = (dumps, group.skipped + tuple(o for o in outcomes if o.error is not None) + tuple(over))
         if any(dump.ran_out for dump in dumps):
@@ -363,18 +382,52 @@ def read_tree(
     return RankFolder(root, dumps, _named(tree.skipped + notes, root, redact), chosen.folder, summaries)
 
 
+class _Plan:
+    """`read_tree`'s progress: the groups are read in turn, and each group's files have their share
+    of the bytes of every file the budget would let be read (fewer, when a folder holds an OOM)."""
+
+    def __init__(self, groups: Sequence[FolderGroup], budget: int, progress: Callable[[float], None] | None) -> None:
+        self._progress = progress
+        self._done = 0
+        self._total = 0
+        if progress is not None:
+            for group in groups:
+                for path in group.paths:
+                    size = max(file_size(path), 1)
+                    if size <= budget:
+                        budget -= size
+                        self._total += size
+
+    def group(self, paths: Sequence[str]) -> Callable[[float], None] | None:
+        """The progress of one group's `paths` (map_files's), in the whole's."""
+        progress = self._progress
+        if progress is None or not paths:
+            return None
+        start, total = self._done, max(self._total, 1)
+        self._done += sum(max(file_size(path), 1) for path in paths)
+        share = self._done - start
+        return lambda fraction: progress(min((start + share * fraction) / total, 1.0))
+
+
 def _named(outcomes: tuple[FileOutcome, ...], root: str, redact: bool) -> tuple[SkippedFile, ...]:
     """Skipped entries of a tree, named by their paths under `root` (redacted like skipped names)."""
     skipped = tuple(SkippedFile(_relative(o.path, root), o.error) for o in outcomes if o.error is not None)
     return tuple(SkippedFile(_redacted_name(i.name), i.reason) for i in skipped) if redact else skipped
 
 
-def info_row(path: str, *, max_bytes: int | None = None, root: str | None = None) -> RankContents:
-    """What one file holds, with the rank it was written by (what each worker runs for info)."""
+def info_row(
+    path: str,
+    *,
+    max_bytes: int | None = None,
+    root: str | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> RankContents:
+    """What one file holds, with the rank it was written by (what each worker runs for info;
+    `progress` hears the fraction of the load done)."""
     from oomdoctor.analysis.contents import describe
 
     name = _relative(path, root)
-    contents = describe(load_snapshot(path, max_bytes=max_bytes), name)
+    contents = describe(load_snapshot(path, max_bytes=max_bytes, progress=progress), name)
     recorded = contents.metadata.get("rank") if contents.metadata is not None else None
     return RankContents(contents, recorded if type(recorded) is int else rank_from_name(os.path.basename(path)))
 
@@ -386,9 +439,11 @@ def read_folder_info(
     parallel: bool = True,
     recursive: bool = False,
     max_total_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[str, tuple[RankContents, ...], tuple[SkippedFile, ...]]:
     """(folder, one `info_row` per readable file, skipped files) for `oomdoctor info DIR`; with
-    `recursive`, every file of every sub-folder (`find_dump_tree`), named by its path under DIR."""
+    `recursive`, every file of every sub-folder (`find_dump_tree`), named by its path under DIR.
+    `progress` hears the fraction of the files read (map_files)."""
     root: str | None = None
     if recursive:
         tree = find_dump_tree(directory)
@@ -400,7 +455,7 @@ def read_folder_info(
     else:
         listing = find_dump_files(directory)
     work = functools.partial(info_row, max_bytes=max_bytes, root=root)
-    outcomes = map_files(listing.paths, work, parallel=parallel)
+    outcomes = map_files(listing.paths, work, parallel=parallel, progress=progress)
     rows = tuple(outcome.value for outcome in outcomes if outcome.error is None)
     failures = _skipped(outcomes, root)
     if not rows:
@@ -409,10 +464,18 @@ def read_folder_info(
 
 
 def report_folder(
-    directory: str, output_format: str, *, redact: bool = False, max_bytes: int | None = None, recursive: bool = False
+    directory: str,
+    output_format: str,
+    *,
+    redact: bool = False,
+    max_bytes: int | None = None,
+    recursive: bool = False,
+    progress: Callable[[float], None] | None = None,
 ) -> bytes:
-    """`oomdoctor report DIR [--recursive]` in "text", "md" or "json"."""
-    return report_folder_read(directory, output_format, redact=redact, max_bytes=max_bytes, recursive=recursive)[0]
+    """`oomdoctor report DIR [--recursive]` in "text", "md" or "json" (`progress`: read_folder's)."""
+    return report_folder_read(
+        directory, output_format, redact=redact, max_bytes=max_bytes, recursive=recursive, progress=progress
+    )[0]
 
 
 def report_folder_read(
@@ -422,23 +485,31 @@ def report_folder_read(
     redact: bool = False,
     max_bytes: int | None = None,
     recursive: bool = False,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[bytes, RankFolder]:
     """(`report_folder`'s bytes, the folder it read): for `report DIR --fail-if`."""
     from oomdoctor.analysis.ranks import compare_ranks
     from oomdoctor.views.ranks import render
 
-    folder = read_folder(directory, max_bytes=max_bytes, redact=redact, recursive=recursive)
+    folder = read_folder(directory, max_bytes=max_bytes, redact=redact, recursive=recursive, progress=progress)
     shown = os.path.basename(os.path.normpath(folder.directory)) if redact else folder.directory
     comparison = compare_ranks(folder.dumps)
     rendered = render(output_format, shown, comparison, folder.dumps, folder.skipped, folders=folder.folders)
     return rendered, folder
 
 
-def info_folder(directory: str, output_format: str, *, max_bytes: int | None = None, recursive: bool = False) -> str:
-    """`oomdoctor info DIR [--recursive]` in "text" or "json"."""
+def info_folder(
+    directory: str,
+    output_format: str,
+    *,
+    max_bytes: int | None = None,
+    recursive: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> str:
+    """`oomdoctor info DIR [--recursive]` in "text" or "json" (`progress`: read_folder_info's)."""
     from oomdoctor.views.ranks import info_json, info_text
 
-    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes, recursive=recursive)
+    shown, rows, skipped = read_folder_info(directory, max_bytes=max_bytes, recursive=recursive, progress=progress)
     return info_json(shown, rows, skipped) + "\n" if output_format == "json" else info_text(shown, rows, skipped)
 
 
@@ -545,15 +616,20 @@ def _shown(path: str, redact: bool) -> str:
 
 
 def diff_files(
-    path_a: str, path_b: str, *, device: int | None = None, redact: bool = False, max_bytes: int | None = None
+    path_a: str,
+    path_b: str,
+    *,
+    device: int | None = None,
+    redact: bool = False,
+    max_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ):
-    """`oomdoctor diff A B`: analysis.diff.Diff of two files."""
+    """`oomdoctor diff A B`: analysis.diff.Diff of two files (`progress`: the fraction of the two
+    files' work done, each weighted by its size)."""
     from oomdoctor.analysis.diff import DIFF_FILES, compare
 
-    return compare(
-        *_file_sides((path_a, path_b), (_shown(path_a, redact), _shown(path_b, redact)), device, redact, max_bytes),
-        kind=DIFF_FILES,
-    )
+    labels = (_shown(path_a, redact), _shown(path_b, redact))
+    return compare(*_file_sides((path_a, path_b), labels, device, redact, max_bytes, progress), kind=DIFF_FILES)
 
 
 # Two files are read in two worker processes at once when both are at least this large (and two
@@ -562,22 +638,51 @@ PARALLEL_SIDE_MIN_BYTES = 4 << 20
 
 
 def _file_sides(
-    paths: tuple[str, str], labels: tuple[str, str], device: int | None, redact: bool, max_bytes: int | None
+    paths: tuple[str, str],
+    labels: tuple[str, str],
+    device: int | None,
+    redact: bool,
+    max_bytes: int | None,
+    progress: Callable[[float], None] | None = None,
 ) -> list:
     """`diff_side` of each of two files (their `labels`: one per distinct path). Each side keeps
     what it compares, not its snapshot, which goes before the next file is read; two large files
     are read at once, in worker processes (`read_at_once`: a file they could not read is read
-    here, so that its error is what it would be)."""
+    here, so that its error is what it would be). `progress` hears the fraction of the two files'
+    work done, each weighted by its size."""
     work = functools.partial(
         _file_side, labels=dict(zip(paths, labels)), device=device, redact=redact, max_bytes=max_bytes
     )
-    done = read_at_once(paths, work, min_bytes=PARALLEL_SIDE_MIN_BYTES)
-    return [done[index] if index in done else work(path) for index, path in enumerate(paths)]
+    done = read_at_once(paths, work, min_bytes=PARALLEL_SIDE_MIN_BYTES, progress=progress)
+    if len(done) == len(paths):
+        return [done[index] for index in range(len(paths))]
+    # the rest here, in turn; each file's share of the progress by its size, those done counted
+    sizes = [max(file_size(path), 1) for path in paths]
+    total = sum(sizes)
+    sides = []
+    for index, path in enumerate(paths):
+        if index in done:
+            sides.append(done[index])
+            continue
+        told = _scaled(progress, sum(sizes[:index]) / total, sum(sizes[: index + 1]) / total)
+        sides.append(work(path, progress=told))
+        if told is not None:
+            told(1.0)
+    return sides
 
 
-def _file_side(path: str, *, labels: Mapping[str, str], device: int | None, redact: bool, max_bytes: int | None):
-    """`diff_side` of the file at `path` (named `labels[path]`), its snapshot let go once the side is made."""
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+def _file_side(
+    path: str,
+    *,
+    labels: Mapping[str, str],
+    device: int | None,
+    redact: bool,
+    max_bytes: int | None,
+    progress: Callable[[float], None] | None = None,
+):
+    """`diff_side` of the file at `path` (named `labels[path]`), its snapshot let go once the side is
+    made; `progress` hears the fraction of the work done (to LOAD_SHARE once its model is built)."""
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=_scaled(progress, 0.0, LOAD_SHARE))
     return diff_side(snapshot, labels[path], device=device, redact=redact)
 
 
@@ -605,9 +710,7 @@ def compare_files(
     beside = read_beside((path_a, path_b), 1, work, min_bytes=PARALLEL_SIDE_MIN_BYTES)
     try:
         a_done = 0.5 if beside is None else 0.9
-        analysis_a, side_a = work(
-            path_a, key="A", enter_stage=enter_stage, progress=_progress_span(progress, 0, a_done)
-        )
+        analysis_a, side_a = work(path_a, key="A", enter_stage=enter_stage, progress=_scaled(progress, 0, a_done))
         if progress is not None:
             progress(a_done)
         if beside is not None and enter_stage is not None:
@@ -619,9 +722,7 @@ def compare_files(
     if read:
         analysis_b, side_b = found
     else:
-        analysis_b, side_b = work(
-            path_b, key="B", enter_stage=enter_stage, progress=_progress_span(progress, a_done, 1)
-        )
+        analysis_b, side_b = work(path_b, key="B", enter_stage=enter_stage, progress=_scaled(progress, a_done, 1))
     if progress is not None:
         progress(1.0)
     if enter_stage is not None:
@@ -629,14 +730,12 @@ def compare_files(
     return analysis_a, analysis_b, compare(side_a, side_b, kind=DIFF_FILES)
 
 
-def _progress_span(
-    progress: Callable[[float], None] | None, start: float, end: float
-) -> Callable[[float], None] | None:
-    """`progress` for one file of `compare_files`, whose work runs from `start` to `end` of the whole:
-    its load to LOAD_SHARE of its span (oomdoctor.load.load's fractions)."""
+def _scaled(progress: Callable[[float], None] | None, start: float, end: float) -> Callable[[float], None] | None:
+    """`progress` for a part of the work that runs from `start` to `end` of the whole: its own
+    fractions, 0 to 1, told as the whole's (None without a progress)."""
     if progress is None:
         return None
-    return lambda fraction: progress(start + LOAD_SHARE * fraction * (end - start))
+    return lambda fraction: progress(start + fraction * (end - start))
 
 
 def _analysed_side(
@@ -649,12 +748,13 @@ def _analysed_side(
     progress: Callable[[float], None] | None = None,
 ):
     """(analysis, diff side) of one file of `compare_files` (here, or in its worker), named `key` in
-    the stages; the snapshot is let go when they are made."""
+    the stages; the snapshot is let go when they are made. `progress` hears the fraction of the work
+    done (to LOAD_SHARE once its model is built)."""
     from oomdoctor.analysis import analyser
 
     if enter_stage is not None:
         enter_stage(f"reading {key}")
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=_scaled(progress, 0.0, LOAD_SHARE))
     if enter_stage is not None:
         enter_stage(f"analysing {key}")
     judge = analyser(snapshot, device=device)
@@ -669,12 +769,13 @@ def diff_steps(
     device: int | None = None,
     redact: bool = False,
     max_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ):
-    """`oomdoctor diff FILE --steps I J`: two steps of one dump."""
+    """`oomdoctor diff FILE --steps I J`: two steps of one dump (`progress`: the load's)."""
     from oomdoctor.analysis import analyser
     from oomdoctor.analysis.diff import DIFF_STEPS, compare
 
-    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes)
+    snapshot = load_snapshot(path, device=device, max_bytes=max_bytes, progress=progress)
     judge = analyser(snapshot, device=device)  # one reading of the device for both steps' moments
     a, b = (
         diff_side(snapshot, f"step {step}", device=device, redact=redact, step=step, source=str(path), judge=judge)
@@ -683,13 +784,25 @@ def diff_steps(
     return compare(a, b, kind=DIFF_STEPS)
 
 
-def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False, max_bytes: int | None = None):
-    """`oomdoctor diff DIR --ranks R S`: the files of two ranks of a folder, each at its failing device."""
+def diff_ranks(
+    directory: str,
+    rank_a: int,
+    rank_b: int,
+    *,
+    redact: bool = False,
+    max_bytes: int | None = None,
+    progress: Callable[[float], None] | None = None,
+):
+    """`oomdoctor diff DIR --ranks R S`: the files of two ranks of a folder, each at its failing
+    device. `progress` hears the fraction of the work done: finding the ranks, then reading the two
+    files, half of it each."""
     from oomdoctor.analysis.diff import DIFF_RANKS, compare
 
     # which file is which rank: each file loaded (in parallel), not analysed; then the two analysed
     listing = find_dump_files(directory)
-    outcomes = map_files(listing.paths, functools.partial(_file_rank, max_bytes=max_bytes))
+    outcomes = map_files(
+        listing.paths, functools.partial(_file_rank, max_bytes=max_bytes), progress=_scaled(progress, 0.0, 0.5)
+    )
     ranked = [(_relative(outcome.path, None), outcome.value) for outcome in outcomes if outcome.error is None]
     if not ranked:
         raise LoadError(_nothing_read(listing.directory, _skipped(outcomes) + _skipped(listing.skipped)))
@@ -712,7 +825,9 @@ def diff_ranks(directory: str, rank_a: int, rank_b: int, *, redact: bool = False
             )
         chosen.append(os.path.join(listing.directory, files[0]))
     paths = (chosen[0], chosen[1])
-    return compare(*_file_sides(paths, (f"rank {rank_a}", f"rank {rank_b}"), None, redact, max_bytes), kind=DIFF_RANKS)
+    labels = (f"rank {rank_a}", f"rank {rank_b}")
+    sides = _file_sides(paths, labels, None, redact, max_bytes, _scaled(progress, 0.5, 1.0))
+    return compare(*sides, kind=DIFF_RANKS)
 
 
 def render_diff(diff, output_format: str) -> bytes:

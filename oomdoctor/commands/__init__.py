@@ -127,22 +127,28 @@ def wrapped(data: bytes, args: argparse.Namespace) -> bytes:
 
 
 class ReadProgress:
-    """How far the work on one file has got, on one line of standard error that is rewritten in
-    place and blanked when the work is done: `oomdoctor: reading NAME  42%`, then (with `then`,
-    say "analysing") `oomdoctor: analysing NAME`. Called with the fraction of the load done
-    (`oomdoctor.load.load`'s `progress`: 1.0 once the model is built); `stage` names a later stage
-    of the work. Nothing is drawn in the first DELAY_SECONDS, so that a file read at once leaves no
-    trace, nor more often than every INTERVAL_SECONDS."""
+    """How far the work on one file (or folder) has got, on one line of standard error that is
+    rewritten in place and blanked when the work is done: `oomdoctor: reading NAME  42%`, then
+    (with `then`, say "analysing") `oomdoctor: analysing NAME`. Called with the fraction of the
+    load done (`oomdoctor.load.load`'s `progress`: 1.0 once the model is built), or of a folder's
+    or two files' reading; `stage` names a later stage of the work. NAME is the file's (folder's)
+    name, or with `other` both names: `a.pickle and b.pickle`. Nothing is drawn in the first
+    DELAY_SECONDS, so that a file read at once leaves no trace, nor more often than every
+    INTERVAL_SECONDS."""
 
     DELAY_SECONDS = 0.5
     INTERVAL_SECONDS = 0.1
 
     def __init__(
-        self, path: str, stream, *, then: str | None = "analysing", clock: Callable[[], float] = time.monotonic
+        self,
+        path: str,
+        stream,
+        *,
+        then: str | None = "analysing",
+        other: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from oomdoctor.safetext import printable
-
-        self._name = printable(os.path.basename(os.fsdecode(path)) or path, 60)
+        self._name = _shown_name(path) if other is None else f"{_shown_name(path)} and {_shown_name(other)}"
         self._verb = "reading"
         self._then = then
         self._stream = stream
@@ -201,10 +207,20 @@ class ReadProgress:
             pass
 
 
+def _shown_name(path: str) -> str:
+    """A file's or folder's name on the progress line: its last part, as data (`printable`), cut."""
+    from oomdoctor.safetext import printable
+
+    return printable(os.path.basename(os.path.normpath(os.fsdecode(path))) or os.fsdecode(path), 60)
+
+
 @contextlib.contextmanager
-def read_progress(path: str, *, then: str | None = "analysing") -> Iterator[ReadProgress | None]:
-    """A `ReadProgress` for `path` on standard error while it is a terminal (else None), blanked
-    when the block ends, before anything else is written there or to standard output."""
+def read_progress(
+    path: str, *, then: str | None = "analysing", other: str | None = None
+) -> Iterator[ReadProgress | None]:
+    """A `ReadProgress` for `path` (and `other`) on standard error while it is a terminal (else
+    None), blanked when the block ends, before anything else is written there or to standard
+    output."""
     stream = sys.stderr
     try:
         terminal = stream is not None and stream.isatty() and os.environ.get("TERM") != "dumb"
@@ -213,7 +229,7 @@ def read_progress(path: str, *, then: str | None = "analysing") -> Iterator[Read
     if not terminal:
         yield None
         return
-    progress = ReadProgress(path, stream, then=then)
+    progress = ReadProgress(path, stream, then=then, other=other)
     try:
         yield progress
     finally:

@@ -15,6 +15,10 @@ allocated, reserved, free cached and fragmented memory, every component that cha
 allocation sites (source line and module path, within a component) that appeared, went, grew or
 shrank, largest change first. Each side's verdict is judged at its target.
 
+On a terminal, reading that takes more than half a second says how far it has got (two files, or
+a folder's files, each weighted by its size), on one line of stderr, blanked before the diff is
+printed.
+
 Steps are numbered as reports number them (the first step is 0). Ranks are the ones the dumps
 record (else the file names state). The JSON (`--format json`) follows docs/schema/diff.schema.json.
 
@@ -38,6 +42,7 @@ from oomdoctor.commands import (
     add_width_argument,
     check_gate,
     max_bytes_argument,
+    read_progress,
     wrapped,
     write_output,
 )
@@ -84,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
             raise OomdoctorError(
                 f"{args.file}: --device applies to files; in a folder each rank is judged on its failing device"
             )
-        result = pipeline.diff_ranks(args.file, *args.ranks, redact=redact, max_bytes=max_bytes)
+        with read_progress(args.file, then="comparing") as progress:
+            result = pipeline.diff_ranks(args.file, *args.ranks, redact=redact, max_bytes=max_bytes, progress=progress)
     else:
         for path in (args.file, args.other):
             if path is not None and os.path.isdir(path):
@@ -92,9 +98,15 @@ def run(args: argparse.Namespace) -> int:
                     f"{path}: a folder; compare two of its ranks with: oomdoctor diff {path} --ranks R S"
                 )
         if args.steps is not None:
-            result = pipeline.diff_steps(args.file, *args.steps, device=args.device, redact=redact, max_bytes=max_bytes)
+            with read_progress(args.file) as progress:
+                result = pipeline.diff_steps(
+                    args.file, *args.steps, device=args.device, redact=redact, max_bytes=max_bytes, progress=progress
+                )
         else:
-            result = pipeline.diff_files(args.file, args.other, device=args.device, redact=redact, max_bytes=max_bytes)
+            with read_progress(args.file, then="comparing", other=args.other) as progress:
+                result = pipeline.diff_files(
+                    args.file, args.other, device=args.device, redact=redact, max_bytes=max_bytes, progress=progress
+                )
     rendered = pipeline.render_diff(result, args.format)
     write_output(wrapped(rendered, args) if args.format == "text" else rendered)
     return check_gate(condition, diff_figures(result)) if condition is not None else 0

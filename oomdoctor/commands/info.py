@@ -14,8 +14,8 @@ Byte totals, over all devices and per device:
   free_bytes        reserved - allocated: cached, not allocated
 (torch.cuda._memory_viz's "total_free" is free_bytes + rounding_bytes.)
 
-On a terminal, a file that takes more than half a second to read says how far the read has got on
-one line of stderr, blanked before the answer is printed.
+On a terminal, a file (or folder) that takes more than half a second to read says how far the read
+has got on one line of stderr, blanked before the answer is printed.
 
 Files larger than --max-bytes (default 4GiB, or OOMDOCTOR_MAX_BYTES; decompressed size for gzip)
 are refused. Sizes: 4GiB, 512MiB, 1.5GB (GB, MB: powers of 1000; GiB, G: powers of 1024), or bytes.
@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     max_bytes = max_bytes_argument(args)
     recursive = bool(getattr(args, "recursive", False))
     if os.path.isdir(args.file):
-        text = pipeline.info_folder(args.file, args.format, max_bytes=max_bytes, recursive=recursive)
+        with read_progress(args.file, then=None) as progress:
+            text = pipeline.info_folder(
+                args.file, args.format, max_bytes=max_bytes, recursive=recursive, progress=progress
+            )
     elif recursive:
         raise OomdoctorError(f"{args.file}: --recursive applies to a folder of dumps")
     else:

@@ -12,7 +12,9 @@ holds the full result (`verdict`, `confidence`, `components` in bytes, `evidence
 that ran out of memory is judged, unless --device says otherwise.
 
 On a terminal, a file that takes more than half a second to read says how far the read has got,
-then that it is being analysed, on one line of stderr, blanked before the report is printed.
+then that it is being analysed, on one line of stderr, blanked before the report is printed. A
+folder says how far the reading of its files has got (each file weighted by its size), then that
+its ranks are being compared.
 
 --redact replaces, in any format, the host name, user names, home directories and other absolute
 path prefixes (a path keeps its part after site-packages/ or under the project's root, otherwise its
@@ -103,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        report = pipeline.report_folder(args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive)
+        with read_progress(args.file, then="comparing") as progress:
+            report = pipeline.report_folder(
+                args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive, progress=progress
+            )
         write_output(_wrapped(report, args))
         return 0
     with read_progress(args.file) as progress:
@@ -129,9 +134,10 @@ def _run_gated(args: argparse.Namespace, fail_if: str) -> int:
             raise OomdoctorError(
                 f"{args.file}: --device applies to one file; in a folder each rank is judged on its failing device"
             )
-        rendered, folder = pipeline.report_folder_read(
-            args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive
-        )
+        with read_progress(args.file, then="comparing") as progress:
+            rendered, folder = pipeline.report_folder_read(
+                args.file, args.format, redact=redact, max_bytes=max_bytes, recursive=recursive, progress=progress
+            )
         write_output(_wrapped(rendered, args))
         codes = [check_gate(condition, report_figures(dump.analysis), who=_rank_name(dump)) for dump in folder.dumps]
         return EXIT_FINDINGS if EXIT_FINDINGS in codes else EXIT_OK

@@ -28,6 +28,11 @@ Two large files compared (`diff`, `open --compare`) are read at once under the s
 `read_at_once` reads each in a worker of its own; `read_beside` starts one file's work in a new
 interpreter (never a fork: the terminal app loads in a thread) while the caller reads the other.
 Either leaves a file whose work failed to the caller, to read again and raise its own error.
+
+Given a `progress`, `map_files` and `read_at_once` say how far the whole work has got (each file
+weighted by its size): `work` is then called as `work(path, progress=...)` and tells how far its
+own file has got; a worker process writes that to memory it shares with this one, which reads it
+every POLL_SECONDS while it waits. Without one, nothing of this runs.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from oomdoctor.errors import OomdoctorError
@@ -350,23 +356,27 @@ def worker_count(
 
 def map_files(
     paths: Sequence[str],
-    work: Callable[[str], Any],
+    work: Callable[..., Any],
     *,
     max_workers: int | None = None,
     parallel: bool = True,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[FileOutcome, ...]:
     """`work(path)` for every path, in parallel processes unless there is one file (or `parallel` is
     False, or the host has no idle CPU: then in this process, or in one worker process where this
     one may be killed by the unpickling time limit), returned in the order of `paths`. Worker
-    processes take the largest files first."""
+    processes take the largest files first. `progress` hears the fraction of the whole done (see
+    the module's docstring)."""
     sizes = [file_size(path) for path in paths]
+    # (shared even where parallel is False: one worker process may read them, as below)
+    shares = None if progress is None else Shares(sizes, progress, shared=len(paths) > 1)
     if max_workers is None:
         workers = _workers_for(sizes)
     else:
         workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:
         if len(paths) <= 1 or not guard.enabled():
-            return tuple(_guarded(work, path) for path in paths)
+            return tuple(_guarded(_told(work, shares, index), path) for index, path in enumerate(paths))
         # This process ends when a hostile file outlasts the unpickling time limit (the command's
         # watched child): one worker it can afford to lose reads them in turn, so that such a
         # file costs only its own row, however busy the host (a busy one asks for no parallelism).
@@ -376,14 +386,14 @@ def map_files(
     # to run alone at the end while the other workers wait
     pending = sorted(range(len(paths)), key=lambda index: -sizes[index])
     try:
-        broken = _pool_pass(paths, pending, work, workers, outcomes)
+        broken = _pool_pass(paths, pending, work, workers, outcomes, shares)
     except (OSError, NotImplementedError, ImportError):  # no process support here: read them one by one
-        return tuple(_guarded(work, path) for path in paths)
+        return tuple(_guarded(_told(work, shares, index), path) for index, path in enumerate(paths))
     # A worker that died (out of memory, or killed by the unpickling time limit on a hostile file)
     # breaks its pool, and every file not yet done with it: each of those is read again alone, so
     # that only the file that kills its reader is noted for it.
     for index in broken:
-        if _pool_pass(paths, [index], work, 1, outcomes):
+        if _pool_pass(paths, [index], work, 1, outcomes, shares):
             outcomes[index] = FileOutcome(paths[index], None, WORKER_DIED)
     return tuple(outcomes[index] for index in range(len(paths)))
 
@@ -402,18 +412,27 @@ def _all_at_once(paths: Sequence[str], min_bytes: int) -> bool:
     return min(sizes, default=0) >= min_bytes and _workers_for(sizes) >= len(paths)
 
 
-def read_at_once(paths: Sequence[str], work: Callable[[str], Any], *, min_bytes: int = 0) -> dict[int, Any]:
+def read_at_once(
+    paths: Sequence[str],
+    work: Callable[..., Any],
+    *,
+    min_bytes: int = 0,
+    progress: Callable[[float], None] | None = None,
+) -> dict[int, Any]:
     """`work(path)` for each of a few paths at once, one worker process each: index -> what it
     returned. Nothing is read when a file is under `min_bytes` or the host cannot give each file a
     worker (`worker_count`). A path whose work raised, or whose worker died (which ends them all),
     is left out: the caller reads it in its own process, where its error is raised (or the
-    unpickling time limit ends the command) as it would be without workers."""
+    unpickling time limit ends the command) as it would be without workers. `progress` hears the
+    fraction of the whole done (see the module's docstring): each file done here counts as done."""
     done: dict[int, Any] = {}
     if not _all_at_once(paths, min_bytes):
         return done
+    shares = None if progress is None else Shares([file_size(path) for path in paths], progress, shared=True)
     try:
-        with ProcessPoolExecutor(max_workers=len(paths), initializer=guard.enable) as executor:
-            futures = [executor.submit(work, path) for path in paths]
+        with _pool(len(paths), shares) as executor:
+            futures = [executor.submit(_told(work, shares, index, True), path) for index, path in enumerate(paths)]
+            _watch(futures, range(len(paths)), shares)
             for index, future in enumerate(futures):
                 try:
                     done[index] = future.result()
@@ -520,18 +539,117 @@ WORKER_DIED = (
 
 
 def _pool_pass(
-    paths: Sequence[str], indices: list[int], work: Callable[[str], Any], workers: int, outcomes: dict[int, FileOutcome]
+    paths: Sequence[str],
+    indices: list[int],
+    work: Callable[..., Any],
+    workers: int,
+    outcomes: dict[int, FileOutcome],
+    shares: Shares | None = None,
 ) -> list[int]:
     """Read `indices` of `paths` in a pool of `workers`; the indices whose worker died."""
     broken = []
-    with ProcessPoolExecutor(max_workers=workers, initializer=guard.enable) as executor:
-        futures = [(index, executor.submit(_guarded, work, paths[index])) for index in indices]
+    with _pool(workers, shares) as executor:
+        futures = [
+            (index, executor.submit(_guarded, _told(work, shares, index, True), paths[index])) for index in indices
+        ]
+        _watch([future for _, future in futures], indices, shares)
         for index, future in futures:
             try:
                 outcomes[index] = future.result()
             except BrokenProcessPool:
                 broken.append(index)
     return broken
+
+
+# How often a parent waiting on its workers reads how far they have got (given a progress)
+POLL_SECONDS = 0.1
+
+
+class Shares:
+    """How far the work on each of several files has got (0 to 1), each file weighted by its size:
+    `progress` hears the fraction of the whole after each change. Across processes (`shared`) the
+    fractions are kept in memory shared with the workers (a worker's `_told` writes its file's, the
+    parent's `_watch` tells `progress`); else in a list, and each change is told at once."""
+
+    def __init__(self, sizes: Sequence[int], progress: Callable[[float], None], *, shared: bool) -> None:
+        self._weights = [max(size, 1) for size in sizes]
+        self._total = sum(self._weights)
+        self._progress = progress
+        self.fractions: Any = [0.0] * len(sizes)
+        if shared:
+            try:
+                from multiprocessing import RawArray
+
+                self.fractions = RawArray("d", len(sizes))
+            except (OSError, ImportError):  # no shared memory here: the workers' progress goes unheard
+                pass
+
+    def set(self, index: int, fraction: float) -> None:
+        """File `index` has got to `fraction` (in this process), and the whole's fraction is told."""
+        self.fractions[index] = fraction
+        self.tell()
+
+    def done(self, indices: Any) -> None:
+        """The files `indices` are done (or given up), and the whole's fraction is told."""
+        for index in indices:
+            self.fractions[index] = 1.0
+        self.tell()
+
+    def tell(self) -> None:
+        fractions = [min(max(fraction, 0.0), 1.0) for fraction in self.fractions]
+        self._progress(sum(map(float.__mul__, fractions, map(float, self._weights))) / self._total)
+
+
+# In a worker process of a `Shares`'d pool: the fractions it writes to (`_start_worker`)
+_worker_fractions: Any = None
+
+
+def _start_worker(fractions: Any) -> None:
+    global _worker_fractions
+    _worker_fractions = fractions
+    guard.enable()
+
+
+def _pool(workers: int, shares: Shares | None) -> ProcessPoolExecutor:
+    """A pool of `workers` processes, each under the unpickling guard, writing to `shares` when given."""
+    if shares is None or isinstance(shares.fractions, list):
+        return ProcessPoolExecutor(max_workers=workers, initializer=guard.enable)
+    return ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(shares.fractions,))
+
+
+def _told(work: Callable[..., Any], shares: Shares | None, index: int, in_worker: bool = False) -> Callable[[str], Any]:
+    """`work`, told to report how far file `index` has got when there are `shares` to report to (in
+    a worker process when `in_worker`, through the memory it shares with the parent)."""
+    if shares is None:
+        return work
+    if in_worker:
+        return partial(_work_in_worker, work, index)
+    return partial(_work_here, work, shares, index)
+
+
+def _work_here(work: Callable[..., Any], shares: Shares, index: int, path: str) -> Any:
+    try:
+        return work(path, progress=partial(shares.set, index))
+    finally:
+        shares.done((index,))
+
+
+def _work_in_worker(work: Callable[..., Any], index: int, path: str) -> Any:
+    fractions = _worker_fractions
+    if fractions is None:  # no shared memory: the parent hears of this file when it is done
+        return work(path, progress=None)
+    return work(path, progress=partial(fractions.__setitem__, index))
+
+
+def _watch(futures: Sequence[Future[Any]], indices: Any, shares: Shares | None) -> None:
+    """Until `futures` (the work on files `indices`) are all done, tell `shares` how far they have
+    got, every POLL_SECONDS; nothing without shares."""
+    if shares is None:
+        return
+    waiting = dict(zip(futures, indices))
+    while waiting:
+        finished, _ = wait(waiting, timeout=POLL_SECONDS)
+        shares.done([waiting.pop(future) for future in finished])
 
 
 pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast
