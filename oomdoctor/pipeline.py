@@ -45,6 +45,7 @@ from oomdoctor.load.folder import (
     FileOutcome,
     FolderGroup,
     FolderListing,
+    Shares,
     file_size,
     find_dump_files,
     find_dump_tree,
@@ -351,7 +352,7 @@ def read_tree(
     work = functools.partial(read_rank, max_bytes=max_bytes, redact=redact, root=root)
     read: dict[str, tuple[tuple[RankDump, ...], tuple[FileOutcome, ...]]] = {}
     chosen = None
-    plan = _Plan(tree.groups, budget[0], progress)
+    plan = _Plan(tree.groups, budget, progress)
     for group in tree.groups:
         paths, over = _within_total(group.paths, budget)
         told = plan.group(paths)
@@ -386,17 +387,16 @@ class _Plan:
     """`read_tree`'s progress: the groups are read in turn, and each group's files have their share
     of the bytes of every file the budget would let be read (fewer, when a folder holds an OOM)."""
 
-    def __init__(self, groups: Sequence[FolderGroup], budget: int, progress: Callable[[float], None] | None) -> None:
+    def __init__(
+        self, groups: Sequence[FolderGroup], budget: list[int], progress: Callable[[float], None] | None
+    ) -> None:
         self._progress = progress
         self._done = 0
         self._total = 0
         if progress is not None:
+            left = list(budget)  # (`_within_total` spends it; the read spends its own)
             for group in groups:
-                for path in group.paths:
-                    size = max(file_size(path), 1)
-                    if size <= budget:
-                        budget -= size
-                        self._total += size
+                self._total += sum(max(file_size(path), 1) for path in _within_total(group.paths, left)[0])
 
     def group(self, paths: Sequence[str]) -> Callable[[float], None] | None:
         """The progress of one group's `paths` (map_files's), in the whole's."""
@@ -654,21 +654,12 @@ def _file_sides(
         _file_side, labels=dict(zip(paths, labels)), device=device, redact=redact, max_bytes=max_bytes
     )
     done = read_at_once(paths, work, min_bytes=PARALLEL_SIDE_MIN_BYTES, progress=progress)
-    if len(done) == len(paths):
-        return [done[index] for index in range(len(paths))]
-    # the rest here, in turn; each file's share of the progress by its size, those done counted
-    sizes = [max(file_size(path), 1) for path in paths]
-    total = sum(sizes)
-    sides = []
-    for index, path in enumerate(paths):
-        if index in done:
-            sides.append(done[index])
-            continue
-        told = _scaled(progress, sum(sizes[:index]) / total, sum(sizes[: index + 1]) / total)
-        sides.append(work(path, progress=told))
-        if told is not None:
-            told(1.0)
-    return sides
+    if len(done) == len(paths) or progress is None:
+        return [done[index] if index in done else work(path) for index, path in enumerate(paths)]
+    # the rest here, in turn, each file's share of the progress by its size (those read, counted done)
+    shares = Shares([file_size(path) for path in paths], progress, shared=False)
+    shares.done(done)
+    return [done[index] if index in done else shares.work(work, index, path) for index, path in enumerate(paths)]
 
 
 def _file_side(

@@ -595,6 +595,13 @@ class Shares:
             self.fractions[index] = 1.0
         self.tell()
 
+    def work(self, work: Callable[..., Any], index: int, path: str) -> Any:
+        """`work(path)` in this process, telling how far file `index` has got; then it is done."""
+        try:
+            return work(path, progress=partial(self.set, index))
+        finally:
+            self.done((index,))
+
     def tell(self) -> None:
         fractions = [min(max(fraction, 0.0), 1.0) for fraction in self.fractions]
         self._progress(sum(map(float.__mul__, fractions, map(float, self._weights))) / self._total)
@@ -624,14 +631,7 @@ def _told(work: Callable[..., Any], shares: Shares | None, index: int, in_worker
         return work
     if in_worker:
         return partial(_work_in_worker, work, index)
-    return partial(_work_here, work, shares, index)
-
-
-def _work_here(work: Callable[..., Any], shares: Shares, index: int, path: str) -> Any:
-    try:
-        return work(path, progress=partial(shares.set, index))
-    finally:
-        shares.done((index,))
+    return partial(shares.work, work, index)
 
 
 def _work_in_worker(work: Callable[..., Any], index: int, path: str) -> Any:
