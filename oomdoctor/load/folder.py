@@ -568,8 +568,8 @@ POLL_SECONDS = 0.1
 class Shares:
     """How far the work on each of several files has got (0 to 1), each file weighted by its size:
     `progress` hears the fraction of the whole after each change. Across processes (`shared`) the
-    fractions are kept in memory shared with the workers (a worker's `_told` writes its file's, the
-    parent's `_watch` tells `progress`); else in a list, and each change is told at once."""
+    fractions are kept in memory shared with the workers (each worker writes its file's, and the
+    parent's `_watch` tells `progress` every POLL_SECONDS); else in a list, each change told at once."""
 
     def __init__(self, sizes: Sequence[int], progress: Callable[[float], None], *, shared: bool) -> None:
         self._weights = [max(size, 1) for size in sizes]
@@ -603,6 +603,7 @@ class Shares:
             self.done((index,))
 
     def tell(self) -> None:
+        """`progress` hears the fraction of the whole: each file's fraction (0 to 1) by its size."""
         fractions = [min(max(fraction, 0.0), 1.0) for fraction in self.fractions]
         self._progress(sum(map(float.__mul__, fractions, map(float, self._weights))) / self._total)
 
