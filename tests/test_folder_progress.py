@@ -197,3 +197,36 @@ def test_a_recursive_read_tells_the_share_of_every_folder_it_may_read(tmp_path, 
     first = os.path.getsize(OPTIMIZER) / (os.path.getsize(OPTIMIZER) + os.path.getsize(SPIKE))
     assert heard == sorted(heard)
     assert heard[-1] == pytest.approx(first)  # its share: stopped short of the folder not read
+
+
+def _fails_on_b(path: str, progress=None) -> str:
+    if progress is not None:
+        progress(0.5)
+    if Path(path).name == "f1":
+        raise ValueError(path)
+    return Path(path).name
+
+
+def test_a_file_whose_work_raised_counts_done_only_where_it_is_given_up(tmp_path, monkeypatch):
+    paths = _sized(tmp_path, 100, 100)
+    heard: list[float] = []
+    outcomes = map_files(paths, _fails_on_b, parallel=False, progress=heard.append)  # its error is its note
+    assert outcomes[1].error is not None and heard[-1] == pytest.approx(1.0)
+    heard.clear()
+    monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 2)
+    assert read_at_once(paths, _fails_on_b, progress=heard.append) == {0: "f0"}  # f1: read again by the caller
+    assert heard[-1] < 1.0
+    shares = Shares([100, 100], heard.append, shared=False)
+    with pytest.raises(ValueError):
+        shares.work(_fails_on_b, 1, paths[1])
+    assert heard[-1] == pytest.approx(0.25)
+
+
+def test_a_diff_whose_file_fails_never_says_it_is_comparing(tmp_path, monkeypatch, capsys):
+    cut = tmp_path / "cut.pickle"
+    cut.write_bytes(SPIKE.read_bytes()[: os.path.getsize(SPIKE) // 2])
+    terminal = _on_a_terminal(monkeypatch)
+    assert main(["diff", str(OPTIMIZER), str(cut)]) == 2
+    progress, _, error = terminal.getvalue().rpartition("\r")
+    assert "oomdoctor: reading" in progress and "comparing" not in progress
+    assert error.startswith("oomdoctor: ") and "cut.pickle" in error and _blanked(progress + "\r")

@@ -376,7 +376,7 @@ def map_files(
         workers = max(1, min(max_workers, len(paths)))
     if not parallel or workers <= 1 or len(paths) <= 1:
         if len(paths) <= 1 or not guard.enabled():
-            return tuple(_guarded(_told(work, shares, index), path) for index, path in enumerate(paths))
+            return _each_here(paths, work, shares)
         # This process ends when a hostile file outlasts the unpickling time limit (the command's
         # watched child): one worker it can afford to lose reads them in turn, so that such a
         # file costs only its own row, however busy the host (a busy one asks for no parallelism).
@@ -388,7 +388,7 @@ def map_files(
     try:
         broken = _pool_pass(paths, pending, work, workers, outcomes, shares)
     except (OSError, NotImplementedError, ImportError):  # no process support here: read them one by one
-        return tuple(_guarded(_told(work, shares, index), path) for index, path in enumerate(paths))
+        return _each_here(paths, work, shares)
     # A worker that died (out of memory, or killed by the unpickling time limit on a hostile file)
     # breaks its pool, and every file not yet done with it: each of those is read again alone, so
     # that only the file that kills its reader is noted for it.
@@ -396,6 +396,18 @@ def map_files(
         if _pool_pass(paths, [index], work, 1, outcomes, shares):
             outcomes[index] = FileOutcome(paths[index], None, WORKER_DIED)
     return tuple(outcomes[index] for index in range(len(paths)))
+
+
+def _each_here(paths: Sequence[str], work: Callable[..., Any], shares: Shares | None) -> tuple[FileOutcome, ...]:
+    """`_guarded` work on each path in turn, in this process; each file, read or given up (its error
+    its note), counted done."""
+    outcomes = []
+    for index, path in enumerate(paths):
+        outcome = _guarded(_told(work, shares, index), path)
+        if shares is not None and outcome.error is not None:
+            shares.done((index,))
+        outcomes.append(outcome)
+    return tuple(outcomes)
 
 
 def _workers_for(sizes: Sequence[int]) -> int:
@@ -596,11 +608,11 @@ class Shares:
         self.tell()
 
     def work(self, work: Callable[..., Any], index: int, path: str) -> Any:
-        """`work(path)` in this process, telling how far file `index` has got; then it is done."""
-        try:
-            return work(path, progress=partial(self.set, index))
-        finally:
-            self.done((index,))
+        """`work(path)` in this process, telling how far file `index` has got; then, unless it
+        raised, it is done."""
+        result = work(path, progress=partial(self.set, index))
+        self.done((index,))
+        return result
 
     def tell(self) -> None:
         """`progress` hears the fraction of the whole: each file's fraction (0 to 1) by its size."""
@@ -644,13 +656,19 @@ def _work_in_worker(work: Callable[..., Any], index: int, path: str) -> Any:
 
 def _watch(futures: Sequence[Future[Any]], indices: Any, shares: Shares | None) -> None:
     """Until `futures` (the work on files `indices`) are all done, tell `shares` how far they have
-    got, every POLL_SECONDS; nothing without shares."""
+    got, every POLL_SECONDS; nothing without shares. A file whose work raised (or whose worker
+    died) is not counted done: it is read again, by a worker of its own or by the caller."""
     if shares is None:
         return
     waiting = dict(zip(futures, indices))
     while waiting:
         finished, _ = wait(waiting, timeout=POLL_SECONDS)
-        shares.done([waiting.pop(future) for future in finished])
+        ended = []
+        for future in finished:
+            index = waiting.pop(future)
+            if not future.cancelled() and future.exception() is None:
+                ended.append(index)
+        shares.done(ended)
 
 
 pickled_by_fields(globals())  # sent from a folder's worker processes to their parent: each class pickles fast
