@@ -230,3 +230,14 @@ def test_a_diff_whose_file_fails_never_says_it_is_comparing(tmp_path, monkeypatc
     progress, _, error = terminal.getvalue().rpartition("\r")
     assert "oomdoctor: reading" in progress and "comparing" not in progress
     assert error.startswith("oomdoctor: ") and "cut.pickle" in error and _blanked(progress + "\r")
+
+
+def test_a_file_read_again_never_takes_the_whole_back():
+    """A worker that died after writing 90% of its file: the file is read again from 0 (map_files
+    reads it alone in a new worker, which writes to the same place)."""
+    heard: list[float] = []
+    shares = Shares([100, 100], heard.append, shared=False)
+    shares.set(1, 0.9)
+    shares.set(1, 0.1)
+    shares.set(1, 0.95)
+    assert heard == [pytest.approx(0.45), pytest.approx(0.45), pytest.approx(0.475)]
