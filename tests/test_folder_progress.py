@@ -232,12 +232,17 @@ def test_a_diff_whose_file_fails_never_says_it_is_comparing(tmp_path, monkeypatc
     assert error.startswith("oomdoctor: ") and "cut.pickle" in error and _blanked(progress + "\r")
 
 
-def test_a_file_read_again_never_takes_the_whole_back():
-    """A worker that died after writing 90% of its file: the file is read again from 0 (map_files
-    reads it alone in a new worker, which writes to the same place)."""
-    heard: list[float] = []
-    shares = Shares([100, 100], heard.append, shared=False)
-    shares.set(1, 0.9)
-    shares.set(1, 0.1)
-    shares.set(1, 0.95)
-    assert heard == [pytest.approx(0.45), pytest.approx(0.45), pytest.approx(0.475)]
+def test_within_a_stage_the_line_never_goes_back():
+    """A file read again (its worker died after 90% of it, or a diff's file failed in its worker)
+    starts over from 0: the line holds what it said until the new read passes it."""
+    terminal = Terminal()
+    progress = ReadProgress("ranks", terminal, then="comparing", clock=lambda: 100.0)
+
+    def shown(fraction: float) -> str:
+        progress._next = 0.0  # (drawn at once)
+        progress(fraction)
+        return terminal.getvalue().rstrip("\r").rpartition("\r")[2].strip()
+
+    assert [shown(f) for f in (0.5, 0.9, 0.1, 0.95)] == [f"oomdoctor: reading ranks  {p}%" for p in (50, 90, 90, 95)]
+    progress.stage("checking")
+    assert shown(0.2) == "oomdoctor: checking ranks  20%"  # a new stage starts from its own 0

@@ -134,7 +134,8 @@ class ReadProgress:
     or two files' reading; `stage` names a later stage of the work. NAME is the file's (folder's)
     name, or with `other` both names: `a.pickle and b.pickle`. Nothing is drawn in the first
     DELAY_SECONDS, so that a file read at once leaves no trace, nor more often than every
-    INTERVAL_SECONDS."""
+    INTERVAL_SECONDS. Within a stage the percentage never goes back (a file read again, after its
+    worker died or failed, starts over)."""
 
     DELAY_SECONDS = 0.5
     INTERVAL_SECONDS = 0.1
@@ -157,9 +158,11 @@ class ReadProgress:
         self._next = self._start + self.DELAY_SECONDS
         self._drawn = 0  # the columns the line on screen takes
         self._last = ""
+        self._most = 0.0  # the most of this stage's fractions
 
     def __call__(self, fraction: float) -> None:
         now = self._clock()
+        self._most = fraction = max(fraction, self._most)
         done = fraction >= 1.0
         # `_next` is never before the delay's end, and a line is drawn only after it
         if now < self._next and not (done and self._drawn):
@@ -171,14 +174,14 @@ class ReadProgress:
         if done:
             line = f"oomdoctor: {self._then} {self._name}"
         else:
-            line = f"oomdoctor: {self._verb} {self._name} {int(max(fraction, 0.0) * 100):3d}%"
+            line = f"oomdoctor: {self._verb} {self._name} {int(fraction * 100):3d}%"
         if line != self._last:
             self._draw(line)
 
     def stage(self, verb: str, *, then: str | None = None) -> None:
         """A new stage of the work: `oomdoctor: VERB NAME` now (once DELAY_SECONDS have passed),
         and VERB for the fractions it is called with from here; at 1.0 `then`, or the line blanked."""
-        self._verb, self._then = verb, then
+        self._verb, self._then, self._most = verb, then, 0.0
         now = self._clock()
         if now < self._start + self.DELAY_SECONDS:
             return

@@ -587,7 +587,6 @@ class Shares:
         self._weights = [max(size, 1) for size in sizes]
         self._total = sum(self._weights)
         self._progress = progress
-        self._most = 0.0  # the most told so far
         self.fractions: Any = [0.0] * len(sizes)
         if shared:
             try:
@@ -616,11 +615,10 @@ class Shares:
         return result
 
     def tell(self) -> None:
-        """`progress` hears the fraction of the whole: each file's fraction (0 to 1) by its size,
-        never less than it heard before (a file read again after its worker died starts over)."""
+        """`progress` hears the fraction of the whole: each file's fraction (0 to 1) by its size. (A
+        file read again after its worker died starts over: the whole may go back.)"""
         fractions = [min(max(fraction, 0.0), 1.0) for fraction in self.fractions]
-        self._most = max(self._most, sum(map(float.__mul__, fractions, map(float, self._weights))) / self._total)
-        self._progress(self._most)
+        self._progress(sum(map(float.__mul__, fractions, map(float, self._weights))) / self._total)
 
 
 # In a worker process of a `Shares`'d pool: the fractions it writes to (`_start_worker`)
