@@ -246,3 +246,17 @@ def test_within_a_stage_the_line_never_goes_back():
     assert [shown(f) for f in (0.5, 0.9, 0.1, 0.95)] == [f"oomdoctor: reading ranks  {p}%" for p in (50, 90, 90, 95)]
     progress.stage("checking")
     assert shown(0.2) == "oomdoctor: checking ranks  20%"  # a new stage starts from its own 0
+
+
+def _dies_on_b(path: str, progress=None) -> str:
+    if Path(path).name == "f1":
+        os._exit(1)
+    return Path(path).name
+
+
+def test_a_file_whose_worker_died_twice_is_given_up_and_counted_done(tmp_path):
+    paths = _sized(tmp_path, 100, 100)
+    heard: list[float] = []
+    outcomes = map_files(paths, _dies_on_b, max_workers=2, progress=heard.append)
+    assert outcomes[0].value == "f0" and outcomes[1].error == folder.WORKER_DIED
+    assert heard[-1] == pytest.approx(1.0)

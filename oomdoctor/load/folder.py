@@ -395,6 +395,8 @@ def map_files(
     for index in broken:
         if _pool_pass(paths, [index], work, 1, outcomes, shares):
             outcomes[index] = FileOutcome(paths[index], None, WORKER_DIED)
+            if shares is not None:  # given up: done
+                shares.done((index,))
     return tuple(outcomes[index] for index in range(len(paths)))
 
 
