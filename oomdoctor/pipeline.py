@@ -345,7 +345,7 @@ def read_tree(
     folders are summed up in `folders`; file names are relative to `directory`.
 
     `progress` hears the fraction done of all the files the budget lets be read, each weighted by its
-    size: the reading stops short of them all once a folder holds an OOM."""
+    size: the reading stops short of them all once a folder holds an OOM, and 1.0 when it is over."""
     tree = find_dump_tree(directory)
     root = tree.directory
     budget = [total_limit(max_bytes, max_total_bytes)] * 2
@@ -362,6 +362,8 @@ def read_tree(
         if any(dump.ran_out for dump in dumps):
             chosen = group
             break
+    if progress is not None:  # the reading is over, short of every file or not
+        progress(1.0)
     if chosen is None:
         chosen = next((group for group in tree.groups if read.get(group.folder, ((), ()))[0]), None)
     if chosen is None:

@@ -196,7 +196,8 @@ def test_a_recursive_read_tells_the_share_of_every_folder_it_may_read(tmp_path, 
     assert read.folder == "iteration_20"  # it held an OOM: the other folder is not read
     first = os.path.getsize(OPTIMIZER) / (os.path.getsize(OPTIMIZER) + os.path.getsize(SPIKE))
     assert heard == sorted(heard)
-    assert heard[-1] == pytest.approx(first)  # its share: stopped short of the folder not read
+    assert heard[-2] == pytest.approx(first)  # its share: stopped short of the folder not read
+    assert heard[-1] == 1.0  # then the reading is over
 
 
 def _fails_on_b(path: str, progress=None) -> str:
