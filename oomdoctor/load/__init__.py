@@ -51,17 +51,10 @@ def load(source: Any, *, max_bytes: int | None = None, progress: Callable[[float
     """The Snapshot in `source` (a path, bytes, or a binary file object). `progress` hears the
     fraction of the work done (0 to 1) as the file is read, about every percent, and at the end."""
     with cyclic_gc_paused():
-        if progress is None:
-            raw, container = read_source(source, max_bytes)
-            return build_snapshot(raw, container, _describe(source))
-        token = READ_PROGRESS.set(lambda fraction: progress(READ_SHARE * min(fraction, 1.0)))
-        try:
-            raw, container = read_source(source, max_bytes)
-        finally:
-            READ_PROGRESS.reset(token)
-        progress(READ_SHARE)
+        raw, container = _read(source, max_bytes, progress, READ_SHARE)
         snapshot = build_snapshot(raw, container, _describe(source))
-        progress(1.0)
+        if progress is not None:
+            progress(1.0)
         return snapshot
 
 
@@ -69,15 +62,23 @@ def load_raw(source: Any, *, max_bytes: int | None = None, progress: Callable[[f
     """The plain data in `source` (dicts, lists, str, numbers), read as safely as `load` reads it;
     `progress` hears the fraction read, as `load`'s does (1.0 once read)."""
     with cyclic_gc_paused():
-        if progress is None:
-            return read_source(source, max_bytes)[0]
-        token = READ_PROGRESS.set(lambda fraction: progress(min(fraction, 1.0)))
-        try:
-            data = read_source(source, max_bytes)[0]
-        finally:
-            READ_PROGRESS.reset(token)
-        progress(1.0)
-        return data
+        return _read(source, max_bytes, progress, 1.0)[0]
+
+
+def _read(
+    source: Any, max_bytes: int | None, progress: Callable[[float], None] | None, share: float
+) -> tuple[Any, str]:
+    """`read_source(source, max_bytes)`, `progress` hearing the fraction read as a fraction of
+    `share` (and `share` once it is read)."""
+    if progress is None:
+        return read_source(source, max_bytes)
+    token = READ_PROGRESS.set(lambda fraction: progress(share * min(fraction, 1.0)))
+    try:
+        found = read_source(source, max_bytes)
+    finally:
+        READ_PROGRESS.reset(token)
+    progress(share)
+    return found
 
 
 def _describe(source: Any) -> str:
