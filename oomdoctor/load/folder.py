@@ -419,11 +419,11 @@ def _workers_for(sizes: Sequence[int]) -> int:
     )
 
 
-def _all_at_once(paths: Sequence[str], min_bytes: int) -> bool:
-    """Whether `paths` are worth reading all at once, each by a process of its own: every file at
-    least `min_bytes`, and the host able to give each a CPU and hold them all (`worker_count`)."""
-    sizes = [file_size(path) for path in paths]
-    return min(sizes, default=0) >= min_bytes and _workers_for(sizes) >= len(paths)
+def _all_at_once(sizes: Sequence[int], min_bytes: int) -> bool:
+    """Whether files of `sizes` bytes are worth reading all at once, each by a process of its own:
+    every file at least `min_bytes`, and the host able to give each a CPU and hold them all
+    (`worker_count`)."""
+    return min(sizes, default=0) >= min_bytes and _workers_for(sizes) >= len(sizes)
 
 
 def read_at_once(
@@ -440,9 +440,10 @@ def read_at_once(
     unpickling time limit ends the command) as it would be without workers. `progress` hears the
     fraction of the whole done (see the module's docstring): each file done here counts as done."""
     done: dict[int, Any] = {}
-    if not _all_at_once(paths, min_bytes):
+    sizes = [file_size(path) for path in paths]
+    if not _all_at_once(sizes, min_bytes):
         return done
-    shares = None if progress is None else Shares([file_size(path) for path in paths], progress, shared=True)
+    shares = None if progress is None else Shares(sizes, progress, shared=True)
     try:
         with _pool(len(paths), shares) as executor:
             futures = [executor.submit(_told(work, shares, index, True), path) for index, path in enumerate(paths)]
@@ -500,7 +501,7 @@ def read_beside(paths: Sequence[str], index: int, work: Callable[[str], Any], *,
     or a partial of one). None when every file is not at least `min_bytes`, or the host cannot give
     each file a CPU and hold them all at once (`worker_count`), or no process can be started: the
     caller reads them all itself."""
-    if not _all_at_once(paths, min_bytes):
+    if not _all_at_once([file_size(path) for path in paths], min_bytes):
         return None
     if not sys.executable or getattr(sys, "frozen", False):  # no interpreter to start (a frozen app's is itself)
         return None
