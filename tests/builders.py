@@ -8,6 +8,7 @@
   `plain_oom_snapshot` (a plain torch snapshot that ran out of memory) and `payload_dump` (a dump
   with one text in every string field torch or oomdoctor writes).
 - `write_pickle`: a dict to a file, the way torch writes it (protocol 4).
+- `two_rank_folder`: a folder of two ranks' oomdoctor dumps, copies of two fixture dumps.
 
 Fixture dumps (`fixtures/dumps/`) are made by `fixtures/generate.py`, not here.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +221,24 @@ def several_devices(*sims: Sim) -> Snapshot:
 def write_pickle(path: Path, data: Any, protocol: int = 4) -> Path:
     path.write_bytes(pickle.dumps(data, protocol=protocol))
     return path
+
+
+def two_rank_folder(tmp_path: Path) -> Path:
+    """`tmp_path/ranks`, holding two ranks' dumps by oomdoctor's names: rank 0 the fixture
+    activation-spike-gpt-longer-sequence, rank 1 optimizer-state-buildup-gpt-adamw."""
+    from tests.conftest import FIXTURES
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    shutil.copy(
+        FIXTURES / "dumps" / "activation-spike-gpt-longer-sequence.pickle",
+        ranks / "oom-rank0-node-1-20260101T000000Z.pickle",
+    )
+    shutil.copy(
+        FIXTURES / "dumps" / "optimizer-state-buildup-gpt-adamw.pickle",
+        ranks / "oom-rank1-node-2-20260101T000000Z.pickle",
+    )
+    return ranks
 
 
 def make_snapshot() -> dict:

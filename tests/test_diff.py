@@ -34,6 +34,7 @@ from oomdoctor.load import folder, load
 from oomdoctor.load.folder import map_files
 from oomdoctor.model import Frame, Snapshot
 from oomdoctor.views import diff_report
+from tests.builders import two_rank_folder
 from tests.conftest import FIXTURES
 
 MiB = 1 << 20
@@ -119,16 +120,8 @@ def test_a_dump_against_itself_changes_nothing():
     assert "peaks as" in diff_report.to_text(diff)
 
 
-def _rank_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "ranks"
-    folder.mkdir()
-    shutil.copy(SPIKE, folder / "oom-rank0-node-1-20260101T000000Z.pickle")
-    shutil.copy(OPTIMIZER, folder / "oom-rank1-node-2-20260101T000000Z.pickle")
-    return folder
-
-
 def test_ranks_of_a_folder(tmp_path, capsys):
-    folder = _rank_folder(tmp_path)
+    folder = two_rank_folder(tmp_path)
     diff = pipeline.diff_ranks(str(folder), 0, 1)
     assert (diff.a.label, diff.b.label) == ("rank 0", "rank 1")
     assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
@@ -137,7 +130,7 @@ def test_ranks_of_a_folder(tmp_path, capsys):
 
 
 def test_a_rank_whose_file_cannot_be_read_says_why(tmp_path, capsys):
-    folder = _rank_folder(tmp_path)
+    folder = two_rank_folder(tmp_path)
     (folder / "oom-rank2-node-3-20260101T000000Z.pickle").write_bytes(b"not a pickle at all")
     assert main(["diff", str(folder), "--ranks", "0", "2"]) == 2
     err = capsys.readouterr().err
@@ -150,7 +143,7 @@ def test_ranks_analyse_only_the_two_files_compared(tmp_path, monkeypatch):
     """The other ranks' files are loaded to learn their ranks, never analysed."""
     import oomdoctor.analysis
 
-    folder = _rank_folder(tmp_path)
+    folder = two_rank_folder(tmp_path)
     shutil.copy(BATCH_16, folder / "oom-rank2-node-3-20260101T000000Z.pickle")
     analysed = []
     analyser = oomdoctor.analysis.analyser
@@ -324,7 +317,7 @@ def test_the_first_snapshot_is_let_go_before_the_second_is_read(tmp_path, monkey
         _, _, diff = pipeline.compare_files(str(SPIKE), str(OPTIMIZER))
     else:
         monkeypatch.setattr(pipeline, "map_files", functools.partial(map_files, parallel=False))
-        diff = pipeline.diff_ranks(str(_rank_folder(tmp_path)), 0, 1)
+        diff = pipeline.diff_ranks(str(two_rank_folder(tmp_path)), 0, 1)
     assert diff.a.verdict == "activation-spike" and diff.b.verdict == "optimizer-state-buildup"
     assert alive_at_each_load[-2:] == [0, 0]
 
@@ -347,7 +340,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_bad_folder_inputs(tmp_path, capsys):
-    folder = _rank_folder(tmp_path)
+    folder = two_rank_folder(tmp_path)
     assert main(["diff", str(folder), "--ranks", "0", "7"]) == 2
     assert "no file of rank 7" in capsys.readouterr().err
     assert main(["diff", str(folder), str(OPTIMIZER)]) == 2

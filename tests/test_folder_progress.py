@@ -18,6 +18,7 @@ from oomdoctor.commands import ReadProgress
 from oomdoctor.load import folder
 from oomdoctor.load.folder import Shares, map_files, read_at_once
 
+from .builders import two_rank_folder
 from .conftest import FIXTURES
 
 SPIKE = FIXTURES / "dumps" / "activation-spike-gpt-longer-sequence.pickle"
@@ -125,14 +126,6 @@ def _blanked(sent: str) -> bool:
     return sent.endswith("\r") and last.strip() == ""
 
 
-def _rank_folder(tmp_path: Path) -> Path:
-    ranks = tmp_path / "ranks"
-    ranks.mkdir()
-    shutil.copy(SPIKE, ranks / "oom-rank0-node-1-20260101T000000Z.pickle")
-    shutil.copy(OPTIMIZER, ranks / "oom-rank1-node-2-20260101T000000Z.pickle")
-    return ranks
-
-
 @pytest.mark.parametrize(
     ("verb", "said"),
     [
@@ -151,7 +144,7 @@ def test_folders_and_diffs_draw_then_blank_the_line_and_print_the_same(verb, sai
     shutil.copy(SPIKE, tmp_path / "a.pickle")
     shutil.copy(OPTIMIZER, tmp_path / "b.pickle")
     names = {
-        "ranks": str(_rank_folder(tmp_path)),
+        "ranks": str(two_rank_folder(tmp_path)),
         "spike": str(tmp_path / "a.pickle"),
         "optimizer": str(tmp_path / "b.pickle"),
         "spike_name": "a.pickle",
@@ -173,7 +166,7 @@ def test_folders_and_diffs_draw_then_blank_the_line_and_print_the_same(verb, sai
 
 @pytest.mark.parametrize("verb", ["report", "info"])
 def test_a_folder_read_in_this_process_says_how_far_it_has_got(verb, tmp_path, monkeypatch, capsys):
-    ranks = str(_rank_folder(tmp_path))
+    ranks = str(two_rank_folder(tmp_path))
     monkeypatch.setattr(folder, "worker_count", lambda *args, **kwargs: 1)
     monkeypatch.setattr(folder.guard, "enabled", lambda: False)  # (else one worker process reads them)
     terminal = _on_a_terminal(monkeypatch)
